@@ -1,0 +1,289 @@
+"""Typed configuration of one grid cell, registered in Hydra's ConfigStore.
+
+The YAML files in `conf/` fill in values; these dataclasses fix the keys and their types, so a
+misspelled key or a wrong type fails at composition. Value checks (positive counts, names that
+exist, combinations that make sense) run in `__post_init__` when `validate()` turns the composed
+DictConfig into these objects, before anything is built or launched. Every error names the full
+key, the value given and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, ClassVar, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from harness.batch_sizes import default_batch_size
+from workloads.datasets.spec import DATASET_SPECS
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the key and the allowed values."""
+
+
+class DatasetName(str, Enum):
+    mnist = "mnist"
+    cifar10 = "cifar10"
+    imagenet = "imagenet"
+    highres = "highres"
+
+
+class DataSource(str, Enum):
+    synthetic = "synthetic"  # generated from the seed, cached on local storage
+    real = "real"  # read from `dataset.root` through torchvision
+
+
+class NetworkName(str, Enum):
+    resnet18 = "resnet18"
+    resnet50 = "resnet50"
+    resnet152 = "resnet152"
+    vgg11 = "vgg11"
+    vgg16 = "vgg16"
+    mobilenetv2 = "mobilenetv2"
+
+
+class DistributionName(str, Enum):
+    """All distribution models of the design; `harness.distributions` says which are built."""
+
+    sequential = "sequential"
+    horovod = "horovod"
+    ddp = "ddp"
+    gpipe = "gpipe"
+    pipedream = "pipedream"
+
+
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class OptimizerName(str, Enum):
+    sgd = "sgd"
+
+
+def _check(condition: bool, key: str, value: Any, allowed: str) -> None:
+    """Raise ConfigError('key=value: allowed') unless `condition` holds."""
+    if not condition:
+        raise ConfigError(f"{key}={value!r} is invalid: {allowed}")
+
+
+def _check_positive(section: str, name: str, value: Optional[float], *, nullable: bool = False,
+                    null_means: str = "") -> None:
+    if value is None and nullable:
+        return
+    allowed = "must be a positive number" + (f", or null ({null_means})" if nullable else "")
+    _check(value is not None and value > 0, f"{section}.{name}", value, allowed)
+
+
+@dataclass
+class DatasetConfig:
+    """What is trained on (SPEC Table 3.2)."""
+
+    _section: ClassVar[str] = "dataset"
+    name: DatasetName = DatasetName.mnist
+    # synthetic: generated once from run.seed into cache_dir (keeps storage out of the measurement);
+    # real: torchvision formats under `root` (MNIST raw idx files, cifar-10-batches-py, ImageFolder).
+    source: DataSource = DataSource.synthetic
+    root: Optional[str] = None
+    # Samples per epoch; null = the full dataset (Table 3.2 size, or what is on disk).
+    num_samples: Optional[int] = None
+    # Distinct synthetic images stored on disk (index i reads image i % this); null = the
+    # per-dataset default of workloads.datasets (all of MNIST/CIFAR, a subset of ImageNet/Highres).
+    synthetic_unique_samples: Optional[int] = None
+    # Node-local directory for the synthetic cache.
+    cache_dir: str = "${oc.env:DISTBENCH_CACHE_DIR,${oc.env:HOME}/.cache/distbench}"
+    # DataLoader worker processes (0 = load in the training process; right for synthetic data).
+    num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        _check_positive(self._section, "num_samples", self.num_samples, nullable=True,
+                        null_means=f"the full dataset: {DATASET_SPECS[self.name.value].num_images}")
+        _check_positive(self._section, "synthetic_unique_samples", self.synthetic_unique_samples,
+                        nullable=True, null_means="the dataset's default")
+        _check(self.num_workers >= 0, "dataset.num_workers", self.num_workers,
+               "must be 0 or more")
+        spec = DATASET_SPECS[self.name.value]
+        if self.source is DataSource.real:
+            _check(not spec.synthetic_only, "dataset.source", self.source.value,
+                   f"dataset {spec.name} exists only as synthetic data; allowed: synthetic")
+            _check(bool(self.root), "dataset.root", self.root,
+                   "source=real needs the directory that holds the dataset")
+
+
+@dataclass
+class NetworkConfig:
+    """Which network is trained; the variant (small-image or ImageNet) follows the dataset."""
+
+    name: NetworkName = NetworkName.resnet18
+
+
+@dataclass
+class OptimizerConfig:
+    """The optimizer every distribution model uses, so that their timings compare."""
+
+    _section: ClassVar[str] = "optimizer"
+    name: OptimizerName = OptimizerName.sgd
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+
+    def __post_init__(self) -> None:
+        _check_positive(self._section, "lr", self.lr)
+        _check(0 <= self.momentum < 1, "optimizer.momentum", self.momentum, "must be in [0, 1)")
+        _check(self.weight_decay >= 0, "optimizer.weight_decay", self.weight_decay,
+               "must be 0 or more")
+
+
+@dataclass
+class DistributionConfig:
+    """How training is distributed. Later models add their own fields in subclasses."""
+
+    _section: ClassVar[str] = "distribution"
+    name: DistributionName = DistributionName.sequential
+    # Batch size: per worker for data-parallel models, whole batch for GPipe; null = Table 3.3.
+    batch_size: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _check_positive(self._section, "batch_size", self.batch_size, nullable=True,
+                        null_means="SPEC Table 3.3 for the dataset and distribution model")
+
+
+@dataclass
+class HardwareConfig:
+    """Where a cell runs. Bandwidths and latencies feed the performance models (Table 4.1)."""
+
+    _section: ClassVar[str] = "hardware"
+    name: str = "local_cpu"
+    device: Device = Device.cpu
+    nodes: int = 1
+    workers_per_node: int = 1
+    # Threads torch may use per worker (torch.set_num_threads); null = torch's default.
+    cpu_threads: Optional[int] = None
+    # Memory of one device in GB (null = unknown; the recommender then cannot rule out OOM).
+    device_memory_gb: Optional[float] = None
+    intra_node_bandwidth_mbps: Optional[float] = None
+    intra_node_latency_us: Optional[float] = None
+    inter_node_bandwidth_mbps: Optional[float] = None
+    inter_node_latency_us: Optional[float] = None
+    price_per_device_hour: Optional[float] = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "workers_per_node"):
+            _check(getattr(self, name) >= 1, f"hardware.{name}", getattr(self, name),
+                   "must be 1 or more")
+        for name in ("cpu_threads", "device_memory_gb", "intra_node_bandwidth_mbps",
+                     "intra_node_latency_us", "inter_node_bandwidth_mbps",
+                     "inter_node_latency_us", "price_per_device_hour"):
+            _check_positive(self._section, name, getattr(self, name), nullable=True,
+                            null_means="unknown / default")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.workers_per_node
+
+
+@dataclass
+class RunConfig:
+    """How one cell is measured."""
+
+    _section: ClassVar[str] = "run"
+    epochs: int = 3  # timed epochs; seconds_per_epoch is their mean
+    warmup_batches: int = 5  # untimed batches before the first timed epoch
+    seed: int = 0
+    output_dir: str = "outputs"  # root of run dirs, sweep dirs and the default MLflow store
+    # Time data/forward/backward/optimizer separately. On CUDA this synchronises the device at
+    # each phase boundary, which removes some overlap; turn off for the purest epoch time.
+    phase_timing: bool = True
+    progress: bool = True  # progress bar over batches
+
+    def __post_init__(self) -> None:
+        _check(self.epochs >= 1, "run.epochs", self.epochs, "must be 1 or more")
+        _check(self.warmup_batches >= 0, "run.warmup_batches", self.warmup_batches,
+               "must be 0 or more")
+        _check(self.seed >= 0, "run.seed", self.seed, "must be 0 or more")
+
+
+@dataclass
+class TrackingConfig:
+    """Where results are recorded (besides result.json, which is always written)."""
+
+    enabled: bool = True
+    # null = $MLFLOW_TRACKING_URI if set, else sqlite:///<run.output_dir>/mlflow.db
+    uri: Optional[str] = None
+    experiment: str = "distbench"  # sweeps set this to their own name
+    run_name: Optional[str] = None  # null = "<network>-<dataset>-<distribution>-<hardware>"
+
+
+@dataclass
+class DistbenchConfig:
+    """One grid cell: dataset x network x distribution x hardware, plus how to run and record it."""
+
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    distribution: DistributionConfig = field(default_factory=DistributionConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        samples = self.dataset.num_samples
+        _check(samples is None or samples >= self.batch_size, "dataset.num_samples", samples,
+               f"an epoch needs at least one full batch (batch size {self.batch_size})")
+
+    @property
+    def batch_size(self) -> int:
+        """The batch size this cell trains with: the override, else SPEC Table 3.3."""
+        if self.distribution.batch_size is not None:
+            return self.distribution.batch_size
+        return default_batch_size(self.dataset.name.value, self.distribution.name.value)
+
+    @property
+    def run_name(self) -> str:
+        return self.tracking.run_name or "-".join((
+            self.network.name.value, self.dataset.name.value,
+            self.distribution.name.value, self.hardware.name,
+        ))
+
+
+def register_configs() -> None:
+    """Register the schema so conf/config.yaml can extend it (`defaults: [distbench_schema]`)."""
+    store = ConfigStore.instance()
+    store.store(name="distbench_schema", node=DistbenchConfig)
+
+
+def validate(cfg: DictConfig) -> DistbenchConfig:
+    """Check a composed config and return it as typed objects; raise ConfigError if invalid."""
+    try:
+        config = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as err:
+        # OmegaConf wraps errors raised in __post_init__; surface ours unchanged.
+        if isinstance(err.__cause__, ConfigError):
+            raise err.__cause__ from None
+        raise ConfigError(_one_line(err)) from None
+    except ConfigError:
+        raise
+    if not isinstance(config, DistbenchConfig):
+        raise ConfigError("the config is not built on distbench_schema "
+                          "(conf/config.yaml must list it first in its defaults)")
+    return config
+
+
+def resolved_container(cfg: DictConfig) -> dict[str, Any]:
+    """The config as plain data with interpolations resolved and enums as strings."""
+    container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    assert isinstance(container, dict)
+    container.pop("hydra", None)
+    return container
+
+
+def _one_line(err: Exception) -> str:
+    """OmegaConf errors carry a multi-line context block; keep its first, informative lines."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    keep = [line for line in lines if not line.startswith(("object_type", "reference_type"))]
+    return "; ".join(keep[:3])

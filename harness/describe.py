@@ -1,0 +1,78 @@
+"""`python -m harness.describe dataset=X network=Y`: facts about a workload, as JSON.
+
+The performance models need these facts: parameter and gradient sizes (data-parallel
+communication), the layer list and each layer's output size (pipeline partitioning and
+activation transfers). Shapes are traced on PyTorch's "meta" device, so describing even
+ResNet-152 on 512x512 images costs no compute and no memory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+from harness.compose import compose_or_exit
+from harness.metrics import BYTES_PER_MB
+from workloads.datasets import DatasetSpec, dataset_spec
+from workloads.networks import build_network, to_layer_list
+
+FLOAT32_BYTES = 4
+
+
+def describe(network: str, spec: DatasetSpec) -> dict[str, Any]:
+    """Parameter counts, gradient size and per-layer output sizes (per sample, float32)."""
+    with torch.device("meta"):
+        model = build_network(network, spec)
+        layers = to_layer_list(network, model)
+        activation = torch.empty((1, *spec.input_shape))
+    names = {id(module): name for name, module in model.named_modules()}
+    parameters = sum(p.numel() for p in model.parameters())
+    layer_facts = []
+    for index, layer in enumerate(layers):
+        activation = layer(activation)
+        layer_facts.append(_layer_fact(index, layer, names, tuple(activation.shape[1:])))
+    return {
+        "dataset": spec.name,
+        "network": network,
+        "variant": "small-image" if spec.small_images else "imagenet",
+        "input_shape": list(spec.input_shape),
+        "num_classes": spec.num_classes,
+        "parameters": parameters,
+        "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "weights_mb": parameters * FLOAT32_BYTES / BYTES_PER_MB,
+        "gradient_mb": sum(p.numel() for p in model.parameters() if p.requires_grad)
+        * FLOAT32_BYTES / BYTES_PER_MB,
+        "num_layers": len(layers),
+        "activation_mb_per_sample": sum(layer["activation_mb"] for layer in layer_facts),
+        "layers": layer_facts,
+    }
+
+
+def _layer_fact(index: int, layer: nn.Module, names: dict[int, str],
+                output_shape: tuple[int, ...]) -> dict[str, Any]:
+    return {
+        "index": index,
+        "name": names.get(id(layer), type(layer).__name__.lower()),
+        "type": type(layer).__name__,
+        "parameters": sum(p.numel() for p in layer.parameters()),
+        "output_shape": list(output_shape),
+        "activation_mb": math.prod(output_shape) * FLOAT32_BYTES / BYTES_PER_MB,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = compose_or_exit(sys.argv[1:] if argv is None else argv)
+    facts = describe(config.network.name.value, dataset_spec(config.dataset.name.value))
+    facts["distribution"] = config.distribution.name.value
+    facts["batch_size"] = config.batch_size
+    json.dump(facts, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Measuring time and memory honestly: synchronised devices, per-phase clocks, robust summaries.
+
+A GPU runs asynchronously from the Python thread, so a clock read without synchronising the
+device measures how fast work was queued, not how fast it ran. Every timer here synchronises
+the device before reading the clock (a no-op on the CPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+BYTES_PER_MB = 1_000_000  # distbench reports decimal megabytes everywhere (MB, MB/s)
+
+PHASES = ("data", "forward", "backward", "optimizer")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait until every kernel queued on `device` has finished."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class PhaseClock:
+    """Accumulates wall-clock seconds per training phase (data, forward, backward, optimizer).
+
+    `enabled=False` turns every phase into a no-op, so the only clock left is the epoch clock.
+    """
+
+    def __init__(self, device: torch.device, enabled: bool = True) -> None:
+        self.device = device
+        self.enabled = enabled
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
+        start = time.perf_counter()
+        yield
+        synchronize(self.device)
+        self.seconds[name] += time.perf_counter() - start
+
+    def reset(self) -> dict[str, float]:
+        """Return the accumulated seconds per phase and start from zero."""
+        totals = {name: self.seconds.get(name, 0.0) for name in PHASES if self.enabled}
+        self.seconds = defaultdict(float)
+        return totals
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Location and spread of repeated measurements."""
+
+    mean: float
+    median: float
+    std: float  # sample standard deviation; 0 for a single value
+    min: float
+    max: float
+    n: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Summary:
+        if not values:
+            raise ValueError("cannot summarise an empty sequence of measurements")
+        return cls(
+            mean=statistics.fmean(values),
+            median=statistics.median(values),
+            std=statistics.stdev(values) if len(values) > 1 else 0.0,
+            min=min(values),
+            max=max(values),
+            n=len(values),
+        )
+
+
+class PeakMemory:
+    """Peak memory of this worker since `reset()`: the device's peak where there is a device,
+    else the process's peak resident set size (RSS).
+
+    Linux lets a process reset its own RSS high-water mark (writing 5 to /proc/self/clear_refs),
+    so the CPU peak covers the measured work, not whatever ran earlier in the process. Where that
+    is not allowed, the peak since process start is reported and `kind` says so.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.kind = "cuda_max_allocated" if device.type == "cuda" else "process_peak_rss"
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            self.kind = "process_peak_rss_since_start"
+
+    def peak_mb(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / BYTES_PER_MB
+        return _process_peak_rss_bytes() / BYTES_PER_MB
+
+
+def _process_peak_rss_bytes() -> int:
+    """VmHWM from /proc/self/status (resettable), else getrusage's ru_maxrss (KiB on Linux)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

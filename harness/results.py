@@ -1,0 +1,72 @@
+"""The record of one grid cell, written atomically as result.json: the source of truth.
+
+MLflow gets a copy; if MLflow is unreachable, result.json still holds everything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+RESULT_FILE = "result.json"
+
+
+class RunStatus(str, Enum):
+    ok = "ok"
+    oom = "oom"  # did not fit in memory: a result, not a crash
+    failed = "failed"  # any other error; `error` holds the text
+    timeout = "timeout"  # ended by the cell time limit
+
+
+@dataclass
+class CellResult:
+    status: RunStatus
+    run_name: str
+    output_dir: str
+    started_at: str  # ISO 8601, UTC
+    finished_at: str
+    config: dict[str, Any]  # the resolved config, batch size included
+    environment: dict[str, str]
+    metrics: dict[str, float] = field(default_factory=dict)
+    epoch_seconds: list[float] = field(default_factory=list)
+    phase_seconds: dict[str, list[float]] = field(default_factory=dict)  # per phase, per epoch
+    error: str | None = None
+    mlflow_run_id: str | None = None
+    tracking_error: str | None = None  # why MLflow could not record it, if it could not
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["status"] = self.status.value
+        return data
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON so that readers see the old file or the whole new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as tmp:
+            json.dump(data, tmp, indent=2, sort_keys=True, default=str)
+            tmp.write("\n")
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def write_result(result: CellResult) -> Path:
+    """Write `result` to <output_dir>/result.json atomically and return the path."""
+    path = Path(result.output_dir) / RESULT_FILE
+    write_json_atomic(path, result.to_dict())
+    return path
+
+
+def read_result(output_dir: Path) -> dict[str, Any]:
+    return json.loads((Path(output_dir) / RESULT_FILE).read_text())

@@ -1,0 +1,162 @@
+"""MLflow records: one run per grid cell, nested under one parent run per sweep.
+
+Only the process that measured a cell writes its run (one writer per run: SQLite stores lock
+under many concurrent writers). The tracking store defaults to a SQLite file beside the
+results, so no server is needed; `MLFLOW_TRACKING_URI` or `tracking.uri` point elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from harness.results import CellResult, RunStatus
+
+log = logging.getLogger(__name__)
+
+# The sweep's parent run id reaches every cell through the environment, which submitit's local
+# and SLURM executors pass on to the jobs they start.
+PARENT_RUN_ENV = "DISTBENCH_PARENT_RUN_ID"
+DEFAULT_STORE_FILE = "mlflow.db"
+_MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
+
+
+def tracking_uri(configured_uri: str | None, output_root: str | Path) -> str:
+    """`tracking.uri` if set, else $MLFLOW_TRACKING_URI, else a SQLite file in the output root."""
+    if configured_uri:
+        return configured_uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    return f"sqlite:///{Path(output_root).resolve() / DEFAULT_STORE_FILE}"
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """{"a": {"b": 1}} -> {"a.b": "1"}: MLflow params are flat strings."""
+    flat: dict[str, str] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, prefix=f"{name}."))
+        else:
+            flat[name] = str(value)
+    return flat
+
+
+def _client(uri: str):  # noqa: ANN202 - MlflowClient imported lazily (slow import)
+    from mlflow.tracking import MlflowClient
+
+    # The SQLite store logs its schema migrations at INFO on first use; they are not news.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    return MlflowClient(tracking_uri=uri)
+
+
+def experiment_id(client: Any, name: str, uri: str) -> str:
+    """Id of experiment `name`, created on first use (artifacts beside a local SQLite store)."""
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    artifact_location = None
+    if uri.startswith("sqlite:///"):
+        # MLflow's default artifact root is ./mlruns of whatever the cwd is; keep the
+        # artifacts next to the database instead, so a store is one self-contained folder.
+        store_dir = Path(uri.removeprefix("sqlite:///")).parent
+        artifact_location = (store_dir / "mlartifacts" / name).resolve().as_uri()
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location)
+    except MlflowException:  # created meanwhile by another process
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+def _metrics(result: CellResult) -> Iterator[tuple[str, float, int]]:
+    """(key, value, step) of every metric; per-epoch series use the epoch as step."""
+    for key, value in result.metrics.items():
+        yield key, float(value), 0
+    for epoch, seconds in enumerate(result.epoch_seconds):
+        yield "epoch_seconds", seconds, epoch
+    for phase, per_epoch in result.phase_seconds.items():
+        for epoch, seconds in enumerate(per_epoch):
+            yield f"epoch_{phase}_seconds", seconds, epoch
+
+
+def record_cell(result: CellResult, *, uri: str, experiment: str,
+                artifacts: list[Path]) -> str:
+    """Log a finished (or failed) cell as one MLflow run; return the run id."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    client = _client(uri)
+    tags = {**result.environment, "status": result.status.value}
+    parent = os.environ.get(PARENT_RUN_ENV)
+    if parent:
+        tags["mlflow.parentRunId"] = parent
+    if result.error:
+        tags["error"] = result.error[-5000:]  # MLflow tag values are limited in length
+    run = client.create_run(experiment_id(client, experiment, uri), run_name=result.run_name,
+                            tags=tags)
+    run_id = run.info.run_id
+    timestamp = int(time.time() * 1000)
+    params = [Param(k, v[:6000]) for k, v in flatten(result.config).items()]
+    for start in range(0, len(params), _MAX_PARAMS_PER_BATCH):
+        client.log_batch(run_id, params=params[start:start + _MAX_PARAMS_PER_BATCH])
+    client.log_batch(run_id, metrics=[Metric(k, v, timestamp, step)
+                                      for k, v, step in _metrics(result)],
+                     tags=[RunTag("output_dir", result.output_dir)])
+    for path in artifacts:
+        if path.exists():
+            client.log_artifact(run_id, str(path))
+    client.set_terminated(run_id, status="FINISHED" if result.status is RunStatus.ok
+                          else "FAILED")
+    return run_id
+
+
+class SweepParentRun(Callback):
+    """Hydra callback: open a parent MLflow run for a sweep, so its cells nest under it.
+
+    Runs in the process that launches the sweep. If MLflow cannot be reached the sweep still
+    runs (every cell writes result.json); the cells are then simply not nested.
+    """
+
+    def __init__(self) -> None:
+        self._run_id: str | None = None
+        self._uri: str | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if not config.tracking.enabled:
+            return
+        self._uri = tracking_uri(config.tracking.uri, config.run.output_dir)
+        try:
+            client = _client(self._uri)
+            run = client.create_run(
+                experiment_id(client, config.tracking.experiment, self._uri),
+                run_name=f"sweep-{Path(str(config.hydra.sweep.dir)).name}",
+                tags={"sweep_dir": str(Path(str(config.hydra.sweep.dir)).resolve()),
+                      "sweep_overrides": " ".join(config.hydra.overrides.task),
+                      "distbench.kind": "sweep"},
+            )
+        except Exception as err:  # noqa: BLE001 - tracking must never stop a sweep
+            log.warning("MLflow unreachable at %s (%s); cells will not be nested", self._uri, err)
+            return
+        self._run_id = run.info.run_id
+        os.environ[PARENT_RUN_ENV] = self._run_id
+        log.info("MLflow: sweep parent run %s in experiment %r at %s", self._run_id,
+                 config.tracking.experiment, self._uri)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self._run_id is None or self._uri is None:
+            return
+        os.environ.pop(PARENT_RUN_ENV, None)
+        try:
+            _client(self._uri).set_terminated(self._run_id, status="FINISHED")
+        except Exception as err:  # noqa: BLE001
+            log.warning("could not close the sweep's MLflow run %s: %s", self._run_id, err)

@@ -1,0 +1,28 @@
+"""Helpers shared by the tests (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_overrides(output_root: Path, *extra: str) -> list[str]:
+    """A cell small enough to train in seconds on 2 CPU cores."""
+    return [
+        "dataset=mnist", "network=mobilenetv2", "distribution.batch_size=8",
+        "dataset.num_samples=16", "run.epochs=2", "run.warmup_batches=1", "run.progress=false",
+        f"run.output_dir={output_root}", *extra,
+    ]
+
+
+def run_module(module: str, args: Sequence[str], cwd: Path,
+               timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run `python -m module args` as a user would, in `cwd`."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,112 @@
+"""Config composition and validation: every grid axis composes, bad input fails early."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from omegaconf import OmegaConf
+
+from harness.batch_sizes import default_batch_size, default_micro_batches
+from harness.compose import compose_config, compose_or_exit
+from harness.config import ConfigError, DistbenchConfig, validate
+from tests.helpers import REPO_ROOT
+
+DATASETS = ["mnist", "cifar10", "imagenet", "highres"]
+NETWORKS = ["resnet18", "resnet50", "resnet152", "vgg11", "vgg16", "mobilenetv2"]
+
+
+def test_config_groups_on_disk_match_the_schema() -> None:
+    conf = REPO_ROOT / "conf"
+    assert sorted(p.stem for p in (conf / "dataset").glob("*.yaml")) == sorted(DATASETS)
+    assert sorted(p.stem for p in (conf / "network").glob("*.yaml")) == sorted(NETWORKS)
+    assert (conf / "distribution" / "sequential.yaml").exists()
+    assert {"local_cpu", "titanrtx_cluster"} <= {p.stem for p in (conf / "hardware").glob("*.yaml")}
+
+
+@pytest.mark.parametrize(("dataset", "network"), list(itertools.product(DATASETS, NETWORKS)))
+def test_every_dataset_network_pair_composes(dataset: str, network: str) -> None:
+    config = validate(compose_config([f"dataset={dataset}", f"network={network}"]))
+    assert isinstance(config, DistbenchConfig)
+    assert config.dataset.name.value == dataset
+    assert config.network.name.value == network
+    assert config.batch_size == default_batch_size(dataset, "sequential")
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    config = validate(compose_config([]))
+    assert (config.run.epochs, config.run.seed, config.run.output_dir) == (3, 0, "outputs")
+    assert config.dataset.name.value == "mnist" and config.dataset.source.value == "synthetic"
+    assert config.dataset.num_samples is None  # full dataset
+    assert config.distribution.name.value == "sequential"
+    assert (config.hardware.device.value, config.hardware.nodes,
+            config.hardware.workers_per_node) == ("cpu", 1, 1)
+
+
+def test_batch_sizes_follow_table_3_3() -> None:
+    expected = {"mnist": (128, 3072, 24), "cifar10": (64, 2048, 32),
+                "imagenet": (32, 384, 12), "highres": (32, 48, 12)}
+    for dataset, (per_worker, gpipe_batch, micro_batches) in expected.items():
+        for model in ("sequential", "horovod", "ddp", "pipedream"):
+            assert default_batch_size(dataset, model) == per_worker
+        assert default_batch_size(dataset, "gpipe") == gpipe_batch
+        assert default_micro_batches(dataset) == micro_batches
+
+
+def test_batch_size_override_wins_over_the_table() -> None:
+    assert validate(compose_config(["distribution.batch_size=7"])).batch_size == 7
+
+
+@pytest.mark.parametrize(("override", "fragment"), [
+    (["dataset.num_samples=-5"], "dataset.num_samples=-5 is invalid: must be a positive number"),
+    (["dataset.num_samples=0"], "dataset.num_samples=0"),
+    (["run.epochs=0"], "run.epochs=0 is invalid: must be 1 or more"),
+    (["run.warmup_batches=-1"], "run.warmup_batches=-1"),
+    (["hardware.nodes=0"], "hardware.nodes=0"),
+    (["distribution.batch_size=-1"], "distribution.batch_size=-1"),
+    (["optimizer.momentum=1.5"], "optimizer.momentum=1.5 is invalid: must be in [0, 1)"),
+    (["dataset=highres", "dataset.source=real", "dataset.root=/data"],
+     "dataset highres exists only as synthetic data; allowed: synthetic"),
+    (["dataset.source=real"], "dataset.root=None is invalid"),
+    (["dataset.num_samples=10"], "an epoch needs at least one full batch (batch size 128)"),
+])
+def test_invalid_values_name_the_key_and_what_is_allowed(override: list[str],
+                                                          fragment: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        validate(compose_config(override))
+    assert fragment in str(error.value)
+
+
+@pytest.mark.parametrize(("override", "fragments"), [
+    ("network=resnet19", ["network/resnet19", "resnet18", "mobilenetv2", "vgg16"]),
+    ("dataset=svhn", ["dataset/svhn", "cifar10", "imagenet"]),
+    ("hardware.device=tpu", ["hardware.device", "cpu, cuda"]),
+    ("run.epochs=abc", ["run.epochs", "abc"]),
+    ("dataset.bogus=1", ["dataset.bogus"]),
+    ("distribution.name=allreduce", ["distribution.name", "sequential", "horovod", "pipedream"]),
+])
+def test_unknown_names_fail_with_one_line_and_exit_2(
+        override: str, fragments: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        compose_or_exit([override])
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err
+    assert message.count("\n") == 1 and message.startswith("distbench: invalid config:")
+    for fragment in fragments:
+        assert fragment in message
+
+
+@pytest.mark.parametrize("sweep", ["smoke", "imagenet_resnet"])
+def test_sweep_configs_turn_on_multirun_by_themselves(sweep: str) -> None:
+    cfg = compose_config([f"+sweep={sweep}"])
+    hydra = OmegaConf.load(REPO_ROOT / "conf" / "sweep" / f"{sweep}.yaml").hydra
+    assert hydra.mode == "MULTIRUN"
+    assert "network" in hydra.sweeper.params
+    assert cfg.tracking.experiment == sweep
+    validate(cfg)
+
+
+def test_smoke_sweep_is_small() -> None:
+    config = validate(compose_config(["+sweep=smoke"]))
+    assert config.dataset.num_samples is not None and config.dataset.num_samples <= 512
+    assert config.run.epochs <= 3
