@@ -1,0 +1,197 @@
+"""Synthetic datasets: random uint8 images and labels, generated once per seed and memory-mapped.
+
+Synthetic data keeps storage and decoding out of the measurement, so the benchmark times the
+network and the communication. The images are generated deterministically from (seed, dataset
+name) and cached on node-local disk (see `cache` for the trust and atomicity rules); every later
+run, and every rank of the same run, memory-maps the same files instead of regenerating them.
+
+Only `unique` distinct images are stored and index i reads image i % unique: the full synthetic
+ImageNet would take 192 GB, while what is measured does not depend on images being distinct.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+from tqdm import tqdm
+
+from workloads.datasets.buffers import BufferPool
+from workloads.datasets.cache import ArraySpec, load_or_generate
+from workloads.datasets.spec import DatasetSpec
+
+logger = logging.getLogger(__name__)
+
+# Distinct images stored per dataset when the caller does not choose. MNIST and CIFAR-10 are small
+# enough (55 MB, 184 MB) to store whole. ImageNet (150 KB/image, 192 GB in full) and Highres
+# (768 KB/image, 47 GB in full) are capped at about 1.5 GB each, which fits in the page cache of
+# any training node, so after the first epoch reads never touch the disk.
+DEFAULT_UNIQUE_SAMPLES: dict[str, int] = {
+    "mnist": 70_000,
+    "cifar10": 60_000,
+    "imagenet": 10_000,
+    "highres": 2_000,
+}
+
+# Part of the cache key: bump it whenever the generated content changes for the same parameters
+# (for example a different chunk size, which changes the random stream), so that old caches are
+# not reused.
+GENERATOR_VERSION = 1
+# Images are generated and written this many bytes at a time, so memory use stays bounded.
+_CHUNK_BYTES = 32 * 1024 * 1024
+# Generations at least this large show a progress bar (they take more than a few seconds).
+_PROGRESS_BAR_BYTES = 256 * 1024 * 1024
+IMAGES_FILE = "images.npy"
+LABELS_FILE = "labels.npy"
+
+
+def unique_sample_count(spec: DatasetSpec, length: int, requested: int | None) -> int:
+    """How many distinct images to store: the request (or the default), at most `length`."""
+    if requested is not None and requested < 1:
+        raise ValueError(f"synthetic_unique_samples must be positive, got {requested}")
+    if requested is None:
+        requested = DEFAULT_UNIQUE_SAMPLES.get(spec.name, spec.num_images)
+    return min(length, requested)
+
+
+def build_synthetic(spec: DatasetSpec, *, length: int, seed: int, cache_dir: str | Path,
+                    unique_samples: int | None = None, verify: bool = False) -> SyntheticDataset:
+    """The synthetic version of `spec` with `length` samples, generated into `cache_dir` if needed.
+
+    Args:
+        spec: the dataset whose shape and class count are imitated.
+        length: samples in the dataset (one epoch).
+        seed: non-negative; together with the dataset name it determines every byte.
+        cache_dir: parent directory of the cache entries (node-local disk is best).
+        unique_samples: distinct images to store (default: `DEFAULT_UNIQUE_SAMPLES`).
+        verify: re-check the sha256 of cached files instead of only their sizes (slow).
+    """
+    if seed < 0:
+        raise ValueError(f"seed must be non-negative for synthetic data, got {seed}")
+    unique = unique_sample_count(spec, length, unique_samples)
+    directory = Path(cache_dir) / _entry_name(spec, unique, seed)
+    specs = {
+        IMAGES_FILE: ArraySpec((unique, *spec.input_shape), np.dtype(np.uint8)),
+        LABELS_FILE: ArraySpec((unique,), np.dtype(np.int64)),
+    }
+
+    def make_chunks(file_name: str) -> Iterator[np.ndarray]:
+        if file_name == IMAGES_FILE:
+            return _image_chunks(spec, unique, seed)
+        return iter([_labels(spec, unique, seed)])
+
+    entry = load_or_generate(directory, _cache_params(spec, unique, seed), specs, make_chunks,
+                             verify=verify)
+    if entry.generated:
+        logger.info("generated synthetic %s: %d distinct images in %s", spec.name, unique,
+                    directory)
+    return SyntheticDataset(directory, length, images=entry.arrays[IMAGES_FILE],
+                            labels=entry.arrays[LABELS_FILE], generated=entry.generated)
+
+
+def _entry_name(spec: DatasetSpec, unique: int, seed: int) -> str:
+    """Directory name of a cache entry; it encodes everything the content depends on."""
+    shape = "x".join(str(size) for size in spec.input_shape)
+    return f"{spec.name}-{shape}-c{spec.num_classes}-u{unique}-seed{seed}-v{GENERATOR_VERSION}"
+
+
+def _cache_params(spec: DatasetSpec, unique: int, seed: int) -> dict[str, Any]:
+    """The parameters recorded in (and checked against) the manifest."""
+    return {"dataset": spec.name, "input_shape": list(spec.input_shape),
+            "num_classes": spec.num_classes, "unique_samples": unique, "seed": seed,
+            "generator_version": GENERATOR_VERSION}
+
+
+def _rng(spec: DatasetSpec, seed: int, *stream: int) -> np.random.Generator:
+    """An independent random stream for (seed, dataset name, stream id).
+
+    The name enters through crc32 because Python's `hash` of a str changes between processes.
+    Each images chunk gets its own stream so its content does not depend on the chunks before it.
+    """
+    name_code = zlib.crc32(spec.name.encode())
+    return np.random.default_rng(np.random.SeedSequence([seed, name_code], spawn_key=stream))
+
+
+def _image_chunks(spec: DatasetSpec, unique: int, seed: int) -> Iterator[np.ndarray]:
+    """The images, `_CHUNK_BYTES` at a time, generated directly as uint8 (no int64 intermediate)."""
+    per_chunk = max(1, _CHUNK_BYTES // spec.bytes_per_image)
+    show_progress = unique * spec.bytes_per_image >= _PROGRESS_BAR_BYTES
+    with tqdm(total=unique, unit="img", desc=f"generating synthetic {spec.name}",
+              disable=not show_progress) as progress:
+        for index, start in enumerate(range(0, unique, per_chunk)):
+            count = min(per_chunk, unique - start)
+            yield _rng(spec, seed, 0, index).integers(
+                0, 256, size=(count, *spec.input_shape), dtype=np.uint8)
+            progress.update(count)
+
+
+def _labels(spec: DatasetSpec, unique: int, seed: int) -> np.ndarray:
+    """Uniformly random labels in [0, num_classes), one per distinct image."""
+    return _rng(spec, seed, 1).integers(0, spec.num_classes, size=unique, dtype=np.int64)
+
+
+class SyntheticDataset(Dataset):
+    """`length` samples backed by `unique` memory-mapped images; sample i is image i % unique.
+
+    Samples are float32 (C, H, W) tensors in [0, 1] and int labels, the same form as the real
+    datasets after ToTensor. `__getitems__` returns a whole batch from one numpy fancy-indexing
+    read; torch's DataLoader calls it for batched fetches, and `EpochLoader` calls it directly.
+    Batches are converted into recycled buffers (see `buffers` for why and why that is safe).
+    """
+
+    # Tells `EpochLoader` that `__getitems__` returns a ready (images, labels) batch.
+    fetches_whole_batches = True
+
+    def __init__(self, directory: Path, length: int, *, images: np.ndarray | None = None,
+                 labels: np.ndarray | None = None, generated: bool = False) -> None:
+        self.directory = Path(directory)
+        self.length = length
+        self.generated = generated  # whether building this dataset (re)generated the cache
+        self._images = images
+        self._labels = labels
+        self._buffers = BufferPool()
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def unique_samples(self) -> int:
+        """Number of distinct stored images."""
+        return len(self._arrays()[1])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if not 0 <= index < self.length:
+            raise IndexError(f"index {index} out of range for {self.length} samples")
+        images, labels = self._arrays()
+        stored = index % len(labels)
+        image = torch.from_numpy(np.array(images[stored])).float().div_(255)
+        return image, int(labels[stored])
+
+    def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch of `indices`: float32 (N, C, H, W) images in [0, 1] and int64 (N,) labels."""
+        positions = np.asarray(indices, dtype=np.int64)
+        if positions.size and (positions.min() < 0 or positions.max() >= self.length):
+            raise IndexError(f"batch indices outside [0, {self.length})")
+        images, labels = self._arrays()
+        stored = positions % len(labels)
+        gathered = torch.from_numpy(images[stored])  # one fancy-indexing read of the memmap
+        batch = self._buffers.empty(tuple(gathered.shape)).copy_(gathered).div_(255)
+        return batch, torch.from_numpy(labels[stored])
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The memmaps, opened lazily so that worker processes map the files themselves."""
+        if self._images is None or self._labels is None:
+            self._images = np.load(self.directory / IMAGES_FILE, mmap_mode="r")
+            self._labels = np.load(self.directory / LABELS_FILE, mmap_mode="r")
+        return self._images, self._labels
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickling a memmap would copy the whole array into the message sent to each
+        # DataLoader worker (under the spawn start method); send the path and reopen instead.
+        return {**self.__dict__, "_images": None, "_labels": None}
