@@ -9,12 +9,13 @@ key, the value given and what is allowed.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.batch_sizes import default_batch_size
@@ -260,7 +261,7 @@ def register_configs() -> None:
 def validate(cfg: DictConfig) -> DistbenchConfig:
     """Check a composed config and return it as typed objects; raise ConfigError if invalid."""
     try:
-        config = OmegaConf.to_object(cfg)
+        config = OmegaConf.to_object(without_hydra(cfg))
     except OmegaConfBaseException as err:
         # OmegaConf wraps errors raised in __post_init__; surface ours unchanged.
         if isinstance(err.__cause__, ConfigError):
@@ -276,10 +277,19 @@ def validate(cfg: DictConfig) -> DistbenchConfig:
 
 def resolved_container(cfg: DictConfig) -> dict[str, Any]:
     """The config as plain data with interpolations resolved and enums as strings."""
-    container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    container = OmegaConf.to_container(without_hydra(cfg), resolve=True, enum_to_str=True)
     assert isinstance(container, dict)
-    container.pop("hydra", None)
     return container
+
+
+def without_hydra(cfg: DictConfig) -> DictConfig:
+    """The config minus Hydra's own `hydra` node, which a job's config carries."""
+    if "hydra" not in cfg:
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
 
 
 def _one_line(err: Exception) -> str:

@@ -49,7 +49,10 @@ def record_lost_cell(loader, master: DictConfig, overrides: Sequence[str],  # no
     config = cell_config(loader, master, overrides, job_num)
     output_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
     status = RunStatus.timeout if timed_out else RunStatus.failed
-    text = f"{type(error).__name__}: {error}"
+    cause = ("the cell exceeded hydra.launcher.timeout_min and was stopped" if timed_out else
+             "the cell's process ended without a result: killed by a signal (the kernel's "
+             "out-of-memory killer sends SIGKILL) or crashed outside Python")
+    text = f"{cause}\n{type(error).__name__}: {error}"
     result = record_failure(config, output_dir, status, text, started=started)
     return JobReturn(overrides=list(overrides), cfg=config, working_dir=str(output_dir),
                      task_name=str(config.hydra.job.name), status=JobStatus.COMPLETED,
@@ -57,3 +60,17 @@ def record_lost_cell(loader, master: DictConfig, overrides: Sequence[str],  # no
 
 
 __all__ = ["cell_config", "now", "record_lost_cell", "validate_sweep"]
+
+
+def summary_table(results: Sequence[dict]) -> str:
+    """A plain-text table of a sweep's cells, printed when the sweep ends."""
+    header = f"{'#':>3}  {'cell':<44} {'status':<8} {'s/epoch':>9} {'std':>7} " \
+             f"{'images/s':>9} {'peak MB':>8}"
+    rows = [header]
+    for number, result in enumerate(results):
+        metrics = result.get("metrics", {})
+        figures = (f"{metrics['seconds_per_epoch']:>9.3f} {metrics['seconds_per_epoch_std']:>7.3f} "
+                   f"{metrics['images_per_second']:>9.1f} {metrics['peak_memory_mb']:>8.0f}"
+                   if metrics else f"{'-':>9} {'-':>7} {'-':>9} {'-':>8}")
+        rows.append(f"{number:>3}  {result['run_name']:<44} {result['status']:<8} {figures}")
+    return "\n".join(rows)

@@ -60,4 +60,5 @@ class SerialLocalLauncher(LocalLauncher):
                 result = cells.record_lost_cell(loader, self.config, overrides, job_num,
                                                 error, timed_out=timed_out, started=started)
             results.append(result)
+        print(cells.summary_table([r.return_value for r in results]), flush=True)
         return results

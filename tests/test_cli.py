@@ -1,0 +1,121 @@
+"""The commands as a user types them: `python -m harness[.describe]`, sweeps included."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from harness.tracking import DEFAULT_STORE_FILE
+from tests.helpers import run_module
+
+TINY_SWEEP = ["+sweep=smoke", "network=mobilenetv2", "distribution.batch_size=8",
+              "dataset.num_samples=16", "run.epochs=1", "run.warmup_batches=0",
+              "run.progress=false"]
+
+
+def _results(output_root: Path) -> list[dict]:
+    """The result.json of every cell (MLflow keeps copies under mlartifacts/, not counted)."""
+    return [json.loads(p.read_text())
+            for p in sorted((output_root / "sweeps").rglob("result.json"))]
+
+
+def _experiment_runs(output_root: Path, experiment: str) -> list:  # mlflow Run objects
+    client = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, f"no MLflow experiment {experiment!r}"
+    return client.search_runs([exp.experiment_id])
+
+
+def test_describe_prints_workload_facts_as_json(tmp_path: Path) -> None:
+    done = run_module("harness.describe", ["dataset=imagenet", "network=resnet50"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    facts = json.loads(done.stdout)
+    assert facts["parameters"] == 25_557_032
+    assert facts["gradient_mb"] == pytest.approx(25_557_032 * 4 / 1e6)
+    assert facts["input_shape"] == [3, 224, 224]
+    assert facts["num_layers"] == len(facts["layers"]) > 10
+    assert facts["layers"][0]["output_shape"] == [64, 112, 112]
+    assert facts["layers"][-1]["output_shape"] == [1000]
+    assert sum(layer["parameters"] for layer in facts["layers"]) == facts["parameters"]
+    assert facts["batch_size"] == 32
+
+
+def test_describe_rejects_an_unknown_network_with_exit_2(tmp_path: Path) -> None:
+    done = run_module("harness.describe", ["network=resnet19"], cwd=tmp_path)
+    assert done.returncode == 2
+    assert "resnet18" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_sweep_records_every_cell_nested_under_a_parent_run(output_root: Path) -> None:
+    done = run_module("harness", [*TINY_SWEEP, "dataset=mnist,cifar10",
+                                  f"run.output_dir={output_root}"], cwd=output_root.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = _results(output_root)
+    assert sorted(r["config"]["dataset"]["name"] for r in results) == ["cifar10", "mnist"]
+    assert all(r["status"] == "ok" for r in results), [r["error"] for r in results]
+
+    runs = _experiment_runs(output_root, "smoke")
+    parents = [r for r in runs if r.data.tags.get("distbench.kind") == "sweep"]
+    cells = [r for r in runs if "status" in r.data.tags]
+    assert len(parents) == 1 and len(cells) == 2
+    assert {c.data.tags["mlflow.parentRunId"] for c in cells} == {parents[0].info.run_id}
+    assert all(c.data.metrics["seconds_per_epoch"] > 0 for c in cells)
+
+
+def test_a_failing_cell_does_not_stop_the_sweep(output_root: Path, tmp_path: Path) -> None:
+    done = run_module("harness", [*TINY_SWEEP, "dataset=mnist",
+                                  "dataset.source=real,synthetic",
+                                  f"dataset.root={tmp_path / 'missing'}",
+                                  f"run.output_dir={output_root}"], cwd=output_root.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    statuses = sorted((r["config"]["dataset"]["source"], r["status"])
+                      for r in _results(output_root))
+    assert statuses == [("real", "failed"), ("synthetic", "ok")]
+    tags = sorted(r.data.tags["status"] for r in _experiment_runs(output_root, "smoke")
+                  if "status" in r.data.tags)
+    assert tags == ["failed", "ok"]
+
+
+def test_an_invalid_cell_stops_the_sweep_before_any_cell_runs(output_root: Path) -> None:
+    done = run_module("harness", [*TINY_SWEEP, "dataset=mnist", "run.epochs=1,0",
+                                  f"run.output_dir={output_root}"], cwd=output_root.parent)
+    assert done.returncode == 2
+    assert "run.epochs=0 is invalid: must be 1 or more" in done.stderr
+    assert _results(output_root) == []
+
+
+def test_a_killed_cell_is_recorded_and_the_sweep_goes_on(output_root: Path) -> None:
+    """SIGKILL the first cell's process, as the kernel's OOM killer would: the launcher
+    records the cell as failed and runs the next one."""
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "harness", *TINY_SWEEP, "dataset=mnist,cifar10",
+         "run.epochs=3", f"run.output_dir={output_root}"],
+        cwd=output_root.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    os.kill(_wait_for_cell_process(timeout=120), signal.SIGKILL)
+    out, _ = sweep.communicate(timeout=600)
+    assert sweep.returncode == 0, out[-3000:]
+    by_dataset = {r["config"]["dataset"]["name"]: r for r in _results(output_root)}
+    assert by_dataset["mnist"]["status"] == "failed"
+    assert "UncompletedJobError" in by_dataset["mnist"]["error"] or \
+        "FailedJobError" in by_dataset["mnist"]["error"]
+    assert by_dataset["cifar10"]["status"] == "ok"
+
+
+def _wait_for_cell_process(timeout: float) -> int:
+    """The pid of the first cell's worker process, as soon as it exists."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = subprocess.run(["pgrep", "-f", "submitit.core._submit"], capture_output=True,
+                               text=True).stdout.split()
+        if found:
+            return int(found[0])
+        time.sleep(0.2)
+    raise AssertionError("the sweep never started a cell process")
