@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 
-from harness.config import ConfigError, DistbenchConfig, register_configs, validate
+from harness.config import ConfigError, DistbenchConfig, one_line, register_configs, validate
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -28,16 +28,6 @@ def compose_or_exit(overrides: Sequence[str]) -> DistbenchConfig:
     try:
         return validate(compose_config(overrides))
     except (ConfigError, HydraException) as err:
-        print(f"distbench: invalid config: {describe_error(err)}", file=sys.stderr)
+        print(f"distbench: invalid config: {one_line(err)}", file=sys.stderr)
         sys.exit(2)
 
-
-def describe_error(err: Exception) -> str:
-    """One line: Hydra's message, plus the OmegaConf cause that names the key and the values."""
-    message = str(err).split("Config search path:")[0]
-    cause = err.__cause__
-    if cause is not None and str(cause):
-        details = [line.strip() for line in str(cause).splitlines()
-                   if line.strip() and not line.strip().startswith(("object_type", "reference_type"))]
-        message = f"{message}: {'; '.join(details)}"
-    return " ".join(message.split())

@@ -266,7 +266,7 @@ def validate(cfg: DictConfig) -> DistbenchConfig:
         # OmegaConf wraps errors raised in __post_init__; surface ours unchanged.
         if isinstance(err.__cause__, ConfigError):
             raise err.__cause__ from None
-        raise ConfigError(_one_line(err)) from None
+        raise ConfigError(one_line(err)) from None
     except ConfigError:
         raise
     if not isinstance(config, DistbenchConfig):
@@ -292,8 +292,11 @@ def without_hydra(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
-def _one_line(err: Exception) -> str:
-    """OmegaConf errors carry a multi-line context block; keep its first, informative lines."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    keep = [line for line in lines if not line.startswith(("object_type", "reference_type"))]
-    return "; ".join(keep[:3])
+def one_line(err: Exception) -> str:
+    """An OmegaConf/Hydra error as one line: the message, then the cause that names the key."""
+    message = str(err).split("Config search path:")[0]
+    parts = [message] + ([str(err.__cause__)] if err.__cause__ is not None else [])
+    lines = [line.strip() for part in parts for line in part.splitlines()]
+    keep = [line for line in lines
+            if line and not line.startswith(("object_type", "reference_type"))]
+    return " ".join("; ".join(keep).split())

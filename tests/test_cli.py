@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,6 +91,25 @@ def test_an_invalid_cell_stops_the_sweep_before_any_cell_runs(output_root: Path)
     assert done.returncode == 2
     assert "run.epochs=0 is invalid: must be 1 or more" in done.stderr
     assert _results(output_root) == []
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs util-linux prlimit")
+def test_a_cell_that_does_not_fit_in_memory_is_recorded_as_oom(output_root: Path) -> None:
+    """A real out-of-memory: the process's address space is capped at 6 GB (prlimit), and
+    VGG-16 on 512x512 images at batch 32 needs 2 GB for each early activation."""
+    done = subprocess.run(
+        ["prlimit", f"--as={6 * 1024**3}", sys.executable, "-m", "harness", "dataset=highres",
+         "network=vgg16", "dataset.num_samples=32", "run.epochs=1", "run.warmup_batches=1",
+         "run.progress=false", f"run.output_dir={output_root}"],
+        cwd=output_root.parent, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (result_path,) = (output_root / "runs").rglob("result.json")
+    result = json.loads(result_path.read_text())
+    assert result["status"] == "oom"
+    assert "can't allocate memory" in result["error"]
+    run = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}").get_run(
+        result["mlflow_run_id"])
+    assert run.data.tags["status"] == "oom" and run.info.status == "FAILED"
 
 
 def test_a_killed_cell_is_recorded_and_the_sweep_goes_on(output_root: Path) -> None:
