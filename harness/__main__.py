@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from harness.config import ConfigError, register_configs
+from harness.config import ConfigError, register_configs, validate
 from harness.run import run_cell
+from launchers.distributed import worker_environment
 
 register_configs()
 
@@ -17,6 +20,17 @@ register_configs()
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
     try:
+        config = validate(cfg)
+        if config.world_size > 1 and not worker_environment().is_distributed:
+            # A multi-worker cell typed at the prompt: start its workers locally.
+            from launchers.cells import validate_cell
+            from launchers.local import run_local_cell
+
+            validate_cell(cfg, single_node=True)
+            hydra_config = HydraConfig.get()
+            return run_local_cell(cfg, Path(hydra_config.runtime.output_dir),
+                                  workers=config.world_size,
+                                  timeout_min=int(hydra_config.launcher.timeout_min))
         return run_cell(cfg)
     except ConfigError as err:
         print(f"distbench: invalid config: {err}", file=sys.stderr)

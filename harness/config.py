@@ -147,10 +147,22 @@ class DistributionConfig:
     name: DistributionName = DistributionName.sequential
     # Batch size: per worker for data-parallel models, whole batch for GPipe; null = Table 3.3.
     batch_size: Optional[int] = None
+    # torch.distributed backend: null = nccl on CUDA, gloo on CPU.
+    backend: Optional[str] = None
+    # DDP: gradient bucket size in MB (torch's default 25); its counterpart of Horovod's `th`.
+    bucket_cap_mb: float = 25.0
 
     def __post_init__(self) -> None:
         _check_positive(self._section, "batch_size", self.batch_size, nullable=True,
                         null_means="SPEC Table 3.3 for the dataset and distribution model")
+        _check(self.backend in (None, "gloo", "nccl"), "distribution.backend", self.backend,
+               "allowed: gloo, nccl, or null (nccl on CUDA, gloo on CPU)")
+        _check_positive(self._section, "bucket_cap_mb", self.bucket_cap_mb)
+
+    @property
+    def data_parallel(self) -> bool:
+        """True for the models that run one whole replica per worker."""
+        return self.name in (DistributionName.horovod, DistributionName.ddp)
 
 
 @dataclass
@@ -201,9 +213,14 @@ class RunConfig:
     # each phase boundary, which removes some overlap; turn off for the purest epoch time.
     phase_timing: bool = True
     progress: bool = True  # progress bar over batches
+    # Bounds every collective, so a peer that died or hangs turns into a `timeout` record
+    # instead of a wait forever; a worker that finishes no batch for 1.25x this (+5 s) is ended
+    # by its watchdog.
+    progress_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 1, "run.epochs", self.epochs, "must be 1 or more")
+        _check_positive(self._section, "progress_timeout_s", self.progress_timeout_s)
         _check(self.warmup_batches >= 0, "run.warmup_batches", self.warmup_batches,
                "must be 0 or more")
         _check(self.seed >= 0, "run.seed", self.seed, "must be 0 or more")
@@ -233,9 +250,22 @@ class DistbenchConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
-        samples = self.dataset.num_samples
-        _check(samples is None or samples >= self.batch_size, "dataset.num_samples", samples,
-               f"an epoch needs at least one full batch (batch size {self.batch_size})")
+        samples, needed = self.dataset.num_samples, self.batch_size * self.world_size
+        _check(samples is None or samples >= needed, "dataset.num_samples", samples,
+               f"an epoch needs at least one full batch per worker (batch size "
+               f"{self.batch_size} x {self.world_size} workers = {needed})")
+        from harness.distributions import TRAINERS  # the implemented models
+
+        _check(self.distribution.name.value in TRAINERS, "distribution.name",
+               self.distribution.name.value,
+               f"not implemented yet; implemented: {', '.join(TRAINERS)}")
+
+    @property
+    def world_size(self) -> int:
+        """Workers of this cell: all of the hardware's, except for the one-device baseline."""
+        if self.distribution.name is DistributionName.sequential:
+            return 1
+        return self.hardware.world_size
 
     @property
     def batch_size(self) -> int:

@@ -70,3 +70,23 @@ def write_result(result: CellResult) -> Path:
 
 def read_result(output_dir: Path) -> dict[str, Any]:
     return json.loads((Path(output_dir) / RESULT_FILE).read_text())
+
+
+def rank_report_path(output_dir: Path, rank: int) -> Path:
+    return Path(output_dir) / "ranks" / f"rank{rank}.json"
+
+
+def write_rank_report(output_dir: Path, rank: int, status: RunStatus, error: str | None) -> None:
+    """One worker's own account of how it ended: the channel that still works when the
+    process group is broken (a peer crashed, hung or was killed)."""
+    write_json_atomic(rank_report_path(output_dir, rank),
+                      {"rank": rank, "status": status.value, "error": error})
+
+
+def read_rank_reports(output_dir: Path) -> dict[int, dict[str, Any]]:
+    """The reports the workers of a cell left, by rank."""
+    reports = {}
+    for path in sorted((Path(output_dir) / "ranks").glob("rank*.json")):
+        report = json.loads(path.read_text())
+        reports[int(report["rank"])] = report
+    return reports

@@ -8,8 +8,12 @@ a crash), the cell ends with a result.json and an MLflow run that say so.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
+import statistics
+import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,64 +22,98 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from harness.config import DistbenchConfig, resolved_container, validate
-from harness.distributions import EpochMeasurement, trainer_factory
+from harness.distributions import EpochMeasurement, TrainingContext, trainer_factory
 from harness.environment import capture_environment
 from harness.metrics import PeakMemory, PhaseClock, Summary
-from harness.results import CellResult, RunStatus, write_result
+from harness.results import (
+    CellResult,
+    RunStatus,
+    read_rank_reports,
+    write_rank_report,
+    write_result,
+)
 from harness.tracking import record_cell, tracking_uri
+from harness.watchdog import ProgressWatchdog
 from harness.workload import build_workload
+from launchers.distributed import WorkerEnvironment, WorkerSession, worker_environment, worker_session
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Measurement:
+class WorkerMeasurement:
+    """What one worker measured; rank 0 gathers these from every worker."""
+
     epochs: list[EpochMeasurement]
     peak_memory_mb: float
     memory_kind: str
+    parameter_digest: str  # sha256 of the trained parameters: replicas must agree
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A cell's measurement over all its workers, as the job sees it."""
+
+    workers: list[WorkerMeasurement]  # in rank order
+
+    def epoch_seconds(self) -> list[float]:
+        """An epoch lasts until its slowest worker is done."""
+        return [max(worker.epochs[e].seconds for worker in self.workers)
+                for e in range(len(self.workers[0].epochs))]
+
+    def phase_seconds(self) -> dict[str, list[float]]:
+        """Seconds per phase per epoch, averaged over the workers."""
+        phases = self.workers[0].epochs[0].phase_seconds
+        return {phase: [statistics.fmean(w.epochs[e].phase_seconds[phase] for w in self.workers)
+                        for e in range(len(self.workers[0].epochs))] for phase in phases}
 
     def metrics(self) -> dict[str, float]:
-        seconds = Summary.of([epoch.seconds for epoch in self.epochs])
-        samples = sum(epoch.samples for epoch in self.epochs)
+        epoch_seconds = self.epoch_seconds()
+        seconds = Summary.of(epoch_seconds)
+        samples_per_epoch = sum(worker.epochs[0].samples for worker in self.workers)
         metrics = {
             "seconds_per_epoch": seconds.mean,
             "seconds_per_epoch_median": seconds.median,
             "seconds_per_epoch_std": seconds.std,
             "seconds_per_epoch_min": seconds.min,
             "seconds_per_epoch_max": seconds.max,
-            "images_per_second": samples / sum(epoch.seconds for epoch in self.epochs),
-            "samples_per_epoch": float(self.epochs[0].samples),
-            "batches_per_epoch": float(self.epochs[0].batches),
-            "peak_memory_mb": self.peak_memory_mb,
+            "images_per_second": samples_per_epoch * len(epoch_seconds) / sum(epoch_seconds),
+            "samples_per_epoch": float(samples_per_epoch),
+            "batches_per_epoch": float(self.workers[0].epochs[0].batches),
+            "world_size": float(len(self.workers)),
+            "peak_memory_mb": max(worker.peak_memory_mb for worker in self.workers),
         }
-        for phase in self.epochs[0].phase_seconds:
-            metrics[f"{phase}_seconds_per_epoch"] = Summary.of(
-                [epoch.phase_seconds[phase] for epoch in self.epochs]).mean
+        if len(self.workers) > 1:
+            for rank, worker in enumerate(self.workers):
+                metrics[f"peak_memory_mb_rank{rank}"] = worker.peak_memory_mb
+            # Data-parallel replicas that drifted apart would make the timings meaningless.
+            metrics["replicas_in_sync"] = float(
+                len({worker.parameter_digest for worker in self.workers}) == 1)
+        for phase, per_epoch in self.phase_seconds().items():
+            metrics[f"{phase}_seconds_per_epoch"] = statistics.fmean(per_epoch)
         return metrics
 
-    def phase_seconds(self) -> dict[str, list[float]]:
-        return {phase: [epoch.phase_seconds[phase] for epoch in self.epochs]
-                for phase in self.epochs[0].phase_seconds}
 
-
-def select_device(config: DistbenchConfig) -> torch.device:
+def select_device(config: DistbenchConfig, local_rank: int = 0) -> torch.device:
     """The configured device; a missing CUDA device is a configuration error, not a fallback."""
     if config.hardware.device.value == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("hardware.device='cuda' but torch sees no CUDA device here; "
                                "allowed on this machine: cpu")
-        return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
 
 
-def measure(config: DistbenchConfig, device: torch.device) -> Measurement:
-    """Build the workload, warm up, then train and time `run.epochs` epochs."""
+def measure(config: DistbenchConfig, device: torch.device, session: WorkerSession,
+            heartbeat: Callable[[], None]) -> WorkerMeasurement:
+    """Build this worker's workload, warm up, then train and time `run.epochs` epochs."""
     if config.hardware.cpu_threads is not None:
         torch.set_num_threads(config.hardware.cpu_threads)
-    workload = build_workload(config)
-    clock = PhaseClock(device, enabled=config.run.phase_timing)
-    trainer = trainer_factory(config.distribution.name.value)(
-        workload, device, clock, config.run.progress)
+    workload = build_workload(config, rank=session.env.rank, world_size=session.env.world_size)
+    context = TrainingContext(config=config, workload=workload, device=device,
+                              clock=PhaseClock(device, enabled=config.run.phase_timing),
+                              session=session, heartbeat=heartbeat)
+    trainer = trainer_factory(config.distribution.name.value)(context)
     memory = PeakMemory(device)
     memory.reset()
     trainer.warm_up(config.run.warmup_batches)
@@ -84,45 +122,111 @@ def measure(config: DistbenchConfig, device: torch.device) -> Measurement:
         epochs.append(trainer.train_epoch(epoch))
         log.info("epoch %d/%d: %.3f s (%d images)", epoch + 1, config.run.epochs,
                  epochs[-1].seconds, epochs[-1].samples)
-    return Measurement(epochs=epochs, peak_memory_mb=memory.peak_mb(), memory_kind=memory.kind)
+    return WorkerMeasurement(epochs=epochs, peak_memory_mb=memory.peak_mb(),
+                             memory_kind=memory.kind,
+                             parameter_digest=parameter_digest(workload.model))
+
+
+def parameter_digest(model: torch.nn.Module) -> str:
+    """sha256 over the bytes of every parameter, in order (taken after the timed epochs)."""
+    digest = hashlib.sha256()
+    for parameter in model.parameters():
+        digest.update(parameter.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def classify_failure(error: BaseException) -> RunStatus:
-    """Out-of-memory errors (CUDA's, the CPU allocator's, Python's) are `oom`; others `failed`."""
+    """Out-of-memory errors (CUDA's, the CPU allocator's, Python's) are `oom`; a collective
+    that timed out is `timeout`; anything else `failed`."""
     if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
         return RunStatus.oom
     text = str(error).lower()
     if "out of memory" in text or "can't allocate memory" in text:
         return RunStatus.oom
+    if "timed out" in text:  # a collective whose peer never answered (gloo, NCCL watchdog)
+        return RunStatus.timeout
     return RunStatus.failed
 
 
 def run_cell(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
-    """Measure one grid cell and record it; return the result as a dict.
+    """Measure one grid cell on this worker and, on rank 0, record it; return the result.
 
-    Raises ConfigError (before anything is built) if the config is invalid. Errors during the
-    measurement do not raise: they end up in the result with status `oom` or `failed`.
+    Every worker of a cell calls this. Raises ConfigError (before anything is built) if the
+    config is invalid. Errors during the measurement do not raise: they end up in the result
+    with status `oom`, `failed` or `timeout`, and each worker that fails leaves a rank report.
     """
     config = validate(cfg)
+    env = worker_environment()
     output_dir = Path(output_dir or _hydra_output_dir() or _fresh_run_dir(config))
     started = now()
     device = torch.device("cpu")
     status, error, measurement = RunStatus.ok, None, None
-    try:
-        device = select_device(config)
-        measurement = measure(config, device)
-    except Exception as err:  # noqa: BLE001 - a failing cell is a result, not a crash
-        status, error = classify_failure(err), traceback.format_exc()
-        log.error("cell %s ended with status %s: %s", config.run_name, status.value, err)
+
+    def report_stall(report: str) -> None:
+        write_rank_report(output_dir, env.rank, RunStatus.timeout, report)
+
+    # Collectives give up after progress_timeout_s and the cell records itself; the watchdog
+    # is the backstop for a worker stuck where no collective times out.
+    watchdog_s = 1.25 * config.run.progress_timeout_s + 5
+    with ProgressWatchdog(watchdog_s, on_stall=report_stall) as watchdog:
+        try:
+            _check_world_size(config, env)
+            device = select_device(config, env.local_rank)
+            with worker_session(env, device, backend=config.distribution.backend,
+                                timeout_s=config.run.progress_timeout_s) as session:
+                worker = measure(config, device, session, watchdog.beat)
+                measurement = Measurement(session.all_gather(worker))
+        except Exception as err:  # noqa: BLE001 - a failing cell is a result, not a crash
+            status, error = classify_failure(err), traceback.format_exc()
+            log.error("rank %d of cell %s ended with status %s: %s", env.rank,
+                      config.run_name, status.value, err)
+            write_rank_report(output_dir, env.rank, status, error)
+    if not env.is_main:
+        return {"rank": env.rank, "status": status.value}
+    if status is not RunStatus.ok and env.is_distributed:
+        status, error = merge_rank_reports(output_dir, env.world_size, status, error)
 
     result = _new_result(cfg, config, output_dir, started, device, status, error)
     if measurement is not None:
         result.metrics = measurement.metrics()
-        result.epoch_seconds = [epoch.seconds for epoch in measurement.epochs]
+        result.epoch_seconds = measurement.epoch_seconds()
         result.phase_seconds = measurement.phase_seconds()
-        result.environment["memory_kind"] = measurement.memory_kind
+        result.environment["memory_kind"] = measurement.workers[0].memory_kind
     finish_cell(result, config)
     return result.to_dict()
+
+
+def _check_world_size(config: DistbenchConfig, env: WorkerEnvironment) -> None:
+    if env.world_size != config.world_size:
+        raise RuntimeError(
+            f"the cell needs {config.world_size} workers (hardware.nodes x "
+            f"hardware.workers_per_node for distribution.name={config.distribution.name.value})"
+            f" but was launched with {env.world_size}")
+
+
+def merge_rank_reports(output_dir: Path, world_size: int, status: RunStatus,
+                       error: str | None, wait_s: float = 10.0) -> tuple[RunStatus, str]:
+    """Rank 0's view of a failed cell, completed with what the other workers reported.
+
+    A peer that failed writes its report before it exits, which is what breaks rank 0's
+    collectives; a short wait covers the rest. The root cause is the first failure that is
+    not merely a consequence (a broken connection, a timed-out collective) of another.
+    """
+    deadline = time.monotonic() + wait_s
+    reports = read_rank_reports(output_dir)
+    while len(reports) < world_size and time.monotonic() < deadline:
+        time.sleep(0.5)
+        reports = read_rank_reports(output_dir)
+    lines = []
+    for rank in range(world_size):
+        report = reports.get(rank)
+        lines.append(f"--- rank {rank}: " + (f"{report['status']}\n{report['error']}" if report
+                     else "no report (killed by a signal, or crashed outside Python)"))
+    statuses = {RunStatus(r["status"]) for r in reports.values()}
+    for candidate in (RunStatus.oom, RunStatus.timeout):
+        if candidate in statuses:
+            status = candidate
+    return status, "\n".join(lines)
 
 
 def record_failure(cfg: DictConfig, output_dir: Path, status: RunStatus, error: str,

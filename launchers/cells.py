@@ -1,9 +1,9 @@
 """What a launcher does around the cells of a sweep.
 
 Before the first cell starts, every cell's config is composed and validated, so a typo in the
-grid fails the sweep at once instead of hours later. A cell whose process died without
-recording itself (killed, timed out, crashed in native code) is recorded here, by the
-launching process, so that the sweep's record has every cell.
+grid fails the sweep at once instead of hours later. After a cell, its record is what rank 0
+wrote; a cell that ended without one (killed, timed out, crashed outside Python) is recorded
+here, from the reports its workers left, so that the sweep's record has every cell.
 """
 
 from __future__ import annotations
@@ -11,55 +11,72 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, open_dict
 
-from harness.config import ConfigError, register_configs, validate
-from harness.results import RunStatus
-from harness.run import now, record_failure
+from harness.config import ConfigError, DistbenchConfig, register_configs, validate
+from harness.results import RESULT_FILE, RunStatus, read_rank_reports, read_result
+from harness.run import record_failure
+
+_CAUSES = {
+    RunStatus.timeout: "the cell made no progress within run.progress_timeout_s, or exceeded "
+                       "hydra.launcher.timeout_min, and was ended",
+    RunStatus.failed: "the cell ended without a result: a worker was killed by a signal (the "
+                      "kernel's out-of-memory killer sends SIGKILL) or crashed outside Python",
+}
 
 
 def cell_config(loader, master: DictConfig, overrides: Sequence[str],  # noqa: ANN001
                 job_num: int) -> DictConfig:
-    """The composed config of one cell, as the cell's own process will see it."""
+    """The composed config of one cell, as the cell's own processes will see it."""
     config = loader.load_sweep_config(master, list(overrides))
     with open_dict(config.hydra.job):
         config.hydra.job.num = job_num
     return config
 
 
+def cell_dir(config: DictConfig) -> Path:
+    return Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
+
+
+def validate_cell(config: DictConfig, *, single_node: bool) -> DistbenchConfig:
+    """Validate one cell; a launcher that runs on one machine also checks the node count."""
+    cell = validate(config)
+    if single_node and cell.world_size > cell.hardware.workers_per_node:
+        raise ConfigError(
+            f"hardware.nodes={cell.hardware.nodes} is invalid here: this launcher runs on one "
+            f"machine; allowed: 1, or a multi-node launcher")
+    return cell
+
+
 def validate_sweep(loader, master: DictConfig,  # noqa: ANN001
-                   job_overrides: Sequence[Sequence[str]]) -> None:
+                   job_overrides: Sequence[Sequence[str]], *, single_node: bool) -> None:
     """Validate every cell; on the first invalid one, print one line and exit with status 2."""
     register_configs()
     for job_num, overrides in enumerate(job_overrides):
         try:
-            validate(cell_config(loader, master, overrides, job_num))
+            validate_cell(cell_config(loader, master, overrides, job_num),
+                          single_node=single_node)
         except ConfigError as err:
             print(f"distbench: invalid config in sweep cell {' '.join(overrides)}: {err}",
                   file=sys.stderr)
             sys.exit(2)
 
 
-def record_lost_cell(loader, master: DictConfig, overrides: Sequence[str],  # noqa: ANN001
-                     job_num: int, error: BaseException, *, timed_out: bool,
-                     started: str) -> JobReturn:
-    """Record a cell that ended without a result; return it as a completed Hydra job."""
-    config = cell_config(loader, master, overrides, job_num)
-    output_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
-    status = RunStatus.timeout if timed_out else RunStatus.failed
-    cause = ("the cell exceeded hydra.launcher.timeout_min and was stopped" if timed_out else
-             "the cell's process ended without a result: killed by a signal (the kernel's "
-             "out-of-memory killer sends SIGKILL) or crashed outside Python")
-    text = f"{cause}\n{type(error).__name__}: {error}"
-    result = record_failure(config, output_dir, status, text, started=started)
-    return JobReturn(overrides=list(overrides), cfg=config, working_dir=str(output_dir),
-                     task_name=str(config.hydra.job.name), status=JobStatus.COMPLETED,
-                     _return_value=result)
-
-
-__all__ = ["cell_config", "now", "record_lost_cell", "validate_sweep"]
+def cell_outcome(config: DictConfig, output_dir: Path, *, timed_out: bool, logs: str,
+                 started: str) -> dict[str, Any]:
+    """The cell's result: what rank 0 recorded, or else a record made from what is left."""
+    if (output_dir / RESULT_FILE).exists():
+        return read_result(output_dir)
+    reports = read_rank_reports(output_dir)
+    statuses = {RunStatus(report["status"]) for report in reports.values()}
+    status = RunStatus.timeout if timed_out or RunStatus.timeout in statuses else \
+        RunStatus.oom if RunStatus.oom in statuses else RunStatus.failed
+    lines = [_CAUSES.get(status, "the cell ended without a result")]
+    lines += [f"--- rank {rank}: {r['status']}\n{r['error']}" for rank, r in sorted(reports.items())]
+    lines.append(logs)
+    return record_failure(config, output_dir, status, "\n".join(lines), started=started)
 
 
 def summary_table(results: Sequence[dict]) -> str:

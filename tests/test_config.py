@@ -68,7 +68,12 @@ def test_batch_size_override_wins_over_the_table() -> None:
     (["dataset=highres", "dataset.source=real", "dataset.root=/data"],
      "dataset highres exists only as synthetic data; allowed: synthetic"),
     (["dataset.source=real"], "dataset.root=None is invalid"),
-    (["dataset.num_samples=10"], "an epoch needs at least one full batch (batch size 128)"),
+    (["dataset.num_samples=10"], "an epoch needs at least one full batch per worker (batch "
+                                 "size 128 x 1 workers = 128)"),
+    (["distribution=ddp", "hardware=local_2cpu", "dataset.num_samples=200"],
+     "batch size 128 x 2 workers = 256"),
+    (["distribution.name=pipedream"], "not implemented yet; implemented: sequential, ddp"),
+    (["distribution=ddp", "distribution.backend=mpi"], "allowed: gloo, nccl"),
 ])
 def test_invalid_values_name_the_key_and_what_is_allowed(override: list[str],
                                                           fragment: str) -> None:
@@ -110,3 +115,18 @@ def test_smoke_sweep_is_small() -> None:
     config = validate(compose_config(["+sweep=smoke"]))
     assert config.dataset.num_samples is not None and config.dataset.num_samples <= 512
     assert config.run.epochs <= 3
+
+
+def test_world_size_follows_hardware_except_for_the_sequential_baseline() -> None:
+    assert validate(compose_config(["hardware=local_2cpu"])).world_size == 1
+    assert validate(compose_config(["distribution=ddp", "hardware=local_2cpu"])).world_size == 2
+    cluster = validate(compose_config(["distribution=ddp", "hardware=titanrtx_cluster"]))
+    assert cluster.world_size == 16
+
+
+def test_a_multi_node_cell_is_refused_by_the_single_machine_launcher() -> None:
+    from launchers.cells import validate_cell
+
+    with pytest.raises(ConfigError, match="hardware.nodes=4 is invalid here"):
+        validate_cell(compose_config(["distribution=ddp", "hardware=titanrtx_cluster"]),
+                      single_node=True)

@@ -6,19 +6,13 @@ holds the ones that are implemented. Asking for another fails before anything ru
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import torch
-
-from harness.distributions.base import EpochMeasurement, Trainer
-from harness.distributions.sequential import SequentialTrainer
-from harness.metrics import PhaseClock
-from harness.workload import Workload
-
-TrainerFactory = Callable[[Workload, torch.device, PhaseClock, bool], Trainer]
+from harness.distributions.base import EpochMeasurement, Trainer, TrainerFactory, TrainingContext
+from harness.distributions.ddp import ddp_trainer
+from harness.distributions.sequential import sequential_trainer
 
 TRAINERS: dict[str, TrainerFactory] = {
-    "sequential": SequentialTrainer,
+    "sequential": sequential_trainer,
+    "ddp": ddp_trainer,
 }
 
 
@@ -33,4 +27,4 @@ def trainer_factory(name: str) -> TrainerFactory:
         ) from None
 
 
-__all__ = ["EpochMeasurement", "TRAINERS", "Trainer", "trainer_factory"]
+__all__ = ["EpochMeasurement", "TRAINERS", "Trainer", "TrainingContext", "trainer_factory"]

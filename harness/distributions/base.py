@@ -1,9 +1,19 @@
-"""What every distribution model provides to the harness: warm-up and timed epochs."""
+"""What every distribution model provides to the harness, and what it is given."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from harness.metrics import PhaseClock
+
+if TYPE_CHECKING:
+    from harness.config import DistbenchConfig
+    from harness.workload import Workload
+    from launchers.distributed import WorkerSession
 
 
 @dataclass(frozen=True)
@@ -14,6 +24,18 @@ class EpochMeasurement:
     samples: int  # images trained in the epoch (by this worker)
     batches: int
     phase_seconds: dict[str, float] = field(default_factory=dict)  # empty if phase timing is off
+
+
+@dataclass
+class TrainingContext:
+    """Everything a distribution model needs to build its trainer for one worker."""
+
+    config: DistbenchConfig
+    workload: Workload  # this worker's shard of the data, and a fresh network
+    device: torch.device
+    clock: PhaseClock
+    session: WorkerSession  # rank, world size, process group
+    heartbeat: Callable[[], None]  # call after every batch: the watchdog's proof of progress
 
 
 class Trainer(Protocol):
@@ -28,3 +50,6 @@ class Trainer(Protocol):
 
     def train_epoch(self, epoch: int) -> EpochMeasurement:
         """Train one whole epoch and time it, device synchronised at both ends."""
+
+
+TrainerFactory = Callable[[TrainingContext], Trainer]

@@ -13,9 +13,9 @@ then fail to resolve their string annotations).
 """
 
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus
@@ -35,30 +35,42 @@ ConfigStore.instance().store(group="hydra/launcher", name="serial_local",
 
 
 class SerialLocalLauncher(LocalLauncher):
-    """Submitit's local launcher, one cell at a time, every cell recorded whatever happens."""
+    """Submitit's local launcher, one cell at a time, every cell recorded whatever happens.
+
+    A cell gets as many worker processes as its config asks for (`DistbenchConfig.world_size`);
+    each runs this launcher's `__call__` (inherited: it composes the cell's config and runs the
+    task function) and learns its rank from submitit's environment.
+    """
 
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
+        from hydra.core.singleton import Singleton
         from tqdm import tqdm
 
+        from harness.run import now
         from launchers import cells
+        from launchers.local import submit_local, wait_for_cell, worker_logs_tail
 
         assert self.config is not None and self.hydra_context is not None
         loader = self.hydra_context.config_loader
-        cells.validate_sweep(loader, self.config, job_overrides)
+        cells.validate_sweep(loader, self.config, job_overrides, single_node=True)
+        timeout_min = int(self.params["timeout_min"])
         results: list[JobReturn] = []
         for offset, overrides in enumerate(tqdm(job_overrides, desc="sweep", unit="cell")):
             job_num = initial_job_idx + offset
-            started, clock = cells.now(), time.monotonic()
-            try:
-                (result,) = super().launch([overrides], job_num)
-                error = result._return_value if result.status is JobStatus.FAILED else None
-            except Exception as err:  # noqa: BLE001 - the cell's process died without a result
-                result, error = None, err
-            if error is not None:
-                timed_out = time.monotonic() - clock >= 60 * self.params["timeout_min"]
-                result = cells.record_lost_cell(loader, self.config, overrides, job_num,
-                                                error, timed_out=timed_out, started=started)
-            results.append(result)
+            config = cells.cell_config(loader, self.config, overrides, job_num)
+            workers = cells.validate_cell(config, single_node=True).world_size
+            output_dir = cells.cell_dir(config)
+            started = now()
+            job = submit_local(
+                self, list(overrides), "hydra.sweep.dir", job_num, f"job_id_for_{job_num}",
+                Singleton.get_state(), folder=Path(self.params["submitit_folder"]),
+                tasks=workers, timeout_min=timeout_min, name=str(config.hydra.job.name))
+            timed_out = wait_for_cell(job, output_dir, timeout_s=60 * timeout_min)
+            result = cells.cell_outcome(config, output_dir, timed_out=timed_out,
+                                        logs=worker_logs_tail(job, workers), started=started)
+            results.append(JobReturn(overrides=list(overrides), cfg=config,
+                                     working_dir=str(output_dir), task_name=job.job_id,
+                                     status=JobStatus.COMPLETED, _return_value=result))
         print(cells.summary_table([r.return_value for r in results]), flush=True)
         return results

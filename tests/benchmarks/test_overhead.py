@@ -23,17 +23,32 @@ from torch import nn
 
 from harness.compose import compose_config
 from harness.config import validate
-from harness.distributions.sequential import SequentialTrainer
+from harness.config import DistbenchConfig
+from harness.distributions import TrainingContext
+from harness.distributions.loop import BatchLoopTrainer
 from harness.metrics import PhaseClock
 from harness.workload import Workload, build_workload
+from launchers.distributed import WorkerEnvironment, WorkerSession
 
 pytestmark = pytest.mark.perf
 
 ROUNDS = 5  # loader benchmark rounds
 
 
-def _workload(*overrides: str) -> Workload:
-    return build_workload(validate(compose_config(list(overrides))))
+def _config(*overrides: str) -> DistbenchConfig:
+    return validate(compose_config(list(overrides)))
+
+
+def _trainer(config: DistbenchConfig, workload: Workload, *, phase_timing: bool,
+             progress: bool) -> BatchLoopTrainer:
+    """The harness's own trainer for one CPU worker, as `harness.run.measure` builds it."""
+    config.run.progress = progress
+    device = torch.device("cpu")
+    context = TrainingContext(config=config, workload=workload, device=device,
+                              clock=PhaseClock(device, enabled=phase_timing),
+                              session=WorkerSession(WorkerEnvironment(), backend=None),
+                              heartbeat=lambda: None)
+    return BatchLoopTrainer(context, workload.model)
 
 
 def _bare_epoch(model: nn.Module, workload: Workload, optimizer: torch.optim.Optimizer,
@@ -84,10 +99,9 @@ def _report_overhead(benchmark, label: str, harness: list[float],  # noqa: ANN00
           f"{per_batch_us:+.0f} us per batch")
 
 
-def _measure_overhead(benchmark, workload: Workload, rounds: int) -> tuple[list[float],  # noqa: ANN001
-                                                                           list[float]]:
-    device = torch.device("cpu")
-    trainer = SequentialTrainer(workload, device, PhaseClock(device, enabled=True), progress=True)
+def _measure_overhead(benchmark, config: DistbenchConfig, workload: Workload,  # noqa: ANN001
+                      rounds: int) -> tuple[list[float], list[float]]:
+    trainer = _trainer(config, workload, phase_timing=True, progress=True)
     bare_optimizer = workload.make_optimizer(trainer.model.parameters())
     trainer.warm_up(3)
     _bare_epoch(trainer.model, workload, bare_optimizer, 0)  # warm the bare path too
@@ -106,18 +120,20 @@ def _measure_overhead(benchmark, workload: Workload, rounds: int) -> tuple[list[
 @pytest.mark.parametrize("network", ["resnet18", "mobilenetv2"])
 def test_harness_overhead_against_a_bare_loop(benchmark, network: str) -> None:  # noqa: ANN001
     """A real network: the overhead as a share of the epoch (what the target is about)."""
-    workload = _workload("dataset=mnist", f"network={network}", "dataset.num_samples=256",
-                         "distribution.batch_size=32")
-    harness, bare = _measure_overhead(benchmark, workload, rounds=12)
+    config = _config("dataset=mnist", f"network={network}", "dataset.num_samples=256",
+                     "distribution.batch_size=32")
+    workload = build_workload(config)
+    harness, bare = _measure_overhead(benchmark, config, workload, rounds=12)
     _report_overhead(benchmark, f"mnist/{network}", harness, bare, len(workload.loader))
 
 
 def test_harness_overhead_per_batch_on_a_trivial_model(benchmark) -> None:  # noqa: ANN001
     """A model that costs almost nothing, so the harness's own per-batch cost (phase clocks,
     progress bar, device moves) stands out in microseconds instead of hiding in noise."""
-    workload = _workload("dataset=mnist", "dataset.num_samples=8192", "distribution.batch_size=32")
+    config = _config("dataset=mnist", "dataset.num_samples=8192", "distribution.batch_size=32")
+    workload = build_workload(config)
     workload.model = nn.Sequential(nn.Flatten(1), nn.Linear(28 * 28, 10))
-    harness, bare = _measure_overhead(benchmark, workload, rounds=20)
+    harness, bare = _measure_overhead(benchmark, config, workload, rounds=20)
     _report_overhead(benchmark, "mnist/linear", harness, bare, len(workload.loader))
 
 
@@ -125,21 +141,26 @@ def test_harness_overhead_per_batch_on_a_trivial_model(benchmark) -> None:  # no
                                                   ("imagenet", "resnet50")])
 def test_loader_outpaces_training(benchmark, dataset: str, network: str) -> None:  # noqa: ANN001
     batches = 4
-    workload = _workload(f"dataset={dataset}", f"network={network}",
-                         f"dataset.num_samples={batches * (128 if dataset == 'mnist' else 64)}")
+    config = _config(f"dataset={dataset}", f"network={network}",
+                     f"dataset.num_samples={batches * (128 if dataset == 'mnist' else 64)}")
+    workload = build_workload(config)
     loader = workload.loader
 
-    def read_epoch() -> int:
+    read_seconds: list[float] = []
+
+    def read_epoch() -> None:
         loader.set_epoch(0)
-        return sum(images.shape[0] for images, _ in loader)
+        start = time.perf_counter()
+        for _ in loader:
+            pass
+        read_seconds.append(time.perf_counter() - start)
 
     read_epoch()  # first read pages the cache in: a warm-up, as in training
+    read_seconds.clear()
     benchmark.pedantic(read_epoch, rounds=ROUNDS, iterations=1)
-    loader_rate = loader.samples_per_epoch / benchmark.stats.stats.median
+    loader_rate = loader.samples_per_epoch / statistics.median(read_seconds)
 
-    device = torch.device("cpu")
-    trainer = SequentialTrainer(workload, device, PhaseClock(device, enabled=False),
-                                progress=False)
+    trainer = _trainer(config, workload, phase_timing=False, progress=False)
     trainer.warm_up(1)
     training_rate = statistics.median(
         [m.samples / m.seconds for m in (trainer.train_epoch(e) for e in range(2))])

@@ -1,0 +1,128 @@
+"""The distributed environment of one worker: who it is, and its process group.
+
+Every worker of a cell learns its rank, local rank, world size and the master's address from
+the job environment that submitit describes (its local executor or SLURM), never from flags.
+`worker_session` opens the torch.distributed process group and closes it on every exit path,
+so a failing cell never leaves a group (and its sockets) behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+# Ports for the process group's rendezvous are derived from the job id, so all ranks of a job
+# agree on one without talking first, and consecutive jobs do not reuse a port in TIME_WAIT.
+_PORT_BASE = 29_500
+_PORT_RANGE = 10_000
+
+
+@dataclass(frozen=True)
+class WorkerEnvironment:
+    """Where this worker stands in its job."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    node_rank: int = 0
+    num_nodes: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = _PORT_BASE
+    job_id: str = "local"
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 records the cell; the other ranks report to it through the process group."""
+        return self.rank == 0
+
+
+def worker_environment() -> WorkerEnvironment:
+    """This worker's place in its submitit job, or a single worker outside any job."""
+    import submitit
+
+    try:
+        job = submitit.JobEnvironment()
+    except RuntimeError:  # not started by submitit: a plain single-process run
+        return WorkerEnvironment()
+    hostnames = list(job.hostnames)
+    return WorkerEnvironment(
+        rank=job.global_rank,
+        local_rank=job.local_rank,
+        world_size=job.num_tasks,
+        node_rank=job.node,
+        num_nodes=job.num_nodes,
+        master_addr=_loopback_if_local(hostnames[0]),
+        master_port=_port_for(job.job_id),
+        job_id=str(job.job_id),
+    )
+
+
+def _port_for(job_id: Any) -> int:
+    digits = "".join(ch for ch in str(job_id) if ch.isdigit()) or "0"
+    return _PORT_BASE + int(digits) % _PORT_RANGE
+
+
+def _loopback_if_local(hostname: str) -> str:
+    import socket
+
+    return "127.0.0.1" if hostname in ("localhost", socket.gethostname()) else hostname
+
+
+def default_backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+@dataclass(frozen=True)
+class WorkerSession:
+    """A worker inside an open process group (or alone, when world_size is 1)."""
+
+    env: WorkerEnvironment
+    backend: str | None  # None when there is no process group
+
+    def all_gather(self, value: Any) -> list[Any]:
+        """Every rank's `value`, in rank order (just [value] for a single worker)."""
+        if self.backend is None:
+            return [value]
+        gathered: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(gathered, value)
+        return gathered
+
+
+@contextlib.contextmanager
+def worker_session(env: WorkerEnvironment, device: torch.device, *, backend: str | None,
+                   timeout_s: float) -> Iterator[WorkerSession]:
+    """Open the process group for `env` (if it has more than one worker) and always close it.
+
+    `timeout_s` bounds every collective: a peer that died or hangs turns into an error here
+    instead of a wait forever.
+    """
+    if not env.is_distributed:
+        yield WorkerSession(env, backend=None)
+        return
+    backend = backend or default_backend(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend=backend, init_method=f"tcp://{env.master_addr}:{env.master_port}",
+        rank=env.rank, world_size=env.world_size, timeout=dt.timedelta(seconds=timeout_s),
+    )
+    log.info("rank %d/%d joined the %s process group at %s:%d", env.rank, env.world_size,
+             backend, env.master_addr, env.master_port)
+    try:
+        yield WorkerSession(env, backend=backend)
+    finally:
+        with contextlib.suppress(Exception):  # a broken group must not mask the real error
+            dist.destroy_process_group()

@@ -1,0 +1,104 @@
+"""Run one cell's workers as local processes through submitit, and wait for the cell to end.
+
+submitit's local executor starts `tasks` processes that each learn their rank from the
+environment it sets, as on SLURM. Waiting is ours, because a cell is over when its rank 0 has
+recorded it: a peer that hangs must not hold the sweep, so after rank 0's result.json appears
+the rest get a grace period and are then ended (SIGINT, then SIGKILL), as is a cell that
+exceeds its time limit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from harness.results import RESULT_FILE
+
+# After rank 0 recorded the cell, how long the other workers may take to exit by themselves.
+GRACE_AFTER_RESULT_S = 20.0
+_POLL_S = 0.5
+
+
+def submit_local(function: Callable[..., Any], *args: Any, folder: Path, tasks: int,
+                 timeout_min: int, name: str) -> submitit.Job:
+    """Start `tasks` local processes that each call `function(*args)`."""
+    executor = submitit.LocalExecutor(folder=str(folder))
+    # submitit's own time limit is a backstop only: wait_for_cell ends the cell first.
+    executor.update_parameters(tasks_per_node=tasks, nodes=1, timeout_min=timeout_min + 5,
+                               name=name)
+    return executor.submit(function, *args)
+
+
+def wait_for_cell(job: submitit.Job, output_dir: Path, *, timeout_s: float,
+                  grace_s: float = GRACE_AFTER_RESULT_S) -> bool:
+    """Wait until every worker of the cell has exited; return True if the cell timed out.
+
+    Workers still running `grace_s` after rank 0 recorded the cell, or when `timeout_s` has
+    passed, are ended, so no process of the cell outlives it.
+    """
+    result_path = Path(output_dir) / RESULT_FILE
+    deadline = time.monotonic() + timeout_s
+    result_seen: float | None = None
+    while not job.done():
+        now = time.monotonic()
+        if result_seen is None and result_path.exists():
+            result_seen = now
+        if result_seen is not None and now - result_seen > grace_s:
+            job.cancel(check=False)
+            break
+        if now > deadline:
+            job.cancel(check=False)
+            _wait_until_done(job)
+            return True
+        time.sleep(_POLL_S)
+    _wait_until_done(job)
+    return False
+
+
+def _wait_until_done(job: submitit.Job, limit_s: float = 30.0) -> None:
+    """Cancellation escalates from SIGINT to SIGKILL within seconds; wait for it."""
+    deadline = time.monotonic() + limit_s
+    while not job.done() and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+
+
+def worker_logs_tail(job: submitit.Job, tasks: int, characters: int = 2000) -> str:
+    """The end of every worker's stderr, for the record of a cell that left no result."""
+    parts = []
+    for task in range(tasks):
+        try:
+            text = job.task(task).stderr() or ""
+        except Exception:  # noqa: BLE001 - a missing log must not hide the failure itself
+            text = ""
+        parts.append(f"--- worker {task} stderr (end):\n{text[-characters:]}")
+    return "\n".join(parts)
+
+
+def run_local_cell(cfg: Any, output_dir: Path, *, workers: int, timeout_min: int) -> dict:
+    """`python -m harness` for a cell with several workers: start them, wait, return the
+    result (rank 0's record, or the record of how the cell failed)."""
+    from harness.run import now
+    from launchers.cells import cell_outcome
+
+    started = now()
+    job = submit_local(_logged_run_cell, cfg, output_dir, folder=output_dir / ".submitit" / "%j",
+                       tasks=workers, timeout_min=timeout_min, name="distbench")
+    timed_out = wait_for_cell(job, output_dir, timeout_s=60 * timeout_min)
+    return cell_outcome(cfg, output_dir, timed_out=timed_out,
+                        logs=worker_logs_tail(job, workers), started=started)
+
+
+def _logged_run_cell(cfg: Any, output_dir: Path) -> dict:
+    """A worker of `run_local_cell`: Hydra's job logging is not set up in these processes, so
+    log to stderr (submitit keeps it per worker in .submitit/<job>/<job>_<rank>_log.err)."""
+    import logging
+
+    from harness.run import run_cell
+
+    logging.basicConfig(level=logging.INFO,
+                        format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    return run_cell(cfg, output_dir)

@@ -1,0 +1,104 @@
+"""Cells on several worker processes (gloo on the CPU): DDP, and workers that crash or hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from harness.tracking import DEFAULT_STORE_FILE
+
+TWO_WORKER_CELL = ["distribution=ddp", "hardware=local_2cpu", "network=mobilenetv2",
+                   "dataset=mnist", "distribution.batch_size=8", "run.progress=false"]
+
+
+def _start(output_root: Path, *overrides: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "harness", *TWO_WORKER_CELL, *overrides,
+                             f"run.output_dir={output_root}"], cwd=output_root.parent,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _result(output_root: Path) -> dict:
+    (path,) = (output_root / "runs").glob("*/result.json")
+    return json.loads(path.read_text())
+
+
+def _workers() -> dict[int, int]:
+    """rank -> pid of the running cell's worker processes (read from their environment)."""
+    ranks = {}
+    found = subprocess.run(["pgrep", "-f", "submitit.core._submit"], capture_output=True,
+                           text=True).stdout.split()
+    for pid in map(int, found):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for entry in environ:
+            if entry.startswith(b"SUBMITIT_LOCAL_GLOBALID="):
+                ranks[int(entry.split(b"=")[1])] = pid
+    return ranks
+
+
+def _wait_for_training(output_root: Path, timeout: float = 120) -> dict[int, int]:
+    """The workers' pids, once both have trained a batch (their log says an epoch ended)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        logs = list((output_root / "runs").glob("*/.submitit/*/*_0_log.err"))
+        if logs and "epoch 1/" in logs[0].read_text():
+            workers = _workers()
+            if len(workers) == 2:
+                return workers
+        time.sleep(0.2)
+    raise AssertionError("the 2-worker cell never started training")
+
+
+def test_two_ddp_workers_train_in_sync_and_record_the_cell(output_root: Path) -> None:
+    done = _start(output_root, "dataset.num_samples=64", "run.epochs=2", "run.warmup_batches=1")
+    out, _ = done.communicate(timeout=600)
+    assert done.returncode == 0, out[-3000:]
+    result = _result(output_root)
+    assert result["status"] == "ok", result["error"]
+    metrics = result["metrics"]
+    assert metrics["world_size"] == 2
+    assert metrics["replicas_in_sync"] == 1.0  # identical weights on both replicas after training
+    assert metrics["samples_per_epoch"] == 64  # 2 workers x 4 batches x 8
+    assert metrics["batches_per_epoch"] == 4
+    assert metrics["peak_memory_mb_rank0"] > 0 and metrics["peak_memory_mb_rank1"] > 0
+    assert metrics["peak_memory_mb"] == max(metrics["peak_memory_mb_rank0"],
+                                            metrics["peak_memory_mb_rank1"])
+    run = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}").get_run(
+        result["mlflow_run_id"])
+    assert run.data.params["distribution.name"] == "ddp"
+    assert run.data.metrics["world_size"] == 2
+    assert not _workers()
+
+
+def test_a_crashing_worker_ends_the_cell_as_failed(output_root: Path) -> None:
+    cell = _start(output_root, "dataset.num_samples=1024", "run.epochs=20",
+                  "run.progress_timeout_s=60")
+    workers = _wait_for_training(output_root)
+    os.kill(workers[1], signal.SIGKILL)
+    out, _ = cell.communicate(timeout=300)
+    assert cell.returncode == 0, out[-3000:]
+    result = _result(output_root)
+    assert result["status"] == "failed"
+    assert "rank 1: no report" in result["error"]
+    assert not _workers()
+
+
+def test_a_hanging_worker_ends_the_cell_as_timeout(output_root: Path) -> None:
+    cell = _start(output_root, "dataset.num_samples=1024", "run.epochs=20",
+                  "run.progress_timeout_s=10")
+    workers = _wait_for_training(output_root)
+    os.kill(workers[1], signal.SIGSTOP)  # frozen: alive, holding its sockets, doing nothing
+    out, _ = cell.communicate(timeout=300)
+    assert cell.returncode == 0, out[-3000:]
+    result = _result(output_root)
+    assert result["status"] == "timeout", result["error"]
+    assert not _workers()  # the frozen worker was ended too: no orphans
