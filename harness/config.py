@@ -151,6 +151,10 @@ class DistributionConfig:
     backend: Optional[str] = None
     # DDP: gradient bucket size in MB (torch's default 25); its counterpart of Horovod's `th`.
     bucket_cap_mb: float = 25.0
+    # Horovod Tensor Fusion: fusion threshold `th` in MB (Eq. 5.1; Horovod's default 64) and
+    # the cycle time in ms between fusion rounds.
+    fusion_threshold_mb: float = 64.0
+    cycle_time_ms: float = 1.0
 
     def __post_init__(self) -> None:
         _check_positive(self._section, "batch_size", self.batch_size, nullable=True,
@@ -158,6 +162,9 @@ class DistributionConfig:
         _check(self.backend in (None, "gloo", "nccl"), "distribution.backend", self.backend,
                "allowed: gloo, nccl, or null (nccl on CUDA, gloo on CPU)")
         _check_positive(self._section, "bucket_cap_mb", self.bucket_cap_mb)
+        _check(self.fusion_threshold_mb >= 0, "distribution.fusion_threshold_mb",
+               self.fusion_threshold_mb, "must be 0 (no fusion) or more")
+        _check_positive(self._section, "cycle_time_ms", self.cycle_time_ms)
 
     @property
     def data_parallel(self) -> bool:

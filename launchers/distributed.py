@@ -92,6 +92,14 @@ class WorkerSession:
     env: WorkerEnvironment
     backend: str | None  # None when there is no process group
 
+    def broadcast_from_main(self, value: Any) -> Any:
+        """Rank 0's `value`, on every rank."""
+        if self.backend is None:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     def all_gather(self, value: Any) -> list[Any]:
         """Every rank's `value`, in rank order (just [value] for a single worker)."""
         if self.backend is None:

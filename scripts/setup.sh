@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install distbench with its test dependencies, idempotently.
+# Create .venv and install distbench with its test dependencies and Horovod, idempotently.
 #
 # A second run is quick: it re-installs only when pyproject.toml changed since the
 # last successful install (the hash is kept in .venv/.distbench-install-stamp).
@@ -20,7 +20,7 @@ fi
 
 wanted="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] \
-    && "$venv/bin/python" -c "import harness, workloads, launchers" 2>/dev/null; then
+    && "$venv/bin/python" -c "import harness, workloads, launchers, horovod.torch" 2>/dev/null; then
     echo "[setup] .venv is up to date"
     exit 0
 fi
@@ -28,5 +28,6 @@ fi
 echo "[setup] installing distbench and its dependencies into .venv (first time: several minutes)"
 "$venv/bin/python" -m pip install -qqq --upgrade pip
 "$venv/bin/python" -m pip install -qqq -e ".[test]"
+bash "$repo_root/scripts/build_horovod.sh"   # Horovod builds from source against the pinned torch
 echo "$wanted" > "$stamp"
 echo "[setup] done"

@@ -72,7 +72,7 @@ def test_batch_size_override_wins_over_the_table() -> None:
                                  "size 128 x 1 workers = 128)"),
     (["distribution=ddp", "hardware=local_2cpu", "dataset.num_samples=200"],
      "batch size 128 x 2 workers = 256"),
-    (["distribution.name=pipedream"], "not implemented yet; implemented: sequential, ddp"),
+    (["distribution.name=pipedream"], "not implemented yet; implemented: sequential, ddp, horovod"),
     (["distribution=ddp", "distribution.backend=mpi"], "allowed: gloo, nccl"),
 ])
 def test_invalid_values_name_the_key_and_what_is_allowed(override: list[str],
@@ -101,7 +101,7 @@ def test_unknown_names_fail_with_one_line_and_exit_2(
         assert fragment in message
 
 
-@pytest.mark.parametrize("sweep", ["smoke", "imagenet_resnet"])
+@pytest.mark.parametrize("sweep", ["smoke", "imagenet_resnet", "local_data_parallel"])
 def test_sweep_configs_turn_on_multirun_by_themselves(sweep: str) -> None:
     cfg = compose_config([f"+sweep={sweep}"])
     hydra = OmegaConf.load(REPO_ROOT / "conf" / "sweep" / f"{sweep}.yaml").hydra

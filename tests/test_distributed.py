@@ -14,14 +14,16 @@ from mlflow.tracking import MlflowClient
 
 from harness.tracking import DEFAULT_STORE_FILE
 
-TWO_WORKER_CELL = ["distribution=ddp", "hardware=local_2cpu", "network=mobilenetv2",
+TWO_WORKER_CELL = ["hardware=local_2cpu", "network=mobilenetv2",
                    "dataset=mnist", "distribution.batch_size=8", "run.progress=false"]
 
 
 def _start(output_root: Path, *overrides: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "harness", *TWO_WORKER_CELL, *overrides,
-                             f"run.output_dir={output_root}"], cwd=output_root.parent,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """A 2-worker DDP cell, started as a user would (`python -m harness ...`)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness", *TWO_WORKER_CELL, "distribution=ddp", *overrides,
+         f"run.output_dir={output_root}"],
+        cwd=output_root.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _result(output_root: Path) -> dict:
@@ -102,3 +104,20 @@ def test_a_hanging_worker_ends_the_cell_as_timeout(output_root: Path) -> None:
     result = _result(output_root)
     assert result["status"] == "timeout", result["error"]
     assert not _workers()  # the frozen worker was ended too: no orphans
+
+
+def test_two_horovod_workers_train_in_sync_without_horovodrun(output_root: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", *TWO_WORKER_CELL, "distribution=horovod",
+         "distribution.fusion_threshold_mb=32", "dataset.num_samples=64", "run.epochs=2",
+         "run.warmup_batches=1", f"run.output_dir={output_root}"],
+        cwd=output_root.parent, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _result(output_root)
+    assert result["status"] == "ok", result["error"]
+    metrics = result["metrics"]
+    assert metrics["world_size"] == 2 and metrics["replicas_in_sync"] == 1.0
+    assert metrics["samples_per_epoch"] == 64
+    assert result["config"]["distribution"]["name"] == "horovod"
+    assert result["config"]["distribution"]["fusion_threshold_mb"] == 32
+    assert not _workers()

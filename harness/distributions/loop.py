@@ -7,7 +7,7 @@ DistributedDataParallel, which averages gradients during the backward pass.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -20,10 +20,14 @@ from harness.metrics import synchronize
 class BatchLoopTrainer:
     """Forward, backward and optimizer step, one batch at a time, on this worker's device."""
 
-    def __init__(self, context: TrainingContext, model: nn.Module) -> None:
+    def __init__(self, context: TrainingContext, model: nn.Module,
+                 wrap_optimizer: Callable[[torch.optim.Optimizer], torch.optim.Optimizer]
+                 | None = None) -> None:
         self.model = model
         self.loader = context.workload.loader
         self.optimizer = context.workload.make_optimizer(self.model.parameters())
+        if wrap_optimizer is not None:  # e.g. Horovod's DistributedOptimizer
+            self.optimizer = wrap_optimizer(self.optimizer)
         self.criterion = nn.CrossEntropyLoss()
         self.device = context.device
         self.clock = context.clock
@@ -89,4 +93,4 @@ class BatchLoopTrainer:
             loss.backward()
         with self.clock.phase("optimizer"):
             self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad()  # torch 2 frees the gradients (set_to_none=True)
