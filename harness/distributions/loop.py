@@ -1,7 +1,8 @@
 """The batch loop shared by the models that train whole batches on every worker.
 
 `sequential` runs it on one device; `ddp` runs it on every worker with the network wrapped in
-DistributedDataParallel, which averages gradients during the backward pass.
+DistributedDataParallel, `horovod` with the optimizer wrapped in Horovod's
+DistributedOptimizer; both average gradients while the backward pass runs.
 """
 
 from __future__ import annotations
