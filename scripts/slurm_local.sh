@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# A real 2-node SLURM cluster on this machine, for tests and demos.
+#
+#   bash scripts/slurm_local.sh install   # apt-get slurm-wlm + munge (root, Debian)
+#   bash scripts/slurm_local.sh start     # write the config, start munged, slurmctld, 2 slurmd
+#   bash scripts/slurm_local.sh status    # sinfo
+#   bash scripts/slurm_local.sh stop      # scontrol shutdown
+#
+# Two NodeNames share 127.0.0.1 with distinct ports and per-node (%n) spool, pid and log paths
+# (one shared path makes the second node unreachable); both nodes share the same cores, so the
+# partition oversubscribes. Node names resolve through /etc/hosts, as submitit's hostnames and
+# the rendezvous of the distributed models need. State lives in $DISTBENCH_SLURM_DIR
+# (default /tmp/distbench-slurm).
+set -euo pipefail
+
+state="${DISTBENCH_SLURM_DIR:-/tmp/distbench-slurm}"
+conf_dir=/etc/slurm
+nodes=(node1 node2)
+
+install() {
+    if command -v slurmctld >/dev/null && command -v munged >/dev/null; then
+        echo "[slurm] installed"; return
+    fi
+    [ "$(id -u)" = 0 ] || { echo "[slurm] installing needs root" >&2; exit 1; }
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
+}
+
+write_config() {
+    local cpus mem
+    cpus=$(nproc)
+    mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 2 ))
+    mkdir -p "$state"/{spool-node1,spool-node2,ctld} "$conf_dir"
+    cat > "$conf_dir/slurm.conf" <<CONF
+ClusterName=distbench
+SlurmctldHost=localhost
+AuthType=auth/munge
+SlurmUser=root
+StateSaveLocation=$state/ctld
+SlurmdSpoolDir=$state/spool-%n
+SlurmctldPidFile=$state/slurmctld.pid
+SlurmdPidFile=$state/slurmd-%n.pid
+SlurmctldLogFile=$state/slurmctld.log
+SlurmdLogFile=$state/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+NodeName=node[1-2] NodeHostname=$(hostname) NodeAddr=127.0.0.1 Port=17001-17002 CPUs=$cpus RealMemory=$mem
+PartitionName=local Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+CONF
+    for node in "${nodes[@]}"; do
+        grep -qE "^127\.0\.0\.1[[:space:]].*\b$node\b" /etc/hosts || echo "127.0.0.1 $node" >> /etc/hosts
+    done
+}
+
+start() {
+    install
+    write_config
+    mkdir -p /run/munge && chown munge:munge /run/munge
+    pgrep -x munged >/dev/null || sudo_munge
+    pgrep -x slurmctld >/dev/null || slurmctld
+    for node in "${nodes[@]}"; do
+        pgrep -f "slurmd -N $node" >/dev/null || slurmd -N "$node"
+    done
+    for _ in $(seq 1 30); do
+        if [ "$(sinfo -h -o '%T' | grep -cE '^(idle|mixed|allocated)')" -ge 1 ] \
+            && [ "$(sinfo -h -N -o '%N %T' | grep -cE 'idle|mixed|allocated')" -eq 2 ]; then
+            echo "[slurm] up:"; sinfo -N; return
+        fi
+        sleep 1
+    done
+    echo "[slurm] nodes did not come up; logs in $state" >&2; sinfo -N >&2; exit 1
+}
+
+sudo_munge() {
+    if command -v runuser >/dev/null; then runuser -u munge -- munged; else munged --force; fi
+}
+
+stop() {
+    scontrol shutdown 2>/dev/null || true
+    pkill -x slurmd 2>/dev/null || true
+    # Wait until they are gone, so that an immediate `start` does not mistake a daemon that is
+    # still shutting down for a running one.
+    for _ in $(seq 1 20); do
+        pgrep -x slurmctld >/dev/null || pgrep -x slurmd >/dev/null || break
+        sleep 1
+    done
+    pkill -9 -x slurmctld 2>/dev/null || true
+    pkill -9 -x slurmd 2>/dev/null || true
+    echo "[slurm] stopped"
+}
+
+case "${1:-}" in
+    install) install ;;
+    start) start ;;
+    status) sinfo -N ;;
+    stop) stop ;;
+    *) echo "usage: $0 install|start|status|stop" >&2; exit 2 ;;
+esac
