@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, open_dict
 
-from harness.config import ConfigError, DistbenchConfig, register_configs, validate
+from harness.config import ConfigError, DistbenchConfig, validate
 from harness.results import RESULT_FILE, RunStatus, read_rank_reports, read_result
 from harness.run import record_failure
 
@@ -53,7 +53,6 @@ def validate_cell(config: DictConfig, *, single_node: bool) -> DistbenchConfig:
 def validate_sweep(loader, master: DictConfig,  # noqa: ANN001
                    job_overrides: Sequence[Sequence[str]], *, single_node: bool) -> None:
     """Validate every cell; on the first invalid one, print one line and exit with status 2."""
-    register_configs()
     for job_num, overrides in enumerate(job_overrides):
         try:
             validate_cell(cell_config(loader, master, overrides, job_num),

@@ -26,3 +26,20 @@ def run_module(module: str, args: Sequence[str], cwd: Path,
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def cell_worker_pids() -> dict[int, int]:
+    """rank -> pid of the running cell's worker processes (submitit tasks), read from the
+    rank submitit puts in each worker's environment."""
+    ranks = {}
+    found = subprocess.run(["pgrep", "-f", "submitit.core._submit"], capture_output=True,
+                           text=True).stdout.split()
+    for pid in map(int, found):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for entry in environ:
+            if entry.startswith(b"SUBMITIT_LOCAL_GLOBALID="):
+                ranks[int(entry.split(b"=")[1])] = pid
+    return ranks

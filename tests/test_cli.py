@@ -15,7 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from harness.tracking import DEFAULT_STORE_FILE
-from tests.helpers import run_module
+from tests.helpers import cell_worker_pids, run_module
 
 TINY_SWEEP = ["+sweep=smoke", "network=mobilenetv2", "distribution.batch_size=8",
               "dataset.num_samples=16", "run.epochs=1", "run.warmup_batches=0",
@@ -132,9 +132,8 @@ def _wait_for_cell_process(timeout: float) -> int:
     """The pid of the first cell's worker process, as soon as it exists."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = subprocess.run(["pgrep", "-f", "submitit.core._submit"], capture_output=True,
-                               text=True).stdout.split()
-        if found:
-            return int(found[0])
+        workers = cell_worker_pids()
+        if workers:
+            return workers[0]
         time.sleep(0.2)
     raise AssertionError("the sweep never started a cell process")

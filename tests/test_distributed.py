@@ -13,6 +13,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from harness.tracking import DEFAULT_STORE_FILE
+from tests.helpers import cell_worker_pids
 
 TWO_WORKER_CELL = ["hardware=local_2cpu", "network=mobilenetv2",
                    "dataset=mnist", "distribution.batch_size=8", "run.progress=false"]
@@ -31,29 +32,13 @@ def _result(output_root: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _workers() -> dict[int, int]:
-    """rank -> pid of the running cell's worker processes (read from their environment)."""
-    ranks = {}
-    found = subprocess.run(["pgrep", "-f", "submitit.core._submit"], capture_output=True,
-                           text=True).stdout.split()
-    for pid in map(int, found):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for entry in environ:
-            if entry.startswith(b"SUBMITIT_LOCAL_GLOBALID="):
-                ranks[int(entry.split(b"=")[1])] = pid
-    return ranks
-
-
 def _wait_for_training(output_root: Path, timeout: float = 120) -> dict[int, int]:
     """The workers' pids, once both have trained a batch (their log says an epoch ended)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         logs = list((output_root / "runs").glob("*/.submitit/*/*_0_log.err"))
         if logs and "epoch 1/" in logs[0].read_text():
-            workers = _workers()
+            workers = cell_worker_pids()
             if len(workers) == 2:
                 return workers
         time.sleep(0.2)
@@ -78,7 +63,7 @@ def test_two_ddp_workers_train_in_sync_and_record_the_cell(output_root: Path) ->
         result["mlflow_run_id"])
     assert run.data.params["distribution.name"] == "ddp"
     assert run.data.metrics["world_size"] == 2
-    assert not _workers()
+    assert not cell_worker_pids()
 
 
 def test_a_crashing_worker_ends_the_cell_as_failed(output_root: Path) -> None:
@@ -91,7 +76,7 @@ def test_a_crashing_worker_ends_the_cell_as_failed(output_root: Path) -> None:
     result = _result(output_root)
     assert result["status"] == "failed"
     assert "rank 1: no report" in result["error"]
-    assert not _workers()
+    assert not cell_worker_pids()
 
 
 def test_a_hanging_worker_ends_the_cell_as_timeout(output_root: Path) -> None:
@@ -103,7 +88,7 @@ def test_a_hanging_worker_ends_the_cell_as_timeout(output_root: Path) -> None:
     assert cell.returncode == 0, out[-3000:]
     result = _result(output_root)
     assert result["status"] == "timeout", result["error"]
-    assert not _workers()  # the frozen worker was ended too: no orphans
+    assert not cell_worker_pids()  # the frozen worker was ended too: no orphans
 
 
 def test_two_horovod_workers_train_in_sync_without_horovodrun(output_root: Path) -> None:
@@ -120,4 +105,4 @@ def test_two_horovod_workers_train_in_sync_without_horovodrun(output_root: Path)
     assert metrics["samples_per_epoch"] == 64
     assert result["config"]["distribution"]["name"] == "horovod"
     assert result["config"]["distribution"]["fusion_threshold_mb"] == 32
-    assert not _workers()
+    assert not cell_worker_pids()

@@ -38,7 +38,7 @@ def horovod_trainer(context: TrainingContext) -> BatchLoopTrainer:
         wrap_optimizer=lambda optimizer: hvd.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters()))
     hvd.broadcast_optimizer_state(trainer.optimizer, root_rank=0)
-    trainer.keep_alive = rendezvous  # rank 0's server must outlive every rank's training
+    trainer.keep_alive.append(rendezvous)  # rank 0's server must outlive every rank's training
     return trainer
 
 

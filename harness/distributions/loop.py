@@ -35,6 +35,8 @@ class BatchLoopTrainer:
         self.heartbeat = context.heartbeat
         # One progress bar per cell, not one per worker.
         self.progress = context.config.run.progress and context.session.env.is_main
+        # Objects that must live as long as training does (e.g. Horovod's rendezvous server).
+        self.keep_alive: list[object] = []
 
     def warm_up(self, batches: int) -> None:
         if batches <= 0:
