@@ -13,8 +13,10 @@ from omegaconf import DictConfig
 from harness.config import ConfigError, register_configs, validate
 from harness.run import run_cell
 from launchers.distributed import worker_environment
+from launchers.hydra_names import register_launcher_names
 
 register_configs()
+register_launcher_names()
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -23,13 +25,12 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         config = validate(cfg)
         if config.world_size > 1 and not worker_environment().is_distributed:
             # A multi-worker cell typed at the prompt: start its workers locally.
-            from launchers.cells import validate_cell
+            from launchers.cells import single_node_workers
             from launchers.local import run_local_cell
 
-            validate_cell(cfg, single_node=True)
             hydra_config = HydraConfig.get()
             return run_local_cell(cfg, Path(hydra_config.runtime.output_dir),
-                                  workers=config.world_size,
+                                  workers=single_node_workers(config),
                                   timeout_min=int(hydra_config.launcher.timeout_min))
         return run_cell(cfg)
     except ConfigError as err:

@@ -9,19 +9,25 @@ here, from the reports its workers left, so that the sweep's record has every ce
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
+import submitit
 from omegaconf import DictConfig, open_dict
 
 from harness.config import ConfigError, DistbenchConfig, validate
 from harness.results import RESULT_FILE, RunStatus, read_rank_reports, read_result
 from harness.run import record_failure
 
+Size = TypeVar("Size")
+
 _CAUSES = {
     RunStatus.timeout: "the cell made no progress within run.progress_timeout_s, or exceeded "
                        "hydra.launcher.timeout_min, and was ended",
+    RunStatus.oom: "the cell ended without a result: the scheduler ended it for exceeding its "
+                   "memory",
     RunStatus.failed: "the cell ended without a result: a worker was killed by a signal (the "
                       "kernel's out-of-memory killer sends SIGKILL) or crashed outside Python",
 }
@@ -40,42 +46,79 @@ def cell_dir(config: DictConfig) -> Path:
     return Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
 
 
-def validate_cell(config: DictConfig, *, single_node: bool) -> DistbenchConfig:
-    """Validate one cell; a launcher that runs on one machine also checks the node count."""
-    cell = validate(config)
-    if single_node and cell.world_size > cell.hardware.workers_per_node:
+def single_node_workers(cell: DistbenchConfig) -> int:
+    """The worker count of a cell run on this one machine; more than one node is an error."""
+    if cell.world_size > cell.hardware.workers_per_node:
         raise ConfigError(
             f"hardware.nodes={cell.hardware.nodes} is invalid here: this launcher runs on one "
-            f"machine; allowed: 1, or a multi-node launcher")
-    return cell
+            f"machine; allowed: 1, or hydra/launcher=submitit_slurm")
+    return cell.world_size
 
 
-def validate_sweep(loader, master: DictConfig,  # noqa: ANN001
-                   job_overrides: Sequence[Sequence[str]], *, single_node: bool) -> None:
-    """Validate every cell; on the first invalid one, print one line and exit with status 2."""
-    for job_num, overrides in enumerate(job_overrides):
+@dataclass(frozen=True)
+class PreparedCell(Generic[Size]):
+    """One cell of a sweep, composed, validated and sized for its launcher."""
+
+    job_num: int
+    overrides: list[str]
+    config: DictConfig  # as the cell's own processes will see it
+    cell: DistbenchConfig
+    size: Size  # what the launcher needs to start it (a worker count, a SLURM allocation)
+
+    @property
+    def output_dir(self) -> Path:
+        return cell_dir(self.config)
+
+
+def prepare_sweep(loader, master: DictConfig,  # noqa: ANN001
+                  job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
+                  size_cell: Callable[[DistbenchConfig], Size]) -> list[PreparedCell[Size]]:
+    """Compose, validate and size every cell before any starts; on the first invalid one,
+    print one line naming it and exit with status 2."""
+    prepared = []
+    for offset, overrides in enumerate(job_overrides):
+        job_num = initial_job_idx + offset
         try:
-            validate_cell(cell_config(loader, master, overrides, job_num),
-                          single_node=single_node)
+            config = cell_config(loader, master, overrides, job_num)
+            cell = validate(config)
+            prepared.append(PreparedCell(job_num, list(overrides), config, cell,
+                                         size_cell(cell)))
         except ConfigError as err:
             print(f"distbench: invalid config in sweep cell {' '.join(overrides)}: {err}",
                   file=sys.stderr)
             sys.exit(2)
+    return prepared
 
 
-def cell_outcome(config: DictConfig, output_dir: Path, *, timed_out: bool, logs: str,
-                 started: str) -> dict[str, Any]:
-    """The cell's result: what rank 0 recorded, or else a record made from what is left."""
+def cell_outcome(config: DictConfig, output_dir: Path, *, ended_as: RunStatus | None,
+                 logs: str, started: str) -> dict[str, Any]:
+    """The cell's result: what rank 0 recorded, or else a record made from what is left.
+
+    `ended_as` is the launcher's own view of how the cell ended (`timeout` when it ran out of
+    time, `oom` when the scheduler killed it for memory), or None when it only saw it end.
+    """
     if (output_dir / RESULT_FILE).exists():
         return read_result(output_dir)
     reports = read_rank_reports(output_dir)
     statuses = {RunStatus(report["status"]) for report in reports.values()}
-    status = RunStatus.timeout if timed_out or RunStatus.timeout in statuses else \
-        RunStatus.oom if RunStatus.oom in statuses else RunStatus.failed
+    status = ended_as or (RunStatus.timeout if RunStatus.timeout in statuses else
+                          RunStatus.oom if RunStatus.oom in statuses else RunStatus.failed)
     lines = [_CAUSES.get(status, "the cell ended without a result")]
     lines += [f"--- rank {rank}: {r['status']}\n{r['error']}" for rank, r in sorted(reports.items())]
     lines.append(logs)
     return record_failure(config, output_dir, status, "\n".join(lines), started=started)
+
+
+def worker_logs_tail(job: submitit.Job, tasks: int, characters: int = 2000) -> str:
+    """The end of every worker's stderr, for the record of a cell that left no result."""
+    parts = []
+    for task in range(tasks):
+        try:
+            text = job.task(task).stderr() or ""
+        except Exception:  # noqa: BLE001 - a missing log must not hide the failure itself
+            text = ""
+        parts.append(f"--- worker {task} stderr (end):\n{text[-characters:]}")
+    return "\n".join(parts)
 
 
 def summary_table(results: Sequence[dict]) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 import submitit
 
-from harness.results import RESULT_FILE
+from harness.results import RESULT_FILE, RunStatus
 
 # After rank 0 recorded the cell, how long the other workers may take to exit by themselves.
 GRACE_AFTER_RESULT_S = 20.0
@@ -66,29 +66,17 @@ def _wait_until_done(job: submitit.Job, limit_s: float = 30.0) -> None:
         time.sleep(_POLL_S)
 
 
-def worker_logs_tail(job: submitit.Job, tasks: int, characters: int = 2000) -> str:
-    """The end of every worker's stderr, for the record of a cell that left no result."""
-    parts = []
-    for task in range(tasks):
-        try:
-            text = job.task(task).stderr() or ""
-        except Exception:  # noqa: BLE001 - a missing log must not hide the failure itself
-            text = ""
-        parts.append(f"--- worker {task} stderr (end):\n{text[-characters:]}")
-    return "\n".join(parts)
-
-
 def run_local_cell(cfg: Any, output_dir: Path, *, workers: int, timeout_min: int) -> dict:
     """`python -m harness` for a cell with several workers: start them, wait, return the
     result (rank 0's record, or the record of how the cell failed)."""
     from harness.run import now
-    from launchers.cells import cell_outcome
+    from launchers.cells import cell_outcome, worker_logs_tail
 
     started = now()
     job = submit_local(_logged_run_cell, cfg, output_dir, folder=output_dir / ".submitit" / "%j",
                        tasks=workers, timeout_min=timeout_min, name="distbench")
     timed_out = wait_for_cell(job, output_dir, timeout_s=60 * timeout_min)
-    return cell_outcome(cfg, output_dir, timed_out=timed_out,
+    return cell_outcome(cfg, output_dir, ended_as=RunStatus.timeout if timed_out else None,
                         logs=worker_logs_tail(job, workers), started=started)
 
 

@@ -47,30 +47,31 @@ class SerialLocalLauncher(LocalLauncher):
         from hydra.core.singleton import Singleton
         from tqdm import tqdm
 
+        from harness.results import RunStatus
         from harness.run import now
         from launchers import cells
-        from launchers.local import submit_local, wait_for_cell, worker_logs_tail
+        from launchers.local import submit_local, wait_for_cell
 
         assert self.config is not None and self.hydra_context is not None
-        loader = self.hydra_context.config_loader
-        cells.validate_sweep(loader, self.config, job_overrides, single_node=True)
+        prepared = cells.prepare_sweep(self.hydra_context.config_loader, self.config,
+                                       job_overrides, initial_job_idx,
+                                       size_cell=cells.single_node_workers)
         timeout_min = int(self.params["timeout_min"])
         results: list[JobReturn] = []
-        for offset, overrides in enumerate(tqdm(job_overrides, desc="sweep", unit="cell")):
-            job_num = initial_job_idx + offset
-            config = cells.cell_config(loader, self.config, overrides, job_num)
-            workers = cells.validate_cell(config, single_node=True).world_size
-            output_dir = cells.cell_dir(config)
+        for cell in tqdm(prepared, desc="sweep", unit="cell"):
             started = now()
             job = submit_local(
-                self, list(overrides), "hydra.sweep.dir", job_num, f"job_id_for_{job_num}",
-                Singleton.get_state(), folder=Path(self.params["submitit_folder"]),
-                tasks=workers, timeout_min=timeout_min, name=str(config.hydra.job.name))
-            timed_out = wait_for_cell(job, output_dir, timeout_s=60 * timeout_min)
-            result = cells.cell_outcome(config, output_dir, timed_out=timed_out,
-                                        logs=worker_logs_tail(job, workers), started=started)
-            results.append(JobReturn(overrides=list(overrides), cfg=config,
-                                     working_dir=str(output_dir), task_name=job.job_id,
+                self, cell.overrides, "hydra.sweep.dir", cell.job_num,
+                f"job_id_for_{cell.job_num}", Singleton.get_state(),
+                folder=Path(self.params["submitit_folder"]), tasks=cell.size,
+                timeout_min=timeout_min, name=str(cell.config.hydra.job.name))
+            timed_out = wait_for_cell(job, cell.output_dir, timeout_s=60 * timeout_min)
+            result = cells.cell_outcome(
+                cell.config, cell.output_dir,
+                ended_as=RunStatus.timeout if timed_out else None,
+                logs=cells.worker_logs_tail(job, cell.size), started=started)
+            results.append(JobReturn(overrides=cell.overrides, cfg=cell.config,
+                                     working_dir=str(cell.output_dir), task_name=job.job_id,
                                      status=JobStatus.COMPLETED, _return_value=result))
         print(cells.summary_table([r.return_value for r in results]), flush=True)
         return results

@@ -1,0 +1,192 @@
+"""A sweep's cells as SLURM jobs, through submitit's SLURM executor.
+
+Every cell is its own job, sized from its own config (the stock Hydra submitit launcher sizes
+all jobs of a sweep alike): `hardware.nodes` nodes with `hardware.workers_per_node` tasks each
+(one task for the sequential baseline), one GPU per task on CUDA hardware. Timings are only
+worth something if nothing else runs on the measured hardware, so:
+
+- every cell asks for whole nodes (`--exclusive`);
+- with `one_cell_at_a_time` (the default) every cell of a sweep carries the same job name and
+  `--dependency=singleton`, so SLURM itself starts them one after another. That matters where
+  nodes share hardware (the local test cluster's two "nodes" share one machine's cores), and
+  it keeps holding when the shell that submitted the sweep is gone.
+
+The jobs record themselves (rank 0 writes result.json and the MLflow run), so a sweep loses no
+result if the submitting shell dies. While that shell lives, it waits for the jobs, ends a job
+whose rank 0 has recorded the cell but whose other workers linger, and records a cell that
+ended without a result from the final SLURM state of its job and what its workers left.
+
+Job states come from `squeue`, not `sacct`: sacct needs SLURM's accounting database, which
+many small clusters (and the local test cluster) do not run.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from harness.config import ConfigError, DistbenchConfig
+from harness.results import RESULT_FILE, RunStatus
+
+log = logging.getLogger(__name__)
+
+# States after which a job runs no more (squeue's long names).
+_RUNNING_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "RESIZING", "REQUEUED",
+                   "REQUEUE_FED", "REQUEUE_HOLD", "SUSPENDED", "STOPPED", "SIGNALING",
+                   "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+# A job squeue no longer knows (purged after slurm.conf's MinJobAge) has ended.
+GONE = "GONE"
+# How a job that left no result ended, as a cell status.
+_STATUS_OF_STATE = {"TIMEOUT": RunStatus.timeout, "DEADLINE": RunStatus.timeout,
+                    "OUT_OF_MEMORY": RunStatus.oom}
+_POLL_S = 2.0
+
+
+@dataclass(frozen=True)
+class CellJobSize:
+    """The SLURM allocation of one cell."""
+
+    nodes: int
+    tasks_per_node: int
+    gpus_per_node: int | None
+
+    @property
+    def tasks(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+
+def cell_job_size(cell: DistbenchConfig, launcher: Mapping[str, Any]) -> CellJobSize:
+    """Size a cell's job from its config; explicit launcher sizes must agree with it.
+
+    `hydra.launcher.nodes` / `tasks_per_node` / `gpus_per_node` are null by default (taken from
+    the cell); a value given there is a check, never a silent resize of the measured cell.
+    """
+    nodes = cell.hardware.nodes if cell.world_size > 1 else 1
+    size = CellJobSize(
+        nodes=nodes,
+        tasks_per_node=cell.world_size // nodes,
+        gpus_per_node=(cell.world_size // nodes) if cell.hardware.device.value == "cuda"
+        else None,
+    )
+    for key in ("nodes", "tasks_per_node"):
+        given = launcher.get(key)
+        if given is not None and given != getattr(size, key):
+            raise ConfigError(
+                f"hydra.launcher.{key}={given} is invalid for cell {cell.run_name}: it needs "
+                f"{getattr(size, key)} (hardware.nodes={cell.hardware.nodes}, "
+                f"hardware.workers_per_node={cell.hardware.workers_per_node}, "
+                f"distribution.name={cell.distribution.name.value}); allowed: null (sized "
+                f"from the cell) or {getattr(size, key)}")
+    if launcher.get("gpus_per_node") is not None:
+        size = CellJobSize(size.nodes, size.tasks_per_node, int(launcher["gpus_per_node"]))
+    return size
+
+
+# Launcher keys that are submitit's executor-independent parameters; the rest are SLURM's own
+# and go to submitit with a `slurm_` prefix. Keys handled here (sizing, sweep policy) are not
+# passed on as they are.
+_GENERIC_KEYS = {"timeout_min", "cpus_per_task", "mem_gb", "stderr_to_stdout"}
+_OWN_KEYS = {"submitit_folder", "nodes", "tasks_per_node", "gpus_per_node", "name", "exclusive",
+             "one_cell_at_a_time", "grace_after_result_s", "max_num_timeout",
+             "array_parallelism", "_target_"}
+
+
+def executor_parameters(size: CellJobSize, launcher: Mapping[str, Any],
+                        cell: DistbenchConfig) -> dict[str, Any]:
+    """submitit parameters of one cell's job."""
+    parameters: dict[str, Any] = {
+        "nodes": size.nodes, "tasks_per_node": size.tasks_per_node,
+        "gpus_per_node": size.gpus_per_node, "name": str(launcher["name"]),
+        "slurm_exclusive": bool(launcher.get("exclusive", True)) or None,
+    }
+    if launcher.get("cpus_per_task") is None and cell.hardware.cpu_threads is not None:
+        parameters["cpus_per_task"] = cell.hardware.cpu_threads
+    if launcher.get("one_cell_at_a_time", True):
+        parameters["slurm_dependency"] = "singleton"
+    for key, value in launcher.items():
+        if key in _OWN_KEYS or value is None:
+            continue
+        parameters[key if key in _GENERIC_KEYS else f"slurm_{key}"] = value
+    return parameters
+
+
+def submit_cell(function: Callable[..., Any], *args: Any, folder: Path,
+                parameters: Mapping[str, Any]) -> submitit.Job:
+    """Submit one cell as one SLURM job (sbatch) whose every task calls `function(*args)`."""
+    executor = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
+    executor.update_parameters(**parameters)
+    return executor.submit(function, *args)
+
+
+def job_states(job_ids: Sequence[str]) -> dict[str, str]:
+    """SLURM's state of each job (squeue's long name, e.g. RUNNING, TIMEOUT), or GONE."""
+    if not job_ids:
+        return {}
+    done = subprocess.run(["squeue", "--states=all", "--noheader", "--format=%i|%T",
+                           f"--jobs={','.join(job_ids)}"],
+                          capture_output=True, text=True, timeout=60)
+    states = {job_id: GONE for job_id in job_ids}
+    if done.returncode != 0:
+        if "Invalid job id" in done.stderr:  # every id already purged
+            return states
+        raise RuntimeError(f"squeue failed: {done.stderr.strip()}")
+    for line in done.stdout.splitlines():
+        job_id, _, state = line.strip().partition("|")
+        if job_id in states:
+            states[job_id] = state.split()[0] if state else GONE
+    return states
+
+
+def has_ended(state: str) -> bool:
+    return state not in _RUNNING_STATES
+
+
+def status_of_state(state: str) -> RunStatus | None:
+    """The cell status a job's final state implies when the job left no result."""
+    return _STATUS_OF_STATE.get(state)
+
+
+@dataclass
+class SubmittedCell:
+    """A cell's job as the launcher follows it."""
+
+    job: submitit.Job
+    output_dir: Path
+    tasks: int
+    state: str = "PENDING"
+    result_seen_at: float | None = None
+
+
+def wait_for_cells(cells: Sequence[SubmittedCell], *, grace_s: float,
+                   on_end: Callable[[SubmittedCell], None]) -> None:
+    """Follow the jobs until all have ended, calling `on_end` for each as it ends.
+
+    A job whose rank 0 has recorded the cell but which still runs `grace_s` later (a worker
+    that hangs after the measurement) is cancelled, so it does not hold its nodes.
+    """
+    pending = list(cells)
+    while pending:
+        states = job_states([cell.job.job_id for cell in pending])
+        now = time.monotonic()
+        for cell in list(pending):
+            cell.state = states[cell.job.job_id]
+            if has_ended(cell.state):
+                pending.remove(cell)
+                on_end(cell)
+                continue
+            if cell.result_seen_at is None and (cell.output_dir / RESULT_FILE).exists():
+                cell.result_seen_at = now
+            if cell.result_seen_at is not None and now - cell.result_seen_at > grace_s:
+                log.warning("job %s recorded its cell %.0f s ago but still runs; cancelling",
+                            cell.job.job_id, now - cell.result_seen_at)
+                cell.job.cancel(check=False)
+                cell.result_seen_at = float("inf")  # cancel once
+        if pending:
+            time.sleep(_POLL_S)
