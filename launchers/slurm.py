@@ -47,6 +47,7 @@ GONE = "GONE"
 _STATUS_OF_STATE = {"TIMEOUT": RunStatus.timeout, "DEADLINE": RunStatus.timeout,
                     "OUT_OF_MEMORY": RunStatus.oom}
 _POLL_S = 2.0
+_UNREACHABLE_LIMIT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -172,9 +173,20 @@ def wait_for_cells(cells: Sequence[SubmittedCell], *, grace_s: float,
     that hangs after the measurement) is cancelled, so it does not hold its nodes.
     """
     pending = list(cells)
+    last_answer = time.monotonic()
     while pending:
-        states = job_states([cell.job.job_id for cell in pending])
         now = time.monotonic()
+        try:
+            states = job_states([cell.job.job_id for cell in pending])
+            last_answer = now
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
+            # slurmctld restarting or briefly unreachable: the jobs run on; ask again later.
+            if now - last_answer > _UNREACHABLE_LIMIT_S:
+                raise RuntimeError(f"SLURM has not answered for {_UNREACHABLE_LIMIT_S:.0f} s; "
+                                   f"the jobs record themselves ({err})") from err
+            log.warning("could not read the jobs' states (%s); retrying", err)
+            time.sleep(_POLL_S)
+            continue
         for cell in list(pending):
             cell.state = states[cell.job.job_id]
             if has_ended(cell.state):

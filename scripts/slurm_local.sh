@@ -61,7 +61,8 @@ start() {
     write_config
     mkdir -p /run/munge && chown munge:munge /run/munge
     pgrep -x munged >/dev/null || sudo_munge
-    pgrep -x slurmctld >/dev/null || slurmctld
+    # -c: start from a clean state; jobs of an earlier run of this test cluster are not resumed.
+    pgrep -x slurmctld >/dev/null || slurmctld -c
     for node in "${nodes[@]}"; do
         pgrep -f "slurmd -N $node" >/dev/null || slurmd -N "$node"
     done
@@ -80,6 +81,14 @@ sudo_munge() {
 }
 
 stop() {
+    # Cancel the jobs first: their tasks (slurmstepd and what it started) outlive the daemons.
+    if scontrol ping >/dev/null 2>&1; then
+        squeue -h -o %i | xargs -r scancel --full 2>/dev/null || true
+        for _ in $(seq 1 40); do
+            [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break
+            sleep 1
+        done
+    fi
     scontrol shutdown 2>/dev/null || true
     pkill -x slurmd 2>/dev/null || true
     # Wait until they are gone, so that an immediate `start` does not mistake a daemon that is
@@ -90,6 +99,7 @@ stop() {
     done
     pkill -9 -x slurmctld 2>/dev/null || true
     pkill -9 -x slurmd 2>/dev/null || true
+    pkill -9 -x slurmstepd 2>/dev/null || true
     echo "[slurm] stopped"
 }
 

@@ -28,18 +28,22 @@ def run_module(module: str, args: Sequence[str], cwd: Path,
                           capture_output=True, text=True, timeout=timeout)
 
 
-def cell_worker_pids() -> dict[int, int]:
+def cell_worker_pids(job_id: str | None = None) -> dict[int, int]:
     """rank -> pid of the running cell's worker processes (submitit tasks), read from the
-    rank submitit puts in each worker's environment."""
+    rank that submitit's local executor or SLURM puts in each worker's environment; with
+    `job_id`, only the workers of that SLURM job."""
     ranks = {}
     found = subprocess.run(["pgrep", "-f", "submitit.core._submit"], capture_output=True,
                            text=True).stdout.split()
     for pid in map(int, found):
         try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            environ = dict(entry.split(b"=", 1) for entry in
+                           Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in entry)
         except OSError:
             continue
-        for entry in environ:
-            if entry.startswith(b"SUBMITIT_LOCAL_GLOBALID="):
-                ranks[int(entry.split(b"=")[1])] = pid
+        if job_id is not None and environ.get(b"SLURM_JOB_ID") != job_id.encode():
+            continue
+        rank = environ.get(b"SUBMITIT_LOCAL_GLOBALID", environ.get(b"SLURM_PROCID"))
+        if rank is not None:
+            ranks[int(rank)] = pid
     return ranks

@@ -1,21 +1,33 @@
-"""A multi-node cell through a real SLURM cluster: two slurmd "nodes" on this machine
-(scripts/slurm_local.sh), launched with Hydra's submitit SLURM launcher."""
+"""Sweeps through a real SLURM cluster: two slurmd "nodes" on this machine
+(scripts/slurm_local.sh), launched with `hydra/launcher=submitit_slurm` (distbench's
+slurm_cells launcher)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 
-from tests.helpers import REPO_ROOT
+from harness.config import Device, DistbenchConfig, HardwareConfig
+from harness.tracking import DEFAULT_STORE_FILE
+from launchers import slurm
+from tests.helpers import REPO_ROOT, cell_worker_pids
 
 SLURM_SCRIPT = REPO_ROOT / "scripts" / "slurm_local.sh"
+
+SLURM_SWEEP = ["+sweep=smoke", "hydra/launcher=submitit_slurm", "hardware=slurm_local_2nodes",
+               "hydra.launcher.timeout_min=10", "network=mobilenetv2", "dataset=mnist",
+               "distribution.batch_size=8", "run.warmup_batches=1", "run.progress=false"]
 
 
 @pytest.fixture(scope="module")
@@ -31,19 +43,149 @@ def slurm_cluster() -> Iterator[None]:
     subprocess.run(["bash", str(SLURM_SCRIPT), "stop"], capture_output=True, timeout=60)
 
 
-def test_a_two_node_ddp_cell_runs_through_slurm(slurm_cluster: None, output_root: Path) -> None:
+def _sweep(output_root: Path, *overrides: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness", *SLURM_SWEEP, *overrides,
+         f"run.output_dir={output_root}"],
+        cwd=output_root.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def _results(output_root: Path) -> list[dict]:
+    """Every cell's result.json, in cell order."""
+    paths = (output_root / "sweeps").glob("*/*/*/result.json")
+    return [json.loads(p.read_text()) for p in sorted(paths, key=lambda p: int(p.parent.name))]
+
+
+def test_each_cell_gets_its_own_allocation_and_cells_run_one_at_a_time(
+        slurm_cluster: None, output_root: Path) -> None:
+    sweep = _sweep(output_root, "distribution=sequential,ddp,horovod", "dataset.num_samples=64",
+                   "run.epochs=2")
+    out, _ = sweep.communicate(timeout=900)
+    assert sweep.returncode == 0, out[-3000:]
+    results = _results(output_root)
+    assert [r["config"]["distribution"]["name"] for r in results] == \
+        ["sequential", "ddp", "horovod"]
+    assert all(r["status"] == "ok" for r in results), [r["error"] for r in results]
+    sequential, ddp, horovod = results
+    assert sequential["environment"]["slurm_nodelist"] == "node1"
+    assert sequential["metrics"]["world_size"] == 1
+    for multi_node in (ddp, horovod):  # one worker on each of the two nodes
+        assert multi_node["environment"]["slurm_nodelist"] == "node[1-2]"
+        assert multi_node["metrics"]["world_size"] == 2
+        assert multi_node["metrics"]["replicas_in_sync"] == 1.0
+    # SLURM's singleton dependency: each cell started after the previous one had finished.
+    for earlier, later in zip(results, results[1:]):
+        assert dt.datetime.fromisoformat(earlier["finished_at"]) <= \
+            dt.datetime.fromisoformat(later["started_at"])
+    # The jobs recorded themselves in MLflow, nested under the sweep's parent run.
+    client = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
+    runs = client.search_runs([client.get_experiment_by_name("smoke").experiment_id])
+    parent = [r.info.run_id for r in runs if r.data.tags.get("distbench.kind") == "sweep"]
+    cells = [r for r in runs if "status" in r.data.tags]
+    assert len(cells) == 3 and {c.data.tags["mlflow.parentRunId"] for c in cells} == set(parent)
+    script = next((output_root / "sweeps").rglob("*_submission.sh")).read_text()
+    assert "#SBATCH --exclusive" in script and "#SBATCH --dependency=singleton" in script
+
+
+def _wait_for_training(output_root: Path, job_id: str, timeout: float = 180) -> dict[int, int]:
+    """The pids of SLURM job `job_id`'s two workers, once rank 0 has finished an epoch."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        # Hydra's job logging in a SLURM task writes to the task's stdout.
+        logs = list((output_root / "sweeps").rglob(f".submitit/{job_id}/{job_id}_0_log.out"))
+        if logs and "epoch 1/" in logs[0].read_text():
+            workers = cell_worker_pids(job_id)
+            if len(workers) == 2:
+                return workers
+        time.sleep(0.3)
+    raise AssertionError(f"SLURM job {job_id} never started training")
+
+
+def _job_ids(sweep: subprocess.Popen[str], count: int) -> list[str]:
+    """The SLURM job ids the launcher prints as it submits the cells."""
+    assert sweep.stdout is not None
+    ids: list[str] = []
+    for line in sweep.stdout:
+        if "SLURM job" in line:
+            ids.append(line.split("SLURM job ")[1].split(",")[0])
+            if len(ids) == count:
+                return ids
+    raise AssertionError("the launcher did not report its jobs")
+
+
+def test_a_killed_and_a_hanging_multi_node_cell_are_recorded_and_the_sweep_goes_on(
+        slurm_cluster: None, output_root: Path) -> None:
+    """Cell 0 loses its rank 0 to SIGKILL (the job leaves no result: the launcher records
+    it); cell 1's rank 1 freezes (rank 0 records a timeout, the launcher cancels the job);
+    cell 2 runs as usual."""
+    sweep = _sweep(output_root, "distribution=ddp", "dataset.num_samples=1024",
+                   "run.epochs=30,31,1", "run.progress_timeout_s=10",
+                   "hydra.launcher.grace_after_result_s=5")
+    try:
+        killed, frozen, _ = _job_ids(sweep, 3)
+        os.kill(_wait_for_training(output_root, killed)[0], signal.SIGKILL)
+        os.kill(_wait_for_training(output_root, frozen)[1], signal.SIGSTOP)
+        out, _ = sweep.communicate(timeout=900)
+    finally:
+        sweep.kill()
+    assert sweep.returncode == 0, out[-3000:]
+    results = _results(output_root)
+    assert [r["status"] for r in results] == ["failed", "timeout", "ok"], \
+        [r["error"] for r in results]
+    assert f"SLURM job {killed} ended" in results[0]["error"]
+    assert "--- rank 1: failed" in results[0]["error"]  # the survivor's own report
+    assert results[2]["metrics"]["world_size"] == 2
+    assert not cell_worker_pids()  # the frozen worker did not outlive its cell
+
+
+def test_a_launcher_size_that_contradicts_the_hardware_stops_the_sweep_before_submitting(
+        output_root: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "harness", "-m", "distribution=ddp",
-         "hardware=slurm_local_2nodes", "hydra/launcher=submitit_slurm",
-         "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=1",
-         "hydra.launcher.timeout_min=10", "network=mobilenetv2", "dataset.num_samples=64",
-         "distribution.batch_size=8", "run.epochs=2", "run.warmup_batches=1",
-         "run.progress=false", f"run.output_dir={output_root}"],
-        cwd=output_root.parent, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (path,) = (output_root / "sweeps").rglob("result.json")
-    result = json.loads(path.read_text())
-    assert result["status"] == "ok", result["error"]
-    assert result["metrics"]["world_size"] == 2
-    assert result["metrics"]["replicas_in_sync"] == 1.0
-    assert result["environment"]["slurm_nodelist"] == "node[1-2]"
+        [sys.executable, "-m", "harness", *SLURM_SWEEP, "distribution=sequential,ddp",
+         "hydra.launcher.nodes=1", f"run.output_dir={output_root}"],
+        cwd=output_root.parent, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "hydra.launcher.nodes=1 is invalid" in done.stderr
+    assert "it needs 2" in done.stderr and "Traceback" not in done.stderr
+    assert not list(output_root.rglob("*_submission.sh"))
+
+
+def _cell(**hardware: object) -> DistbenchConfig:
+    fields = {"name": "h", "nodes": 2, "workers_per_node": 4, **hardware}
+    return DistbenchConfig(hardware=HardwareConfig(**fields))  # type: ignore[arg-type]
+
+
+def test_job_parameters_follow_the_cell() -> None:
+    from harness.config import DistributionConfig, DistributionName
+
+    ddp = _cell(device=Device.cuda, cpu_threads=8)
+    ddp.distribution = DistributionConfig(name=DistributionName.ddp)
+    size = slurm.cell_job_size(ddp, {"nodes": None, "tasks_per_node": None})
+    assert (size.nodes, size.tasks_per_node, size.gpus_per_node) == (2, 4, 4)
+    launcher = {"name": "distbench-x", "exclusive": True, "one_cell_at_a_time": True,
+                "partition": "gpu", "account": "proj", "mem_gb": 64, "timeout_min": 30,
+                "additional_parameters": {"reservation": "r1"}, "qos": None}
+    parameters = slurm.executor_parameters(size, launcher, ddp)
+    assert parameters == {
+        "nodes": 2, "tasks_per_node": 4, "gpus_per_node": 4, "name": "distbench-x",
+        "slurm_exclusive": True, "cpus_per_task": 8, "slurm_dependency": "singleton",
+        "slurm_partition": "gpu", "slurm_account": "proj", "mem_gb": 64, "timeout_min": 30,
+        "slurm_additional_parameters": {"reservation": "r1"},
+    }
+    sequential = _cell(device=Device.cpu)  # the baseline: one task, whatever the hardware
+    size = slurm.cell_job_size(sequential, {})
+    assert (size.nodes, size.tasks_per_node, size.gpus_per_node) == (1, 1, None)
+    parallel = slurm.executor_parameters(size, {"name": "n", "exclusive": False,
+                                                "one_cell_at_a_time": False}, sequential)
+    assert "slurm_dependency" not in parallel and parallel["slurm_exclusive"] is None
+
+
+def test_how_a_job_without_a_result_ended_becomes_its_status() -> None:
+    from harness.results import RunStatus
+
+    assert slurm.status_of_state("TIMEOUT") is RunStatus.timeout
+    assert slurm.status_of_state("OUT_OF_MEMORY") is RunStatus.oom
+    assert slurm.status_of_state("FAILED") is None  # the rank reports decide
+    assert slurm.has_ended("COMPLETED") and slurm.has_ended(slurm.GONE)
+    assert not slurm.has_ended("PENDING") and not slurm.has_ended("RUNNING")
