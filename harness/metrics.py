@@ -20,7 +20,9 @@ import torch
 
 BYTES_PER_MB = 1_000_000  # distbench reports decimal megabytes everywhere (MB, MB/s)
 
-PHASES = ("data", "forward", "backward", "optimizer")
+# `comm_wait`: time a data-parallel worker is blocked on gradient communication after its own
+# compute is done (the part of the allreduces that did not overlap the backward pass).
+PHASES = ("data", "forward", "backward", "comm_wait", "optimizer")
 
 
 def synchronize(device: torch.device) -> None:
@@ -49,6 +51,15 @@ class PhaseClock:
         yield
         synchronize(self.device)
         self.seconds[name] += time.perf_counter() - start
+
+    def transfer(self, source: str, target: str, seconds: float) -> None:
+        """Re-attribute `seconds` already charged to phase `source` to phase `target` (for a
+        wait measured inside another phase, e.g. DDP's allreduce wait inside backward)."""
+        if not self.enabled:
+            return
+        seconds = min(max(seconds, 0.0), self.seconds[source])
+        self.seconds[source] -= seconds
+        self.seconds[target] += seconds
 
     def reset(self) -> dict[str, float]:
         """Return the accumulated seconds per phase and start from zero."""

@@ -28,13 +28,14 @@ def run_module(module: str, args: Sequence[str], cwd: Path,
                           capture_output=True, text=True, timeout=timeout)
 
 
-def cell_worker_pids(job_id: str | None = None) -> dict[int, int]:
-    """rank -> pid of the running cell's worker processes (submitit tasks), read from the
-    rank that submitit's local executor or SLURM puts in each worker's environment; with
-    `job_id`, only the workers of that SLURM job."""
+def cell_worker_pids(under: Path, job_id: str | None = None) -> dict[int, int]:
+    """rank -> pid of the worker processes (submitit tasks) of cells whose folder is below
+    `under` (the test's own: other processes on the machine are not the test's business),
+    read from the rank that submitit's local executor or SLURM puts in each worker's
+    environment; with `job_id`, only the workers of that SLURM job."""
     ranks = {}
-    found = subprocess.run(["pgrep", "-f", "submitit.core._submit"], capture_output=True,
-                           text=True).stdout.split()
+    found = subprocess.run(["pgrep", "-f", f"submitit.core._submit {under}"],
+                           capture_output=True, text=True).stdout.split()
     for pid in map(int, found):
         try:
             environ = dict(entry.split(b"=", 1) for entry in

@@ -119,7 +119,7 @@ def test_a_killed_cell_is_recorded_and_the_sweep_goes_on(output_root: Path) -> N
         [sys.executable, "-m", "harness", *TINY_SWEEP, "dataset=mnist,cifar10",
          "run.epochs=3", f"run.output_dir={output_root}"],
         cwd=output_root.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    os.kill(_wait_for_cell_process(timeout=120), signal.SIGKILL)
+    os.kill(_wait_for_cell_process(output_root, timeout=120), signal.SIGKILL)
     out, _ = sweep.communicate(timeout=600)
     assert sweep.returncode == 0, out[-3000:]
     by_dataset = {r["config"]["dataset"]["name"]: r for r in _results(output_root)}
@@ -128,11 +128,11 @@ def test_a_killed_cell_is_recorded_and_the_sweep_goes_on(output_root: Path) -> N
     assert by_dataset["cifar10"]["status"] == "ok"
 
 
-def _wait_for_cell_process(timeout: float) -> int:
+def _wait_for_cell_process(output_root: Path, timeout: float) -> int:
     """The pid of the first cell's worker process, as soon as it exists."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        workers = cell_worker_pids()
+        workers = cell_worker_pids(output_root)
         if workers:
             return workers[0]
         time.sleep(0.2)

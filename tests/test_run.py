@@ -33,7 +33,8 @@ def test_a_cell_trains_measures_and_lands_in_mlflow(output_root: Path, tmp_path:
     assert metrics["peak_memory_mb"] > 50  # a process that imported torch holds far more
     phases = {k: v for k, v in metrics.items() if k.endswith("_seconds_per_epoch")}
     assert set(phases) == {f"{p}_seconds_per_epoch" for p in
-                           ("data", "forward", "backward", "optimizer")}
+                           ("data", "forward", "backward", "comm_wait", "optimizer")}
+    assert phases["comm_wait_seconds_per_epoch"] == 0  # one worker: nothing to wait for
     assert sum(phases.values()) <= metrics["seconds_per_epoch"] * 1.01
     assert result["config"]["distribution"]["batch_size"] == 8
 

@@ -95,7 +95,7 @@ def _wait_for_training(output_root: Path, job_id: str, timeout: float = 180) -> 
         # Hydra's job logging in a SLURM task writes to the task's stdout.
         logs = list((output_root / "sweeps").rglob(f".submitit/{job_id}/{job_id}_0_log.out"))
         if logs and "epoch 1/" in logs[0].read_text():
-            workers = cell_worker_pids(job_id)
+            workers = cell_worker_pids(output_root, job_id)
             if len(workers) == 2:
                 return workers
         time.sleep(0.3)
@@ -136,7 +136,31 @@ def test_a_killed_and_a_hanging_multi_node_cell_are_recorded_and_the_sweep_goes_
     assert f"SLURM job {killed} ended" in results[0]["error"]
     assert "--- rank 1: failed" in results[0]["error"]  # the survivor's own report
     assert results[2]["metrics"]["world_size"] == 2
-    assert not cell_worker_pids()  # the frozen worker did not outlive its cell
+    assert not cell_worker_pids(output_root)  # the frozen worker did not outlive its cell
+
+
+def test_results_land_when_the_submitting_shell_dies(slurm_cluster: None,
+                                                     output_root: Path) -> None:
+    """SIGKILL the sweep right after it submitted its jobs: the jobs still run and record
+    themselves (result.json and MLflow), one after another."""
+    sweep = _sweep(output_root, "distribution=sequential,ddp", "dataset.num_samples=32",
+                   "run.epochs=1")
+    try:
+        job_ids = _job_ids(sweep, 2)
+    finally:
+        sweep.kill()
+    sweep.wait(timeout=60)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # result.json is rewritten once MLflow has the run
+        results = _results(output_root)
+        if len(results) == 2 and all(r["mlflow_run_id"] for r in results):
+            break
+        time.sleep(1)
+    assert [r["status"] for r in results] == ["ok", "ok"], [r["error"] for r in results]
+    assert [r["environment"]["slurm_job_id"] for r in results] == job_ids
+    client = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
+    for result in results:
+        assert client.get_run(result["mlflow_run_id"]).data.tags["status"] == "ok"
 
 
 def test_a_launcher_size_that_contradicts_the_hardware_stops_the_sweep_before_submitting(

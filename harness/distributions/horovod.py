@@ -36,10 +36,26 @@ def horovod_trainer(context: TrainingContext) -> BatchLoopTrainer:
     trainer = BatchLoopTrainer(
         context, model,
         wrap_optimizer=lambda optimizer: hvd.DistributedOptimizer(
-            optimizer, named_parameters=model.named_parameters()))
+            optimizer, named_parameters=model.named_parameters()),
+        gradient_sync=HorovodGradientSync())
     hvd.broadcast_optimizer_state(trainer.optimizer, root_rank=0)
     trainer.keep_alive.append(rendezvous)  # rank 0's server must outlive every rank's training
     return trainer
+
+
+class HorovodGradientSync:
+    """Horovod starts each gradient's allreduce from a backward hook and waits for them all in
+    `optimizer.synchronize()`: the time spent there is the batch's `comm_wait`."""
+
+    def waited_in_backward(self) -> float:
+        return 0.0  # backward only starts the allreduces
+
+    def wait(self, optimizer: Any) -> None:
+        optimizer.synchronize()
+
+    def step(self, optimizer: Any) -> None:
+        with optimizer.skip_synchronize():  # synchronize() already ran, in comm_wait
+            optimizer.step()
 
 
 def init_horovod(session: WorkerSession, device_type: str, *, fusion_threshold_mb: float,
@@ -92,8 +108,30 @@ def horovod_environment(env: WorkerEnvironment, port: int, device_type: str,
         "HOROVOD_FUSION_THRESHOLD": str(int(fusion_threshold_mb * _BYTES_PER_MIB)),
         "HOROVOD_CYCLE_TIME": str(cycle_time_ms),
     }
-    if env.num_nodes == 1:
-        variables["HOROVOD_GLOO_IFACE"] = "lo"
+    # horovodrun finds the network interface the hosts share; here it is the one this worker
+    # reaches the master through (loopback on one machine).
+    interface = "lo" if env.num_nodes == 1 else interface_towards(env.master_addr)
+    if interface:
+        variables["HOROVOD_GLOO_IFACE"] = interface
     if device_type == "cuda":
         variables.pop("HOROVOD_CPU_OPERATIONS")
     return variables
+
+
+def interface_towards(address: str) -> str | None:
+    """The name of the local network interface that traffic to `address` leaves by, or None
+    (then gloo picks the interface of this host's name)."""
+    import socket
+
+    import psutil
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((address, 9))  # UDP: selects a route, sends nothing
+            local_ip = probe.getsockname()[0]
+    except OSError:
+        return None
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == local_ip for a in addresses):
+            return name
+    return None

@@ -2,13 +2,16 @@
 
 `sequential` runs it on one device; `ddp` runs it on every worker with the network wrapped in
 DistributedDataParallel, `horovod` with the optimizer wrapped in Horovod's
-DistributedOptimizer; both average gradients while the backward pass runs.
+DistributedOptimizer; both average gradients while the backward pass runs. Their
+`GradientSync` tells the loop how long a batch waited for that communication once its own
+compute was done (the `comm_wait` phase).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -18,17 +21,32 @@ from harness.distributions.base import EpochMeasurement, TrainingContext
 from harness.metrics import synchronize
 
 
+class GradientSync(Protocol):
+    """How a data-parallel model's gradient averaging shows in the batch loop."""
+
+    def waited_in_backward(self) -> float:
+        """Seconds of the last backward pass spent waiting for communication after the
+        gradients were computed (DDP waits inside backward); 0 if it does not wait there."""
+
+    def wait(self, optimizer: torch.optim.Optimizer) -> None:
+        """Block until the gradients are averaged (Horovod waits here, before the step)."""
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """The optimizer step, once `wait` has returned."""
+
+
 class BatchLoopTrainer:
     """Forward, backward and optimizer step, one batch at a time, on this worker's device."""
 
     def __init__(self, context: TrainingContext, model: nn.Module,
                  wrap_optimizer: Callable[[torch.optim.Optimizer], torch.optim.Optimizer]
-                 | None = None) -> None:
+                 | None = None, gradient_sync: GradientSync | None = None) -> None:
         self.model = model
         self.loader = context.workload.loader
         self.optimizer = context.workload.make_optimizer(self.model.parameters())
         if wrap_optimizer is not None:  # e.g. Horovod's DistributedOptimizer
             self.optimizer = wrap_optimizer(self.optimizer)
+        self.gradient_sync = gradient_sync
         self.criterion = nn.CrossEntropyLoss()
         self.device = context.device
         self.clock = context.clock
@@ -94,6 +112,14 @@ class BatchLoopTrainer:
             loss = self.criterion(self.model(images), labels)
         with self.clock.phase("backward"):
             loss.backward()
+        if self.gradient_sync is None:
+            with self.clock.phase("optimizer"):
+                self.optimizer.step()
+                self.optimizer.zero_grad()  # torch 2 frees the gradients (set_to_none=True)
+            return
+        self.clock.transfer("backward", "comm_wait", self.gradient_sync.waited_in_backward())
+        with self.clock.phase("comm_wait"):
+            self.gradient_sync.wait(self.optimizer)
         with self.clock.phase("optimizer"):
-            self.optimizer.step()
-            self.optimizer.zero_grad()  # torch 2 frees the gradients (set_to_none=True)
+            self.gradient_sync.step(self.optimizer)
+            self.optimizer.zero_grad()
