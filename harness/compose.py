@@ -1,10 +1,11 @@
 """Compose and validate the config outside `@hydra.main`, for the helper commands
-(`harness.describe`, later `harness.recommend`, `harness.probe`) and for tests."""
+(`harness.describe`, `harness.probe`, later `harness.recommend`) and for tests."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -16,18 +17,31 @@ from harness.config import ConfigError, DistbenchConfig, one_line, register_conf
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
-def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """The composed (not yet validated) config for `overrides`, as `python -m harness` sees it."""
+def compose_config(overrides: Sequence[str] = (), *, with_hydra: bool = False) -> DictConfig:
+    """The composed (not yet validated) config for `overrides`, as `python -m harness` sees it;
+    `with_hydra` keeps Hydra's own node (the launcher's settings, for commands that start
+    workers)."""
+    from launchers.hydra_names import register_launcher_names
+
     register_configs()
+    register_launcher_names()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides), return_hydra_config=False)
+        return compose(config_name="config", overrides=list(overrides),
+                       return_hydra_config=with_hydra)
 
 
-def compose_or_exit(overrides: Sequence[str]) -> DistbenchConfig:
-    """Composed and validated config; on bad input one line on stderr and exit status 2."""
+@contextlib.contextmanager
+def exit_on_bad_input() -> Iterator[None]:
+    """Turn an invalid config inside the block into one line on stderr and exit status 2."""
     try:
-        return validate(compose_config(overrides))
+        yield
     except (ConfigError, HydraException) as err:
         print(f"distbench: invalid config: {one_line(err)}", file=sys.stderr)
         sys.exit(2)
 
+
+def compose_or_exit(overrides: Sequence[str]) -> DistbenchConfig:
+    """Composed and validated config; on bad input one line on stderr and exit status 2."""
+    with exit_on_bad_input():
+        return validate(compose_config(overrides))
+    raise AssertionError("unreachable")  # for type checkers: the block returns or exits

@@ -234,6 +234,27 @@ class RunConfig:
 
 
 @dataclass
+class ProbeConfig:
+    """The hardware probe (`python -m harness.probe`): what it sends between the workers."""
+
+    _section: ClassVar[str] = "probe"
+    # Message sizes in bytes, for point-to-point transfers between every pair of workers and
+    # for allreduces: latency is read at the smallest, bandwidth fitted over all of them
+    # (t = latency + bytes / bandwidth).
+    message_bytes: list[int] = field(
+        default_factory=lambda: [8, 65_536, 1_048_576, 8_388_608, 33_554_432])
+    repeats: int = 10  # timed repetitions per size; the median is kept
+    warmup: int = 2  # untimed repetitions first (connection set-up, allocator)
+
+    def __post_init__(self) -> None:
+        _check(len(self.message_bytes) >= 2 and all(size > 0 for size in self.message_bytes),
+               "probe.message_bytes", self.message_bytes,
+               "needs two or more positive sizes (a bandwidth fit needs two points)")
+        _check(self.repeats >= 1, "probe.repeats", self.repeats, "must be 1 or more")
+        _check(self.warmup >= 0, "probe.warmup", self.warmup, "must be 0 or more")
+
+
+@dataclass
 class TrackingConfig:
     """Where results are recorded (besides result.json, which is always written)."""
 
@@ -255,6 +276,7 @@ class DistbenchConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     run: RunConfig = field(default_factory=RunConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
 
     def __post_init__(self) -> None:
         samples, needed = self.dataset.num_samples, self.batch_size * self.world_size

@@ -93,30 +93,42 @@ def _metrics(result: CellResult) -> Iterator[tuple[str, float, int]]:
 def record_cell(result: CellResult, *, uri: str, experiment: str,
                 artifacts: list[Path]) -> str:
     """Log a finished (or failed) cell as one MLflow run; return the run id."""
-    from mlflow.entities import Metric, Param, RunTag
-
-    client = _client(uri)
-    tags = {**result.environment, "status": result.status.value}
+    tags = {**result.environment, "status": result.status.value,
+            "output_dir": result.output_dir}
     parent = os.environ.get(PARENT_RUN_ENV)
     if parent:
         tags["mlflow.parentRunId"] = parent
     if result.error:
         tags["error"] = result.error[-5000:]  # MLflow tag values are limited in length
-    run = client.create_run(experiment_id(client, experiment, uri), run_name=result.run_name,
-                            tags=tags)
+    return log_run(uri=uri, experiment=experiment, run_name=result.run_name, tags=tags,
+                   params=result.config, metrics=list(_metrics(result)), artifacts=artifacts,
+                   finished=result.status is RunStatus.ok)
+
+
+def log_run(*, uri: str, experiment: str, run_name: str, tags: Mapping[str, str],
+            params: Mapping[str, Any],
+            metrics: Mapping[str, float] | list[tuple[str, float, int]],
+            artifacts: list[Path], finished: bool = True) -> str:
+    """One MLflow run with everything at once (nested params flattened; metrics as a mapping
+    or as (key, value, step) series); return its id."""
+    from mlflow.entities import Metric, Param
+
+    client = _client(uri)
+    run = client.create_run(experiment_id(client, experiment, uri), run_name=run_name,
+                            tags=dict(tags))
     run_id = run.info.run_id
     timestamp = int(time.time() * 1000)
-    params = [Param(k, v[:6000]) for k, v in flatten(result.config).items()]
-    for start in range(0, len(params), _MAX_PARAMS_PER_BATCH):
-        client.log_batch(run_id, params=params[start:start + _MAX_PARAMS_PER_BATCH])
-    client.log_batch(run_id, metrics=[Metric(k, v, timestamp, step)
-                                      for k, v, step in _metrics(result)],
-                     tags=[RunTag("output_dir", result.output_dir)])
+    flat = [Param(k, v[:6000]) for k, v in flatten(params).items()]
+    for start in range(0, len(flat), _MAX_PARAMS_PER_BATCH):
+        client.log_batch(run_id, params=flat[start:start + _MAX_PARAMS_PER_BATCH])
+    series = [(k, v, 0) for k, v in metrics.items()] if isinstance(metrics, Mapping) \
+        else metrics
+    client.log_batch(run_id, metrics=[Metric(k, float(v), timestamp, step)
+                                      for k, v, step in series])
     for path in artifacts:
         if path.exists():
             client.log_artifact(run_id, str(path))
-    client.set_terminated(run_id, status="FINISHED" if result.status is RunStatus.ok
-                          else "FAILED")
+    client.set_terminated(run_id, status="FINISHED" if finished else "FAILED")
     return run_id
 
 

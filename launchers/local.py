@@ -34,13 +34,13 @@ def submit_local(function: Callable[..., Any], *args: Any, folder: Path, tasks: 
 
 
 def wait_for_cell(job: submitit.Job, output_dir: Path, *, timeout_s: float,
-                  grace_s: float = GRACE_AFTER_RESULT_S) -> bool:
+                  grace_s: float = GRACE_AFTER_RESULT_S, result_file: str = RESULT_FILE) -> bool:
     """Wait until every worker of the cell has exited; return True if the cell timed out.
 
-    Workers still running `grace_s` after rank 0 recorded the cell, or when `timeout_s` has
-    passed, are ended, so no process of the cell outlives it.
+    Workers still running `grace_s` after rank 0 wrote `result_file` (the cell's record), or
+    when `timeout_s` has passed, are ended, so no process of the cell outlives it.
     """
-    result_path = Path(output_dir) / RESULT_FILE
+    result_path = Path(output_dir) / result_file
     deadline = time.monotonic() + timeout_s
     result_seen: float | None = None
     while not job.done():

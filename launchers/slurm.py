@@ -161,6 +161,7 @@ class SubmittedCell:
     job: submitit.Job
     output_dir: Path
     tasks: int
+    result_file: str = RESULT_FILE  # what rank 0 writes when it has recorded the job's work
     state: str = "PENDING"
     result_seen_at: float | None = None
 
@@ -193,7 +194,7 @@ def wait_for_cells(cells: Sequence[SubmittedCell], *, grace_s: float,
                 pending.remove(cell)
                 on_end(cell)
                 continue
-            if cell.result_seen_at is None and (cell.output_dir / RESULT_FILE).exists():
+            if cell.result_seen_at is None and (cell.output_dir / cell.result_file).exists():
                 cell.result_seen_at = now
             if cell.result_seen_at is not None and now - cell.result_seen_at > grace_s:
                 log.warning("job %s recorded its cell %.0f s ago but still runs; cancelling",

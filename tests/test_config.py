@@ -125,8 +125,10 @@ def test_world_size_follows_hardware_except_for_the_sequential_baseline() -> Non
 
 
 def test_a_multi_node_cell_is_refused_by_the_single_machine_launcher() -> None:
-    from launchers.cells import validate_cell
+    from launchers.cells import single_node_workers
 
-    with pytest.raises(ConfigError, match="hardware.nodes=4 is invalid here"):
-        validate_cell(compose_config(["distribution=ddp", "hardware=titanrtx_cluster"]),
-                      single_node=True)
+    local = validate(compose_config(["distribution=ddp", "hardware=local_2cpu"]))
+    assert single_node_workers(local) == 2
+    cluster = validate(compose_config(["distribution=ddp", "hardware=titanrtx_cluster"]))
+    with pytest.raises(ConfigError, match="hardware.nodes=4 is invalid here.*submitit_slurm"):
+        single_node_workers(cluster)

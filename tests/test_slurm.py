@@ -163,6 +163,25 @@ def test_results_land_when_the_submitting_shell_dies(slurm_cluster: None,
         assert client.get_run(result["mlflow_run_id"]).data.tags["status"] == "ok"
 
 
+def test_the_probe_measures_the_link_between_two_slurm_nodes(slurm_cluster: None,
+                                                             output_root: Path) -> None:
+    from harness.hardware_profile import HardwareProfile, profile_path
+
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.probe", "hardware=slurm_local_2nodes",
+         "hydra/launcher=submitit_slurm", "probe.repeats=3", "probe.message_bytes=[8,1048576]",
+         f"run.output_dir={output_root}"],
+        cwd=output_root.parent, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    profile = HardwareProfile.load(profile_path(output_root, "slurm_local_2nodes"))
+    (link,) = profile.links
+    assert not link.same_node and profile.nodes == 2
+    assert profile.facts["hosts"] == ["node1", "node2"]
+    assert link.cost.latency_s > 0 and link.cost.bandwidth_bytes_per_s > 0
+    script = next((output_root / "probes").rglob("*_submission.sh")).read_text()
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --exclusive" in script
+
+
 def test_a_launcher_size_that_contradicts_the_hardware_stops_the_sweep_before_submitting(
         output_root: Path) -> None:
     done = subprocess.run(

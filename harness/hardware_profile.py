@@ -1,0 +1,163 @@
+"""A hardware profile: how fast the workers of a hardware configuration talk to each other.
+
+The performance models read links (latency L_ij and bandwidth BW_ij between workers i and j,
+SPEC Table 5.1) and allreduce costs from here. A profile is either measured by
+`python -m harness.probe` (the role NVIDIA's p2pBandwidthLatencyTest played in the thesis) or,
+as Table 4.1 allows, built from the intra- and inter-node speeds given in the hardware config.
+
+Units inside: seconds and bytes per second; the JSON file and the config use microseconds and
+MB/s (decimal), as people quote them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.config import ConfigError, HardwareConfig
+from harness.metrics import BYTES_PER_MB
+from harness.results import write_json_atomic
+
+PROFILE_FILE = "hardware_profile.json"
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The Hockney model of a transfer: seconds = latency + bytes / bandwidth."""
+
+    latency_s: float
+    bandwidth_bytes_per_s: float
+
+    def seconds(self, nbytes: float) -> float:
+        return self.latency_s + nbytes / self.bandwidth_bytes_per_s
+
+    def as_json(self) -> dict[str, float]:
+        return {"latency_us": self.latency_s * 1e6,
+                "bandwidth_mbps": self.bandwidth_bytes_per_s / BYTES_PER_MB}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Cost:
+        return cls(data["latency_us"] / 1e6, data["bandwidth_mbps"] * BYTES_PER_MB)
+
+
+def fit_cost(nbytes: list[float], seconds: list[float]) -> Cost:
+    """Latency and bandwidth from timings at several message sizes.
+
+    Bandwidth is the least-squares slope over all sizes (the large messages decide it);
+    latency is the time of the smallest message, measured rather than extrapolated, since
+    the fit's intercept is dominated by the large messages' noise.
+    """
+    if len(nbytes) != len(seconds) or len(nbytes) < 2:
+        raise ValueError("a latency/bandwidth fit needs two or more (size, seconds) points")
+    n = len(nbytes)
+    mean_x, mean_y = sum(nbytes) / n, sum(seconds) / n
+    spread = sum((x - mean_x) ** 2 for x in nbytes)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(nbytes, seconds)) / spread
+    smallest = min(range(n), key=lambda i: nbytes[i])
+    if slope <= 0:  # noise swamped the size dependence: take the largest message's rate
+        largest = max(range(n), key=lambda i: nbytes[i])
+        slope = seconds[largest] / nbytes[largest]
+    return Cost(latency_s=seconds[smallest], bandwidth_bytes_per_s=1 / slope)
+
+
+@dataclass(frozen=True)
+class Link:
+    """Point-to-point transfers from worker `src` to worker `dst`."""
+
+    src: int
+    dst: int
+    same_node: bool
+    cost: Cost
+    samples: dict[str, list[float]] = field(default_factory=dict)  # bytes, seconds (measured)
+
+
+@dataclass(frozen=True)
+class AllreduceCost:
+    """An allreduce among the first `workers` workers, against its message size."""
+
+    workers: int
+    cost: Cost
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    hardware: str
+    source: str  # "measured" (harness.probe) or "config" (Table 4.1 speeds)
+    workers: int
+    nodes: int
+    links: list[Link]
+    allreduce: list[AllreduceCost] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)  # device, backend, hosts, when
+
+    def link(self, src: int, dst: int) -> Cost:
+        """L and BW from `src` to `dst` (a link measured one way serves both ways)."""
+        for link in self.links:
+            if {link.src, link.dst} == {src, dst}:
+                return link.cost
+        raise KeyError(f"the profile of {self.hardware} has no link between workers {src} "
+                       f"and {dst} ({self.workers} workers)")
+
+    def allreduce_cost(self, workers: int) -> Cost:
+        for entry in self.allreduce:
+            if entry.workers == workers:
+                return entry.cost
+        raise KeyError(f"the profile of {self.hardware} has no allreduce among {workers} "
+                       f"workers; measured: {[e.workers for e in self.allreduce]}")
+
+    def to_json(self) -> dict[str, Any]:
+        def entry(item: Link | AllreduceCost) -> dict[str, Any]:
+            data = {k: v for k, v in asdict(item).items() if k != "cost"}
+            return {**data, **item.cost.as_json()}
+        return {"hardware": self.hardware, "source": self.source, "workers": self.workers,
+                "nodes": self.nodes, "facts": self.facts,
+                "links": [entry(link) for link in self.links],
+                "allreduce": [entry(a) for a in self.allreduce]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HardwareProfile:
+        links = [Link(d["src"], d["dst"], d["same_node"], Cost.from_json(d), d.get("samples", {}))
+                 for d in data["links"]]
+        allreduce = [AllreduceCost(d["workers"], Cost.from_json(d), d.get("samples", {}))
+                     for d in data.get("allreduce", [])]
+        return cls(data["hardware"], data["source"], data["workers"], data["nodes"], links,
+                   allreduce, data.get("facts", {}))
+
+    def save(self, path: Path) -> Path:
+        write_json_atomic(path, self.to_json())
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> HardwareProfile:
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def from_config(cls, hardware: HardwareConfig) -> HardwareProfile:
+        """A profile from the speeds the user gave (Table 4.1): workers on one node talk at
+        the intra-node speed, workers on different nodes at the inter-node speed."""
+        intra = _configured_cost(hardware, "intra_node")
+        inter = _configured_cost(hardware, "inter_node") if hardware.nodes > 1 else intra
+        per_node = hardware.workers_per_node
+        links = [Link(i, j, i // per_node == j // per_node,
+                      intra if i // per_node == j // per_node else inter)
+                 for i in range(hardware.world_size) for j in range(i + 1, hardware.world_size)]
+        return cls(hardware.name, "config", hardware.world_size, hardware.nodes, links)
+
+
+def _configured_cost(hardware: HardwareConfig, kind: str) -> Cost:
+    bandwidth = getattr(hardware, f"{kind}_bandwidth_mbps")
+    latency = getattr(hardware, f"{kind}_latency_us")
+    if bandwidth is None or latency is None:
+        raise ConfigError(
+            f"hardware.{kind}_bandwidth_mbps={bandwidth} / hardware.{kind}_latency_us="
+            f"{latency}: both are needed to model {hardware.name} without a measured profile; "
+            f"give them, or measure with `python -m harness.probe hardware={hardware.name}`")
+    return Cost(latency / 1e6, bandwidth * BYTES_PER_MB)
+
+
+def profile_path(output_root: Path, hardware: str) -> Path:
+    """Where the latest measured profile of `hardware` is kept for the predictors."""
+    return Path(output_root) / "hardware_profiles" / f"{hardware}.json"
+

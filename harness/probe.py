@@ -1,0 +1,282 @@
+"""`python -m harness.probe hardware=H`: measure how the workers of H talk to each other.
+
+Starts one worker per device of the hardware configuration (locally, or as a SLURM job with
+`hydra/launcher=submitit_slurm`, exactly as a grid cell's workers are started) and measures,
+over the same torch.distributed backend the distribution models use:
+
+- point-to-point: for every pair of workers, ping-pong round trips at every size of
+  `probe.message_bytes`; one-way time = round trip / 2; latency at the smallest message,
+  bandwidth fitted over all sizes (the role NVIDIA's p2pBandwidthLatencyTest played in the
+  thesis);
+- allreduce: among the first k workers for every k from 2 to W, at every message size.
+
+Each figure is the median of `probe.repeats` timed repetitions after `probe.warmup` untimed
+ones, with devices synchronised. Rank 0 writes the profile (`hardware_profile.json`) into the
+probe's directory and as the latest profile of the hardware
+(`<run.output_dir>/hardware_profiles/<hardware>.json`, which the predictors read), and logs it
+to MLflow (experiment `hardware_probe`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import logging
+import os
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+from harness.compose import compose_config, exit_on_bad_input
+from harness.config import ConfigError, DistbenchConfig, ProbeConfig, validate, without_hydra
+from harness.hardware_profile import (
+    PROFILE_FILE,
+    AllreduceCost,
+    HardwareProfile,
+    Link,
+    fit_cost,
+    profile_path,
+)
+from harness.metrics import synchronize
+from harness.tracking import log_run, tracking_uri
+from launchers.distributed import WorkerSession, worker_environment, worker_session
+
+log = logging.getLogger(__name__)
+
+EXPERIMENT = "hardware_probe"
+
+
+def _timed(operation: Callable[[], None], device: torch.device, probe: ProbeConfig) -> float:
+    """Median seconds of `operation` over the timed repetitions."""
+    seconds = []
+    for repetition in range(probe.warmup + probe.repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        operation()
+        synchronize(device)
+        if repetition >= probe.warmup:
+            seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def measure_pair(session: WorkerSession, peer: int, initiator: bool, device: torch.device,
+                 probe: ProbeConfig) -> list[float]:
+    """One-way seconds to `peer` at each message size (measured by the initiator)."""
+    one_way = []
+    for nbytes in probe.message_bytes:
+        buffer = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+
+        def ping_pong(buffer: torch.Tensor = buffer) -> None:
+            if initiator:
+                dist.send(buffer, peer)
+                dist.recv(buffer, peer)
+            else:
+                dist.recv(buffer, peer)
+                dist.send(buffer, peer)
+
+        one_way.append(_timed(ping_pong, device, probe) / 2)
+    return one_way
+
+
+def measure_links(session: WorkerSession, device: torch.device,
+                  probe: ProbeConfig) -> dict[tuple[int, int], list[float]]:
+    """One-way seconds per size for every pair (i < j), as measured by worker i."""
+    rank, measured = session.env.rank, {}
+    for low, high in itertools.combinations(range(session.env.world_size), 2):
+        if rank in (low, high):
+            seconds = measure_pair(session, high if rank == low else low, rank == low, device,
+                                   probe)
+            if rank == low:
+                measured[(low, high)] = seconds
+        dist.barrier()  # one pair at a time: pairs must not share the network while timed
+    return measured
+
+
+def measure_allreduce(session: WorkerSession, device: torch.device,
+                      probe: ProbeConfig) -> dict[int, list[float]]:
+    """Seconds per size of an allreduce among the first k workers, for k = 2..W (rank 0's
+    view: every member waits for the slowest, so one member's clock is the group's)."""
+    measured = {}
+    for workers in range(2, session.env.world_size + 1):
+        group = dist.new_group(list(range(workers)))  # every rank takes part in creating it
+        if session.env.rank < workers:
+            seconds = []
+            for nbytes in probe.message_bytes:
+                tensor = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
+                dist.barrier(group=group)
+                seconds.append(_timed(lambda t=tensor: dist.all_reduce(t, group=group),
+                                      device, probe))
+            measured[workers] = seconds
+        dist.barrier()
+    return measured
+
+
+def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
+    """One worker of the probe; rank 0 assembles, writes and returns the profile."""
+    logging.basicConfig(level=logging.INFO,
+                        format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    from harness.run import select_device  # the run module imports much; only workers need it
+
+    config = validate(cfg)
+    env = worker_environment()
+    device = select_device(config, env.local_rank)
+    with worker_session(env, device, backend=config.distribution.backend,
+                        timeout_s=config.run.progress_timeout_s) as session:
+        if not env.is_distributed:
+            raise RuntimeError(f"hardware={config.hardware.name} has one worker: there is "
+                               f"nothing to probe between workers")
+        log.info("rank %d: probing %d links and allreduce among 2..%d workers", env.rank,
+                 env.world_size * (env.world_size - 1) // 2, env.world_size)
+        links = session.all_gather(measure_links(session, device, config.probe))
+        allreduce = measure_allreduce(session, device, config.probe)
+        # The node as the scheduler names it (SLURM's test cluster runs its nodes on one host).
+        hosts = session.all_gather(os.environ.get("SLURMD_NODENAME", socket.gethostname()))
+    if not env.is_main:
+        return None
+    profile = assemble_profile(config, device, session, links, allreduce, hosts)
+    profile.save(output_dir / PROFILE_FILE)
+    return profile.to_json()
+
+
+def assemble_profile(config: DistbenchConfig, device: torch.device, session: WorkerSession,
+                     links: list[dict[tuple[int, int], list[float]]],
+                     allreduce: dict[int, list[float]], hosts: list[str]) -> HardwareProfile:
+    sizes = [float(n) for n in config.probe.message_bytes]
+    per_node = config.hardware.workers_per_node
+    measured_links = [
+        Link(low, high, low // per_node == high // per_node, fit_cost(sizes, seconds),
+             {"bytes": sizes, "seconds": seconds})
+        for by_rank in links for (low, high), seconds in sorted(by_rank.items())]
+    measured_allreduce = [AllreduceCost(k, fit_cost(sizes, seconds),
+                                        {"bytes": sizes, "seconds": seconds})
+                          for k, seconds in sorted(allreduce.items())]
+    facts = {"device": device.type, "backend": session.backend, "hosts": hosts,
+             "measured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+             "repeats": config.probe.repeats}
+    return HardwareProfile(config.hardware.name, "measured", session.env.world_size,
+                           config.hardware.nodes, measured_links, measured_allreduce, facts)
+
+
+def launch_probe(cfg: DictConfig, config: DistbenchConfig, output_dir: Path,
+                 launcher: dict[str, Any] | None) -> HardwareProfile:
+    """Start the probe's workers (locally, or on SLURM when `launcher` holds SLURM settings)
+    and return the profile rank 0 wrote."""
+    workers = config.hardware.world_size
+    folder = output_dir / ".submitit" / "%j"
+    timeout_min = int((launcher or {}).get("timeout_min", 30))
+    if launcher is None:
+        from launchers.local import submit_local, wait_for_cell
+
+        job = submit_local(probe_worker, cfg, output_dir, folder=folder, tasks=workers,
+                           timeout_min=timeout_min, name="distbench-probe")
+        wait_for_cell(job, output_dir, timeout_s=60 * timeout_min, result_file=PROFILE_FILE)
+    else:
+        from launchers import slurm
+
+        size = slurm.CellJobSize(config.hardware.nodes, config.hardware.workers_per_node,
+                                 None)
+        parameters = slurm.executor_parameters(
+            size, {**launcher, "one_cell_at_a_time": False}, config)
+        job = slurm.submit_cell(probe_worker, cfg, output_dir, folder=folder,
+                                parameters=parameters)
+        slurm.wait_for_cells([slurm.SubmittedCell(job, output_dir, workers, PROFILE_FILE)],
+                             grace_s=20, on_end=lambda cell: None)
+    if not (output_dir / PROFILE_FILE).exists():
+        from launchers.cells import worker_logs_tail
+
+        raise RuntimeError(f"the probe ended without a profile:\n{worker_logs_tail(job, workers)}")
+    return HardwareProfile.load(output_dir / PROFILE_FILE)
+
+
+def record_profile(profile: HardwareProfile, config: DistbenchConfig, output_dir: Path) -> Path:
+    """Keep the profile as the hardware's latest and log it to MLflow; return the kept path."""
+    latest = profile.save(profile_path(Path(config.run.output_dir), profile.hardware))
+    if config.tracking.enabled:
+        metrics = {"workers": float(profile.workers)}
+        latencies = [link.cost.latency_s * 1e6 for link in profile.links]
+        bandwidths = [link.cost.bandwidth_bytes_per_s / 1e6 for link in profile.links]
+        metrics.update({"link_latency_us_max": max(latencies),
+                        "link_latency_us_min": min(latencies),
+                        "link_bandwidth_mbps_min": min(bandwidths),
+                        "link_bandwidth_mbps_max": max(bandwidths)})
+        for entry in profile.allreduce:
+            metrics[f"allreduce_latency_us_w{entry.workers}"] = entry.cost.latency_s * 1e6
+            metrics[f"allreduce_bandwidth_mbps_w{entry.workers}"] = \
+                entry.cost.bandwidth_bytes_per_s / 1e6
+        try:
+            log_run(uri=tracking_uri(config.tracking.uri, config.run.output_dir),
+                    experiment=EXPERIMENT, run_name=f"probe-{profile.hardware}",
+                    params=probe_params(config), metrics=metrics,
+                    tags={"hardware": profile.hardware, "output_dir": str(output_dir)},
+                    artifacts=[output_dir / PROFILE_FILE])
+        except Exception as err:  # noqa: BLE001 - the profile on disk is the result
+            log.warning("MLflow could not record the probe (%s); profile kept in %s", err,
+                        latest)
+    return latest
+
+
+def probe_params(config: DistbenchConfig) -> dict[str, Any]:
+    """The parts of the config that describe a probe: the hardware and the probe settings."""
+    return {"hardware": asdict(config.hardware), "probe": asdict(config.probe)}
+
+
+def summary(profile: HardwareProfile) -> str:
+    lines = [f"hardware {profile.hardware}: {profile.workers} workers on {profile.nodes} "
+             f"node(s), {profile.facts.get('backend')} on {profile.facts.get('device')}",
+             f"{'link':<10} {'same node':>9} {'latency us':>11} {'bandwidth MB/s':>15}"]
+    for link in profile.links:
+        lines.append(f"{link.src:>3} -> {link.dst:<3} {str(link.same_node):>9} "
+                     f"{link.cost.latency_s * 1e6:>11.1f} "
+                     f"{link.cost.bandwidth_bytes_per_s / 1e6:>15.1f}")
+    for entry in profile.allreduce:
+        lines.append(f"allreduce among {entry.workers}: latency "
+                     f"{entry.cost.latency_s * 1e6:.1f} us, bandwidth "
+                     f"{entry.cost.bandwidth_bytes_per_s / 1e6:.1f} MB/s")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    overrides = sys.argv[1:] if argv is None else argv
+    with exit_on_bad_input():
+        cfg = compose_config(overrides, with_hydra=True)
+        config = validate(cfg)
+        if config.hardware.world_size < 2:
+            raise ConfigError(
+                f"hardware={config.hardware.name} is invalid for the probe: it has "
+                f"{config.hardware.world_size} worker; allowed: hardware with 2 or more "
+                f"(hardware.nodes x hardware.workers_per_node)")
+        launcher = slurm_launcher_settings(cfg)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(levelname)s] - %(message)s")
+    stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    output_dir = (Path(config.run.output_dir) / "probes" / config.hardware.name / stamp).resolve()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    profile = launch_probe(without_hydra(cfg), config, output_dir, launcher)
+    latest = record_profile(profile, config, output_dir)
+    print(summary(profile))
+    print(f"profile: {output_dir / PROFILE_FILE} (latest for {profile.hardware}: {latest})")
+
+
+def slurm_launcher_settings(cfg: DictConfig) -> dict[str, Any] | None:
+    """The SLURM launcher's settings when `hydra/launcher=submitit_slurm` was chosen."""
+    from omegaconf import OmegaConf
+
+    launcher = cfg.hydra.launcher
+    if not str(launcher.get("_target_", "")).endswith("SlurmCellsLauncher"):
+        return None
+    settings = OmegaConf.to_container(launcher, resolve=False)
+    assert isinstance(settings, dict)
+    settings["name"] = "distbench-probe"
+    return settings
+
+
+if __name__ == "__main__":
+    main()
