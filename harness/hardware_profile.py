@@ -33,6 +33,10 @@ class Cost:
     def seconds(self, nbytes: float) -> float:
         return self.latency_s + nbytes / self.bandwidth_bytes_per_s
 
+    def seconds_for(self, nbytes: float, *, bandwidth_scale: float = 1.0) -> float:
+        """`seconds`, with only `bandwidth_scale` of the bandwidth achieved (a fitted factor)."""
+        return self.latency_s + nbytes / (self.bandwidth_bytes_per_s * bandwidth_scale)
+
     def as_json(self) -> dict[str, float]:
         return {"latency_us": self.latency_s * 1e6,
                 "bandwidth_mbps": self.bandwidth_bytes_per_s / BYTES_PER_MB}

@@ -67,6 +67,26 @@ class BatchLoopTrainer:
         synchronize(self.device)
         self.clock.reset()
 
+    def time_batches(self, count: int) -> list[float]:
+        """Train `count` batches (as many epochs of the loader as that takes) and return the
+        seconds of each, device synchronised: the sequential predictor's probe."""
+        self.model.train()
+        seconds: list[float] = []
+        epoch = 0
+        while len(seconds) < count:
+            self.loader.set_epoch(epoch)
+            for batch in self.loader:
+                if len(seconds) == count:
+                    break
+                images, labels = self._to_device(batch)
+                synchronize(self.device)
+                start = time.perf_counter()
+                self._train_batch(images, labels)
+                synchronize(self.device)
+                seconds.append(time.perf_counter() - start)
+            epoch += 1
+        return seconds
+
     def train_epoch(self, epoch: int) -> EpochMeasurement:
         self.model.train()
         self.loader.set_epoch(epoch)

@@ -1,0 +1,70 @@
+"""GPipe: Eq. 6.1 (compute) + Eq. 6.2 (communication) of the thesis, per batch and per epoch.
+
+    T_comp = T_seq * (W + #mb - 1) / (W * #mb)
+
+with T_seq the sequential time of the whole batch trained as #mb micro-batches (so measured at
+the micro-batch size: T_seq = #mb * t_mb). With W stages and #mb micro-batches the pipeline
+needs W + #mb - 1 steps of one stage's share of a micro-batch, t_mb / W.
+
+    T_comm = 2 * ( sum_{i=1}^{W-2} max_{j<=i} c_j + (#mb - (W-2)) * max_j c_j
+                   + sum_{i=2}^{W-1} max_{j>=i} c_j ),   c_j = L_{j,j+1} + mb * A_j / BW_{j,j+1}
+
+The workers move in lock-step, so each step costs its slowest active link: while the pipeline
+fills, the links up to i are active; in the full pipeline, all; while it drains, those from i
+on. Activations forward and gradients backward cost the same (the factor 2). A_j is the MB of
+activations per sample leaving stage j (the output of its last layer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from harness.hardware_profile import HardwareProfile
+from harness.metrics import BYTES_PER_MB
+
+
+def compute_seconds(t_seq_batch_s: float, stages: int, micro_batches: int) -> float:
+    """Eq. 6.1."""
+    return t_seq_batch_s * (stages + micro_batches - 1) / (stages * micro_batches)
+
+
+def link_costs(boundary_activation_mb: Sequence[float], micro_batch_size: int,
+               profile: HardwareProfile, *, bandwidth_scale: float = 1.0) -> list[float]:
+    """c_j for the W-1 links between consecutive stages (stage j on worker j)."""
+    return [profile.link(j, j + 1).seconds_for(micro_batch_size * mb * BYTES_PER_MB,
+                                               bandwidth_scale=bandwidth_scale)
+            for j, mb in enumerate(boundary_activation_mb)]
+
+
+def communication_seconds(costs: Sequence[float], micro_batches: int) -> float:
+    """Eq. 6.2 for the link costs c_1..c_{W-1} (`costs[0]` is c_1)."""
+    if not costs:
+        return 0.0
+    stages = len(costs) + 1
+    c = [0.0, *costs]  # 1-based, as in the equation
+    filling = sum(max(c[1:i + 1]) for i in range(1, stages - 1))
+    full = (micro_batches - (stages - 2)) * max(c[1:])
+    draining = sum(max(c[i:stages]) for i in range(2, stages))
+    return 2 * (filling + full + draining)
+
+
+def batch_seconds(t_seq_batch_s: float, micro_batches: int, micro_batch_size: int,
+                  boundary_activation_mb: Sequence[float], profile: HardwareProfile, *,
+                  bandwidth_scale: float = 1.0, overlap: float = 0.0) -> float:
+    """Eq. 6.1 + Eq. 6.2; `overlap` (a free parameter, 0 in the thesis) is the share of the
+    communication hidden behind compute by an implementation that overlaps them."""
+    stages = len(boundary_activation_mb) + 1
+    costs = link_costs(boundary_activation_mb, micro_batch_size, profile,
+                       bandwidth_scale=bandwidth_scale)
+    return compute_seconds(t_seq_batch_s, stages, micro_batches) + \
+        (1 - overlap) * communication_seconds(costs, micro_batches)
+
+
+def epoch_seconds(samples_per_epoch: int, batch_size: int, t_seq_batch_s: float,
+                  micro_batches: int, boundary_activation_mb: Sequence[float],
+                  profile: HardwareProfile, *, bandwidth_scale: float = 1.0,
+                  overlap: float = 0.0) -> float:
+    """An epoch of samples / batch pipeline batches (full batches only, as the harness trains)."""
+    return (samples_per_epoch // batch_size) * batch_seconds(
+        t_seq_batch_s, micro_batches, batch_size // micro_batches, boundary_activation_mb,
+        profile, bandwidth_scale=bandwidth_scale, overlap=overlap)

@@ -1,0 +1,66 @@
+"""The sequential model (thesis ch. 4): train a few batches on the target device and
+extrapolate the time per batch to the whole epoch.
+
+`measure_batch_seconds` is the only part that runs anything: `probe_batches` timed training
+steps (after `warmup_batches` untimed ones) of the real network on one device, with the device
+synchronised around each. The median is robust to the odd slow step (a page fault, another
+process); the spread is returned so that a caller can say how sure the number is.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from harness.config import DistbenchConfig
+
+
+@dataclass(frozen=True)
+class BatchTiming:
+    """Seconds of one training step (forward, backward, optimizer) at one batch size."""
+
+    batch_size: int
+    median_s: float
+    std_s: float
+    batches: int
+
+
+def epoch_seconds(seconds_per_batch: float, samples_per_epoch: int, batch_size: int) -> float:
+    """T_seq: an epoch is ceil(samples / batch) steps of the measured step time (the harness
+    trains the last, partial batch only when it is full, so floor would under-count data it
+    never trains; ceil is the conservative reading for a user's full dataset)."""
+    return seconds_per_batch * math.ceil(samples_per_epoch / batch_size)
+
+
+def measure_batch_seconds(config: DistbenchConfig, *, batch_size: int, probe_batches: int,
+                          warmup_batches: int = 2) -> BatchTiming:
+    """Time `probe_batches` training steps of the cell's network at `batch_size` on the
+    configured device (one worker, the sequential trainer)."""
+    from dataclasses import replace
+
+    from harness.distributions import TrainingContext, trainer_factory
+    from harness.metrics import PhaseClock
+    from harness.run import select_device
+    from harness.workload import build_workload
+    from launchers.distributed import WorkerEnvironment, WorkerSession
+
+    if probe_batches < 1:
+        raise ValueError(f"probe_batches={probe_batches}: at least one timed batch is needed")
+    distribution = replace(config.distribution, batch_size=batch_size)
+    dataset = replace(config.dataset, num_samples=batch_size * (probe_batches + warmup_batches))
+    probe_config = replace(config, distribution=distribution, dataset=dataset)
+    device = select_device(probe_config)
+    if probe_config.hardware.cpu_threads is not None:
+        torch.set_num_threads(probe_config.hardware.cpu_threads)
+    context = TrainingContext(
+        config=probe_config, workload=build_workload(probe_config), device=device,
+        clock=PhaseClock(device, enabled=False),
+        session=WorkerSession(WorkerEnvironment(), backend=None), heartbeat=lambda: None)
+    trainer = trainer_factory("sequential")(context)
+    seconds = trainer.time_batches(warmup_batches + probe_batches)[warmup_batches:]
+    return BatchTiming(batch_size=batch_size, median_s=statistics.median(seconds),
+                       std_s=statistics.stdev(seconds) if len(seconds) > 1 else 0.0,
+                       batches=len(seconds))
