@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from harness.distributions.base import EpochMeasurement, Trainer, TrainerFactory, TrainingContext
 from harness.distributions.ddp import ddp_trainer
+from harness.distributions.gpipe import gpipe_trainer
 from harness.distributions.horovod import horovod_trainer
 from harness.distributions.sequential import sequential_trainer
 
@@ -15,6 +16,7 @@ TRAINERS: dict[str, TrainerFactory] = {
     "sequential": sequential_trainer,
     "ddp": ddp_trainer,
     "horovod": horovod_trainer,
+    "gpipe": gpipe_trainer,
 }
 
 
