@@ -135,4 +135,4 @@ def test_a_gpipe_cell_runs_end_to_end_and_records_its_plan(output_root: Path) ->
     assert 0 <= metrics["bubble_stage0"] < 1 and 0 <= metrics["bubble_stage1"] < 1
     distribution = result["config"]["distribution"]
     assert distribution["micro_batches"] == 4
-    assert len(distribution["balance"]) == 2 and sum(distribution["balance"]) == 21
+    assert len(distribution["balance"]) == 2 and sum(distribution["balance"]) == 23
