@@ -67,8 +67,11 @@ def profile_layers(layers: Sequence[nn.Module], sample: torch.Tensor, *,
         forward, backward = [], []
         saved_buffers = [buffer.detach().clone() for buffer in layer.buffers()]
         for run in range(warmup + repeats):
-            x = activation.detach().requires_grad_(needs_input_grad and
-                                                   activation.is_floating_point())
+            leaf = activation.detach().requires_grad_(needs_input_grad and
+                                                      activation.is_floating_point())
+            # A copy: in-place layers (ReLU(inplace=True)) must not modify `activation`, nor a
+            # leaf that requires grad, which autograd forbids.
+            x = leaf.clone()
             synchronize(device)
             start = time.perf_counter()
             y = layer(x)

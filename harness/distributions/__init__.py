@@ -10,6 +10,7 @@ from harness.distributions.base import EpochMeasurement, Trainer, TrainerFactory
 from harness.distributions.ddp import ddp_trainer
 from harness.distributions.gpipe import gpipe_trainer
 from harness.distributions.horovod import horovod_trainer
+from harness.distributions.pipedream import pipedream_trainer
 from harness.distributions.sequential import sequential_trainer
 
 TRAINERS: dict[str, TrainerFactory] = {
@@ -17,6 +18,7 @@ TRAINERS: dict[str, TrainerFactory] = {
     "ddp": ddp_trainer,
     "horovod": horovod_trainer,
     "gpipe": gpipe_trainer,
+    "pipedream": pipedream_trainer,
 }
 
 
