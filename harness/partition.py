@@ -117,8 +117,9 @@ def check_balance(balance: Sequence[int], num_layers: int, stages: int) -> list[
 def balanced_partition(costs: Sequence[float], stages: int) -> list[int]:
     """Layers per stage that minimise the largest stage cost (contiguous, each stage >= 1 layer).
 
-    Exact dynamic programme over (first i layers, k stages); among equal optima it prefers
-    earlier cuts, which keeps the result deterministic.
+    Exact dynamic programme over (first i layers, k stages); among equal optima each stage
+    starts at the earliest layer that keeps the optimum (working from the last stage back),
+    which keeps the result deterministic.
     """
     n = len(costs)
     if not 1 <= stages <= n:
