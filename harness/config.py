@@ -319,6 +319,9 @@ class DistbenchConfig:
         """GPipe and PipeDream: the batch splits into micro-batches, the plan fits the workers."""
         distribution, samples = self.distribution, self.dataset.num_samples
         if distribution.name is DistributionName.gpipe:
+            _check(self.world_size >= 2, "hardware.workers_per_node",
+                   self.hardware.workers_per_node, "GPipe needs 2 or more workers (hardware.nodes x hardware.workers_per_node); "
+                   "one stage on one worker is distribution=sequential")
             micro = self.micro_batches
             _check(self.batch_size >= micro and self.batch_size % micro == 0,
                    "distribution.micro_batches", micro,

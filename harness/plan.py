@@ -12,7 +12,6 @@ even though timings differ between workers.
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from collections.abc import Sequence
 
@@ -32,8 +31,6 @@ from harness.partition import (
 from harness.profiler import NetworkProfile, profile_layers
 from workloads.datasets import dataset_spec
 from workloads.networks import build_network, to_layer_list
-
-log = logging.getLogger(__name__)
 
 
 def profile_batch_size(config: DistbenchConfig) -> int:
