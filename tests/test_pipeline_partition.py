@@ -118,6 +118,12 @@ def test_plan_command_prints_a_balanced_plan_as_json(tmp_path: Path) -> None:
     costs = [layer["forward_ms"] + layer["backward_ms"] for layer in plan["profile"]["layers"]]
     assert plan["balance"] == balanced_partition(costs, 2)
     done = run_module("harness.plan", ["distribution=pipedream", "hardware=local_2cpu",
+                                       "network=vgg11", "dataset=mnist",
+                                       "distribution.batch_size=4"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    planned = json.loads(done.stdout)  # PipeDream's planner chose the replica counts
+    assert sum(parse_stages(planned["stages"])) == 2 and sum(planned["balance"]) == 31
+    done = run_module("harness.plan", ["distribution=pipedream", "hardware=local_2cpu",
                                        "distribution.stages=1-1", "distribution.balance=[30,1]"],
                       cwd=tmp_path)
     assert done.returncode == 2 and "distribution.balance=[30, 1] is invalid" in done.stderr

@@ -28,6 +28,7 @@ from harness.distributions.onefoneb import (
     worker_ops,
 )
 from harness.distributions.pipedream import PipeDreamTrainer
+from harness.run import parameter_digest
 from harness.workload import build_workload
 from tests.helpers import run_module, tiny_overrides
 from tests.test_pipeline_gpipe import free_port, worker_context
@@ -125,6 +126,7 @@ def _epoch_worker(rank: int, world_size: int, port: int, overrides: list[str],
             "stage": trainer.stage, "replica": trainer.replica,
             "batches": [e.batches for e in epochs], "samples": [e.samples for e in epochs],
             "metrics": trainer.extra_metrics(),
+            "digest": parameter_digest(trainer.module),
             "versions": [[r.minibatch, r.forward_version, r.backward_version, r.latest_version]
                          for r in trainer.version_log],
         }
@@ -145,7 +147,7 @@ def _run(tmp_path: Path, stages: str, division: str, samples: int) -> list[dict]
 @pytest.mark.parametrize(("stages", "division", "expected"), [
     ("2-1", "drop", 6), ("2-1", "oversample", 8),
     ("1-2", "drop", 6), ("1-2", "oversample", 8),
-    ("1-3", "drop", 6), ("3-1", "oversample", 9),
+    ("1-3", "drop", 6), ("3-1", "oversample", 9), ("2-1-1", "drop", 6),
 ])
 def test_replicated_stages_train_the_divided_batch_count(
         tmp_path: Path, stages: str, division: str, expected: int) -> None:
@@ -160,6 +162,8 @@ def test_replicated_stages_train_the_divided_batch_count(
         assert report["metrics"]["batches_dropped"] == max(0, 7 - expected)
         assert report["metrics"]["batches_added"] == max(0, expected - 7)
     assert sum(r["samples"][0] for r in reports if r["stage"] == 0) == expected * BATCH
+    for stage in range(len(replicas)):  # data parallel inside a stage: replicas stay equal
+        assert len({r["digest"] for r in reports if r["stage"] == stage}) == 1
 
 
 def test_weight_stashing_gives_each_backward_its_forwards_weights(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ runs (see onefoneb).
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -105,7 +106,7 @@ class PipeDreamTrainer:
         self.criterion = nn.CrossEntropyLoss()
         self.batches = PipelineBatches(context)
         self.oversample = distribution.batch_division is BatchDivision.oversample
-        self.group = self._replica_groups()
+        self.group = self._replica_groups(dt.timedelta(seconds=config.run.progress_timeout_s))
         self.input_shape, self.output_shape = self._boundary_shapes(context)
         self.version = 0
         self.version_log: list[VersionRecord] = []
@@ -132,13 +133,14 @@ class PipeDreamTrainer:
         """The worker of `stage` that trains `minibatch`."""
         return self.plan.ranks_of(stage)[replica_of(minibatch, self.replicas[stage])]
 
-    def _replica_groups(self) -> dist.ProcessGroup | None:
+    def _replica_groups(self, timeout: dt.timedelta) -> dist.ProcessGroup | None:
         """This stage's allreduce group. Every worker creates every group, in stage order, as
-        dist.new_group requires."""
+        dist.new_group requires; their collectives time out as the cell's do (new groups
+        would otherwise get torch's 30-minute default)."""
         mine = None
         for stage, count in enumerate(self.replicas):
             if count > 1:
-                group = dist.new_group(self.plan.ranks_of(stage))
+                group = dist.new_group(self.plan.ranks_of(stage), timeout=timeout)
                 if stage == self.stage:
                     mine = group
         return mine
@@ -185,7 +187,8 @@ class PipeDreamTrainer:
     def extra_metrics(self) -> dict[str, float]:
         available = len(self.batches)
         metrics = {
-            "micro_batches": float(self.epoch_batches),  # minibatches in flight per epoch
+            # PipeDream pipelines whole minibatches: one unit per batch, of the batch's size.
+            "micro_batches": 1.0,
             "micro_batch_size": float(self.batch_size),
             "pipeline_stages": float(self.num_stages),
             "batches_dropped": float(max(0, available - self.epoch_batches)),
