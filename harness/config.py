@@ -18,7 +18,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from harness.batch_sizes import default_batch_size
+from harness.batch_sizes import default_batch_size, default_micro_batches
 from workloads.datasets.spec import DATASET_SPECS
 
 
@@ -64,6 +64,21 @@ class Device(str, Enum):
 
 class OptimizerName(str, Enum):
     sgd = "sgd"
+
+
+class Recompute(str, Enum):
+    """Which GPipe micro-batches recompute their stage's activations in the backward pass."""
+
+    always = "always"  # every micro-batch (GPipe's design: least activation memory)
+    except_last = "except_last"  # the last micro-batch's backward runs right after its forward
+    never = "never"  # keep every micro-batch's activations
+
+
+class BatchDivision(str, Enum):
+    """PipeDream: what to do when an epoch's batches do not divide among the stages' replicas."""
+
+    drop = "drop"  # lower the batch count to the nearest multiple (the thesis' division)
+    oversample = "oversample"  # raise it, re-reading batches from the start of the epoch
 
 
 def _check(condition: bool, key: str, value: Any, allowed: str) -> None:
@@ -155,6 +170,16 @@ class DistributionConfig:
     # the cycle time in ms between fusion rounds.
     fusion_threshold_mb: float = 64.0
     cycle_time_ms: float = 1.0
+    # GPipe: micro-batches per batch (null = Table 3.3) and which of them recompute activations.
+    micro_batches: Optional[int] = None
+    recompute: Recompute = Recompute.always
+    # Pipelines: layers of the network's layer list per stage, e.g. [10, 12]; null = balance the
+    # profiled forward+backward time (harness.partition).
+    balance: Optional[list[int]] = None
+    # PipeDream: replicas per stage, e.g. "2-1-1" (sums to the worker count); null = planned
+    # from the profile (harness.partition.plan_pipedream).
+    stages: Optional[str] = None
+    batch_division: BatchDivision = BatchDivision.drop
 
     def __post_init__(self) -> None:
         _check_positive(self._section, "batch_size", self.batch_size, nullable=True,
@@ -165,6 +190,25 @@ class DistributionConfig:
         _check(self.fusion_threshold_mb >= 0, "distribution.fusion_threshold_mb",
                self.fusion_threshold_mb, "must be 0 (no fusion) or more")
         _check_positive(self._section, "cycle_time_ms", self.cycle_time_ms)
+        _check_positive(self._section, "micro_batches", self.micro_batches, nullable=True,
+                        null_means="SPEC Table 3.3 for the dataset")
+        _check(self.balance is None or (len(self.balance) > 0 and all(n >= 1 for n in
+                                                                     self.balance)),
+               "distribution.balance", self.balance,
+               "a list of layer counts per stage, each 1 or more, or null (profile-balanced)")
+        if self.stages is not None:
+            from harness.partition import parse_stages  # the one parser of the plan syntax
+
+            try:
+                parse_stages(self.stages)
+            except ValueError as err:
+                raise ConfigError(f"distribution.stages={self.stages!r} is invalid: {err}") \
+                    from None
+
+    @property
+    def pipeline(self) -> bool:
+        """True for the models that split the network into stages across workers."""
+        return self.name in (DistributionName.gpipe, DistributionName.pipedream)
 
     @property
     def data_parallel(self) -> bool:
@@ -279,15 +323,61 @@ class DistbenchConfig:
     probe: ProbeConfig = field(default_factory=ProbeConfig)
 
     def __post_init__(self) -> None:
-        samples, needed = self.dataset.num_samples, self.batch_size * self.world_size
-        _check(samples is None or samples >= needed, "dataset.num_samples", samples,
-               f"an epoch needs at least one full batch per worker (batch size "
-               f"{self.batch_size} x {self.world_size} workers = {needed})")
+        samples = self.dataset.num_samples
+        if self.distribution.pipeline:
+            self._check_pipeline()
+        else:
+            needed = self.batch_size * self.world_size
+            _check(samples is None or samples >= needed, "dataset.num_samples", samples,
+                   f"an epoch needs at least one full batch per worker (batch size "
+                   f"{self.batch_size} x {self.world_size} workers = {needed})")
         from harness.distributions import TRAINERS  # the implemented models
 
         _check(self.distribution.name.value in TRAINERS, "distribution.name",
                self.distribution.name.value,
                f"not implemented yet; implemented: {', '.join(TRAINERS)}")
+
+    def _check_pipeline(self) -> None:
+        """GPipe and PipeDream: the batch splits into micro-batches, the plan fits the workers."""
+        distribution, samples = self.distribution, self.dataset.num_samples
+        if distribution.name is DistributionName.gpipe:
+            _check(self.world_size >= 2, "hardware.workers_per_node",
+                   self.hardware.workers_per_node, "GPipe needs 2 or more workers (hardware.nodes x hardware.workers_per_node); "
+                   "one stage on one worker is distribution=sequential")
+            micro = self.micro_batches
+            _check(self.batch_size >= micro and self.batch_size % micro == 0,
+                   "distribution.micro_batches", micro,
+                   f"must divide the GPipe batch (distribution.batch_size={self.batch_size}) "
+                   f"into equal micro-batches of 1 sample or more")
+            _check(distribution.stages is None, "distribution.stages", distribution.stages,
+                   "GPipe runs one stage per worker; allowed: null")
+            stage_count = self.world_size
+        else:
+            stage_count = None
+            if distribution.stages is not None:
+                from harness.partition import parse_stages
+
+                replicas = parse_stages(distribution.stages)
+                _check(sum(replicas) == self.world_size, "distribution.stages",
+                       distribution.stages,
+                       f"the replica counts must sum to the {self.world_size} workers of "
+                       f"hardware={self.hardware.name} (e.g. "
+                       f"{'-'.join(['1'] * self.world_size)})")
+                stage_count = len(replicas)
+        if distribution.balance is not None and stage_count is not None:
+            _check(len(distribution.balance) == stage_count, "distribution.balance",
+                   distribution.balance, f"needs one layer count per stage ({stage_count})")
+        # Every batch enters the pipeline whole; PipeDream's batch division may drop some, but
+        # an epoch needs at least one.
+        _check(samples is None or samples >= self.batch_size, "dataset.num_samples", samples,
+               f"an epoch needs at least one full pipeline batch (batch size {self.batch_size})")
+
+    @property
+    def micro_batches(self) -> int:
+        """GPipe's micro-batches per batch: the override, else SPEC Table 3.3."""
+        if self.distribution.micro_batches is not None:
+            return self.distribution.micro_batches
+        return default_micro_batches(self.dataset.name.value)
 
     @property
     def world_size(self) -> int:

@@ -14,7 +14,7 @@ import statistics
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,15 @@ class WorkerMeasurement:
     peak_memory_mb: float
     memory_kind: str
     parameter_digest: str  # sha256 of the trained parameters: replicas must agree
+    # Workers with the same replica_group hold replicas of the same parameters (all workers of
+    # a data-parallel cell; the replicas of one stage of a pipeline).
+    replica_group: int = 0
+    # What only some distribution models measure (e.g. a pipeline's bubble per stage); a key
+    # that several workers report is averaged over them.
+    extra_metrics: dict[str, float] = field(default_factory=dict)
+    # Config values the trainer resolved (e.g. a pipeline's balance); recorded into the
+    # result's config, as the batch size from Table 3.3 is.
+    resolved_config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,21 @@ class Measurement:
         phases = self.workers[0].epochs[0].phase_seconds
         return {phase: [statistics.fmean(w.epochs[e].phase_seconds[phase] for w in self.workers)
                         for e in range(len(self.workers[0].epochs))] for phase in phases}
+
+    def replica_digests(self) -> dict[int, set[str]]:
+        """Parameter digests per replica group; in sync when each group has one."""
+        groups: dict[int, set[str]] = {}
+        for worker in self.workers:
+            groups.setdefault(worker.replica_group, set()).add(worker.parameter_digest)
+        return groups
+
+    def extra_metrics(self) -> dict[str, float]:
+        """The workers' extra metrics, each averaged over the workers that report it."""
+        values: dict[str, list[float]] = {}
+        for worker in self.workers:
+            for key, value in worker.extra_metrics.items():
+                values.setdefault(key, []).append(value)
+        return {key: statistics.fmean(reported) for key, reported in values.items()}
 
     def metrics(self) -> dict[str, float]:
         epoch_seconds = self.epoch_seconds()
@@ -86,9 +110,10 @@ class Measurement:
         if len(self.workers) > 1:
             for rank, worker in enumerate(self.workers):
                 metrics[f"peak_memory_mb_rank{rank}"] = worker.peak_memory_mb
-            # Data-parallel replicas that drifted apart would make the timings meaningless.
-            metrics["replicas_in_sync"] = float(
-                len({worker.parameter_digest for worker in self.workers}) == 1)
+            # Replicas that drifted apart would make the timings meaningless.
+            metrics["replicas_in_sync"] = float(all(
+                len(digests) == 1 for digests in self.replica_digests().values()))
+        metrics.update(self.extra_metrics())
         for phase, per_epoch in self.phase_seconds().items():
             metrics[f"{phase}_seconds_per_epoch"] = statistics.fmean(per_epoch)
         return metrics
@@ -109,7 +134,10 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
     """Build this worker's workload, warm up, then train and time `run.epochs` epochs."""
     if config.hardware.cpu_threads is not None:
         torch.set_num_threads(config.hardware.cpu_threads)
-    workload = build_workload(config, rank=session.env.rank, world_size=session.env.world_size)
+    # A pipeline feeds every batch through all its workers: its data is not sharded by worker.
+    shard, shards = (0, 1) if config.distribution.pipeline else (session.env.rank,
+                                                                 session.env.world_size)
+    workload = build_workload(config, rank=shard, world_size=shards)
     context = TrainingContext(config=config, workload=workload, device=device,
                               clock=PhaseClock(device, enabled=config.run.phase_timing),
                               session=session, heartbeat=heartbeat)
@@ -122,9 +150,13 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
         epochs.append(trainer.train_epoch(epoch))
         log.info("epoch %d/%d: %.3f s (%d images)", epoch + 1, config.run.epochs,
                  epochs[-1].seconds, epochs[-1].samples)
+    # Pipeline trainers say which replica group they are in and what else they measured.
     return WorkerMeasurement(epochs=epochs, peak_memory_mb=memory.peak_mb(),
                              memory_kind=memory.kind,
-                             parameter_digest=parameter_digest(workload.model))
+                             parameter_digest=parameter_digest(workload.model),
+                             replica_group=getattr(trainer, "replica_group", 0),
+                             extra_metrics=getattr(trainer, "extra_metrics", dict)(),
+                             resolved_config=getattr(trainer, "resolved_config", dict)())
 
 
 def parameter_digest(model: torch.nn.Module) -> str:
@@ -192,6 +224,7 @@ def run_cell(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
         result.epoch_seconds = measurement.epoch_seconds()
         result.phase_seconds = measurement.phase_seconds()
         result.environment["memory_kind"] = measurement.workers[0].memory_kind
+        result.config["distribution"].update(measurement.workers[0].resolved_config)
     finish_cell(result, config)
     return result.to_dict()
 

@@ -72,7 +72,11 @@ def test_batch_size_override_wins_over_the_table() -> None:
                                  "size 128 x 1 workers = 128)"),
     (["distribution=ddp", "hardware=local_2cpu", "dataset.num_samples=200"],
      "batch size 128 x 2 workers = 256"),
-    (["distribution.name=pipedream"], "not implemented yet; implemented: sequential, ddp, horovod"),
+    (["distribution=gpipe", "hardware=local_2cpu", "distribution.batch_size=8",
+      "distribution.micro_batches=16"],
+     "distribution.micro_batches=16 is invalid: must divide the GPipe batch"),
+    (["distribution=gpipe", "hardware=local_2cpu", "distribution.batch_size=100"],
+     "distribution.micro_batches=24 is invalid: must divide the GPipe batch"),
     (["distribution=ddp", "distribution.backend=mpi"], "allowed: gloo, nccl"),
 ])
 def test_invalid_values_name_the_key_and_what_is_allowed(override: list[str],

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 from harness.distributions.base import EpochMeasurement, Trainer, TrainerFactory, TrainingContext
 from harness.distributions.ddp import ddp_trainer
+from harness.distributions.gpipe import gpipe_trainer
 from harness.distributions.horovod import horovod_trainer
+from harness.distributions.pipedream import pipedream_trainer
 from harness.distributions.sequential import sequential_trainer
 
 TRAINERS: dict[str, TrainerFactory] = {
     "sequential": sequential_trainer,
     "ddp": ddp_trainer,
     "horovod": horovod_trainer,
+    "gpipe": gpipe_trainer,
+    "pipedream": pipedream_trainer,
 }
 
 

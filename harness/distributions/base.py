@@ -43,6 +43,11 @@ class Trainer(Protocol):
 
     The harness owns what is common (seeding, warm-up policy, the epoch loop, memory and
     recording); a trainer owns how a batch is trained under its distribution model.
+
+    Optional, read by `harness.run.measure` where present (the pipeline trainers have them):
+    `replica_group` (int: workers in one group hold replicas of the same parameters, which
+    must stay in sync), `extra_metrics()` (dict of floats added to the cell's metrics) and
+    `resolved_config()` (config values the trainer resolved, e.g. a planned balance).
     """
 
     def warm_up(self, batches: int) -> None:

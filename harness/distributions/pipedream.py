@@ -1,0 +1,315 @@
+"""`pipedream`: PipeDream's pipeline parallelism: 1F1B, weight stashing, replicated stages.
+
+Each worker trains one replica of one stage of the stage plan (`distribution.stages`, e.g.
+"2-1": stage 0 on two workers, stage 1 on one). Minibatches (Table 3.3's batch each) are
+routed round robin over a stage's replicas and scheduled 1F1B (harness.distributions.onefoneb:
+warm-up forwards, then one backward and one forward alternately, no flush between
+minibatches). Every backward is followed by this stage's weight update, so the weights a
+minibatch's forward used may have been updated several times before its backward runs.
+
+Weight stashing: a forward runs on a snapshot of the weights at their current version
+(`torch.func.functional_call` on cloned leaf tensors); the optimizer updates the live
+parameters in place, never the snapshot, so the backward computes its gradients with exactly
+the weights its forward used. A snapshot is shared by the forwards of one version and freed
+when their backwards are done. `version_log` records, per minibatch, the version its forward
+used and the version of the snapshot its backward differentiated, so tests can check them.
+
+Replicated stages are data parallel: after each backward, the replicas of the stage average
+their gradients with an allreduce in their own process group (`dist.new_group`), so they step
+identically. Batch division: every replica of every stage must train the same number of
+minibatches, so an epoch's batch count is lowered (`drop`) or raised (`oversample`) to a
+multiple of the lcm of the replica counts; the run records how many were dropped or added.
+
+Point-to-point messages are non-blocking sends and blocking receives on the cell's process
+group, whose timeout bounds every wait; the schedule is checked to be deadlock-free before it
+runs (see onefoneb).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.func import functional_call
+
+from harness.config import BatchDivision
+from harness.distributions.base import EpochMeasurement, TrainingContext
+from harness.distributions.onefoneb import (
+    Kind,
+    Op,
+    check_deadlock_free,
+    divisible_batches,
+    replica_of,
+    worker_ops,
+)
+from harness.distributions.pipeline import (
+    LABEL_TAG,
+    PipelineBatches,
+    bubble,
+    layer_list,
+    shared_plan,
+    stage_module,
+)
+from harness.metrics import synchronize
+from workloads.networks import build_network, to_layer_list
+
+ACTIVATION_TAG, GRADIENT_TAG = 1, 2
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    """Which weights one minibatch's passes used on this stage."""
+
+    minibatch: int
+    forward_version: int  # weight version (optimizer steps so far) the forward ran on
+    backward_version: int  # version of the snapshot the backward differentiated
+    latest_version: int  # the live weights' version when the backward ran
+
+
+@dataclass
+class _InFlight:
+    """A minibatch between its forward and its backward on this stage."""
+
+    inputs: torch.Tensor
+    output: torch.Tensor  # the stage's output, or the loss on the last stage
+    snapshot: _Snapshot
+
+
+@dataclass
+class _Snapshot:
+    version: int
+    weights: dict[str, torch.Tensor]  # leaf tensors that require grad
+
+
+class PipeDreamTrainer:
+    """One replica of one PipeDream stage on this worker."""
+
+    def __init__(self, context: TrainingContext) -> None:
+        config, env = context.config, context.session.env
+        distribution = config.distribution
+        self.device = context.device
+        self.clock = context.clock
+        self.heartbeat = context.heartbeat
+        self.batch_size = config.batch_size
+        self.plan = shared_plan(context, layer_list(context))
+        self.replicas = self.plan.replicas
+        self.stage, self.replica = self.plan.stage_of(env.rank)
+        self.num_stages = len(self.replicas)
+        self.is_first, self.is_last = self.stage == 0, self.stage == self.num_stages - 1
+        self.module = stage_module(context, self.plan, self.stage)
+        self.optimizer = context.workload.make_optimizer(self.module.parameters())
+        self.criterion = nn.CrossEntropyLoss()
+        self.batches = PipelineBatches(context)
+        self.oversample = distribution.batch_division is BatchDivision.oversample
+        self.group = self._replica_groups(dt.timedelta(seconds=config.run.progress_timeout_s))
+        self.input_shape, self.output_shape = self._boundary_shapes(context)
+        self.version = 0
+        self.version_log: list[VersionRecord] = []
+        self.replica_group = self.stage
+        self._snapshot: _Snapshot | None = None
+        self._in_flight: dict[int, _InFlight] = {}
+        self._sends: list[tuple[dist.Work, torch.Tensor]] = []
+        self._bubbles: list[float] = []
+        self._stashed_max = 0
+        self._checked: set[int] = set()  # batch counts whose schedule is proven deadlock-free
+        self.epoch_batches = self.division(len(self.batches))
+        if self.epoch_batches == 0:
+            raise ValueError(
+                f"dataset.num_samples gives {len(self.batches)} batches of {self.batch_size}, "
+                f"fewer than the {self.plan.replica_lcm} that distribution.stages="
+                f"{self.plan.stage_string()} shares evenly; use more samples or "
+                f"distribution.batch_division=oversample")
+
+    # -- plan and process groups --------------------------------------------------------------
+    def division(self, batches: int) -> int:
+        return divisible_batches(batches, self.replicas, self.oversample)
+
+    def _rank(self, stage: int, minibatch: int) -> int:
+        """The worker of `stage` that trains `minibatch`."""
+        return self.plan.ranks_of(stage)[replica_of(minibatch, self.replicas[stage])]
+
+    def _replica_groups(self, timeout: dt.timedelta) -> dist.ProcessGroup | None:
+        """This stage's allreduce group. Every worker creates every group, in stage order, as
+        dist.new_group requires; their collectives time out as the cell's do (new groups
+        would otherwise get torch's 30-minute default)."""
+        mine = None
+        for stage, count in enumerate(self.replicas):
+            if count > 1:
+                group = dist.new_group(self.plan.ranks_of(stage), timeout=timeout)
+                if stage == self.stage:
+                    mine = group
+        return mine
+
+    def _boundary_shapes(self, context: TrainingContext) -> tuple[torch.Size, torch.Size]:
+        """Shapes of this stage's input and output for one minibatch (traced on 'meta')."""
+        name = context.config.network.name.value
+        spec = context.workload.spec
+        with torch.device("meta"):
+            layers = to_layer_list(name, build_network(name, spec))
+            activation = torch.empty((self.batch_size, *spec.input_shape))
+            part = self.plan.stages[self.stage]
+            for layer in layers[:part.first]:
+                activation = layer(activation)
+            input_shape = activation.shape
+            for layer in layers[part.first:part.end]:
+                activation = layer(activation)
+        return input_shape, activation.shape
+
+    # -- the Trainer protocol -----------------------------------------------------------------
+    def warm_up(self, batches: int) -> None:
+        if batches <= 0:
+            return
+        self._run_epoch(0, divisible_batches(batches, self.replicas, oversample=True))
+        synchronize(self.device)
+        self.clock.reset()
+
+    def train_epoch(self, epoch: int) -> EpochMeasurement:
+        synchronize(self.device)
+        start = time.perf_counter()
+        trained = self._run_epoch(epoch, self.epoch_batches)
+        synchronize(self.device)
+        seconds = time.perf_counter() - start
+        phases = self.clock.reset()
+        idle = bubble(seconds, phases)
+        if idle is not None:
+            self._bubbles.append(idle)
+        # The first stage's replicas count the samples, once per cell.
+        return EpochMeasurement(seconds=seconds,
+                                samples=trained * self.batch_size if self.is_first else 0,
+                                batches=self.epoch_batches, phase_seconds=phases)
+
+    # -- what the harness records besides the protocol ----------------------------------------
+    def extra_metrics(self) -> dict[str, float]:
+        available = len(self.batches)
+        metrics = {
+            # PipeDream pipelines whole minibatches: one unit per batch, of the batch's size.
+            "micro_batches": 1.0,
+            "micro_batch_size": float(self.batch_size),
+            "pipeline_stages": float(self.num_stages),
+            "batches_dropped": float(max(0, available - self.epoch_batches)),
+            "batches_added": float(max(0, self.epoch_batches - available)),
+            f"stashed_versions_max_stage{self.stage}": float(self._stashed_max),
+        }
+        if self._bubbles:
+            metrics[f"bubble_stage{self.stage}"] = sum(self._bubbles) / len(self._bubbles)
+        return metrics
+
+    def resolved_config(self) -> dict[str, Any]:
+        return {"stages": self.plan.stage_string(), "balance": self.plan.balance}
+
+    # -- one epoch ----------------------------------------------------------------------------
+    def _run_epoch(self, epoch: int, batches: int) -> int:
+        """Run this worker's 1F1B ops over `batches` minibatches; return how many it trained."""
+        if batches not in self._checked:
+            check_deadlock_free(self.replicas, batches)
+            self._checked.add(batches)
+        self.module.train()
+        rows = self.batches.indices(epoch, batches) if self.is_first else None
+        ops = worker_ops(self.replicas, self.stage, self.replica, batches)
+        for op in ops:
+            if op.kind is Kind.forward:
+                self._forward(op, rows)
+            else:
+                self._backward(op)
+                self.heartbeat()
+            self._reap_sends()
+        for work, _ in self._sends:
+            work.wait()
+        self._sends.clear()
+        return sum(op.kind is Kind.backward for op in ops)
+
+    def _forward(self, op: Op, rows: Any) -> None:
+        m = op.minibatch
+        labels = None
+        if self.is_first:
+            with self.clock.phase("data"):
+                inputs, labels = self.batches.fetch(rows[m])
+            if not self.is_last:
+                self._send(labels, self._rank(self.num_stages - 1, m), LABEL_TAG)
+        else:
+            inputs = self._recv(self.input_shape, torch.float32, self._rank(self.stage - 1, m),
+                                ACTIVATION_TAG).requires_grad_()
+        if self.is_last and not self.is_first:
+            labels = self._recv((self.batch_size,), torch.int64, self._rank(0, m), LABEL_TAG)
+        with self.clock.phase("forward"):
+            snapshot = self._current_snapshot()
+            output = functional_call(self.module, snapshot.weights, (inputs,))
+            if self.is_last:
+                output = self.criterion(output, labels)
+        self._in_flight[m] = _InFlight(inputs, output, snapshot)
+        self._stashed_max = max(self._stashed_max, len({id(f.snapshot)
+                                                        for f in self._in_flight.values()}))
+        if not self.is_last:
+            self._send(output.detach(), self._rank(self.stage + 1, m), ACTIVATION_TAG)
+
+    def _backward(self, op: Op) -> None:
+        m = op.minibatch
+        flight = self._in_flight.pop(m)
+        if self.is_last:
+            gradient = None
+        else:
+            gradient = self._recv(self.output_shape, torch.float32,
+                                  self._rank(self.stage + 1, m), GRADIENT_TAG)
+        weights = flight.snapshot.weights
+        with self.clock.phase("backward"):
+            torch.autograd.backward(flight.output, gradient)
+        if not self.is_first:
+            self._send(flight.inputs.grad, self._rank(self.stage - 1, m), GRADIENT_TAG)
+        self.version_log.append(VersionRecord(
+            minibatch=m, forward_version=flight.snapshot.version,
+            backward_version=flight.snapshot.version if all(
+                w.grad is not None for w in weights.values()) else -1,
+            latest_version=self.version))
+        with self.clock.phase("optimizer"):
+            self._step({name: w.grad for name, w in weights.items()})
+            for w in weights.values():
+                w.grad = None  # the snapshot may serve another in-flight minibatch
+
+    def _step(self, gradients: dict[str, torch.Tensor]) -> None:
+        """Apply one minibatch's gradients (averaged over the stage's replicas) to the live
+        weights, and advance their version."""
+        parameters = dict(self.module.named_parameters())
+        if self.group is not None:
+            flat = torch.cat([g.reshape(-1) for g in gradients.values()])
+            dist.all_reduce(flat, group=self.group)
+            flat /= self.replicas[self.stage]
+            offset = 0
+            for name, gradient in gradients.items():
+                gradients[name] = flat[offset:offset + gradient.numel()].view_as(gradient)
+                offset += gradient.numel()
+        for name, gradient in gradients.items():
+            parameters[name].grad = gradient
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.version += 1
+
+    def _current_snapshot(self) -> _Snapshot:
+        """The weights at the current version, cloned once per version."""
+        if self._snapshot is None or self._snapshot.version != self.version:
+            weights = {name: p.detach().clone().requires_grad_()
+                       for name, p in self.module.named_parameters()}
+            self._snapshot = _Snapshot(self.version, weights)
+        return self._snapshot
+
+    # -- point to point -----------------------------------------------------------------------
+    def _send(self, tensor: torch.Tensor, rank: int, tag: int) -> None:
+        tensor = tensor.contiguous()
+        self._sends.append((dist.isend(tensor, rank, tag=tag), tensor))
+
+    def _recv(self, shape: Any, dtype: torch.dtype, rank: int, tag: int) -> torch.Tensor:
+        tensor = torch.empty(shape, dtype=dtype, device=self.device)
+        dist.recv(tensor, rank, tag=tag)
+        return tensor
+
+    def _reap_sends(self) -> None:
+        """Forget sends that completed (their buffers can be freed)."""
+        self._sends = [(work, t) for work, t in self._sends if not work.is_completed()]
+
+
+def pipedream_trainer(context: TrainingContext) -> PipeDreamTrainer:
+    return PipeDreamTrainer(context)

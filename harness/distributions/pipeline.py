@@ -1,0 +1,109 @@
+"""What GPipe and PipeDream share: one stage plan for all workers, the stage's layers, the
+pipeline's batches, and the bubble (idle share) a stage measures.
+
+Pipelines do not shard the data by worker: every batch enters the pipeline whole at the first
+stage. Only the first stage's workers read images; they send each batch's labels to the last
+stage's worker that computes its loss (a few bytes, and nothing node-local), so the design
+runs the same across nodes as on one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import default_collate
+
+from harness.distributions.base import TrainingContext
+from harness.partition import StagePlan
+from harness.plan import needs_profile, profile_network, stage_plan
+from workloads.networks import to_layer_list
+
+log = logging.getLogger(__name__)
+
+LABEL_TAG = 7  # p2p tag of label messages, apart from the activations and gradients
+
+
+def shared_plan(context: TrainingContext, layers: Sequence[nn.Module]) -> StagePlan:
+    """The stage plan, computed (and profiled, if needed) on rank 0 and broadcast to all.
+
+    Workers time layers differently, so each profiling for itself could yield different plans.
+    """
+    config, session = context.config, context.session
+    plan: StagePlan | str | None = None
+    if session.env.is_main:
+        try:
+            profile = profile_network(config, layers, context.device) \
+                if needs_profile(config) else None
+            plan = stage_plan(config, len(layers), profile)
+        except ValueError as err:  # e.g. a balance that does not match the layer list
+            plan = str(err)
+    plan = session.broadcast_from_main(plan)
+    if not isinstance(plan, StagePlan):
+        raise ValueError(plan)
+    if plan.workers != session.env.world_size:
+        raise ValueError(f"the stage plan {plan.describe()} needs {plan.workers} workers, the "
+                         f"cell has {session.env.world_size}")
+    log.info("rank %d: stage plan %s", session.env.rank, plan.describe())
+    return plan
+
+
+def stage_module(context: TrainingContext, plan: StagePlan, stage: int) -> nn.Sequential:
+    """This stage's layers, taken from the workload's model (seeded alike on every worker)."""
+    layers = to_layer_list(context.config.network.name.value, context.workload.model)
+    part = plan.stages[stage]
+    if stage > 0 and getattr(layers[part.first], "inplace", False):
+        # A stage's input arrives as a leaf tensor that requires grad, which autograd forbids
+        # modifying in place; the out-of-place ReLU computes the same.
+        layers[part.first].inplace = False
+    return nn.Sequential(*layers[part.first:part.end]).to(context.device)
+
+
+def layer_list(context: TrainingContext) -> list[nn.Module]:
+    return to_layer_list(context.config.network.name.value, context.workload.model)
+
+
+class PipelineBatches:
+    """The epoch's batches in pipeline order: the workload's (unsharded) loader's, reproducible
+    from (seed, epoch) like every other model's, optionally cut or extended to `count` batches.
+
+    Extending re-reads the epoch's first batches (oversampling); cutting drops the last ones.
+    """
+
+    def __init__(self, context: TrainingContext) -> None:
+        self.loader = context.workload.loader
+        self.dataset = self.loader.dataset
+        self.device = context.device
+
+    def __len__(self) -> int:
+        """Full batches in one epoch of the dataset."""
+        return len(self.loader)
+
+    def indices(self, epoch: int, count: int | None = None) -> np.ndarray:
+        """Dataset indices of the epoch's batches, shape (count, batch_size)."""
+        self.loader.set_epoch(epoch)
+        rows = self.loader.batch_indices()
+        count = len(rows) if count is None else count
+        if count <= len(rows):
+            return rows[:count]
+        return rows[np.arange(count) % len(rows)]
+
+    def fetch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch of `indices` on this worker's device: (images, labels)."""
+        if getattr(self.dataset, "fetches_whole_batches", False):
+            images, labels = self.dataset.__getitems__(indices.tolist())
+        else:
+            images, labels = default_collate([self.dataset[int(i)] for i in indices])
+        return (images.to(self.device, non_blocking=True),
+                labels.to(self.device, non_blocking=True))
+
+
+def bubble(epoch_seconds: float, phase_seconds: dict[str, float]) -> float | None:
+    """Idle share of an epoch: the time in no phase (data, forward, backward, optimizer) is
+    time this stage waited for its neighbours. None when phases are not timed."""
+    if not phase_seconds or epoch_seconds <= 0:
+        return None
+    return max(0.0, epoch_seconds - sum(phase_seconds.values())) / epoch_seconds
