@@ -54,7 +54,8 @@ def _sweep(output_root: Path, *overrides: str) -> subprocess.Popen[str]:
 def _results(output_root: Path) -> list[dict]:
     """Every cell's result.json, in cell order."""
     paths = (output_root / "sweeps").glob("*/*/*/result.json")
-    return [json.loads(p.read_text()) for p in sorted(paths, key=lambda p: int(p.parent.name))]
+    return [json.loads(p.read_text())
+            for p in sorted(paths, key=lambda p: (p.parent.parent.name, int(p.parent.name)))]
 
 
 def test_each_cell_gets_its_own_allocation_and_cells_run_one_at_a_time(
@@ -86,6 +87,24 @@ def test_each_cell_gets_its_own_allocation_and_cells_run_one_at_a_time(
     assert len(cells) == 3 and {c.data.tags["mlflow.parentRunId"] for c in cells} == set(parent)
     script = next((output_root / "sweeps").rglob("*_submission.sh")).read_text()
     assert "#SBATCH --exclusive" in script and "#SBATCH --dependency=singleton" in script
+
+
+def test_a_two_node_gpipe_and_pipedream_cell_run_through_slurm(slurm_cluster: None,
+                                                                output_root: Path) -> None:
+    """The pipelines across nodes: stage 0 on node1, stage 1 on node2 (activations and
+    gradients cross between the nodes' workers)."""
+    for pipeline in (["distribution=gpipe", "distribution.micro_batches=4"],
+                     ["distribution=pipedream", "distribution.stages=1-1"]):
+        sweep = _sweep(output_root, *pipeline, "distribution.batch_size=16",
+                       "dataset.num_samples=64", "run.epochs=1")
+        out, _ = sweep.communicate(timeout=900)
+        assert sweep.returncode == 0, out[-3000:]
+    results = _results(output_root)
+    assert [r["status"] for r in results] == ["ok", "ok"], [r["error"] for r in results]
+    for result in results:
+        assert result["environment"]["slurm_nodelist"] == "node[1-2]"
+        assert result["metrics"]["world_size"] == 2
+        assert result["metrics"]["pipeline_stages"] == 2
 
 
 def _wait_for_training(output_root: Path, job_id: str, timeout: float = 180) -> dict[int, int]:
