@@ -27,7 +27,7 @@ from harness.distributions.onefoneb import (
     simulate,
     worker_ops,
 )
-from harness.distributions.pipedream import PipeDreamTrainer
+from harness.distributions.pipedream import PipeDreamTrainer, _no_update_between
 from harness.run import parameter_digest
 from harness.workload import build_workload
 from tests.helpers import run_module, tiny_overrides
@@ -51,6 +51,12 @@ def test_one_f_one_b_warms_up_then_alternates_without_a_flush() -> None:
     assert worker_ops([1, 1, 1], 2, 0, 3) == [F(0), B(0), F(1), B(1), F(2), B(2)]
     # Replica 1 of a 2-replica first stage of 2-1: minibatches 1, 3, 5; 2 in flight.
     assert worker_ops([2, 1], 0, 1, 6) == [F(1), F(3), B(1), F(5), B(3), B(5)]
+
+
+def test_only_minibatches_with_an_update_before_their_backward_stash_weights() -> None:
+    # First stage of three: minibatch 0 is the only one no other backward overtakes.
+    assert _no_update_between(worker_ops([1, 1, 1], 0, 0, 6)) == {0}
+    assert _no_update_between(worker_ops([1, 1, 1], 2, 0, 6)) == set(range(6))  # last stage
 
 
 @pytest.mark.parametrize(("replicas", "batches", "drop", "oversample"), [
