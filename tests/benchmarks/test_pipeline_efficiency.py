@@ -99,12 +99,12 @@ def test_pipelines_against_their_ideal_compute_model(benchmark,  # noqa: ANN001
     print(f"\n[pipeline efficiency] t_fb {f['t_fb_s_mean'] * 1e3:.1f} ms per {MICRO_BATCH} "
           f"images, t_up {f['t_up_s_mean'] * 1e3:.1f} ms (mean epochs)")
     for statistic in ("mean", "min"):
-        print(f"  {statistic} epochs: GPipe {f['gpipe_balance']} "
-              f"{f[f'gpipe_batch_s_{statistic}']:.3f} s/batch vs ideal {f[f'gpipe_ideal_s_{statistic}']:.3f}: ratio "
-              f"{f[f'gpipe_ratio_{statistic}']:.3f}; PipeDream 1F1B {f['pipedream_balance']} "
-              f"{f[f'pipedream_epoch_s_{statistic}']:.3f} s/epoch vs ideal "
-              f"{f[f'pipedream_ideal_s_{statistic}']:.3f}: ratio "
-              f"{f[f'pipedream_ratio_{statistic}']:.3f}")
+        g = {key[:-len(statistic) - 1]: value for key, value in f.items()
+             if key.endswith(f"_{statistic}")}
+        print(f"  {statistic} epochs: GPipe {f['gpipe_balance']} {g['gpipe_batch_s']:.3f} s/batch "
+              f"vs ideal {g['gpipe_ideal_s']:.3f}: ratio {g['gpipe_ratio']:.3f}; PipeDream 1F1B "
+              f"{f['pipedream_balance']} {g['pipedream_epoch_s']:.3f} s/epoch vs ideal "
+              f"{g['pipedream_ideal_s']:.3f}: ratio {g['pipedream_ratio']:.3f}")
     print(f"  bubbles (mean epochs): GPipe {f['gpipe_bubble_stage0']:.2f}/"
           f"{f['gpipe_bubble_stage1']:.2f}, PipeDream {f['pipedream_bubble_stage0']:.2f}/"
           f"{f['pipedream_bubble_stage1']:.2f}")
