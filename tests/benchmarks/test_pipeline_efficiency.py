@@ -1,6 +1,6 @@
 """Benchmark (pytest-benchmark; `-m perf`): pipelines against the ideal compute model of their
-schedule, on a compute-bound network (VGG-11 on MNIST-sized images, CPU workers, one thread
-each, so stages are compute-bound and activations cross localhost).
+schedule, on compute-bound networks (VGG-11 and MobileNetV2 on MNIST-sized images, CPU
+workers, one thread each, so stages are compute-bound and activations cross localhost).
 
 Ideal models. From a sequential cell (one worker, same thread count) at the micro-batch
 size: t_fb, the seconds of one micro-batch's data, forward and backward, and t_up, one update
@@ -49,7 +49,7 @@ WORKERS = 2
 MICRO_BATCH = 8  # images per micro-batch (GPipe) and per minibatch (PipeDream)
 GPIPE_MICRO_BATCHES = 8
 SAMPLES = 512  # 64 sequential batches, 8 GPipe batches, 64 PipeDream minibatches per epoch
-COMMON = ["network=vgg11", "dataset=mnist", "hardware=local_2cpu",
+COMMON = ["dataset=mnist", "hardware=local_2cpu",
           f"dataset.num_samples={SAMPLES}", "run.epochs=3", "run.warmup_batches=2",
           "run.progress=false", "tracking.enabled=false"]
 
@@ -70,17 +70,19 @@ def ideal_seconds(t_unit: float, workers: int, micro_batches: int) -> float:
     return t_unit * micro_batches * (workers + micro_batches - 1) / (workers * micro_batches)
 
 
-def test_pipelines_against_their_ideal_compute_model(benchmark,  # noqa: ANN001
+@pytest.mark.parametrize("network", ["vgg11", "mobilenetv2"])
+def test_pipelines_against_their_ideal_compute_model(benchmark, network: str,  # noqa: ANN001
                                                     tmp_path: Path) -> None:
     figures: dict[str, Any] = {}
 
     def measure() -> None:
-        sequential = _cell(tmp_path, "sequential", "distribution=sequential",
-                           f"distribution.batch_size={MICRO_BATCH}")
-        gpipe = _cell(tmp_path, "gpipe", "distribution=gpipe", "distribution.recompute=never",
+        sequential = _cell(tmp_path, "sequential", f"network={network}",
+                           "distribution=sequential", f"distribution.batch_size={MICRO_BATCH}")
+        gpipe = _cell(tmp_path, "gpipe", f"network={network}", "distribution=gpipe",
+                      "distribution.recompute=never",
                       f"distribution.batch_size={MICRO_BATCH * GPIPE_MICRO_BATCHES}",
                       f"distribution.micro_batches={GPIPE_MICRO_BATCHES}")
-        pipedream = _cell(tmp_path, "pipedream", "distribution=pipedream",
+        pipedream = _cell(tmp_path, "pipedream", f"network={network}", "distribution=pipedream",
                           "distribution.stages=1-1", f"distribution.batch_size={MICRO_BATCH}")
         for statistic in ("mean", "min"):
             figures.update(_ratios(statistic, sequential, gpipe, pipedream))
@@ -96,8 +98,8 @@ def test_pipelines_against_their_ideal_compute_model(benchmark,  # noqa: ANN001
     benchmark.pedantic(measure, rounds=1, iterations=1)
     benchmark.extra_info.update(figures)
     f = figures
-    print(f"\n[pipeline efficiency] t_fb {f['t_fb_s_mean'] * 1e3:.1f} ms per {MICRO_BATCH} "
-          f"images, t_up {f['t_up_s_mean'] * 1e3:.1f} ms (mean epochs)")
+    print(f"\n[pipeline efficiency, {network}] t_fb {f['t_fb_s_mean'] * 1e3:.1f} ms per "
+          f"{MICRO_BATCH} images, t_up {f['t_up_s_mean'] * 1e3:.1f} ms (mean epochs)")
     for statistic in ("mean", "min"):
         g = {key[:-len(statistic) - 1]: value for key, value in f.items()
              if key.endswith(f"_{statistic}")}
