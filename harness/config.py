@@ -174,7 +174,7 @@ class DistributionConfig:
     micro_batches: Optional[int] = None
     recompute: Recompute = Recompute.always
     # Pipelines: layers of the network's layer list per stage, e.g. [10, 12]; null = balance the
-    # profiled forward+backward time (harness.partition).
+    # profiled time per layer (forward, backward, updates; harness.plan).
     balance: Optional[list[int]] = None
     # PipeDream: replicas per stage, e.g. "2-1-1" (sums to the worker count); null = planned
     # from the profile (harness.partition.plan_pipedream).
@@ -342,7 +342,8 @@ class DistbenchConfig:
         distribution, samples = self.distribution, self.dataset.num_samples
         if distribution.name is DistributionName.gpipe:
             _check(self.world_size >= 2, "hardware.workers_per_node",
-                   self.hardware.workers_per_node, "GPipe needs 2 or more workers (hardware.nodes x hardware.workers_per_node); "
+                   self.hardware.workers_per_node,
+                   "GPipe needs 2 or more workers (hardware.nodes x hardware.workers_per_node); "
                    "one stage on one worker is distribution=sequential")
             micro = self.micro_batches
             _check(self.batch_size >= micro and self.batch_size % micro == 0,

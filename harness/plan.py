@@ -55,6 +55,14 @@ def profile_network(config: DistbenchConfig, layers: Sequence[nn.Module],
     return profile_layers(layers, sample.to(device))
 
 
+def updates_per_pass(config: DistbenchConfig) -> float:
+    """Optimizer steps per forward+backward of a stage: GPipe steps once per batch of
+    #mb micro-batches, PipeDream after every minibatch."""
+    if config.distribution.name is DistributionName.gpipe:
+        return 1 / config.micro_batches
+    return 1.0
+
+
 def stage_plan(config: DistbenchConfig, num_layers: int,
                profile: NetworkProfile | None) -> StagePlan:
     """The plan for `config` (see the module docstring); ValueError if it cannot be built."""
@@ -66,7 +74,7 @@ def stage_plan(config: DistbenchConfig, num_layers: int,
     else:
         assert profile is not None, "PipeDream's planner needs a profile"
         link = LinkModel(config.hardware.intra_node_bandwidth_mbps or LinkModel.bandwidth_mbps)
-        planned = plan_pipedream(profile.compute_ms(),
+        planned = plan_pipedream(profile.compute_ms(updates_per_pass(config)),
                                  [layer.parameter_mb for layer in profile.layers],
                                  [layer.activation_mb for layer in profile.layers], workers, link)
         if distribution.balance is None:
@@ -76,7 +84,7 @@ def stage_plan(config: DistbenchConfig, num_layers: int,
         balance = check_balance(distribution.balance, num_layers, len(replicas))
     else:
         assert profile is not None, "balancing stages needs a profile"
-        balance = balanced_partition(profile.compute_ms(), len(replicas))
+        balance = balanced_partition(profile.compute_ms(updates_per_pass(config)), len(replicas))
     return StagePlan.of(balance, replicas)
 
 
@@ -106,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         **plan.to_dict(),
     }
     if profile is not None:
-        costs = profile.compute_ms()
+        costs = profile.compute_ms(updates_per_pass(config))
         report["stage_compute_ms"] = [sum(costs[s.first:s.end]) for s in plan.stages]
         report["profile"] = profile.to_dict()
     json.dump(report, sys.stdout, indent=2)

@@ -1,7 +1,9 @@
 """Per-layer profile of a network's layer list on one device: what the partitioners balance.
 
-Each layer is timed on the output of the previous one, forward and backward separately
-(device synchronised around every timing), after warm-up runs, as the median of repeats. The
+Each layer is timed on the output of the previous one, forward, backward and an optimizer
+step separately (device synchronised around every timing), after warm-up runs, as the median
+of repeats. The update matters for balancing: PipeDream updates every stage after every
+minibatch, and an update costs in proportion to the weights, not to the compute. The
 backward of a layer is timed with its input requiring grad, as inside a pipeline, where every
 stage but the first sends gradients upstream. Output activation and parameter sizes are
 recorded too: they are the A_i and W_i of the performance models (SPEC Table 5.1).
@@ -28,12 +30,14 @@ class LayerProfile:
     type: str
     forward_ms: float  # median over the repeats, for the profiled batch
     backward_ms: float
+    update_ms: float  # one optimizer step on the layer's weights (SGD with momentum)
     activation_mb: float  # the layer's output for the profiled batch
     parameter_mb: float
 
-    @property
-    def compute_ms(self) -> float:
-        return self.forward_ms + self.backward_ms
+    def compute_ms(self, updates_per_pass: float = 0.0) -> float:
+        """Forward + backward, plus `updates_per_pass` optimizer steps (PipeDream updates
+        after every minibatch: 1; GPipe once per batch of #mb micro-batches: 1 / #mb)."""
+        return self.forward_ms + self.backward_ms + updates_per_pass * self.update_ms
 
 
 @dataclass(frozen=True)
@@ -42,8 +46,8 @@ class NetworkProfile:
     device: str
     layers: list[LayerProfile]
 
-    def compute_ms(self) -> list[float]:
-        return [layer.compute_ms for layer in self.layers]
+    def compute_ms(self, updates_per_pass: float = 0.0) -> list[float]:
+        return [layer.compute_ms(updates_per_pass) for layer in self.layers]
 
     def to_dict(self) -> dict[str, object]:
         return {"batch_size": self.batch_size, "device": self.device,
@@ -84,6 +88,7 @@ def profile_layers(layers: Sequence[nn.Module], sample: torch.Tensor, *,
             if run >= warmup:
                 forward.append((middle - start) * MS_PER_S)
                 backward.append((end - middle) * MS_PER_S)
+        update = _update_ms(layer, device, warmup, repeats)
         layer.zero_grad(set_to_none=True)
         with torch.no_grad():
             for buffer, saved in zip(layer.buffers(), saved_buffers):
@@ -92,8 +97,30 @@ def profile_layers(layers: Sequence[nn.Module], sample: torch.Tensor, *,
         profiles.append(LayerProfile(
             index=index, type=type(layer).__name__,
             forward_ms=statistics.median(forward), backward_ms=statistics.median(backward),
+            update_ms=update,
             activation_mb=activation.numel() * activation.element_size() / BYTES_PER_MB,
             parameter_mb=sum(p.numel() * p.element_size() for p in layer.parameters())
             / BYTES_PER_MB,
         ))
     return NetworkProfile(batch_size=sample.shape[0], device=str(device), layers=profiles)
+
+
+def _update_ms(layer: nn.Module, device: torch.device, warmup: int, repeats: int) -> float:
+    """Median time of an optimizer step on the layer's weights and the gradients they hold.
+
+    SGD with momentum and weight decay, as the harness trains with, at learning rate 0 so
+    the weights stay as they are; the first step (which allocates the momentum) is not timed.
+    """
+    parameters = [p for p in layer.parameters() if p.grad is not None]
+    if not parameters:
+        return 0.0
+    optimizer = torch.optim.SGD(parameters, lr=0.0, momentum=0.9, weight_decay=5e-4)
+    times = []
+    for run in range(1 + warmup + repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        optimizer.step()
+        synchronize(device)
+        if run > warmup:
+            times.append((time.perf_counter() - start) * MS_PER_S)
+    return statistics.median(times)

@@ -80,6 +80,10 @@ def test_profiler_records_time_and_sizes_per_layer_and_leaves_the_model_as_it_wa
     assert [layer.type for layer in profile.layers] == ["Linear", "BatchNorm1d", "ReLU",
                                                         "Linear"]
     assert all(layer.forward_ms > 0 and layer.backward_ms > 0 for layer in profile.layers)
+    assert profile.layers[0].update_ms > 0 and profile.layers[2].update_ms == 0  # ReLU: none
+    assert profile.layers[0].compute_ms(0.5) == pytest.approx(
+        profile.layers[0].forward_ms + profile.layers[0].backward_ms
+        + 0.5 * profile.layers[0].update_ms)
     assert profile.layers[0].activation_mb == pytest.approx(16 * 256 * 4 / 1e6)
     assert profile.layers[0].parameter_mb == pytest.approx((64 * 256 + 256) * 4 / 1e6)
     assert profile.layers[2].parameter_mb == 0
@@ -115,7 +119,9 @@ def test_plan_command_prints_a_balanced_plan_as_json(tmp_path: Path) -> None:
     assert plan["workers"] == 2 and plan["num_layers"] == 31 and plan["stages"] == "1-1"
     assert sum(plan["balance"]) == 31 and plan["profile_batch_size"] == 4
     assert len(plan["profile"]["layers"]) == 31
-    costs = [layer["forward_ms"] + layer["backward_ms"] for layer in plan["profile"]["layers"]]
+    # GPipe balances forward + backward plus its one update per batch of 2 micro-batches.
+    costs = [layer["forward_ms"] + layer["backward_ms"] + layer["update_ms"] / 2
+             for layer in plan["profile"]["layers"]]
     assert plan["balance"] == balanced_partition(costs, 2)
     done = run_module("harness.plan", ["distribution=pipedream", "hardware=local_2cpu",
                                        "network=vgg11", "dataset=mnist",

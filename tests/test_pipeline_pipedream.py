@@ -13,8 +13,10 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.func import functional_call
 
 from harness.compose import compose_config
 from harness.config import ConfigError, validate
@@ -27,7 +29,7 @@ from harness.distributions.onefoneb import (
     simulate,
     worker_ops,
 )
-from harness.distributions.pipedream import PipeDreamTrainer
+from harness.distributions.pipedream import PipeDreamTrainer, _no_update_between
 from harness.run import parameter_digest
 from harness.workload import build_workload
 from tests.helpers import run_module, tiny_overrides
@@ -51,6 +53,12 @@ def test_one_f_one_b_warms_up_then_alternates_without_a_flush() -> None:
     assert worker_ops([1, 1, 1], 2, 0, 3) == [F(0), B(0), F(1), B(1), F(2), B(2)]
     # Replica 1 of a 2-replica first stage of 2-1: minibatches 1, 3, 5; 2 in flight.
     assert worker_ops([2, 1], 0, 1, 6) == [F(1), F(3), B(1), F(5), B(3), B(5)]
+
+
+def test_only_minibatches_with_an_update_before_their_backward_stash_weights() -> None:
+    # First stage of three: minibatch 0 is the only one no other backward overtakes.
+    assert _no_update_between(worker_ops([1, 1, 1], 0, 0, 6)) == {0}
+    assert _no_update_between(worker_ops([1, 1, 1], 2, 0, 6)) == set(range(6))  # last stage
 
 
 @pytest.mark.parametrize(("replicas", "batches", "drop", "oversample"), [
@@ -177,6 +185,74 @@ def test_weight_stashing_gives_each_backward_its_forwards_weights(tmp_path: Path
             assert forward == max(0, minibatch - warmup + 1)
     first = reports[0]["versions"]
     assert any(latest > forward for _, forward, _, latest in first)  # stashing mattered
+
+
+def _stashed_gradient_worker(rank: int, world_size: int, port: int, overrides: list[str]) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, timeout=dt.timedelta(seconds=120))
+    try:
+        trainer = PipeDreamTrainer(worker_context(rank, world_size, overrides))
+        captured: dict[int, tuple] = {}
+        if trainer.stage == 0:
+            _spy_on_backwards(trainer, captured)
+        trainer.train_epoch(0)
+        for minibatch, (inputs, stashed, live, upstream, used) in captured.items():
+            if all(torch.equal(stashed[name], live[name]) for name in stashed):
+                continue  # no update came between this minibatch's forward and backward
+            with_stashed = _gradients(trainer, stashed, inputs, upstream)
+            with_live = _gradients(trainer, live, inputs, upstream)
+            for name, gradient in used.items():
+                torch.testing.assert_close(gradient, with_stashed[name], rtol=1e-5, atol=1e-6)
+            assert any(not torch.allclose(used[n], with_live[n]) for n in used), minibatch
+            captured[minibatch] = ()
+        assert trainer.stage != 0 or sum(not c for c in captured.values()) >= 2
+    finally:
+        dist.destroy_process_group()
+
+
+def _spy_on_backwards(trainer: PipeDreamTrainer, captured: dict[int, tuple]) -> None:
+    """Record, per backward: the input, the stashed and the live weights, the gradient that
+    arrived from the next stage and the weight gradients the update was given."""
+    backward, recv, step = trainer._backward, trainer._recv, trainer._step
+
+    def spying_backward(op: Op) -> None:
+        flight = trainer._in_flight[op.minibatch]
+        record = [flight.inputs.detach().clone(),
+                  {k: v.detach().clone() for k, v in flight.snapshot.weights.items()},
+                  {k: p.detach().clone() for k, p in trainer.module.named_parameters()}]
+
+        def spying_recv(*args: object, **kwargs: object) -> torch.Tensor:
+            tensor = recv(*args, **kwargs)
+            record.append(tensor.clone())
+            return tensor
+
+        def spying_step(gradients: dict[str, torch.Tensor]) -> None:
+            record.append({k: g.clone() for k, g in gradients.items()})
+            step(gradients)
+
+        trainer._recv, trainer._step = spying_recv, spying_step
+        try:
+            backward(op)
+        finally:
+            trainer._recv, trainer._step = recv, step
+        captured[op.minibatch] = tuple(record)
+
+    trainer._backward = spying_backward
+
+
+def _gradients(trainer: PipeDreamTrainer, weights: dict[str, torch.Tensor],
+               inputs: torch.Tensor, upstream: torch.Tensor) -> dict[str, torch.Tensor]:
+    leaves = {k: w.clone().requires_grad_() for k, w in weights.items()}
+    torch.autograd.backward(functional_call(trainer.module, leaves, (inputs,)), upstream)
+    return {k: w.grad for k, w in leaves.items()}
+
+
+def test_weight_stashing_computes_the_gradient_of_the_stashed_weights() -> None:
+    """Numerically: the first stage's update gets the gradient of the weights its forward
+    used, which differ from the live ones by then."""
+    overrides = pipedream_overrides("1-1", "drop", samples=6 * BATCH)
+    build_workload(validate(compose_config(overrides)))
+    mp.spawn(_stashed_gradient_worker, args=(2, free_port(), overrides), nprocs=2, join=True)
 
 
 def test_a_pipedream_cell_runs_end_to_end_and_records_its_plan(output_root: Path) -> None:

@@ -11,7 +11,8 @@ Weight stashing: a forward runs on a snapshot of the weights at their current ve
 (`torch.func.functional_call` on cloned leaf tensors); the optimizer updates the live
 parameters in place, never the snapshot, so the backward computes its gradients with exactly
 the weights its forward used. A snapshot is shared by the forwards of one version and freed
-when their backwards are done. `version_log` records, per minibatch, the version its forward
+when their backwards are done. A minibatch whose backward follows with no update in between
+(every minibatch of the last stage) needs no copy and runs on the live parameters. `version_log` records, per minibatch, the version its forward
 used and the version of the snapshot its backward differentiated, so tests can check them.
 
 Replicated stages are data parallel: after each backward, the replicas of the stage average
@@ -84,6 +85,7 @@ class _InFlight:
 class _Snapshot:
     version: int
     weights: dict[str, torch.Tensor]  # leaf tensors that require grad
+    live: bool = False  # the live parameters themselves (no update before the backward)
 
 
 class PipeDreamTrainer:
@@ -211,9 +213,10 @@ class PipeDreamTrainer:
         self.module.train()
         rows = self.batches.indices(epoch, batches) if self.is_first else None
         ops = worker_ops(self.replicas, self.stage, self.replica, batches)
+        unstashed = _no_update_between(ops)
         for op in ops:
             if op.kind is Kind.forward:
-                self._forward(op, rows)
+                self._forward(op, rows, stash=op.minibatch not in unstashed)
             else:
                 self._backward(op)
                 self.heartbeat()
@@ -223,7 +226,7 @@ class PipeDreamTrainer:
         self._sends.clear()
         return sum(op.kind is Kind.backward for op in ops)
 
-    def _forward(self, op: Op, rows: Any) -> None:
+    def _forward(self, op: Op, rows: Any, stash: bool) -> None:
         m = op.minibatch
         labels = None
         if self.is_first:
@@ -237,13 +240,14 @@ class PipeDreamTrainer:
         if self.is_last and not self.is_first:
             labels = self._recv((self.batch_size,), torch.int64, self._rank(0, m), LABEL_TAG)
         with self.clock.phase("forward"):
-            snapshot = self._current_snapshot()
+            snapshot = self._current_snapshot() if stash else _Snapshot(
+                self.version, dict(self.module.named_parameters()), live=True)
             output = functional_call(self.module, snapshot.weights, (inputs,))
             if self.is_last:
                 output = self.criterion(output, labels)
         self._in_flight[m] = _InFlight(inputs, output, snapshot)
-        self._stashed_max = max(self._stashed_max, len({id(f.snapshot)
-                                                        for f in self._in_flight.values()}))
+        self._stashed_max = max(self._stashed_max, len({
+            id(f.snapshot) for f in self._in_flight.values() if not f.snapshot.live}))
         if not self.is_last:
             self._send(output.detach(), self._rank(self.stage + 1, m), ACTIVATION_TAG)
 
@@ -313,3 +317,19 @@ class PipeDreamTrainer:
 
 def pipedream_trainer(context: TrainingContext) -> PipeDreamTrainer:
     return PipeDreamTrainer(context)
+
+
+def _no_update_between(ops: list[Op]) -> set[int]:
+    """Minibatches whose forward and backward have no other backward (so no weight update)
+    between them in `ops`: they need no stashed copy, the live weights are still theirs (on
+    the last stage, every minibatch)."""
+    unstashed: set[int] = set()
+    clean: set[int] = set()  # forwards with no backward since
+    for op in ops:
+        if op.kind is Kind.forward:
+            clean.add(op.minibatch)
+        else:
+            if op.minibatch in clean:
+                unstashed.add(op.minibatch)
+            clean.clear()  # this backward's update comes before every open forward's backward
+    return unstashed
