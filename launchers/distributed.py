@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,8 +22,10 @@ import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
-# Ports for the process group's rendezvous are derived from the job id, so all ranks of a job
-# agree on one without talking first, and consecutive jobs do not reuse a port in TIME_WAIT.
+# Ports for the process group's rendezvous: a local launcher picks a free one and hands it to
+# the workers in this variable; otherwise (SLURM) it is derived from the job id, so all ranks
+# of a job agree on one without talking first, and consecutive jobs differ.
+MASTER_PORT_ENV = "DISTBENCH_MASTER_PORT"
 _PORT_BASE = 29_500
 _PORT_RANGE = 10_000
 
@@ -65,9 +69,16 @@ def worker_environment() -> WorkerEnvironment:
         node_rank=job.node,
         num_nodes=job.num_nodes,
         master_addr=_loopback_if_local(hostnames[0]),
-        master_port=_port_for(job.job_id),
+        master_port=int(os.environ.get(MASTER_PORT_ENV) or _port_for(job.job_id)),
         job_id=str(job.job_id),
     )
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
 
 
 def _port_for(job_id: Any) -> int:
@@ -76,8 +87,6 @@ def _port_for(job_id: Any) -> int:
 
 
 def _loopback_if_local(hostname: str) -> str:
-    import socket
-
     return "127.0.0.1" if hostname in ("localhost", socket.gethostname()) else hostname
 
 

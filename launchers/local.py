@@ -9,6 +9,7 @@ exceeds its time limit.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import submitit
 
 from harness.results import RESULT_FILE, RunStatus
+from launchers.distributed import MASTER_PORT_ENV, free_port
 
 # After rank 0 recorded the cell, how long the other workers may take to exit by themselves.
 GRACE_AFTER_RESULT_S = 20.0
@@ -25,12 +27,25 @@ _POLL_S = 0.5
 
 def submit_local(function: Callable[..., Any], *args: Any, folder: Path, tasks: int,
                  timeout_min: int, name: str) -> submitit.Job:
-    """Start `tasks` local processes that each call `function(*args)`."""
+    """Start `tasks` local processes that each call `function(*args)`.
+
+    The workers' rendezvous port is a port free right now, handed to them in their
+    environment: a port derived from the local job id (a process id) could be one that another
+    cell on this machine is using.
+    """
     executor = submitit.LocalExecutor(folder=str(folder))
     # submitit's own time limit is a backstop only: wait_for_cell ends the cell first.
     executor.update_parameters(tasks_per_node=tasks, nodes=1, timeout_min=timeout_min + 5,
                                name=name)
-    return executor.submit(function, *args)
+    previous = os.environ.get(MASTER_PORT_ENV)
+    os.environ[MASTER_PORT_ENV] = str(free_port())  # submitit copies os.environ to the tasks
+    try:
+        return executor.submit(function, *args)
+    finally:
+        if previous is None:
+            os.environ.pop(MASTER_PORT_ENV, None)
+        else:
+            os.environ[MASTER_PORT_ENV] = previous
 
 
 def wait_for_cell(job: submitit.Job, output_dir: Path, *, timeout_s: float,

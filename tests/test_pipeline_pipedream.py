@@ -156,6 +156,7 @@ def _run(tmp_path: Path, stages: str, division: str, samples: int) -> list[dict]
     ("2-1", "drop", 6), ("2-1", "oversample", 8),
     ("1-2", "drop", 6), ("1-2", "oversample", 8),
     ("1-3", "drop", 6), ("3-1", "oversample", 9), ("2-1-1", "drop", 6),
+    ("3-2", "drop", 6), ("3-2", "oversample", 12),  # 5 processes: lcm(3, 2) = 6
 ])
 def test_replicated_stages_train_the_divided_batch_count(
         tmp_path: Path, stages: str, division: str, expected: int) -> None:
