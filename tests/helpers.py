@@ -28,6 +28,19 @@ def run_module(module: str, args: Sequence[str], cwd: Path,
                           capture_output=True, text=True, timeout=timeout)
 
 
+def run_tiny_cell(output_root: Path, *overrides: str) -> dict:
+    """`python -m harness` on a tiny cell (tiny_overrides + `overrides`), as a user runs it;
+    the result.json it wrote, after checking that the cell finished with status ok."""
+    import json
+
+    done = run_module("harness", tiny_overrides(output_root, *overrides), cwd=output_root.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = (output_root / "runs").glob("*/result.json")
+    result = json.loads(path.read_text())
+    assert result["status"] == "ok", result["error"]
+    return result
+
+
 def cell_worker_pids(under: Path, job_id: str | None = None) -> dict[int, int]:
     """rank -> pid of the worker processes (submitit tasks) of cells whose folder is below
     `under` (the test's own: other processes on the machine are not the test's business),

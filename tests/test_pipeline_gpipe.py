@@ -9,7 +9,6 @@ model's on the same batch.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import socket
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from harness.distributions.gpipe import GPipeTrainer
 from harness.metrics import PhaseClock
 from harness.workload import build_workload
 from launchers.distributed import WorkerEnvironment, WorkerSession
-from tests.helpers import run_module, tiny_overrides
+from tests.helpers import run_tiny_cell
 from workloads.networks import build_network, to_layer_list
 
 BATCH, MICRO_BATCHES = 8, 4
@@ -120,14 +119,8 @@ def test_gpipe_gradients_equal_the_sequential_models_on_three_stages() -> None:
 
 
 def test_a_gpipe_cell_runs_end_to_end_and_records_its_plan(output_root: Path) -> None:
-    done = run_module("harness", [
-        *tiny_overrides(output_root, "distribution=gpipe", "hardware=local_2cpu",
-                        "distribution.micro_batches=4"),
-    ], cwd=output_root.parent)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (path,) = (output_root / "runs").glob("*/result.json")
-    result = json.loads(path.read_text())
-    assert result["status"] == "ok", result["error"]
+    result = run_tiny_cell(output_root, "distribution=gpipe", "hardware=local_2cpu",
+                           "distribution.micro_batches=4")
     metrics = result["metrics"]
     assert metrics["world_size"] == 2 and metrics["replicas_in_sync"] == 1.0
     assert metrics["samples_per_epoch"] == 16 and metrics["batches_per_epoch"] == 2

@@ -32,7 +32,7 @@ from harness.distributions.onefoneb import (
 from harness.distributions.pipedream import PipeDreamTrainer, _no_update_between
 from harness.run import parameter_digest
 from harness.workload import build_workload
-from tests.helpers import run_module, tiny_overrides
+from tests.helpers import run_tiny_cell
 from tests.test_pipeline_gpipe import free_port, worker_context
 
 BATCH = 4
@@ -257,14 +257,8 @@ def test_weight_stashing_computes_the_gradient_of_the_stashed_weights() -> None:
 
 
 def test_a_pipedream_cell_runs_end_to_end_and_records_its_plan(output_root: Path) -> None:
-    done = run_module("harness", [
-        *tiny_overrides(output_root, "distribution=pipedream", "hardware=local_2cpu",
-                        "distribution.stages=1-1", "dataset.num_samples=24"),
-    ], cwd=output_root.parent)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (path,) = (output_root / "runs").glob("*/result.json")
-    result = json.loads(path.read_text())
-    assert result["status"] == "ok", result["error"]
+    result = run_tiny_cell(output_root, "distribution=pipedream", "hardware=local_2cpu",
+                           "distribution.stages=1-1", "dataset.num_samples=24")
     metrics = result["metrics"]
     assert metrics["world_size"] == 2 and metrics["replicas_in_sync"] == 1.0
     assert metrics["samples_per_epoch"] == 24 and metrics["batches_per_epoch"] == 3
