@@ -48,7 +48,12 @@ from harness.hardware_profile import (
 )
 from harness.metrics import synchronize
 from harness.tracking import log_run, tracking_uri
-from launchers.distributed import WorkerSession, worker_environment, worker_session
+from launchers.distributed import (
+    WorkerSession,
+    log_to_stderr,
+    worker_environment,
+    worker_session,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +73,7 @@ def _timed(operation: Callable[[], None], device: torch.device, probe: ProbeConf
     return statistics.median(seconds)
 
 
-def measure_pair(session: WorkerSession, peer: int, initiator: bool, device: torch.device,
+def measure_pair(peer: int, initiator: bool, device: torch.device,
                  probe: ProbeConfig) -> list[float]:
     """One-way seconds to `peer` at each message size (measured by the initiator)."""
     one_way = []
@@ -93,8 +98,7 @@ def measure_links(session: WorkerSession, device: torch.device,
     rank, measured = session.env.rank, {}
     for low, high in itertools.combinations(range(session.env.world_size), 2):
         if rank in (low, high):
-            seconds = measure_pair(session, high if rank == low else low, rank == low, device,
-                                   probe)
+            seconds = measure_pair(high if rank == low else low, rank == low, device, probe)
             if rank == low:
                 measured[(low, high)] = seconds
         dist.barrier()  # one pair at a time: pairs must not share the network while timed
@@ -122,8 +126,7 @@ def measure_allreduce(session: WorkerSession, device: torch.device,
 
 def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
     """One worker of the probe; rank 0 assembles, writes and returns the profile."""
-    logging.basicConfig(level=logging.INFO,
-                        format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    log_to_stderr()
     from harness.run import select_device  # the run module imports much; only workers need it
 
     config = validate(cfg)
@@ -182,8 +185,7 @@ def launch_probe(cfg: DictConfig, config: DistbenchConfig, output_dir: Path,
     else:
         from launchers import slurm
 
-        size = slurm.CellJobSize(config.hardware.nodes, config.hardware.workers_per_node,
-                                 None)
+        size = slurm.job_size(config.hardware, workers, launcher)
         parameters = slurm.executor_parameters(
             size, {**launcher, "one_cell_at_a_time": False}, config)
         job = slurm.submit_cell(probe_worker, cfg, output_dir, folder=folder,
@@ -255,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{config.hardware.world_size} worker; allowed: hardware with 2 or more "
                 f"(hardware.nodes x hardware.workers_per_node)")
         launcher = slurm_launcher_settings(cfg)
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(levelname)s] - %(message)s")
+    log_to_stderr()
     stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     output_dir = (Path(config.run.output_dir) / "probes" / config.hardware.name / stamp).resolve()
     output_dir.mkdir(parents=True, exist_ok=True)

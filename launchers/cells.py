@@ -121,6 +121,19 @@ def worker_logs_tail(job: submitit.Job, tasks: int, characters: int = 2000) -> s
     return "\n".join(parts)
 
 
+def sweep_returns(prepared: Sequence[PreparedCell[Any]], results: Sequence[dict[str, Any]],
+                  job_ids: Sequence[str]) -> list[Any]:
+    """What a launcher hands back to Hydra: one JobReturn per cell, in cell order; the sweep's
+    summary table is printed on the way."""
+    from hydra.core.utils import JobReturn, JobStatus
+
+    print(summary_table(results), flush=True)
+    return [JobReturn(overrides=cell.overrides, cfg=cell.config,
+                      working_dir=str(cell.output_dir), task_name=job_id,
+                      status=JobStatus.COMPLETED, _return_value=result)
+            for cell, result, job_id in zip(prepared, results, job_ids)]
+
+
 def summary_table(results: Sequence[dict]) -> str:
     """A plain-text table of a sweep's cells, printed when the sweep ends."""
     header = f"{'#':>3}  {'cell':<44} {'status':<8} {'s/epoch':>9} {'std':>7} " \

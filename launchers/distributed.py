@@ -90,6 +90,13 @@ def _loopback_if_local(hostname: str) -> str:
     return "127.0.0.1" if hostname in ("localhost", socket.gethostname()) else hostname
 
 
+def log_to_stderr() -> None:
+    """Logging for a worker process that Hydra's job logging does not reach (a local cell's
+    workers, the probe's): INFO and up to stderr, which submitit keeps per worker."""
+    logging.basicConfig(level=logging.INFO,
+                        format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+
+
 def default_backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 

@@ -18,7 +18,7 @@ from typing import Any
 import submitit
 
 from harness.results import RESULT_FILE, RunStatus
-from launchers.distributed import MASTER_PORT_ENV, free_port
+from launchers.distributed import MASTER_PORT_ENV, free_port, log_to_stderr
 
 # After rank 0 recorded the cell, how long the other workers may take to exit by themselves.
 GRACE_AFTER_RESULT_S = 20.0
@@ -98,10 +98,7 @@ def run_local_cell(cfg: Any, output_dir: Path, *, workers: int, timeout_min: int
 def _logged_run_cell(cfg: Any, output_dir: Path) -> dict:
     """A worker of `run_local_cell`: Hydra's job logging is not set up in these processes, so
     log to stderr (submitit keeps it per worker in .submitit/<job>/<job>_<rank>_log.err)."""
-    import logging
-
     from harness.run import run_cell
 
-    logging.basicConfig(level=logging.INFO,
-                        format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    log_to_stderr()
     return run_cell(cfg, output_dir)

@@ -32,7 +32,7 @@ from typing import Any
 
 import submitit
 
-from harness.config import ConfigError, DistbenchConfig
+from harness.config import ConfigError, DistbenchConfig, HardwareConfig
 from harness.results import RESULT_FILE, RunStatus
 
 log = logging.getLogger(__name__)
@@ -69,22 +69,27 @@ def cell_job_size(cell: DistbenchConfig, launcher: Mapping[str, Any]) -> CellJob
     `hydra.launcher.nodes` / `tasks_per_node` / `gpus_per_node` are null by default (taken from
     the cell); a value given there is a check, never a silent resize of the measured cell.
     """
-    nodes = cell.hardware.nodes if cell.world_size > 1 else 1
-    size = CellJobSize(
-        nodes=nodes,
-        tasks_per_node=cell.world_size // nodes,
-        gpus_per_node=(cell.world_size // nodes) if cell.hardware.device.value == "cuda"
-        else None,
-    )
+    return job_size(cell.hardware, cell.world_size, launcher,
+                    what=f"cell {cell.run_name} (distribution.name="
+                         f"{cell.distribution.name.value})")
+
+
+def job_size(hardware: HardwareConfig, workers: int, launcher: Mapping[str, Any], *,
+             what: str = "the job") -> CellJobSize:
+    """`workers` workers spread over `hardware`'s nodes (all on one node when only one), one
+    GPU per task on CUDA hardware; explicit launcher sizes are checked against it."""
+    nodes = hardware.nodes if workers > 1 else 1
+    tasks_per_node = workers // nodes
+    size = CellJobSize(nodes=nodes, tasks_per_node=tasks_per_node,
+                       gpus_per_node=tasks_per_node if hardware.device.value == "cuda" else None)
     for key in ("nodes", "tasks_per_node"):
         given = launcher.get(key)
         if given is not None and given != getattr(size, key):
             raise ConfigError(
-                f"hydra.launcher.{key}={given} is invalid for cell {cell.run_name}: it needs "
-                f"{getattr(size, key)} (hardware.nodes={cell.hardware.nodes}, "
-                f"hardware.workers_per_node={cell.hardware.workers_per_node}, "
-                f"distribution.name={cell.distribution.name.value}); allowed: null (sized "
-                f"from the cell) or {getattr(size, key)}")
+                f"hydra.launcher.{key}={given} is invalid for {what}: it needs "
+                f"{getattr(size, key)} (hardware.nodes={hardware.nodes}, "
+                f"hardware.workers_per_node={hardware.workers_per_node}); allowed: null "
+                f"(sized from the hardware) or {getattr(size, key)}")
     if launcher.get("gpus_per_node") is not None:
         size = CellJobSize(size.nodes, size.tasks_per_node, int(launcher["gpus_per_node"]))
     return size
@@ -164,6 +169,7 @@ class SubmittedCell:
     result_file: str = RESULT_FILE  # what rank 0 writes when it has recorded the job's work
     state: str = "PENDING"
     result_seen_at: float | None = None
+    cancelled: bool = False
 
 
 def wait_for_cells(cells: Sequence[SubmittedCell], *, grace_s: float,
@@ -196,10 +202,11 @@ def wait_for_cells(cells: Sequence[SubmittedCell], *, grace_s: float,
                 continue
             if cell.result_seen_at is None and (cell.output_dir / cell.result_file).exists():
                 cell.result_seen_at = now
-            if cell.result_seen_at is not None and now - cell.result_seen_at > grace_s:
+            if (cell.result_seen_at is not None and not cell.cancelled
+                    and now - cell.result_seen_at > grace_s):
                 log.warning("job %s recorded its cell %.0f s ago but still runs; cancelling",
                             cell.job.job_id, now - cell.result_seen_at)
                 cell.job.cancel(check=False)
-                cell.result_seen_at = float("inf")  # cancel once
+                cell.cancelled = True
         if pending:
             time.sleep(_POLL_S)

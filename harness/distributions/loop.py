@@ -132,14 +132,14 @@ class BatchLoopTrainer:
             loss = self.criterion(self.model(images), labels)
         with self.clock.phase("backward"):
             loss.backward()
-        if self.gradient_sync is None:
-            with self.clock.phase("optimizer"):
-                self.optimizer.step()
-                self.optimizer.zero_grad()  # torch 2 frees the gradients (set_to_none=True)
-            return
-        self.clock.transfer("backward", "comm_wait", self.gradient_sync.waited_in_backward())
-        with self.clock.phase("comm_wait"):
-            self.gradient_sync.wait(self.optimizer)
+        sync = self.gradient_sync
+        if sync is not None:  # a data-parallel worker: account for the wait on its peers
+            self.clock.transfer("backward", "comm_wait", sync.waited_in_backward())
+            with self.clock.phase("comm_wait"):
+                sync.wait(self.optimizer)
         with self.clock.phase("optimizer"):
-            self.gradient_sync.step(self.optimizer)
-            self.optimizer.zero_grad()
+            if sync is None:
+                self.optimizer.step()
+            else:
+                sync.step(self.optimizer)
+            self.optimizer.zero_grad()  # torch 2 frees the gradients (set_to_none=True)

@@ -53,7 +53,7 @@ def shared_plan(context: TrainingContext, layers: Sequence[nn.Module]) -> StageP
 
 def stage_module(context: TrainingContext, plan: StagePlan, stage: int) -> nn.Sequential:
     """This stage's layers, taken from the workload's model (seeded alike on every worker)."""
-    layers = to_layer_list(context.config.network.name.value, context.workload.model)
+    layers = layer_list(context)
     part = plan.stages[stage]
     if stage > 0 and getattr(layers[part.first], "inplace", False):
         # A stage's input arrives as a leaf tensor that requires grad, which autograd forbids
@@ -63,6 +63,7 @@ def stage_module(context: TrainingContext, plan: StagePlan, stage: int) -> nn.Se
 
 
 def layer_list(context: TrainingContext) -> list[nn.Module]:
+    """The network's layer list, sharing the workload model's modules."""
     return to_layer_list(context.config.network.name.value, context.workload.model)
 
 

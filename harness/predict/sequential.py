@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -39,8 +39,7 @@ def measure_batch_seconds(config: DistbenchConfig, *, batch_size: int, probe_bat
                           warmup_batches: int = 2) -> BatchTiming:
     """Time `probe_batches` training steps of the cell's network at `batch_size` on the
     configured device (one worker, the sequential trainer)."""
-    from dataclasses import replace
-
+    # Imported here: harness.run and the trainers pull in much that the equations never need.
     from harness.distributions import TrainingContext, trainer_factory
     from harness.metrics import PhaseClock
     from harness.run import select_device

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
-from hydra.core.utils import JobReturn, JobStatus
+from hydra.core.utils import JobReturn
 from hydra_plugins.hydra_submitit_launcher.config import LocalQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher
 
@@ -57,7 +57,7 @@ class SerialLocalLauncher(LocalLauncher):
                                        job_overrides, initial_job_idx,
                                        size_cell=cells.single_node_workers)
         timeout_min = int(self.params["timeout_min"])
-        results: list[JobReturn] = []
+        results, job_ids = [], []
         for cell in tqdm(prepared, desc="sweep", unit="cell"):
             started = now()
             job = submit_local(
@@ -66,12 +66,9 @@ class SerialLocalLauncher(LocalLauncher):
                 folder=Path(self.params["submitit_folder"]), tasks=cell.size,
                 timeout_min=timeout_min, name=str(cell.config.hydra.job.name))
             timed_out = wait_for_cell(job, cell.output_dir, timeout_s=60 * timeout_min)
-            result = cells.cell_outcome(
+            results.append(cells.cell_outcome(
                 cell.config, cell.output_dir,
                 ended_as=RunStatus.timeout if timed_out else None,
-                logs=cells.worker_logs_tail(job, cell.size), started=started)
-            results.append(JobReturn(overrides=cell.overrides, cfg=cell.config,
-                                     working_dir=str(cell.output_dir), task_name=job.job_id,
-                                     status=JobStatus.COMPLETED, _return_value=result))
-        print(cells.summary_table([r.return_value for r in results]), flush=True)
-        return results
+                logs=cells.worker_logs_tail(job, cell.size), started=started))
+            job_ids.append(job.job_id)
+        return cells.sweep_returns(prepared, results, job_ids)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from hydra.core.config_store import ConfigStore
-from hydra.core.utils import JobReturn, JobStatus
+from hydra.core.utils import JobReturn
 from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 
@@ -98,9 +98,5 @@ class SlurmCellsLauncher(SlurmLauncher):
 
             slurm.wait_for_cells(submitted, grace_s=float(self.params["grace_after_result_s"]),
                                  on_end=record)
-        returns = [JobReturn(overrides=cell.overrides, cfg=cell.config,
-                             working_dir=str(cell.output_dir), task_name=job.job.job_id,
-                             status=JobStatus.COMPLETED, _return_value=results[index])
-                   for index, (cell, job) in enumerate(zip(prepared, submitted))]
-        print(cells.summary_table([r.return_value for r in returns]), flush=True)
-        return returns
+        return cells.sweep_returns(prepared, [results[i] for i in range(len(prepared))],
+                                   [cell.job.job_id for cell in submitted])
