@@ -165,3 +165,14 @@ def profile_path(output_root: Path, hardware: str) -> Path:
     """Where the latest measured profile of `hardware` is kept for the predictors."""
     return Path(output_root) / "hardware_profiles" / f"{hardware}.json"
 
+
+
+def profile_for(hardware: HardwareConfig, output_root: Path) -> HardwareProfile | None:
+    """The profile the predictors use for `hardware`: the latest one `harness.probe` measured,
+    else one from the speeds in its config; None for a single worker, which never talks."""
+    measured = profile_path(output_root, hardware.name)
+    if measured.exists():
+        return HardwareProfile.load(measured)
+    if hardware.world_size == 1:
+        return None
+    return HardwareProfile.from_config(hardware)

@@ -22,16 +22,23 @@ from harness.metrics import BYTES_PER_MB
 
 
 def ring_allreduce_seconds(profile: HardwareProfile, workers: int, message_mb: float, *,
-                           bandwidth_scale: float = 1.0) -> float:
-    """The exposed ring-allreduce of the last `message_mb` MB among `workers` workers:
-    2(W-1) * max_i (L_{i,i+1} + m / (W * BW_{i,i+1}))."""
+                           bandwidth_scale: float = 1.0, first_rank: int = 0) -> float:
+    """The exposed ring-allreduce of the last `message_mb` MB among `workers` workers (ranks
+    `first_rank`.. `first_rank + workers - 1`): 2(W-1) * max_i (L_{i,i+1} + m / (W * BW_{i,i+1}))."""
     if workers < 2:
         return 0.0
+    ring = [first_rank + i for i in range(workers)]
     slowest_step = max(
-        profile.link(i, (i + 1) % workers).seconds_for(
+        profile.link(ring[i], ring[(i + 1) % workers]).seconds_for(
             message_mb * BYTES_PER_MB / workers, bandwidth_scale=bandwidth_scale)
         for i in range(workers))
     return 2 * (workers - 1) * slowest_step
+
+
+def exposed_mb(gradient_mb: float, threshold_mb: float) -> float:
+    """The last buffer's MB, whose allreduce the backward pass cannot hide: min(G, th);
+    th = 0 turns fusion off, leaving the last tensor, bounded by G."""
+    return min(gradient_mb, threshold_mb) if threshold_mb > 0 else gradient_mb
 
 
 def step_seconds(t_seq_batch_s: float, workers: int, gradient_mb: float,
@@ -39,9 +46,8 @@ def step_seconds(t_seq_batch_s: float, workers: int, gradient_mb: float,
                  overhead_s: float = 0.0, bandwidth_scale: float = 1.0) -> float:
     """One step of W workers, each on its own batch: compute of one sequential batch plus the
     last fused buffer's allreduce (Eq. 5.1 with T_seq taken over W batches)."""
-    exposed_mb = min(gradient_mb, fusion_threshold_mb) if fusion_threshold_mb > 0 \
-        else gradient_mb  # th = 0 turns fusion off: the last tensor, bounded by G
-    communication = ring_allreduce_seconds(profile, workers, exposed_mb,
+    communication = ring_allreduce_seconds(profile, workers,
+                                           exposed_mb(gradient_mb, fusion_threshold_mb),
                                            bandwidth_scale=bandwidth_scale)
     return t_seq_batch_s + communication + (overhead_s if workers > 1 else 0.0)
 

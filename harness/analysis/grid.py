@@ -1,0 +1,70 @@
+"""The measured grid: every finished cell of an MLflow experiment, with its config and timings.
+
+A cell's config is read from the `config.yaml` artifact each run carries (the resolved config,
+including the stage plan a pipeline cell actually trained), not from the flattened params,
+whose values MLflow keeps as strings.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from harness.config import DistbenchConfig, validate
+from harness.results import RunStatus
+
+
+@dataclass(frozen=True)
+class MeasuredCell:
+    run_id: str
+    run_name: str
+    config: DistbenchConfig
+    seconds_per_epoch: float
+    peak_memory_mb: float
+
+    @property
+    def model(self) -> str:
+        return self.config.distribution.name.value
+
+    @property
+    def workload(self) -> tuple[str, str]:
+        """What a user asks the recommender about: (dataset, network)."""
+        return self.config.dataset.name.value, self.config.network.name.value
+
+
+def config_from_dict(data: dict) -> DistbenchConfig:
+    """A recorded resolved config, typed and validated against today's schema."""
+    from harness.config import register_configs
+
+    register_configs()
+    schema = OmegaConf.structured(DistbenchConfig)
+    return validate(OmegaConf.merge(schema, data))
+
+
+def load_grid(uri: str, experiment: str) -> list[MeasuredCell]:
+    """The experiment's cells that finished `ok`, oldest first (a sweep's parent run, the probe
+    and analysis runs carry no cell status and are skipped)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise LookupError(f"tracking.experiment={experiment!r}: no such MLflow experiment at "
+                          f"{uri}")
+    runs = client.search_runs([found.experiment_id],
+                              filter_string=f"tags.status = '{RunStatus.ok.value}'",
+                              order_by=["attributes.start_time ASC"], max_results=10_000)
+    cells = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for run in runs:
+            local = client.download_artifacts(run.info.run_id, "config.yaml",
+                                              str(Path(scratch) / run.info.run_id))
+            config = config_from_dict(OmegaConf.to_container(OmegaConf.load(local)))
+            metrics = run.data.metrics
+            cells.append(MeasuredCell(run.info.run_id, run.info.run_name or run.info.run_id,
+                                      config, metrics["seconds_per_epoch"],
+                                      metrics.get("peak_memory_mb", float("nan"))))
+    return cells

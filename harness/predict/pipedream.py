@@ -1,0 +1,107 @@
+"""PipeDream: a time model for 1F1B with replicated stages (the thesis built none).
+
+A minibatch flows through the S stages; stage s runs on r_s replicas and round-robin routing
+gives each replica every r_s-th minibatch. In the steady state of 1F1B every stage alternates
+one forward and one backward, each followed by this implementation's weight update (and, on a
+replicated stage, the allreduce of its gradients among its replicas). A minibatch's work on
+stage s is therefore
+
+    w_s = f_s + b_s + u_s        (compute: forward, backward, update)
+    x_s = 2 * (c_in(s) + c_out(s)) + AR_s(r_s)   (communication: activations in and out,
+                                                  their gradients back, the replicas' allreduce)
+
+and the pipeline delivers one minibatch every
+
+    I = max_s (w_s + x_s) / r_s
+
+(the replicas of a stage share its minibatches). The first minibatch needs the whole pipeline
+depth, sum_s w_s + 2 * sum_boundaries c_j, before the steady state takes over, so an epoch of
+N minibatches takes
+
+    T = (sum_s w_s + 2 * sum_j c_j) + (N - 1) * I
+
+The fill at the start and the drain at the end of 1F1B's warm-up are this depth once: the
+warm-up's extra forwards are done while the first minibatch still travels. The bottleneck
+stage b (the argmax of I) is chosen with the raw costs; the epoch time is then split into its
+compute part and its communication part, so that `harness.analysis` can scale each with a
+fitted factor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from harness.hardware_profile import HardwareProfile
+from harness.metrics import BYTES_PER_MB
+from harness.predict.horovod import ring_allreduce_seconds
+
+
+@dataclass(frozen=True)
+class PipelineStage:
+    """One stage of a PipeDream plan, per minibatch."""
+
+    compute_s: float  # w_s: forward + backward + update of the stage's layers
+    replicas: int  # r_s
+    weights_mb: float  # the stage's parameters: what its replicas allreduce
+    output_mb: float  # activations leaving the stage for the next one (0 for the last)
+
+
+@dataclass(frozen=True)
+class EpochSplit:
+    """An epoch's predicted seconds, as compute and communication parts."""
+
+    compute_s: float
+    communication_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.compute_s + self.communication_s
+
+
+def boundary_seconds(stages: Sequence[PipelineStage], profile: HardwareProfile) -> list[float]:
+    """c_j, one transfer of a minibatch's activations from stage j to stage j+1 (between the
+    first workers of the two stages: replicas of a stage are on neighbouring workers)."""
+    starts = _first_workers(stages)
+    return [profile.link(starts[j], starts[j + 1]).seconds(stages[j].output_mb * BYTES_PER_MB)
+            for j in range(len(stages) - 1)]
+
+
+def stage_communication_seconds(stages: Sequence[PipelineStage], boundaries: Sequence[float],
+                                profile: HardwareProfile) -> list[float]:
+    """x_s for every stage: 2 (c_in + c_out) plus the allreduce among its replicas."""
+    starts = _first_workers(stages)
+    result = []
+    for s, stage in enumerate(stages):
+        transfers = (boundaries[s - 1] if s > 0 else 0.0) + \
+            (boundaries[s] if s < len(stages) - 1 else 0.0)
+        allreduce = ring_allreduce_seconds(profile, stage.replicas, stage.weights_mb,
+                                           first_rank=starts[s])
+        result.append(2 * transfers + allreduce)
+    return result
+
+
+def epoch_split(stages: Sequence[PipelineStage], minibatches: int,
+                profile: HardwareProfile) -> EpochSplit:
+    """T = depth + (N - 1) * I, split into compute and communication (module docstring)."""
+    if minibatches < 1:
+        return EpochSplit(0.0, 0.0)
+    boundaries = boundary_seconds(stages, profile)
+    exchange = stage_communication_seconds(stages, boundaries, profile)
+    bottleneck = max(range(len(stages)),
+                     key=lambda s: (stages[s].compute_s + exchange[s]) / stages[s].replicas)
+    replicas = stages[bottleneck].replicas
+    steady = minibatches - 1
+    compute = sum(stage.compute_s for stage in stages) + \
+        steady * stages[bottleneck].compute_s / replicas
+    communication = 2 * sum(boundaries) + steady * exchange[bottleneck] / replicas
+    return EpochSplit(compute, communication)
+
+
+def _first_workers(stages: Sequence[PipelineStage]) -> list[int]:
+    """The rank of each stage's first replica: stages take consecutive ranks, in order."""
+    starts, rank = [], 0
+    for stage in stages:
+        starts.append(rank)
+        rank += stage.replicas
+    return starts
