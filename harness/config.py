@@ -256,9 +256,19 @@ class RunConfig:
     """How one cell is measured."""
 
     _section: ClassVar[str] = "run"
-    epochs: int = 3  # timed epochs; seconds_per_epoch is their mean
+    epochs: int = 3  # timed epochs per repeat; seconds_per_epoch is their mean
     warmup_batches: int = 5  # untimed batches before the first timed epoch
+    # Seeds Python's random, NumPy, torch (CPU and CUDA), the synthetic data and the data
+    # order; repeat k runs with seed + k (harness.seeding.repeat_seed).
     seed: int = 0
+    # Measurements of the cell: each trains and times `epochs` epochs with its own seed, in
+    # the same workers on the same built network (harness.run.measure says why); the cell
+    # reports their mean, spread and 95% confidence interval.
+    repeats: int = 1
+    # torch.use_deterministic_algorithms, cuDNN's deterministic kernels without autotuning,
+    # and CUBLAS_WORKSPACE_CONFIG: bit-reproducible training, possibly slower; an operation
+    # without a deterministic kernel then fails the cell.
+    deterministic: bool = False
     output_dir: str = "outputs"  # root of run dirs, sweep dirs and the default MLflow store
     # Time data/forward/backward/optimizer separately. On CUDA this synchronises the device at
     # each phase boundary, which removes some overlap; turn off for the purest epoch time.
@@ -275,6 +285,7 @@ class RunConfig:
         _check(self.warmup_batches >= 0, "run.warmup_batches", self.warmup_batches,
                "must be 0 or more")
         _check(self.seed >= 0, "run.seed", self.seed, "must be 0 or more")
+        _check(self.repeats >= 1, "run.repeats", self.repeats, "must be 1 or more")
 
 
 @dataclass
@@ -393,6 +404,14 @@ class DistbenchConfig:
         if self.distribution.batch_size is not None:
             return self.distribution.batch_size
         return default_batch_size(self.dataset.name.value, self.distribution.name.value)
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step over the whole cell: every data-parallel worker's batch;
+        a pipeline's batch (it enters the pipeline whole)."""
+        if self.distribution.data_parallel:
+            return self.batch_size * self.world_size
+        return self.batch_size
 
     @property
     def run_name(self) -> str:

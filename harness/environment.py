@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import socket
 import subprocess
 from functools import cache
@@ -12,11 +13,14 @@ from pathlib import Path
 
 import torch
 
+from harness.seeding import determinism_facts
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def capture_environment(device: torch.device) -> dict[str, str]:
-    """Facts about software and hardware, as strings (they become MLflow tags)."""
+    """Facts about software and hardware, as strings (they become MLflow tags); a library or
+    device that is not there reads "none"."""
     commit, dirty = git_revision()
     facts = {
         "distbench_version": _version("distbench"),
@@ -25,8 +29,11 @@ def capture_environment(device: torch.device) -> dict[str, str]:
         "python_version": platform.python_version(),
         "torch_version": torch.__version__,
         "torchvision_version": _version("torchvision"),
+        "horovod_version": _version("horovod", missing="none"),
+        "mlperf_logging_version": _version("mlperf-logging"),
         "mlflow_version": _version("mlflow"),
         "hydra_version": _version("hydra-core"),
+        **accelerator_libraries(),
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cpu_model": cpu_model(),
@@ -34,14 +41,54 @@ def capture_environment(device: torch.device) -> dict[str, str]:
         "torch_threads": str(torch.get_num_threads()),
         "device_type": device.type,
         "device_name": device_name(device),
-        "cuda_version": str(torch.version.cuda),
-        "cudnn_version": str(torch.backends.cudnn.version()) if device.type == "cuda" else "none",
-        "cuda_device_count": str(torch.cuda.device_count()) if device.type == "cuda" else "0",
+        "cuda_device_count": str(torch.cuda.device_count()),
+        "cuda_device_names": cuda_device_names(),
+        "gpu_driver_version": gpu_driver_version(),
+        # Outside SLURM the cell's one node is this host.
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID", "none"),
+        "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST", socket.gethostname()),
     }
-    if "SLURM_JOB_ID" in os.environ:
-        facts["slurm_job_id"] = os.environ["SLURM_JOB_ID"]
-        facts["slurm_nodelist"] = os.environ.get("SLURM_JOB_NODELIST", "")
-    return facts
+    return {**facts, **determinism_facts()}
+
+
+def accelerator_libraries() -> dict[str, str]:
+    """The CUDA, cuDNN and NCCL versions torch is built with and loads ("none" without)."""
+    import torch.distributed as dist
+
+    nccl = "none"
+    if dist.is_available() and dist.is_nccl_available():
+        nccl = ".".join(str(part) for part in torch.cuda.nccl.version())
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {
+        "cuda_version": torch.version.cuda or "none",
+        "cudnn_version": str(cudnn) if cudnn else "none",
+        "nccl_version": nccl,
+    }
+
+
+def cuda_device_names() -> str:
+    """The visible CUDA devices' names, comma-separated, or "none"."""
+    names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return ", ".join(names) or "none"
+
+
+@cache
+def gpu_driver_version() -> str:
+    """The NVIDIA kernel driver's version, or "none" where there is no NVIDIA driver."""
+    try:  # the driver's own file: no process to start
+        first = Path("/proc/driver/nvidia/version").read_text().splitlines()[0]
+        match = re.search(r"Kernel Module\s+(\S+)", first)
+        if match:
+            return match.group(1)
+    except (OSError, IndexError):
+        pass
+    try:
+        query = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+                                "--format=csv,noheader"], capture_output=True, text=True,
+                               check=True, timeout=10)
+        return query.stdout.splitlines()[0].strip() or "none"
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "none"
 
 
 def device_name(device: torch.device) -> str:
@@ -73,8 +120,9 @@ def git_revision() -> tuple[str, bool]:
         return "unknown", False
 
 
-def _version(package: str) -> str:
+def _version(package: str, missing: str = "unknown") -> str:
+    """An installed distribution's version (read from its metadata, without importing it)."""
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
-        return "unknown"
+        return missing

@@ -8,6 +8,7 @@ the device before reading the clock (a no-op on the CPU).
 from __future__ import annotations
 
 import contextlib
+import math
 import resource
 import statistics
 import time
@@ -15,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -91,6 +93,45 @@ class Summary:
             max=max(values),
             n=len(values),
         )
+
+
+@dataclass(frozen=True)
+class RepeatStatistics:
+    """A cell's repeats (independent measurements of seconds per epoch): their mean, spread,
+    Student-t 95 % confidence interval of the mean and MLPerf's trimmed mean."""
+
+    mean: float
+    std: float  # sample standard deviation over the repeats; 0 for one repeat
+    ci95_low: float | None  # None for one repeat: one value gives no interval
+    ci95_high: float | None
+    # With 5 or more repeats, the mean without the fastest and the slowest (MLPerf's rule for
+    # scoring a benchmark from several runs); None below that.
+    trimmed_mean: float | None
+    n: int
+
+    TRIM_FROM: ClassVar[int] = 5  # repeats needed before the extremes are dropped
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> RepeatStatistics:
+        if not values:
+            raise ValueError("cannot summarise an empty sequence of repeats")
+        n, mean = len(values), statistics.fmean(values)
+        std = statistics.stdev(values) if n > 1 else 0.0
+        low = high = trimmed = None
+        if n > 1:
+            half_width = student_t_975(n - 1) * std / math.sqrt(n)
+            low, high = mean - half_width, mean + half_width
+        if n >= cls.TRIM_FROM:
+            trimmed = statistics.fmean(sorted(values)[1:-1])
+        return cls(mean=mean, std=std, ci95_low=low, ci95_high=high, trimmed_mean=trimmed, n=n)
+
+
+def student_t_975(degrees_of_freedom: int) -> float:
+    """The 97.5 % quantile of Student's t: a two-sided 95 % interval's half-width in standard
+    errors (12.706 for 1 degree of freedom, 2.776 for 4, 1.96 in the limit)."""
+    from scipy import stats  # imported here: only cells with repeats need it
+
+    return float(stats.t.ppf(0.975, degrees_of_freedom))
 
 
 class PeakMemory:

@@ -23,6 +23,16 @@ class RunStatus(str, Enum):
     timeout = "timeout"  # ended by the cell time limit
 
 
+@dataclass(frozen=True)
+class RepeatResult:
+    """One repeat of a cell's measurement (`run.repeats`)."""
+
+    repeat: int  # from 0
+    seed: int  # what seeded every RNG and the data order for this repeat
+    seconds_per_epoch: float  # the mean of its epochs
+    epoch_seconds: list[float]
+
+
 @dataclass
 class CellResult:
     status: RunStatus
@@ -33,7 +43,8 @@ class CellResult:
     config: dict[str, Any]  # the resolved config, batch size included
     environment: dict[str, str]
     metrics: dict[str, float] = field(default_factory=dict)
-    epoch_seconds: list[float] = field(default_factory=list)
+    epoch_seconds: list[float] = field(default_factory=list)  # every repeat's, in order
+    repeats: list[RepeatResult] = field(default_factory=list)
     phase_seconds: dict[str, list[float]] = field(default_factory=dict)  # per phase, per epoch
     error: str | None = None
     mlflow_run_id: str | None = None

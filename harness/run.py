@@ -22,19 +22,22 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from harness.config import DistbenchConfig, resolved_container, validate
-from harness.distributions import EpochMeasurement, TrainingContext, trainer_factory
+from harness.distributions import EpochMeasurement, Trainer, TrainingContext, trainer_factory
 from harness.environment import capture_environment
-from harness.metrics import PeakMemory, PhaseClock, Summary
+from harness.eventlog import MLLOG_FILE, EventLog
+from harness.metrics import PeakMemory, PhaseClock, RepeatStatistics, Summary
 from harness.results import (
     CellResult,
+    RepeatResult,
     RunStatus,
     read_rank_reports,
     write_rank_report,
     write_result,
 )
+from harness.seeding import repeat_seed, seed_everything, set_deterministic
 from harness.tracking import record_cell, tracking_uri
 from harness.watchdog import ProgressWatchdog
-from harness.workload import build_workload
+from harness.workload import Workload, build_workload
 from launchers.distributed import WorkerEnvironment, WorkerSession, worker_environment, worker_session
 
 log = logging.getLogger(__name__)
@@ -44,7 +47,8 @@ log = logging.getLogger(__name__)
 class WorkerMeasurement:
     """What one worker measured; rank 0 gathers these from every worker."""
 
-    epochs: list[EpochMeasurement]
+    epochs: list[EpochMeasurement]  # every repeat's timed epochs, repeat after repeat
+    seeds: list[int]  # the seed of each repeat
     peak_memory_mb: float
     memory_kind: str
     parameter_digest: str  # sha256 of the trained parameters: replicas must agree
@@ -65,10 +69,29 @@ class Measurement:
 
     workers: list[WorkerMeasurement]  # in rank order
 
+    @property
+    def seeds(self) -> list[int]:
+        return self.workers[0].seeds  # every worker seeds alike
+
     def epoch_seconds(self) -> list[float]:
         """An epoch lasts until its slowest worker is done."""
         return [max(worker.epochs[e].seconds for worker in self.workers)
                 for e in range(len(self.workers[0].epochs))]
+
+    def repeat_epoch_seconds(self) -> list[list[float]]:
+        """`epoch_seconds`, one list per repeat."""
+        per_epoch, repeats = self.epoch_seconds(), len(self.seeds)
+        size = len(per_epoch) // repeats
+        return [per_epoch[r * size:(r + 1) * size] for r in range(repeats)]
+
+    def repeat_seconds_per_epoch(self) -> list[float]:
+        """Each repeat's seconds per epoch: the mean of its epochs."""
+        return [statistics.fmean(epochs) for epochs in self.repeat_epoch_seconds()]
+
+    def repeats(self) -> list[RepeatResult]:
+        return [RepeatResult(repeat=k, seed=seed, seconds_per_epoch=mean, epoch_seconds=epochs)
+                for k, (seed, mean, epochs) in enumerate(zip(
+                    self.seeds, self.repeat_seconds_per_epoch(), self.repeat_epoch_seconds()))]
 
     def phase_seconds(self) -> dict[str, list[float]]:
         """Seconds per phase per epoch, averaged over the workers."""
@@ -107,6 +130,7 @@ class Measurement:
             "world_size": float(len(self.workers)),
             "peak_memory_mb": max(worker.peak_memory_mb for worker in self.workers),
         }
+        metrics.update(repeat_metrics(self.repeat_seconds_per_epoch()))
         if len(self.workers) > 1:
             for rank, worker in enumerate(self.workers):
                 metrics[f"peak_memory_mb_rank{rank}"] = worker.peak_memory_mb
@@ -117,6 +141,22 @@ class Measurement:
         for phase, per_epoch in self.phase_seconds().items():
             metrics[f"{phase}_seconds_per_epoch"] = statistics.fmean(per_epoch)
         return metrics
+
+
+def repeat_metrics(repeat_seconds: list[float]) -> dict[str, float]:
+    """The repeats' statistics of seconds per epoch: `repeats` always; the spread over the
+    repeats and the 95 % confidence interval of their mean from 2 repeats on; the trimmed mean
+    from 5 on. (`seconds_per_epoch` itself, the mean, equals the repeats' mean: every repeat
+    times the same number of epochs.)"""
+    stats = RepeatStatistics.of(repeat_seconds)
+    metrics = {"repeats": float(stats.n)}
+    if stats.ci95_low is not None and stats.ci95_high is not None:
+        metrics["seconds_per_epoch_repeat_std"] = stats.std
+        metrics["seconds_per_epoch_ci95_low"] = stats.ci95_low
+        metrics["seconds_per_epoch_ci95_high"] = stats.ci95_high
+    if stats.trimmed_mean is not None:
+        metrics["seconds_per_epoch_trimmed_mean"] = stats.trimmed_mean
+    return metrics
 
 
 def select_device(config: DistbenchConfig, local_rank: int = 0) -> torch.device:
@@ -130,10 +170,21 @@ def select_device(config: DistbenchConfig, local_rank: int = 0) -> torch.device:
 
 
 def measure(config: DistbenchConfig, device: torch.device, session: WorkerSession,
-            heartbeat: Callable[[], None]) -> WorkerMeasurement:
-    """Build this worker's workload, warm up, then train and time `run.epochs` epochs."""
+            heartbeat: Callable[[], None], events: EventLog) -> WorkerMeasurement:
+    """Build this worker's workload, warm up, then time `run.repeats` repeats of
+    `run.epochs` epochs.
+
+    The repeats share this worker's process, process group, network and trainer, built and
+    warmed up once (MLPerf's untimed initialisation): building a trainer again would re-run
+    Horovod's rendezvous and `hvd.init()` (once per process), a pipeline's profiling and plan
+    (which could then differ between repeats) and its process groups. What a repeat's seed
+    controls is everything random during training: the data order and the RNGs of Python,
+    NumPy and torch. The parameters carry on from the previous repeat; an epoch's time does
+    not depend on their values.
+    """
     if config.hardware.cpu_threads is not None:
         torch.set_num_threads(config.hardware.cpu_threads)
+    events.init_start()
     # A pipeline feeds every batch through all its workers: its data is not sharded by worker.
     shard, shards = (0, 1) if config.distribution.pipeline else (session.env.rank,
                                                                  session.env.world_size)
@@ -145,18 +196,37 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
     memory = PeakMemory(device)
     memory.reset()
     trainer.warm_up(config.run.warmup_batches)
-    epochs = []
-    for epoch in range(config.run.epochs):
-        epochs.append(trainer.train_epoch(epoch))
-        log.info("epoch %d/%d: %.3f s (%d images)", epoch + 1, config.run.epochs,
-                 epochs[-1].seconds, epochs[-1].samples)
+    events.init_stop(config)
+    epochs, seeds = [], []
+    for repeat in range(config.run.repeats):
+        seeds.append(repeat_seed(config.run.seed, repeat))
+        epochs += time_repeat(config, trainer, workload, repeat, seeds[-1], events)
     # Pipeline trainers say which replica group they are in and what else they measured.
-    return WorkerMeasurement(epochs=epochs, peak_memory_mb=memory.peak_mb(),
+    return WorkerMeasurement(epochs=epochs, seeds=seeds, peak_memory_mb=memory.peak_mb(),
                              memory_kind=memory.kind,
                              parameter_digest=parameter_digest(workload.model),
                              replica_group=getattr(trainer, "replica_group", 0),
                              extra_metrics=getattr(trainer, "extra_metrics", dict)(),
                              resolved_config=getattr(trainer, "resolved_config", dict)())
+
+
+def time_repeat(config: DistbenchConfig, trainer: Trainer, workload: Workload, repeat: int,
+                seed: int, events: EventLog) -> list[EpochMeasurement]:
+    """Seed every RNG and the data order with `seed`, then train and time `run.epochs` epochs
+    (numbered from 0 in each repeat: the data order is a function of (seed, epoch))."""
+    seed_everything(seed)
+    workload.loader.reseed(seed)
+    events.run_start(repeat, seed)
+    epochs = []
+    of_repeats = f"repeat {repeat + 1}/{config.run.repeats}, " if config.run.repeats > 1 else ""
+    for epoch in range(config.run.epochs):
+        events.epoch_start(repeat, epoch)
+        epochs.append(trainer.train_epoch(epoch))
+        events.epoch_stop(repeat, epoch)
+        log.info("%sepoch %d/%d: %.3f s (%d images)", of_repeats, epoch + 1, config.run.epochs,
+                 epochs[-1].seconds, epochs[-1].samples)
+    events.run_stop(repeat, success=True)
+    return epochs
 
 
 def parameter_digest(model: torch.nn.Module) -> str:
@@ -203,10 +273,12 @@ def run_cell(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     with ProgressWatchdog(watchdog_s, on_stall=report_stall) as watchdog:
         try:
             _check_world_size(config, env)
+            set_deterministic(config.run.deterministic)  # before the first CUDA kernel
             device = select_device(config, env.local_rank)
             with worker_session(env, device, backend=config.distribution.backend,
                                 timeout_s=config.run.progress_timeout_s) as session:
-                worker = measure(config, device, session, watchdog.beat)
+                with EventLog.for_worker(output_dir, env.is_main) as events:
+                    worker = measure(config, device, session, watchdog.beat, events)
                 measurement = Measurement(session.all_gather(worker))
         except Exception as err:  # noqa: BLE001 - a failing cell is a result, not a crash
             status, error = classify_failure(err), traceback.format_exc()
@@ -222,6 +294,7 @@ def run_cell(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     if measurement is not None:
         result.metrics = measurement.metrics()
         result.epoch_seconds = measurement.epoch_seconds()
+        result.repeats = measurement.repeats()
         result.phase_seconds = measurement.phase_seconds()
         result.environment["memory_kind"] = measurement.workers[0].memory_kind
         result.config["distribution"].update(measurement.workers[0].resolved_config)
@@ -295,7 +368,8 @@ def finish_cell(result: CellResult, config: DistbenchConfig) -> None:
     uri = tracking_uri(config.tracking.uri, config.run.output_dir)
     try:
         result.mlflow_run_id = record_cell(result, uri=uri, experiment=config.tracking.experiment,
-                                           artifacts=[config_path, result_path])
+                                           artifacts=[config_path, result_path,
+                                                      output_dir / MLLOG_FILE])
     except Exception as err:  # noqa: BLE001 - result.json already holds the result
         result.tracking_error = f"{type(err).__name__}: {err}"
         log.warning("MLflow could not record %s (%s); result kept in %s", result.run_name,

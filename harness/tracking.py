@@ -85,6 +85,9 @@ def _metrics(result: CellResult) -> Iterator[tuple[str, float, int]]:
         yield key, float(value), 0
     for epoch, seconds in enumerate(result.epoch_seconds):
         yield "epoch_seconds", seconds, epoch
+    for repeat in result.repeats:
+        yield "repeat_seconds_per_epoch", repeat.seconds_per_epoch, repeat.repeat
+        yield "repeat_seed", float(repeat.seed), repeat.repeat
     for phase, per_epoch in result.phase_seconds.items():
         for epoch, seconds in enumerate(per_epoch):
             yield f"epoch_{phase}_seconds", seconds, epoch
@@ -100,8 +103,11 @@ def record_cell(result: CellResult, *, uri: str, experiment: str,
         tags["mlflow.parentRunId"] = parent
     if result.error:
         tags["error"] = result.error[-5000:]  # MLflow tag values are limited in length
+    params = dict(result.config)
+    if result.repeats:  # every seed used, exactly (a metric is a float)
+        params["seeds"] = " ".join(str(repeat.seed) for repeat in result.repeats)
     return log_run(uri=uri, experiment=experiment, run_name=result.run_name, tags=tags,
-                   params=result.config, metrics=list(_metrics(result)), artifacts=artifacts,
+                   params=params, metrics=list(_metrics(result)), artifacts=artifacts,
                    finished=result.status is RunStatus.ok)
 
 

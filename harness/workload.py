@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from harness.config import DistbenchConfig, OptimizerConfig
+from harness.seeding import seed_everything
 from workloads.datasets import DatasetSpec, EpochLoader, build_dataset, dataset_spec
 from workloads.networks import build_network
 
@@ -23,8 +24,9 @@ class Workload:
 
 
 def build_workload(config: DistbenchConfig, *, rank: int = 0, world_size: int = 1) -> Workload:
-    """Build the cell's data (this worker's shard) and network, seeded from run.seed."""
-    torch.manual_seed(config.run.seed)
+    """Build the cell's data (this worker's shard) and network, seeded from run.seed (the
+    synthetic data, the data order and, through every RNG, the initial parameters)."""
+    seed_everything(config.run.seed)
     spec = dataset_spec(config.dataset.name.value)
     dataset = build_dataset(
         spec,

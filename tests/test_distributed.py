@@ -12,8 +12,10 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from harness.eventlog import MLLOG_FILE
 from harness.tracking import DEFAULT_STORE_FILE
 from tests.helpers import cell_worker_pids
+from tests.test_repro import read_mllog
 
 TWO_WORKER_CELL = ["hardware=local_2cpu", "network=mobilenetv2",
                    "dataset=mnist", "distribution.batch_size=8", "run.progress=false"]
@@ -66,6 +68,16 @@ def test_two_ddp_workers_train_in_sync_and_record_the_cell(output_root: Path) ->
     assert run.data.params["distribution.name"] == "ddp"
     assert run.data.metrics["world_size"] == 2
     assert not cell_worker_pids(output_root)
+    # One event log for the cell, from rank 0 alone: each event once.
+    (mllog,) = (output_root / "runs").rglob("mllog*")  # (MLflow keeps a copy elsewhere)
+    assert mllog == Path(result["output_dir"]) / MLLOG_FILE
+    lines = read_mllog(mllog)
+    assert [line.key for line in lines].count("init_start") == 1
+    assert [(line.key, line.value["metadata"]["epoch_num"]) for line in lines
+            if line.key in ("epoch_start", "epoch_stop")] == [("epoch_start", 1), ("epoch_stop", 1),
+                                                  ("epoch_start", 2), ("epoch_stop", 2)]
+    facts = {line.key: line.value["value"] for line in lines}
+    assert facts["world_size"] == 2 and facts["global_batch_size"] == 16  # 2 workers x 8
 
 
 def test_a_crashing_worker_ends_the_cell_as_failed(output_root: Path) -> None:

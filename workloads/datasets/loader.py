@@ -45,6 +45,20 @@ class EpochLoader:
     def epoch(self) -> int:
         return self._schedule.epoch
 
+    @property
+    def seed(self) -> int:
+        return self._schedule.seed
+
+    def reseed(self, seed: int) -> None:
+        """Derive the data order from `seed` from now on (a cell's next repeat).
+
+        The schedule is read afresh at each iteration, so a DataLoader and its persistent
+        workers follow; their per-worker random seeds still come from the first seed.
+        """
+        _check_arguments(self.batch_size, seed, self.num_workers, self._schedule.rank,
+                         self._schedule.world_size)
+        self._schedule.seed = seed
+
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose order the next iteration uses (deterministic in (seed, epoch))."""
         if epoch < 0:
