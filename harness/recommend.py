@@ -93,8 +93,9 @@ def _powers_of_two(limit: int) -> list[int]:
 
 def candidates(config: DistbenchConfig) -> Iterator[DistbenchConfig]:
     """Every configuration the recommender ranks (module docstring)."""
-    base = replace(config.distribution, batch_size=None, micro_batches=None, balance=None,
-                   stages=None)
+    # The user's batch size and micro-batch count (else Table 3.3's) hold for every
+    # candidate; plans are the candidates' own.
+    base = replace(config.distribution, balance=None, stages=None)
     yield _with(config, replace(base, name=DistributionName.sequential), 1, 1)
     for nodes, per_node in worker_counts(config):
         for name in (DistributionName.ddp, DistributionName.horovod):
@@ -144,7 +145,8 @@ def _predict(candidate: DistbenchConfig, fitted: Fitted, cache: FactsCache,
     if facts.plan is not None:
         settings["stages"] = facts.plan.stage_string()
         settings["balance"] = facts.plan.balance
-    return Option(setting_label(candidate, plan=facts.plan), model, 1 if model == "sequential" else candidate.world_size, seconds,
+    workers = 1 if model == "sequential" else candidate.world_size
+    return Option(setting_label(candidate, plan=facts.plan), model, workers, seconds,
                   max(memory), fits(memory, candidate.hardware.device_memory_gb),
                   cost_per_epoch(candidate, seconds), settings)
 

@@ -94,3 +94,29 @@ def test_the_sequential_model_extrapolates_measured_batches(tmp_path) -> None:  
                                               warmup_batches=1)
     assert timing.batch_size == 8 and timing.batches == 3
     assert 0 < timing.median_s < 10 and timing.std_s >= 0
+
+
+def _uniform(workers: int, latency_us: float = 10, mbps: float = 1000) -> HardwareProfile:
+    return HardwareProfile("uniform", "config", workers, 1, [
+        Link(i, j, True, Cost(latency_us / 1e6, mbps * 1e6))
+        for i in range(workers) for j in range(i + 1, workers)])
+
+
+def test_pipedream_epoch_is_pipeline_depth_plus_the_bottleneck_interval() -> None:
+    from harness.predict.pipedream import PipelineStage, epoch_split
+
+    # Stage 0 on workers 0-1 (8 MB of weights, 1 MB out), stage 1 on worker 2.
+    # c = 10 us + 1 MB / 1000 MB/s = 1.01 ms; stage 0's replicas allreduce 8 MB:
+    # 2 (2-1) (10 us + 4 MB / 1000 MB/s) = 8.02 ms; x_0 = 2c + 8.02 ms, x_1 = 2c.
+    stages = [PipelineStage(0.2, 2, 8.0, 1.0), PipelineStage(0.3, 1, 4.0, 0.0)]
+    split = epoch_split(stages, 10, _uniform(3))
+    # I_0 = (0.2 + 10.04 ms) / 2 < I_1 = 0.3 + 2.02 ms: stage 1 is the bottleneck.
+    assert split.compute_s == pytest.approx(0.2 + 0.3 + 9 * 0.3)
+    assert split.communication_s == pytest.approx(2 * 0.00101 + 9 * 0.00202)
+    # Make the replicated stage the bottleneck: its interval is halved by its two replicas.
+    stages[0] = PipelineStage(0.8, 2, 8.0, 1.0)
+    split = epoch_split(stages, 10, _uniform(3))
+    assert split.compute_s == pytest.approx(0.8 + 0.3 + 9 * 0.8 / 2)
+    assert split.communication_s == pytest.approx(2 * 0.00101 + 9 * (2 * 0.00101 + 0.00802) / 2)
+    assert split.seconds == pytest.approx(split.compute_s + split.communication_s)
+    assert epoch_split(stages, 0, _uniform(3)).seconds == 0.0

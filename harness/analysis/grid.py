@@ -7,6 +7,7 @@ whose values MLflow keeps as strings.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,8 @@ def load_grid(uri: str, experiment: str) -> list[MeasuredCell]:
     and analysis runs carry no cell status and are skipped)."""
     from mlflow.tracking import MlflowClient
 
+    # One tiny config file per run: MLflow's per-download progress bar would only be noise.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     client = MlflowClient(tracking_uri=uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
