@@ -32,7 +32,8 @@ from harness.results import (
     write_rank_report,
     write_result,
 )
-from harness.tracking import record_cell, tracking_uri
+from harness.resume import cell_key, index_result
+from harness.tracking import record_cell, tracking_failure, tracking_uri
 from harness.watchdog import ProgressWatchdog
 from harness.workload import build_workload
 from launchers.distributed import WorkerEnvironment, WorkerSession, worker_environment, worker_session
@@ -279,7 +280,7 @@ def _new_result(cfg: DictConfig, config: DistbenchConfig, output_dir: Path, star
     return CellResult(
         status=status, run_name=config.run_name, output_dir=str(output_dir.resolve()),
         started_at=started, finished_at=now(), config=resolved,
-        environment=capture_environment(device), error=error,
+        environment=capture_environment(device), error=error, cell_key=cell_key(cfg),
     )
 
 
@@ -291,16 +292,20 @@ def finish_cell(result: CellResult, config: DistbenchConfig) -> None:
     OmegaConf.save(OmegaConf.create(result.config), config_path)
     result_path = write_result(result)
     if not config.tracking.enabled:
+        index_result(config.run.output_dir, result.cell_key, result.to_dict())
         return
     uri = tracking_uri(config.tracking.uri, config.run.output_dir)
     try:
         result.mlflow_run_id = record_cell(result, uri=uri, experiment=config.tracking.experiment,
                                            artifacts=[config_path, result_path])
     except Exception as err:  # noqa: BLE001 - result.json already holds the result
-        result.tracking_error = f"{type(err).__name__}: {err}"
-        log.warning("MLflow could not record %s (%s); result kept in %s", result.run_name,
-                    result.tracking_error, result_path)
+        result.tracking_error = tracking_failure(err)
+        result.pending_sync = True
+        log.warning("MLflow could not record %s (%s); result kept in %s, pending "
+                    "`python -m harness.sync`", result.run_name, result.tracking_error,
+                    result_path)
     write_result(result)
+    index_result(config.run.output_dir, result.cell_key, result.to_dict())
     _log_summary(result, uri)
 
 

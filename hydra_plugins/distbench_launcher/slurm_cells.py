@@ -51,6 +51,9 @@ class SlurmCellsConf(SlurmQueueConf):
     grace_after_result_s: float = 20.0
     # Extra arguments of the srun line that starts the workers.
     srun_args: Optional[List[str]] = None
+    # Run every cell, also those that already have a result with status ok under run.output_dir
+    # (by default a re-run sweep skips them: see harness.resume).
+    force: bool = False
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="slurm_cells", node=SlurmCellsConf,
