@@ -317,7 +317,7 @@ def _log_summary(result: CellResult, uri: str) -> None:
                  result.metrics["seconds_per_epoch_std"], result.metrics["images_per_second"],
                  result.metrics["peak_memory_mb"])
     log.info("result: %s/result.json; MLflow run %s at %s", result.output_dir,
-             result.mlflow_run_id, uri)
+             "pending sync" if result.pending_sync else result.mlflow_run_id, uri)
 
 
 def _hydra_output_dir() -> str | None:

@@ -123,10 +123,11 @@ def record_cell(result: CellResult, *, uri: str, experiment: str,
 
 
 def recorded_run_id(client: Any, experiment_id_: str, output_dir: str) -> str | None:
-    """The id of the run that already holds the result in `output_dir`, if any."""
+    """The id of the run that already holds the result in `output_dir`, if any. A run still
+    RUNNING is one whose upload broke off half-way: it does not count."""
     quoted = output_dir.replace("'", "\\'")
-    runs = client.search_runs([experiment_id_], filter_string=f"tags.{OUTPUT_DIR_TAG} = "
-                                                              f"'{quoted}'", max_results=1)
+    runs = client.search_runs([experiment_id_], max_results=1, filter_string=(
+        f"tags.{OUTPUT_DIR_TAG} = '{quoted}' and attributes.status != 'RUNNING'"))
     return runs[0].info.run_id if runs else None
 
 
@@ -188,7 +189,8 @@ class SweepParentRun(Callback):
                       "distbench.kind": "sweep"},
             )
         except Exception as err:  # noqa: BLE001 - tracking must never stop a sweep
-            log.warning("MLflow unreachable at %s (%s); cells will not be nested", self._uri, err)
+            log.warning("MLflow unreachable at %s (%s); cells will not be nested", self._uri,
+                        tracking_failure(err))
             return
         self._run_id = run.info.run_id
         os.environ[PARENT_RUN_ENV] = self._run_id
