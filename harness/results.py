@@ -49,6 +49,10 @@ class CellResult:
     error: str | None = None
     mlflow_run_id: str | None = None
     tracking_error: str | None = None  # why MLflow could not record it, if it could not
+    # True while MLflow has not got this result (it was unreachable); `python -m harness.sync`
+    # uploads it later and clears the flag.
+    pending_sync: bool = False
+    cell_key: str | None = None  # the cell's identity across re-runs (harness.resume)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

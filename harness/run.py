@@ -34,8 +34,9 @@ from harness.results import (
     write_rank_report,
     write_result,
 )
+from harness.resume import cell_key, index_result
 from harness.seeding import repeat_seed, seed_everything, set_deterministic
-from harness.tracking import record_cell, tracking_uri
+from harness.tracking import record_cell, tracking_failure, tracking_uri
 from harness.watchdog import ProgressWatchdog
 from harness.workload import Workload, build_workload
 from launchers.distributed import WorkerEnvironment, WorkerSession, worker_environment, worker_session
@@ -352,7 +353,7 @@ def _new_result(cfg: DictConfig, config: DistbenchConfig, output_dir: Path, star
     return CellResult(
         status=status, run_name=config.run_name, output_dir=str(output_dir.resolve()),
         started_at=started, finished_at=now(), config=resolved,
-        environment=capture_environment(device), error=error,
+        environment=capture_environment(device), error=error, cell_key=cell_key(cfg),
     )
 
 
@@ -364,6 +365,7 @@ def finish_cell(result: CellResult, config: DistbenchConfig) -> None:
     OmegaConf.save(OmegaConf.create(result.config), config_path)
     result_path = write_result(result)
     if not config.tracking.enabled:
+        index_result(config.run.output_dir, result.cell_key, result.to_dict())
         return
     uri = tracking_uri(config.tracking.uri, config.run.output_dir)
     try:
@@ -371,10 +373,13 @@ def finish_cell(result: CellResult, config: DistbenchConfig) -> None:
                                            artifacts=[config_path, result_path,
                                                       output_dir / MLLOG_FILE])
     except Exception as err:  # noqa: BLE001 - result.json already holds the result
-        result.tracking_error = f"{type(err).__name__}: {err}"
-        log.warning("MLflow could not record %s (%s); result kept in %s", result.run_name,
-                    result.tracking_error, result_path)
+        result.tracking_error = tracking_failure(err)
+        result.pending_sync = True
+        log.warning("MLflow could not record %s (%s); result kept in %s, pending "
+                    "`python -m harness.sync`", result.run_name, result.tracking_error,
+                    result_path)
     write_result(result)
+    index_result(config.run.output_dir, result.cell_key, result.to_dict())
     _log_summary(result, uri)
 
 
@@ -386,7 +391,7 @@ def _log_summary(result: CellResult, uri: str) -> None:
                  result.metrics["seconds_per_epoch_std"], result.metrics["images_per_second"],
                  result.metrics["peak_memory_mb"])
     log.info("result: %s/result.json; MLflow run %s at %s", result.output_dir,
-             result.mlflow_run_id, uri)
+             "pending sync" if result.pending_sync else result.mlflow_run_id, uri)
 
 
 def _hydra_output_dir() -> str | None:

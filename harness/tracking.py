@@ -26,6 +26,17 @@ log = logging.getLogger(__name__)
 PARENT_RUN_ENV = "DISTBENCH_PARENT_RUN_ID"
 DEFAULT_STORE_FILE = "mlflow.db"
 _MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
+# A cell's run carries its cell key (harness.resume) and its result's directory, which is what
+# `harness.sync` looks for before uploading a result, so nothing is uploaded twice.
+CELL_KEY_TAG = "distbench.cell_key"
+OUTPUT_DIR_TAG = "output_dir"
+# MLflow's HTTP client retries a failed request 7 times with exponential back-off (minutes in
+# all) and waits 120 s for an answer: an unreachable server would hold every cell that long.
+# A few seconds is enough to ride out a blip; the result waits in result.json for harness.sync.
+# Set in the environment to override.
+_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+                  "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
 
 
 def tracking_uri(configured_uri: str | None, output_root: str | Path) -> str:
@@ -52,6 +63,10 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 def _client(uri: str):  # noqa: ANN202 - MlflowClient imported lazily (slow import)
     from mlflow.tracking import MlflowClient
 
+    for name, value in _HTTP_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    # urllib3 logs every retry as a warning; the caller reports the failure once.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     # The SQLite store logs its schema migrations at INFO on first use; they are not news.
     logging.getLogger("alembic").setLevel(logging.WARNING)
     return MlflowClient(tracking_uri=uri)
@@ -97,7 +112,9 @@ def record_cell(result: CellResult, *, uri: str, experiment: str,
                 artifacts: list[Path]) -> str:
     """Log a finished (or failed) cell as one MLflow run; return the run id."""
     tags = {**result.environment, "status": result.status.value,
-            "output_dir": result.output_dir}
+            OUTPUT_DIR_TAG: result.output_dir}
+    if result.cell_key:
+        tags[CELL_KEY_TAG] = result.cell_key
     parent = os.environ.get(PARENT_RUN_ENV)
     if parent:
         tags["mlflow.parentRunId"] = parent
@@ -109,6 +126,21 @@ def record_cell(result: CellResult, *, uri: str, experiment: str,
     return log_run(uri=uri, experiment=experiment, run_name=result.run_name, tags=tags,
                    params=params, metrics=list(_metrics(result)), artifacts=artifacts,
                    finished=result.status is RunStatus.ok)
+
+
+def recorded_run_id(client: Any, experiment_id_: str, output_dir: str) -> str | None:
+    """The id of the run that already holds the result in `output_dir`, if any. A run still
+    RUNNING is one whose upload broke off half-way: it does not count."""
+    quoted = output_dir.replace("'", "\\'")
+    runs = client.search_runs([experiment_id_], max_results=1, filter_string=(
+        f"tags.{OUTPUT_DIR_TAG} = '{quoted}' and attributes.status != 'RUNNING'"))
+    return runs[0].info.run_id if runs else None
+
+
+def tracking_failure(err: BaseException) -> str:
+    """Why MLflow failed, on one line (its messages can span many)."""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
 
 
 def log_run(*, uri: str, experiment: str, run_name: str, tags: Mapping[str, str],
@@ -163,7 +195,8 @@ class SweepParentRun(Callback):
                       "distbench.kind": "sweep"},
             )
         except Exception as err:  # noqa: BLE001 - tracking must never stop a sweep
-            log.warning("MLflow unreachable at %s (%s); cells will not be nested", self._uri, err)
+            log.warning("MLflow unreachable at %s (%s); cells will not be nested", self._uri,
+                        tracking_failure(err))
             return
         self._run_id = run.info.run_id
         os.environ[PARENT_RUN_ENV] = self._run_id

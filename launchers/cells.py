@@ -19,6 +19,7 @@ from omegaconf import DictConfig, open_dict
 
 from harness.config import ConfigError, DistbenchConfig, validate
 from harness.results import RESULT_FILE, RunStatus, read_rank_reports, read_result
+from harness.resume import cell_key, finished_result
 from harness.run import record_failure
 
 Size = TypeVar("Size")
@@ -90,6 +91,26 @@ def prepare_sweep(loader, master: DictConfig,  # noqa: ANN001
     return prepared
 
 
+def finished_earlier(prepared: Sequence[PreparedCell[Any]], *,
+                     force: bool) -> dict[int, dict[str, Any]]:
+    """The results of the cells that already finished (status ok) in an earlier run of the same
+    sweep, by position in `prepared`; those cells are skipped, and said so. With `force`, none:
+    every cell runs again."""
+    if force:
+        return {}
+    done = {}
+    for index, cell in enumerate(prepared):
+        result = finished_result(cell.cell.run.output_dir, cell_key(cell.config))
+        if result is not None:
+            done[index] = result
+            print(f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): skipped, finished "
+                  f"earlier: {result['output_dir']}", flush=True)
+    if done:
+        print(f"[distbench] {len(done)} of {len(prepared)} cells already finished; "
+              f"hydra.launcher.force=true runs them again", flush=True)
+    return done
+
+
 def cell_outcome(config: DictConfig, output_dir: Path, *, ended_as: RunStatus | None,
                  logs: str, started: str) -> dict[str, Any]:
     """The cell's result: what rank 0 recorded, or else a record made from what is left.
@@ -129,7 +150,8 @@ def sweep_returns(prepared: Sequence[PreparedCell[Any]], results: Sequence[dict[
 
     print(summary_table(results), flush=True)
     return [JobReturn(overrides=cell.overrides, cfg=cell.config,
-                      working_dir=str(cell.output_dir), task_name=job_id,
+                      working_dir=str(result.get("output_dir", cell.output_dir)),
+                      task_name=job_id,
                       status=JobStatus.COMPLETED, _return_value=result)
             for cell, result, job_id in zip(prepared, results, job_ids)]
 

@@ -101,7 +101,7 @@ def job_size(hardware: HardwareConfig, workers: int, launcher: Mapping[str, Any]
 _GENERIC_KEYS = {"timeout_min", "cpus_per_task", "mem_gb", "stderr_to_stdout"}
 _OWN_KEYS = {"submitit_folder", "nodes", "tasks_per_node", "gpus_per_node", "name", "exclusive",
              "one_cell_at_a_time", "grace_after_result_s", "max_num_timeout",
-             "array_parallelism", "_target_"}
+             "array_parallelism", "force", "_target_"}
 
 
 def executor_parameters(size: CellJobSize, launcher: Mapping[str, Any],

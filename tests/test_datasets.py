@@ -177,16 +177,28 @@ def test_unreadable_or_foreign_manifest_regenerates(tmp_path: Path, manifest: st
     assert synthetic_cifar(tmp_path).generated
 
 
-def test_same_size_corruption_is_found_only_with_verify(tmp_path: Path) -> None:
+def test_a_truncated_file_under_a_valid_manifest_is_regenerated_not_read(tmp_path: Path) -> None:
     dataset = synthetic_cifar(tmp_path)
     reference = file_bytes(dataset)
     with open(dataset.directory / "images.npy", "r+b") as handle:
-        handle.seek(-10, os.SEEK_END)
-        handle.write(bytes(10))
-    unverified = synthetic.build_synthetic(CIFAR, length=64, seed=0, cache_dir=tmp_path)
-    assert not unverified.generated  # sizes only: the documented trade-off
-    verified = synthetic.build_synthetic(CIFAR, length=64, seed=0, cache_dir=tmp_path, verify=True)
-    assert verified.generated and file_bytes(verified) == reference
+        handle.truncate(os.path.getsize(dataset.directory / "images.npy") // 2)
+    rebuilt = synthetic_cifar(tmp_path)
+    assert rebuilt.generated and file_bytes(rebuilt) == reference
+
+
+def test_flipped_bits_of_the_same_size_are_found_by_the_checksum(tmp_path: Path) -> None:
+    dataset = synthetic_cifar(tmp_path)
+    reference = file_bytes(dataset)
+    path = dataset.directory / "images.npy"
+    middle = os.path.getsize(path) // 2
+    with open(path, "r+b") as handle:  # flip every bit of 4 bytes mid-file, keep the size
+        handle.seek(middle)
+        flipped = bytes(b ^ 0xFF for b in handle.read(4))
+        handle.seek(middle)
+        handle.write(flipped)
+    assert path.read_bytes() != reference["images.npy"]
+    rebuilt = synthetic_cifar(tmp_path)  # the default load checks the sha256
+    assert rebuilt.generated and file_bytes(rebuilt) == reference
 
 
 def test_generation_failing_midway_leaves_nothing_to_trust(

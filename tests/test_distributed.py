@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from harness.eventlog import MLLOG_FILE
@@ -120,4 +121,57 @@ def test_two_horovod_workers_train_in_sync_without_horovodrun(output_root: Path)
     assert 0 < metrics["comm_wait_seconds_per_epoch"] < metrics["seconds_per_epoch"]
     assert result["config"]["distribution"]["name"] == "horovod"
     assert result["config"]["distribution"]["fusion_threshold_mb"] == 32
+    assert not cell_worker_pids(output_root)
+
+
+# Loaded at start-up by every Python process that has its folder on PYTHONPATH; it acts only in
+# the worker of rank 1 (submitit's local rank variable), whose optimizer step it turns into the
+# fault after a few real steps, so the fault strikes mid-training in a real worker process.
+_FAULT_HOOK = '''
+import os
+if os.environ.get("SUBMITIT_LOCAL_GLOBALID") == "1" and os.environ.get("DISTBENCH_TEST_FAULT"):
+    import time
+    import torch
+    real_step, steps = torch.optim.SGD.step, []
+
+    def step(self, *args, **kwargs):
+        steps.append(1)
+        if len(steps) > 3:
+            if os.environ["DISTBENCH_TEST_FAULT"] == "raise":
+                raise RuntimeError("injected fault: rank 1 raised")
+            time.sleep(3600)  # "hang": alive and responsive to signals, making no progress
+        return real_step(self, *args, **kwargs)
+
+    torch.optim.SGD.step = step
+'''
+
+
+@pytest.mark.parametrize("fault, status", [("raise", "failed"), ("hang", "timeout")])
+def test_a_worker_that_raises_or_hangs_mid_training_ends_its_cell(
+        output_root: Path, tmp_path: Path, fault: str, status: str) -> None:
+    """Rank 1 raises (its report names the error; rank 0's allreduce breaks), or sleeps
+    inside a step (rank 0's allreduce times out after run.progress_timeout_s; rank 1's own
+    watchdog ends it after 1.25x that + 5 s). Either way the cell is recorded and no worker
+    process is left."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_FAULT_HOOK)
+    path = os.pathsep.join([str(hooks), *filter(None, [os.environ.get("PYTHONPATH")])])
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", *TWO_WORKER_CELL, "distribution=ddp",
+         "dataset.num_samples=256", "run.epochs=5", "run.warmup_batches=0",
+         "run.progress_timeout_s=5", f"run.output_dir={output_root}"],
+        cwd=output_root.parent, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, PYTHONPATH=path, DISTBENCH_TEST_FAULT=fault))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _result(output_root)
+    assert result["status"] == status, result["error"]
+    if fault == "raise":
+        assert "--- rank 1: failed" in result["error"]
+        assert "RuntimeError: injected fault: rank 1 raised" in result["error"]
+    else:
+        # Rank 1 was ended by its own watchdog, which left its stacks in its report.
+        report = json.loads((Path(result["output_dir"]) / "ranks" / "rank1.json").read_text())
+        assert report["status"] == "timeout" and "no progress for" in report["error"]
+        assert "time.sleep(3600)" in report["error"]
     assert not cell_worker_pids(output_root)

@@ -28,6 +28,9 @@ class SerialLocalConf(LocalQueueConf):
     _target_: str = "hydra_plugins.distbench_launcher.serial_local.SerialLocalLauncher"
     # Wall-clock limit of one cell in minutes; a cell that exceeds it is recorded as `timeout`.
     timeout_min: int = 120
+    # Run every cell, also those that already have a result with status ok under run.output_dir
+    # (by default a re-run sweep skips them: see harness.resume).
+    force: bool = False
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="serial_local",
@@ -41,6 +44,13 @@ class SerialLocalLauncher(LocalLauncher):
     each runs this launcher's `__call__` (inherited: it composes the cell's config and runs the
     task function) and learns its rank from submitit's environment.
     """
+
+    def __call__(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN204 - Hydra's signature
+        """A worker of a cell (in the cell's own process): it ends when the sweep is gone."""
+        from launchers.local import follow_launcher
+
+        follow_launcher()
+        return super().__call__(*args, **kwargs)
 
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
@@ -56,9 +66,14 @@ class SerialLocalLauncher(LocalLauncher):
         prepared = cells.prepare_sweep(self.hydra_context.config_loader, self.config,
                                        job_overrides, initial_job_idx,
                                        size_cell=cells.single_node_workers)
+        done = cells.finished_earlier(prepared, force=bool(self.params["force"]))
         timeout_min = int(self.params["timeout_min"])
         results, job_ids = [], []
-        for cell in tqdm(prepared, desc="sweep", unit="cell"):
+        for index, cell in enumerate(tqdm(prepared, desc="sweep", unit="cell")):
+            if index in done:
+                results.append(done[index])
+                job_ids.append("skipped")
+                continue
             started = now()
             job = submit_local(
                 self, cell.overrides, "hydra.sweep.dir", cell.job_num,

@@ -51,6 +51,9 @@ class SlurmCellsConf(SlurmQueueConf):
     grace_after_result_s: float = 20.0
     # Extra arguments of the srun line that starts the workers.
     srun_args: Optional[List[str]] = None
+    # Run every cell, also those that already have a result with status ok under run.output_dir
+    # (by default a re-run sweep skips them: see harness.resume).
+    force: bool = False
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="slurm_cells", node=SlurmCellsConf,
@@ -72,9 +75,13 @@ class SlurmCellsLauncher(SlurmLauncher):
         prepared = cells.prepare_sweep(
             self.hydra_context.config_loader, self.config, job_overrides, initial_job_idx,
             size_cell=lambda cell: slurm.cell_job_size(cell, self.params))
+        done = cells.finished_earlier(prepared, force=bool(self.params["force"]))
         submitted: list[slurm.SubmittedCell] = []
+        positions: list[int] = []  # each submitted cell's position in `prepared`
         started = now()
-        for cell in prepared:
+        for index, cell in enumerate(prepared):
+            if index in done:
+                continue
             job = slurm.submit_cell(
                 self, cell.overrides, "hydra.sweep.dir", cell.job_num,
                 f"job_id_for_{cell.job_num}", Singleton.get_state(),
@@ -84,11 +91,14 @@ class SlurmCellsLauncher(SlurmLauncher):
                   f"{job.job_id}, {cell.size.nodes} node(s) x {cell.size.tasks_per_node} "
                   f"task(s), in {cell.output_dir}", flush=True)
             submitted.append(slurm.SubmittedCell(job, cell.output_dir, cell.size.tasks))
+            positions.append(index)
 
-        results: dict[int, dict] = {}
+        results: dict[int, dict] = dict(done)
+        job_ids = {index: "skipped" for index in done}
         with tqdm(total=len(submitted), desc="sweep", unit="cell") as bar:
             def record(ended: slurm.SubmittedCell) -> None:
-                index = submitted.index(ended)
+                index = positions[submitted.index(ended)]
+                job_ids[index] = ended.job.job_id
                 logs = f"SLURM job {ended.job.job_id} ended {ended.state}\n" + \
                     cells.worker_logs_tail(ended.job, ended.tasks)
                 results[index] = cells.cell_outcome(
@@ -99,4 +109,4 @@ class SlurmCellsLauncher(SlurmLauncher):
             slurm.wait_for_cells(submitted, grace_s=float(self.params["grace_after_result_s"]),
                                  on_end=record)
         return cells.sweep_returns(prepared, [results[i] for i in range(len(prepared))],
-                                   [cell.job.job_id for cell in submitted])
+                                   [job_ids[i] for i in range(len(prepared))])

@@ -9,10 +9,12 @@ Layout of one cache entry::
 
 Trust rule: the manifest is written last (atomically, like every file, see `atomic`), so its
 presence means every file it lists was completely written. On every load the parameters, shapes,
-dtypes and file sizes are checked, which is cheap and catches truncated or foreign files. The
-sha256 of each file is computed while it is written and recorded, but only re-checked on request
-(`verify=True`): hashing 1.5 GB on every run would cost seconds to minutes of start-up time.
-Anything that fails a check is regenerated rather than trusted.
+dtypes and file sizes are checked (catching truncated or foreign files), and so is each file's
+sha256, recorded while it was written (catching same-size corruption: flipped bits, a file
+overwritten in place). Measured on the 2-core development machine (sha256 at 0.7-1.2 GB/s on one
+core): 0.1 s to load full MNIST (47 MB), 0.3 s for CIFAR-10 (184 MB), so about 1.5-2.5 s for
+the default 1.5 GB of ImageNet or Highres images; once per worker and cell, small against a
+cell's epochs. `verify=False` skips it. Anything that fails a check is regenerated, never read.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ ChunkSource = Callable[[str], Iterable[np.ndarray]]
 
 
 def load_or_generate(directory: Path, params: dict[str, Any], specs: dict[str, ArraySpec],
-                     make_chunks: ChunkSource, *, verify: bool = False) -> CacheEntry:
+                     make_chunks: ChunkSource, *, verify: bool = True) -> CacheEntry:
     """Return the arrays cached in `directory`, generating them first when they are not valid.
 
     Args:
@@ -78,7 +80,8 @@ def load_or_generate(directory: Path, params: dict[str, Any], specs: dict[str, A
         params: what the content depends on (recorded in and checked against the manifest).
         specs: file name -> expected shape and dtype of each array.
         make_chunks: file name -> iterable of row chunks whose concatenation is the array.
-        verify: also compare each file's sha256 with the manifest (slow for big files).
+        verify: also compare each file's sha256 with the manifest (on by default; False
+            checks sizes only).
     """
     arrays = _load_valid(directory, params, specs, verify=verify)
     if arrays is not None:

@@ -61,7 +61,7 @@ def unique_sample_count(spec: DatasetSpec, length: int, requested: int | None) -
 
 
 def build_synthetic(spec: DatasetSpec, *, length: int, seed: int, cache_dir: str | Path,
-                    unique_samples: int | None = None, verify: bool = False) -> SyntheticDataset:
+                    unique_samples: int | None = None, verify: bool = True) -> SyntheticDataset:
     """The synthetic version of `spec` with `length` samples, generated into `cache_dir` if needed.
 
     Args:
@@ -70,7 +70,7 @@ def build_synthetic(spec: DatasetSpec, *, length: int, seed: int, cache_dir: str
         seed: non-negative; together with the dataset name it determines every byte.
         cache_dir: parent directory of the cache entries (node-local disk is best).
         unique_samples: distinct images to store (default: `DEFAULT_UNIQUE_SAMPLES`).
-        verify: re-check the sha256 of cached files instead of only their sizes (slow).
+        verify: re-check the sha256 of cached files, not only their sizes (the default).
     """
     if seed < 0:
         raise ValueError(f"seed must be non-negative for synthetic data, got {seed}")

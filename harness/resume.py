@@ -1,0 +1,73 @@
+"""Which cells already have a finished result, so that a re-run sweep runs only the others.
+
+A cell is known by its *cell key*: a hash of its resolved config minus what does not change
+what is measured (where outputs and caches go, progress bars, where MLflow lives). The same
+sweep command therefore gives every cell the same key again, although Hydra puts the re-run in
+a new timestamped sweep directory.
+
+The index lives under the output root, one small file per key (`<run.output_dir>/cells/
+<key>.json`), pointing to the cell's latest result.json; result.json stays the source of
+truth (the index entry is only trusted when the result it points to carries the same key).
+Rank 0 writes the entry right after result.json, so a cell that recorded itself while no
+launcher was watching (a SLURM job whose submitting shell was gone) is found as well.
+
+Only a result with status `ok` counts as finished: `failed`, `timeout` and `oom` cells are
+run again on resume (a crash or a hang may have been transient; an `oom` costs one more try).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from harness.config import resolved_container
+from harness.results import RESULT_FILE, RunStatus, write_json_atomic
+
+INDEX_DIR = "cells"
+# Bumped when the key's recipe changes, so old keys never alias new ones.
+_KEY_FORMAT = 1
+# Config keys that say where things go or how they are shown, not what is measured.
+_VOLATILE_KEYS = (("run", "output_dir"), ("run", "progress"), ("dataset", "cache_dir"),
+                  ("tracking", "uri"), ("tracking", "enabled"))
+
+
+def cell_key(cfg: DictConfig | dict[str, Any]) -> str:
+    """The stable identity of a cell: the same resolved config gives the same key."""
+    config = copy.deepcopy(cfg) if isinstance(cfg, dict) else resolved_container(cfg)
+    for section, key in _VOLATILE_KEYS:
+        config.get(section, {}).pop(key, None)
+    text = json.dumps({"format": _KEY_FORMAT, "config": config}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def index_path(output_root: str | Path, key: str) -> Path:
+    return Path(output_root) / INDEX_DIR / f"{key}.json"
+
+
+def index_result(output_root: str | Path, key: str, result: dict[str, Any]) -> None:
+    """Point the cell's index entry at `result` (its latest result.json)."""
+    write_json_atomic(index_path(output_root, key), {
+        "cell_key": key, "status": result["status"], "run_name": result["run_name"],
+        "result": str(Path(result["output_dir"]) / RESULT_FILE),
+        "finished_at": result["finished_at"]})
+
+
+def latest_result(output_root: str | Path, key: str) -> dict[str, Any] | None:
+    """The cell's latest result, or None if it has none (or the index points nowhere valid)."""
+    try:
+        entry = json.loads(index_path(output_root, key).read_text())
+        result = json.loads(Path(entry["result"]).read_text())
+    except (OSError, ValueError, KeyError):
+        return None
+    return result if result.get("cell_key") == key else None
+
+
+def finished_result(output_root: str | Path, key: str) -> dict[str, Any] | None:
+    """The cell's result if it finished (status ok), else None: the cell is to be run."""
+    result = latest_result(output_root, key)
+    return result if result is not None and result["status"] == RunStatus.ok.value else None

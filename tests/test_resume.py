@@ -1,0 +1,108 @@
+"""Resuming a sweep whose submitting process was killed, and re-running it by force."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from harness.resume import cell_key
+from harness.tracking import CELL_KEY_TAG, DEFAULT_STORE_FILE
+from tests.helpers import cell_worker_pids, run_module
+
+# Two cells that differ in their epoch count only; the second is the one interrupted.
+SWEEP = ["-m", "dataset=mnist", "network=mobilenetv2", "distribution.batch_size=8",
+         "dataset.num_samples=16", "run.warmup_batches=0", "run.progress=false",
+         "tracking.experiment=resume"]
+EPOCHS = "run.epochs=1,2"
+
+
+def _sweep_results(output_root: Path) -> dict[str, list[dict]]:
+    """Each sweep directory's result.json files (by the directory's timestamp name)."""
+    runs: dict[str, list[dict]] = {}
+    for path in sorted((output_root / "sweeps" / "resume").glob("*/*/result.json")):
+        runs.setdefault(path.parent.parent.name, []).append(json.loads(path.read_text()))
+    return runs
+
+
+def _cell_runs(output_root: Path) -> Counter:
+    """(cell key, status) -> number of MLflow runs of the experiment's cells."""
+    client = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
+    experiment = client.get_experiment_by_name("resume")
+    return Counter((run.data.tags[CELL_KEY_TAG], run.data.tags["status"])
+                   for run in client.search_runs([experiment.experiment_id])
+                   if CELL_KEY_TAG in run.data.tags)
+
+
+def _kill_once_second_cell_runs(sweep: subprocess.Popen, output_root: Path) -> None:
+    """SIGKILL the sweep as soon as its second cell's worker process exists (cell 0 is
+    recorded in MLflow by then: it rewrites result.json with its run id before exiting)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        results = [r for rs in _sweep_results(output_root).values() for r in rs]
+        if results and results[0]["mlflow_run_id"] and cell_worker_pids(output_root):
+            sweep.send_signal(signal.SIGKILL)
+            sweep.wait(timeout=60)
+            return
+        assert sweep.poll() is None, "the sweep ended before it could be interrupted"
+        time.sleep(0.1)
+    raise AssertionError("the sweep never reached its second cell")
+
+
+def _no_workers_left(output_root: Path, limit_s: float = 30) -> bool:
+    deadline = time.monotonic() + limit_s
+    while cell_worker_pids(output_root) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return not cell_worker_pids(output_root)
+
+
+def test_a_killed_sweep_resumes_with_its_unfinished_cells_only(output_root: Path) -> None:
+    args = [*SWEEP, EPOCHS, f"run.output_dir={output_root}"]
+    sweep = subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=output_root.parent,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        _kill_once_second_cell_runs(sweep, output_root)
+    finally:
+        sweep.kill()
+    # The interrupted cell's workers end with the sweep: nothing runs beside the re-run.
+    assert _no_workers_left(output_root)
+    (first,) = _sweep_results(output_root).values()
+    assert [r["config"]["run"]["epochs"] for r in first] == [1]
+
+    time.sleep(1.1)  # Hydra names sweep directories by the second
+    done = run_module("harness", args, cwd=output_root.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "cell 0 (mobilenetv2-mnist-sequential-local_cpu): skipped" in done.stdout
+    assert "1 of 2 cells already finished" in done.stdout
+    second = _sweep_results(output_root)
+    assert len(second) == 2
+    rerun = second[max(second)]
+    assert [r["config"]["run"]["epochs"] for r in rerun] == [2]  # only the unfinished one ran
+    assert all(r["status"] == "ok" for r in rerun), [r["error"] for r in rerun]
+    keys = {r["cell_key"] for r in first + rerun}
+    assert _cell_runs(output_root) == Counter({(key, "ok"): 1 for key in keys})
+    assert len(keys) == 2
+
+    # `hydra.launcher.force=true` runs a finished cell again (here: the first one only).
+    forced = run_module("harness", [*SWEEP, "run.epochs=1", f"run.output_dir={output_root}",
+                                    "hydra.launcher.force=true"], cwd=output_root.parent)
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    assert "skipped" not in forced.stdout
+    assert _cell_runs(output_root)[(first[0]["cell_key"], "ok")] == 2
+
+
+def test_the_cell_key_ignores_where_outputs_go_but_not_what_is_measured() -> None:
+    from harness.compose import compose_config
+
+    base = cell_key(compose_config(["run.output_dir=/a", "dataset.cache_dir=/c"]))
+    assert base == cell_key(compose_config(["run.output_dir=/b", "run.progress=false"]))
+    assert base != cell_key(compose_config(["run.epochs=4"]))
+    assert base != cell_key(compose_config(["tracking.experiment=other"]))
