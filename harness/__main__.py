@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +9,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from harness.config import ConfigError, register_configs, validate
+from harness.cli import run_hydra_main
+from harness.config import register_configs, validate
 from harness.run import run_cell
 from launchers.distributed import worker_environment
 from launchers.hydra_names import register_launcher_names
@@ -21,22 +21,18 @@ register_launcher_names()
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
-    try:
-        config = validate(cfg)
-        if config.world_size > 1 and not worker_environment().is_distributed:
-            # A multi-worker cell typed at the prompt: start its workers locally.
-            from launchers.cells import single_node_workers
-            from launchers.local import run_local_cell
+    config = validate(cfg)  # bad input: one line, exit status 2 (run_hydra_main below)
+    if config.world_size > 1 and not worker_environment().is_distributed:
+        # A multi-worker cell typed at the prompt: start its workers locally.
+        from launchers.cells import single_node_workers
+        from launchers.local import run_local_cell
 
-            hydra_config = HydraConfig.get()
-            return run_local_cell(cfg, Path(hydra_config.runtime.output_dir),
-                                  workers=single_node_workers(config),
-                                  timeout_min=int(hydra_config.launcher.timeout_min))
-        return run_cell(cfg)
-    except ConfigError as err:
-        print(f"distbench: invalid config: {err}", file=sys.stderr)
-        sys.exit(2)
+        hydra_config = HydraConfig.get()
+        return run_local_cell(cfg, Path(hydra_config.runtime.output_dir),
+                              workers=single_node_workers(config),
+                              timeout_min=int(hydra_config.launcher.timeout_min))
+    return run_cell(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_main(main)

@@ -3,16 +3,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
-from hydra.errors import HydraException
 from omegaconf import DictConfig
 
-from harness.config import ConfigError, DistbenchConfig, one_line, register_configs, validate
+from harness.cli import exit_on_bad_input
+from harness.config import DistbenchConfig, register_configs, validate
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -30,18 +28,9 @@ def compose_config(overrides: Sequence[str] = (), *, with_hydra: bool = False) -
                        return_hydra_config=with_hydra)
 
 
-@contextlib.contextmanager
-def exit_on_bad_input() -> Iterator[None]:
-    """Turn an invalid config inside the block into one line on stderr and exit status 2."""
-    try:
-        yield
-    except (ConfigError, HydraException) as err:
-        print(f"distbench: invalid config: {one_line(err)}", file=sys.stderr)
-        sys.exit(2)
-
-
 def compose_or_exit(overrides: Sequence[str]) -> DistbenchConfig:
-    """Composed and validated config; on bad input one line on stderr and exit status 2."""
+    """Composed and validated config; on bad input one line on stderr and exit status 2
+    (`harness.cli`)."""
     with exit_on_bad_input():
         return validate(compose_config(overrides))
     raise AssertionError("unreachable")  # for type checkers: the block returns or exits

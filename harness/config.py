@@ -10,6 +10,8 @@ key, the value given and what is allowed.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar, Optional
@@ -342,6 +344,9 @@ class DistbenchConfig:
             _check(samples is None or samples >= needed, "dataset.num_samples", samples,
                    f"an epoch needs at least one full batch per worker (batch size "
                    f"{self.batch_size} x {self.world_size} workers = {needed})")
+        _check(not (self.distribution.backend == "nccl" and self.hardware.device is Device.cpu),
+               "distribution.backend", self.distribution.backend,
+               "NCCL needs hardware.device=cuda; allowed on CPU: gloo, or null")
         from harness.distributions import TRAINERS  # the implemented models
 
         _check(self.distribution.name.value in TRAINERS, "distribution.name",
@@ -379,10 +384,33 @@ class DistbenchConfig:
         if distribution.balance is not None and stage_count is not None:
             _check(len(distribution.balance) == stage_count, "distribution.balance",
                    distribution.balance, f"needs one layer count per stage ({stage_count})")
+        self._check_pipeline_fits_the_network(stage_count)
         # Every batch enters the pipeline whole; PipeDream's batch division may drop some, but
         # an epoch needs at least one.
         _check(samples is None or samples >= self.batch_size, "dataset.num_samples", samples,
                f"an epoch needs at least one full pipeline batch (batch size {self.batch_size})")
+
+    def _check_pipeline_fits_the_network(self, stage_count: int | None) -> None:
+        """Every stage needs one layer or more, and a given balance covers the layer list, so
+        a plan that cannot be built fails here rather than in a started cell's workers."""
+        from workloads.datasets.spec import DATASET_SPECS
+        from workloads.networks import layer_count
+
+        network = self.network.name.value
+        layers = layer_count(network, DATASET_SPECS[self.dataset.name.value])
+        if stage_count is not None:
+            key = ("hardware.workers_per_node" if self.distribution.stages is None
+                   else "distribution.stages")
+            value = (self.hardware.workers_per_node if self.distribution.stages is None
+                     else self.distribution.stages)
+            _check(stage_count <= layers, key, value,
+                   f"{stage_count} pipeline stages for network={network}, which has {layers} "
+                   f"layers; allowed: at most {layers} stages")
+        balance = self.distribution.balance
+        if balance is not None:
+            _check(sum(balance) == layers, "distribution.balance", balance,
+                   f"the layer counts must sum to the {layers} layers of network={network} "
+                   f"(dataset={self.dataset.name.value})")
 
     @property
     def micro_batches(self) -> int:
@@ -429,8 +457,10 @@ def register_configs() -> None:
 
 def validate(cfg: DictConfig) -> DistbenchConfig:
     """Check a composed config and return it as typed objects; raise ConfigError if invalid."""
+    cfg = without_hydra(cfg)
+    _check_known_keys(cfg, DistbenchConfig, "")
     try:
-        config = OmegaConf.to_object(without_hydra(cfg))
+        config = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:
         # OmegaConf wraps errors raised in __post_init__; surface ours unchanged.
         if isinstance(err.__cause__, ConfigError):
@@ -442,6 +472,19 @@ def validate(cfg: DictConfig) -> DistbenchConfig:
         raise ConfigError("the config is not built on distbench_schema "
                           "(conf/config.yaml must list it first in its defaults)")
     return config
+
+
+def _check_known_keys(node: Any, schema: type, prefix: str) -> None:
+    """Reject keys the schema does not have. `+dataset.bogus=1` (an appending override) gets
+    past Hydra's own check and would be ignored silently, so a misspelled key looks applied."""
+    if not isinstance(node, DictConfig) or not dataclasses.is_dataclass(schema):
+        return
+    types = typing.get_type_hints(schema)  # resolves the string annotations of this module
+    fields = [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
+    for key in node.keys():
+        if key not in fields:
+            raise ConfigError(f"{prefix}{key}: unknown key; allowed: {', '.join(fields)}")
+        _check_known_keys(node._get_node(key), types[str(key)], f"{prefix}{key}.")
 
 
 def resolved_container(cfg: DictConfig) -> dict[str, Any]:

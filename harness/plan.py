@@ -18,8 +18,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from harness.compose import compose_or_exit
-from harness.config import DistbenchConfig, DistributionName
+from harness.cli import command
+from harness.compose import compose_config
+from harness.config import ConfigError, DistbenchConfig, DistributionName, validate
 from harness.partition import (
     LinkModel,
     StagePlan,
@@ -88,12 +89,12 @@ def stage_plan(config: DistbenchConfig, num_layers: int,
     return StagePlan.of(balance, replicas)
 
 
+@command
 def main(argv: list[str] | None = None) -> None:
-    config = compose_or_exit(sys.argv[1:] if argv is None else argv)
+    config = validate(compose_config(sys.argv[1:] if argv is None else argv))
     if not config.distribution.pipeline:
-        print("distbench: invalid config: harness.plan needs distribution=gpipe or "
-              f"distribution=pipedream, got {config.distribution.name.value}", file=sys.stderr)
-        sys.exit(2)
+        raise ConfigError(f"distribution={config.distribution.name.value} is invalid for "
+                          f"harness.plan: allowed: gpipe, pipedream")
     torch.manual_seed(config.run.seed)
     spec = dataset_spec(config.dataset.name.value)
     layers = to_layer_list(config.network.name.value,
@@ -104,9 +105,8 @@ def main(argv: list[str] | None = None) -> None:
         if needs_profile(config) else None
     try:
         plan = stage_plan(config, len(layers), profile)
-    except ValueError as err:
-        print(f"distbench: invalid config: {err}", file=sys.stderr)
-        sys.exit(2)
+    except ValueError as err:  # the partitioner's checks name the key and what is allowed
+        raise ConfigError(str(err)) from None
     report: dict[str, object] = {
         "network": config.network.name.value, "dataset": config.dataset.name.value,
         "distribution": config.distribution.name.value, "workers": config.world_size,

@@ -36,7 +36,8 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from harness.compose import compose_config, exit_on_bad_input
+from harness.cli import exit_on_bad_input
+from harness.compose import compose_config
 from harness.config import ConfigError, DistbenchConfig, ProbeConfig, validate, without_hydra
 from harness.hardware_profile import (
     PROFILE_FILE,

@@ -8,7 +8,6 @@ here, from the reports its workers left, so that the sweep's record has every ce
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Generic, TypeVar
 import submitit
 from omegaconf import DictConfig, open_dict
 
+from harness.cli import exit_on_bad_input
 from harness.config import ConfigError, DistbenchConfig, validate
 from harness.results import RESULT_FILE, RunStatus, read_rank_reports, read_result
 from harness.resume import cell_key, finished_result
@@ -79,15 +79,11 @@ def prepare_sweep(loader, master: DictConfig,  # noqa: ANN001
     prepared = []
     for offset, overrides in enumerate(job_overrides):
         job_num = initial_job_idx + offset
-        try:
+        with exit_on_bad_input(f"in sweep cell {' '.join(overrides)}"):
             config = cell_config(loader, master, overrides, job_num)
             cell = validate(config)
             prepared.append(PreparedCell(job_num, list(overrides), config, cell,
                                          size_cell(cell)))
-        except ConfigError as err:
-            print(f"distbench: invalid config in sweep cell {' '.join(overrides)}: {err}",
-                  file=sys.stderr)
-            sys.exit(2)
     return prepared
 
 

@@ -23,6 +23,7 @@ many small clusters (and the local test cluster) do not run.
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -77,7 +78,9 @@ def cell_job_size(cell: DistbenchConfig, launcher: Mapping[str, Any]) -> CellJob
 def job_size(hardware: HardwareConfig, workers: int, launcher: Mapping[str, Any], *,
              what: str = "the job") -> CellJobSize:
     """`workers` workers spread over `hardware`'s nodes (all on one node when only one), one
-    GPU per task on CUDA hardware; explicit launcher sizes are checked against it."""
+    GPU per task on CUDA hardware; explicit launcher sizes are checked against it, and the
+    launcher's settings against the job script (`check_script_safe`), before any submission."""
+    check_script_safe(launcher)
     nodes = hardware.nodes if workers > 1 else 1
     tasks_per_node = workers // nodes
     size = CellJobSize(nodes=nodes, tasks_per_node=tasks_per_node,
@@ -93,6 +96,44 @@ def job_size(hardware: HardwareConfig, workers: int, launcher: Mapping[str, Any]
     if launcher.get("gpus_per_node") is not None:
         size = CellJobSize(size.nodes, size.tasks_per_node, int(launcher["gpus_per_node"]))
     return size
+
+
+# An sbatch flag name as `additional_parameters` may give it (`reservation`, `mail-type`).
+_FLAG_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+# The one launcher key whose lines are shell code by contract (module loads before srun).
+_SHELL_CODE_KEYS = {"setup"}
+
+
+def check_script_safe(launcher: Mapping[str, Any]) -> None:
+    """Refuse settings that would turn into shell code in the job script.
+
+    submitit shell-quotes every value it writes (`#SBATCH --key='value'`, each srun argument),
+    but a line break in a value ends the `#SBATCH` comment line and starts a shell line, and
+    the names of `additional_parameters` are written unquoted. So every value must be one line
+    and every flag name a plain word. Only `setup` holds shell lines, by design.
+    """
+    for key, value in launcher.items():
+        if key in _SHELL_CODE_KEYS or value is None:
+            continue
+        if key == "additional_parameters":
+            for flag, flag_value in dict(value).items():
+                if not _FLAG_NAME.fullmatch(str(flag)):
+                    raise ConfigError(
+                        f"hydra.launcher.additional_parameters.{flag} is invalid: an sbatch "
+                        f"flag name; allowed: letters, digits, '-' and '_'")
+                _check_one_line(f"additional_parameters.{flag}", flag_value)
+        else:
+            items = value if isinstance(value, Sequence) and not isinstance(value, str) \
+                else [value]
+            for item in items:
+                _check_one_line(str(key), item)
+
+
+def _check_one_line(key: str, value: Any) -> None:
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in str(value)):
+        raise ConfigError(f"hydra.launcher.{key}={str(value)!r} is invalid: a value written "
+                          f"into the job script must be one line; allowed: no line breaks or "
+                          f"control characters")
 
 
 # Launcher keys that are submitit's executor-independent parameters; the rest are SLURM's own

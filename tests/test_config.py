@@ -87,8 +87,9 @@ def test_invalid_values_name_the_key_and_what_is_allowed(override: list[str],
 
 
 @pytest.mark.parametrize(("override", "fragments"), [
-    ("network=resnet19", ["network/resnet19", "resnet18", "mobilenetv2", "vgg16"]),
-    ("dataset=svhn", ["dataset/svhn", "cifar10", "imagenet"]),
+    ("network=resnet19", ["network=resnet19: unknown; choose one of", "resnet18", "mobilenetv2",
+                          "vgg16"]),
+    ("dataset=svhn", ["dataset=svhn: unknown; choose one of", "cifar10", "imagenet"]),
     ("hardware.device=tpu", ["hardware.device", "cpu, cuda"]),
     ("run.epochs=abc", ["run.epochs", "abc"]),
     ("dataset.bogus=1", ["dataset.bogus"]),

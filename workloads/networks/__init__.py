@@ -8,9 +8,11 @@ computes; the pipeline models partition that list across workers.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
+import torch
 from torch import nn
 
 from workloads.datasets.spec import DatasetSpec
@@ -57,4 +59,12 @@ def build_layer_list(name: str, dataset: DatasetSpec) -> list[nn.Module]:
     return to_layer_list(name, build_network(name, dataset))
 
 
-__all__ = ["NETWORK_NAMES", "build_layer_list", "build_network", "to_layer_list"]
+@functools.lru_cache(maxsize=None)
+def layer_count(name: str, dataset: DatasetSpec) -> int:
+    """Length of the layer list of network `name` for `dataset` (what pipelines partition);
+    built on the meta device, so it costs no memory and a few milliseconds."""
+    with torch.device("meta"):
+        return len(build_layer_list(name, dataset))
+
+
+__all__ = ["NETWORK_NAMES", "build_layer_list", "build_network", "layer_count", "to_layer_list"]

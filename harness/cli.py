@@ -1,0 +1,148 @@
+"""How every distbench command answers bad input: ONE line on stderr that names the key and
+what is allowed, exit status 2, no traceback; before anything is trained, submitted or written.
+
+Bad input is a `ConfigError` (our validation: `harness.config`, the launchers' sizing, a
+command's own checks), or Hydra/OmegaConf rejecting an override (an unknown group option such as
+`network=resnet19`, a misspelled key, a wrong type, a malformed override). Any other exception
+is a bug and keeps its traceback.
+
+Use it in an entry point in one of two ways:
+
+1. A command that composes its config itself (`harness.compose.compose_config`), e.g.
+   `harness.describe`, `harness.plan`, `harness.analysis`, `harness.recommend`::
+
+       from harness.cli import command
+
+       @command
+       def main(argv: list[str] | None = None) -> None:
+           config = validate(compose_config(sys.argv[1:] if argv is None else argv))
+           if impossible(config):  # a check of the command's own
+               raise ConfigError("key=value is invalid: <what is allowed>")
+           ...
+
+   or, around just the part that reads input, `with exit_on_bad_input(): ...`.
+
+2. A `@hydra.main` program (`python -m harness`): Hydra composes before the decorated function
+   runs and prints its own multi-line report, so call it through `run_hydra_main`::
+
+       if __name__ == "__main__":
+           run_hydra_main(main)
+
+Raise `ConfigError` with the message form of `harness.config`: "key=value is invalid: allowed".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import NoReturn, ParamSpec, TypeVar
+
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+from harness.config import ConfigError, one_line
+
+BAD_INPUT_EXIT_CODE = 2
+# Exceptions that mean "the user's input is wrong", never "the program is wrong".
+BAD_INPUT_ERRORS: tuple[type[Exception], ...] = (ConfigError, HydraException,
+                                                 OmegaConfBaseException)
+# Hydra re-raises instead of printing its own report while this is set (its documented switch).
+_HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def bad_input_message(err: Exception) -> str:
+    """The one line that explains `err` (no newline)."""
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
+        # "network/resnet19" -> "network=resnet19", as the user typed it.
+        group, _, option = err.missing_cfg_file.rpartition("/")
+        return f"{group}={option}: unknown; choose one of {', '.join(sorted(err.options))}"
+    if isinstance(err, ConfigError):
+        return " ".join(str(err).split())
+    return _unknown_key(err) or _malformed_override(err) or one_line(err)
+
+
+def _unknown_key(err: Exception) -> str | None:
+    """"dataset.bogus: unknown key; allowed: name, source, ..." for a misspelled key of a
+    typed (dataclass) section, else None."""
+    cause = err.__cause__
+    if not isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+        return None
+    section = getattr(cause, "object_type", None)
+    if not (isinstance(section, type) and dataclasses.is_dataclass(section)):
+        return None
+    allowed = [f.name for f in dataclasses.fields(section) if not f.name.startswith("_")]
+    return f"{cause.full_key}: unknown key; allowed: {', '.join(allowed)}"
+
+
+def _malformed_override(err: Exception) -> str | None:
+    """"run.epochs=[1: malformed override (...)" naming the command-line argument that Hydra's
+    override parser rejected (its own message quotes only the token it stopped at)."""
+    if not isinstance(err, OverrideParseException):
+        return None
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for argument in sys.argv[1:]:
+        if argument.startswith("-"):
+            continue
+        try:
+            parser.parse_overrides([argument])
+        except HydraException:
+            return (f"{argument}: malformed override ({one_line(err)}); allowed: key=value, "
+                    f"+key=value, ~key, key=a,b,c with -m")
+    return None
+
+
+def exit_bad_input(err: Exception, context: str = "") -> NoReturn:
+    """Print `err` as one line on stderr and exit with status 2."""
+    where = f" {context}" if context else ""
+    print(f"distbench: invalid config{where}: {bad_input_message(err)}", file=sys.stderr,
+          flush=True)
+    sys.exit(BAD_INPUT_EXIT_CODE)
+
+
+@contextlib.contextmanager
+def exit_on_bad_input(context: str = "") -> Iterator[None]:
+    """Turn bad input raised inside the block into one line on stderr and exit status 2;
+    `context` (e.g. "in sweep cell dataset=x") goes after "invalid config"."""
+    try:
+        yield
+    except BAD_INPUT_ERRORS as err:
+        exit_bad_input(err, context)
+
+
+def command(function: Callable[P, R]) -> Callable[P, R]:
+    """Decorator for a command's `main`: bad input anywhere in it exits as described above."""
+    @functools.wraps(function)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+        with exit_on_bad_input():
+            return function(*args, **kwargs)
+        raise AssertionError("unreachable")  # for type checkers: the block returns or exits
+
+    return guarded
+
+
+def run_hydra_main(main: Callable[[], object]) -> None:
+    """Call a `@hydra.main` function so that Hydra's composition errors, too, come out as one
+    line and exit status 2. A user who set HYDRA_FULL_ERROR asked for Hydra's full report and
+    gets it unchanged."""
+    before = os.environ.get(_HYDRA_FULL_ERROR)
+    if before == "1":
+        main()
+        return
+    os.environ[_HYDRA_FULL_ERROR] = "1"
+    try:
+        with exit_on_bad_input():
+            main()
+    finally:
+        if before is None:
+            os.environ.pop(_HYDRA_FULL_ERROR, None)
+        else:
+            os.environ[_HYDRA_FULL_ERROR] = before
