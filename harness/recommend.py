@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.analysis.report import setting_label
-from harness.compose import compose_or_exit
-from harness.config import ConfigError, DistbenchConfig, DistributionName
+from harness.cli import command
+from harness.compose import compose_config
+from harness.config import ConfigError, DistbenchConfig, DistributionName, validate
 from harness.hardware_profile import profile_for
 from harness.predict.cell import (
     RAW,
@@ -184,22 +185,19 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args(list(argv))
 
 
+@command
 def main(argv: Sequence[str] | None = None) -> None:
     options_, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    config = compose_or_exit(overrides)
+    config = validate(compose_config(overrides))
     output_root = Path(config.run.output_dir)
     started = time.perf_counter()
-    try:
-        fit_path = options_.fit if options_.fit is not None else newest_fit(output_root)
-        if fit_path is not None and not fit_path.exists():
-            raise ConfigError(f"--fit={fit_path}: no such file")
-        if options_.probe_batches < 1:
-            raise ConfigError(f"--probe-batches={options_.probe_batches}: must be 1 or more")
-        fitted = Fitted.load(fit_path)
-        options, skipped = rank(config, fitted, FactsCache(options_.probe_batches), output_root)
-    except ConfigError as err:
-        print(f"distbench: invalid config: {err}", file=sys.stderr)
-        sys.exit(2)
+    fit_path = options_.fit if options_.fit is not None else newest_fit(output_root)
+    if fit_path is not None and not fit_path.exists():
+        raise ConfigError(f"--fit={fit_path} is invalid: no such file")
+    if options_.probe_batches < 1:
+        raise ConfigError(f"--probe-batches={options_.probe_batches} is invalid: must be 1 or more")
+    fitted = Fitted.load(fit_path)
+    options, skipped = rank(config, fitted, FactsCache(options_.probe_batches), output_root)
     elapsed = time.perf_counter() - started
     if options_.json:
         best = recommendation(options)

@@ -31,8 +31,9 @@ from harness.analysis.fit import (
 from harness.analysis.grid import MeasuredCell, load_grid
 from harness.analysis.recommendations import judge
 from harness.analysis.report import setting_label, write_report
-from harness.compose import compose_or_exit
-from harness.config import ConfigError, DistbenchConfig
+from harness.cli import command
+from harness.compose import compose_config
+from harness.config import ConfigError, DistbenchConfig, validate
 from harness.hardware_profile import profile_for
 from harness.predict.cell import epoch_terms, memory_per_worker_mb
 from harness.predict.facts import FactsCache, gather
@@ -128,17 +129,13 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args(list(argv))
 
 
+@command
 def main(argv: Sequence[str] | None = None) -> None:
     options, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    config = compose_or_exit(overrides)
-    try:
-        if options.probe_batches < 1:
-            raise ConfigError(f"--probe-batches={options.probe_batches}: must be 1 or more")
-        analyse(config, experiment=config.tracking.experiment,
-                probe_batches=options.probe_batches)
-    except (ConfigError, LookupError) as err:
-        print(f"distbench: {err}", file=sys.stderr)
-        sys.exit(2)
+    config = validate(compose_config(overrides))
+    if options.probe_batches < 1:
+        raise ConfigError(f"--probe-batches={options.probe_batches} is invalid: must be 1 or more")
+    analyse(config, experiment=config.tracking.experiment, probe_batches=options.probe_batches)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from harness.config import DistbenchConfig, validate
+from harness.config import ConfigError, DistbenchConfig, validate
 from harness.results import RunStatus
 
 
@@ -55,8 +55,8 @@ def load_grid(uri: str, experiment: str) -> list[MeasuredCell]:
     client = MlflowClient(tracking_uri=uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
-        raise LookupError(f"tracking.experiment={experiment!r}: no such MLflow experiment at "
-                          f"{uri}")
+        raise ConfigError(f"tracking.experiment={experiment} is invalid: no such MLflow "
+                          f"experiment at {uri}")
     runs = client.search_runs([found.experiment_id],
                               filter_string=f"tags.status = '{RunStatus.ok.value}'",
                               order_by=["attributes.start_time ASC"], max_results=10_000)

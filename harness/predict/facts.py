@@ -13,12 +13,14 @@ so an analysis of a grid or a recommendation over many candidates measures each 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from harness.config import DistbenchConfig, DistributionName
+from harness.metrics import BYTES_PER_MB
 from harness.partition import StagePlan
 
 _PROBE_WARMUP = 2
@@ -68,9 +70,7 @@ def step_batch(config: DistbenchConfig) -> int:
 
 def gather(config: DistbenchConfig, cache: FactsCache) -> CellFacts:
     """Facts for `config`, measuring on this machine what `cache` does not hold yet."""
-    import time
-
-    from harness.describe import describe
+    from harness.describe import FLOAT32_BYTES, describe
     from workloads.datasets import dataset_spec
 
     started = time.perf_counter()
@@ -79,11 +79,11 @@ def gather(config: DistbenchConfig, cache: FactsCache) -> CellFacts:
     batch = step_batch(config)
     seconds = _step_seconds(config, batch, cache)
     shares, plan = _pipeline_facts(config, static["num_layers"], cache)
-    layers = [LayerFacts(weights_mb=layer["parameters"] * 4 / 1e6,
+    layers = [LayerFacts(weights_mb=layer["parameters"] * FLOAT32_BYTES / BYTES_PER_MB,
                          activation_mb_per_sample=layer["activation_mb"],
                          compute_share=share)
               for layer, share in zip(static["layers"], shares)]
-    input_mb = float(torch.Size(spec.input_shape).numel()) * 4 / 1e6
+    input_mb = torch.Size(spec.input_shape).numel() * FLOAT32_BYTES / BYTES_PER_MB
     return CellFacts(weights_mb=static["weights_mb"], gradient_mb=static["gradient_mb"],
                      input_mb_per_sample=input_mb, layers=layers, step_seconds=seconds,
                      step_batch=batch, plan=plan,
