@@ -106,9 +106,8 @@ def _cell_row(p: CellPrediction) -> str:
 
 def plot_speedup(path: Path, predictions: Sequence[CellPrediction]) -> Path:
     workloads = sorted({p.cell.workload for p in predictions})
-    figure, axes = plt.subplots(1, max(1, len(workloads)), squeeze=False,
-                                figsize=(4 * max(1, len(workloads)), 3.5))
-    for axis, workload in zip(axes[0], workloads):
+    figure, axes = _panels(len(workloads), width=4.0, height=3.5)
+    for axis, workload in zip(axes, workloads):
         cells = [p for p in predictions if p.cell.workload == workload]
         base = [p for p in cells if p.cell.model == "sequential"]
         axis.set_title(workload_label(workload), fontsize=9)
@@ -123,15 +122,14 @@ def plot_speedup(path: Path, predictions: Sequence[CellPrediction]) -> Path:
         axis.axhline(1.0, color="grey", linewidth=0.8)
         axis.set_ylabel("speedup over sequential")
         axis.tick_params(axis="x", labelrotation=45, labelsize=7)
-    axes[0][0].legend(fontsize=7)
+    axes[0].legend(fontsize=7)
     return _save(figure, path)
 
 
 def plot_predicted_vs_measured(path: Path, predictions: Sequence[CellPrediction]) -> Path:
     models = sorted({p.cell.model for p in predictions})
-    figure, axes = plt.subplots(1, max(1, len(models)), squeeze=False,
-                                figsize=(3.2 * max(1, len(models)), 3.4))
-    for axis, model in zip(axes[0], models):
+    figure, axes = _panels(len(models), width=3.2, height=3.4)
+    for axis, model in zip(axes, models):
         rows = [p for p in predictions if p.cell.model == model]
         measured = [p.measured_s for p in rows]
         axis.plot(measured, [p.raw_s for p in rows], "x", label="raw equation")
@@ -143,7 +141,7 @@ def plot_predicted_vs_measured(path: Path, predictions: Sequence[CellPrediction]
         axis.set_title(model, fontsize=9)
         axis.set_xlabel("measured s/epoch")
         axis.set_ylabel("predicted s/epoch")
-    axes[0][0].legend(fontsize=7)
+    axes[0].legend(fontsize=7)
     return _save(figure, path)
 
 
@@ -159,6 +157,13 @@ def plot_memory(path: Path, predictions: Sequence[CellPrediction]) -> Path:
     axis.set_ylabel("MB per worker (largest)")
     axis.legend(fontsize=7)
     return _save(figure, path)
+
+
+def _panels(count: int, *, width: float, height: float) -> tuple[plt.Figure, list[plt.Axes]]:
+    """A row of `count` plots (at least one), each `width` x `height` inches."""
+    count = max(1, count)
+    figure, axes = plt.subplots(1, count, squeeze=False, figsize=(width * count, height))
+    return figure, list(axes[0])
 
 
 def _save(figure: plt.Figure, path: Path) -> Path:
