@@ -274,6 +274,26 @@ def test_a_rerun_records_a_job_that_died_unwatched_then_runs_its_cell_again(
         (earlier_cell_1["cell_key"], "ok"): 1})
 
 
+def test_a_forced_rerun_cancels_the_earlier_jobs_still_queued(slurm_cluster: None,
+                                                              output_root: Path) -> None:
+    cells = ["distribution=sequential", "dataset.num_samples=32", "run.epochs=1,2"]
+    earlier = _kill_sweep_once_submitted(output_root, 2, *cells)
+    out = _rerun(output_root, *cells, "hydra.launcher.force=true")
+    assert f"cancelled earlier job {earlier[1]}" in out, out[-3000:]  # queued behind cell 0
+    assert out.count("SLURM job") == 2, out[-3000:]
+    assert all(slurm.has_ended(state) for state in slurm.job_states(earlier).values())
+    earlier_sweep, rerun_sweep = sorted((output_root / "sweeps" / "smoke").iterdir())
+    rerun = [json.loads((rerun_sweep / cell / "result.json").read_text()) for cell in "01"]
+    assert [r["status"] for r in rerun] == ["ok", "ok"], [r["error"] for r in rerun]
+    assert _noted_job_ids(output_root, rerun) == \
+        [r["environment"]["slurm_job_id"] for r in rerun]
+    assert not set(_noted_job_ids(output_root, rerun)) & set(earlier)
+    # Cell 1's earlier job was cancelled before it finished: the cell is ok in MLflow once.
+    # (Cell 0's earlier job may have finished before the re-run began: force runs it again.)
+    assert _cell_runs(output_root)[(rerun[1]["cell_key"], "ok")] == 1
+    assert not (earlier_sweep / "1" / "result.json").exists()
+
+
 def test_the_probe_measures_the_link_between_two_slurm_nodes(slurm_cluster: None,
                                                              output_root: Path) -> None:
     from harness.hardware_profile import HardwareProfile, profile_path
