@@ -11,6 +11,10 @@ truth (the index entry is only trusted when the result it points to carries the 
 Rank 0 writes the entry right after result.json, so a cell that recorded itself while no
 launcher was watching (a SLURM job whose submitting shell was gone) is found as well.
 
+A launcher whose cells outlive it (SLURM) also notes each cell's job beside the index entry
+(`<key>.job.json`, see `launchers.slurm.JobNote`), so that a re-run can tell a cell whose job
+still runs from one whose job ended without a result while nobody watched.
+
 Only a result with status `ok` counts as finished: `failed`, `timeout` and `oom` cells are
 run again on resume (a crash or a hang may have been transient; an `oom` costs one more try).
 """
@@ -47,6 +51,11 @@ def cell_key(cfg: DictConfig | dict[str, Any]) -> str:
 
 def index_path(output_root: str | Path, key: str) -> Path:
     return Path(output_root) / INDEX_DIR / f"{key}.json"
+
+
+def job_note_path(output_root: str | Path, key: str) -> Path:
+    """Where a launcher notes the job it submitted for the cell (beside the index entry)."""
+    return Path(output_root) / INDEX_DIR / f"{key}.job.json"
 
 
 def index_result(output_root: str | Path, key: str, result: dict[str, Any]) -> None:

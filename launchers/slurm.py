@@ -16,25 +16,31 @@ result if the submitting shell dies. While that shell lives, it waits for the jo
 whose rank 0 has recorded the cell but whose other workers linger, and records a cell that
 ended without a result from the final SLURM state of its job and what its workers left.
 
+Every submitted job is noted under the output root (`JobNote`), so that a re-run of the sweep
+follows a job that is still queued or running instead of submitting its cell twice, and records
+a job that ended without a result while no launcher watched it.
+
 Job states come from `squeue`, not `sacct`: sacct needs SLURM's accounting database, which
 many small clusters (and the local test cluster) do not run.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import submitit
 
 from harness.config import ConfigError, DistbenchConfig, HardwareConfig
-from harness.results import RESULT_FILE, RunStatus
+from harness.results import RESULT_FILE, RunStatus, write_json_atomic
+from harness.resume import job_note_path
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +176,36 @@ def submit_cell(function: Callable[..., Any], *args: Any, folder: Path,
     executor = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
     executor.update_parameters(**parameters)
     return executor.submit(function, *args)
+
+
+@dataclass(frozen=True)
+class JobNote:
+    """A cell's SLURM job as submitted: what a later run of the sweep needs to follow it, or to
+    record it if it ended without a result while no launcher was watching."""
+
+    job_id: str
+    folder: str  # submitit's folder, `%j` in it: the job's logs
+    output_dir: str  # the cell's output directory in the sweep that submitted it
+    tasks: int
+    submitted_at: str  # ISO 8601, UTC
+
+    def job(self) -> submitit.Job:
+        """The submitted job, as submitit sees it (its logs, scancel)."""
+        return submitit.SlurmJob(folder=self.folder, job_id=self.job_id,
+                                 tasks=tuple(range(self.tasks)))
+
+
+def write_job_note(output_root: str | Path, key: str, note: JobNote) -> None:
+    """Note the cell's job, replacing the note of any earlier job of the same cell."""
+    write_json_atomic(job_note_path(output_root, key), asdict(note))
+
+
+def read_job_note(output_root: str | Path, key: str) -> JobNote | None:
+    """The cell's last noted job, or None (never submitted to SLURM, or an unreadable note)."""
+    try:
+        return JobNote(**json.loads(job_note_path(output_root, key).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def job_states(job_ids: Sequence[str]) -> dict[str, str]:

@@ -51,6 +51,10 @@ def cell_worker_pids(under: Path, job_id: str | None = None) -> dict[int, int]:
                            capture_output=True, text=True).stdout.split()
     for pid in map(int, found):
         try:
+            # Only Python workers: a SLURM batch step's `srun` has the same command line and
+            # SLURM_PROCID=0 in its environment, and exists before its worker does.
+            if not Path(f"/proc/{pid}/exe").resolve().name.startswith("python"):
+                continue
             environ = dict(entry.split(b"=", 1) for entry in
                            Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in entry)
         except OSError:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +20,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from harness.config import Device, DistbenchConfig, HardwareConfig
-from harness.tracking import DEFAULT_STORE_FILE
+from harness.resume import job_note_path
+from harness.tracking import CELL_KEY_TAG, DEFAULT_STORE_FILE
 from launchers import slurm
 from tests.helpers import REPO_ROOT, cell_worker_pids
 
@@ -180,6 +182,116 @@ def test_results_land_when_the_submitting_shell_dies(slurm_cluster: None,
     client = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
     for result in results:
         assert client.get_run(result["mlflow_run_id"]).data.tags["status"] == "ok"
+
+
+def _cell_runs(output_root: Path) -> Counter:
+    """(cell key, status) -> number of MLflow runs of the smoke experiment's cells."""
+    client = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
+    experiment = client.get_experiment_by_name("smoke")
+    return Counter((run.data.tags[CELL_KEY_TAG], run.data.tags["status"])
+                   for run in client.search_runs([experiment.experiment_id])
+                   if CELL_KEY_TAG in run.data.tags)
+
+
+def _noted_job_ids(output_root: Path, results: list[dict]) -> list[str]:
+    """The job noted for each result's cell (the last one submitted for it)."""
+    return [json.loads(job_note_path(output_root, r["cell_key"]).read_text())["job_id"]
+            for r in results]
+
+
+def _kill_sweep_once_submitted(output_root: Path, cells: int, *overrides: str) -> list[str]:
+    """Start a sweep and SIGKILL it as soon as it has submitted its `cells` jobs."""
+    sweep = _sweep(output_root, *overrides)
+    try:
+        job_ids = _job_ids(sweep, cells)
+    finally:
+        sweep.kill()
+    sweep.wait(timeout=60)
+    time.sleep(1.1)  # Hydra names sweep directories by the second: the re-run gets its own
+    return job_ids
+
+
+def _rerun(output_root: Path, *overrides: str) -> str:
+    sweep = _sweep(output_root, *overrides)
+    out, _ = sweep.communicate(timeout=900)
+    assert sweep.returncode == 0, out[-3000:]
+    return out
+
+
+def test_a_rerun_of_a_killed_sweep_follows_its_queued_jobs_instead_of_submitting_again(
+        slurm_cluster: None, output_root: Path) -> None:
+    cells = ["distribution=sequential", "dataset.num_samples=32", "run.epochs=1,2,3"]
+    job_ids = _kill_sweep_once_submitted(output_root, 3, *cells)
+    out = _rerun(output_root, *cells)  # at once: the earlier jobs are still queued or running
+    assert "SLURM job" not in out, out[-3000:]  # nothing submitted a second time
+    taken_over = [line for line in out.splitlines()
+                  if "following earlier job" in line or "skipped, finished earlier" in line]
+    assert len(taken_over) == 3, out[-3000:]
+    assert any(f"following earlier job {job_ids[-1]}" in line for line in taken_over)
+    results = _results(output_root)  # the earlier sweep's only: the re-run ran nothing itself
+    assert [r["status"] for r in results] == ["ok", "ok", "ok"], [r["error"] for r in results]
+    assert [r["environment"]["slurm_job_id"] for r in results] == job_ids
+    assert _noted_job_ids(output_root, results) == job_ids
+    assert _cell_runs(output_root) == Counter({(r["cell_key"], "ok"): 1 for r in results})
+
+
+def _kill_worker_once_started(output_root: Path, job_id: str, timeout: float = 180) -> None:
+    """SIGKILL the (single) worker of SLURM job `job_id` once it runs, then wait for the job to
+    end: it leaves no result and no rank report."""
+    deadline = time.monotonic() + timeout
+    while not (workers := cell_worker_pids(output_root, job_id)):
+        assert time.monotonic() < deadline, f"SLURM job {job_id} never started"
+        time.sleep(0.2)
+    os.kill(workers[0], signal.SIGKILL)
+    while not slurm.has_ended(slurm.job_states([job_id])[job_id]):
+        assert time.monotonic() < deadline, f"SLURM job {job_id} did not end"
+        time.sleep(0.5)
+
+
+def test_a_rerun_records_a_job_that_died_unwatched_then_runs_its_cell_again(
+        slurm_cluster: None, output_root: Path) -> None:
+    """Cell 0's worker is SIGKILLed while the sweep process is dead too: nobody records it
+    until the re-run, which records that attempt as failed, submits cell 0 again and follows
+    cell 1's earlier job (queued behind cell 0's, one cell at a time)."""
+    cells = ["distribution=sequential", "dataset.num_samples=32", "run.epochs=2,1"]
+    killed, queued = _kill_sweep_once_submitted(output_root, 2, *cells)
+    _kill_worker_once_started(output_root, killed)
+    out = _rerun(output_root, *cells)
+    assert f"earlier job {killed} ended" in out and "recorded as failed" in out, out[-3000:]
+    assert out.count("SLURM job") == 1, out[-3000:]  # cell 0 only is submitted again
+    assert f"following earlier job {queued}" in out or \
+        "cell 1 (mobilenetv2-mnist-sequential" in out and "skipped" in out, out[-3000:]
+    earlier_attempt, earlier_cell_1, rerun_cell_0 = _results(output_root)
+    assert earlier_attempt["status"] == "failed"
+    assert f"SLURM job {killed} ended" in earlier_attempt["error"]
+    assert "while the sweep was not watching" in earlier_attempt["error"]
+    assert (earlier_cell_1["status"], rerun_cell_0["status"]) == ("ok", "ok"), \
+        [earlier_cell_1["error"], rerun_cell_0["error"]]
+    assert rerun_cell_0["cell_key"] == earlier_attempt["cell_key"]
+    assert rerun_cell_0["environment"]["slurm_job_id"] not in (killed, queued)
+    assert _cell_runs(output_root) == Counter({
+        (earlier_attempt["cell_key"], "failed"): 1, (earlier_attempt["cell_key"], "ok"): 1,
+        (earlier_cell_1["cell_key"], "ok"): 1})
+
+
+def test_a_forced_rerun_cancels_the_earlier_jobs_still_queued(slurm_cluster: None,
+                                                              output_root: Path) -> None:
+    cells = ["distribution=sequential", "dataset.num_samples=32", "run.epochs=1,2"]
+    earlier = _kill_sweep_once_submitted(output_root, 2, *cells)
+    out = _rerun(output_root, *cells, "hydra.launcher.force=true")
+    assert f"cancelled earlier job {earlier[1]}" in out, out[-3000:]  # queued behind cell 0
+    assert out.count("SLURM job") == 2, out[-3000:]
+    assert all(slurm.has_ended(state) for state in slurm.job_states(earlier).values())
+    earlier_sweep, rerun_sweep = sorted((output_root / "sweeps" / "smoke").iterdir())
+    rerun = [json.loads((rerun_sweep / cell / "result.json").read_text()) for cell in "01"]
+    assert [r["status"] for r in rerun] == ["ok", "ok"], [r["error"] for r in rerun]
+    assert _noted_job_ids(output_root, rerun) == \
+        [r["environment"]["slurm_job_id"] for r in rerun]
+    assert not set(_noted_job_ids(output_root, rerun)) & set(earlier)
+    # Cell 1's earlier job was cancelled before it finished: the cell is ok in MLflow once.
+    # (Cell 0's earlier job may have finished before the re-run began: force runs it again.)
+    assert _cell_runs(output_root)[(rerun[1]["cell_key"], "ok")] == 1
+    assert not (earlier_sweep / "1" / "result.json").exists()
 
 
 def test_the_probe_measures_the_link_between_two_slurm_nodes(slurm_cluster: None,

@@ -52,7 +52,8 @@ class SlurmCellsConf(SlurmQueueConf):
     # Extra arguments of the srun line that starts the workers.
     srun_args: Optional[List[str]] = None
     # Run every cell, also those that already have a result with status ok under run.output_dir
-    # (by default a re-run sweep skips them: see harness.resume).
+    # (by default a re-run sweep skips them: see harness.resume), and cancel the cells' earlier
+    # jobs still queued or running (by default a re-run follows them: launchers.slurm_resume).
     force: bool = False
 
 
@@ -68,25 +69,36 @@ class SlurmCellsLauncher(SlurmLauncher):
         from hydra.core.singleton import Singleton
         from tqdm import tqdm
 
+        from harness.resume import cell_key
         from harness.run import now
-        from launchers import cells, slurm
+        from launchers import cells, slurm, slurm_resume
 
         assert self.config is not None and self.hydra_context is not None
         prepared = cells.prepare_sweep(
             self.hydra_context.config_loader, self.config, job_overrides, initial_job_idx,
             size_cell=lambda cell: slurm.cell_job_size(cell, self.params))
-        done = cells.finished_earlier(prepared, force=bool(self.params["force"]))
-        submitted: list[slurm.SubmittedCell] = []
-        positions: list[int] = []  # each submitted cell's position in `prepared`
+        force = bool(self.params["force"])
+        done = cells.finished_earlier(prepared, force=force)
+        earlier = slurm_resume.take_over_earlier_jobs(prepared, done, force=force)
+        done.update(earlier.finished)
+        # Cells whose earlier job still runs are followed, not submitted again.
+        followed = sorted(earlier.following)
+        submitted = [earlier.following[index] for index in followed]
+        positions = list(followed)  # each followed or submitted cell's position in `prepared`
         started = now()
         for index, cell in enumerate(prepared):
-            if index in done:
+            if index in done or index in earlier.following:
                 continue
             job = slurm.submit_cell(
                 self, cell.overrides, "hydra.sweep.dir", cell.job_num,
                 f"job_id_for_{cell.job_num}", Singleton.get_state(),
                 folder=Path(self.params["submitit_folder"]),
                 parameters=slurm.executor_parameters(cell.size, self.params, cell.cell))
+            # Noted before it is announced: a re-run after this process dies must find it.
+            slurm.write_job_note(cell.cell.run.output_dir, cell_key(cell.config), slurm.JobNote(
+                job_id=job.job_id, folder=str(Path(self.params["submitit_folder"]).absolute()),
+                output_dir=str(cell.output_dir.absolute()), tasks=cell.size.tasks,
+                submitted_at=now()))
             print(f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): SLURM job "
                   f"{job.job_id}, {cell.size.nodes} node(s) x {cell.size.tasks_per_node} "
                   f"task(s), in {cell.output_dir}", flush=True)
