@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.compose import compose_or_exit
-from harness.results import RESULT_FILE, CellResult, RunStatus, write_result
+from harness.results import RESULT_FILE, CellResult, RepeatResult, RunStatus, write_result
 from harness.tracking import _client, experiment_id, record_cell, recorded_run_id, \
     tracking_failure, tracking_uri
 
@@ -42,7 +42,8 @@ def as_result(data: dict[str, Any]) -> CellResult:
     """A result.json's content as a CellResult (fields it does not know are left out)."""
     known = {field.name for field in dataclasses.fields(CellResult)}
     return CellResult(**{**{k: v for k, v in data.items() if k in known},
-                         "status": RunStatus(data["status"])})
+                         "status": RunStatus(data["status"]),
+                         "repeats": [RepeatResult(**r) for r in data.get("repeats", [])]})
 
 
 def sync_result(path: Path, uri: str) -> str:

@@ -95,7 +95,8 @@ def test_profiler_records_time_and_sizes_per_layer_and_leaves_the_model_as_it_wa
 def _worker(digest: str, group: int, extra: dict[str, float]) -> WorkerMeasurement:
     epoch = EpochMeasurement(seconds=1.0, samples=8, batches=2)
     return WorkerMeasurement(epochs=[epoch], peak_memory_mb=1.0, memory_kind="test",
-                             parameter_digest=digest, replica_group=group, extra_metrics=extra)
+                             parameter_digest=digest, replica_group=group, extra_metrics=extra,
+                             seeds=[0])
 
 
 def test_replicas_are_compared_within_their_stage_only() -> None:

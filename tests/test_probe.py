@@ -43,7 +43,8 @@ def test_a_profile_from_the_configured_speeds_uses_intra_and_inter_node_links() 
 
 
 def test_a_profile_needs_both_speeds_of_a_link_kind() -> None:
-    hardware = validate(compose_config(["hardware=local_2cpu"])).hardware
+    hardware = validate(compose_config(["hardware=local_2cpu",
+                                        "hardware.intra_node_bandwidth_mbps=null"])).hardware
     with pytest.raises(ConfigError, match=r"hardware.intra_node_bandwidth_mbps=None"):
         HardwareProfile.from_config(hardware)
 
