@@ -37,7 +37,7 @@ from harness.predict.cell import (
     epoch_terms,
     memory_per_worker_mb,
 )
-from harness.predict.facts import FactsCache, gather
+from harness.predict.facts import FactsCache, cache_for, command_parser, gather
 from harness.predict.memory import fits
 
 
@@ -175,13 +175,10 @@ def print_table(config: DistbenchConfig, options: Sequence[Option], skipped: Seq
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog="python -m harness.recommend", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser("python -m harness.recommend", __doc__)
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
     parser.add_argument("--fit", type=Path, default=None,
                         help="fit.json of an analysis (default: the newest one)")
-    parser.add_argument("--probe-batches", type=int, default=5,
-                        help="timed batches of the sequential probe per batch size")
     return parser.parse_known_args(list(argv))
 
 
@@ -194,10 +191,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     fit_path = options_.fit if options_.fit is not None else newest_fit(output_root)
     if fit_path is not None and not fit_path.exists():
         raise ConfigError(f"--fit={fit_path} is invalid: no such file")
-    if options_.probe_batches < 1:
-        raise ConfigError(f"--probe-batches={options_.probe_batches} is invalid: must be 1 or more")
+    cache = cache_for(options_.probe_batches)
     fitted = Fitted.load(fit_path)
-    options, skipped = rank(config, fitted, FactsCache(options_.probe_batches), output_root)
+    options, skipped = rank(config, fitted, cache, output_root)
     elapsed = time.perf_counter() - started
     if options_.json:
         best = recommendation(options)

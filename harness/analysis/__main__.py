@@ -11,7 +11,6 @@ machine with the grid's kind of device, as nothing else is running.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import sys
 import time
@@ -36,7 +35,7 @@ from harness.compose import compose_config
 from harness.config import ConfigError, DistbenchConfig, validate
 from harness.hardware_profile import profile_for
 from harness.predict.cell import epoch_terms, memory_per_worker_mb
-from harness.predict.facts import FactsCache, gather
+from harness.predict.facts import FactsCache, cache_for, command_parser, gather
 from harness.results import write_json_atomic
 from harness.tracking import log_run, tracking_uri
 
@@ -46,17 +45,20 @@ FIT_FILE = "fit.json"
 def predict_cells(cells: Sequence[MeasuredCell], output_root: Path,
                   cache: FactsCache) -> list[CellPrediction]:
     """The raw equations' terms and memory for every measured cell."""
-    predictions = []
+    predictions, profiles = [], {}
     for cell in tqdm(cells, desc="predicting cells", unit="cell", file=sys.stderr):
         facts = gather(cell.config, cache)
-        profile = profile_for(cell.config.hardware, output_root)
+        hardware = cell.config.hardware
+        if hardware.name not in profiles:  # one file read per hardware, not per cell
+            profiles[hardware.name] = profile_for(hardware, output_root)
+        profile = profiles[hardware.name]
         predictions.append(CellPrediction(
             cell, epoch_terms(cell.config, facts, profile),
             max(memory_per_worker_mb(cell.config, facts))))
     return predictions
 
 
-def analyse(config: DistbenchConfig, *, experiment: str, probe_batches: int) -> Path:
+def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache) -> Path:
     """Everything the module docstring says; returns the report's folder."""
     output_root = Path(config.run.output_dir)
     uri = tracking_uri(config.tracking.uri, output_root)
@@ -65,7 +67,7 @@ def analyse(config: DistbenchConfig, *, experiment: str, probe_batches: int) -> 
         raise ConfigError(f"tracking.experiment={experiment!r}: no finished (status ok) cells "
                           f"at {uri}; measure a grid first")
     started = time.perf_counter()
-    predictions = predict_cells(cells, output_root, FactsCache(probe_batches=probe_batches))
+    predictions = predict_cells(cells, output_root, cache)
     probe_seconds = time.perf_counter() - started
     by_cell = held_out(predictions, group=lambda cell: cell.run_id)
     by_workload = held_out(predictions, group=lambda cell: cell.workload)
@@ -81,7 +83,7 @@ def analyse(config: DistbenchConfig, *, experiment: str, probe_batches: int) -> 
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "hardware": sorted({cell.config.hardware.name for cell in cells}),
         "params": {model: p.to_dict() for model, p in params.items()},
-        "runtime_mb": runtime, "probe_batches": probe_batches,
+        "runtime_mb": runtime, "probe_batches": cache.probe_batches,
         "accuracy": [asdict(row) for row in table],
         "recommendations": [{"workload": list(v.workload), "fastest": setting_label(
             v.fastest.cell.config), "recommended": setting_label(v.recommended.cell.config),
@@ -121,21 +123,13 @@ def _print_summary(table, verdicts, folder: Path) -> None:  # noqa: ANN001
     print(f"report: {folder / 'report.md'}")
 
 
-def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog="python -m harness.analysis", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--probe-batches", type=int, default=5,
-                        help="timed batches of the sequential probe per batch size (default 5)")
-    return parser.parse_known_args(list(argv))
-
-
 @command
 def main(argv: Sequence[str] | None = None) -> None:
-    options, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    parser = command_parser("python -m harness.analysis", __doc__)
+    options, overrides = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     config = validate(compose_config(overrides))
-    if options.probe_batches < 1:
-        raise ConfigError(f"--probe-batches={options.probe_batches} is invalid: must be 1 or more")
-    analyse(config, experiment=config.tracking.experiment, probe_batches=options.probe_batches)
+    analyse(config, experiment=config.tracking.experiment,
+            cache=cache_for(options.probe_batches))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ per-step cost (synchronisation, Python, negotiation).
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 from harness.config import DistbenchConfig, DistributionName
@@ -186,6 +185,3 @@ def cost_per_epoch(config: DistbenchConfig, seconds: float) -> float | None:
         else config.world_size
     return devices * seconds / 3600 * price
 
-
-def speedup(sequential_s: float, seconds: float) -> float:
-    return sequential_s / seconds if seconds > 0 else math.nan

@@ -13,13 +13,14 @@ so an analysis of a grid or a recommendation over many candidates measures each 
 
 from __future__ import annotations
 
+import argparse
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from harness.config import DistbenchConfig, DistributionName
+from harness.config import ConfigError, DistbenchConfig, DistributionName
 from harness.metrics import BYTES_PER_MB
 from harness.partition import StagePlan
 
@@ -58,6 +59,24 @@ class FactsCache:
     probe_batches: int = 5
     step_seconds: dict[tuple[Any, ...], float] = field(default_factory=dict)
     profiles: dict[tuple[Any, ...], Any] = field(default_factory=dict)  # NetworkProfile
+    static: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # describe()
+
+
+def command_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
+    """The options of the commands that measure facts (analysis, recommend); the rest of
+    their arguments are config overrides (`parse_known_args`)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--probe-batches", type=int, default=5,
+                        help="timed batches of the sequential probe per batch size (default 5)")
+    return parser
+
+
+def cache_for(probe_batches: int) -> FactsCache:
+    """A fresh cache for `--probe-batches`, checked like a config key."""
+    if probe_batches < 1:
+        raise ConfigError(f"--probe-batches={probe_batches} is invalid: must be 1 or more")
+    return FactsCache(probe_batches=probe_batches)
 
 
 def step_batch(config: DistbenchConfig) -> int:
@@ -75,7 +94,10 @@ def gather(config: DistbenchConfig, cache: FactsCache) -> CellFacts:
 
     started = time.perf_counter()
     spec = dataset_spec(config.dataset.name.value)
-    static = describe(config.network.name.value, spec)
+    workload = (config.network.name.value, config.dataset.name.value)
+    if workload not in cache.static:
+        cache.static[workload] = describe(config.network.name.value, spec)
+    static = cache.static[workload]
     batch = step_batch(config)
     seconds = _step_seconds(config, batch, cache)
     shares, plan = _pipeline_facts(config, static["num_layers"], cache)
