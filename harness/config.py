@@ -24,6 +24,10 @@ from harness.batch_sizes import default_batch_size, default_micro_batches
 from workloads.datasets.spec import DATASET_SPECS
 
 
+# `distribution.stages` shorthand for one unreplicated stage per worker.
+STRAIGHT = "straight"
+
+
 class ConfigError(ValueError):
     """An invalid configuration value; the message names the key and the allowed values."""
 
@@ -178,8 +182,9 @@ class DistributionConfig:
     # Pipelines: layers of the network's layer list per stage, e.g. [10, 12]; null = balance the
     # profiled time per layer (forward, backward, updates; harness.plan).
     balance: Optional[list[int]] = None
-    # PipeDream: replicas per stage, e.g. "2-1-1" (sums to the worker count); null = planned
-    # from the profile (harness.partition.plan_pipedream).
+    # PipeDream: replicas per stage, e.g. "2-1-1" (sums to the worker count); "straight" = one
+    # stage per worker, none replicated (the true 1F1B pipeline, whatever the worker count);
+    # null = planned from the profile (harness.partition.plan_pipedream).
     stages: Optional[str] = None
     batch_division: BatchDivision = BatchDivision.drop
 
@@ -198,7 +203,7 @@ class DistributionConfig:
                                                                      self.balance)),
                "distribution.balance", self.balance,
                "a list of layer counts per stage, each 1 or more, or null (profile-balanced)")
-        if self.stages is not None:
+        if self.stages is not None and self.stages != STRAIGHT:
             from harness.partition import parse_stages  # the one parser of the plan syntax
 
             try:
@@ -337,6 +342,8 @@ class DistbenchConfig:
 
     def __post_init__(self) -> None:
         samples = self.dataset.num_samples
+        if self.distribution.stages == STRAIGHT:  # spelled out once the worker count is known
+            self.distribution.stages = "-".join(["1"] * self.world_size)
         if self.distribution.pipeline:
             self._check_pipeline()
         else:

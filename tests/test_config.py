@@ -137,3 +137,12 @@ def test_a_multi_node_cell_is_refused_by_the_single_machine_launcher() -> None:
     cluster = validate(compose_config(["distribution=ddp", "hardware=titanrtx_cluster"]))
     with pytest.raises(ConfigError, match="hardware.nodes=4 is invalid here.*submitit_slurm"):
         single_node_workers(cluster)
+
+
+@pytest.mark.parametrize(("hardware", "stages"), [("local_2cpu", "1-1"),
+                                                   ("local_4cpu", "1-1-1-1")])
+def test_a_straight_pipedream_is_one_stage_per_worker(hardware: str, stages: str) -> None:
+    config = validate(compose_config(["distribution=pipedream_straight",
+                                      f"hardware={hardware}", "network=vgg11"]))
+    assert config.distribution.name.value == "pipedream"
+    assert config.distribution.stages == stages
