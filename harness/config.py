@@ -235,6 +235,8 @@ class HardwareConfig:
     # Threads torch may use per worker (torch.set_num_threads); null = torch's default.
     cpu_threads: Optional[int] = None
     # Memory of one device in GB (null = unknown; the recommender then cannot rule out OOM).
+    # On a CPU it is also enforced on every worker (harness.memory_limit): a cell that does
+    # not fit ends `oom`, as on a GPU; null = no limit.
     device_memory_gb: Optional[float] = None
     intra_node_bandwidth_mbps: Optional[float] = None
     intra_node_latency_us: Optional[float] = None

@@ -25,6 +25,7 @@ from harness.config import DistbenchConfig, resolved_container, validate
 from harness.distributions import EpochMeasurement, Trainer, TrainingContext, trainer_factory
 from harness.environment import capture_environment
 from harness.eventlog import MLLOG_FILE, EventLog
+from harness.memory_limit import MemoryLimit, device_memory_limit, oom_error
 from harness.metrics import PeakMemory, PhaseClock, RepeatStatistics, Summary
 from harness.results import (
     CellResult,
@@ -239,12 +240,14 @@ def parameter_digest(model: torch.nn.Module) -> str:
 
 
 def classify_failure(error: BaseException) -> RunStatus:
-    """Out-of-memory errors (CUDA's, the CPU allocator's, Python's) are `oom`; a collective
-    that timed out is `timeout`; anything else `failed`."""
+    """Out-of-memory errors (CUDA's, the CPU allocator's, Python's, a failed mmap's ENOMEM,
+    C++'s bad_alloc) are `oom`; a collective that timed out is `timeout`; anything else
+    `failed`."""
     if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
         return RunStatus.oom
     text = str(error).lower()
-    if "out of memory" in text or "can't allocate memory" in text:
+    if any(sign in text for sign in ("out of memory", "can't allocate memory",
+                                     "cannot allocate memory", "bad_alloc")):
         return RunStatus.oom
     if "timed out" in text:  # a collective whose peer never answered (gloo, NCCL watchdog)
         return RunStatus.timeout
@@ -264,6 +267,7 @@ def run_cell(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     started = now()
     device = torch.device("cpu")
     status, error, measurement = RunStatus.ok, None, None
+    memory_limit: MemoryLimit | None = None
 
     def report_stall(report: str) -> None:
         write_rank_report(output_dir, env.rank, RunStatus.timeout, report)
@@ -276,13 +280,20 @@ def run_cell(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
             _check_world_size(config, env)
             set_deterministic(config.run.deterministic)  # before the first CUDA kernel
             device = select_device(config, env.local_rank)
-            with worker_session(env, device, backend=config.distribution.backend,
-                                timeout_s=config.run.progress_timeout_s) as session:
+            # On a CPU, hardware.device_memory_gb is enforced while the cell is measured
+            # (harness.memory_limit), and lifted before anything is recorded.
+            with (device_memory_limit(config.hardware) as memory_limit,
+                  worker_session(env, device, backend=config.distribution.backend,
+                                 timeout_s=config.run.progress_timeout_s) as session):
                 with EventLog.for_worker(output_dir, env.is_main) as events:
                     worker = measure(config, device, session, watchdog.beat, events)
                 measurement = Measurement(session.all_gather(worker))
         except Exception as err:  # noqa: BLE001 - a failing cell is a result, not a crash
             status, error = classify_failure(err), traceback.format_exc()
+            if status is RunStatus.oom and config.hardware.device.value == "cpu":
+                # One line says it all; the traceback stays in this worker's log.
+                log.error("rank %d: out of memory at\n%s", env.rank, error)
+                error = oom_error(err, env.rank, memory_limit)
             log.error("rank %d of cell %s ended with status %s: %s", env.rank,
                       config.run_name, status.value, err)
             write_rank_report(output_dir, env.rank, status, error)
@@ -333,6 +344,10 @@ def merge_rank_reports(output_dir: Path, world_size: int, status: RunStatus,
     for candidate in (RunStatus.oom, RunStatus.timeout):
         if candidate in statuses:
             status = candidate
+    if status is RunStatus.oom:  # headed by the first line of the (first) rank that ran out
+        first = next((r["error"] for _, r in sorted(reports.items())
+                      if r["status"] == RunStatus.oom.value and r["error"]), None)
+        lines.insert(0, (first or error or "out of memory").splitlines()[0])
     return status, "\n".join(lines)
 
 

@@ -108,6 +108,15 @@ def _metrics(result: CellResult) -> Iterator[tuple[str, float, int]]:
             yield f"epoch_{phase}_seconds", seconds, epoch
 
 
+def error_tag(error: str, limit: int = 5000) -> str:
+    """`error` within MLflow's tag length limit: its first line (a multi-worker cell's
+    headline, e.g. which rank ran out of memory) and as much of its end as fits."""
+    if len(error) <= limit:
+        return error
+    head = error.splitlines()[0][:limit // 5] + "\n[...]\n"
+    return head + error[-(limit - len(head)):]
+
+
 def record_cell(result: CellResult, *, uri: str, experiment: str,
                 artifacts: list[Path]) -> str:
     """Log a finished (or failed) cell as one MLflow run; return the run id."""
@@ -119,7 +128,7 @@ def record_cell(result: CellResult, *, uri: str, experiment: str,
     if parent:
         tags["mlflow.parentRunId"] = parent
     if result.error:
-        tags["error"] = result.error[-5000:]  # MLflow tag values are limited in length
+        tags["error"] = error_tag(result.error)
     params = dict(result.config)
     if result.repeats:  # every seed used, exactly (a metric is a float)
         params["seeds"] = " ".join(str(repeat.seed) for repeat in result.repeats)
