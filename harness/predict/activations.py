@@ -1,0 +1,195 @@
+"""What autograd really keeps for the backward pass, per entry of a network's layer list.
+
+The layer list (`workloads.networks.to_layer_list`) is what pipelines partition, but its
+entries are coarse: a ResNet's entry is a whole residual block, whose forward saves the
+inputs of each convolution, each BatchNorm and each activation inside it, and a max-pool saves
+its int64 indices besides its input. Counting each entry's *output* as its activation memory
+(what `harness.describe` traces on the meta device) misses most of it. So the bytes are
+measured: one forward pass of a small real batch on the CPU, in train mode, under
+`torch.autograd.graph.saved_tensors_hooks`, which sees every tensor autograd saves.
+
+Counting rules:
+
+- a tensor is counted by its storage, once, however many views of it are saved (an in-place
+  ReLU's result is the storage of its input, a Flatten's output that of the pooling before);
+- the parameters and buffers are not activations (they are the weights), and are left out;
+- a storage is charged to the layer that saves it; when a later layer saves it again (a
+  convolution saving its input, which the ReLU before it already saved), that layer records
+  which earlier layer saved it last, so that any contiguous range of layers (a pipeline stage)
+  counts each storage once, and a stage whose first layer saves its input (the activation it
+  received) counts that input: `stage_saved_mb`;
+- the loss (CrossEntropy's log-softmax) is charged to the last layer.
+
+Saved bytes are affine in the batch: most tensors hold one slice per sample, while
+BatchNorm's saved mean and inverse deviation are per channel, whatever the batch. Measuring
+at two batch sizes (1 and 2, or 2 and 4 where a batch of 1 cannot train, e.g. BatchNorm on a
+1x1 map) separates the per-sample slope from that constant part, per group; tests check that
+the affine form predicts a third batch exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from harness.metrics import BYTES_PER_MB
+
+NO_SAVER = -1  # a storage no earlier layer saved
+
+
+@dataclass(frozen=True)
+class SavedGroup:
+    """Part of one layer's saved bytes: the storages whose latest earlier saver is
+    `previous_saver` (NO_SAVER: new to this layer)."""
+
+    previous_saver: int
+    mb_per_sample: float
+    mb_constant: float = 0.0
+
+    def mb(self, batch: int) -> float:
+        return batch * self.mb_per_sample + self.mb_constant
+
+
+@dataclass(frozen=True)
+class LayerSaved:
+    """What one entry of the layer list keeps for the backward pass (float MB)."""
+
+    groups: tuple[SavedGroup, ...]
+    output_mb_per_sample: float  # the entry's output: what crosses a pipeline boundary
+    saves_input: bool  # whether the entry's own forward saves the tensor it was given
+    output_saver: int  # latest layer (<= this one) that saved the output's storage, or -1
+
+    def mb_per_sample(self) -> float:
+        """Saved MB per sample of this layer alone (its input included if it saves it)."""
+        return sum(group.mb_per_sample for group in self.groups)
+
+    def mb_constant(self) -> float:
+        return sum(group.mb_constant for group in self.groups)
+
+
+@dataclass(frozen=True)
+class SavedActivations:
+    """Per layer saved bytes of one (network, dataset), and how they were measured."""
+
+    layers: tuple[LayerSaved, ...]
+    input_mb_per_sample: float
+    batches: tuple[int, int]
+    seconds: float
+
+
+def stage_saved_mb(layers: Sequence[LayerSaved], first: int, end: int, batch: int) -> float:
+    """MB autograd holds after the forward of layers [first, end) at `batch` samples: every
+    storage saved by a layer of the range, once (module docstring)."""
+    total = 0.0
+    for layer in layers[first:end]:
+        total += sum(group.mb(batch) for group in layer.groups if group.previous_saver < first)
+    return total
+
+
+def stage_boundary_mb(layers: Sequence[LayerSaved], first: int, end: int,
+                      input_mb_per_sample: float) -> tuple[float, float]:
+    """Per sample MB a stage [first, end) holds per batch in flight besides what autograd
+    saves: its input, unless its first layer saves it, and its output, unless a layer of the
+    stage saved that storage (a pipeline keeps both until the batch's backward)."""
+    entering = input_mb_per_sample if first == 0 else layers[first - 1].output_mb_per_sample
+    held_input = 0.0 if layers[first].saves_input else entering
+    held_output = 0.0 if layers[end - 1].output_saver >= first \
+        else layers[end - 1].output_mb_per_sample
+    return held_input, held_output
+
+
+def measure(network: str, spec, *, batches: tuple[int, int] = (1, 2),  # noqa: ANN001
+            seed: int = 0) -> SavedActivations:
+    """Saved bytes per layer of `network` for dataset `spec` (a DatasetSpec), from forwards at
+    two batch sizes (module docstring). Costs two forward passes on the CPU."""
+    import torch
+
+    from workloads.networks import build_network, to_layer_list
+
+    started = time.perf_counter()
+    torch.manual_seed(seed)
+    model = build_network(network, spec)
+    layers = to_layer_list(network, model)
+    model.train()
+    try:
+        traces = [_trace(model, layers, spec, batch) for batch in batches]
+    except ValueError:  # BatchNorm cannot train on one value per channel: start at 2
+        batches = (2 * batches[0], 2 * batches[1])
+        traces = [_trace(model, layers, spec, batch) for batch in batches]
+    (small, low), (large, high) = zip(batches, traces)
+    result = []
+    for a, b in zip(low, high):
+        keys = sorted(set(a.groups) | set(b.groups))
+        groups = []
+        for key in keys:
+            slope = (b.groups.get(key, 0) - a.groups.get(key, 0)) / (large - small)
+            constant = a.groups.get(key, 0) - small * slope
+            groups.append(SavedGroup(key, slope / BYTES_PER_MB, constant / BYTES_PER_MB))
+        result.append(LayerSaved(tuple(groups), b.output_bytes / large / BYTES_PER_MB,
+                                 b.saves_input, b.output_saver))
+    input_mb = torch.Size(spec.input_shape).numel() * 4 / BYTES_PER_MB
+    return SavedActivations(tuple(result), input_mb, batches, time.perf_counter() - started)
+
+
+@dataclass
+class _LayerTrace:
+    groups: dict[int, int]  # previous saver -> bytes
+    output_bytes: int
+    saves_input: bool
+    output_saver: int
+
+
+def _trace(model, layers, spec, batch: int) -> list[_LayerTrace]:  # noqa: ANN001
+    """One forward at `batch` with every saved tensor recorded, per layer."""
+    import torch
+    from torch import nn
+
+    excluded = {_storage_key(t)[0] for t in [*model.parameters(), *model.buffers()]}
+    saved_by: dict[int, list[tuple[int, int]]] = {}  # layer -> [(storage key, bytes)]
+    current = [0]
+    kept: list[torch.Tensor] = []  # keep saved tensors alive: storage keys stay unique
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        key, size = _storage_key(tensor)
+        if key not in excluded and size > 0:
+            saved_by.setdefault(current[0], []).append((key, size))
+        kept.append(tensor)
+        return tensor
+
+    generator = torch.Generator().manual_seed(batch)
+    images = torch.rand((batch, *spec.input_shape), generator=generator)
+    labels = torch.randint(0, spec.num_classes, (batch,), generator=generator)
+    inputs, outputs = [], []
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        x = images
+        for index, layer in enumerate(layers):
+            current[0] = index
+            inputs.append(_storage_key(x)[0])
+            x = layer(x)
+            outputs.append((_storage_key(x), x))
+        loss = nn.functional.cross_entropy(x, labels)  # charged to the last layer
+    last_saver: dict[int, int] = {}
+    traces = []
+    for index in range(len(layers)):
+        groups: dict[int, int] = {}
+        mine = dict(saved_by.get(index, []))  # one entry per storage
+        for key, size in mine.items():
+            previous = last_saver.get(key, NO_SAVER)
+            groups[previous] = groups.get(previous, 0) + size
+        for key in mine:
+            last_saver[key] = index
+        (out_key, _), out = outputs[index]
+        traces.append(_LayerTrace(groups, out.numel() * out.element_size(),
+                                  inputs[index] in mine, last_saver.get(out_key, NO_SAVER)))
+    del loss, kept
+    return traces
+
+
+def _storage_key(tensor) -> tuple[int, int]:  # noqa: ANN001
+    """(identity, bytes) of the memory `tensor` keeps alive: its storage, shared by views."""
+    try:
+        storage = tensor.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError):  # no plain storage (opaque tensors)
+        return id(tensor), tensor.numel() * tensor.element_size()

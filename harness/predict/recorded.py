@@ -1,0 +1,105 @@
+"""Sequential step times recorded in MLflow, for predicting on a device this machine lacks.
+
+A sequential cell that finished `ok` on the hardware's kind of device, with the same network
+and dataset (and on a CPU the same `hardware.cpu_threads`), measured one training step as
+`seconds_per_epoch / batches trained per epoch` (`predict.cell.batches_per_epoch` of the
+cell's own config, read from its `config.yaml` artifact as `harness.analysis` does). Cells of
+every experiment in the store count; the median per batch size is taken, and where cells of the
+same hardware configuration (`hardware.name`) exist, only theirs.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from harness.config import DistbenchConfig
+from harness.predict.facts import MeasuredStep
+from harness.results import RunStatus
+from harness.tracking import tracking_failure, tracking_uri
+
+_SHOWN_RUN_IDS = 3
+
+
+@dataclass(frozen=True)
+class _Cell:
+    run_id: str
+    hardware: str
+    batch: int
+    step_seconds: float
+    device_name: str | None
+
+
+def sequential_steps(config: DistbenchConfig) -> tuple[list[MeasuredStep], str]:
+    """The step times recorded for `config`'s workload and device kind, one per batch size,
+    and where they were looked for (for the message when there are none)."""
+    uri = tracking_uri(config.tracking.uri, config.run.output_dir)
+    where = f"MLflow at {uri}"
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        return [], f"{where} (no such store)"  # reading would create an empty one
+    try:
+        cells = _cells(uri, config)
+    except Exception as err:  # noqa: BLE001 - an unreadable store is one source less
+        return [], f"{where} (unreadable: {tracking_failure(err)})"
+    by_batch: dict[int, list[_Cell]] = {}
+    for cell in cells:
+        by_batch.setdefault(cell.batch, []).append(cell)
+    steps = []
+    for batch, found in sorted(by_batch.items()):
+        same = [cell for cell in found if cell.hardware == config.hardware.name]
+        chosen = same or found
+        ids = [cell.run_id for cell in chosen]
+        shown = ", ".join(ids[:_SHOWN_RUN_IDS]) + \
+            (f" and {len(ids) - _SHOWN_RUN_IDS} more" if len(ids) > _SHOWN_RUN_IDS else "")
+        names = sorted({cell.device_name for cell in chosen if cell.device_name})
+        source = (f"MLflow run{'s' if len(ids) > 1 else ''} {shown}"
+                  f"{' (median)' if len(ids) > 1 else ''} at {uri}")
+        steps.append(MeasuredStep(batch, statistics.median(c.step_seconds for c in chosen),
+                                  source, 1 if same else 2, ", ".join(names) or None))
+    return steps, where
+
+
+def _cells(uri: str, config: DistbenchConfig) -> list[_Cell]:
+    from mlflow.tracking import MlflowClient
+
+    from harness.analysis.grid import config_from_dict
+    from harness.predict.cell import batches_per_epoch
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    client = MlflowClient(tracking_uri=uri)
+    experiments = [experiment.experiment_id for experiment in client.search_experiments()]
+    if not experiments:
+        return []
+    wanted = {"distribution.name": "sequential", "network.name": config.network.name.value,
+              "dataset.name": config.dataset.name.value,
+              "hardware.device": config.hardware.device.value}
+    runs = client.search_runs(experiments, filter_string=f"tags.status = '{RunStatus.ok.value}'",
+                              max_results=50_000)
+    cells = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for run in runs:
+            params, metrics = run.data.params, run.data.metrics
+            if any(params.get(key) != value for key, value in wanted.items()) or \
+                    "seconds_per_epoch" not in metrics:
+                continue
+            try:
+                local = client.download_artifacts(run.info.run_id, "config.yaml",
+                                                  str(Path(scratch) / run.info.run_id))
+                cell = config_from_dict(OmegaConf.to_container(OmegaConf.load(local)))
+            except Exception:  # noqa: BLE001, S112 - a run without a readable config: not one
+                continue
+            if config.hardware.device.value == "cpu" and \
+                    cell.hardware.cpu_threads != config.hardware.cpu_threads:
+                continue
+            batches = batches_per_epoch(cell)
+            if batches < 1:
+                continue
+            cells.append(_Cell(run.info.run_id, cell.hardware.name, cell.batch_size,
+                               metrics["seconds_per_epoch"] / batches,
+                               run.data.tags.get("device_name")))
+    return cells

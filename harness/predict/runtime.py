@@ -1,0 +1,125 @@
+"""The runtime share of a worker's memory: what its process holds besides the model, measured.
+
+A CPU worker's measured peak is its process's peak resident set, and most of that is not the
+model: the interpreter, torch's libraries (code pages, and the relocated data of a CUDA build
+of torch, which count as anonymous memory), the harness' own imports (Hydra, the trainers),
+the data set and its loader, and the pages of the kernels the first training step touches.
+None of it depends on the network, so it is measured once per data set, in a fresh process
+that does what a worker does before its model exists, then trains a tiny network of the same
+kinds of layers for two steps and reports its resident set (the tiny network's own bytes are
+negligible). That carries to a network no cell has measured, where a constant fitted to the
+cells would carry only the networks it was fitted on.
+
+On CUDA the share is the context (what the driver, cuBLAS and cuDNN take on the device besides
+torch's tensors), measured the same way: the device's used memory (`torch.cuda.mem_get_info`)
+less what torch's allocator reserved (not yet checked on a GPU); note that the CUDA peak
+the harness records (`max_memory_allocated`) leaves the context out, so a comparison with it
+must subtract this share, while the fit on a device must count it.
+
+`python -m harness.predict.runtime '<json>'` is the probe (its argument: the data set's
+settings, threads, device); `measure_runtime_mb` runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from harness.config import DistbenchConfig
+from harness.metrics import BYTES_PER_MB
+
+_PROBE_BATCH = 2
+
+
+def probe_key(config: DistbenchConfig) -> tuple[Any, ...]:
+    """What the runtime share depends on: the data set (and how it is read), the device and
+    the threads. Not the distribution model: a process group and Horovod's library add under
+    5 MB (measured on the calibration machine: 954, 955 and 959 MB for a sequential, a
+    distributed and a Horovod worker of MNIST), so one probe per data set serves them all."""
+    dataset = config.dataset
+    return (dataset.name.value, dataset.source.value, dataset.num_samples, dataset.num_workers,
+            config.hardware.device.value, config.hardware.cpu_threads)
+
+
+def measure_runtime_mb(config: DistbenchConfig, *, timeout_s: float = 300.0) -> float:
+    """The runtime share of a worker of `config` (module docstring), in MB."""
+    dataset = config.dataset
+    request = {
+        "dataset": dataset.name.value, "source": dataset.source.value,
+        "num_samples": dataset.num_samples, "num_workers": dataset.num_workers,
+        "cache_dir": str(Path(dataset.cache_dir).expanduser()), "root": dataset.root,
+        "unique": dataset.synthetic_unique_samples, "seed": config.run.seed,
+        "batch_size": config.batch_size, "threads": config.hardware.cpu_threads,
+        "device": config.hardware.device.value,
+    }
+    done = subprocess.run([sys.executable, "-m", "harness.predict.runtime", json.dumps(request)],
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the runtime memory probe failed: {done.stderr[-2000:]}")
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["runtime_mb"])
+
+
+def _resident_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024 / BYTES_PER_MB
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / BYTES_PER_MB
+
+
+def _tiny_network(channels: int, classes: int):  # noqa: ANN202
+    """A few channels wide, with every kind of layer the benchmark networks use."""
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Conv2d(channels, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+        nn.MaxPool2d(2, ceil_mode=True),
+        nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.BatchNorm2d(8), nn.ReLU6(),
+        nn.Conv2d(8, 8, 1), nn.ReLU(), nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(1),
+        nn.Dropout(0.2), nn.Linear(8, classes))
+
+
+def _probe(request: dict[str, Any]) -> dict[str, float]:
+    """In a fresh process: a worker's imports, its data, two steps of a tiny network."""
+    import harness.__main__  # noqa: F401 - what a worker imports (Hydra, the trainers, torch)
+    import submitit  # noqa: F401 - the launcher's worker entry point
+    import torch
+
+    from harness.workload import build_optimizer
+    from harness.config import OptimizerConfig
+    from workloads.datasets import EpochLoader, build_dataset, dataset_spec
+
+    if request["threads"] is not None:
+        torch.set_num_threads(request["threads"])
+    cuda = request["device"] == "cuda"
+    spec = dataset_spec(request["dataset"])
+    data = build_dataset(spec, source=request["source"], num_samples=request["num_samples"],
+                         seed=request["seed"], cache_dir=request["cache_dir"],
+                         root=request["root"], synthetic_unique_samples=request["unique"])
+    loader = EpochLoader(data, min(request["batch_size"], len(data)), seed=request["seed"],
+                         num_workers=request["num_workers"])
+    device = torch.device("cuda" if cuda else "cpu")
+    model = _tiny_network(spec.channels, spec.num_classes).to(device)
+    optimizer = build_optimizer(model.parameters(), OptimizerConfig())
+    images, labels = next(iter(loader))
+    images, labels = images[:_PROBE_BATCH].to(device), labels[:_PROBE_BATCH].to(device)
+    for _ in range(2):
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    if cuda:
+        torch.cuda.synchronize()
+        # Used on the device less what torch's allocator reserved: the context (and what any
+        # other process holds there: run the probe on an idle device).
+        free, total = torch.cuda.mem_get_info()
+        return {"runtime_mb": (total - free - torch.cuda.memory_reserved()) / BYTES_PER_MB}
+    return {"runtime_mb": _resident_mb()}
+
+
+if __name__ == "__main__":
+    print(json.dumps(_probe(json.loads(sys.argv[1]))))
