@@ -47,6 +47,9 @@ def describe(network: str, spec: DatasetSpec) -> dict[str, Any]:
         "weights_mb": parameters * FLOAT32_BYTES / BYTES_PER_MB,
         "gradient_mb": sum(p.numel() for p in model.parameters() if p.requires_grad)
         * FLOAT32_BYTES / BYTES_PER_MB,
+        # Gradient tensors: Horovod allreduces them as they become ready, so their count
+        # bounds how many allreduces (each with its latency) a step needs.
+        "gradient_tensors": sum(1 for p in model.parameters() if p.requires_grad),
         "num_layers": len(layers),
         "activation_mb_per_sample": sum(layer["activation_mb"] for layer in layer_facts),
         "layers": layer_facts,

@@ -1,21 +1,37 @@
 """What the performance models need to know about a cell's workload, gathered once.
 
-Two kinds of facts:
+Three kinds of facts:
 - static ones, free: parameter and activation sizes per layer (`harness.describe`, traced on
   the meta device);
 - measured ones, on one device of the target kind: the sequential step time at the batch a
   model trains at (the thesis' statistical model, `predict.sequential`), and for pipelines each
-  layer's share of the compute (the profiler) and the stage plan.
+  layer's share of the compute (the profiler) and the stage plan;
+- measured ones for the memory model, on this machine's CPU: what autograd saves per layer
+  (`predict.activations`, once per network and dataset, seconds) and a worker process's
+  runtime share (`predict.runtime`, once per dataset, a fresh process).
 
 `FactsCache` keeps measurements by what determines them (network, dataset, batch, threads),
 so an analysis of a grid or a recommendation over many candidates measures each one once.
+
+Whatever is measured is also kept on disk, per hardware configuration, in
+`<run.output_dir>/facts/<hardware>.json` (`FactsStore`). Where the hardware's device is not on
+this machine (`hardware.device=cuda` on a login node without CUDA), or with `probe=False`,
+nothing is timed: the step times come from that file and from the sequential cells recorded in
+MLflow (`harness.predict.recorded`), by the rule of `choose_step_time`; with neither, a
+`MissingMeasurement` says what to run where.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import json
+import math
+import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +40,7 @@ from harness.config import ConfigError, DistbenchConfig, DistributionName
 from harness.metrics import BYTES_PER_MB
 from harness.partition import StagePlan
 
-_PROBE_WARMUP = 2
+_PROBE_WARMUP = 4  # a fresh process runs its first batches slower (allocator, kernel caches)
 
 
 @dataclass(frozen=True)
@@ -32,6 +48,15 @@ class LayerFacts:
     weights_mb: float
     activation_mb_per_sample: float  # the layer's output, per sample
     compute_share: float  # of the whole network's forward+backward+update time (pipelines)
+    # The same split by phase, as shares of one whole training step (forward + backward + one
+    # update of all weights); they sum to 1 over the layers. Pipelines need them apart: GPipe
+    # recomputes forwards and updates once per batch, not once per micro-batch.
+    forward_share: float = 0.0
+    backward_share: float = 0.0
+    update_share: float = 0.0
+    # What autograd saves for the backward pass (`predict.activations.LayerSaved`), measured;
+    # None where it was not (the memory model then counts the layer's output).
+    saved: Any = None
 
 
 @dataclass(frozen=True)
@@ -44,8 +69,10 @@ class CellFacts:
     layers: list[LayerFacts]
     step_seconds: float  # one sequential training step at `step_batch` (probe median)
     step_batch: int  # the batch the models scale from: micro-batch (GPipe), else the batch
+    gradient_tensors: int = 1  # parameter tensors with a gradient (Horovod's allreduce count)
     plan: StagePlan | None = None  # pipelines: layers and replicas per stage
     probe_seconds: float = 0.0  # how long measuring these facts took (0 when cached)
+    runtime_mb: float = 0.0  # a worker process's memory besides the model (`predict.runtime`)
 
     @property
     def activation_mb_per_sample(self) -> float:
@@ -60,6 +87,20 @@ class FactsCache:
     step_seconds: dict[tuple[Any, ...], float] = field(default_factory=dict)
     profiles: dict[tuple[Any, ...], Any] = field(default_factory=dict)  # NetworkProfile
     static: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # describe()
+    # False: never time a step here, take step times from earlier measurements (facts file,
+    # MLflow) even where this machine has the device; absent devices are never probed.
+    probe: bool = True
+    facts_root: Path | None = None  # where facts/<hardware>.json is; None: run.output_dir
+    sources: dict[tuple[Any, ...], StepTime] = field(default_factory=dict)  # per step key
+    profile_sources: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    recorded: dict[tuple[Any, ...], tuple[list[MeasuredStep], list[str]]] = field(
+        default_factory=dict)  # (network, dataset, device, threads) -> measured, where looked
+    # Memory facts: saved activations per (network, dataset) (`predict.activations`), the
+    # runtime share per `predict.runtime.probe_key`; `measure_memory=False` measures neither
+    # (the memory model then falls back to layer outputs and no runtime share).
+    measure_memory: bool = True
+    saved_activations: dict[tuple[str, str], Any] = field(default_factory=dict)
+    runtime: dict[tuple[Any, ...], float] = field(default_factory=dict)
 
 
 def command_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
@@ -69,14 +110,19 @@ def command_parser(prog: str, description: str | None) -> argparse.ArgumentParse
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--probe-batches", type=int, default=5,
                         help="timed batches of the sequential probe per batch size (default 5)")
+    parser.add_argument("--no-probe", action="store_true",
+                        help="time nothing here: use step times measured earlier on the "
+                             "hardware's device (<run.output_dir>/facts/<hardware>.json, "
+                             "MLflow), as always where this machine lacks that device")
     return parser
 
 
-def cache_for(probe_batches: int) -> FactsCache:
+def cache_for(probe_batches: int, *, probe: bool = True,
+              facts_root: Path | None = None) -> FactsCache:
     """A fresh cache for `--probe-batches`, checked like a config key."""
     if probe_batches < 1:
         raise ConfigError(f"--probe-batches={probe_batches} is invalid: must be 1 or more")
-    return FactsCache(probe_batches=probe_batches)
+    return FactsCache(probe_batches=probe_batches, probe=probe, facts_root=facts_root)
 
 
 def step_batch(config: DistbenchConfig) -> int:
@@ -87,8 +133,10 @@ def step_batch(config: DistbenchConfig) -> int:
     return config.batch_size
 
 
-def gather(config: DistbenchConfig, cache: FactsCache) -> CellFacts:
-    """Facts for `config`, measuring on this machine what `cache` does not hold yet."""
+def gather(config: DistbenchConfig, cache: FactsCache, *, timed: bool = True) -> CellFacts:
+    """Facts for `config`, measuring on this machine what `cache` does not hold yet.
+    `timed=False` skips the step time (NaN): what a memory-only prediction needs, e.g. for a
+    cell that did not fit, whose batch may not fit this machine either."""
     from harness.describe import FLOAT32_BYTES, describe
     from workloads.datasets import dataset_spec
 
@@ -99,63 +147,125 @@ def gather(config: DistbenchConfig, cache: FactsCache) -> CellFacts:
         cache.static[workload] = describe(config.network.name.value, spec)
     static = cache.static[workload]
     batch = step_batch(config)
-    seconds = _step_seconds(config, batch, cache)
-    shares, plan = _pipeline_facts(config, static["num_layers"], cache)
+    seconds = _step_seconds(config, batch, cache) if timed else float("nan")
+    shares, phases, plan = _pipeline_facts(config, static["num_layers"], cache)
     layers = [LayerFacts(weights_mb=layer["parameters"] * FLOAT32_BYTES / BYTES_PER_MB,
                          activation_mb_per_sample=layer["activation_mb"],
-                         compute_share=share)
-              for layer, share in zip(static["layers"], shares)]
+                         compute_share=share, forward_share=forward, backward_share=backward,
+                         update_share=update)
+              for layer, share, (forward, backward, update)
+              in zip(static["layers"], shares, phases)]
+    saved = _saved_activations(config, spec, cache)
+    if saved is not None:
+        layers = [replace(layer, saved=kept) for layer, kept in zip(layers, saved.layers)]
     input_mb = torch.Size(spec.input_shape).numel() * FLOAT32_BYTES / BYTES_PER_MB
+    runtime_mb = _runtime_mb(config, cache)
     return CellFacts(weights_mb=static["weights_mb"], gradient_mb=static["gradient_mb"],
+                     gradient_tensors=static["gradient_tensors"],
                      input_mb_per_sample=input_mb, layers=layers, step_seconds=seconds,
                      step_batch=batch, plan=plan,
-                     probe_seconds=time.perf_counter() - started)
+                     probe_seconds=time.perf_counter() - started, runtime_mb=runtime_mb)
 
 
 def _threads(config: DistbenchConfig) -> int | None:
     return config.hardware.cpu_threads if config.hardware.device.value == "cpu" else None
 
 
-def _step_seconds(config: DistbenchConfig, batch: int, cache: FactsCache) -> float:
-    from harness.predict.sequential import measure_batch_seconds
+def _step_key(config: DistbenchConfig, batch: int, cache: FactsCache) -> tuple[Any, ...]:
+    return (config.network.name.value, config.dataset.name.value, config.hardware.device.value,
+            _threads(config), batch, cache.probe_batches)
 
-    key = (config.network.name.value, config.dataset.name.value, config.hardware.device.value,
-           _threads(config), batch, cache.probe_batches)
+
+def _step_seconds(config: DistbenchConfig, batch: int, cache: FactsCache) -> float:
+    key = _step_key(config, batch, cache)
     if key not in cache.step_seconds:
-        sequential = replace(config.distribution, name=DistributionName.sequential,
-                             batch_size=batch, micro_batches=None, stages=None, balance=None)
-        with _torch_threads(_threads(config)):
-            timing = measure_batch_seconds(replace(config, distribution=sequential),
-                                           batch_size=batch, probe_batches=cache.probe_batches,
-                                           warmup_batches=_PROBE_WARMUP)
-        cache.step_seconds[key] = timing.median_s
+        found = _probe_step(config, batch, cache) if probes_here(config, cache) \
+            else recorded_step_time(config, batch, cache)
+        cache.step_seconds[key] = found.seconds
+        cache.sources[key] = found
     return cache.step_seconds[key]
 
 
-def _pipeline_facts(config: DistbenchConfig, num_layers: int,
-                    cache: FactsCache) -> tuple[list[float], StagePlan | None]:
-    """Each layer's share of the compute (uniform for non-pipelines, which never split the
-    network) and the stage plan a pipeline cell trains, or trained (its recorded balance)."""
+def step_time_source(config: DistbenchConfig, cache: FactsCache) -> StepTime | None:
+    """Where the step time of `config`'s prediction came from (after `gather`)."""
+    return cache.sources.get(_step_key(config, step_batch(config), cache))
+
+
+def _probe_step(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepTime:
+    """Time the step on this machine's device and keep it in the facts file."""
+    from harness.predict.sequential import measure_batch_seconds
+
+    sequential = replace(config.distribution, name=DistributionName.sequential,
+                         batch_size=batch, micro_batches=None, stages=None, balance=None)
+    with _torch_threads(_threads(config)):
+        timing = measure_batch_seconds(replace(config, distribution=sequential),
+                                       batch_size=batch, probe_batches=cache.probe_batches,
+                                       warmup_batches=_PROBE_WARMUP)
+    name = _device_name(config)
+    kept = _keep(config, cache, lambda store: store.record_step(
+        network=config.network.name.value, dataset=config.dataset.name.value,
+        device=config.hardware.device.value, threads=_threads(config), device_name=name,
+        batch=batch, seconds=timing.median_s, std_seconds=timing.std_s,
+        probe_batches=timing.batches))
+    return StepTime(batch, timing.median_s, PROBED_HERE + (f", kept in {kept}" if kept else ""),
+                    batch, name)
+
+
+PhaseShares = tuple[float, float, float]  # a layer's forward, backward, update share
+
+
+def _pipeline_facts(config: DistbenchConfig, num_layers: int, cache: FactsCache
+                    ) -> tuple[list[float], list[PhaseShares], StagePlan | None]:
+    """Each layer's share of the compute, the same by phase (uniform for non-pipelines, which
+    never split the network) and the stage plan a pipeline cell trains, or trained (its
+    recorded balance)."""
     if not config.distribution.pipeline:
-        return [1 / num_layers] * num_layers, None
-    from harness.plan import profile_network, stage_plan, updates_per_pass
-    from workloads.datasets import dataset_spec
-    from workloads.networks import build_network, to_layer_list
+        uniform = 1 / num_layers
+        return [uniform] * num_layers, [(uniform / 3, 2 * uniform / 3, 0.0)] * num_layers, None
+    from harness.plan import stage_plan, updates_per_pass
 
     # Each layer's *share* of the compute barely moves with the batch size, so one profile
     # (at the first batch asked for) serves every candidate of a recommendation.
     key = (config.network.name.value, config.dataset.name.value, config.hardware.device.value,
            _threads(config))
     if key not in cache.profiles:
-        torch.manual_seed(config.run.seed)
-        spec = dataset_spec(config.dataset.name.value)
-        layers = to_layer_list(config.network.name.value,
-                               build_network(config.network.name.value, spec))
-        with _torch_threads(_threads(config)):
-            cache.profiles[key] = profile_network(config, layers, torch.device("cpu"))
+        cache.profiles[key] = _layer_profile(config, key, cache)
     profile = cache.profiles[key]
     costs = profile.compute_ms(updates_per_pass(config))
-    return [cost / sum(costs) for cost in costs], stage_plan(config, num_layers, profile)
+    step_ms = sum(profile.compute_ms(1.0))  # one step: every layer's forward, backward, update
+    phases = [(layer.forward_ms / step_ms, layer.backward_ms / step_ms,
+               layer.update_ms / step_ms) for layer in profile.layers]
+    return ([cost / sum(costs) for cost in costs], phases,
+            stage_plan(config, num_layers, profile))
+
+
+def _saved_activations(config: DistbenchConfig, spec: Any, cache: FactsCache) -> Any:
+    """What autograd saves per layer of the cell's network (`predict.activations`), measured
+    once per (network, dataset) on this machine's CPU; None with `measure_memory=False`."""
+    if not cache.measure_memory:
+        return None
+    from harness.predict import activations
+
+    key = (config.network.name.value, config.dataset.name.value)
+    if key not in cache.saved_activations:
+        with _torch_threads(2):  # sizes, not times: the thread count only changes how long
+            cache.saved_activations[key] = activations.measure(key[0], spec,
+                                                               seed=config.run.seed)
+    return cache.saved_activations[key]
+
+
+def _runtime_mb(config: DistbenchConfig, cache: FactsCache) -> float:
+    """A worker process's memory besides the model (`predict.runtime`), measured once per
+    `probe_key` in a fresh process; 0 with `measure_memory=False` or without the device."""
+    on_device = config.hardware.device.value != "cuda" or torch.cuda.is_available()
+    if not cache.measure_memory or not on_device:
+        return 0.0
+    from harness.predict.runtime import measure_runtime_mb, probe_key
+
+    key = probe_key(config)
+    if key not in cache.runtime:
+        cache.runtime[key] = measure_runtime_mb(config)
+    return cache.runtime[key]
 
 
 class _torch_threads:  # noqa: N801 - used as a context manager, like torch's own
@@ -171,3 +281,294 @@ class _torch_threads:  # noqa: N801 - used as a context manager, like torch's ow
 
     def __exit__(self, *_: object) -> None:
         torch.set_num_threads(self.before)
+
+
+def _layer_profile(config: DistbenchConfig, key: tuple[Any, ...], cache: FactsCache) -> Any:
+    """The network's per-layer profile (a `NetworkProfile`): for a device that is not here the
+    facts file's, if it holds one; else profiled here. The profile always runs on this
+    machine's CPU (as `harness.plan` does), so a machine without the device can take it too."""
+    from harness.plan import profile_network
+    from workloads.datasets import dataset_spec
+    from workloads.networks import build_network, to_layer_list
+
+    network, dataset, device, threads = key
+    here = probes_here(config, cache)
+    if not here:
+        path = facts_path(_facts_root(config, cache), config.hardware.name)
+        stored = FactsStore.load(path, config.hardware.name).profile(network, dataset, device,
+                                                                     threads)
+        if stored is not None:
+            cache.profile_sources[key] = f"facts file {path}"
+            return stored
+    torch.manual_seed(config.run.seed)
+    spec = dataset_spec(dataset)
+    layers = to_layer_list(network, build_network(network, spec))
+    with _torch_threads(threads):
+        profile = profile_network(config, layers, torch.device("cpu"))
+    source = "profiled here on CPU"
+    if here:
+        kept = _keep(config, cache, lambda store: store.record_profile(
+            network=network, dataset=dataset, device=device, threads=threads,
+            device_name=_device_name(config), profile=profile))
+        source += f", kept in {kept}" if kept else ""
+    else:
+        source += " (the facts file holds no layer profile; it is taken on CPU anyway)"
+    cache.profile_sources[key] = source
+    return profile
+
+
+# ---------------------------------------------------------------------------------------------
+# Facts kept on disk, for recommending on a machine without the hardware's device.
+
+FACTS_DIR = "facts"
+_FACTS_FORMAT = 1
+PROBED_HERE = "probed here"
+
+
+class MissingMeasurement(ConfigError):
+    """No step time measured on the hardware's device for a workload (or a facts file that
+    cannot be read), and no device here to measure it: bad input (exit status 2), with what to
+    run where. No candidate of a recommendation can be predicted without it."""
+
+
+def facts_path(output_root: Path | str, hardware: str) -> Path:
+    """The facts measured for hardware configuration `hardware`:
+    `<run.output_dir>/facts/<hardware>.json`."""
+    return Path(output_root) / FACTS_DIR / f"{hardware}.json"
+
+
+def device_present(config: DistbenchConfig) -> bool:
+    """Whether this machine has the hardware's kind of device (every machine has a CPU)."""
+    return config.hardware.device.value != "cuda" or torch.cuda.is_available()
+
+
+def probes_here(config: DistbenchConfig, cache: FactsCache) -> bool:
+    return cache.probe and device_present(config)
+
+
+def _facts_root(config: DistbenchConfig, cache: FactsCache) -> Path:
+    return cache.facts_root if cache.facts_root is not None else Path(config.run.output_dir)
+
+
+def _device_name(config: DistbenchConfig) -> str:
+    """The name of the device a probe here runs on (`torch.cuda.get_device_name`, else the
+    CPU model)."""
+    from harness.environment import cpu_model
+
+    if config.hardware.device.value == "cuda":
+        return torch.cuda.get_device_name(0)
+    return cpu_model()
+
+
+def _keep(config: DistbenchConfig, cache: FactsCache,
+          update: Callable[[FactsStore], None]) -> Path | None:
+    """Add a measurement to the hardware's facts file (re-read first, so that measurements
+    another process kept meanwhile stay); the file's path, or None (with one line on stderr)
+    when it cannot be written: the measurement itself is still used."""
+    path = facts_path(_facts_root(config, cache), config.hardware.name)
+    try:
+        store = FactsStore.load(path, config.hardware.name)
+        update(store)
+        return store.save()
+    except (OSError, ConfigError) as err:
+        print(f"distbench: could not keep measured facts in {path}: {err}", file=sys.stderr,
+              flush=True)
+        return None
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """The sequential step time used at `batch`, and where it comes from."""
+
+    batch: int
+    seconds: float
+    source: str  # "probed here", "facts file PATH", "MLflow run(s) ID, ... at URI"
+    measured_batch: int  # the batch it was measured at; not `batch`: scaled per sample
+    device_name: str | None = None
+
+    @property
+    def scaled(self) -> bool:
+        return self.measured_batch != self.batch
+
+    def describe(self) -> str:
+        where = self.source + (f" ({self.device_name})" if self.device_name else "")
+        if self.scaled:
+            return (f"batch {self.batch}: {self.seconds:.4g} s*, scaled per sample from batch "
+                    f"{self.measured_batch} (none measured at {self.batch}), {where}")
+        return f"batch {self.batch}: {self.seconds:.4g} s, {where}"
+
+
+@dataclass(frozen=True)
+class MeasuredStep:
+    """A step time measured earlier on the hardware's kind of device; `rank` orders sources,
+    lowest first (0 the facts file, 1 MLflow cells of the same hardware, 2 other hardware)."""
+
+    batch: int
+    seconds: float
+    source: str
+    rank: int = 0
+    device_name: str | None = None
+
+
+def choose_step_time(measured: Sequence[MeasuredStep], batch: int) -> StepTime | None:
+    """The step time at `batch` from earlier measurements, None without any.
+
+    A measurement at `batch` itself wins (the lowest rank: the facts file, whose probe is what
+    an analysis' fitted parameters are relative to, before MLflow cells, whose epoch time also
+    holds data loading). Otherwise the measured batch nearest by ratio (ties: lower rank, then
+    the larger batch), scaled per sample (`seconds * batch / measured batch`) and flagged: a
+    device busier at a larger batch makes that an underestimate for smaller batches (a GPU at
+    GPipe's micro-batches), so measure the batch for a firm number.
+    """
+    if not measured:
+        return None
+    exact = [step for step in measured if step.batch == batch]
+    if exact:
+        best = min(exact, key=lambda step: step.rank)
+        return StepTime(batch, best.seconds, best.source, batch, best.device_name)
+    best = min(measured, key=lambda step: (abs(math.log2(step.batch / batch)), step.rank,
+                                           -step.batch))
+    return StepTime(batch, best.seconds * batch / best.batch, best.source, best.batch,
+                    best.device_name)
+
+
+def recorded_step_time(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepTime:
+    """The step time at `batch` from the facts file and MLflow's sequential cells (not timed
+    here); MissingMeasurement if neither holds any for the workload on the device."""
+    from harness.predict.recorded import sequential_steps
+
+    workload = (config.network.name.value, config.dataset.name.value,
+                config.hardware.device.value, _threads(config))
+    if workload not in cache.recorded:
+        path = facts_path(_facts_root(config, cache), config.hardware.name)
+        in_file = FactsStore.load(path, config.hardware.name).steps(*workload)
+        in_mlflow, mlflow_looked = sequential_steps(config)
+        cache.recorded[workload] = ([*in_file, *in_mlflow], [str(path), mlflow_looked])
+    measured, looked = cache.recorded[workload]
+    found = choose_step_time(measured, batch)
+    if found is None:
+        raise MissingMeasurement(_missing_message(config, batch, looked))
+    return found
+
+
+def _missing_message(config: DistbenchConfig, batch: int, looked: Sequence[str]) -> str:
+    hardware, network, dataset = (config.hardware.name, config.network.name.value,
+                                  config.dataset.name.value)
+    device = config.hardware.device.value
+    threads = _threads(config)
+    on = f"{device} ({threads} threads)" if threads is not None else device
+    return (f"hardware={hardware}: no sequential step time measured on {on} for "
+            f"{network}/{dataset} at batch {batch} (looked in {' and '.join(looked)}); on a "
+            f"machine with that device run `python -m harness network={network} "
+            f"dataset={dataset} distribution=sequential hardware={hardware} "
+            f"distribution.batch_size={batch} dataset.num_samples={batch * 100} run.epochs=1` "
+            f"(or this `python -m harness.recommend` command there), then run this again with "
+            f"its outputs (copy its run.output_dir's facts/ here, or set tracking.uri to its "
+            f"MLflow store)")
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+_STEP_KEY = ("network", "dataset", "device", "device_name", "threads", "batch")
+_PROFILE_KEY = ("network", "dataset", "device", "device_name", "threads")
+
+
+@dataclass
+class FactsStore:
+    """The facts measured for one hardware configuration, kept as JSON at `facts_path`:
+
+        {"format": 1, "hardware": NAME,
+         "step_times": [{network, dataset, device, device_name, threads, batch, seconds,
+                         std_seconds, probe_batches, measured_at}, ...],
+         "layer_profiles": [{network, dataset, device, device_name, threads, measured_at,
+                             profile: NetworkProfile.to_dict()}, ...]}
+
+    `seconds` is the median of one sequential training step (forward, backward, update) at
+    `batch` on the device `device_name` of kind `device` (`threads`: torch's threads on a CPU,
+    null on CUDA or for torch's default). A new measurement replaces an older one of the same
+    key; `save` writes atomically (`harness.results.write_json_atomic`).
+    """
+
+    path: Path
+    hardware: str
+    step_times: list[dict[str, Any]] = field(default_factory=list)
+    layer_profiles: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: Path | str, hardware: str | None = None) -> FactsStore:
+        """The store at `path`; empty if there is no file yet."""
+        path = Path(path)
+        if not path.exists():
+            return cls(path, hardware or path.stem)
+        try:
+            data = json.loads(path.read_text())
+            return cls(path, str(data.get("hardware") or hardware or path.stem),
+                       list(data.get("step_times", [])), list(data.get("layer_profiles", [])))
+        except (OSError, ValueError, AttributeError) as err:
+            raise MissingMeasurement(f"{path}: not a readable distbench facts file ({err}); "
+                                     f"move it away and measure again") from None
+
+    def save(self) -> Path:
+        from harness.results import write_json_atomic
+
+        write_json_atomic(self.path, {"format": _FACTS_FORMAT, "hardware": self.hardware,
+                                      "step_times": self.step_times,
+                                      "layer_profiles": self.layer_profiles})
+        return self.path
+
+    def record_step(self, *, network: str, dataset: str, device: str, batch: int,
+                    seconds: float, threads: int | None = None, device_name: str | None = None,
+                    std_seconds: float = 0.0, probe_batches: int | None = None) -> None:
+        """Keep one measured sequential step time (call `save` to write the file)."""
+        if batch < 1 or not seconds > 0:
+            raise ValueError(f"a step time needs batch >= 1 and seconds > 0, got {batch}, "
+                             f"{seconds}")
+        entry = {"network": network, "dataset": dataset, "device": device,
+                 "device_name": device_name, "threads": threads, "batch": batch,
+                 "seconds": seconds, "std_seconds": std_seconds,
+                 "probe_batches": probe_batches, "measured_at": _now()}
+        self.step_times = [old for old in self.step_times
+                           if any(old.get(k) != entry[k] for k in _STEP_KEY)] + [entry]
+
+    def record_profile(self, *, network: str, dataset: str, device: str, profile: Any,
+                       threads: int | None = None, device_name: str | None = None) -> None:
+        """Keep a network's per-layer profile (a `harness.profiler.NetworkProfile`)."""
+        entry = {"network": network, "dataset": dataset, "device": device,
+                 "device_name": device_name, "threads": threads, "measured_at": _now(),
+                 "profile": profile.to_dict()}
+        self.layer_profiles = [old for old in self.layer_profiles
+                               if any(old.get(k) != entry[k] for k in _PROFILE_KEY)] + [entry]
+
+    def steps(self, network: str, dataset: str, device: str,
+              threads: int | None) -> list[MeasuredStep]:
+        """The step times kept for the workload on the device, the newest per batch."""
+        newest: dict[int, dict[str, Any]] = {}
+        for entry in self.step_times:
+            if (entry.get("network"), entry.get("dataset"), entry.get("device"),
+                    entry.get("threads")) == (network, dataset, device, threads):
+                batch = int(entry["batch"])
+                if batch not in newest or entry.get("measured_at", "") >= \
+                        newest[batch].get("measured_at", ""):
+                    newest[batch] = entry
+        return [MeasuredStep(batch, float(entry["seconds"]), f"facts file {self.path}", 0,
+                             entry.get("device_name")) for batch, entry in sorted(newest.items())]
+
+    def profile(self, network: str, dataset: str, device: str, threads: int | None) -> Any:
+        """The newest layer profile kept for the workload on the device (a NetworkProfile),
+        or None."""
+        from harness.profiler import LayerProfile, NetworkProfile
+
+        found = [entry for entry in self.layer_profiles
+                 if (entry.get("network"), entry.get("dataset"), entry.get("device"),
+                     entry.get("threads")) == (network, dataset, device, threads)]
+        if not found:
+            return None
+        data = max(found, key=lambda entry: entry.get("measured_at", ""))["profile"]
+        try:
+            return NetworkProfile(int(data["batch_size"]), str(data["device"]),
+                                  [LayerProfile(**layer) for layer in data["layers"]])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ConfigError(f"{self.path}: the layer profile of {network}/{dataset} is not "
+                              f"in today's format ({err}); measure it again") from None

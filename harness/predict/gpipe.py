@@ -18,6 +18,7 @@ activations per sample leaving stage j (the output of its last layer).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from harness.hardware_profile import HardwareProfile
 from harness.metrics import BYTES_PER_MB
@@ -26,6 +27,34 @@ from harness.metrics import BYTES_PER_MB
 def compute_seconds(t_seq_batch_s: float, stages: int, micro_batches: int) -> float:
     """Eq. 6.1."""
     return t_seq_batch_s * (stages + micro_batches - 1) / (stages * micro_batches)
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """One stage's compute for one micro-batch (seconds), and its one update per batch."""
+
+    forward_s: float
+    backward_s: float
+    update_s: float
+
+
+def schedule_seconds(stages: Sequence[StageWork], micro_batches: int,
+                     recomputed: float) -> float:
+    """One batch of GPipe's fill-drain schedule over stages of unequal work.
+
+    All micro-batches run forward, then all run backward (torch's ScheduleGPipe). In each
+    phase the first micro-batch crosses every stage, and each further one leaves the pipeline
+    one slowest-stage time later:  sum_s t_s + (#mb - 1) * max_s t_s. With activation
+    recomputation a stage's backward of a micro-batch runs its forward again first
+    (`recomputed`: the share of micro-batches that do, `predict.cell.recompute_share`). Every stage then
+    updates its weights once, all at the same time. With W equal stages (t_s = t / W), no
+    recomputation and no update this is Eq. 6.1: t (W + #mb - 1) / W per micro-batch time t.
+    """
+    forward = [stage.forward_s for stage in stages]
+    backward = [recomputed * stage.forward_s + stage.backward_s for stage in stages]
+    fill_drain = sum(sum(phase) + (micro_batches - 1) * max(phase)
+                     for phase in (forward, backward))
+    return fill_drain + max(stage.update_s for stage in stages)
 
 
 def link_costs(boundary_activation_mb: Sequence[float], micro_batch_size: int,

@@ -49,10 +49,16 @@ class PipelineStage:
 
 @dataclass(frozen=True)
 class EpochSplit:
-    """An epoch's predicted seconds, as compute and communication parts."""
+    """An epoch's predicted seconds, as compute and communication parts (the latter as
+    activation transfers between stages and allreduces among a stage's replicas)."""
 
     compute_s: float
-    communication_s: float
+    transfer_s: float
+    allreduce_s: float = 0.0
+
+    @property
+    def communication_s(self) -> float:
+        return self.transfer_s + self.allreduce_s
 
     @property
     def seconds(self) -> float:
@@ -67,18 +73,40 @@ def boundary_seconds(stages: Sequence[PipelineStage], profile: HardwareProfile) 
             for j in range(len(stages) - 1)]
 
 
-def stage_communication_seconds(stages: Sequence[PipelineStage], boundaries: Sequence[float],
-                                profile: HardwareProfile) -> list[float]:
-    """x_s for every stage: 2 (c_in + c_out) plus the allreduce among its replicas."""
+def stage_transfer_seconds(stages: Sequence[PipelineStage],
+                           boundaries: Sequence[float]) -> list[float]:
+    """2 (c_in + c_out) for every stage: its activations in and out, their gradients back."""
+    return [2 * ((boundaries[s - 1] if s > 0 else 0.0)
+                 + (boundaries[s] if s < len(stages) - 1 else 0.0))
+            for s in range(len(stages))]
+
+
+def stage_allreduce_seconds(stages: Sequence[PipelineStage],
+                            profile: HardwareProfile) -> list[float]:
+    """AR_s for every stage: one allreduce of its gradients among its replicas (the trainer
+    flattens them into one message). The probe's measured allreduce among that many workers
+    when the profile has one, else the ring over the stage's links."""
     starts = _first_workers(stages)
     result = []
     for s, stage in enumerate(stages):
-        transfers = (boundaries[s - 1] if s > 0 else 0.0) + \
-            (boundaries[s] if s < len(stages) - 1 else 0.0)
-        allreduce = ring_allreduce_seconds(profile, stage.replicas, stage.weights_mb,
-                                           first_rank=starts[s])
-        result.append(2 * transfers + allreduce)
+        if stage.replicas < 2:
+            result.append(0.0)
+            continue
+        try:
+            cost = profile.allreduce_cost(stage.replicas)
+            result.append(cost.seconds(stage.weights_mb * BYTES_PER_MB))
+        except KeyError:
+            result.append(ring_allreduce_seconds(profile, stage.replicas, stage.weights_mb,
+                                                 first_rank=starts[s]))
     return result
+
+
+def stage_communication_seconds(stages: Sequence[PipelineStage], boundaries: Sequence[float],
+                                profile: HardwareProfile) -> list[float]:
+    """x_s for every stage: 2 (c_in + c_out) plus the allreduce among its replicas."""
+    return [transfer + allreduce for transfer, allreduce in
+            zip(stage_transfer_seconds(stages, boundaries),
+                stage_allreduce_seconds(stages, profile))]
 
 
 def epoch_split(stages: Sequence[PipelineStage], minibatches: int,
@@ -87,15 +115,16 @@ def epoch_split(stages: Sequence[PipelineStage], minibatches: int,
     if minibatches < 1:
         return EpochSplit(0.0, 0.0)
     boundaries = boundary_seconds(stages, profile)
-    exchange = stage_communication_seconds(stages, boundaries, profile)
-    bottleneck = max(range(len(stages)),
-                     key=lambda s: (stages[s].compute_s + exchange[s]) / stages[s].replicas)
+    transfers = stage_transfer_seconds(stages, boundaries)
+    allreduces = stage_allreduce_seconds(stages, profile)
+    bottleneck = max(range(len(stages)), key=lambda s: (
+        stages[s].compute_s + transfers[s] + allreduces[s]) / stages[s].replicas)
     replicas = stages[bottleneck].replicas
     steady = minibatches - 1
     compute = sum(stage.compute_s for stage in stages) + \
         steady * stages[bottleneck].compute_s / replicas
-    communication = 2 * sum(boundaries) + steady * exchange[bottleneck] / replicas
-    return EpochSplit(compute, communication)
+    transfer = 2 * sum(boundaries) + steady * transfers[bottleneck] / replicas
+    return EpochSplit(compute, transfer, steady * allreduces[bottleneck] / replicas)
 
 
 def _first_workers(stages: Sequence[PipelineStage]) -> list[int]:
