@@ -7,12 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from harness.analysis.fit import CellPrediction, fit_params, held_out
+from harness.analysis.fit import (
+    CellPrediction,
+    accuracy,
+    fit_params,
+    held_out,
+    signed_error,
+)
 from harness.analysis.grid import MeasuredCell
 from harness.analysis.recommendations import judge
 from harness.compose import compose_config
 from harness.config import validate
-from harness.predict.cell import EpochTerms, ModelParams
+from harness.predict.cell import RAW, EpochTerms
 from tests.helpers import run_module
 
 
@@ -21,36 +27,74 @@ def _cell(run_id: str, seconds: float, *overrides: str) -> MeasuredCell:
     return MeasuredCell(run_id, run_id, config, seconds, 100.0)
 
 
-def test_a_fit_recovers_known_parameters_and_frees_no_more_than_the_cells_allow() -> None:
-    truth = ModelParams(compute_scale=2.0, communication_scale=3.0, step_overhead_s=0.01)
-    terms = [EpochTerms(1.0 + i, 0.2 * (i % 3), 10 + 7 * i) for i in range(6)]
+def _concurrent(compute: float, communication: float, steps: int = 10) -> EpochTerms:
+    return EpochTerms(compute, communication, 0.0, steps, concurrent=True)
+
+
+def test_a_fit_recovers_parameters_the_data_support_and_keeps_the_rest_near_raw() -> None:
+    truth = {"contention": 1.3, "communication": 2.5}
+    terms = [_concurrent(1.0 + i % 4, 0.5 + 0.5 * (i // 4)) for i in range(12)]
     fitted = fit_params([(t, t.seconds(truth)) for t in terms])
-    assert fitted.compute_scale == pytest.approx(2.0)
-    assert fitted.communication_scale == pytest.approx(3.0)
-    assert fitted.step_overhead_s == pytest.approx(0.01)
-    # Two cells free one parameter (alpha); the communication keeps its raw scale of 1.
-    two = fit_params([(t, t.seconds(truth)) for t in terms[:2]])
-    assert two.communication_scale == 1.0 and two.step_overhead_s == 0.0
-    assert two.compute_scale > 1.0
+    # Twelve exact cells outweigh the (wide) prior: both parameters are recovered closely
+    # (communication is pulled a little towards its raw value of 1, contention makes up).
+    assert fitted["contention"] == pytest.approx(1.3, rel=0.03)
+    assert fitted["communication"] == pytest.approx(2.5, rel=0.05)
+    assert fitted["horovod_background"] == 0.0  # no Horovod cell: its raw value
+    # No cells: the raw equation. Sequential cells alone say nothing about any parameter.
+    assert fit_params([]) == pytest.approx(RAW)
+    sequential = EpochTerms(2.0, steps=10)
+    assert fit_params([(sequential, 3.0)]) == pytest.approx(RAW)
+    assert sequential.seconds({"contention": 5.0}) == 2.0  # its compute is the probe itself
+    # One cell 3x slower than its compute: the data pull contention most of the way, the
+    # prior holds it below the 3.0 that cell alone would say; communication stays raw.
+    one = fit_params([(_concurrent(1.0, 0.0), 3.0)])
+    assert 2.0 < one["contention"] < 3.0 and one["communication"] == pytest.approx(1.0)
 
 
 def test_held_out_predictions_never_learn_from_the_cell_they_predict() -> None:
     cells = [_cell("a", 2.0, "network=resnet18"), _cell("b", 4.0, "network=mobilenetv2")]
-    predictions = [CellPrediction(cell, EpochTerms(1.0, 0.0, 1), 50.0) for cell in cells]
+    predictions = [CellPrediction(cell, EpochTerms(1.0, steps=1), 50.0) for cell in cells]
     by_cell = {p.cell.run_id: p for p in held_out(predictions, group=lambda c: c.run_id)}
-    # a's parameters come from b alone (4 s for 1 s of compute: alpha = 4), and vice versa.
-    assert by_cell["a"].fitted_s == pytest.approx(4.0)
-    assert by_cell["b"].fitted_s == pytest.approx(2.0)
+    # Sequential cells have no free parameter: the raw equation, learnt from the other cell.
+    assert by_cell["a"].fitted_s == pytest.approx(1.0)
     assert by_cell["a"].fitted_from == 1
     # runtime memory learnt from the other cell: 100 measured - 50 modelled
     assert by_cell["a"].memory_fitted_mb == pytest.approx(100.0)
 
 
+def test_leave_one_network_out_fits_each_network_on_the_other_networks_only() -> None:
+    """Each network's DDP cells run with their own contention; a held-out network's cells are
+    predicted with what the *other* networks' cells taught, never with their own."""
+    contention = {"resnet18": 1.2, "mobilenetv2": 1.6, "vgg11": 1.4}
+    terms = _concurrent(10.0, 0.5)
+    predictions = []
+    for network, kappa in contention.items():
+        for dataset in ("mnist", "cifar10"):
+            config = validate(compose_config([f"dataset={dataset}", f"network={network}",
+                                              "distribution=ddp", "hardware=local_2cpu"]))
+            measured = terms.seconds({"contention": kappa})
+            cell = MeasuredCell(f"{network}-{dataset}", network, config, measured, 100.0)
+            predictions.append(CellPrediction(cell, terms, 50.0))
+    by_network = held_out(predictions, group=lambda c: c.network)
+    for p in by_network:
+        others = [(q.terms, q.measured_s) for q in predictions
+                  if q.cell.network != p.cell.network]
+        assert p.fitted_from == 4  # the two other networks' cells, two datasets each
+        assert p.fitted_s == pytest.approx(terms.seconds(fit_params(others)))
+    # resnet18 (1.2) is predicted from 1.4 and 1.6: too slow; mobilenetv2 (1.6) too fast.
+    errors = {p.cell.network: signed_error(p.fitted_s, p.measured_s) for p in by_network}
+    assert errors["resnet18"] > 0 > errors["mobilenetv2"]
+    (row,) = accuracy(held_out(predictions, group=lambda c: c.run_id), by_network)
+    assert row.cells == 6
+    assert row.network_mape == pytest.approx(sum(abs(e) for e in errors.values()) / 3)
+    assert row.network_worst == pytest.approx(max(abs(e) for e in errors.values()))
+
+
 def test_a_recommendation_miss_reports_the_time_lost() -> None:
     fast = _cell("fast", 2.0, "distribution=ddp", "hardware=local_2cpu")
     slow = _cell("slow", 3.0, "distribution=sequential")
-    predictions = [CellPrediction(fast, EpochTerms(1.0, 0.0, 1), 1.0, fitted_s=5.0),
-                   CellPrediction(slow, EpochTerms(1.0, 0.0, 1), 1.0, fitted_s=1.0)]
+    predictions = [CellPrediction(fast, EpochTerms(1.0, steps=1), 1.0, fitted_s=5.0),
+                   CellPrediction(slow, EpochTerms(1.0, steps=1), 1.0, fitted_s=1.0)]
     (verdict,) = judge(predictions)
     assert verdict.fastest.cell.run_id == "fast"
     assert verdict.recommended.cell.run_id == "slow"
@@ -79,11 +123,17 @@ def test_a_grid_measured_here_is_fitted_reported_and_recommended(output_root: Pa
     assert {row["model"] for row in fit["accuracy"]} == {
         "sequential", "ddp", "horovod", "gpipe", "pipedream"}
     for row in fit["accuracy"]:  # held-out errors are computed (finite) for every model
-        assert row["cells"] == 2 and 0 <= row["fitted_mape"] < float("inf")
-    assert len(fit["recommendations"]) == 2  # one verdict per workload
+        assert row["cells"] == 2
+        assert 0 <= row["network_mape"] < float("inf") and 0 <= row["cell_mape"] < float("inf")
+    # Leave one network out: every network's cells were predicted from the other network's
+    # cells only (two networks here, so from the 5 cells of the other one).
     report = (folder / "report.md").read_text()
-    assert "fitted MAPE" in report and "measured fastest" in report
-    for plot in ("speedup.png", "predicted_vs_measured.png", "memory.png"):
+    assert "Leave one network out" in report and "measured fastest" in report
+    assert fit["hardware"]["local_2cpu"]["cells"] == 10
+    assert set(fit["hardware"]["local_2cpu"]["params"]) == {
+        "contention", "communication", "horovod_background"}
+    assert len(fit["recommendations"]) == 2  # one verdict per workload
+    for plot in ("speedup.png", "predicted_vs_measured.png", "residuals.png", "memory.png"):
         _assert_non_empty_png(folder / plot)
 
     recommended = run_module("harness.recommend", [
@@ -92,7 +142,8 @@ def test_a_grid_measured_here_is_fitted_reported_and_recommended(output_root: Pa
         "--json", "--probe-batches=3", *root], cwd=output_root.parent)
     assert recommended.returncode == 0, recommended.stderr[-3000:]
     answer = json.loads(recommended.stdout)
-    assert answer["parameters"] == str(folder / "fit.json")  # the analysis' fit, found alone
+    # the analysis' fit, found alone, and its local_2cpu parameters
+    assert answer["parameters"].startswith(f"{folder / 'fit.json'} (hardware=local_2cpu")
     seconds = [option["seconds_per_epoch"] for option in answer["options"]]
     assert seconds == sorted(seconds) and all(s > 0 for s in seconds)
     assert answer["recommended"] == answer["options"][0]["label"]

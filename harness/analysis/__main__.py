@@ -6,7 +6,9 @@ fits their free parameters, and writes `<run.output_dir>/analysis/<experiment>/`
 The same files are logged as artifacts of an `analysis` run in the experiment.
 
 The models' facts are measured here (the sequential probe, the layer profile), so run it on a
-machine with the grid's kind of device, as nothing else is running.
+machine with the grid's kind of device, as nothing else is running, right after the grid: a
+shared machine's speed drifts over the hours. `--no-probe` reuses the facts measured earlier
+(`<run.output_dir>/facts/<hardware>.json`, else the grid's sequential cells) and times nothing.
 """
 
 from __future__ import annotations
@@ -21,14 +23,15 @@ from pathlib import Path
 from tqdm import tqdm
 
 from harness.analysis.fit import (
+    PARAMETERS,
     CellPrediction,
     accuracy,
     held_out,
-    params_per_model,
-    runtime_mb,
+    params_per_hardware,
+    runtime_per_hardware,
 )
 from harness.analysis.grid import MeasuredCell, load_grid
-from harness.analysis.recommendations import judge
+from harness.analysis.recommendations import judge, memory_verdicts
 from harness.analysis.report import setting_label, write_report
 from harness.cli import command
 from harness.compose import compose_config
@@ -62,7 +65,8 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache) -> P
     """Everything the module docstring says; returns the report's folder."""
     output_root = Path(config.run.output_dir)
     uri = tracking_uri(config.tracking.uri, output_root)
-    cells = load_grid(uri, experiment)
+    measured = load_grid(uri, experiment, statuses=("ok", "oom"))
+    cells = [cell for cell in measured if cell.status == "ok"]
     if not cells:
         raise ConfigError(f"tracking.experiment={experiment!r}: no finished (status ok) cells "
                           f"at {uri}; measure a grid first")
@@ -70,28 +74,40 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache) -> P
     predictions = predict_cells(cells, output_root, cache)
     probe_seconds = time.perf_counter() - started
     by_cell = held_out(predictions, group=lambda cell: cell.run_id)
-    by_workload = held_out(predictions, group=lambda cell: cell.workload)
-    table, verdicts = accuracy(by_cell), judge(by_workload)
-    params, runtime = params_per_model(predictions), runtime_mb(predictions)
+    by_network = held_out(predictions, group=lambda cell: cell.network)
+    table, verdicts = accuracy(by_cell, by_network), judge(by_network)
+    fit_verdicts = memory_verdicts(measured, lambda cell: max(memory_per_worker_mb(
+        cell.config, gather(cell.config, cache, timed=False))), predictions)
+    params, runtime = params_per_hardware(predictions), runtime_per_hardware(predictions)
     folder = output_root / "analysis" / experiment
     files = write_report(folder, experiment=experiment, uri=uri, by_cell=by_cell,
-                         by_workload=by_workload, table=table, verdicts=verdicts,
-                         params=params, runtime_mb=runtime, probe_seconds=probe_seconds)
+                         by_network=by_network, table=table, verdicts=verdicts,
+                         params=params, runtime_mb=runtime, probe_seconds=probe_seconds,
+                         fit_verdicts=fit_verdicts)
     fit_path = folder / FIT_FILE
     write_json_atomic(fit_path, {
         "experiment": experiment, "tracking_uri": uri, "cells": len(cells),
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "hardware": sorted({cell.config.hardware.name for cell in cells}),
-        "params": {model: p.to_dict() for model, p in params.items()},
-        "runtime_mb": runtime, "probe_batches": cache.probe_batches,
+        "parameters": {name: asdict(parameter) for name, parameter in PARAMETERS.items()},
+        "hardware": {hardware: {
+            "params": params[hardware], "runtime_mb": runtime[hardware],
+            "cells": sum(cell.config.hardware.name == hardware for cell in cells),
+            "networks": sorted({cell.network for cell in cells
+                                if cell.config.hardware.name == hardware})}
+            for hardware in params},
+        "probe_batches": cache.probe_batches,
         "accuracy": [asdict(row) for row in table],
         "recommendations": [{"workload": list(v.workload), "fastest": setting_label(
             v.fastest.cell.config), "recommended": setting_label(v.recommended.cell.config),
             "correct": v.correct, "time_lost_percent": v.time_lost_percent}
             for v in verdicts],
+        "fit_in_memory": [{"run": v.cell.run_name, "status": v.cell.status,
+                           "predicted_mb": v.predicted_mb, "limit_mb": v.limit_mb,
+                           "predicted_fit": v.predicted_fit, "right": v.right}
+                          for v in fit_verdicts],
     })
     _log(uri, experiment, table, verdicts, [*files, fit_path])
-    _print_summary(table, verdicts, folder)
+    _print_summary(table, verdicts, fit_verdicts, folder)
     return folder
 
 
@@ -99,8 +115,11 @@ def _log(uri: str, experiment: str, table, verdicts, files: list[Path]) -> None:
     metrics = {}
     for row in table:
         metrics[f"mape_raw_{row.model}"] = row.raw_mape
-        metrics[f"mape_fitted_{row.model}"] = row.fitted_mape
-        metrics[f"worst_fitted_{row.model}"] = row.fitted_worst
+        metrics[f"mape_held_out_cell_{row.model}"] = row.cell_mape
+        metrics[f"mape_held_out_network_{row.model}"] = row.network_mape
+        metrics[f"worst_held_out_network_{row.model}"] = row.network_worst
+        if row.memory_mape == row.memory_mape:
+            metrics[f"memory_mape_held_out_network_{row.model}"] = row.memory_mape
     if verdicts:
         metrics["recommendations_correct"] = sum(v.correct for v in verdicts) / len(verdicts)
     try:
@@ -112,14 +131,23 @@ def _log(uri: str, experiment: str, table, verdicts, files: list[Path]) -> None:
               f"{err}); the report is on disk", file=sys.stderr)
 
 
-def _print_summary(table, verdicts, folder: Path) -> None:  # noqa: ANN001
-    print(f"{'model':<12}{'cells':>6}{'raw MAPE %':>12}{'fitted MAPE %':>15}{'worst %':>9}")
+def _print_summary(table, verdicts, fit_verdicts, folder: Path) -> None:  # noqa: ANN001
+    print("held out by network (what a recommendation for a new network relies on):")
+    print(f"{'model':<12}{'cells':>6}{'MAPE %':>8}{'worst %':>9}{'bias %':>8}{'memory %':>10}"
+          f"{'| cell MAPE %':>14}{'raw MAPE %':>12}")
     for row in table:
-        print(f"{row.model:<12}{row.cells:>6}{row.raw_mape:>12.1f}{row.fitted_mape:>15.1f}"
-              f"{row.fitted_worst:>9.1f}")
+        print(f"{row.model:<12}{row.cells:>6}{row.network_mape:>8.1f}{row.network_worst:>9.1f}"
+              f"{row.network_bias:>+8.1f}{row.memory_mape:>10.1f}{row.cell_mape:>14.1f}"
+              f"{row.raw_mape:>12.1f}")
     if verdicts:
-        print(f"recommendations correct: {sum(v.correct for v in verdicts)} of {len(verdicts)} "
-              f"workloads")
+        lost = max(v.time_lost_percent for v in verdicts)
+        print(f"recommendations right for {sum(v.correct for v in verdicts)} of "
+              f"{len(verdicts)} workloads with their network held out (worst time lost "
+              f"{lost:.1f} %)")
+    if fit_verdicts:
+        print(f"fit in memory predicted right for {sum(v.right for v in fit_verdicts)} of "
+              f"{len(fit_verdicts)} cells with a memory limit "
+              f"({sum(not v.cell.fitted_in_memory for v in fit_verdicts)} ran out of memory)")
     print(f"report: {folder / 'report.md'}")
 
 
@@ -129,7 +157,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     options, overrides = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     config = validate(compose_config(overrides))
     analyse(config, experiment=config.tracking.experiment,
-            cache=cache_for(options.probe_batches))
+            cache=cache_for(options.probe_batches, probe=not options.no_probe,
+                            facts_root=Path(config.run.output_dir)))
 
 
 if __name__ == "__main__":

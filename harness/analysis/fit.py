@@ -1,15 +1,21 @@
-"""Least-squares fits of each model's free parameters, judged on cells held out of the fit.
+"""Fits of the time equations' free parameters, judged on cells held out of the fit.
 
-The time equations are linear in their free parameters (`predict.cell.EpochTerms`), so a fit
-is a non-negative least-squares problem. It minimises the *relative* error (each row divided
-by the measured time), so a slow cell does not outweigh a fast one, and the quantity fitted is
-the one reported (percentage error).
+The parameters (`PARAMETERS`) are few and belong to the hardware, not to a model: every
+multi-worker model's compute is scaled by the same contention factor and its communication by
+the same communication factor, because the physics they stand for is shared (workers that
+share a node's cores and memory bandwidth; the share of the probed bandwidth a transfer gets
+while the workers compute). So each model has at most two, the sequential model none, and a fit
+learns them from every model's cells of that hardware at once, which makes them hard to bend
+towards one network's quirks.
 
-A fit never frees more parameters than the cells it has, less one: with n training cells of a
-model it frees alpha, then beta, then gamma, up to n - 1 of them (alpha alone from one cell).
-Cross-validation holds out one group of cells at a time (a cell, or a workload), fits on the
-rest and predicts the held-out ones; a model with no other cells to learn from falls back to
-the raw equation, and the row says so.
+The equations are linear in the parameters (`predict.cell.EpochTerms.coefficients`), so a fit
+is a bounded linear least-squares problem on the *relative* error (a slow cell does not
+outweigh a fast one; the quantity fitted is the one reported), with a Gaussian prior that keeps
+each parameter at its raw value unless the data pull it away: one extra row per parameter,
+(value - prior) / sigma. With no cells the fit is the raw equation.
+
+Cross-validation holds out one group of cells at a time (a cell, or every cell of a network),
+fits on the rest of the same hardware and predicts the held-out ones.
 """
 
 from __future__ import annotations
@@ -19,10 +25,39 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import nnls
+from scipy.optimize import lsq_linear
 
 from harness.analysis.grid import MeasuredCell
-from harness.predict.cell import RAW, EpochTerms, ModelParams
+from harness.predict.cell import RAW, EpochTerms
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One free parameter: what it means, and the prior that keeps it near the raw equation."""
+
+    meaning: str
+    prior: float
+    # The prior's spread: a deviation of sigma costs as much as one cell 100 % off, so a
+    # deviation of sigma / 20 costs what one cell 5 % off does. Wide: the data decide as soon
+    # as there are a few cells; with none or one the raw value holds or moves little.
+    sigma: float
+
+
+PARAMETERS: dict[str, Parameter] = {
+    "contention": Parameter(
+        "how much slower a worker computes while the other workers of its node compute too "
+        "(shared cores, caches and memory bandwidth); 1 = as fast as alone (the probe)",
+        RAW["contention"], 5.0),
+    "communication": Parameter(
+        "seconds of communication per second the probed link speeds predict (allreduces and "
+        "stage transfers under load, not hidden behind compute); 1 = the probe's speed",
+        RAW["communication"], 10.0),
+    "horovod_background": Parameter(
+        "share of a core Horovod's background thread (a negotiation cycle every "
+        "cycle_time_ms, all through the step) takes from workers that share their cores; "
+        "Horovod only, 0 where workers have devices of their own",
+        RAW["horovod_background"], 5.0),
+}
 
 
 @dataclass(frozen=True)
@@ -31,7 +66,8 @@ class CellPrediction:
 
     cell: MeasuredCell
     terms: EpochTerms
-    memory_model_mb: float  # weights, gradients, optimizer, buffers, activations (max worker)
+    memory_model_mb: float  # the memory model's peak per worker (max worker), its measured
+    # runtime share included; what the cells teach on top is `runtime_mb`'s remainder
     fitted_s: float = float("nan")  # held out: parameters fitted without this cell's group
     fitted_from: int = 0  # training cells behind `fitted_s` (0: raw equation)
     memory_fitted_mb: float = float("nan")  # with the held-out runtime share
@@ -45,80 +81,109 @@ class CellPrediction:
         return self.cell.seconds_per_epoch
 
 
-def fit_params(rows: Sequence[tuple[EpochTerms, float]]) -> ModelParams:
-    """(terms, measured seconds) -> the parameters minimising the squared relative error."""
-    if not rows:
-        return RAW
-    features = np.array([terms.features() for terms, _ in rows])
-    measured = np.array([seconds for _, seconds in rows])
-    usable = [column for column in range(3) if np.any(features[:, column] > 0)]
-    free = usable[:max(1, len(rows) - 1)]
-    values = [RAW.compute_scale, RAW.communication_scale, RAW.step_overhead_s]
-    fixed = [column for column in range(3) if column not in free]
-    # Parameters not freed keep their raw value; the free ones explain the rest.
-    residual = measured - features[:, fixed] @ np.array([values[c] for c in fixed])
-    solution, _ = nnls(features[:, free] / measured[:, None], residual / measured)
-    for column, value in zip(free, solution):
-        values[column] = float(value)
-    return ModelParams(*values)
+def fit_params(rows: Sequence[tuple[EpochTerms, float]]) -> dict[str, float]:
+    """(terms, measured seconds) -> the parameters minimising the squared relative error plus
+    the prior's penalty (module docstring); non-negative."""
+    names = list(PARAMETERS)
+    design, target = [], []
+    for terms, measured in rows:
+        coefficients = terms.coefficients()
+        design.append([coefficients.get(name, 0.0) / measured for name in names])
+        target.append((measured - terms.fixed_s()) / measured)
+    for index, name in enumerate(names):  # the prior: (value - prior) / sigma
+        parameter = PARAMETERS[name]
+        row = [0.0] * len(names)
+        row[index] = 1.0 / parameter.sigma
+        design.append(row)
+        target.append(parameter.prior / parameter.sigma)
+    solution = lsq_linear(np.array(design), np.array(target), bounds=(0.0, np.inf))
+    return {name: float(value) for name, value in zip(names, solution.x)}
+
+
+def _hardware(cell: MeasuredCell) -> str:
+    return cell.config.hardware.name
 
 
 def held_out(predictions: Sequence[CellPrediction],
              group: Callable[[MeasuredCell], Hashable]) -> list[CellPrediction]:
-    """Each prediction with `fitted_s` from the parameters of its model fitted on the cells
-    of other groups, and memory with the runtime share learnt the same way."""
+    """Each prediction with `fitted_s` from the parameters fitted on the cells of its hardware
+    in other groups, and memory with the runtime share learnt the same way."""
     result = []
     for prediction in predictions:
-        key = group(prediction.cell)
-        training = [p for p in predictions if group(p.cell) != key]
-        same_model = [p for p in training if p.cell.model == prediction.cell.model]
-        params = fit_params([(p.terms, p.measured_s) for p in same_model])
+        key, hardware = group(prediction.cell), _hardware(prediction.cell)
+        training = [p for p in predictions
+                    if group(p.cell) != key and _hardware(p.cell) == hardware]
+        params = fit_params([(p.terms, p.measured_s) for p in training])
         runtime = runtime_mb(training)
         result.append(CellPrediction(
             prediction.cell, prediction.terms, prediction.memory_model_mb,
-            fitted_s=prediction.terms.seconds(params), fitted_from=len(same_model),
+            fitted_s=prediction.terms.seconds(params), fitted_from=len(training),
             memory_fitted_mb=prediction.memory_model_mb + runtime))
     return result
 
 
 def runtime_mb(training: Sequence[CellPrediction]) -> float:
-    """What a worker holds besides the model's own memory (the framework, the process): the
-    median gap between measured and modelled peaks (0 without cells to learn from)."""
+    """What the memory model misses, learnt from cells: the median gap between measured and
+    modelled peaks (0 without cells to learn from). The model measures the process' runtime
+    share itself (`predict.runtime`), so this is a remainder (the heap's fragmentation,
+    about 100 MB on a CPU), not the runtime."""
     gaps = [p.cell.peak_memory_mb - p.memory_model_mb for p in training
             if p.cell.peak_memory_mb == p.cell.peak_memory_mb]  # skip NaN (not measured)
     return statistics.median(gaps) if gaps else 0.0
 
 
-def params_per_model(predictions: Sequence[CellPrediction]) -> dict[str, ModelParams]:
-    """Parameters fitted on all cells of each model: what the recommender uses."""
-    models = sorted({p.cell.model for p in predictions})
-    return {model: fit_params([(p.terms, p.measured_s) for p in predictions
-                               if p.cell.model == model]) for model in models}
+def params_per_hardware(predictions: Sequence[CellPrediction]) -> dict[str, dict[str, float]]:
+    """Parameters fitted on all cells of each hardware: what the recommender uses."""
+    return {hardware: fit_params([(p.terms, p.measured_s) for p in predictions
+                                  if _hardware(p.cell) == hardware])
+            for hardware in sorted({_hardware(p.cell) for p in predictions})}
+
+
+def runtime_per_hardware(predictions: Sequence[CellPrediction]) -> dict[str, float]:
+    return {hardware: runtime_mb([p for p in predictions if _hardware(p.cell) == hardware])
+            for hardware in sorted({_hardware(p.cell) for p in predictions})}
 
 
 @dataclass(frozen=True)
 class Accuracy:
-    """One model's errors over its cells, in percent."""
+    """One model's errors over its cells, in percent (signed errors: predicted above measured
+    is positive)."""
 
     model: str
     cells: int
     raw_mape: float
     raw_worst: float
-    fitted_mape: float
-    fitted_worst: float
+    cell_mape: float  # leave one cell out
+    network_mape: float  # leave one network out: what a recommendation for a new network gets
+    network_worst: float
+    network_bias: float  # mean signed error, leave one network out
+    memory_mape: float  # peak MB per worker, runtime share learnt without the network
 
 
 def percent_error(predicted: float, measured: float) -> float:
     return abs(predicted - measured) / measured * 100
 
 
-def accuracy(predictions: Sequence[CellPrediction]) -> list[Accuracy]:
-    """MAPE and worst case per model, raw equations against held-out fits."""
+def signed_error(predicted: float, measured: float) -> float:
+    return (predicted - measured) / measured * 100
+
+
+def accuracy(by_cell: Sequence[CellPrediction],
+             by_network: Sequence[CellPrediction]) -> list[Accuracy]:
+    """MAPE and worst case per model: raw equations, leave one cell out, leave one network
+    out (time and memory)."""
     table = []
-    for model in sorted({p.cell.model for p in predictions}):
-        rows = [p for p in predictions if p.cell.model == model]
-        raw = [percent_error(p.raw_s, p.measured_s) for p in rows]
-        fitted = [percent_error(p.fitted_s, p.measured_s) for p in rows]
-        table.append(Accuracy(model, len(rows), statistics.fmean(raw), max(raw),
-                              statistics.fmean(fitted), max(fitted)))
+    for model in sorted({p.cell.model for p in by_cell}):
+        cells = [p for p in by_cell if p.cell.model == model]
+        networks = [p for p in by_network if p.cell.model == model]
+        raw = [percent_error(p.raw_s, p.measured_s) for p in cells]
+        unseen = [percent_error(p.fitted_s, p.measured_s) for p in networks]
+        memory = [percent_error(p.memory_fitted_mb, p.cell.peak_memory_mb) for p in networks
+                  if p.cell.peak_memory_mb == p.cell.peak_memory_mb]
+        table.append(Accuracy(
+            model, len(cells), statistics.fmean(raw), max(raw),
+            statistics.fmean(percent_error(p.fitted_s, p.measured_s) for p in cells),
+            statistics.fmean(unseen), max(unseen),
+            statistics.fmean(signed_error(p.fitted_s, p.measured_s) for p in networks),
+            statistics.fmean(memory) if memory else float("nan")))
     return table

@@ -23,12 +23,21 @@ class MeasuredCell:
     run_id: str
     run_name: str
     config: DistbenchConfig
-    seconds_per_epoch: float
+    seconds_per_epoch: float  # NaN for a cell that did not fit (status oom)
     peak_memory_mb: float
+    status: str = "ok"  # `ok`, or `oom`: a cell that ran out of its device's memory
+
+    @property
+    def fitted_in_memory(self) -> bool:
+        return self.status != "oom"
 
     @property
     def model(self) -> str:
         return self.config.distribution.name.value
+
+    @property
+    def network(self) -> str:
+        return self.config.network.name.value
 
     @property
     def workload(self) -> tuple[str, str]:
@@ -45,9 +54,11 @@ def config_from_dict(data: dict) -> DistbenchConfig:
     return validate(OmegaConf.merge(schema, data))
 
 
-def load_grid(uri: str, experiment: str) -> list[MeasuredCell]:
-    """The experiment's cells that finished `ok`, oldest first (a sweep's parent run, the probe
-    and analysis runs carry no cell status and are skipped)."""
+def load_grid(uri: str, experiment: str, *,
+              statuses: tuple[str, ...] = (RunStatus.ok.value,)) -> list[MeasuredCell]:
+    """The experiment's cells with one of `statuses` (`ok`: finished; `oom`: did not fit),
+    oldest first (a sweep's parent run, the probe and analysis runs carry no cell status and
+    are skipped)."""
     from mlflow.tracking import MlflowClient
 
     # One tiny config file per run: MLflow's per-download progress bar would only be noise.
@@ -57,9 +68,10 @@ def load_grid(uri: str, experiment: str) -> list[MeasuredCell]:
     if found is None:
         raise ConfigError(f"tracking.experiment={experiment} is invalid: no such MLflow "
                           f"experiment at {uri}")
-    runs = client.search_runs([found.experiment_id],
-                              filter_string=f"tags.status = '{RunStatus.ok.value}'",
-                              order_by=["attributes.start_time ASC"], max_results=10_000)
+    # One query per status: MLflow's filter has no IN for tags.
+    runs = sorted((run for status in statuses for run in client.search_runs(
+        [found.experiment_id], filter_string=f"tags.status = '{status}'",
+        max_results=10_000)), key=lambda run: run.info.start_time)
     cells = []
     with tempfile.TemporaryDirectory() as scratch:
         for run in runs:
@@ -68,6 +80,7 @@ def load_grid(uri: str, experiment: str) -> list[MeasuredCell]:
             config = config_from_dict(OmegaConf.to_container(OmegaConf.load(local)))
             metrics = run.data.metrics
             cells.append(MeasuredCell(run.info.run_id, run.info.run_name or run.info.run_id,
-                                      config, metrics["seconds_per_epoch"],
-                                      metrics.get("peak_memory_mb", float("nan"))))
+                                      config, metrics.get("seconds_per_epoch", float("nan")),
+                                      metrics.get("peak_memory_mb", float("nan")),
+                                      run.data.tags["status"]))
     return cells

@@ -4,6 +4,7 @@
   same workload (the thesis' Figures 3.1/3.2);
 - `predicted_vs_measured.png`: one panel per model, raw equations and held-out fits against
   the measurement (Figures 4.1, 5.1, 6.2);
+- `residuals.png`: every cell's signed error per model, by network (network held out);
 - `memory.png`: peak memory per worker, predicted against measured;
 - `report.md`: accuracy per model, every cell, the recommendations against the measured fastest
   (Tables 8.1, 8.2) and the fitted parameters.
@@ -19,11 +20,16 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on a cluster node
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
 
-from harness.analysis.fit import Accuracy, CellPrediction, percent_error  # noqa: E402
-from harness.analysis.recommendations import WorkloadVerdict  # noqa: E402
+from harness.analysis.fit import (  # noqa: E402
+    PARAMETERS,
+    Accuracy,
+    CellPrediction,
+    percent_error,
+    signed_error,
+)
+from harness.analysis.recommendations import MemoryVerdict, WorkloadVerdict  # noqa: E402
 from harness.config import DistbenchConfig, DistributionName  # noqa: E402
 from harness.partition import StagePlan  # noqa: E402
-from harness.predict.cell import ModelParams  # noqa: E402
 
 
 def setting_label(config: DistbenchConfig, plan: StagePlan | None = None) -> str:
@@ -46,28 +52,37 @@ def workload_label(workload: tuple[str, str]) -> str:
 
 
 def write_report(folder: Path, *, experiment: str, uri: str,
-                 by_cell: Sequence[CellPrediction], by_workload: Sequence[CellPrediction],
+                 by_cell: Sequence[CellPrediction], by_network: Sequence[CellPrediction],
                  table: Sequence[Accuracy], verdicts: Sequence[WorkloadVerdict],
-                 params: dict[str, ModelParams], runtime_mb: float,
-                 probe_seconds: float) -> list[Path]:
+                 params: dict[str, dict[str, float]], runtime_mb: dict[str, float],
+                 probe_seconds: float,
+                 fit_verdicts: Sequence[MemoryVerdict] = ()) -> list[Path]:
     """Write the plots and report.md into `folder`; return the files written."""
     folder.mkdir(parents=True, exist_ok=True)
-    plots = [plot_speedup(folder / "speedup.png", by_workload),
-             plot_predicted_vs_measured(folder / "predicted_vs_measured.png", by_cell),
-             plot_memory(folder / "memory.png", by_cell)]
+    plots = [plot_speedup(folder / "speedup.png", by_network),
+             plot_predicted_vs_measured(folder / "predicted_vs_measured.png", by_network),
+             plot_residuals(folder / "residuals.png", by_network),
+             plot_memory(folder / "memory.png", by_network)]
+    networks = sorted({p.cell.network for p in by_cell})
     lines = [
         f"# distbench analysis: experiment `{experiment}`", "",
-        f"{len(by_cell)} measured cells from `{uri}`. Errors are on held-out cells: a cell's "
-        "fitted prediction uses parameters fitted on the other cells of its model only "
-        "(leave one cell out); recommendations use parameters fitted without any cell of the "
-        f"workload (leave one workload out). Measuring the facts took {probe_seconds:.1f} s.",
-        "", "## Accuracy per distribution model (percent error of seconds per epoch)", "",
-        "| model | cells | raw MAPE | raw worst | fitted MAPE | fitted worst |",
-        "|---|---:|---:|---:|---:|---:|",
-        *(f"| {a.model} | {a.cells} | {a.raw_mape:.1f} | {a.raw_worst:.1f} | "
-          f"{a.fitted_mape:.1f} | {a.fitted_worst:.1f} |" for a in table),
-        "", "## Recommendations against the measured fastest", "",
-        "| workload | configurations | measured fastest | recommended | correct | time lost % "
+        f"{len(by_cell)} measured cells of {len(networks)} networks ({', '.join(networks)}) "
+        f"from `{uri}`. Every error below is on cells held out of the fit. **Leave one network "
+        "out** (first): every cell of a network is predicted from parameters fitted on the "
+        "other networks' cells only, as for a network never measured; that is what a "
+        "recommendation relies on. Leave one cell out is given beside it. Measuring the facts "
+        f"took {probe_seconds:.1f} s.",
+        "", "## Accuracy per distribution model, network held out", "",
+        "Percent error of seconds per epoch (bias: mean signed error, + = predicted slower "
+        "than measured) and of peak memory per worker.", "",
+        "| model | cells | MAPE | worst | bias | memory MAPE | leave one cell out MAPE | raw "
+        "equations MAPE | raw worst |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *(f"| {a.model} | {a.cells} | {a.network_mape:.1f} | {a.network_worst:.1f} | "
+          f"{a.network_bias:+.1f} | {a.memory_mape:.1f} | {a.cell_mape:.1f} | "
+          f"{a.raw_mape:.1f} | {a.raw_worst:.1f} |" for a in table),
+        "", "## Recommendations, network held out, against the measured fastest", "",
+        "| workload | configurations | measured fastest | recommended | right | time lost % "
         "| raw equations recommend | raw time lost % |",
         "|---|---:|---|---|---|---:|---|---:|",
         *(f"| {workload_label(v.workload)} | {v.candidates} | "
@@ -75,33 +90,73 @@ def write_report(folder: Path, *, experiment: str, uri: str,
           f"{setting_label(v.recommended.cell.config)} | {'yes' if v.correct else 'no'} | "
           f"{v.time_lost_percent:.1f} | {setting_label(v.raw_recommended.cell.config)} | "
           f"{v.raw_time_lost_percent:.1f} |" for v in verdicts),
-        "", f"Correct: {sum(v.correct for v in verdicts)} of {len(verdicts)} workloads.",
-        "", "## Every cell", "",
-        "| workload | configuration | hardware | measured s | raw s | raw err % | fitted s "
-        "| fitted err % | fitted from | peak MB | predicted MB |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        *(_cell_row(p) for p in by_cell),
-        "", "## Fitted parameters (all cells of each model; what the recommender uses)", "",
-        "| model | compute scale | communication scale | overhead per step (ms) |",
-        "|---|---:|---:|---:|",
-        *(f"| {model} | {p.compute_scale:.3f} | {p.communication_scale:.3f} | "
-          f"{p.step_overhead_s * 1000:.2f} |" for model, p in params.items()),
-        "", f"Memory: a worker's runtime share (framework and process, fitted) is "
-        f"{runtime_mb:.0f} MB.", "",
-        *(f"![{plot.stem}]({plot.name})" for plot in plots), "",
+        "", f"Right: {sum(v.correct for v in verdicts)} of {len(verdicts)} workloads.",
+        *_fit_section(fit_verdicts),
+        "", "## Fitted parameters (all cells of each hardware; what the recommender uses)", "",
+        "| hardware | parameter | value | prior | meaning |", "|---|---|---:|---:|---|",
+        *(f"| {hardware} | {name} | {value:.3f} | {PARAMETERS[name].prior:g} | "
+          f"{PARAMETERS[name].meaning} |"
+          for hardware, values in params.items() for name, value in values.items()),
+        "", *(f"Memory on {hardware}: a worker's runtime share (framework and process, "
+              f"learnt from the cells) is {mb:.0f} MB." for hardware, mb in runtime_mb.items()),
+        "", "## Every cell, network held out", "",
+        "| workload | configuration | hardware | measured s | raw s | raw err % | predicted s "
+        "| err % | compute s | allreduce s | transfer s | peak MB | predicted MB | mem err % |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *(_cell_row(p) for p in by_network),
+        "", *(f"![{plot.stem}]({plot.name})" for plot in plots), "",
     ]
     report = folder / "report.md"
     report.write_text("\n".join(lines))
     return [report, *plots]
 
 
+def _fit_section(verdicts: Sequence[MemoryVerdict]) -> list[str]:
+    """Fit / no fit predicted against what happened, for cells with a memory limit."""
+    if not verdicts:
+        return []
+    return [
+        "", "## Fits in memory? Predicted (network held out) against what happened", "",
+        "| workload | configuration | hardware | limit MB | predicted MB | predicted | measured "
+        "| right |", "|---|---|---|---:|---:|---|---|---|",
+        *(f"| {workload_label(v.cell.workload)} | {setting_label(v.cell.config)} | "
+          f"{v.cell.config.hardware.name} | {v.limit_mb:.0f} | {v.predicted_mb:.0f} | "
+          f"{'fits' if v.predicted_fit else 'does not fit'} | "
+          f"{'ran' if v.cell.fitted_in_memory else 'oom'} | {'yes' if v.right else 'no'} |"
+          for v in verdicts),
+        "", f"Right: {sum(v.right for v in verdicts)} of {len(verdicts)} cells."]
+
+
 def _cell_row(p: CellPrediction) -> str:
-    config = p.cell.config
+    config, terms = p.cell.config, p.terms
     return (f"| {workload_label(p.cell.workload)} | {setting_label(config)} | "
             f"{config.hardware.name} | {p.measured_s:.3f} | {p.raw_s:.3f} | "
-            f"{percent_error(p.raw_s, p.measured_s):.1f} | {p.fitted_s:.3f} | "
-            f"{percent_error(p.fitted_s, p.measured_s):.1f} | {p.fitted_from} | "
-            f"{p.cell.peak_memory_mb:.0f} | {p.memory_fitted_mb:.0f} |")
+            f"{signed_error(p.raw_s, p.measured_s):+.1f} | {p.fitted_s:.3f} | "
+            f"{signed_error(p.fitted_s, p.measured_s):+.1f} | {terms.compute_s:.3f} | "
+            f"{terms.allreduce_s:.3f} | {terms.transfer_s:.3f} | "
+            f"{p.cell.peak_memory_mb:.0f} | {p.memory_fitted_mb:.0f} | "
+            f"{signed_error(p.memory_fitted_mb, p.cell.peak_memory_mb):+.1f} |")
+
+
+def plot_residuals(path: Path, predictions: Sequence[CellPrediction]) -> Path:
+    """Signed error of every cell (network held out), one panel per model, by network: a
+    model that misses one kind of network shows it as a column off the zero line."""
+    models = sorted({p.cell.model for p in predictions})
+    networks = sorted({p.cell.network for p in predictions})
+    figure, axes = _panels(len(models), width=3.0, height=3.2)
+    for axis, model in zip(axes, models):
+        rows = [p for p in predictions if p.cell.model == model]
+        for p in rows:
+            marker = "o" if p.cell.config.dataset.name.value == "mnist" else "s"
+            axis.plot(networks.index(p.cell.network), signed_error(p.fitted_s, p.measured_s),
+                      marker, mfc="none", color="black")
+        axis.axhline(0.0, color="grey", linewidth=0.8)
+        for bound in (-5, 5):
+            axis.axhline(bound, color="grey", linewidth=0.5, linestyle=":")
+        axis.set_xticks(range(len(networks)), networks, rotation=45, fontsize=7)
+        axis.set_title(model, fontsize=9)
+        axis.set_ylabel("predicted - measured, %")
+    return _save(figure, path)
 
 
 def plot_speedup(path: Path, predictions: Sequence[CellPrediction]) -> Path:
@@ -118,7 +173,7 @@ def plot_speedup(path: Path, predictions: Sequence[CellPrediction]) -> Path:
         labels = [setting_label(p.cell.config) for p in cells]
         axis.bar(labels, [measured_base / p.measured_s for p in cells], label="measured")
         axis.plot(labels, [predicted_base / p.fitted_s for p in cells], "o", color="black",
-                  label="predicted (held out)")
+                  label="predicted (network held out)")
         axis.axhline(1.0, color="grey", linewidth=0.8)
         axis.set_ylabel("speedup over sequential")
         axis.tick_params(axis="x", labelrotation=45, labelsize=7)
@@ -133,7 +188,8 @@ def plot_predicted_vs_measured(path: Path, predictions: Sequence[CellPrediction]
         rows = [p for p in predictions if p.cell.model == model]
         measured = [p.measured_s for p in rows]
         axis.plot(measured, [p.raw_s for p in rows], "x", label="raw equation")
-        axis.plot(measured, [p.fitted_s for p in rows], "o", mfc="none", label="fitted, held out")
+        axis.plot(measured, [p.fitted_s for p in rows], "o", mfc="none",
+                  label="fitted, network held out")
         top = max(measured + [p.raw_s for p in rows] + [p.fitted_s for p in rows]) * 1.1
         axis.plot([0, top], [0, top], color="grey", linewidth=0.8)
         axis.set_xlim(0, top)
@@ -152,7 +208,7 @@ def plot_memory(path: Path, predictions: Sequence[CellPrediction]) -> Path:
     axis.bar([x - 0.2 for x in positions], [p.cell.peak_memory_mb for p in predictions],
              width=0.4, label="measured peak")
     axis.bar([x + 0.2 for x in positions], [p.memory_fitted_mb for p in predictions],
-             width=0.4, label="predicted (held out)")
+             width=0.4, label="predicted (network held out)")
     axis.set_xticks(list(positions), labels, rotation=60, fontsize=6, ha="right")
     axis.set_ylabel("MB per worker (largest)")
     axis.legend(fontsize=7)
