@@ -174,3 +174,37 @@ def test_analysis_and_recommend_reject_bad_input_in_one_line(output_root: Path) 
                          cwd=output_root.parent)
     assert bad_fit.returncode == 2
     assert "--fit" in bad_fit.stderr and "Traceback" not in bad_fit.stderr
+
+
+def _write_fit(folder: Path, hardware: dict[str, dict[str, float]]) -> Path:
+    folder.mkdir(parents=True)
+    path = folder / "fit.json"
+    path.write_text(json.dumps({"hardware": {
+        name: {"params": params, "runtime_mb": 100.0, "cells": 4}
+        for name, params in hardware.items()}}))
+    return path
+
+
+def test_recommend_takes_the_parameters_fitted_for_the_hardware_asked_about(
+        output_root: Path) -> None:
+    import os
+
+    from harness.recommend import Fitted, newest_fit
+
+    older = _write_fit(output_root / "analysis" / "cluster", {
+        "titanrtx_cluster": {"contention": 1.01, "communication": 1.2}})
+    newer = _write_fit(output_root / "analysis" / "local", {
+        "local_2cpu": {"contention": 1.3, "communication": 2.0, "horovod_background": 0.25}})
+    os.utime(older, (1, 1))  # the cluster's fit is the older file
+    # The newest fit.json is the local one; asked about the cluster, the cluster's is taken.
+    assert newest_fit(output_root, "local_2cpu") == newer
+    assert newest_fit(output_root, "titanrtx_cluster") == older
+    assert newest_fit(output_root, "local_4cpu") is None
+    cluster = Fitted.load(older, "titanrtx_cluster")
+    assert cluster.params == {**RAW, "contention": 1.01, "communication": 1.2}
+    assert "hardware=titanrtx_cluster" in cluster.source
+    local = Fitted.load(newer, "local_2cpu")
+    assert local.params["horovod_background"] == 0.25 and local.runtime_mb == 100.0
+    # A fit of other hardware is never borrowed: the raw equations, and the header says why.
+    other = Fitted.load(newer, "titanrtx_cluster")
+    assert other.params == RAW and "fitted no cell of hardware=titanrtx_cluster" in other.source

@@ -97,8 +97,9 @@ def write_report(folder: Path, *, experiment: str, uri: str,
         *(f"| {hardware} | {name} | {value:.3f} | {PARAMETERS[name].prior:g} | "
           f"{PARAMETERS[name].meaning} |"
           for hardware, values in params.items() for name, value in values.items()),
-        "", *(f"Memory on {hardware}: a worker's runtime share (framework and process, "
-              f"learnt from the cells) is {mb:.0f} MB." for hardware, mb in runtime_mb.items()),
+        "", *(f"Memory on {hardware}: what the memory model misses, learnt from the cells (the "
+              f"median gap; the runtime share itself is measured) is {mb:.0f} MB per worker."
+              for hardware, mb in runtime_mb.items()),
         "", "## Every cell, network held out", "",
         "| workload | configuration | hardware | measured s | raw s | raw err % | predicted s "
         "| err % | compute s | allreduce s | transfer s | peak MB | predicted MB | mem err % |",
