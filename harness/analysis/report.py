@@ -157,6 +157,9 @@ def plot_residuals(path: Path, predictions: Sequence[CellPrediction]) -> Path:
         axis.set_xticks(range(len(networks)), networks, rotation=45, fontsize=7)
         axis.set_title(model, fontsize=9)
         axis.set_ylabel("predicted - measured, %")
+    axes[0].plot([], [], "o", mfc="none", color="black", label="mnist")
+    axes[0].plot([], [], "s", mfc="none", color="black", label="other datasets")
+    axes[0].legend(fontsize=7)
     return _save(figure, path)
 
 
