@@ -3,7 +3,9 @@ loaded with torch.load (tensors only), and servers (loopback unless told otherwi
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,6 +18,22 @@ from launchers.distributed import WorkerEnvironment, _loopback_if_local
 from tests.helpers import REPO_ROOT
 
 SOURCE_DIRS = ["harness", "workloads", "launchers", "hydra_plugins", "scripts", "tests"]
+
+
+@pytest.fixture(autouse=True)
+def srun_on_path(tmp_path_factory: pytest.TempPathFactory,
+                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """submitit's SLURM executor refuses to be built where `srun` is not on PATH. These tests
+    only generate job scripts (nothing is submitted, and the script's own srun is replaced
+    where it runs), so on a machine without SLURM a placeholder `srun` that fails if ever
+    called stands in for the check; with SLURM installed the real one is found first."""
+    if shutil.which("srun") is not None:
+        return
+    bin_dir = tmp_path_factory.mktemp("no-slurm-bin")
+    placeholder = bin_dir / "srun"
+    placeholder.write_text("#!/bin/sh\necho 'placeholder srun: not a SLURM node' >&2\nexit 1\n")
+    placeholder.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{os.environ['PATH']}{os.pathsep}{bin_dir}")
 
 
 def _job_script(launcher: dict, folder: Path) -> str:
