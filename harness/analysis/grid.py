@@ -11,6 +11,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -54,6 +55,13 @@ def config_from_dict(data: dict) -> DistbenchConfig:
     return validate(OmegaConf.merge(schema, data))
 
 
+def recorded_config(client: Any, run_id: str, scratch: Path) -> DistbenchConfig:
+    """The resolved config a run recorded (its `config.yaml` artifact), downloaded into
+    `scratch` and typed."""
+    local = client.download_artifacts(run_id, "config.yaml", str(scratch / run_id))
+    return config_from_dict(OmegaConf.to_container(OmegaConf.load(local)))
+
+
 def load_grid(uri: str, experiment: str, *,
               statuses: tuple[str, ...] = (RunStatus.ok.value,)) -> list[MeasuredCell]:
     """The experiment's cells with one of `statuses` (`ok`: finished; `oom`: did not fit),
@@ -75,9 +83,7 @@ def load_grid(uri: str, experiment: str, *,
     cells = []
     with tempfile.TemporaryDirectory() as scratch:
         for run in runs:
-            local = client.download_artifacts(run.info.run_id, "config.yaml",
-                                              str(Path(scratch) / run.info.run_id))
-            config = config_from_dict(OmegaConf.to_container(OmegaConf.load(local)))
+            config = recorded_config(client, run.info.run_id, Path(scratch))
             metrics = run.data.metrics
             cells.append(MeasuredCell(run.info.run_id, run.info.run_name or run.info.run_id,
                                       config, metrics.get("seconds_per_epoch", float("nan")),

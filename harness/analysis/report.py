@@ -24,7 +24,6 @@ from harness.analysis.fit import (  # noqa: E402
     PARAMETERS,
     Accuracy,
     CellPrediction,
-    percent_error,
     signed_error,
 )
 from harness.analysis.recommendations import MemoryVerdict, WorkloadVerdict  # noqa: E402

@@ -27,7 +27,7 @@ from harness.config import DistbenchConfig, DistributionName, Recompute
 from harness.distributions.onefoneb import divisible_batches
 from harness.hardware_profile import HardwareProfile
 from harness.metrics import BYTES_PER_MB
-from harness.predict import gpipe, horovod, pipedream
+from harness.predict import activations, gpipe, horovod, memory, pipedream
 from harness.predict.facts import CellFacts
 
 # Free parameters of the time equations at their raw (prior) values.
@@ -116,10 +116,15 @@ def epoch_terms(config: DistbenchConfig, facts: CellFacts,
 
 def _steps(config: DistbenchConfig, facts: CellFacts) -> int:
     if config.distribution.name is DistributionName.pipedream and facts.plan is not None:
-        return divisible_batches(samples_per_epoch(config) // config.batch_size,
-                                 facts.plan.replicas,
-                                 config.distribution.batch_division.value == "oversample")
+        return pipedream_minibatches(config, facts.plan.replicas)
     return batches_per_epoch(config)
+
+
+def pipedream_minibatches(config: DistbenchConfig, replicas: list[int]) -> int:
+    """An epoch's minibatches under PipeDream's batch division (a multiple of the lcm of the
+    stages' replica counts, lowered or raised)."""
+    return divisible_batches(samples_per_epoch(config) // config.batch_size, replicas,
+                             config.distribution.batch_division.value == "oversample")
 
 
 def communication_overlaps(config: DistbenchConfig) -> bool:
@@ -246,8 +251,6 @@ def memory_per_worker_mb(config: DistbenchConfig, facts: CellFacts, *,
 
 def memory_terms_per_worker(config: DistbenchConfig, facts: CellFacts) -> list:
     """Every worker's predicted peak, term by term (`predict.memory.WorkerMemory`)."""
-    from harness.predict import memory
-
     momentum = config.optimizer.momentum > 0
     distribution = config.distribution
     runtime = facts.runtime_mb
@@ -287,17 +290,13 @@ def held_sends(config: DistbenchConfig, replicas: list[int], index: int) -> int:
         ("nccl" if config.hardware.device.value == "cuda" else "gloo")
     if backend != "gloo":
         return 0
-    batches = divisible_batches(samples_per_epoch(config) // config.batch_size, replicas,
-                                config.distribution.batch_division.value == "oversample")
-    return batches // replicas[index]
+    return pipedream_minibatches(config, replicas) // replicas[index]
 
 
 def memory_stage(facts: CellFacts, first: int, end: int):  # noqa: ANN201 - memory.StageFacts
     """Layers [first, end) as the memory terms see them: weights, what autograd saves (per
     sample and constant, each storage once) and the boundary tensors a stage keeps. Without
     measured saved bytes (`LayerFacts.saved`), each layer's output stands for them."""
-    from harness.predict import activations, memory
-
     layers = facts.layers[first:end]
     entering = facts.input_mb_per_sample if first == 0 else \
         facts.layers[first - 1].activation_mb_per_sample

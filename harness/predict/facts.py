@@ -257,8 +257,7 @@ def _saved_activations(config: DistbenchConfig, spec: Any, cache: FactsCache) ->
 def _runtime_mb(config: DistbenchConfig, cache: FactsCache) -> float:
     """A worker process's memory besides the model (`predict.runtime`), measured once per
     `probe_key` in a fresh process; 0 with `measure_memory=False` or without the device."""
-    on_device = config.hardware.device.value != "cuda" or torch.cuda.is_available()
-    if not cache.measure_memory or not on_device:
+    if not cache.measure_memory or not device_present(config):
         return 0.0
     from harness.predict.runtime import measure_runtime_mb, probe_key
 

@@ -16,7 +16,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import OmegaConf
 
 from harness.config import DistbenchConfig
 from harness.predict.facts import MeasuredStep
@@ -67,7 +66,7 @@ def sequential_steps(config: DistbenchConfig) -> tuple[list[MeasuredStep], str]:
 def _cells(uri: str, config: DistbenchConfig) -> list[_Cell]:
     from mlflow.tracking import MlflowClient
 
-    from harness.analysis.grid import config_from_dict
+    from harness.analysis.grid import recorded_config
     from harness.predict.cell import batches_per_epoch
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -88,9 +87,7 @@ def _cells(uri: str, config: DistbenchConfig) -> list[_Cell]:
                     "seconds_per_epoch" not in metrics:
                 continue
             try:
-                local = client.download_artifacts(run.info.run_id, "config.yaml",
-                                                  str(Path(scratch) / run.info.run_id))
-                cell = config_from_dict(OmegaConf.to_container(OmegaConf.load(local)))
+                cell = recorded_config(client, run.info.run_id, Path(scratch))
             except Exception:  # noqa: BLE001, S112 - a run without a readable config: not one
                 continue
             if config.hardware.device.value == "cpu" and \
