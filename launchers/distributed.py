@@ -4,6 +4,10 @@ Every worker of a cell learns its rank, local rank, world size and the master's 
 the job environment that submitit describes (its local executor or SLURM), never from flags.
 `worker_session` opens the torch.distributed process group and closes it on every exit path,
 so a failing cell never leaves a group (and its sockets) behind.
+
+Every socket a worker listens on (rank 0's rendezvous store, gloo's and NCCL's, Horovod's) is
+bound to `listen_address`: loopback when all of the cell's workers share this machine, else
+the address its other nodes reach it by. Nothing listens on every interface.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ log = logging.getLogger(__name__)
 MASTER_PORT_ENV = "DISTBENCH_MASTER_PORT"
 _PORT_BASE = 29_500
 _PORT_RANGE = 10_000
+LOOPBACK = "127.0.0.1"
+# The variables that name the network interface gloo's and NCCL's sockets bind to (each picks
+# the interface of this host's name otherwise, which may face every network).
+_INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 @dataclass(frozen=True)
@@ -39,9 +47,10 @@ class WorkerEnvironment:
     world_size: int = 1
     node_rank: int = 0
     num_nodes: int = 1
-    master_addr: str = "127.0.0.1"
+    master_addr: str = LOOPBACK
     master_port: int = _PORT_BASE
     job_id: str = "local"
+    hostnames: tuple[str, ...] = ()  # the job's nodes, in node-rank order
 
     @property
     def is_distributed(self) -> bool:
@@ -71,6 +80,7 @@ def worker_environment() -> WorkerEnvironment:
         master_addr=_loopback_if_local(hostnames[0]),
         master_port=int(os.environ.get(MASTER_PORT_ENV) or _port_for(job.job_id)),
         job_id=str(job.job_id),
+        hostnames=tuple(hostnames),
     )
 
 
@@ -87,7 +97,44 @@ def _port_for(job_id: Any) -> int:
 
 
 def _loopback_if_local(hostname: str) -> str:
-    return "127.0.0.1" if hostname in ("localhost", socket.gethostname()) else hostname
+    return LOOPBACK if hostname in ("localhost", socket.gethostname()) else hostname
+
+
+def listen_address(env: WorkerEnvironment) -> str:
+    """The address this worker's servers listen on: loopback when every worker of the cell is
+    on this machine; otherwise this machine's address on its route to another node of the job
+    (the address that node reaches it by; on the local SLURM cluster, whose node names are
+    127.0.0.1, loopback again)."""
+    if env.num_nodes == 1:
+        return LOOPBACK
+    if len(env.hostnames) < 2:
+        raise RuntimeError(f"a {env.num_nodes}-node job without its nodes' names")
+    peer = env.hostnames[1 if env.node_rank == 0 else 0]
+    address = source_address_towards(peer)
+    if address is None:
+        raise RuntimeError(f"no route from this node to {peer}, another node of the job")
+    return address
+
+
+def source_address_towards(host: str) -> str | None:
+    """This machine's IPv4 address that traffic to `host` leaves from, or None (no route, or a
+    name that does not resolve)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))  # UDP: selects a route, sends nothing
+            return str(probe.getsockname()[0])
+    except OSError:
+        return None
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the local network interface that holds IPv4 `address`, or None."""
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == address for a in addresses):
+            return name
+    return None
 
 
 def log_to_stderr() -> None:
@@ -139,14 +186,47 @@ def worker_session(env: WorkerEnvironment, device: torch.device, *, backend: str
     backend = backend or default_backend(device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(
-        backend=backend, init_method=f"tcp://{env.master_addr}:{env.master_port}",
-        rank=env.rank, world_size=env.world_size, timeout=dt.timedelta(seconds=timeout_s),
-    )
-    log.info("rank %d/%d joined the %s process group at %s:%d", env.rank, env.world_size,
-             backend, env.master_addr, env.master_port)
+    address = listen_address(env)
+    timeout = dt.timedelta(seconds=timeout_s)
+    # Set for the whole session: later groups (PipeDream's stages) open sockets of their own.
+    with _sockets_bound_to(interface_of(address)):
+        dist.init_process_group(backend=backend, store=_rendezvous_store(env, address, timeout),
+                                rank=env.rank, world_size=env.world_size, timeout=timeout)
+        log.info("rank %d/%d joined the %s process group at %s:%d (listening on %s)", env.rank,
+                 env.world_size, backend, env.master_addr, env.master_port, address)
+        try:
+            yield WorkerSession(env, backend=backend)
+        finally:
+            with contextlib.suppress(Exception):  # a broken group must not mask the real error
+                dist.destroy_process_group()
+
+
+def _rendezvous_store(env: WorkerEnvironment, address: str,
+                      timeout: dt.timedelta) -> dist.TCPStore:
+    """The store the workers meet through, served by rank 0 on `address` only.
+
+    torch's own tcp:// rendezvous listens on every interface and cannot be told an address,
+    but its TCPStore takes over a socket that is already listening: rank 0 binds that socket.
+    """
+    if not env.is_main:
+        return dist.TCPStore(env.master_addr, env.master_port, env.world_size, False,
+                             timeout=timeout)
+    listener = socket.create_server((address, env.master_port))  # SO_REUSEADDR, as torch's
+    # Rank 0's own client dials the address it listens on, which master_addr need not resolve
+    # to on this machine (a host name that /etc/hosts maps to 127.0.1.1, say).
+    return dist.TCPStore(address, env.master_port, env.world_size, True, timeout=timeout,
+                         master_listen_fd=listener.detach())  # the store owns it from here
+
+
+@contextlib.contextmanager
+def _sockets_bound_to(interface: str | None) -> Iterator[None]:
+    """gloo and NCCL bind their sockets to `interface` within this block, unless the user named
+    one in the environment (their network, their choice); the variables are restored after."""
+    chosen = {name: interface for name in _INTERFACE_VARIABLES
+              if interface is not None and name not in os.environ}
+    os.environ.update(chosen)
     try:
-        yield WorkerSession(env, backend=backend)
+        yield
     finally:
-        with contextlib.suppress(Exception):  # a broken group must not mask the real error
-            dist.destroy_process_group()
+        for name in chosen:
+            os.environ.pop(name, None)

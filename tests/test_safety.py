@@ -14,8 +14,14 @@ import submitit
 
 from harness.config import ConfigError, DistbenchConfig
 from launchers import slurm
-from launchers.distributed import WorkerEnvironment, _loopback_if_local
+from launchers.distributed import (
+    WorkerEnvironment,
+    _loopback_if_local,
+    interface_of,
+    listen_address,
+)
 from tests.helpers import REPO_ROOT
+from tests.test_bad_input import _assert_one_line_exit_2
 
 SOURCE_DIRS = ["harness", "workloads", "launchers", "hydra_plugins", "scripts", "tests"]
 
@@ -89,6 +95,25 @@ def test_setup_lines_are_the_one_shell_code_setting(tmp_path: Path) -> None:
     assert "\n# setup\nmodule load cuda/12\n" in script
 
 
+def test_teardown_lines_are_refused(tmp_path: Path) -> None:
+    """submitit writes `teardown` into the job script as shell lines after srun: refused, so
+    `setup` stays the one setting that is shell code."""
+    marker = tmp_path / "pwned"
+    cell = DistbenchConfig()
+    with pytest.raises(ConfigError) as error:
+        slurm.job_size(cell.hardware, cell.world_size,
+                       {"name": "n", "teardown": [f"touch {marker}"]})
+    assert "hydra.launcher.teardown=" in str(error.value)
+    assert "allowed: null" in str(error.value) and "hydra.launcher.setup" in str(error.value)
+    # As a user meets it: one line, exit status 2, before any job is submitted.
+    _assert_one_line_exit_2(
+        "harness", ["-m", "hydra/launcher=submitit_slurm", "hardware=slurm_local_2nodes",
+                    "distribution=ddp", f"+hydra.launcher.teardown=['touch {marker}']",
+                    f"run.output_dir={tmp_path / 'outputs'}"], tmp_path,
+        "hydra.launcher.teardown=", "is invalid", "allowed: null")
+    assert not marker.exists()
+
+
 def _python_sources() -> list[Path]:
     return [path for folder in SOURCE_DIRS for path in (REPO_ROOT / folder).rglob("*.py")]
 
@@ -128,6 +153,18 @@ def test_servers_listen_on_loopback_by_default() -> None:
                  *_python_sources()]:
         if path.resolve() != Path(__file__).resolve():
             assert "0.0.0.0" not in path.read_text(), path
-    # A single-node cell's workers meet on loopback.
+    # A single-node cell's workers meet on loopback, and listen there only (tests/
+    # test_listening.py reads what real cells listen on).
     assert WorkerEnvironment(rank=0, local_rank=0, world_size=1).master_addr == "127.0.0.1"
     assert _loopback_if_local("localhost") == "127.0.0.1"
+    one_machine = WorkerEnvironment(rank=1, local_rank=1, world_size=2)
+    assert listen_address(one_machine) == "127.0.0.1" and interface_of("127.0.0.1") == "lo"
+    # Several nodes: this machine's address on the route to another node (the local SLURM
+    # cluster's nodes are 127.0.0.1, so loopback again), never every interface.
+    two_nodes = WorkerEnvironment(world_size=2, num_nodes=2, hostnames=("here", "127.0.0.1"))
+    assert listen_address(two_nodes) == "127.0.0.1"
+    # torch's tcp:// rendezvous and Horovod's RendezvousServer.start listen on every interface.
+    unbound = re.compile(r"init_method\s*=\s*f?[\"']tcp://|RendezvousServer\(verbose")
+    harness_sources = [path for path in _python_sources()
+                       if path.relative_to(REPO_ROOT).parts[0] != "tests"]
+    assert [path for path in harness_sources if unbound.search(path.read_text())] == []

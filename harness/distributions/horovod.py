@@ -3,19 +3,27 @@
 Horovod's ranks are normally started by `horovodrun`; here they are the cell's workers that
 submitit (locally or on SLURM) already started, so the harness does what `horovodrun` would:
 rank 0 runs Horovod's rendezvous server, every rank gets the HOROVOD_* environment that names
-its place, then `hvd.init()`. The rendezvous port travels through the torch.distributed process
-group the cell already has. Tensor Fusion is configured from `distribution.fusion_threshold_mb`
-(the `th` of Eq. 5.1) and `distribution.cycle_time_ms`.
+its place, then `hvd.init()`. The rendezvous address and port travel through the
+torch.distributed process group the cell already has. The server and Horovod's gloo sockets
+listen on the worker's `listen_address` (loopback on one machine), never on every interface.
+Tensor Fusion is configured from `distribution.fusion_threshold_mb` (the `th` of Eq. 5.1) and
+`distribution.cycle_time_ms`.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from harness.distributions.base import TrainingContext
 from harness.distributions.loop import BatchLoopTrainer
-from launchers.distributed import WorkerEnvironment, WorkerSession
+from launchers.distributed import (
+    WorkerEnvironment,
+    WorkerSession,
+    interface_of,
+    listen_address,
+)
 
 _BYTES_PER_MIB = 1024 * 1024  # Horovod reads its fusion threshold in bytes
 
@@ -64,25 +72,45 @@ def init_horovod(session: WorkerSession, device_type: str, *, fusion_threshold_m
     import horovod.torch as hvd
 
     env = session.env
-    server, port = None, 0
+    server, where = None, ("", 0)
     if env.is_main:
-        server, port = _start_rendezvous(env)
-    port = session.broadcast_from_main(port)
-    os.environ.update(horovod_environment(env, port, device_type, fusion_threshold_mb,
-                                          cycle_time_ms))
+        server = RendezvousServer(env, listen_address(env))
+        where = server.address
+    address, port = session.broadcast_from_main(where)
+    os.environ.update(horovod_environment(env, address, port, device_type,
+                                          fusion_threshold_mb, cycle_time_ms))
     hvd.init()
     return server
 
 
-def _start_rendezvous(env: WorkerEnvironment) -> tuple[Any, int]:
-    from horovod.runner.common.util import hosts
-    from horovod.runner.http.http_server import RendezvousServer
+class RendezvousServer:
+    """The rendezvous server horovodrun would run, serving `env`'s host plan on `address`.
 
-    plan = ",".join(f"{host}:{env.world_size // env.num_nodes}" for host in _host_names(env))
-    server = RendezvousServer(verbose=0)
-    port = server.start()
-    server.init(hosts.get_host_assignments(hosts.parse_hosts(plan), env.world_size))
-    return server, port
+    Horovod's own RendezvousServer.start listens on every interface (it binds ('', port)), so
+    its HTTP server is run here directly, bound to one address, on a port the kernel picks.
+    """
+
+    def __init__(self, env: WorkerEnvironment, address: str) -> None:
+        from horovod.runner.common.util import hosts
+        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+        plan = ",".join(f"{host}:{env.world_size // env.num_nodes}" for host in _host_names(env))
+        self._httpd = RendezvousHTTPServer((address, 0), RendezvousHandler, 0)
+        self._httpd.init(hosts.get_host_assignments(hosts.parse_hosts(plan), env.world_size))
+        # A daemon thread, as in Horovod: it must not keep a finished worker alive.
+        self._thread = threading.Thread(target=self._httpd.serve_forever,
+                                        name="horovod-rendezvous", daemon=True)
+        self._thread.start()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._httpd.server_address[:2]
+        return str(host), int(port)
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._thread.join()
+        self._httpd.server_close()
 
 
 def _host_names(env: WorkerEnvironment) -> list[str]:
@@ -90,11 +118,12 @@ def _host_names(env: WorkerEnvironment) -> list[str]:
     return [f"node{k}" for k in range(env.num_nodes)]
 
 
-def horovod_environment(env: WorkerEnvironment, port: int, device_type: str,
-                        fusion_threshold_mb: float, cycle_time_ms: float) -> dict[str, str]:
+def horovod_environment(env: WorkerEnvironment, rendezvous_addr: str, port: int,
+                        device_type: str, fusion_threshold_mb: float,
+                        cycle_time_ms: float) -> dict[str, str]:
     """What horovodrun would export to this rank (gloo controller)."""
     variables = {
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": env.master_addr,
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_addr,
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",
@@ -108,30 +137,12 @@ def horovod_environment(env: WorkerEnvironment, port: int, device_type: str,
         "HOROVOD_FUSION_THRESHOLD": str(int(fusion_threshold_mb * _BYTES_PER_MIB)),
         "HOROVOD_CYCLE_TIME": str(cycle_time_ms),
     }
-    # horovodrun finds the network interface the hosts share; here it is the one this worker
-    # reaches the master through (loopback on one machine).
-    interface = "lo" if env.num_nodes == 1 else interface_towards(env.master_addr)
+    # horovodrun finds the network interface the hosts share; here it is the one that holds
+    # this worker's listen address (loopback on one machine).
+    interface = interface_of(listen_address(env))
     if interface:
         variables["HOROVOD_GLOO_IFACE"] = interface
     if device_type == "cuda":
         variables.pop("HOROVOD_CPU_OPERATIONS")
     return variables
 
-
-def interface_towards(address: str) -> str | None:
-    """The name of the local network interface that traffic to `address` leaves by, or None
-    (then gloo picks the interface of this host's name)."""
-    import socket
-
-    import psutil
-
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((address, 9))  # UDP: selects a route, sends nothing
-            local_ip = probe.getsockname()[0]
-    except OSError:
-        return None
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and a.address == local_ip for a in addresses):
-            return name
-    return None
