@@ -108,6 +108,9 @@ def job_size(hardware: HardwareConfig, workers: int, launcher: Mapping[str, Any]
 _FLAG_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 # The one launcher key whose lines are shell code by contract (module loads before srun).
 _SHELL_CODE_KEYS = {"setup"}
+# submitit's other shell-code setting: lines after srun. Refused, so that a sweep's shell code
+# has one place to be read (nothing needs to run after the workers: rank 0 records the cell).
+_REFUSED_SHELL_CODE_KEYS = {"teardown"}
 
 
 def check_script_safe(launcher: Mapping[str, Any]) -> None:
@@ -116,8 +119,15 @@ def check_script_safe(launcher: Mapping[str, Any]) -> None:
     submitit shell-quotes every value it writes (`#SBATCH --key='value'`, each srun argument),
     but a line break in a value ends the `#SBATCH` comment line and starts a shell line, and
     the names of `additional_parameters` are written unquoted. So every value must be one line
-    and every flag name a plain word. Only `setup` holds shell lines, by design.
+    and every flag name a plain word. Only `setup` holds shell lines, by design; `teardown`,
+    which submitit would also write as shell lines, is refused.
     """
+    for key in sorted(_REFUSED_SHELL_CODE_KEYS):
+        if launcher.get(key) is not None:
+            raise ConfigError(
+                f"hydra.launcher.{key}={_listed(launcher[key])} is invalid: its lines would "
+                f"run as shell code after srun; allowed: null (shell lines go in "
+                f"hydra.launcher.setup, the one setting that is shell code)")
     for key, value in launcher.items():
         if key in _SHELL_CODE_KEYS or value is None:
             continue
@@ -133,6 +143,13 @@ def check_script_safe(launcher: Mapping[str, Any]) -> None:
                 else [value]
             for item in items:
                 _check_one_line(str(key), item)
+
+
+def _listed(value: Any) -> str:
+    """A setting's value as an override would write it (a list of lines as a list)."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return str([str(item) for item in value])
+    return str(value)
 
 
 def _check_one_line(key: str, value: Any) -> None:
