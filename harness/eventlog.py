@@ -9,6 +9,8 @@ one run per log; a cell with `run.repeats > 1` writes its repeats one after anot
 file, each between its own `run_start` and `run_stop`.
 
 The events are written outside the timed epochs, so the log costs the measurement nothing.
+A disk that fills up or turns read-only mid-cell does not end the measurement: the lines are
+also kept in memory (`text()`), and the cell's record carries them wherever it can still go.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from mlperf_logging.mllog import constants
 from mlperf_logging.mllog.mllog import MLLogger
 
 from harness.environment import PROJECT_ROOT
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from harness.config import DistbenchConfig
@@ -42,14 +46,15 @@ class EventLog:
         self._stopped = False
         self._handler: logging.Handler | None = None
         self._logger: MLLogger | None = None
+        self._lines: list[str] = []
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
             # A private logger (not registered with `logging`), so that cells run one after
             # another in one process never write into each other's files.
             sink = logging.Logger(f"distbench.mllog.{path}", level=logging.INFO)
-            self._handler = logging.FileHandler(path, mode="w", encoding="utf-8")
-            self._handler.setFormatter(logging.Formatter("%(message)s"))
-            sink.addHandler(self._handler)
+            sink.addHandler(_LineKeeper(self._lines))
+            self._handler = _open_file_handler(path)
+            if self._handler is not None:
+                sink.addHandler(self._handler)
             self._logger = MLLogger(logger=sink, root_dir=str(PROJECT_ROOT))
 
     @classmethod
@@ -103,6 +108,10 @@ class EventLog:
         self._log("end", constants.RUN_STOP, repeat=repeat, status=status)
         self._stopped = True
 
+    def text(self) -> str:
+        """Every line logged so far, whether or not the file could take it."""
+        return "".join(f"{line}\n" for line in self._lines)
+
     def close(self) -> None:
         if self._handler is not None:
             self._handler.close()
@@ -116,3 +125,39 @@ class EventLog:
         # (e.g. harness/run.py), not this wrapper.
         getattr(self._logger, kind)(key=key, value=value, metadata=metadata or None,
                                     stack_offset=3)
+
+
+class _LineKeeper(logging.Handler):
+    """Keeps every formatted line in a list (the copy that survives a full disk)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+class _TolerantFileHandler(logging.FileHandler):
+    """A FileHandler that, when the disk refuses a write, warns once instead of printing a
+    traceback per line (logging's default); the lines are kept by _LineKeeper."""
+
+    _warned = False
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        if not self._warned:
+            self._warned = True
+            log.warning("could not write the event log %s; it is kept in memory and recorded "
+                        "with the cell", self.baseFilename)
+
+
+def _open_file_handler(path: Path) -> logging.Handler | None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler = _TolerantFileHandler(path, mode="w", encoding="utf-8")
+    except OSError as err:
+        log.warning("could not open the event log %s (%s); it is kept in memory and recorded "
+                    "with the cell", path, err)
+        return None
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    return handler

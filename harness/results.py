@@ -6,6 +6,7 @@ MLflow gets a copy; if MLflow is unreachable, result.json still holds everything
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 RESULT_FILE = "result.json"
+
+log = logging.getLogger(__name__)
 
 
 class RunStatus(str, Enum):
@@ -53,6 +56,9 @@ class CellResult:
     # uploads it later and clears the flag.
     pending_sync: bool = False
     cell_key: str | None = None  # the cell's identity across re-runs (harness.resume)
+    # Why the cell's directory could not take this record (a full or read-only disk), if it
+    # could not: the record went to MLflow or a rescue directory instead (harness.record).
+    storage_error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -62,12 +68,17 @@ class CellResult:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON so that readers see the old file or the whole new one, never a part."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` so that readers see the old file or the whole new one: on a full
+    or read-only disk the write fails with OSError and leaves no empty or partial file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as tmp:
-            json.dump(data, tmp, indent=2, sort_keys=True, default=str)
-            tmp.write("\n")
+            tmp.write(text)
             tmp.flush()
             os.fsync(tmp.fileno())
         os.replace(tmp_name, path)
@@ -93,9 +104,13 @@ def rank_report_path(output_dir: Path, rank: int) -> Path:
 
 def write_rank_report(output_dir: Path, rank: int, status: RunStatus, error: str | None) -> None:
     """One worker's own account of how it ended: the channel that still works when the
-    process group is broken (a peer crashed, hung or was killed)."""
-    write_json_atomic(rank_report_path(output_dir, rank),
-                      {"rank": rank, "status": status.value, "error": error})
+    process group is broken (a peer crashed, hung or was killed). A disk that refuses it is
+    logged, not raised: the cell is then recorded from what rank 0 and the launcher saw."""
+    try:
+        write_json_atomic(rank_report_path(output_dir, rank),
+                          {"rank": rank, "status": status.value, "error": error})
+    except OSError as err:
+        log.warning("could not write the report of rank %d in %s (%s)", rank, output_dir, err)
 
 
 def read_rank_reports(output_dir: Path) -> dict[int, dict[str, Any]]:

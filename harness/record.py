@@ -1,0 +1,181 @@
+"""Where a cell's record goes, and where it goes when a store refuses it.
+
+A cell's record is its result.json (the source of truth), the config.yaml beside it, its MLPerf
+event log, a copy in MLflow and an index entry (harness.resume). The measurement must outlive
+any one of those stores: a disk that fills up or turns read-only mid-cell, an MLflow server
+that is down. So:
+
+- files in the cell's directory are written atomically (never an empty or partial file);
+- result.json says `pending_sync: true` until MLflow has the run, so an interruption anywhere
+  in between leaves it for `harness.sync` (which finds an existing run by the result's identity
+  instead of uploading it twice);
+- MLflow's copy is uploaded from a staging directory, so it does not depend on the cell's
+  directory being writable, and carries the event log kept in memory (harness.eventlog);
+- if the cell's directory could not take the record, one line on stderr says why and where
+  the record is: MLflow, else a rescue directory under the system's temporary directory (from
+  which `harness.sync run.output_dir=<it>` uploads it later), else stdout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from harness.config import DistbenchConfig
+from harness.eventlog import MLLOG_FILE
+from harness.results import RESULT_FILE, CellResult, RunStatus, write_result, write_text_atomic
+from harness.resume import index_result
+from harness.tracking import record_cell, tracking_failure, tracking_uri
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.yaml"
+# Where a record goes when neither its directory nor MLflow takes it.
+RESCUE_DIR = "distbench-rescued"
+
+
+def record(result: CellResult, config: DistbenchConfig, event_log: str | None = None) -> None:
+    """Record a finished (or failed) cell everywhere it can go; sets `result.mlflow_run_id`,
+    `tracking_error`, `pending_sync` and, when the cell's directory refused it,
+    `storage_error`."""
+    tracked = config.tracking.enabled
+    result.pending_sync = tracked  # until MLflow has the run
+    unsaved = _write_files(result, event_log)
+    uri = tracking_uri(config.tracking.uri, config.run.output_dir) if tracked else None
+    if uri is not None:
+        _upload(result, uri, config.tracking.experiment, event_log)
+    if unsaved is None:
+        try:  # again, now with the run id or the reason MLflow could not take it
+            write_result(result)
+            index_result(config.run.output_dir, result.cell_key, result.to_dict())
+        except OSError as err:
+            unsaved = err
+    if unsaved is not None:
+        result.storage_error = _one_line(unsaved)
+        print(f"distbench: {_where_it_went(result, uri, event_log)}", file=sys.stderr,
+              flush=True)
+    _log_summary(result, uri)
+
+
+def keep_logging_when_the_disk_fails() -> None:
+    """A disk that fills up or turns read-only mid-cell must not end the cell through its log
+    files: logging prints a traceback for every line a FileHandler cannot write, and raises
+    when one (re)opens its file lazily (Hydra's job log does). Such lines are dropped instead;
+    the console keeps them, and the cell's record reports the disk once."""
+    logging.raiseExceptions = False  # a failed write: handleError stays silent
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler) and not hasattr(handler, "_distbench_emit"):
+            handler._distbench_emit = handler.emit  # type: ignore[attr-defined]
+            handler.emit = functools.partial(_emit_or_drop, handler)  # type: ignore[method-assign]
+
+
+def _emit_or_drop(handler: logging.FileHandler, record: logging.LogRecord) -> None:
+    try:
+        handler._distbench_emit(record)  # type: ignore[attr-defined]
+    except OSError:
+        handler.handleError(record)
+
+
+def _write_files(result: CellResult, event_log: str | None) -> OSError | None:
+    """config.yaml and result.json in the cell's directory (the event log is already there
+    unless the disk refused it); the error if the directory refused them."""
+    output_dir = Path(result.output_dir)
+    try:
+        write_text_atomic(output_dir / CONFIG_FILE, OmegaConf.to_yaml(result.config))
+        write_result(result)
+    except OSError as err:
+        log.debug("could not write the record in %s", output_dir, exc_info=True)
+        return err
+    return None
+
+
+def _upload(result: CellResult, uri: str, experiment: str, event_log: str | None) -> None:
+    try:
+        with _staged_artifacts(result, event_log) as artifacts:
+            result.mlflow_run_id = record_cell(result, uri=uri, experiment=experiment,
+                                               artifacts=artifacts)
+    except Exception as err:  # noqa: BLE001 - the record stays pending for harness.sync
+        result.tracking_error = tracking_failure(err)
+        log.warning("MLflow could not record %s (%s); result kept in %s, pending "
+                    "`python -m harness.sync`", result.run_name, result.tracking_error,
+                    Path(result.output_dir) / RESULT_FILE)
+        return
+    result.pending_sync, result.tracking_error = False, None
+
+
+@contextlib.contextmanager
+def _staged_artifacts(result: CellResult, event_log: str | None) -> Iterator[list[Path]]:
+    """The record's files as MLflow keeps them (result.json as synced), written to a staging
+    directory; none if even the temporary directory refuses them (the run still has every
+    param, metric and tag)."""
+    try:
+        staging = tempfile.TemporaryDirectory(prefix="distbench-record-")
+    except OSError:
+        yield []
+        return
+    with staging as folder:
+        try:
+            yield _write_copy(Path(folder), result, event_log, pending_sync=False)
+        except OSError:
+            yield []
+
+
+def _write_copy(folder: Path, result: CellResult, event_log: str | None, *,
+                pending_sync: bool) -> list[Path]:
+    """The record's files in `folder`: config.yaml, result.json, mllog.txt."""
+    data = {**result.to_dict(), "pending_sync": pending_sync}
+    files = {CONFIG_FILE: OmegaConf.to_yaml(result.config),
+             RESULT_FILE: json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"}
+    log_text = event_log if event_log is not None else _read(Path(result.output_dir) / MLLOG_FILE)
+    if log_text:
+        files[MLLOG_FILE] = log_text
+    for name, text in files.items():
+        write_text_atomic(folder / name, text)
+    return [folder / name for name in files]
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _where_it_went(result: CellResult, uri: str | None, event_log: str | None) -> str:
+    """The one line for a record its directory refused, after putting it where it can go."""
+    refused = f"could not write {Path(result.output_dir) / RESULT_FILE} ({result.storage_error})"
+    if result.mlflow_run_id is not None:
+        return f"{refused}; the result is in MLflow run {result.mlflow_run_id} at {uri}"
+    rescue = Path(tempfile.gettempdir()) / RESCUE_DIR / Path(result.output_dir).name
+    try:
+        _write_copy(rescue, result, event_log, pending_sync=result.pending_sync)
+    except OSError:
+        print(json.dumps(result.to_dict(), sort_keys=True, default=str), flush=True)
+        return f"{refused}, nor anywhere else; the result is printed on stdout"
+    sync = (f"; `python -m harness.sync run.output_dir={rescue.parent}` uploads it to MLflow"
+            if result.pending_sync else "")
+    return f"{refused}; the result is in {rescue / RESULT_FILE}{sync}"
+
+
+def _one_line(err: OSError) -> str:
+    return f"{type(err).__name__}: {err.strerror or err}"
+
+
+def _log_summary(result: CellResult, uri: str | None) -> None:
+    if result.status is RunStatus.ok:
+        log.info("%s: %.3f s/epoch (median %.3f, std %.3f), %.1f images/s, peak memory %.0f MB",
+                 result.run_name, result.metrics["seconds_per_epoch"],
+                 result.metrics["seconds_per_epoch_median"],
+                 result.metrics["seconds_per_epoch_std"], result.metrics["images_per_second"],
+                 result.metrics["peak_memory_mb"])
+    where = ("pending sync" if result.pending_sync else f"{result.mlflow_run_id} at {uri}") \
+        if uri is not None else "off (tracking.enabled=false)"
+    log.info("result: %s/result.json; MLflow run %s", result.output_dir, where)
