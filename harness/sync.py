@@ -4,38 +4,61 @@ MLflow did not get when they were measured.
 A cell whose MLflow store was unreachable keeps its result.json with `pending_sync: true`.
 This command finds those under the output root and records each in the configured store
 (`tracking.uri`, else $MLFLOW_TRACKING_URI, else the SQLite store in the output root), in the
-experiment the cell was run under. It is idempotent: a result whose run is already in the store
-(found by its `output_dir` tag) is not uploaded again, only marked as synced.
+experiment the cell was run under, with the same artifacts as the cell's own upload
+(config.yaml, result.json, mllog.txt).
+
+A result stays pending until its run is complete in the store: killed at any point, this
+command leaves nothing marked synced that is not. It is idempotent: a run carries the result's
+identity (tag `distbench.result_id`); a complete run of the result is not uploaded again, only
+noted in result.json, and a run of it that broke off half-way (RUNNING, or without its
+result.json) is deleted and the result uploaded again. A result.json that cannot be read is
+reported and counted as not synced. Sweep parent runs whose launcher was killed outright are
+closed (KILLED) on the way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from harness.compose import compose_or_exit
-from harness.results import RESULT_FILE, CellResult, RepeatResult, RunStatus, write_result
-from harness.tracking import _client, experiment_id, record_cell, recorded_run_id, \
-    tracking_failure, tracking_uri
+from harness.eventlog import MLLOG_FILE
+from harness.results import RESULT_FILE, CellResult, RepeatResult, RunStatus, write_json_atomic
+from harness.tracking import _client, close_stale_parent_runs, experiment_id, record_cell, \
+    recorded_run_id, tracking_failure, tracking_uri
 
 log = logging.getLogger(__name__)
 
+CONFIG_FILE = "config.yaml"
+# What a cell's run holds besides params, metrics and tags: the same as a cell's own upload.
+ARTIFACT_FILES = (CONFIG_FILE, RESULT_FILE, MLLOG_FILE)
 
-def pending_results(output_root: Path) -> Iterator[Path]:
-    """The result.json files under `output_root` that MLflow has not got yet."""
-    for path in sorted(Path(output_root).rglob(RESULT_FILE)):
-        if "mlartifacts" in path.parts:  # MLflow's own copies of uploaded results
-            continue
-        try:
-            if json.loads(path.read_text()).get("pending_sync"):
-                yield path
-        except (OSError, ValueError):
-            continue
+
+def result_files(output_root: Path) -> Iterator[Path]:
+    """Every result.json under `output_root`, except MLflow's own copies of uploaded results
+    (a SQLite store keeps its artifacts beside it, in mlartifacts/)."""
+    root = Path(output_root)
+    for path in sorted(root.rglob(RESULT_FILE)):
+        if "mlartifacts" not in path.relative_to(root).parts:
+            yield path
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """A result.json's content; ValueError if it is not a JSON object (e.g. truncated)."""
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"a JSON {type(data).__name__}, not an object")
+    return data
 
 
 def as_result(data: dict[str, Any]) -> CellResult:
@@ -46,38 +69,86 @@ def as_result(data: dict[str, Any]) -> CellResult:
                          "repeats": [RepeatResult(**r) for r in data.get("repeats", [])]})
 
 
-def sync_result(path: Path, uri: str) -> str:
-    """Record one pending result in the store at `uri` unless it is there already; mark it
-    synced; return what was done ("uploaded" or "already recorded")."""
-    result = as_result(json.loads(path.read_text()))
-    experiment = result.config["tracking"]["experiment"]
-    client = _client(uri)
-    run_id = recorded_run_id(client, experiment_id(client, experiment, uri), result.output_dir)
-    done = "already recorded"
-    if run_id is None:
-        # The uploaded copy of result.json says synced; if the upload fails it is put back.
-        failure = result.tracking_error
-        result.pending_sync, result.tracking_error = False, None
-        write_result(result)
+class SyncBusy(RuntimeError):
+    """Another `harness.sync` is uploading this result right now."""
+
+
+@contextlib.contextmanager
+def _exclusive(folder: Path) -> Iterator[None]:
+    """Hold the cell's directory (flock) while its result is looked up and uploaded, so that
+    two syncs of the same output root do not take each other's upload for one that broke
+    off."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
         try:
-            run_id = record_cell(result, uri=uri, experiment=experiment,
-                                 artifacts=[path.parent / "config.yaml", path])
-        except BaseException:
-            result.pending_sync, result.tracking_error = True, failure
-            write_result(result)
-            raise
-        done = "uploaded"
-    result.mlflow_run_id, result.pending_sync, result.tracking_error = run_id, False, None
-    write_result(result)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SyncBusy("another harness.sync is uploading it") from None
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def _staged_artifacts(path: Path, data: dict[str, Any]) -> Iterator[list[Path]]:
+    """The cell's files as its run keeps them, in a temporary directory: config.yaml and
+    mllog.txt as they are, result.json as it reads once the run is in the store (not pending,
+    no tracking error), as the cell's own upload has it. result.json on disk stays pending
+    until the upload is complete."""
+    with tempfile.TemporaryDirectory(prefix="distbench-sync-") as folder:
+        staged = []
+        for name in ARTIFACT_FILES:
+            target = Path(folder) / name
+            if name == RESULT_FILE:
+                write_json_atomic(target, {**data, "pending_sync": False, "tracking_error": None,
+                                           "mlflow_run_id": None})
+            elif (path.parent / name).exists():
+                shutil.copyfile(path.parent / name, target)
+            else:
+                continue
+            staged.append(target)
+        yield staged
+
+
+def sync_result(path: Path, data: dict[str, Any], uri: str) -> str:
+    """Record the pending result `data` (read from `path`) in the store at `uri` unless a
+    complete run of it is there already; only then mark it synced; return what was done
+    ("uploaded" or "already recorded")."""
+    result = as_result(data)
+    experiment = result.config["tracking"]["experiment"]
+    with _exclusive(path.parent):
+        client = _client(uri)
+        run_id = recorded_run_id(client, experiment_id(client, experiment, uri), result)
+        done = "already recorded"
+        if run_id is None:
+            with _staged_artifacts(path, data) as artifacts:
+                run_id = record_cell(result, uri=uri, experiment=experiment,
+                                     artifacts=artifacts)
+            done = "uploaded"
+        # Written to `path` itself, which may not be result.output_dir (a rescued record), and
+        # with every field it had, known to this version or not.
+        write_json_atomic(path, {**data, "mlflow_run_id": run_id, "pending_sync": False,
+                                 "tracking_error": None})
     return done
 
 
 def sync(output_root: Path, uri: str) -> int:
-    """Sync every pending result under `output_root`; return how many could not be."""
+    """Sync every pending result under `output_root`; return how many could not be (an
+    unreadable result.json counts as one)."""
+    close_stale_parent_runs(uri)
     failures = 0
-    for path in pending_results(output_root):
+    for path in result_files(output_root):
         try:
-            done = sync_result(path, uri)
+            data = read_record(path)
+        except (OSError, ValueError) as err:
+            failures += 1
+            print(f"distbench: could not sync {path}: not a readable result "
+                  f"({tracking_failure(err)})", file=sys.stderr)
+            continue
+        if not data.get("pending_sync"):
+            continue
+        try:
+            done = sync_result(path, data, uri)
         except Exception as err:  # noqa: BLE001 - one line per result; the rest still syncs
             failures += 1
             print(f"distbench: could not sync {path.parent} ({tracking_failure(err)})",
@@ -91,7 +162,7 @@ def main(argv: list[str]) -> int:
     config = compose_or_exit(argv)
     uri = tracking_uri(config.tracking.uri, config.run.output_dir)
     failures = sync(Path(config.run.output_dir), uri)
-    print(f"synced to {uri}" + (f"; {failures} result(s) still pending" if failures else ""))
+    print(f"synced to {uri}" + (f"; {failures} result(s) not synced" if failures else ""))
     return 1 if failures else 0
 
 

@@ -3,21 +3,30 @@
 Only the process that measured a cell writes its run (one writer per run: SQLite stores lock
 under many concurrent writers). The tracking store defaults to a SQLite file beside the
 results, so no server is needed; `MLFLOW_TRACKING_URI` or `tracking.uri` point elsewhere.
+
+A cell's run is tagged with its result's identity (`distbench.result_id`), so that an upload
+that broke off half-way is found and replaced, never duplicated (`harness.sync`). A sweep's
+parent run is opened by the launcher once it knows some cell will run, and closed however the
+launcher ends; one whose launcher was killed outright is closed as KILLED by the next sweep or
+sync that can prove the launcher is gone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from harness.results import CellResult, RunStatus
+from harness.results import RESULT_FILE, CellResult, RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +35,21 @@ log = logging.getLogger(__name__)
 PARENT_RUN_ENV = "DISTBENCH_PARENT_RUN_ID"
 DEFAULT_STORE_FILE = "mlflow.db"
 _MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
-# A cell's run carries its cell key (harness.resume) and its result's directory, which is what
-# `harness.sync` looks for before uploading a result, so nothing is uploaded twice.
+# A cell's run carries its cell key (harness.resume), its result's directory and its result's
+# identity, which is what `harness.sync` looks for before uploading a result, so nothing is
+# uploaded twice. The identity is a hex digest: a filter on it needs no quoting.
 CELL_KEY_TAG = "distbench.cell_key"
 OUTPUT_DIR_TAG = "output_dir"
+RESULT_ID_TAG = "distbench.result_id"
+# A sweep's parent run: its kind, and who launched it (host, pid, the pid's start time and the
+# host's boot), so that a later process can tell that the launcher is gone.
+KIND_TAG = "distbench.kind"
+SWEEP_KIND = "sweep"
+LAUNCHER_HOST_TAG = "distbench.launcher_host"
+LAUNCHER_PID_TAG = "distbench.launcher_pid"
+LAUNCHER_START_TAG = "distbench.launcher_start"
+LAUNCHER_BOOT_TAG = "distbench.launcher_boot"
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 # MLflow's HTTP client retries a failed request 7 times with exponential back-off (minutes in
 # all) and waits 120 s for an answer: an unreachable server would hold every cell that long.
 # A few seconds is enough to ride out a blip; the result waits in result.json for harness.sync.
@@ -117,11 +137,18 @@ def error_tag(error: str, limit: int = 5000) -> str:
     return head + error[-(limit - len(head)):]
 
 
+def result_id(result: CellResult) -> str:
+    """The identity of one result (one measurement of one cell): the same whichever process
+    uploads it and however often; a re-run of the cell is another result."""
+    identity = json.dumps([result.output_dir, result.started_at, result.cell_key])
+    return hashlib.sha256(identity.encode()).hexdigest()
+
+
 def record_cell(result: CellResult, *, uri: str, experiment: str,
                 artifacts: list[Path]) -> str:
     """Log a finished (or failed) cell as one MLflow run; return the run id."""
     tags = {**result.environment, "status": result.status.value,
-            OUTPUT_DIR_TAG: result.output_dir}
+            OUTPUT_DIR_TAG: result.output_dir, RESULT_ID_TAG: result_id(result)}
     if result.cell_key:
         tags[CELL_KEY_TAG] = result.cell_key
     parent = os.environ.get(PARENT_RUN_ENV)
@@ -137,13 +164,34 @@ def record_cell(result: CellResult, *, uri: str, experiment: str,
                    finished=result.status is RunStatus.ok)
 
 
-def recorded_run_id(client: Any, experiment_id_: str, output_dir: str) -> str | None:
-    """The id of the run that already holds the result in `output_dir`, if any. A run still
-    RUNNING is one whose upload broke off half-way: it does not count."""
-    quoted = output_dir.replace("'", "\\'")
-    runs = client.search_runs([experiment_id_], max_results=1, filter_string=(
-        f"tags.{OUTPUT_DIR_TAG} = '{quoted}' and attributes.status != 'RUNNING'"))
-    return runs[0].info.run_id if runs else None
+def recorded_run_id(client: Any, experiment_id_: str, result: CellResult) -> str | None:
+    """The id of the run that holds `result` completely, if any. Runs of the result that broke
+    off half-way (still RUNNING, or without result.json among their artifacts: the uploader was
+    killed, or lost the store, mid-way) are deleted, so that the result is uploaded again in one
+    piece and nothing is counted twice."""
+    from mlflow.entities import ViewType
+
+    runs = client.search_runs([experiment_id_], run_view_type=ViewType.ACTIVE_ONLY,
+                              max_results=100, order_by=["attributes.start_time ASC"],
+                              filter_string=f"tags.`{RESULT_ID_TAG}` = '{result_id(result)}'")
+    complete = None
+    for run in runs:
+        whole = _complete(client, run)
+        if whole and complete is None:
+            complete = run.info.run_id
+        elif not whole:
+            log.info("deleting MLflow run %s: an upload of %s that broke off", run.info.run_id,
+                     result.output_dir)
+            client.delete_run(run.info.run_id)
+    return complete
+
+
+def _complete(client: Any, run: Any) -> bool:
+    """A cell's run is complete once its uploader closed it (the last step of `log_run`) and
+    its copy of result.json is there."""
+    if run.info.status not in ("FINISHED", "FAILED"):
+        return False
+    return any(entry.path == RESULT_FILE for entry in client.list_artifacts(run.info.run_id))
 
 
 def tracking_failure(err: BaseException) -> str:
@@ -179,44 +227,122 @@ def log_run(*, uri: str, experiment: str, run_name: str, tags: Mapping[str, str]
     return run_id
 
 
-class SweepParentRun(Callback):
-    """Hydra callback: open a parent MLflow run for a sweep, so its cells nest under it.
+@contextlib.contextmanager
+def sweep_parent_run(config: DictConfig, *, cells_to_run: int) -> Iterator[str | None]:
+    """The sweep's parent run, open while its cells run (they nest under it through
+    PARENT_RUN_ENV, which submitit's local and SLURM executors pass on to the jobs), closed
+    when the block ends: FINISHED, FAILED on an exception, KILLED on Ctrl-C or an exit.
 
-    Runs in the process that launches the sweep. If MLflow cannot be reached the sweep still
-    runs (every cell writes result.json); the cells are then simply not nested.
+    Opened by a launcher after every cell was validated and only if `cells_to_run` > 0, so a
+    rejected sweep, or a re-run whose every cell finished earlier, leaves no empty run (and no
+    store file). Parent runs left RUNNING by a launcher that was killed outright are closed
+    first. If MLflow cannot be reached the sweep still runs (every cell writes result.json);
+    its cells are then simply not nested.
     """
-
-    def __init__(self) -> None:
-        self._run_id: str | None = None
-        self._uri: str | None = None
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if not config.tracking.enabled:
-            return
-        self._uri = tracking_uri(config.tracking.uri, config.run.output_dir)
+    if not config.tracking.enabled:
+        yield None
+        return
+    uri = tracking_uri(config.tracking.uri, config.run.output_dir)
+    close_stale_parent_runs(uri)
+    run_id = _open_parent_run(config, uri) if cells_to_run > 0 else None
+    if run_id is None:
+        yield None
+        return
+    previous = os.environ.get(PARENT_RUN_ENV)
+    os.environ[PARENT_RUN_ENV] = run_id
+    status = "KILLED"  # unless the block ends normally or raises an Exception
+    try:
+        yield run_id
+        status = "FINISHED"
+    except Exception:
+        status = "FAILED"
+        raise
+    finally:
+        if previous is None:
+            os.environ.pop(PARENT_RUN_ENV, None)
+        else:
+            os.environ[PARENT_RUN_ENV] = previous
         try:
-            client = _client(self._uri)
-            run = client.create_run(
-                experiment_id(client, config.tracking.experiment, self._uri),
-                run_name=f"sweep-{Path(str(config.hydra.sweep.dir)).name}",
-                tags={"sweep_dir": str(Path(str(config.hydra.sweep.dir)).resolve()),
-                      "sweep_overrides": " ".join(config.hydra.overrides.task),
-                      "distbench.kind": "sweep"},
-            )
-        except Exception as err:  # noqa: BLE001 - tracking must never stop a sweep
-            log.warning("MLflow unreachable at %s (%s); cells will not be nested", self._uri,
+            _client(uri).set_terminated(run_id, status=status)
+        except Exception as err:  # noqa: BLE001 - the next sweep or sync closes it
+            log.warning("could not close the sweep's MLflow run %s (%s)", run_id,
                         tracking_failure(err))
-            return
-        self._run_id = run.info.run_id
-        os.environ[PARENT_RUN_ENV] = self._run_id
-        log.info("MLflow: sweep parent run %s in experiment %r at %s", self._run_id,
-                 config.tracking.experiment, self._uri)
 
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if self._run_id is None or self._uri is None:
-            return
-        os.environ.pop(PARENT_RUN_ENV, None)
-        try:
-            _client(self._uri).set_terminated(self._run_id, status="FINISHED")
-        except Exception as err:  # noqa: BLE001
-            log.warning("could not close the sweep's MLflow run %s: %s", self._run_id, err)
+
+def _open_parent_run(config: DictConfig, uri: str) -> str | None:
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    try:
+        client = _client(uri)
+        run = client.create_run(
+            experiment_id(client, config.tracking.experiment, uri),
+            run_name=f"sweep-{sweep_dir.name}",
+            tags={"sweep_dir": str(sweep_dir.resolve()),
+                  "sweep_overrides": " ".join(config.hydra.overrides.task),
+                  KIND_TAG: SWEEP_KIND, **_launcher_tags()})
+    except Exception as err:  # noqa: BLE001 - tracking must never stop a sweep
+        log.warning("MLflow unreachable at %s (%s); cells will not be nested", uri,
+                    tracking_failure(err))
+        return None
+    log.info("MLflow: sweep parent run %s in experiment %r at %s", run.info.run_id,
+             config.tracking.experiment, uri)
+    return run.info.run_id
+
+
+def _launcher_tags() -> dict[str, str]:
+    from launchers.local import _start_time
+
+    tags = {LAUNCHER_HOST_TAG: socket.gethostname(), LAUNCHER_PID_TAG: str(os.getpid()),
+            LAUNCHER_START_TAG: str(_start_time(os.getpid()))}
+    boot = _boot_id()
+    if boot is not None:
+        tags[LAUNCHER_BOOT_TAG] = boot
+    return tags
+
+
+def _boot_id() -> str | None:
+    try:
+        return _BOOT_ID.read_text().strip()
+    except OSError:
+        return None
+
+
+def launcher_gone(tags: Mapping[str, str]) -> bool:
+    """True if the process that launched a parent run provably no longer runs: it ran on this
+    host and either the host has rebooted since or its pid is free or taken by a process that
+    started at another time. A launcher on another host, or one that left no such tags (older
+    runs), cannot be proved gone."""
+    from launchers.local import _start_time
+
+    if tags.get(LAUNCHER_HOST_TAG) != socket.gethostname() or LAUNCHER_PID_TAG not in tags \
+            or LAUNCHER_START_TAG not in tags:
+        return False
+    boot = _boot_id()
+    if boot is not None and tags.get(LAUNCHER_BOOT_TAG, boot) != boot:
+        return True
+    return str(_start_time(int(tags[LAUNCHER_PID_TAG]))) != tags[LAUNCHER_START_TAG]
+
+
+def close_stale_parent_runs(uri: str) -> list[str]:
+    """Close, as KILLED, every sweep parent run in the store at `uri` that is still RUNNING
+    although its launcher is provably gone (killed with SIGKILL, or its host rebooted: no
+    finally-block ran); return their ids. A store that does not exist yet is not created; a
+    store that cannot be reached is logged and left alone."""
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        return []
+    closed = []
+    try:
+        client = _client(uri)
+        experiments = [e.experiment_id for e in client.search_experiments()]
+        for start in range(0, len(experiments), 100):  # search_runs takes up to 100
+            for run in client.search_runs(
+                    experiments[start:start + 100], max_results=1000, filter_string=(
+                        f"tags.`{KIND_TAG}` = '{SWEEP_KIND}' and attributes.status = 'RUNNING'")):
+                if launcher_gone(run.data.tags):
+                    client.set_terminated(run.info.run_id, status="KILLED")
+                    closed.append(run.info.run_id)
+                    log.warning("MLflow: closed sweep run %s as KILLED: its launcher (pid %s) "
+                                "is gone", run.info.run_id, run.data.tags[LAUNCHER_PID_TAG])
+    except Exception as err:  # noqa: BLE001 - tidying must never stop a sweep or a sync
+        log.warning("could not check %s for sweep runs left open (%s)", uri,
+                    tracking_failure(err))
+    return closed

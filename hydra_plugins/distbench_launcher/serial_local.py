@@ -59,6 +59,7 @@ class SerialLocalLauncher(LocalLauncher):
 
         from harness.results import RunStatus
         from harness.run import now
+        from harness.tracking import sweep_parent_run
         from launchers import cells
         from launchers.local import submit_local, wait_for_cell
 
@@ -69,21 +70,23 @@ class SerialLocalLauncher(LocalLauncher):
         done = cells.finished_earlier(prepared, force=bool(self.params["force"]))
         timeout_min = int(self.params["timeout_min"])
         results, job_ids = [], []
-        for index, cell in enumerate(tqdm(prepared, desc="sweep", unit="cell")):
-            if index in done:
-                results.append(done[index])
-                job_ids.append("skipped")
-                continue
-            started = now()
-            job = submit_local(
-                self, cell.overrides, "hydra.sweep.dir", cell.job_num,
-                f"job_id_for_{cell.job_num}", Singleton.get_state(),
-                folder=Path(self.params["submitit_folder"]), tasks=cell.size,
-                timeout_min=timeout_min, name=str(cell.config.hydra.job.name))
-            timed_out = wait_for_cell(job, cell.output_dir, timeout_s=60 * timeout_min)
-            results.append(cells.cell_outcome(
-                cell.config, cell.output_dir,
-                ended_as=RunStatus.timeout if timed_out else None,
-                logs=cells.worker_logs_tail(job, cell.size), started=started))
-            job_ids.append(job.job_id)
+        # The sweep's MLflow parent run, only once every cell is valid and some cell runs.
+        with sweep_parent_run(self.config, cells_to_run=len(prepared) - len(done)):
+            for index, cell in enumerate(tqdm(prepared, desc="sweep", unit="cell")):
+                if index in done:
+                    results.append(done[index])
+                    job_ids.append("skipped")
+                    continue
+                started = now()
+                job = submit_local(
+                    self, cell.overrides, "hydra.sweep.dir", cell.job_num,
+                    f"job_id_for_{cell.job_num}", Singleton.get_state(),
+                    folder=Path(self.params["submitit_folder"]), tasks=cell.size,
+                    timeout_min=timeout_min, name=str(cell.config.hydra.job.name))
+                timed_out = wait_for_cell(job, cell.output_dir, timeout_s=60 * timeout_min)
+                results.append(cells.cell_outcome(
+                    cell.config, cell.output_dir,
+                    ended_as=RunStatus.timeout if timed_out else None,
+                    logs=cells.worker_logs_tail(job, cell.size), started=started))
+                job_ids.append(job.job_id)
         return cells.sweep_returns(prepared, results, job_ids)

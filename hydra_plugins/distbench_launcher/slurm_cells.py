@@ -71,6 +71,7 @@ class SlurmCellsLauncher(SlurmLauncher):
 
         from harness.resume import cell_key
         from harness.run import now
+        from harness.tracking import sweep_parent_run
         from launchers import cells, slurm, slurm_resume
 
         assert self.config is not None and self.hydra_context is not None
@@ -85,40 +86,43 @@ class SlurmCellsLauncher(SlurmLauncher):
         followed = sorted(earlier.following)
         submitted = [earlier.following[index] for index in followed]
         positions = list(followed)  # each followed or submitted cell's position in `prepared`
-        started = now()
-        for index, cell in enumerate(prepared):
-            if index in done or index in earlier.following:
-                continue
-            job = slurm.submit_cell(
-                self, cell.overrides, "hydra.sweep.dir", cell.job_num,
-                f"job_id_for_{cell.job_num}", Singleton.get_state(),
-                folder=Path(self.params["submitit_folder"]),
-                parameters=slurm.executor_parameters(cell.size, self.params, cell.cell))
-            # Noted before it is announced: a re-run after this process dies must find it.
-            slurm.write_job_note(cell.cell.run.output_dir, cell_key(cell.config), slurm.JobNote(
-                job_id=job.job_id, folder=str(Path(self.params["submitit_folder"]).absolute()),
-                output_dir=str(cell.output_dir.absolute()), tasks=cell.size.tasks,
-                submitted_at=now()))
-            print(f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): SLURM job "
-                  f"{job.job_id}, {cell.size.nodes} node(s) x {cell.size.tasks_per_node} "
-                  f"task(s), in {cell.output_dir}", flush=True)
-            submitted.append(slurm.SubmittedCell(job, cell.output_dir, cell.size.tasks))
-            positions.append(index)
+        # The sweep's MLflow parent run, only once every cell is valid and some cell runs
+        # (cells followed from an earlier sweep included); its id reaches the jobs it submits.
+        with sweep_parent_run(self.config, cells_to_run=len(prepared) - len(done)):
+            started = now()
+            for index, cell in enumerate(prepared):
+                if index in done or index in earlier.following:
+                    continue
+                job = slurm.submit_cell(
+                    self, cell.overrides, "hydra.sweep.dir", cell.job_num,
+                    f"job_id_for_{cell.job_num}", Singleton.get_state(),
+                    folder=Path(self.params["submitit_folder"]),
+                    parameters=slurm.executor_parameters(cell.size, self.params, cell.cell))
+                # Noted before it is announced: a re-run after this process dies must find it.
+                slurm.write_job_note(cell.cell.run.output_dir, cell_key(cell.config), slurm.JobNote(
+                    job_id=job.job_id, folder=str(Path(self.params["submitit_folder"]).absolute()),
+                    output_dir=str(cell.output_dir.absolute()), tasks=cell.size.tasks,
+                    submitted_at=now()))
+                print(f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): SLURM job "
+                      f"{job.job_id}, {cell.size.nodes} node(s) x {cell.size.tasks_per_node} "
+                      f"task(s), in {cell.output_dir}", flush=True)
+                submitted.append(slurm.SubmittedCell(job, cell.output_dir, cell.size.tasks))
+                positions.append(index)
 
-        results: dict[int, dict] = dict(done)
-        job_ids = {index: "skipped" for index in done}
-        with tqdm(total=len(submitted), desc="sweep", unit="cell") as bar:
-            def record(ended: slurm.SubmittedCell) -> None:
-                index = positions[submitted.index(ended)]
-                job_ids[index] = ended.job.job_id
-                logs = f"SLURM job {ended.job.job_id} ended {ended.state}\n" + \
-                    cells.worker_logs_tail(ended.job, ended.tasks)
-                results[index] = cells.cell_outcome(
-                    prepared[index].config, ended.output_dir,
-                    ended_as=slurm.status_of_state(ended.state), logs=logs, started=started)
-                bar.update()
+            results: dict[int, dict] = dict(done)
+            job_ids = {index: "skipped" for index in done}
+            with tqdm(total=len(submitted), desc="sweep", unit="cell") as bar:
+                def record(ended: slurm.SubmittedCell) -> None:
+                    index = positions[submitted.index(ended)]
+                    job_ids[index] = ended.job.job_id
+                    logs = f"SLURM job {ended.job.job_id} ended {ended.state}\n" + \
+                        cells.worker_logs_tail(ended.job, ended.tasks)
+                    results[index] = cells.cell_outcome(
+                        prepared[index].config, ended.output_dir,
+                        ended_as=slurm.status_of_state(ended.state), logs=logs, started=started)
+                    bar.update()
 
-            slurm.wait_for_cells(submitted, grace_s=float(self.params["grace_after_result_s"]),
-                                 on_end=record)
+                slurm.wait_for_cells(submitted, grace_s=float(self.params["grace_after_result_s"]),
+                                     on_end=record)
         return cells.sweep_returns(prepared, [results[i] for i in range(len(prepared))],
                                    [job_ids[i] for i in range(len(prepared))])
