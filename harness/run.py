@@ -270,7 +270,18 @@ def run_cell(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     memory_limit: MemoryLimit | None = None
 
     def report_stall(report: str) -> None:
+        """Runs in the watchdog's thread while the measuring thread is stuck; the process
+        ends when this returns (or after harness.watchdog.STALL_RECORD_S)."""
         write_rank_report(output_dir, env.rank, RunStatus.timeout, report)
+        if env.is_distributed:
+            return  # the launcher records the cell from all its workers' reports
+        # A cell of one worker is recorded by itself, also under no launcher (`python -m
+        # harness` without -m). The stuck thread cannot lift its memory limit: lift it here.
+        import resource
+
+        hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+        resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+        record_failure(cfg, output_dir, RunStatus.timeout, report, started=started)
 
     # Collectives give up after progress_timeout_s and the cell records itself; the watchdog
     # is the backstop for a worker stuck where no collective times out.

@@ -2,9 +2,16 @@
 
 submitit's local executor starts `tasks` processes that each learn their rank from the
 environment it sets, as on SLURM. Waiting is ours, because a cell is over when its rank 0 has
-recorded it: a peer that hangs must not hold the sweep, so after rank 0's result.json appears
-the rest get a grace period and are then ended (SIGINT, then SIGKILL), as is a cell that
-exceeds its time limit.
+recorded it, or its rank 0 is gone (a worker ended by its own watchdog leaves no result.json):
+a peer that hangs must not hold the sweep, so after either the rest get a grace period and are
+then ended, as is a cell that exceeds its time limit.
+
+Ending a cell does not rely on submitit's cancel alone, which only sends SIGINT to its job
+controller: a launcher started with `nohup ... &` (or as a background job of a script) has
+SIGINT ignored, and its cell's processes inherit that, so the SIGINT does nothing; a worker
+stopped by SIGSTOP acts on no signal but SIGKILL. `end_cell` therefore sends SIGINT, SIGTERM
+and SIGKILL in turn to every process of the cell (the controller and its descendants), each
+with a SIGCONT, and checks in /proc that all are gone before the launcher moves on.
 
 A local cell does not outlive the process that launched it (the sweep, or `python -m harness`):
 submitit's job controller is made to survive it, but a cell left running would measure itself
@@ -15,6 +22,7 @@ the sweep is re-run.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -27,6 +35,8 @@ import submitit
 
 from harness.results import RESULT_FILE, RunStatus
 from launchers.distributed import MASTER_PORT_ENV, free_port, log_to_stderr
+
+log = logging.getLogger(__name__)
 
 # After rank 0 recorded the cell, how long the other workers may take to exit by themselves.
 GRACE_AFTER_RESULT_S = 20.0
@@ -62,13 +72,25 @@ def submit_local(function: Callable[..., Any], *args: Any, folder: Path, tasks: 
 
 def follow_launcher() -> None:
     """In a local cell's worker: end this process (SIGKILL) as soon as the process that
-    launched the cell is gone. Nothing to do outside a local cell, or without /proc."""
+    launched the cell is gone. Nothing to do outside a local cell, or without /proc.
+
+    Also undoes an inherited SIG_IGN of SIGINT (a launcher started with `nohup ... &` passes
+    it on), so that the SIGINT its controller forwards when the cell is cancelled ends it.
+    (submitit's worker answers SIGTERM with a log line only: `end_cell` ends with SIGKILL.)"""
+    _default_signal_dispositions()
     pid = os.environ.get(LAUNCHER_PID_ENV)
     if pid is None or not Path("/proc/self/stat").exists():
         return
     born = _start_time(int(pid))
     threading.Thread(target=_watch_launcher, args=(int(pid), born), name="launcher-watch",
                      daemon=True).start()
+
+
+def _default_signal_dispositions() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's usual handler
 
 
 def _watch_launcher(pid: int, born: str | None) -> None:
@@ -93,33 +115,152 @@ def wait_for_cell(job: submitit.Job, output_dir: Path, *, timeout_s: float,
                   grace_s: float = GRACE_AFTER_RESULT_S, result_file: str = RESULT_FILE) -> bool:
     """Wait until every worker of the cell has exited; return True if the cell timed out.
 
-    Workers still running `grace_s` after rank 0 wrote `result_file` (the cell's record), or
-    when `timeout_s` has passed, are ended, so no process of the cell outlives it.
+    Workers still running `grace_s` after rank 0 wrote `result_file` (the cell's record) or
+    exited (without a record, e.g. ended by its watchdog: the launcher records the cell from
+    the rank reports), or when `timeout_s` has passed, are ended (`end_cell`), so no process
+    of the cell outlives it.
     """
     result_path = Path(output_dir) / result_file
     deadline = time.monotonic() + timeout_s
-    result_seen: float | None = None
+    rank0 = _Rank0(job)
+    ended: float | None = None
     while not job.done():
         now = time.monotonic()
-        if result_seen is None and result_path.exists():
-            result_seen = now
-        if result_seen is not None and now - result_seen > grace_s:
-            job.cancel(check=False)
+        if ended is None and (result_path.exists() or rank0.exited()):
+            ended = now
+        if ended is not None and now - ended > grace_s:
             break
         if now > deadline:
-            job.cancel(check=False)
-            _wait_until_done(job)
+            end_cell(job)
             return True
         time.sleep(_POLL_S)
-    _wait_until_done(job)
+    end_cell(job)
     return False
 
 
-def _wait_until_done(job: submitit.Job, limit_s: float = 30.0) -> None:
-    """Cancellation escalates from SIGINT to SIGKILL within seconds; wait for it."""
+class _Rank0:
+    """Rank 0's worker process, found among the controller's children by the rank submitit
+    puts in its environment; `exited()` once it was seen and is gone."""
+
+    def __init__(self, job: submitit.Job) -> None:
+        self._controller = _controller_pid(job)
+        self._process: tuple[int, str] | None = None
+
+    def exited(self) -> bool:
+        if self._process is None:
+            self._process = self._find()
+            return False
+        pid, born = self._process
+        return _start_time(pid) != born
+
+    def _find(self) -> tuple[int, str] | None:
+        if self._controller is None:
+            return None
+        for pid in _children(self._controller):
+            born = _start_time(pid)
+            if born is not None and _environ(pid).get("SUBMITIT_LOCAL_GLOBALID") == "0":
+                return pid, born
+        return None
+
+
+# How long each signal of `end_cell` is given to end the cell's processes before the next.
+END_STEP_S = 5.0
+
+
+def end_cell(job: submitit.Job, step_s: float = END_STEP_S) -> None:
+    """End every process of the cell and return once all are gone: SIGINT (what submitit's
+    cancel sends, which its controller forwards to the workers), then SIGTERM (which the
+    controller forwards; its workers only log it), then SIGKILL,
+    each to the controller and all its descendants, each followed by SIGCONT so that a stopped
+    process acts on it, until none is left. Processes are tracked by (pid, start time), so a
+    worker reparented when its controller died is still ended, and a reused pid never is."""
+    controller = _controller_pid(job)
+    if controller is None:
+        return
+    cell: set[tuple[int, str]] = set()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        alive = _alive(job, controller, cell)
+        if not alive:
+            return
+        for pid in sorted(alive, key=lambda p: p == controller):  # workers first
+            _signal(pid, sig)
+            _signal(pid, signal.SIGCONT)
+        _wait_gone(job, controller, cell, step_s)
+    left = _alive(job, controller, cell)
+    if left:  # only a process stuck in the kernel (state D) outlives SIGKILL for long
+        log.warning("processes of the cell still exist after SIGKILL: %s", sorted(left))
+
+
+def _controller_pid(job: submitit.Job) -> int | None:
+    """submitit's LocalJob keeps the controller it started (a Popen) as `_process`."""
+    process = getattr(job, "_process", None)
+    return None if process is None else process.pid
+
+
+def _alive(job: submitit.Job, controller: int, cell: set[tuple[int, str]]) -> set[int]:
+    """The cell's processes alive now; `cell` collects every one seen so far."""
+    job.done()  # polls the controller: reaps it once it has exited (a zombie counts as gone)
+    born = _start_time(controller)
+    if born is not None:
+        cell.add((controller, born))
+        for pid in _descendants(controller):
+            started = _start_time(pid)
+            if started is not None:
+                cell.add((pid, started))
+    return {pid for pid, started in cell if _start_time(pid) == started}
+
+
+def _wait_gone(job: submitit.Job, controller: int, cell: set[tuple[int, str]],
+               limit_s: float) -> None:
     deadline = time.monotonic() + limit_s
-    while not job.done() and time.monotonic() < deadline:
-        time.sleep(_POLL_S)
+    while _alive(job, controller, cell) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below `pid` in the process tree (children, theirs, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            parent = _parent(int(entry.name))
+            if parent is not None:
+                children.setdefault(parent, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and _parent(int(entry.name)) == pid]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[1])
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(entry.decode(errors="replace").split("=", 1)
+                for entry in raw.split(b"\0") if b"=" in entry)
 
 
 def run_local_cell(cfg: Any, output_dir: Path, *, workers: int, timeout_min: int) -> dict:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -22,12 +23,13 @@ TWO_WORKER_CELL = ["hardware=local_2cpu", "network=mobilenetv2",
                    "dataset=mnist", "distribution.batch_size=8", "run.progress=false"]
 
 
-def _start(output_root: Path, *overrides: str) -> subprocess.Popen[str]:
+def _start(output_root: Path, *overrides: str,
+           stdout: IO[str] | int = subprocess.PIPE) -> subprocess.Popen[str]:
     """A 2-worker DDP cell, started as a user would (`python -m harness ...`)."""
     return subprocess.Popen(
         [sys.executable, "-m", "harness", *TWO_WORKER_CELL, "distribution=ddp", *overrides,
          f"run.output_dir={output_root}"],
-        cwd=output_root.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=output_root.parent, stdout=stdout, stderr=subprocess.STDOUT, text=True)
 
 
 def _result(output_root: Path) -> dict:
@@ -87,23 +89,36 @@ def test_a_crashing_worker_ends_the_cell_as_failed(output_root: Path) -> None:
     workers = _wait_for_training(output_root)
     os.kill(workers[1], signal.SIGKILL)
     out, _ = cell.communicate(timeout=300)
-    assert cell.returncode == 0, out[-3000:]
+    assert cell.returncode in (0, 1), out[-3000:]  # 1: a cell did not end ok
     result = _result(output_root)
     assert result["status"] == "failed"
     assert "rank 1: no report" in result["error"]
     assert not cell_worker_pids(output_root)
 
 
-def test_a_hanging_worker_ends_the_cell_as_timeout(output_root: Path) -> None:
-    cell = _start(output_root, "dataset.num_samples=1024", "run.epochs=20",
-                  "run.progress_timeout_s=10")
-    workers = _wait_for_training(output_root)
-    os.kill(workers[1], signal.SIGSTOP)  # frozen: alive, holding its sockets, doing nothing
-    out, _ = cell.communicate(timeout=300)
-    assert cell.returncode == 0, out[-3000:]
-    result = _result(output_root)
-    assert result["status"] == "timeout", result["error"]
-    assert not cell_worker_pids(output_root)  # the frozen worker was ended too: no orphans
+def test_a_hanging_worker_ends_the_cell_as_timeout(output_root: Path, tmp_path: Path) -> None:
+    """A worker frozen by SIGSTOP acts on no signal but SIGKILL (its watchdog is frozen too):
+    the launcher must end it whatever SIGINT disposition the test runs under (submitit's
+    cancel alone, a SIGINT, did nothing when the suite ran with SIGINT ignored, e.g. under
+    `nohup ... &`; the frozen worker and submitit's controller then outlived the cell, and the
+    controller held this test's stdout pipe open, so communicate() never returned)."""
+    log = tmp_path / "cell.log"
+    with log.open("w") as out:  # a file: a process left behind cannot block the test
+        cell = _start(output_root, "dataset.num_samples=1024", "run.epochs=20",
+                      "run.progress_timeout_s=10", stdout=out)
+    try:
+        workers = _wait_for_training(output_root)
+        os.kill(workers[1], signal.SIGSTOP)  # frozen: alive, holding its sockets, doing nothing
+        cell.wait(timeout=300)
+        # Exit status 1: the cell did not end ok.
+        assert cell.returncode in (0, 1), log.read_text()[-3000:]
+        result = _result(output_root)
+        assert result["status"] == "timeout", result["error"]
+        assert not cell_worker_pids(output_root)  # the frozen worker was ended too: no orphans
+    finally:
+        cell.kill()
+        for pid in cell_worker_pids(output_root).values():
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_two_horovod_workers_train_in_sync_without_horovodrun(output_root: Path) -> None:
@@ -163,7 +178,7 @@ def test_a_worker_that_raises_or_hangs_mid_training_ends_its_cell(
          "run.progress_timeout_s=5", f"run.output_dir={output_root}"],
         cwd=output_root.parent, capture_output=True, text=True, timeout=300,
         env=dict(os.environ, PYTHONPATH=path, DISTBENCH_TEST_FAULT=fault))
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode in (0, 1), done.stderr[-3000:]  # 1: a cell did not end ok
     result = _result(output_root)
     assert result["status"] == status, result["error"]
     if fault == "raise":
