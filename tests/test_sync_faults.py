@@ -179,11 +179,13 @@ def _pending_cell(output_root: Path) -> tuple[Path, dict]:
     return path, result
 
 
-def _pending_failure(output_root: Path) -> tuple[Path, dict]:
+def _pending_failure(output_root: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, dict]:
     """A cell recorded as failed (harness.run.record_failure, as a launcher records a cell that
     died) while MLflow was unreachable: its result.json, pending sync. No training needed."""
     from harness.run import record_failure
 
+    # A closed port refuses at once; MLflow's retries would only add seconds of back-off.
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     cfg = compose_config([f'run.output_dir="{output_root}"', "network=mobilenetv2",
                           f"tracking.uri=http://127.0.0.1:{_closed_port()}"])
     cell_dir = output_root / "runs" / "cell"
@@ -245,8 +247,9 @@ def test_a_sync_killed_while_mlflow_is_slow_leaves_the_result_pending_and_no_dup
     assert [r.info.run_id for r in _runs_of(mlflow_server)] == [run.info.run_id]
 
 
-def test_a_truncated_result_is_reported_and_not_counted_as_synced(output_root: Path) -> None:
-    path, _ = _pending_failure(output_root)
+def test_a_truncated_result_is_reported_and_not_counted_as_synced(
+        output_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path, _ = _pending_failure(output_root, monkeypatch)
     path.write_text(path.read_text()[:200])  # as a disk that filled up mid-write leaves it
     done = _sync(output_root, f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
     assert done.returncode == 1, done.stdout + done.stderr
@@ -256,10 +259,11 @@ def test_a_truncated_result_is_reported_and_not_counted_as_synced(output_root: P
     assert "1 result(s) not synced" in done.stdout
 
 
-def test_an_output_dir_with_a_quote_is_uploaded_once(tmp_path: Path) -> None:
+def test_an_output_dir_with_a_quote_is_uploaded_once(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     output_root = tmp_path / "it's outputs"
     output_root.mkdir()
-    path, result = _pending_failure(output_root)
+    path, result = _pending_failure(output_root, monkeypatch)
     assert "'" in result["output_dir"]
     store = f"sqlite:///{tmp_path / 'store.db'}"
     first = _sync(output_root, store)
