@@ -56,6 +56,9 @@ def test_an_unreachable_mlflow_leaves_a_pending_result_that_sync_uploads_once(
     assert run.info.run_id == after["mlflow_run_id"]
     assert run.data.tags["status"] == "ok" and run.data.tags["distbench.cell_key"]
     assert run.data.metrics["seconds_per_epoch"] == result["metrics"]["seconds_per_epoch"]
+    # The same artifacts as a cell that reached MLflow itself uploads, its MLPerf log included.
+    assert {entry.path for entry in MlflowClient(store).list_artifacts(run.info.run_id)} == \
+        {"config.yaml", "result.json", "mllog.txt"}
 
     # As if sync had been killed after its upload but before it marked the result: the next
     # sync finds the run and does not upload it again.
