@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from harness.config import DistbenchConfig, resolved_container, validate
 from harness.distributions import EpochMeasurement, Trainer, TrainingContext, trainer_factory
 from harness.environment import capture_environment
-from harness.eventlog import MLLOG_FILE, EventLog
+from harness.eventlog import EventLog
 from harness.memory_limit import MemoryLimit, device_memory_limit, oom_error
 from harness.metrics import PeakMemory, PhaseClock, RepeatStatistics, Summary
 from harness.results import (
@@ -33,11 +33,10 @@ from harness.results import (
     RunStatus,
     read_rank_reports,
     write_rank_report,
-    write_result,
 )
-from harness.resume import cell_key, index_result
+from harness.record import keep_logging_when_the_disk_fails, record
+from harness.resume import cell_key
 from harness.seeding import repeat_seed, seed_everything, set_deterministic
-from harness.tracking import record_cell, tracking_failure, tracking_uri
 from harness.watchdog import ProgressWatchdog
 from harness.workload import Workload, build_workload
 from launchers.distributed import WorkerEnvironment, WorkerSession, worker_environment, worker_session
@@ -268,6 +267,8 @@ def run_cell(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     device = torch.device("cpu")
     status, error, measurement = RunStatus.ok, None, None
     memory_limit: MemoryLimit | None = None
+    events: EventLog | None = None
+    keep_logging_when_the_disk_fails()
 
     def report_stall(report: str) -> None:
         """Runs in the watchdog's thread while the measuring thread is stuck; the process
@@ -296,7 +297,8 @@ def run_cell(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
             with (device_memory_limit(config.hardware) as memory_limit,
                   worker_session(env, device, backend=config.distribution.backend,
                                  timeout_s=config.run.progress_timeout_s) as session):
-                with EventLog.for_worker(output_dir, env.is_main) as events:
+                events = EventLog.for_worker(output_dir, env.is_main)
+                with events:
                     worker = measure(config, device, session, watchdog.beat, events)
                 measurement = Measurement(session.all_gather(worker))
         except Exception as err:  # noqa: BLE001 - a failing cell is a result, not a crash
@@ -321,7 +323,7 @@ def run_cell(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
         result.phase_seconds = measurement.phase_seconds()
         result.environment["memory_kind"] = measurement.workers[0].memory_kind
         result.config["distribution"].update(measurement.workers[0].resolved_config)
-    finish_cell(result, config)
+    finish_cell(result, config, events.text() if events is not None else None)
     return result.to_dict()
 
 
@@ -383,41 +385,11 @@ def _new_result(cfg: DictConfig, config: DistbenchConfig, output_dir: Path, star
     )
 
 
-def finish_cell(result: CellResult, config: DistbenchConfig) -> None:
-    """Write result.json first (the source of truth), then copy it into MLflow."""
-    output_dir = Path(result.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    config_path = output_dir / "config.yaml"
-    OmegaConf.save(OmegaConf.create(result.config), config_path)
-    result_path = write_result(result)
-    if not config.tracking.enabled:
-        index_result(config.run.output_dir, result.cell_key, result.to_dict())
-        return
-    uri = tracking_uri(config.tracking.uri, config.run.output_dir)
-    try:
-        result.mlflow_run_id = record_cell(result, uri=uri, experiment=config.tracking.experiment,
-                                           artifacts=[config_path, result_path,
-                                                      output_dir / MLLOG_FILE])
-    except Exception as err:  # noqa: BLE001 - result.json already holds the result
-        result.tracking_error = tracking_failure(err)
-        result.pending_sync = True
-        log.warning("MLflow could not record %s (%s); result kept in %s, pending "
-                    "`python -m harness.sync`", result.run_name, result.tracking_error,
-                    result_path)
-    write_result(result)
-    index_result(config.run.output_dir, result.cell_key, result.to_dict())
-    _log_summary(result, uri)
-
-
-def _log_summary(result: CellResult, uri: str) -> None:
-    if result.status is RunStatus.ok:
-        log.info("%s: %.3f s/epoch (median %.3f, std %.3f), %.1f images/s, peak memory %.0f MB",
-                 result.run_name, result.metrics["seconds_per_epoch"],
-                 result.metrics["seconds_per_epoch_median"],
-                 result.metrics["seconds_per_epoch_std"], result.metrics["images_per_second"],
-                 result.metrics["peak_memory_mb"])
-    log.info("result: %s/result.json; MLflow run %s at %s", result.output_dir,
-             "pending sync" if result.pending_sync else result.mlflow_run_id, uri)
+def finish_cell(result: CellResult, config: DistbenchConfig,
+                event_log: str | None = None) -> None:
+    """Record the cell: result.json first (the source of truth), then MLflow and the index;
+    wherever a store refuses it, the record goes on to the next (harness.record)."""
+    record(result, config, event_log)
 
 
 def _hydra_output_dir() -> str | None:
