@@ -162,6 +162,13 @@ def device_memory_limit(hardware: HardwareConfig) -> Iterator[MemoryLimit | None
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
+def lift_memory_limit() -> None:
+    """Lift the soft limit from any thread, e.g. the watchdog's, while the thread inside
+    `device_memory_limit` is stuck and cannot leave its block: recording a cell needs memory."""
+    hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+    resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+
+
 def _rlimit_data_ignored() -> bool:
     try:
         words = Path("/proc/cmdline").read_text().split()

@@ -25,7 +25,7 @@ from harness.config import DistbenchConfig, resolved_container, validate
 from harness.distributions import EpochMeasurement, Trainer, TrainingContext, trainer_factory
 from harness.environment import capture_environment
 from harness.eventlog import EventLog
-from harness.memory_limit import MemoryLimit, device_memory_limit, oom_error
+from harness.memory_limit import MemoryLimit, device_memory_limit, lift_memory_limit, oom_error
 from harness.metrics import PeakMemory, PhaseClock, RepeatStatistics, Summary
 from harness.results import (
     CellResult,
@@ -278,10 +278,7 @@ def run_cell(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
             return  # the launcher records the cell from all its workers' reports
         # A cell of one worker is recorded by itself, also under no launcher (`python -m
         # harness` without -m). The stuck thread cannot lift its memory limit: lift it here.
-        import resource
-
-        hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
-        resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+        lift_memory_limit()
         record_failure(cfg, output_dir, RunStatus.timeout, report, started=started)
 
     # Collectives give up after progress_timeout_s and the cell records itself; the watchdog
