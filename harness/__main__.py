@@ -9,7 +9,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from harness.cli import run_hydra_main
+from harness.cli import noted, run_hydra_main
 from harness.config import register_configs, validate
 from harness.run import run_cell
 from launchers.distributed import worker_environment
@@ -28,10 +28,10 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         from launchers.local import run_local_cell
 
         hydra_config = HydraConfig.get()
-        return run_local_cell(cfg, Path(hydra_config.runtime.output_dir),
-                              workers=single_node_workers(config),
-                              timeout_min=int(hydra_config.launcher.timeout_min))
-    return run_cell(cfg)
+        return noted(run_local_cell(cfg, Path(hydra_config.runtime.output_dir),
+                                    workers=single_node_workers(config),
+                                    timeout_min=int(hydra_config.launcher.timeout_min)))
+    return noted(run_cell(cfg))  # a cell that did not end ok: exit status 1 (harness.cli)
 
 
 if __name__ == "__main__":

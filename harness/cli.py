@@ -29,17 +29,23 @@ Use it in an entry point in one of two ways:
            run_hydra_main(main)
 
 Raise `ConfigError` with the message form of `harness.config`: "key=value is invalid: allowed".
+A wrong flag of a command with flags is the same: build its parser with `ArgumentParser` here.
+
+Exit status 1 means the command ran cells and not every one ended `ok`: the launchers and
+`python -m harness` note each cell's record (`note_cell_results`), `run_hydra_main` turns
+them into the status, and the sweep's summary table says why each failed cell failed.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterator
-from typing import NoReturn, ParamSpec, TypeVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
@@ -131,18 +137,80 @@ def command(function: Callable[P, R]) -> Callable[P, R]:
 
 def run_hydra_main(main: Callable[[], object]) -> None:
     """Call a `@hydra.main` function so that Hydra's composition errors, too, come out as one
-    line and exit status 2. A user who set HYDRA_FULL_ERROR asked for Hydra's full report and
-    gets it unchanged."""
+    line and exit status 2, and its cells' outcome becomes the exit status (1 when any cell
+    did not end `ok`). A user who set HYDRA_FULL_ERROR asked for Hydra's full report and
+    gets it unchanged.
+
+    The config (every cell's, for a sweep) is composed and checked before Hydra runs:
+    Hydra creates the run or sweep directory, and its callbacks open the MLflow store, before
+    the task function or the launcher sees the config (`harness.compose.check_hydra_main`)."""
+    from harness.compose import check_hydra_main
+
+    del _cell_statuses[:]
     before = os.environ.get(_HYDRA_FULL_ERROR)
     if before == "1":
         main()
-        return
-    os.environ[_HYDRA_FULL_ERROR] = "1"
-    try:
+    else:
         with exit_on_bad_input():
-            main()
-    finally:
-        if before is None:
-            os.environ.pop(_HYDRA_FULL_ERROR, None)
-        else:
-            os.environ[_HYDRA_FULL_ERROR] = before
+            check_hydra_main(sys.argv[1:])
+        os.environ[_HYDRA_FULL_ERROR] = "1"
+        try:
+            with exit_on_bad_input():
+                main()
+        finally:
+            if before is None:
+                os.environ.pop(_HYDRA_FULL_ERROR, None)
+            else:
+                os.environ[_HYDRA_FULL_ERROR] = before
+    exit_on_failed_cells()
+
+
+# (run name, status, one-line reason) of every cell this process ran or launched: a sweep's
+# launcher runs inside hydra.main, which returns nothing, so the outcome travels here.
+_cell_statuses: list[tuple[str, str, str]] = []
+FAILED_CELLS_EXIT_CODE = 1
+
+
+def note_cell_results(results: Sequence[Mapping[str, Any]]) -> None:
+    """Record the outcome of cells (their result.json records) for the exit status."""
+    for result in results:
+        _cell_statuses.append((str(result.get("run_name", "?")), str(result.get("status")),
+                               failure_reason(result.get("error"))))
+
+
+def noted(result: R) -> R:
+    """`result` (a cell's record), noted for the exit status."""
+    if isinstance(result, Mapping):
+        note_cell_results([result])
+    return result
+
+
+def exit_on_failed_cells() -> None:
+    """Exit with status 1, naming them on stderr, when any noted cell did not end `ok`."""
+    failed = [cell for cell in _cell_statuses if cell[1] != "ok"]
+    if not failed:
+        return
+    print(f"distbench: {len(failed)} of {len(_cell_statuses)} cell(s) did not end ok: "
+          + "; ".join(f"{name}: {status} ({reason})" for name, status, reason in failed[:3])
+          + ("; ..." if len(failed) > 3 else ""), file=sys.stderr, flush=True)
+    sys.exit(FAILED_CELLS_EXIT_CODE)
+
+
+def failure_reason(error: object, width: int = 100) -> str:
+    """The one line that says why a cell failed: a traceback's last line (the exception),
+    else the error's first line; cut to `width` characters."""
+    lines = [line.strip() for line in str(error or "").splitlines() if line.strip()]
+    if not lines:
+        return "no error recorded"
+    line = lines[-1] if lines[0].startswith("Traceback") else lines[0]
+    return line if len(line) <= width else line[:width - 3] + "..."
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for distbench's commands: a wrong flag or flag value is bad input like any
+    other, one line and exit status 2 (argparse's own report adds the usage lines)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"distbench: invalid argument: {message}; see {self.prog} --help",
+              file=sys.stderr, flush=True)
+        sys.exit(BAD_INPUT_EXIT_CODE)

@@ -10,7 +10,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from harness.cli import exit_on_bad_input
-from harness.config import DistbenchConfig, register_configs, validate
+from harness.config import (DistbenchConfig, check_launcher, check_runs_here, register_configs,
+                            validate)
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -26,6 +27,77 @@ def compose_config(overrides: Sequence[str] = (), *, with_hydra: bool = False) -
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides),
                        return_hydra_config=with_hydra)
+
+
+def check_hydra_main(argv: Sequence[str]) -> None:
+    """Compose and check what `python -m harness argv` is about to run, before Hydra writes
+    anything (it creates the run or sweep directory, and the sweep's MLflow parent run, before
+    the task function or the launcher sees the config); raise ConfigError or Hydra's error on
+    bad input. A single run: its config, and what it needs of this machine. A sweep: every
+    cell, as its launcher will compose, validate and size it (`launchers.cells.prepare_sweep`,
+    which exits with status 2 on the first bad one). Commands that run nothing (--help, --cfg,
+    --info, ...) and another config directory or name are left to Hydra."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from harness.cli import ArgumentParser
+
+    parser = get_args_parser()
+    parser.error = ArgumentParser.error.__get__(parser)  # type: ignore[method-assign]
+    parser.prog = "python -m harness"
+    args = parser.parse_args(list(argv))
+    if (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
+            or args.config_path or args.config_name or args.config_dir
+            or args.experimental_rerun):
+        return
+    register_configs()
+    from launchers.hydra_names import register_launcher_names
+
+    register_launcher_names()
+    overrides = list(args.overrides)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        hydra = GlobalHydra.instance().hydra
+        assert hydra is not None
+        mode = hydra.get_mode(config_name="config", overrides=overrides)
+        if args.multirun or mode == RunMode.MULTIRUN:
+            _check_sweep(hydra, overrides)
+        else:
+            cfg = hydra.compose_config(config_name="config", overrides=overrides,
+                                       run_mode=RunMode.RUN)
+            config = validate(cfg)
+            check_launcher(cfg.hydra, sweep=False)
+            check_runs_here(config)
+            if config.world_size > 1:  # its workers start here, on this one machine
+                from launchers.cells import single_node_workers
+
+                single_node_workers(config)
+
+
+def _check_sweep(hydra, overrides: list[str]) -> None:  # noqa: ANN001 - Hydra's internal class
+    """Every cell of the sweep, as Hydra's basic sweeper lists them and the launcher prepares
+    them (its sizing included)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from launchers import cells
+
+    master = hydra.compose_config(config_name="config", overrides=overrides,
+                                  run_mode=RunMode.MULTIRUN)
+    check_launcher(master.hydra, sweep=True)
+    if not str(master.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        return  # another sweeper lists its cells its own way; the launcher checks them
+    # BasicSweeper.sweep: its `params` (a sweep file's grid), then the command line's.
+    params = master.hydra.sweeper.get("params") or {}
+    arguments = [f"{key}={value}" for key, value in params.items()]
+    arguments += OmegaConf.to_container(master.hydra.overrides.task, resolve=False)
+    parsed = OverridesParser.create(config_loader=hydra.config_loader).parse_overrides(arguments)
+    job_overrides = [cell for batch in BasicSweeper.split_arguments(parsed, None)
+                     for cell in batch]
+    cells.prepare_sweep(hydra.config_loader, master, job_overrides, 0,
+                        size_cell=cells.cell_sizer(master))
 
 
 def compose_or_exit(overrides: Sequence[str]) -> DistbenchConfig:

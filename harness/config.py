@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import errno
+import os
+import shutil
+import tempfile
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any, ClassVar, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -26,6 +31,10 @@ from workloads.datasets.spec import DATASET_SPECS
 
 # `distribution.stages` shorthand for one unreplicated stage per worker.
 STRAIGHT = "straight"
+# torch.manual_seed's range (an unsigned 64-bit integer).
+MAX_SEED = 2**64 - 1
+# Longest run.progress_timeout_s: long enough for any step, short enough for a timedelta.
+MAX_PROGRESS_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 class ConfigError(ValueError):
@@ -290,11 +299,20 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 1, "run.epochs", self.epochs, "must be 1 or more")
-        _check_positive(self._section, "progress_timeout_s", self.progress_timeout_s)
+        # It becomes a timedelta for every collective and the watchdog's deadline: nan, inf
+        # and 1e308 overflow them, so a worker would fail or never time out.
+        _check(0 < self.progress_timeout_s <= MAX_PROGRESS_TIMEOUT_S, "run.progress_timeout_s",
+               self.progress_timeout_s,
+               f"allowed: seconds in (0, {MAX_PROGRESS_TIMEOUT_S:.0f}] (at most 7 days)")
         _check(self.warmup_batches >= 0, "run.warmup_batches", self.warmup_batches,
                "must be 0 or more")
-        _check(self.seed >= 0, "run.seed", self.seed, "must be 0 or more")
         _check(self.repeats >= 1, "run.repeats", self.repeats, "must be 1 or more")
+        # torch's generators take seeds below 2**64 (NumPy's legacy one gets seed % 2**32),
+        # and repeat k runs with run.seed + k (harness.seeding.repeat_seed).
+        highest = MAX_SEED - (self.repeats - 1)
+        _check(0 <= self.seed <= highest, "run.seed", self.seed,
+               f"allowed: 0 to {highest} (torch seeds are below 2**64; repeat k uses "
+               f"run.seed + k)")
 
 
 @dataclass
@@ -328,6 +346,12 @@ class TrackingConfig:
     experiment: str = "distbench"  # sweeps set this to their own name
     run_name: Optional[str] = None  # null = "<network>-<dataset>-<distribution>-<hardware>"
 
+    def __post_init__(self) -> None:
+        # MLflow refuses an empty experiment name, but only when the cell is synced, after
+        # it trained.
+        _check(bool(self.experiment.strip()), "tracking.experiment", self.experiment,
+               "allowed: a non-empty MLflow experiment name")
+
 
 @dataclass
 class DistbenchConfig:
@@ -343,16 +367,15 @@ class DistbenchConfig:
     probe: ProbeConfig = field(default_factory=ProbeConfig)
 
     def __post_init__(self) -> None:
-        samples = self.dataset.num_samples
         if self.distribution.stages == STRAIGHT:  # spelled out once the worker count is known
             self.distribution.stages = "-".join(["1"] * self.world_size)
         if self.distribution.pipeline:
             self._check_pipeline()
         else:
             needed = self.batch_size * self.world_size
-            _check(samples is None or samples >= needed, "dataset.num_samples", samples,
-                   f"an epoch needs at least one full batch per worker (batch size "
-                   f"{self.batch_size} x {self.world_size} workers = {needed})")
+            self._check_epoch_holds(needed, f"an epoch needs at least one full batch per worker "
+                                            f"(batch size {self.batch_size} x {self.world_size} "
+                                            f"workers = {needed})")
         _check(not (self.distribution.backend == "nccl" and self.hardware.device is Device.cpu),
                "distribution.backend", self.distribution.backend,
                "NCCL needs hardware.device=cuda; allowed on CPU: gloo, or null")
@@ -364,7 +387,7 @@ class DistbenchConfig:
 
     def _check_pipeline(self) -> None:
         """GPipe and PipeDream: the batch splits into micro-batches, the plan fits the workers."""
-        distribution, samples = self.distribution, self.dataset.num_samples
+        distribution = self.distribution
         if distribution.name is DistributionName.gpipe:
             _check(self.world_size >= 2, "hardware.workers_per_node",
                    self.hardware.workers_per_node,
@@ -396,8 +419,8 @@ class DistbenchConfig:
         self._check_pipeline_fits_the_network(stage_count)
         # Every batch enters the pipeline whole; PipeDream's batch division may drop some, but
         # an epoch needs at least one.
-        _check(samples is None or samples >= self.batch_size, "dataset.num_samples", samples,
-               f"an epoch needs at least one full pipeline batch (batch size {self.batch_size})")
+        self._check_epoch_holds(self.batch_size, f"an epoch needs at least one full pipeline "
+                                                 f"batch (batch size {self.batch_size})")
 
     def _check_pipeline_fits_the_network(self, stage_count: int | None) -> None:
         """Every stage needs one layer or more, and a given balance covers the layer list, so
@@ -420,6 +443,26 @@ class DistbenchConfig:
             _check(sum(balance) == layers, "distribution.balance", balance,
                    f"the layer counts must sum to the {layers} layers of network={network} "
                    f"(dataset={self.dataset.name.value})")
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """dataset.num_samples, or the full dataset's size (Table 3.2) when it is null."""
+        if self.dataset.num_samples is not None:
+            return self.dataset.num_samples
+        return DATASET_SPECS[self.dataset.name.value].num_images
+
+    def _check_epoch_holds(self, needed: int, allowed: str) -> None:
+        """An epoch of samples_per_epoch must hold `needed` samples; a batch larger than the
+        whole dataset (num_samples null) names the batch size, which is what is wrong."""
+        samples = self.samples_per_epoch
+        if samples >= needed:
+            return
+        if self.dataset.num_samples is None:
+            raise ConfigError(
+                f"distribution.batch_size={self.batch_size} is invalid: {allowed}, but "
+                f"dataset={self.dataset.name.value} has {samples} samples "
+                f"(dataset.num_samples=null); allowed: a batch size that fits it")
+        _check(False, "dataset.num_samples", samples, allowed)
 
     @property
     def micro_batches(self) -> int:
@@ -481,6 +524,81 @@ def validate(cfg: DictConfig) -> DistbenchConfig:
         raise ConfigError("the config is not built on distbench_schema "
                           "(conf/config.yaml must list it first in its defaults)")
     return config
+
+
+def check_runs_here(config: DistbenchConfig) -> None:
+    """What a cell needs of the machine it is about to run on, checked before it starts
+    (`validate` checks only the config, which also describes hardware one is not on): its
+    device, its data, and a place to write its records. Raise ConfigError otherwise."""
+    check_device_here(config)
+    check_data_here(config)
+    check_writable_dir("run.output_dir", config.run.output_dir)
+
+
+def check_device_here(config: DistbenchConfig) -> None:
+    """hardware.device=cuda needs a CUDA device on this machine."""
+    if config.hardware.device is Device.cuda:
+        import torch  # (only here: the config checks themselves need no torch)
+
+        _check(torch.cuda.is_available(), "hardware.device", "cuda",
+               f"torch sees no CUDA device on this machine (hardware={config.hardware.name}); "
+               f"allowed here: cpu (a sweep, -m, with hydra/launcher=submitit_slurm runs "
+               f"on a cluster's GPUs)")
+
+
+def check_data_here(config: DistbenchConfig) -> None:
+    """Real data must be where `dataset.root` says; synthetic data needs a writable cache."""
+    dataset = config.dataset
+    if dataset.source is DataSource.real:
+        root = Path(str(dataset.root)).expanduser()
+        _check(root.is_dir(), "dataset.root", dataset.root,
+               f"no such directory; source=real needs the directory that holds "
+               f"{dataset.name.value}")
+    else:
+        check_writable_dir("dataset.cache_dir", dataset.cache_dir)
+
+
+def check_writable_dir(key: str, value: str) -> None:
+    """`value` is a directory this process can write in, or can be created (its nearest
+    existing ancestor is a writable directory). Tried, not guessed from permission bits (root
+    passes those on a read-only mount): an anonymous temporary file is created there and
+    removed at once, so nothing is left behind."""
+    path = Path(value).expanduser()
+    existing = path
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    allowed = "allowed: a directory this user can write in (created if missing)"
+    if not existing.is_dir():
+        what = "is a file" if existing == path else f"is under the file {existing}"
+        raise ConfigError(f"{key}={value!r} is invalid: it {what}; {allowed}")
+    try:
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        with tempfile.TemporaryFile(dir=existing, prefix=".distbench-write-check-"):
+            pass
+    except OSError as err:
+        where = "" if existing == path else f" (in {existing}, to create it)"
+        raise ConfigError(f"{key}={value!r} is invalid: cannot write there{where}: "
+                          f"{err.strerror or err}; {allowed}") from None
+
+
+def check_launcher(hydra: DictConfig, *, sweep: bool) -> None:
+    """The launcher's own settings (`hydra.launcher.*`), and that SLURM is there to submit a
+    sweep to; a single run (no -m) runs here whatever the launcher."""
+    launcher = hydra.launcher
+    if "timeout_min" in launcher:
+        timeout = launcher.timeout_min
+        _check(isinstance(timeout, int) and timeout >= 1, "hydra.launcher.timeout_min", timeout,
+               "minutes one cell may run; allowed: 1 or more")
+    if sweep and is_slurm_launcher(hydra) and shutil.which("sbatch") is None:
+        raise ConfigError("hydra/launcher=submitit_slurm is invalid here: SLURM is not "
+                          "installed (no sbatch on PATH); allowed: serial_local (the default, "
+                          "or submitit_local) to run the cells on this machine")
+
+
+def is_slurm_launcher(hydra: DictConfig) -> bool:
+    """True when the sweep's cells go to SLURM (`hydra/launcher=submitit_slurm`)."""
+    return str(hydra.launcher.get("_target_", "")).endswith("SlurmCellsLauncher")
 
 
 def _check_known_keys(node: Any, schema: type, prefix: str) -> None:

@@ -38,7 +38,8 @@ from omegaconf import DictConfig
 
 from harness.cli import exit_on_bad_input
 from harness.compose import compose_config
-from harness.config import ConfigError, DistbenchConfig, ProbeConfig, validate, without_hydra
+from harness.config import (ConfigError, DistbenchConfig, ProbeConfig, check_device_here,
+                            check_launcher, check_writable_dir, validate, without_hydra)
 from harness.hardware_profile import (
     PROFILE_FILE,
     AllreduceCost,
@@ -258,6 +259,10 @@ def main(argv: list[str] | None = None) -> None:
                 f"{config.hardware.world_size} worker; allowed: hardware with 2 or more "
                 f"(hardware.nodes x hardware.workers_per_node)")
         launcher = slurm_launcher_settings(cfg)
+        check_launcher(cfg.hydra, sweep=launcher is not None)
+        if launcher is None:  # the probe's workers run here
+            check_device_here(config)
+        check_writable_dir("run.output_dir", config.run.output_dir)  # the profile goes there
     log_to_stderr()
     stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     output_dir = (Path(config.run.output_dir) / "probes" / config.hardware.name / stamp).resolve()

@@ -36,7 +36,8 @@ from typing import Any
 from harness.analysis.report import setting_label
 from harness.cli import command
 from harness.compose import compose_config
-from harness.config import ConfigError, DistbenchConfig, DistributionName, validate
+from harness.config import (ConfigError, DistbenchConfig, DistributionName, check_writable_dir,
+                            validate)
 from harness.hardware_profile import profile_for
 from harness.predict.cell import (
     RAW,
@@ -254,6 +255,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: Sequence[str] | None = None) -> None:
     options_, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     config = validate(compose_config(overrides))
+    check_writable_dir("run.output_dir", config.run.output_dir)  # facts measured here go there
     output_root = Path(config.run.output_dir)
     started = time.perf_counter()
     fit_path = options_.fit if options_.fit is not None \

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import submitit
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from harness.cli import exit_on_bad_input
-from harness.config import ConfigError, DistbenchConfig, validate
+from harness.cli import exit_on_bad_input, failure_reason, note_cell_results
+from harness.config import (ConfigError, DistbenchConfig, check_launcher, check_runs_here,
+                            check_writable_dir, is_slurm_launcher, validate)
 from harness.results import RESULT_FILE, RunStatus, read_rank_reports, read_result
 from harness.resume import cell_key, finished_result
 from harness.run import record_failure
@@ -74,17 +75,38 @@ class PreparedCell(Generic[Size]):
 def prepare_sweep(loader, master: DictConfig,  # noqa: ANN001
                   job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
                   size_cell: Callable[[DistbenchConfig], Size]) -> list[PreparedCell[Size]]:
-    """Compose, validate and size every cell before any starts; on the first invalid one,
-    print one line naming it and exit with status 2."""
+    """Compose, validate and size every cell before any starts, and check what a cell needs
+    of the machine that will run it (this one, for the local launcher); on the first invalid
+    one, print one line naming it and exit with status 2. (`python -m harness` has done this
+    once already, before Hydra wrote anything: `harness.compose.check_hydra_main`.)"""
+    with exit_on_bad_input():
+        check_launcher(master.hydra, sweep=True)
+    runs_here = not is_slurm_launcher(master.hydra)
     prepared = []
     for offset, overrides in enumerate(job_overrides):
         job_num = initial_job_idx + offset
         with exit_on_bad_input(f"in sweep cell {' '.join(overrides)}"):
             config = cell_config(loader, master, overrides, job_num)
             cell = validate(config)
+            if runs_here:
+                check_runs_here(cell)
+            else:  # the cells run on the cluster's nodes; the records are written here
+                check_writable_dir("run.output_dir", cell.run.output_dir)
             prepared.append(PreparedCell(job_num, list(overrides), config, cell,
                                          size_cell(cell)))
     return prepared
+
+
+def cell_sizer(master: DictConfig) -> Callable[[DistbenchConfig], Any]:
+    """How the sweep's launcher sizes a cell (`size_cell` of prepare_sweep), from its config."""
+    if not is_slurm_launcher(master.hydra):
+        return single_node_workers
+    from launchers import slurm
+
+    params = OmegaConf.to_container(master.hydra.launcher, resolve=True)
+    assert isinstance(params, dict)
+    params.pop("_target_", None)
+    return lambda cell: slurm.cell_job_size(cell, params)
 
 
 def finished_earlier(prepared: Sequence[PreparedCell[Any]], *,
@@ -145,6 +167,7 @@ def sweep_returns(prepared: Sequence[PreparedCell[Any]], results: Sequence[dict[
     from hydra.core.utils import JobReturn, JobStatus
 
     print(summary_table(results), flush=True)
+    note_cell_results(results)  # the command's exit status: 1 unless every cell ended ok
     return [JobReturn(overrides=cell.overrides, cfg=cell.config,
                       working_dir=str(result.get("output_dir", cell.output_dir)),
                       task_name=job_id,
@@ -153,7 +176,8 @@ def sweep_returns(prepared: Sequence[PreparedCell[Any]], results: Sequence[dict[
 
 
 def summary_table(results: Sequence[dict]) -> str:
-    """A plain-text table of a sweep's cells, printed when the sweep ends."""
+    """A plain-text table of a sweep's cells, printed when the sweep ends; under each cell
+    that did not end ok, the one line that says why (its record holds the whole error)."""
     header = f"{'#':>3}  {'cell':<44} {'status':<8} {'s/epoch':>9} {'std':>7} " \
              f"{'images/s':>9} {'peak MB':>8}"
     rows = [header]
@@ -163,4 +187,6 @@ def summary_table(results: Sequence[dict]) -> str:
                    f"{metrics['images_per_second']:>9.1f} {metrics['peak_memory_mb']:>8.0f}"
                    if metrics else f"{'-':>9} {'-':>7} {'-':>9} {'-':>8}")
         rows.append(f"{number:>3}  {result['run_name']:<44} {result['status']:<8} {figures}")
+        if result["status"] != RunStatus.ok.value:
+            rows.append(f"{'':>5}why: {failure_reason(result.get('error'), width=90)}")
     return "\n".join(rows)

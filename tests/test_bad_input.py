@@ -5,6 +5,8 @@ status 2 and no traceback, before any cell starts (harness.cli)."""
 from __future__ import annotations
 
 import importlib.util
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ def _assert_one_line_exit_2(module: str, args: list[str], cwd: Path, *fragments:
     # (origin inside this checkout: a shared editable install can see another checkout's)
     if spec is None or spec.origin is None or REPO_ROOT not in Path(spec.origin).parents:
         pytest.skip(f"{module} does not exist in this checkout yet")
+    before = _listing(cwd)
     done = run_module(module, args, cwd=cwd, timeout=180)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
@@ -32,7 +35,7 @@ def _assert_one_line_exit_2(module: str, args: list[str], cwd: Path, *fragments:
     assert len(errors) == 1 and errors[0] == done.stderr.strip().splitlines()[-1], done.stderr
     for fragment in fragments:
         assert fragment in errors[0], errors[0]
-    assert not (cwd / "outputs").exists() or not list((cwd / "outputs").rglob("result.json"))
+    assert _listing(cwd) == before  # nothing written: no run dir, .hydra, mlflow.db
 
 
 @pytest.mark.parametrize("module", COMMANDS)
@@ -55,6 +58,26 @@ def test_a_sweep_with_an_unknown_option_stops_before_any_cell(tmp_path: Path) ->
                                         "dataset.num_samples=128", "run.epochs=1",
                                         f"run.output_dir={tmp_path / 'outputs'}"], tmp_path,
                             "network=resnet19: unknown; choose one of")
+
+
+def test_a_gpu_sweep_on_a_machine_without_one_starts_no_cell(tmp_path: Path) -> None:
+    """`+sweep=imagenet_resnet` (CUDA hardware) with the local launcher: it used to run its
+    3 cells to `failed` and exit 0."""
+    if torch_cuda_available():
+        pytest.skip("this machine has CUDA: the sweep would be valid here")
+    _assert_one_line_exit_2("harness", ["+sweep=imagenet_resnet"], tmp_path,
+                            "hardware.device='cuda' is invalid: torch sees no CUDA device")
+
+
+def test_a_wrong_flag_value_is_one_line(tmp_path: Path) -> None:
+    _assert_one_line_exit_2("harness.analysis", ["--probe-batches=abc"], tmp_path,
+                            "--probe-batches: invalid int value: 'abc'")
+
+
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def test_a_misspelled_appended_key_is_not_ignored(tmp_path: Path) -> None:
@@ -110,3 +133,341 @@ def test_a_valid_pipeline_still_validates() -> None:
                                       "distribution.batch_size=32",
                                       "distribution.micro_batches=4"]))
     assert config.distribution.balance == [10, 5]
+
+
+# --- The bad-input table -------------------------------------------------------------------
+# Every row is one kind of bad input to one command's real entry point: it must exit with
+# status 2, say so in ONE line on stderr naming what `says` quotes, print no traceback, and
+# write nothing (the listing of the test's directory is compared before and after).
+# `{work}` is the directory the command runs in, `{file}` a regular file in it; `env`
+# changes the environment for the one case (e.g. a PATH without SLURM's sbatch).
+
+@dataclass(frozen=True)
+class Bad:
+    command: str  # run as `python -m <command>`
+    args: tuple[str, ...]
+    says: str  # a fragment of the one line
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def _bad(command: str, args: str, says: str, **env: str) -> Bad:
+    return Bad(command, tuple(args.split()), says, tuple(env.items()))
+
+
+# PATH with this Python but no SLURM: "where SLURM is not installed".
+NO_SLURM_PATH = str(Path(sys.executable).parent)
+SWEEP = "-m dataset.num_samples=16 distribution.batch_size=8 run.epochs=1"
+
+BAD_INPUTS: list[Bad] = [
+    # python -m harness: unknown names
+    _bad("harness", "network=resnet19", "network=resnet19: unknown; choose one of"),
+    _bad("harness", "dataset=svhn", "dataset=svhn: unknown; choose one of"),
+    _bad("harness", "distribution=zero", "distribution=zero: unknown; choose one of"),
+    _bad("harness", "hardware=dgx", "hardware=dgx: unknown; choose one of"),
+    _bad("harness", "hydra/launcher=nope", "hydra/launcher=nope: unknown; choose one of"),
+    _bad("harness", "+dataset.num_sample=16", "dataset.num_sample: unknown key"),
+    _bad("harness", "dataset.num_sample=16", "num_sample"),
+    _bad("harness", "run.epoch=2", "epoch"),
+    _bad("harness", "--bogus-flag", "unrecognized arguments: --bogus-flag"),
+    _bad("harness", "run.epochs=[1", "run.epochs=[1: malformed override"),
+    # types
+    _bad("harness", "run.epochs=abc", "run.epochs"),
+    _bad("harness", "run.epochs=1.5", "run.epochs"),
+    _bad("harness", "tracking.enabled=maybe", "tracking.enabled"),
+    _bad("harness", "hardware.device=tpu", "hardware.device"),
+    _bad("harness", "dataset.source=web", "dataset.source"),
+    _bad("harness", "distribution.recompute=sometimes", "distribution.recompute"),
+    _bad("harness", "distribution.batch_division=round", "distribution.batch_division"),
+    _bad("harness", "optimizer.name=adam", "optimizer.name"),
+    _bad("harness", "hydra.launcher.timeout_min=abc", "timeout_min"),
+    # ranges
+    _bad("harness", "run.epochs=0", "run.epochs=0 is invalid"),
+    _bad("harness", "run.epochs=-1", "run.epochs=-1 is invalid"),
+    _bad("harness", "run.warmup_batches=-1", "run.warmup_batches=-1 is invalid"),
+    _bad("harness", "run.repeats=0", "run.repeats=0 is invalid"),
+    _bad("harness", "run.seed=-1", "run.seed=-1 is invalid: allowed: 0 to"),
+    _bad("harness", "run.seed=99999999999999999999", "run.seed=99999999999999999999 is invalid"),
+    _bad("harness", "run.seed=18446744073709551615 run.repeats=2",
+         "run.seed=18446744073709551615 is invalid: allowed: 0 to 18446744073709551614"),
+    _bad("harness", "run.progress_timeout_s=0", "run.progress_timeout_s=0"),
+    _bad("harness", "run.progress_timeout_s=-5", "run.progress_timeout_s=-5"),
+    _bad("harness", "run.progress_timeout_s=nan", "run.progress_timeout_s=nan is invalid"),
+    _bad("harness", "run.progress_timeout_s=inf", "run.progress_timeout_s=inf is invalid"),
+    _bad("harness", "run.progress_timeout_s=1e308", "run.progress_timeout_s=1e+308 is invalid"),
+    _bad("harness", "tracking.experiment=", "tracking.experiment='' is invalid"),
+    Bad("harness", ("tracking.experiment='   '",), "allowed: a non-empty MLflow experiment name"),
+    _bad("harness", "distribution.batch_size=0", "distribution.batch_size=0 is invalid"),
+    _bad("harness", "distribution.backend=mpi", "distribution.backend='mpi' is invalid"),
+    _bad("harness", "distribution.bucket_cap_mb=0", "distribution.bucket_cap_mb=0"),
+    _bad("harness", "distribution.fusion_threshold_mb=-1", "distribution.fusion_threshold_mb"),
+    _bad("harness", "distribution.cycle_time_ms=0", "distribution.cycle_time_ms=0"),
+    _bad("harness", "distribution.balance=[0,15]", "distribution.balance=[0, 15] is invalid"),
+    _bad("harness", "distribution=pipedream distribution.stages=a-b", "distribution.stages='a-b'"),
+    _bad("harness", "hardware.nodes=0", "hardware.nodes=0 is invalid"),
+    _bad("harness", "hardware.workers_per_node=0", "hardware.workers_per_node=0 is invalid"),
+    _bad("harness", "hardware.cpu_threads=0", "hardware.cpu_threads=0 is invalid"),
+    _bad("harness", "hardware.device_memory_gb=-1", "hardware.device_memory_gb=-1"),
+    _bad("harness", "dataset.num_samples=0", "dataset.num_samples=0 is invalid"),
+    _bad("harness", "dataset.num_workers=-1", "dataset.num_workers=-1 is invalid"),
+    _bad("harness", "optimizer.lr=0", "optimizer.lr=0"),
+    _bad("harness", "optimizer.momentum=1", "optimizer.momentum=1"),
+    _bad("harness", "optimizer.weight_decay=-1", "optimizer.weight_decay=-1"),
+    _bad("harness", "probe.repeats=0", "probe.repeats=0 is invalid"),
+    _bad("harness", "probe.message_bytes=[8]", "probe.message_bytes=[8] is invalid"),
+    _bad("harness", "hydra.launcher.timeout_min=0", "hydra.launcher.timeout_min=0 is invalid"),
+    _bad("harness", "hydra.launcher.timeout_min=-1", "hydra.launcher.timeout_min=-1 is invalid"),
+    # combinations
+    _bad("harness", "distribution.batch_size=100000000 dataset.num_samples=null",
+         "distribution.batch_size=100000000 is invalid"),
+    _bad("harness", "distribution.batch_size=64 dataset.num_samples=32",
+         "dataset.num_samples=32 is invalid"),
+    _bad("harness", "distribution=ddp hardware=local_2cpu distribution.batch_size=16 "
+                    "dataset.num_samples=16", "batch size 16 x 2 workers = 32"),
+    _bad("harness", "distribution=ddp distribution.backend=nccl", "NCCL needs hardware.device"),
+    _bad("harness", "distribution=gpipe hardware=local_cpu", "GPipe needs 2 or more workers"),
+    _bad("harness", "distribution=gpipe hardware=local_2cpu distribution.batch_size=4 "
+                    "distribution.micro_batches=8", "distribution.micro_batches=8 is invalid"),
+    _bad("harness", "distribution=gpipe hardware=local_2cpu distribution.batch_size=8 "
+                    "distribution.micro_batches=4 distribution.balance=[1,1]",
+         "sum to the 15 layers of network=resnet18"),
+    _bad("harness", "distribution=pipedream hardware=local_4cpu distribution.stages=2-1",
+         "the replica counts must sum to the 4 workers"),
+    _bad("harness", "distribution=ddp hardware.nodes=2 hardware.workers_per_node=1",
+         "hardware.nodes=2 is invalid here: this launcher runs on one machine"),
+    _bad("harness", "dataset=highres dataset.source=real dataset.root={work}",
+         "exists only as synthetic data"),
+    # this machine and its paths
+    _bad("harness", "hardware.device=cuda", "hardware.device='cuda' is invalid: torch sees no CUDA"),
+    _bad("harness", "dataset.source=real", "dataset.root=None is invalid"),
+    _bad("harness", "dataset.source=real dataset.root={work}/missing",
+         "dataset.root='{work}/missing' is invalid: no such directory"),
+    _bad("harness", "dataset.cache_dir=/proc/x", "dataset.cache_dir='/proc/x' is invalid"),
+    _bad("harness", "dataset.cache_dir={file}", "dataset.cache_dir='{file}' is invalid: it is a file"),
+    _bad("harness", "run.output_dir=/proc/x", "run.output_dir='/proc/x' is invalid"),
+    _bad("harness", "run.output_dir={file}", "run.output_dir='{file}' is invalid: it is a file"),
+    _bad("harness", "run.output_dir={file}/sub", "is invalid: it is under the file"),
+    _bad("harness", "run.output_dir=/sys/kernel",  # read-only, even for root
+         "run.output_dir='/sys/kernel' is invalid: cannot write there"),
+    # sweeps (-m): every cell checked before the first starts
+    _bad("harness", f"{SWEEP} network=mobilenetv2,resnet19", "network=resnet19: unknown"),
+    _bad("harness", f"{SWEEP} run.warmup_batches=1,-1", "in sweep cell dataset.num_samples=16 "
+         "distribution.batch_size=8 run.epochs=1 run.warmup_batches=-1: run.warmup_batches=-1"),
+    _bad("harness", f"{SWEEP} run.seed=0,99999999999999999999", "run.seed=99999999999999999999"),
+    _bad("harness", f"{SWEEP} hardware.device=cpu,cuda", "hardware.device='cuda' is invalid"),
+    _bad("harness", "+sweep=imagenet_resnet", "hardware.device='cuda' is invalid: torch sees no"),
+    _bad("harness", "+sweep=nosuch", "sweep=nosuch: unknown; choose one of"),
+    _bad("harness", f"{SWEEP} hydra/launcher=submitit_slurm",
+         "hydra/launcher=submitit_slurm is invalid here: SLURM is not installed",
+         PATH=NO_SLURM_PATH),
+    _bad("harness", f"{SWEEP} hydra.launcher.timeout_min=0", "hydra.launcher.timeout_min=0"),
+    _bad("harness", f"{SWEEP} hydra.launcher.timeout_min=-1", "hydra.launcher.timeout_min=-1"),
+    _bad("harness", f"{SWEEP} run.output_dir={{file}}", "run.output_dir='{file}' is invalid"),
+    _bad("harness", f"{SWEEP} tracking.experiment=", "tracking.experiment='' is invalid"),
+    _bad("harness", f"{SWEEP} dataset.source=synthetic,real dataset.root={{work}}/missing",
+         "dataset.root='{work}/missing' is invalid"),
+    _bad("harness", f"{SWEEP} distribution=ddp hardware=local_2cpu dataset.num_samples=64 "
+                    "hardware.nodes=1,2",
+         "hardware.nodes=2 is invalid here"),
+    _bad("harness", "-m distribution.batch_size=8,100000000 dataset.num_samples=null",
+         "distribution.batch_size=100000000 is invalid"),
+    _bad("harness", f"{SWEEP} hydra/launcher=submitit_slurm distribution=ddp "
+                    "hardware=local_2cpu hydra.launcher.nodes=3", "hydra.launcher.nodes=3"),
+    _bad("harness", f"{SWEEP} run.progress_timeout_s=10,inf", "run.progress_timeout_s=inf"),
+    # harness.describe
+    _bad("harness.describe", "dataset=svhn", "dataset=svhn: unknown"),
+    _bad("harness.describe", "distribution.batch_size=0", "distribution.batch_size=0 is invalid"),
+    _bad("harness.describe", "+network.depth=3", "network.depth: unknown key"),
+    _bad("harness.describe", "run.seed=-1", "run.seed=-1 is invalid"),
+    _bad("harness.describe", "network=[a", "network=[a: malformed override"),
+    # harness.plan
+    _bad("harness.plan", "distribution=ddp", "distribution=ddp is invalid for harness.plan"),
+    _bad("harness.plan", "distribution=gpipe hardware=local_cpu", "GPipe needs 2 or more"),
+    _bad("harness.plan", "distribution=pipedream hardware=local_2cpu distribution.stages=1-1-1",
+         "the replica counts must sum to the 2 workers"),
+    _bad("harness.plan", "distribution=gpipe hardware=local_2cpu distribution.recompute=x",
+         "distribution.recompute"),
+    # harness.probe
+    _bad("harness.probe", "hardware=local_cpu", "hardware=local_cpu is invalid for the probe"),
+    _bad("harness.probe", "hardware=local_2cpu probe.message_bytes=[8]",
+         "probe.message_bytes=[8] is invalid"),
+    _bad("harness.probe", "hardware=local_2cpu probe.warmup=-1", "probe.warmup=-1 is invalid"),
+    _bad("harness.probe", "hardware=local_2cpu run.output_dir={file}",
+         "run.output_dir='{file}' is invalid"),
+    _bad("harness.probe", "hardware=local_2cpu hardware.device=cuda",
+         "hardware.device='cuda' is invalid: torch sees no CUDA"),
+    _bad("harness.probe", "hardware=local_2cpu hydra/launcher=submitit_slurm",
+         "SLURM is not installed", PATH=NO_SLURM_PATH),
+    # harness.analysis
+    _bad("harness.analysis", "--probe-batches=abc", "--probe-batches: invalid int value: 'abc'"),
+    _bad("harness.analysis", "--probe-batches=0", "--probe-batches=0 is invalid"),
+    _bad("harness.analysis", "--probe-batches", "--probe-batches: expected one argument"),
+    _bad("harness.analysis", "tracking.experiment=nosuch", "no MLflow store at"),
+    _bad("harness.analysis", "run.output_dir={file}", "run.output_dir='{file}' is invalid"),
+    _bad("harness.analysis", "network=resnet19", "network=resnet19: unknown"),
+    # harness.recommend
+    _bad("harness.recommend", "--fit={work}/missing.json", "--fit={work}/missing.json is invalid"),
+    _bad("harness.recommend", "--probe-batches=x", "--probe-batches: invalid int value"),
+    _bad("harness.recommend", "--json=1", "--json: ignored explicit argument"),
+    _bad("harness.recommend", "run.output_dir={file}", "run.output_dir='{file}' is invalid"),
+    _bad("harness.recommend", "distribution.batch_size=-8", "distribution.batch_size=-8"),
+    _bad("harness.recommend", "dataset=svhn", "dataset=svhn: unknown"),
+    # harness.sync
+    _bad("harness.sync", "network=resnet19", "network=resnet19: unknown"),
+    _bad("harness.sync", "tracking.experiment=", "tracking.experiment='' is invalid"),
+    _bad("harness.sync", "run.output_dir=[x", "run.output_dir=[x: malformed override"),
+]
+
+
+def _expand(text: str, work: Path) -> str:
+    return text.replace("{work}", str(work)).replace("{file}", str(work / "a_file"))
+
+
+def _listing(root: Path) -> list[str]:
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*"))
+
+
+def _run_in_process(case: Bad, work: Path, capture: Path) -> dict:
+    """Run one case's real entry point (`python -m <command>`, through runpy) in this process,
+    its stdout and stderr (file descriptors 1 and 2, so C-level output too) in `capture`."""
+    import os
+    import runpy
+    import signal
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    environ, cwd, argv = dict(os.environ), os.getcwd(), sys.argv
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    code: object = 0
+
+    def too_long(*_: object) -> None:
+        raise TimeoutError("not refused within 120 s")
+
+    before = _listing(work)
+    with open(capture / "stderr", "w+") as err, open(capture / "stdout", "w") as out:
+        sys.stdout.flush(), sys.stderr.flush()
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        os.environ.update(dict(case.env))
+        os.chdir(work)
+        sys.argv = [case.command, *(_expand(arg, work) for arg in case.args)]
+        if case.command != "harness":  # imported by an earlier case: runpy would warn
+            sys.modules.pop(case.command, None)
+        signal.signal(signal.SIGALRM, too_long)
+        signal.alarm(120)
+        try:
+            runpy.run_module(case.command, run_name="__main__", alter_sys=True)
+        except SystemExit as exit_:
+            code = exit_.code
+        except BaseException:  # noqa: BLE001 - a crash is a finding of the table
+            import traceback
+
+            traceback.print_exc()
+            code = "raised"
+        finally:
+            signal.alarm(0)
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[1], 1), os.dup2(saved[2], 2)
+            os.chdir(cwd)
+            sys.argv = argv
+            os.environ.clear(), os.environ.update(environ)
+            GlobalHydra.instance().clear()
+        err.seek(0)
+        stderr = err.read()
+    for fd in saved.values():
+        os.close(fd)
+    return {"code": code, "stderr": stderr, "written": sorted(set(_listing(work)) - set(before))
+            + [f"(removed) {p}" for p in sorted(set(before) - set(_listing(work)))]}
+
+
+def _verdict(case: Bad, outcome: dict, work: Path) -> str | None:
+    """Why `outcome` breaks the promise, or None when the case was refused as promised."""
+    lines = outcome["stderr"].strip().splitlines()
+    says = _expand(case.says, work)
+    if outcome["code"] != 2:
+        return f"exit status {outcome['code']}, not 2"
+    if "Traceback" in outcome["stderr"]:
+        return "printed a traceback"
+    if len(lines) != 1 or not lines[0].startswith("distbench: "):
+        return f"{len(lines)} lines on stderr, not one starting 'distbench: '"
+    if says not in lines[0]:
+        return f"the line does not say {says!r}"
+    if outcome["written"]:
+        return f"wrote {outcome['written'][:5]}"
+    return None
+
+
+def run_table(root: Path) -> list[dict]:
+    """Every case of BAD_INPUTS in this process, in `root` (one subprocess for the table:
+    a fresh interpreter per case costs ~4 s of imports here, ~80 cases would take minutes)."""
+    import os
+
+    work, capture = root / "work", root / "capture"
+    work.mkdir(), capture.mkdir()
+    (work / "a_file").write_text("not a directory\n")
+    # Anything a case should not have written lands in `work`, where the listing sees it.
+    os.environ["DISTBENCH_CACHE_DIR"] = str(work / "cache")
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    os.environ["PYTHONUNBUFFERED"] = "1"
+    report = []
+    for case in BAD_INPUTS:
+        outcome = _run_in_process(case, work, capture)
+        report.append({"case": f"python -m {case.command} {' '.join(case.args)}",
+                       "stderr": outcome["stderr"][-1500:],
+                       "broken": _verdict(case, outcome, work)})
+    return report
+
+
+def test_every_bad_input_in_the_table_is_refused_as_promised(tmp_path: Path) -> None:
+    """BAD_INPUTS, each through its command's real entry point, in one subprocess."""
+    import json
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "tests.test_bad_input", str(tmp_path)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert len(report) == len(BAD_INPUTS) >= 77
+    broken = [row for row in report if row["broken"]]
+    print(f"{len(report)} bad inputs tried, {len(report) - len(broken)} refused as promised")
+    assert not broken, "\n".join(f"{row['case']}: {row['broken']}\n    {row['stderr'][-600:]}"
+                                 for row in broken)
+
+
+if __name__ == "__main__":  # the subprocess of the test above: python -m tests.test_bad_input DIR
+    import json
+
+    _root = Path(sys.argv[1])
+    (_root / "report.json").write_text(json.dumps(run_table(_root), indent=1))
+
+
+# --- What the checks must let through ------------------------------------------------------
+
+def test_commands_about_other_hardware_accept_a_gpu_config() -> None:
+    """describe/plan/recommend/analysis describe hardware one need not be on: hardware.device
+    is checked against this machine only where a cell runs here."""
+    config = validate(compose_config(["hardware=titanrtx_cluster", "dataset=imagenet"]))
+    assert config.hardware.device.value == "cuda"
+
+
+def test_a_gpu_sweep_for_slurm_passes_the_checks_on_a_login_node(tmp_path: Path,
+                                                                 monkeypatch) -> None:  # noqa: ANN001
+    """A login node submits GPU jobs without a GPU of its own; nothing is written by the check."""
+    import shutil
+
+    from harness.compose import check_hydra_main
+
+    if shutil.which("sbatch") is None:
+        pytest.skip("SLURM's sbatch is not installed here")
+    monkeypatch.chdir(tmp_path)
+    check_hydra_main(["+sweep=imagenet_resnet", "hydra/launcher=submitit_slurm",
+                      f"run.output_dir={tmp_path / 'outputs'}"])
+    check_hydra_main(["dataset.num_samples=16", "distribution.batch_size=8"])  # a single run
+    assert _listing(tmp_path) == []
+
+
+def test_the_writability_check_leaves_nothing_behind(tmp_path: Path) -> None:
+    from harness.config import check_writable_dir
+
+    check_writable_dir("run.output_dir", str(tmp_path))
+    check_writable_dir("run.output_dir", str(tmp_path / "not" / "yet"))
+    assert _listing(tmp_path) == []

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from harness.cli import failure_reason
 from harness.tracking import DEFAULT_STORE_FILE
 from tests.helpers import cell_worker_pids, run_module
 
@@ -71,15 +72,27 @@ def test_a_sweep_records_every_cell_nested_under_a_parent_run(output_root: Path)
     assert all(c.data.metrics["seconds_per_epoch"] > 0 for c in cells)
 
 
-def test_a_failing_cell_does_not_stop_the_sweep(output_root: Path, tmp_path: Path) -> None:
+def test_a_failing_cell_does_not_stop_the_sweep_and_the_sweep_exits_1(
+        output_root: Path, tmp_path: Path) -> None:
+    """A cell that fails while it runs (its dataset.root exists but holds no MNIST: found only
+    when torchvision reads it) is recorded, the next cell runs, the summary table says why
+    the failed one failed, and the sweep's exit status says that not every cell ended ok."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
     done = run_module("harness", [*TINY_SWEEP, "dataset=mnist",
-                                  "dataset.source=real,synthetic",
-                                  f"dataset.root={tmp_path / 'missing'}",
+                                  "dataset.source=real,synthetic", f"dataset.root={empty}",
                                   f"run.output_dir={output_root}"], cwd=output_root.parent)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 1, done.stderr[-3000:]
     statuses = sorted((r["config"]["dataset"]["source"], r["status"])
                       for r in _results(output_root))
     assert statuses == [("real", "failed"), ("synthetic", "ok")]
+    (failed,) = [r for r in _results(output_root) if r["status"] == "failed"]
+    reason = failure_reason(failed["error"], width=90)
+    table = done.stdout[done.stdout.index("  #  cell"):].splitlines()
+    row = next(i for i, line in enumerate(table) if " failed " in line)
+    assert table[row + 1].strip() == f"why: {reason}", table
+    assert "Traceback" not in reason and len(reason) <= 90
+    assert "1 of 2 cell(s) did not end ok" in done.stderr.strip().splitlines()[-1]
     tags = sorted(r.data.tags["status"] for r in _experiment_runs(output_root, "smoke")
                   if "status" in r.data.tags)
     assert tags == ["failed", "ok"]
@@ -102,7 +115,7 @@ def test_a_cell_that_does_not_fit_in_memory_is_recorded_as_oom(output_root: Path
          "network=vgg16", "dataset.num_samples=32", "run.epochs=1", "run.warmup_batches=1",
          "run.progress=false", f"run.output_dir={output_root}"],
         cwd=output_root.parent, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 1, done.stderr[-3000:]  # the cell did not end ok
     (result_path,) = (output_root / "runs").rglob("result.json")
     result = json.loads(result_path.read_text())
     assert result["status"] == "oom"
@@ -121,7 +134,7 @@ def test_a_killed_cell_is_recorded_and_the_sweep_goes_on(output_root: Path) -> N
         cwd=output_root.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     os.kill(_wait_for_cell_process(output_root, timeout=120), signal.SIGKILL)
     out, _ = sweep.communicate(timeout=600)
-    assert sweep.returncode == 0, out[-3000:]
+    assert sweep.returncode == 1, out[-3000:]  # one of its cells did not end ok
     by_dataset = {r["config"]["dataset"]["name"]: r for r in _results(output_root)}
     assert by_dataset["mnist"]["status"] == "failed"
     assert "killed by a signal" in by_dataset["mnist"]["error"]
@@ -137,3 +150,16 @@ def _wait_for_cell_process(output_root: Path, timeout: float) -> int:
             return workers[0]
         time.sleep(0.2)
     raise AssertionError("the sweep never started a cell process")
+
+
+def test_the_reason_of_a_failed_cell_is_one_line() -> None:
+    """The summary table's `why:` line: a traceback's exception line, a record's first line
+    (the launcher's cause sentence), cut to the width."""
+    traceback = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n    g()\n"
+                 "RuntimeError: Dataset not found. You can use download=True to download it\n")
+    assert failure_reason(traceback) == ("RuntimeError: Dataset not found. You can use "
+                                         "download=True to download it")
+    assert failure_reason("the cell ended without a result: a worker was killed\n--- rank 0"
+                          ) == "the cell ended without a result: a worker was killed"
+    assert failure_reason("x" * 200, width=40) == "x" * 37 + "..."
+    assert failure_reason(None) == "no error recorded"

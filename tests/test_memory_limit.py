@@ -55,7 +55,7 @@ def test_a_sequential_cell_over_its_limit_is_oom_and_one_under_it_runs(
     over = run_module("harness", [*CELL, "network=vgg16", "distribution.batch_size=256",
                                   "dataset.num_samples=256", limit,
                                   f"run.output_dir={output_root}"], cwd=output_root.parent)
-    assert over.returncode == 0, over.stderr[-3000:]
+    assert over.returncode == 1, over.stderr[-3000:]  # the cell did not end ok
     result = _result(output_root)
     _assert_oom(result)
     assert "\n" not in result["error"]  # one worker: the error is one line
@@ -84,7 +84,7 @@ def test_a_ddp_cell_over_its_limit_is_oom_and_no_worker_hangs(output_root: Path)
          f"hardware.device_memory_gb={TIGHT_GB}", "run.progress_timeout_s=120",
          "tracking.enabled=false", f"run.output_dir={output_root}"],
         cwd=output_root.parent, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 1, done.stderr[-3000:]  # the cell did not end ok
     result = _result(output_root)
     _assert_oom(result)  # (the first rank that ran out heads the workers' reports)
     assert "--- rank 0: " in result["error"] and "--- rank 1: " in result["error"]

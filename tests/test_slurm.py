@@ -150,7 +150,7 @@ def test_a_killed_and_a_hanging_multi_node_cell_are_recorded_and_the_sweep_goes_
         out, _ = sweep.communicate(timeout=900)
     finally:
         sweep.kill()
-    assert sweep.returncode == 0, out[-3000:]
+    assert sweep.returncode == 1, out[-3000:]  # two of its cells did not end ok
     results = _results(output_root)
     assert [r["status"] for r in results] == ["failed", "timeout", "ok"], \
         [r["error"] for r in results]

@@ -35,7 +35,7 @@ from harness.analysis.recommendations import judge, memory_verdicts
 from harness.analysis.report import setting_label, write_report
 from harness.cli import command
 from harness.compose import compose_config
-from harness.config import ConfigError, DistbenchConfig, validate
+from harness.config import ConfigError, DistbenchConfig, check_writable_dir, validate
 from harness.hardware_profile import profile_for
 from harness.predict.cell import epoch_terms, memory_per_worker_mb
 from harness.predict.facts import FactsCache, cache_for, command_parser, gather
@@ -156,9 +156,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = command_parser("python -m harness.analysis", __doc__)
     options, overrides = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     config = validate(compose_config(overrides))
+    cache = cache_for(options.probe_batches, probe=not options.no_probe,
+                      facts_root=Path(config.run.output_dir))
+    check_writable_dir("run.output_dir", config.run.output_dir)  # the report goes there
+    _check_store_exists(tracking_uri(config.tracking.uri, config.run.output_dir),
+                        config.tracking.experiment)
     analyse(config, experiment=config.tracking.experiment,
-            cache=cache_for(options.probe_batches, probe=not options.no_probe,
-                            facts_root=Path(config.run.output_dir)))
+            cache=cache)
+
+
+def _check_store_exists(uri: str, experiment: str) -> None:
+    """A SQLite store must exist to be analysed: opening a missing one would create it,
+    empty, where nothing was measured."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not Path(uri[len(prefix):]).exists():
+        raise ConfigError(f"tracking.experiment={experiment} is invalid: no MLflow store at "
+                          f"{uri} (nothing measured under run.output_dir, or set "
+                          f"tracking.uri); measure a grid first")
 
 
 if __name__ == "__main__":

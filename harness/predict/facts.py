@@ -106,8 +106,10 @@ class FactsCache:
 def command_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
     """The options of the commands that measure facts (analysis, recommend); the rest of
     their arguments are config overrides (`parse_known_args`)."""
-    parser = argparse.ArgumentParser(prog=prog, description=description,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from harness.cli import ArgumentParser  # a wrong flag: one line, exit status 2
+
+    parser = ArgumentParser(prog=prog, description=description,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--probe-batches", type=int, default=5,
                         help="timed batches of the sequential probe per batch size (default 5)")
     parser.add_argument("--no-probe", action="store_true",
