@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,10 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         return noted(run_local_cell(cfg, Path(hydra_config.runtime.output_dir),
                                     workers=single_node_workers(config),
                                     timeout_min=int(hydra_config.launcher.timeout_min)))
-    return noted(run_cell(cfg))  # a cell that did not end ok: exit status 1 (harness.cli)
+    result = noted(run_cell(cfg))  # a cell that did not end ok: exit status 1 (harness.cli)
+    if result.get("storage_error"):
+        sys.exit(1)  # its one line is printed: where the record went instead of its directory
+    return result
 
 
 if __name__ == "__main__":
