@@ -43,6 +43,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn, ParamSpec, TypeVar
@@ -147,6 +148,7 @@ def run_hydra_main(main: Callable[[], object]) -> None:
     from harness.compose import check_hydra_main
 
     del _cell_statuses[:]
+    end_like_ctrl_c_on_sigterm()
     before = os.environ.get(_HYDRA_FULL_ERROR)
     if before == "1":
         main()
@@ -163,6 +165,16 @@ def run_hydra_main(main: Callable[[], object]) -> None:
             else:
                 os.environ[_HYDRA_FULL_ERROR] = before
     exit_on_failed_cells()
+
+
+def end_like_ctrl_c_on_sigterm() -> None:
+    """SIGTERM (`kill`, `scancel`, a shutdown) ends this process as Ctrl-C does, through its
+    `finally` blocks: a sweep closes its MLflow parent run (KILLED) and its cell's workers,
+    which follow the launcher, end themselves; by default the process would just vanish."""
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)  # the shell's status for "ended by signal signum"
+
+    signal.signal(signal.SIGTERM, leave)
 
 
 # (run name, status, one-line reason) of every cell this process ran or launched: a sweep's

@@ -31,7 +31,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from harness.cli import exit_on_bad_input
 from harness.compose import compose_or_exit
+from harness.config import ConfigError
 from harness.eventlog import MLLOG_FILE
 from harness.results import RESULT_FILE, CellResult, RepeatResult, RunStatus, write_json_atomic
 from harness.tracking import _client, close_stale_parent_runs, experiment_id, record_cell, \
@@ -160,6 +162,12 @@ def sync(output_root: Path, uri: str) -> int:
 
 def main(argv: list[str]) -> int:
     config = compose_or_exit(argv)
+    with exit_on_bad_input():
+        root = Path(config.run.output_dir).expanduser()
+        if root.exists() and not root.is_dir():
+            raise ConfigError(f"run.output_dir={config.run.output_dir!r} is invalid: it is a "
+                              f"file; allowed: the output root of earlier runs, whose pending "
+                              f"results are synced")
     uri = tracking_uri(config.tracking.uri, config.run.output_dir)
     failures = sync(Path(config.run.output_dir), uri)
     print(f"synced to {uri}" + (f"; {failures} result(s) not synced" if failures else ""))

@@ -315,6 +315,7 @@ BAD_INPUTS: list[Bad] = [
     _bad("harness.sync", "network=resnet19", "network=resnet19: unknown"),
     _bad("harness.sync", "tracking.experiment=", "tracking.experiment='' is invalid"),
     _bad("harness.sync", "run.output_dir=[x", "run.output_dir=[x: malformed override"),
+    _bad("harness.sync", "run.output_dir={file}", "run.output_dir='{file}' is invalid: it is a file"),
 ]
 
 

@@ -378,3 +378,31 @@ def test_only_parent_runs_whose_launcher_is_provably_gone_are_closed(output_root
     assert close_stale_parent_runs(uri) == [ids["gone"]]
     statuses = {name: client.get_run(run_id).info.status for name, run_id in ids.items()}
     assert statuses == {"gone": "KILLED", "alive": "RUNNING", "elsewhere": "RUNNING"}
+
+
+def test_a_sweep_ended_by_sigterm_closes_its_parent_run_and_leaves_no_worker(
+        output_root: Path) -> None:
+    """SIGTERM (kill, scancel, a shutdown) ends a sweep as Ctrl-C does (harness.cli): its
+    parent run is closed KILLED at once, and its cell's workers end with it."""
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "harness", "-m",
+         *tiny_overrides(output_root, "run.warmup_batches=0", "run.epochs=200")],
+        cwd=output_root.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not cell_worker_pids(output_root):
+            assert sweep.poll() is None and time.monotonic() < deadline, "no cell started"
+            time.sleep(0.5)
+        sweep.send_signal(signal.SIGTERM)  # the launcher only, as `kill <pid>` does
+        _, stderr = sweep.communicate(timeout=60)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    (parent,) = _parents(output_root)
+    assert parent.info.status == "KILLED"
+    deadline = time.monotonic() + 60
+    while cell_worker_pids(output_root) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not cell_worker_pids(output_root)
