@@ -27,6 +27,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from harness.results import RESULT_FILE, CellResult, RunStatus
+from launchers.processes import start_time
 
 log = logging.getLogger(__name__)
 
@@ -289,10 +290,8 @@ def _open_parent_run(config: DictConfig, uri: str) -> str | None:
 
 
 def _launcher_tags() -> dict[str, str]:
-    from launchers.local import _start_time
-
     tags = {LAUNCHER_HOST_TAG: socket.gethostname(), LAUNCHER_PID_TAG: str(os.getpid()),
-            LAUNCHER_START_TAG: str(_start_time(os.getpid()))}
+            LAUNCHER_START_TAG: str(start_time(os.getpid()))}
     boot = _boot_id()
     if boot is not None:
         tags[LAUNCHER_BOOT_TAG] = boot
@@ -311,15 +310,13 @@ def launcher_gone(tags: Mapping[str, str]) -> bool:
     host and either the host has rebooted since or its pid is free or taken by a process that
     started at another time. A launcher on another host, or one that left no such tags (older
     runs), cannot be proved gone."""
-    from launchers.local import _start_time
-
     if tags.get(LAUNCHER_HOST_TAG) != socket.gethostname() or LAUNCHER_PID_TAG not in tags \
             or LAUNCHER_START_TAG not in tags:
         return False
     boot = _boot_id()
     if boot is not None and tags.get(LAUNCHER_BOOT_TAG, boot) != boot:
         return True
-    return str(_start_time(int(tags[LAUNCHER_PID_TAG]))) != tags[LAUNCHER_START_TAG]
+    return str(start_time(int(tags[LAUNCHER_PID_TAG]))) != tags[LAUNCHER_START_TAG]
 
 
 def close_stale_parent_runs(uri: str) -> list[str]:

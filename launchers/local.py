@@ -22,7 +22,6 @@ the sweep is re-run.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import threading
@@ -35,8 +34,7 @@ import submitit
 
 from harness.results import RESULT_FILE, RunStatus
 from launchers.distributed import MASTER_PORT_ENV, free_port, log_to_stderr
-
-log = logging.getLogger(__name__)
+from launchers.processes import ProcessId, children_with_environment, end_tree
 
 # After rank 0 recorded the cell, how long the other workers may take to exit by themselves.
 GRACE_AFTER_RESULT_S = 20.0
@@ -72,17 +70,17 @@ def submit_local(function: Callable[..., Any], *args: Any, folder: Path, tasks: 
 
 def follow_launcher() -> None:
     """In a local cell's worker: end this process (SIGKILL) as soon as the process that
-    launched the cell is gone. Nothing to do outside a local cell, or without /proc.
+    launched the cell is gone. Nothing to do outside a local cell.
 
     Also undoes an inherited SIG_IGN of SIGINT (a launcher started with `nohup ... &` passes
     it on), so that the SIGINT its controller forwards when the cell is cancelled ends it.
     (submitit's worker answers SIGTERM with a log line only: `end_cell` ends with SIGKILL.)"""
     _default_signal_dispositions()
     pid = os.environ.get(LAUNCHER_PID_ENV)
-    if pid is None or not Path("/proc/self/stat").exists():
+    if pid is None:
         return
-    born = _start_time(int(pid))
-    threading.Thread(target=_watch_launcher, args=(int(pid), born), name="launcher-watch",
+    launcher = ProcessId.of(int(pid))
+    threading.Thread(target=_watch_launcher, args=(launcher,), name="launcher-watch",
                      daemon=True).start()
 
 
@@ -93,22 +91,11 @@ def _default_signal_dispositions() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's usual handler
 
 
-def _watch_launcher(pid: int, born: str | None) -> None:
-    # Compared by start time too: after the launcher's death its pid may be reused.
-    while born is not None and _start_time(pid) == born:
+def _watch_launcher(launcher: ProcessId | None) -> None:
+    # By start time too (ProcessId): after the launcher's death its pid may be reused.
+    while launcher is not None and launcher.alive():
         time.sleep(1.0)
     os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _start_time(pid: int) -> str | None:
-    """When process `pid` started (field 22 of /proc/<pid>/stat), or None if it is gone (a
-    zombie, dead but not yet reaped by its parent, is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()  # from field 3 on; the command name may hold spaces
-    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 def wait_for_cell(job: submitit.Job, output_dir: Path, *, timeout_s: float,
@@ -144,23 +131,19 @@ class _Rank0:
 
     def __init__(self, job: submitit.Job) -> None:
         self._controller = _controller_pid(job)
-        self._process: tuple[int, str] | None = None
+        self._process: ProcessId | None = None
 
     def exited(self) -> bool:
         if self._process is None:
             self._process = self._find()
             return False
-        pid, born = self._process
-        return _start_time(pid) != born
+        return not self._process.alive()
 
-    def _find(self) -> tuple[int, str] | None:
+    def _find(self) -> ProcessId | None:
         if self._controller is None:
             return None
-        for pid in _children(self._controller):
-            born = _start_time(pid)
-            if born is not None and _environ(pid).get("SUBMITIT_LOCAL_GLOBALID") == "0":
-                return pid, born
-        return None
+        found = children_with_environment(self._controller, "SUBMITIT_LOCAL_GLOBALID", "0")
+        return found[0] if found else None
 
 
 # How long each signal of `end_cell` is given to end the cell's processes before the next.
@@ -170,97 +153,17 @@ END_STEP_S = 5.0
 def end_cell(job: submitit.Job, step_s: float = END_STEP_S) -> None:
     """End every process of the cell and return once all are gone: SIGINT (what submitit's
     cancel sends, which its controller forwards to the workers), then SIGTERM (which the
-    controller forwards; its workers only log it), then SIGKILL,
-    each to the controller and all its descendants, each followed by SIGCONT so that a stopped
-    process acts on it, until none is left. Processes are tracked by (pid, start time), so a
-    worker reparented when its controller died is still ended, and a reused pid never is."""
+    controller forwards; its workers only log it), then SIGKILL, each to the controller and
+    all its descendants with a SIGCONT (`launchers.processes.end_tree`)."""
     controller = _controller_pid(job)
-    if controller is None:
-        return
-    cell: set[tuple[int, str]] = set()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
-        alive = _alive(job, controller, cell)
-        if not alive:
-            return
-        for pid in sorted(alive, key=lambda p: p == controller):  # workers first
-            _signal(pid, sig)
-            _signal(pid, signal.SIGCONT)
-        _wait_gone(job, controller, cell, step_s)
-    left = _alive(job, controller, cell)
-    if left:  # only a process stuck in the kernel (state D) outlives SIGKILL for long
-        log.warning("processes of the cell still exist after SIGKILL: %s", sorted(left))
+    if controller is not None:
+        end_tree(controller, step_s=step_s, reap=job.done)  # done() reaps the controller
 
 
 def _controller_pid(job: submitit.Job) -> int | None:
     """submitit's LocalJob keeps the controller it started (a Popen) as `_process`."""
     process = getattr(job, "_process", None)
     return None if process is None else process.pid
-
-
-def _alive(job: submitit.Job, controller: int, cell: set[tuple[int, str]]) -> set[int]:
-    """The cell's processes alive now; `cell` collects every one seen so far."""
-    job.done()  # polls the controller: reaps it once it has exited (a zombie counts as gone)
-    born = _start_time(controller)
-    if born is not None:
-        cell.add((controller, born))
-        for pid in _descendants(controller):
-            started = _start_time(pid)
-            if started is not None:
-                cell.add((pid, started))
-    return {pid for pid, started in cell if _start_time(pid) == started}
-
-
-def _wait_gone(job: submitit.Job, controller: int, cell: set[tuple[int, str]],
-               limit_s: float) -> None:
-    deadline = time.monotonic() + limit_s
-    while _alive(job, controller, cell) and time.monotonic() < deadline:
-        time.sleep(0.1)
-
-
-def _signal(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _descendants(pid: int) -> set[int]:
-    """Every process below `pid` in the process tree (children, theirs, ...), from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            parent = _parent(int(entry.name))
-            if parent is not None:
-                children.setdefault(parent, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def _children(pid: int) -> list[int]:
-    return [int(entry.name) for entry in Path("/proc").iterdir()
-            if entry.name.isdigit() and _parent(int(entry.name)) == pid]
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rpartition(")")[2].split()[1])
-
-
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(entry.decode(errors="replace").split("=", 1)
-                for entry in raw.split(b"\0") if b"=" in entry)
 
 
 def run_local_cell(cfg: Any, output_dir: Path, *, workers: int, timeout_min: int) -> dict:

@@ -3,79 +3,41 @@
 Its workers' rendezvous store (rank 0's TCPStore), gloo's pair sockets, Horovod's rendezvous
 server and its gloo controller are all reachable from this machine only. The test starts real
 2-worker cells and reads, while they train, the listening TCP sockets of every one of their
-processes from /proc (the kernel's socket table, matched to each process's open sockets).
+processes (psutil reads the kernel's socket table and matches it to each process's sockets).
 """
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
+from launchers.processes import descendants
 from tests.helpers import cell_worker_pids
 
 LOOPBACK = {"127.0.0.1", "::1"}
-_TCP_LISTEN = "0A"  # the state column of /proc/net/tcp for a listening socket
 # Long enough to be still training when the sockets are read (the cell is killed then).
 _LONG_CELL = ["hardware=local_2cpu", "network=mobilenetv2", "dataset=mnist",
               "distribution.batch_size=8", "dataset.num_samples=64", "run.epochs=200",
               "run.warmup_batches=0", "run.progress=false"]
 
 
-def _socket_inodes(pid: int) -> set[str]:
-    """The inodes of the sockets process `pid` holds open."""
-    inodes = set()
-    fd_dir = Path(f"/proc/{pid}/fd")
-    for fd in fd_dir.iterdir() if fd_dir.exists() else []:
-        try:
-            target = fd.readlink().name
-        except OSError:  # closed meanwhile
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
-    return inodes
-
-
-def _address(hex_address: str) -> str:
-    """An address as /proc/net/tcp{,6} writes it (32-bit words in host byte order)."""
-    raw = bytes.fromhex(hex_address)
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, words)
-
-
 def listening_addresses(pid: int) -> set[tuple[str, int]]:
-    """(address, port) of every TCP socket process `pid` listens on."""
-    inodes = _socket_inodes(pid)
-    found = set()
-    for table in ("tcp", "tcp6"):
-        try:
-            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-        except OSError:  # the process is gone
-            continue
-        for line in lines:
-            fields = line.split()
-            if fields[3] == _TCP_LISTEN and fields[9] in inodes:
-                address, port = fields[1].split(":")
-                found.add((_address(address), int(port, 16)))
-    return found
+    """(address, port) of every TCP socket process `pid` listens on (none if it is gone)."""
+    try:
+        connections = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return set()
+    return {(c.laddr.ip, c.laddr.port) for c in connections if c.status == psutil.CONN_LISTEN}
 
 
-def _descendants(pid: int) -> list[int]:
+def _tree(pid: int) -> set[int]:
     """`pid` and every process below it."""
-    pids, index = [pid], 0
-    while index < len(pids):
-        try:
-            tasks = Path(f"/proc/{pids[index]}/task").iterdir()
-            pids += [int(child) for task in tasks
-                     for child in (task / "children").read_text().split()]
-        except OSError:
-            pass
-        index += 1
-    return pids
+    return {pid} | {process.pid for process in descendants(pid)}
 
 
 def _wait_for_training(output_root: Path, cell: subprocess.Popen[bytes],
@@ -104,7 +66,7 @@ def test_a_single_machine_cell_listens_on_loopback_only(output_root: Path,
         _wait_for_training(output_root, cell)
         workers = cell_worker_pids(output_root)
         for _ in range(5):  # a few reads, in case a server opens or closes mid-training
-            for pid in {*_descendants(cell.pid), *workers.values()}:
+            for pid in {*_tree(cell.pid), *workers.values()}:
                 listening.setdefault(pid, set()).update(listening_addresses(pid))
             time.sleep(0.2)
     finally:

@@ -38,7 +38,7 @@ from harness.tracking import (
     sweep_parent_run,
 )
 from launchers.distributed import free_port
-from launchers.local import _start_time
+from launchers.processes import start_time
 from tests.helpers import cell_worker_pids, run_module, tiny_overrides
 
 SERVER_START_S = 180  # about 20 s on an idle 2-core machine
@@ -361,11 +361,11 @@ def test_the_parent_run_is_closed_however_the_launcher_ends(
 def test_only_parent_runs_whose_launcher_is_provably_gone_are_closed(output_root: Path) -> None:
     gone = subprocess.Popen(["sleep", "60"])
     tags = {LAUNCHER_HOST_TAG: socket.gethostname(), LAUNCHER_PID_TAG: str(gone.pid),
-            LAUNCHER_START_TAG: str(_start_time(gone.pid))}
+            LAUNCHER_START_TAG: str(start_time(gone.pid))}
     gone.kill()
     gone.wait()
     alive = {**tags, LAUNCHER_PID_TAG: str(os.getpid()),
-             LAUNCHER_START_TAG: str(_start_time(os.getpid()))}
+             LAUNCHER_START_TAG: str(start_time(os.getpid()))}
     elsewhere = {**tags, LAUNCHER_HOST_TAG: "another-host"}
     assert launcher_gone(tags) and not launcher_gone(alive) and not launcher_gone(elsewhere)
     assert not launcher_gone({})  # an older run, without the tags: cannot tell

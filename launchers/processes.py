@@ -1,0 +1,115 @@
+"""Processes as the kernel knows them (through psutil): who a process is, what runs below it,
+and how to end a whole tree of them whatever signals it ignores.
+
+A process is known by its pid *and* its start time (`ProcessId`): once a process has ended, the
+kernel may give its pid to another, which must never be taken for it (signalled, waited for,
+or believed alive). A zombie (ended, not yet reaped by its parent) counts as gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+# The signals that end a tree of processes, in turn: SIGINT (what Ctrl-C and submitit's cancel
+# send), SIGTERM, then SIGKILL, which nothing can ignore.
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class ProcessId:
+    pid: int
+    started: float  # seconds since the epoch (psutil's create_time)
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessId | None:
+        """The process that has `pid` now, or None if there is none (or only a zombie)."""
+        try:
+            process = psutil.Process(pid)
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return cls(pid, process.create_time())
+        except psutil.Error:
+            return None
+
+    def alive(self) -> bool:
+        return ProcessId.of(self.pid) == self
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send `sig` if this very process still runs (never to a reused pid)."""
+        try:
+            process = psutil.Process(self.pid)
+            if process.create_time() == self.started:
+                process.send_signal(sig)
+        except psutil.Error:
+            pass
+
+
+def start_time(pid: int) -> float | None:
+    """When the process `pid` started, or None if it is gone."""
+    found = ProcessId.of(pid)
+    return None if found is None else found.started
+
+
+def descendants(pid: int) -> set[ProcessId]:
+    """Every process below `pid` (children, theirs, ...)."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return set()
+    found = {ProcessId.of(child.pid) for child in children}
+    return {process for process in found if process is not None}
+
+
+def children_with_environment(pid: int, name: str, value: str) -> list[ProcessId]:
+    """The children of `pid` whose environment sets `name` to `value`."""
+    matching = []
+    try:
+        children = psutil.Process(pid).children()
+    except psutil.Error:
+        return []
+    for child in children:
+        try:
+            if child.environ().get(name) == value:
+                matching.append(ProcessId(child.pid, child.create_time()))
+        except psutil.Error:
+            continue
+    return matching
+
+
+def end_tree(root: int, *, step_s: float, reap: Callable[[], object] = lambda: None) -> None:
+    """End `root` and every process below it, and return once all are gone: each signal of
+    ENDING_SIGNALS in turn, each followed by SIGCONT so that a stopped process acts on it,
+    `step_s` apart, until none is left. The tree is collected as it is seen, so a process whose
+    parent died (and which was reparented) is still ended. `reap` is called before each look:
+    a caller that is `root`'s parent reaps it there (e.g. submitit's `job.done()`)."""
+    tree: set[ProcessId] = set()
+
+    def alive() -> set[ProcessId]:
+        reap()
+        top = ProcessId.of(root)
+        if top is not None:
+            tree.add(top)
+            tree.update(descendants(root))
+        return {process for process in tree if process.alive()}
+
+    for sig in ENDING_SIGNALS:
+        running = alive()
+        if not running:
+            return
+        for process in sorted(running, key=lambda p: p.pid == root):  # the root last
+            process.signal(sig)
+            process.signal(signal.SIGCONT)
+        deadline = time.monotonic() + step_s
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    left = alive()
+    if left:  # only a process stuck in the kernel (state D) outlives SIGKILL for long
+        log.warning("processes still exist after SIGKILL: %s", sorted(p.pid for p in left))
