@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -65,3 +66,47 @@ def cell_worker_pids(under: Path, job_id: str | None = None) -> dict[int, int]:
         if rank is not None:
             ranks[int(rank)] = pid
     return ranks
+
+
+# How long `mlflow server` may take to answer (about 20 s on an idle 2-core machine).
+MLFLOW_SERVER_START_S = 180
+
+
+@contextlib.contextmanager
+def mlflow_server(backend_store: Path, cwd: Path, *extra: str) -> Iterator[str]:
+    """A real `mlflow server` on `backend_store` (SQLite), on loopback and a free port: its URL
+    once it answers /health. Stopped, its whole process group, whatever the test does."""
+    import http.client
+    import signal
+    import time
+
+    from launchers.distributed import free_port
+
+    port = free_port()
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
+         f"sqlite:///{backend_store}", "--host", "127.0.0.1", "--port", str(port), *extra],
+        cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)  # its own group: its workers stop with it
+    try:
+        deadline = time.monotonic() + MLFLOW_SERVER_START_S
+        while True:
+            assert server.poll() is None, f"mlflow server exited: {server.stderr.read()[-2000:]}"
+            try:
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                connection.request("GET", "/health")
+                if connection.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, \
+                f"mlflow server silent for {MLFLOW_SERVER_START_S} s"
+            time.sleep(1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=30)

@@ -11,12 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,8 +19,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from harness.tracking import DEFAULT_STORE_FILE
-from launchers.distributed import free_port
 from tests.helpers import REPO_ROOT, run_module
+from tests.helpers import mlflow_server as running_mlflow_server
 
 BROWSER_SCRIPT = REPO_ROOT / "scripts" / "browser.sh"
 ARTIFACTS = REPO_ROOT / "outputs" / "test-artifacts"
@@ -33,7 +28,6 @@ ARTIFACTS = REPO_ROOT / "outputs" / "test-artifacts"
 # container), and with nothing fetched from the network behind the test's back.
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run"]
-SERVER_START_S = 120  # about 20 s here; generous for a loaded 2-core machine
 UI_WAIT_MS = 60_000
 METRIC_COLUMN = '[col-id="metrics.`seconds_per_epoch`"]'
 TINY_SWEEP = ["+sweep=smoke", "dataset=mnist,cifar10", "network=mobilenetv2",
@@ -62,38 +56,8 @@ def chromium() -> str:
 def mlflow_server(output_root: Path) -> Iterator[str]:
     """`mlflow server` on the test's store, on loopback and a free port; its URL once it
     answers. Stopped (its whole process group) whatever the test does."""
-    port = free_port()
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
-         f"sqlite:///{output_root / DEFAULT_STORE_FILE}", "--host", "127.0.0.1",
-         "--port", str(port)],
-        cwd=output_root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)  # its own group: its workers stop with it
-    try:
-        url = f"http://127.0.0.1:{port}"
-        _wait_until_it_answers(url, server)
+    with running_mlflow_server(output_root / DEFAULT_STORE_FILE, output_root) as url:
         yield url
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=30)
-
-
-def _wait_until_it_answers(url: str, server: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + SERVER_START_S
-    while time.monotonic() < deadline:
-        assert server.poll() is None, f"mlflow server exited: {server.stderr.read()[-2000:]}"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(1)
-    raise AssertionError(f"mlflow server did not answer at {url} within {SERVER_START_S} s")
 
 
 def _save_screenshot(page, tmp_path: Path, name: str) -> None:  # noqa: ANN001 - playwright Page

@@ -37,11 +37,10 @@ from harness.tracking import (
     launcher_gone,
     sweep_parent_run,
 )
-from launchers.distributed import free_port
 from launchers.processes import start_time
 from tests.helpers import cell_worker_pids, run_module, tiny_overrides
+from tests.helpers import mlflow_server as running_mlflow_server
 
-SERVER_START_S = 180  # about 20 s on an idle 2-core machine
 HELD_WAIT_S = 180  # until sync's request reaches the proxy (its imports take most of it)
 
 
@@ -111,36 +110,9 @@ def mlflow_server(tmp_path: Path) -> Iterator[str]:
     """`mlflow server` on a SQLite store of its own, on loopback; its URL once it answers."""
     folder = tmp_path / "server"
     folder.mkdir()
-    port = free_port()
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
-         f"sqlite:///{folder / 'server.db'}", "--artifacts-destination",
-         str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"],
-        cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)  # its own group: its workers stop with it
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            assert server.poll() is None, f"mlflow server exited: {server.stderr.read()[-2000:]}"
-            try:
-                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                connection.request("GET", "/health")
-                if connection.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"mlflow server silent for {SERVER_START_S} s"
-            time.sleep(1)
+    with running_mlflow_server(folder / "server.db", folder, "--artifacts-destination",
+                               str(folder / "artifacts"), "--workers", "1") as url:
         yield url
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=30)
 
 
 def _sync(output_root: Path, uri: str) -> subprocess.CompletedProcess[str]:
