@@ -10,8 +10,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from harness.cli import exit_on_bad_input
-from harness.config import (DistbenchConfig, check_launcher, check_runs_here, register_configs,
-                            validate)
+from harness.config import DistbenchConfig, register_configs, validate
+from harness.preflight import check_launcher, check_runs_here
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 

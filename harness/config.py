@@ -11,14 +11,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import errno
-import os
-import shutil
-import tempfile
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 from typing import Any, ClassVar, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -96,7 +91,7 @@ class BatchDivision(str, Enum):
     oversample = "oversample"  # raise it, re-reading batches from the start of the epoch
 
 
-def _check(condition: bool, key: str, value: Any, allowed: str) -> None:
+def require(condition: bool, key: str, value: Any, allowed: str) -> None:
     """Raise ConfigError('key=value: allowed') unless `condition` holds."""
     if not condition:
         raise ConfigError(f"{key}={value!r} is invalid: {allowed}")
@@ -107,7 +102,7 @@ def _check_positive(section: str, name: str, value: Optional[float], *, nullable
     if value is None and nullable:
         return
     allowed = "must be a positive number" + (f", or null ({null_means})" if nullable else "")
-    _check(value is not None and value > 0, f"{section}.{name}", value, allowed)
+    require(value is not None and value > 0, f"{section}.{name}", value, allowed)
 
 
 @dataclass
@@ -135,13 +130,13 @@ class DatasetConfig:
                         null_means=f"the full dataset: {DATASET_SPECS[self.name.value].num_images}")
         _check_positive(self._section, "synthetic_unique_samples", self.synthetic_unique_samples,
                         nullable=True, null_means="the dataset's default")
-        _check(self.num_workers >= 0, "dataset.num_workers", self.num_workers,
+        require(self.num_workers >= 0, "dataset.num_workers", self.num_workers,
                "must be 0 or more")
         spec = DATASET_SPECS[self.name.value]
         if self.source is DataSource.real:
-            _check(not spec.synthetic_only, "dataset.source", self.source.value,
+            require(not spec.synthetic_only, "dataset.source", self.source.value,
                    f"dataset {spec.name} exists only as synthetic data; allowed: synthetic")
-            _check(bool(self.root), "dataset.root", self.root,
+            require(bool(self.root), "dataset.root", self.root,
                    "source=real needs the directory that holds the dataset")
 
 
@@ -164,8 +159,8 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         _check_positive(self._section, "lr", self.lr)
-        _check(0 <= self.momentum < 1, "optimizer.momentum", self.momentum, "must be in [0, 1)")
-        _check(self.weight_decay >= 0, "optimizer.weight_decay", self.weight_decay,
+        require(0 <= self.momentum < 1, "optimizer.momentum", self.momentum, "must be in [0, 1)")
+        require(self.weight_decay >= 0, "optimizer.weight_decay", self.weight_decay,
                "must be 0 or more")
 
 
@@ -200,15 +195,15 @@ class DistributionConfig:
     def __post_init__(self) -> None:
         _check_positive(self._section, "batch_size", self.batch_size, nullable=True,
                         null_means="SPEC Table 3.3 for the dataset and distribution model")
-        _check(self.backend in (None, "gloo", "nccl"), "distribution.backend", self.backend,
+        require(self.backend in (None, "gloo", "nccl"), "distribution.backend", self.backend,
                "allowed: gloo, nccl, or null (nccl on CUDA, gloo on CPU)")
         _check_positive(self._section, "bucket_cap_mb", self.bucket_cap_mb)
-        _check(self.fusion_threshold_mb >= 0, "distribution.fusion_threshold_mb",
+        require(self.fusion_threshold_mb >= 0, "distribution.fusion_threshold_mb",
                self.fusion_threshold_mb, "must be 0 (no fusion) or more")
         _check_positive(self._section, "cycle_time_ms", self.cycle_time_ms)
         _check_positive(self._section, "micro_batches", self.micro_batches, nullable=True,
                         null_means="SPEC Table 3.3 for the dataset")
-        _check(self.balance is None or (len(self.balance) > 0 and all(n >= 1 for n in
+        require(self.balance is None or (len(self.balance) > 0 and all(n >= 1 for n in
                                                                      self.balance)),
                "distribution.balance", self.balance,
                "a list of layer counts per stage, each 1 or more, or null (profile-balanced)")
@@ -256,7 +251,7 @@ class HardwareConfig:
 
     def __post_init__(self) -> None:
         for name in ("nodes", "workers_per_node"):
-            _check(getattr(self, name) >= 1, f"hardware.{name}", getattr(self, name),
+            require(getattr(self, name) >= 1, f"hardware.{name}", getattr(self, name),
                    "must be 1 or more")
         for name in ("cpu_threads", "device_memory_gb", "intra_node_bandwidth_mbps",
                      "intra_node_latency_us", "inter_node_bandwidth_mbps",
@@ -298,19 +293,19 @@ class RunConfig:
     progress_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
-        _check(self.epochs >= 1, "run.epochs", self.epochs, "must be 1 or more")
+        require(self.epochs >= 1, "run.epochs", self.epochs, "must be 1 or more")
         # It becomes a timedelta for every collective and the watchdog's deadline: nan, inf
         # and 1e308 overflow them, so a worker would fail or never time out.
-        _check(0 < self.progress_timeout_s <= MAX_PROGRESS_TIMEOUT_S, "run.progress_timeout_s",
+        require(0 < self.progress_timeout_s <= MAX_PROGRESS_TIMEOUT_S, "run.progress_timeout_s",
                self.progress_timeout_s,
                f"allowed: seconds in (0, {MAX_PROGRESS_TIMEOUT_S:.0f}] (at most 7 days)")
-        _check(self.warmup_batches >= 0, "run.warmup_batches", self.warmup_batches,
+        require(self.warmup_batches >= 0, "run.warmup_batches", self.warmup_batches,
                "must be 0 or more")
-        _check(self.repeats >= 1, "run.repeats", self.repeats, "must be 1 or more")
+        require(self.repeats >= 1, "run.repeats", self.repeats, "must be 1 or more")
         # torch's generators take seeds below 2**64 (NumPy's legacy one gets seed % 2**32),
         # and repeat k runs with run.seed + k (harness.seeding.repeat_seed).
         highest = MAX_SEED - (self.repeats - 1)
-        _check(0 <= self.seed <= highest, "run.seed", self.seed,
+        require(0 <= self.seed <= highest, "run.seed", self.seed,
                f"allowed: 0 to {highest} (torch seeds are below 2**64; repeat k uses "
                f"run.seed + k)")
 
@@ -329,11 +324,11 @@ class ProbeConfig:
     warmup: int = 2  # untimed repetitions first (connection set-up, allocator)
 
     def __post_init__(self) -> None:
-        _check(len(self.message_bytes) >= 2 and all(size > 0 for size in self.message_bytes),
+        require(len(self.message_bytes) >= 2 and all(size > 0 for size in self.message_bytes),
                "probe.message_bytes", self.message_bytes,
                "needs two or more positive sizes (a bandwidth fit needs two points)")
-        _check(self.repeats >= 1, "probe.repeats", self.repeats, "must be 1 or more")
-        _check(self.warmup >= 0, "probe.warmup", self.warmup, "must be 0 or more")
+        require(self.repeats >= 1, "probe.repeats", self.repeats, "must be 1 or more")
+        require(self.warmup >= 0, "probe.warmup", self.warmup, "must be 0 or more")
 
 
 @dataclass
@@ -349,7 +344,7 @@ class TrackingConfig:
     def __post_init__(self) -> None:
         # MLflow refuses an empty experiment name, but only when the cell is synced, after
         # it trained.
-        _check(bool(self.experiment.strip()), "tracking.experiment", self.experiment,
+        require(bool(self.experiment.strip()), "tracking.experiment", self.experiment,
                "allowed: a non-empty MLflow experiment name")
 
 
@@ -376,12 +371,12 @@ class DistbenchConfig:
             self._check_epoch_holds(needed, f"an epoch needs at least one full batch per worker "
                                             f"(batch size {self.batch_size} x {self.world_size} "
                                             f"workers = {needed})")
-        _check(not (self.distribution.backend == "nccl" and self.hardware.device is Device.cpu),
+        require(not (self.distribution.backend == "nccl" and self.hardware.device is Device.cpu),
                "distribution.backend", self.distribution.backend,
                "NCCL needs hardware.device=cuda; allowed on CPU: gloo, or null")
         from harness.distributions import TRAINERS  # the implemented models
 
-        _check(self.distribution.name.value in TRAINERS, "distribution.name",
+        require(self.distribution.name.value in TRAINERS, "distribution.name",
                self.distribution.name.value,
                f"not implemented yet; implemented: {', '.join(TRAINERS)}")
 
@@ -389,16 +384,16 @@ class DistbenchConfig:
         """GPipe and PipeDream: the batch splits into micro-batches, the plan fits the workers."""
         distribution = self.distribution
         if distribution.name is DistributionName.gpipe:
-            _check(self.world_size >= 2, "hardware.workers_per_node",
+            require(self.world_size >= 2, "hardware.workers_per_node",
                    self.hardware.workers_per_node,
                    "GPipe needs 2 or more workers (hardware.nodes x hardware.workers_per_node); "
                    "one stage on one worker is distribution=sequential")
             micro = self.micro_batches
-            _check(self.batch_size >= micro and self.batch_size % micro == 0,
+            require(self.batch_size >= micro and self.batch_size % micro == 0,
                    "distribution.micro_batches", micro,
                    f"must divide the GPipe batch (distribution.batch_size={self.batch_size}) "
                    f"into equal micro-batches of 1 sample or more")
-            _check(distribution.stages is None, "distribution.stages", distribution.stages,
+            require(distribution.stages is None, "distribution.stages", distribution.stages,
                    "GPipe runs one stage per worker; allowed: null")
             stage_count = self.world_size
         else:
@@ -407,14 +402,14 @@ class DistbenchConfig:
                 from harness.partition import parse_stages
 
                 replicas = parse_stages(distribution.stages)
-                _check(sum(replicas) == self.world_size, "distribution.stages",
+                require(sum(replicas) == self.world_size, "distribution.stages",
                        distribution.stages,
                        f"the replica counts must sum to the {self.world_size} workers of "
                        f"hardware={self.hardware.name} (e.g. "
                        f"{'-'.join(['1'] * self.world_size)})")
                 stage_count = len(replicas)
         if distribution.balance is not None and stage_count is not None:
-            _check(len(distribution.balance) == stage_count, "distribution.balance",
+            require(len(distribution.balance) == stage_count, "distribution.balance",
                    distribution.balance, f"needs one layer count per stage ({stage_count})")
         self._check_pipeline_fits_the_network(stage_count)
         # Every batch enters the pipeline whole; PipeDream's batch division may drop some, but
@@ -435,12 +430,12 @@ class DistbenchConfig:
                    else "distribution.stages")
             value = (self.hardware.workers_per_node if self.distribution.stages is None
                      else self.distribution.stages)
-            _check(stage_count <= layers, key, value,
+            require(stage_count <= layers, key, value,
                    f"{stage_count} pipeline stages for network={network}, which has {layers} "
                    f"layers; allowed: at most {layers} stages")
         balance = self.distribution.balance
         if balance is not None:
-            _check(sum(balance) == layers, "distribution.balance", balance,
+            require(sum(balance) == layers, "distribution.balance", balance,
                    f"the layer counts must sum to the {layers} layers of network={network} "
                    f"(dataset={self.dataset.name.value})")
 
@@ -462,7 +457,7 @@ class DistbenchConfig:
                 f"distribution.batch_size={self.batch_size} is invalid: {allowed}, but "
                 f"dataset={self.dataset.name.value} has {samples} samples "
                 f"(dataset.num_samples=null); allowed: a batch size that fits it")
-        _check(False, "dataset.num_samples", samples, allowed)
+        require(False, "dataset.num_samples", samples, allowed)
 
     @property
     def micro_batches(self) -> int:
@@ -524,81 +519,6 @@ def validate(cfg: DictConfig) -> DistbenchConfig:
         raise ConfigError("the config is not built on distbench_schema "
                           "(conf/config.yaml must list it first in its defaults)")
     return config
-
-
-def check_runs_here(config: DistbenchConfig) -> None:
-    """What a cell needs of the machine it is about to run on, checked before it starts
-    (`validate` checks only the config, which also describes hardware one is not on): its
-    device, its data, and a place to write its records. Raise ConfigError otherwise."""
-    check_device_here(config)
-    check_data_here(config)
-    check_writable_dir("run.output_dir", config.run.output_dir)
-
-
-def check_device_here(config: DistbenchConfig) -> None:
-    """hardware.device=cuda needs a CUDA device on this machine."""
-    if config.hardware.device is Device.cuda:
-        import torch  # (only here: the config checks themselves need no torch)
-
-        _check(torch.cuda.is_available(), "hardware.device", "cuda",
-               f"torch sees no CUDA device on this machine (hardware={config.hardware.name}); "
-               f"allowed here: cpu (a sweep, -m, with hydra/launcher=submitit_slurm runs "
-               f"on a cluster's GPUs)")
-
-
-def check_data_here(config: DistbenchConfig) -> None:
-    """Real data must be where `dataset.root` says; synthetic data needs a writable cache."""
-    dataset = config.dataset
-    if dataset.source is DataSource.real:
-        root = Path(str(dataset.root)).expanduser()
-        _check(root.is_dir(), "dataset.root", dataset.root,
-               f"no such directory; source=real needs the directory that holds "
-               f"{dataset.name.value}")
-    else:
-        check_writable_dir("dataset.cache_dir", dataset.cache_dir)
-
-
-def check_writable_dir(key: str, value: str) -> None:
-    """`value` is a directory this process can write in, or can be created (its nearest
-    existing ancestor is a writable directory). Tried, not guessed from permission bits (root
-    passes those on a read-only mount): an anonymous temporary file is created there and
-    removed at once, so nothing is left behind."""
-    path = Path(value).expanduser()
-    existing = path
-    while not existing.exists() and existing.parent != existing:
-        existing = existing.parent
-    allowed = "allowed: a directory this user can write in (created if missing)"
-    if not existing.is_dir():
-        what = "is a file" if existing == path else f"is under the file {existing}"
-        raise ConfigError(f"{key}={value!r} is invalid: it {what}; {allowed}")
-    try:
-        if not os.access(existing, os.W_OK | os.X_OK):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
-        with tempfile.TemporaryFile(dir=existing, prefix=".distbench-write-check-"):
-            pass
-    except OSError as err:
-        where = "" if existing == path else f" (in {existing}, to create it)"
-        raise ConfigError(f"{key}={value!r} is invalid: cannot write there{where}: "
-                          f"{err.strerror or err}; {allowed}") from None
-
-
-def check_launcher(hydra: DictConfig, *, sweep: bool) -> None:
-    """The launcher's own settings (`hydra.launcher.*`), and that SLURM is there to submit a
-    sweep to; a single run (no -m) runs here whatever the launcher."""
-    launcher = hydra.launcher
-    if "timeout_min" in launcher:
-        timeout = launcher.timeout_min
-        _check(isinstance(timeout, int) and timeout >= 1, "hydra.launcher.timeout_min", timeout,
-               "minutes one cell may run; allowed: 1 or more")
-    if sweep and is_slurm_launcher(hydra) and shutil.which("sbatch") is None:
-        raise ConfigError("hydra/launcher=submitit_slurm is invalid here: SLURM is not "
-                          "installed (no sbatch on PATH); allowed: serial_local (the default, "
-                          "or submitit_local) to run the cells on this machine")
-
-
-def is_slurm_launcher(hydra: DictConfig) -> bool:
-    """True when the sweep's cells go to SLURM (`hydra/launcher=submitit_slurm`)."""
-    return str(hydra.launcher.get("_target_", "")).endswith("SlurmCellsLauncher")
 
 
 def _check_known_keys(node: Any, schema: type, prefix: str) -> None:

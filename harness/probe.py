@@ -38,8 +38,8 @@ from omegaconf import DictConfig
 
 from harness.cli import exit_on_bad_input
 from harness.compose import compose_config
-from harness.config import (ConfigError, DistbenchConfig, ProbeConfig, check_device_here,
-                            check_launcher, check_writable_dir, validate, without_hydra)
+from harness.config import ConfigError, DistbenchConfig, ProbeConfig, validate, without_hydra
+from harness.preflight import check_device_here, check_launcher, check_writable_dir
 from harness.hardware_profile import (
     PROFILE_FILE,
     AllreduceCost,

@@ -36,8 +36,8 @@ from typing import Any
 from harness.analysis.report import setting_label
 from harness.cli import command
 from harness.compose import compose_config
-from harness.config import (ConfigError, DistbenchConfig, DistributionName, check_writable_dir,
-                            validate)
+from harness.config import ConfigError, DistbenchConfig, DistributionName, validate
+from harness.preflight import check_writable_dir
 from harness.hardware_profile import profile_for
 from harness.predict.cell import (
     RAW,

@@ -17,8 +17,9 @@ import submitit
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness.cli import exit_on_bad_input, failure_reason, note_cell_results
-from harness.config import (ConfigError, DistbenchConfig, check_launcher, check_runs_here,
-                            check_writable_dir, is_slurm_launcher, validate)
+from harness.config import ConfigError, DistbenchConfig, validate
+from harness.preflight import (check_launcher, check_runs_here, check_writable_dir,
+                               is_slurm_launcher)
 from harness.results import RESULT_FILE, RunStatus, read_rank_reports, read_result
 from harness.resume import cell_key, finished_result
 from harness.run import record_failure

@@ -472,7 +472,7 @@ def test_a_gpu_sweep_for_slurm_passes_the_checks_on_a_login_node(tmp_path: Path,
 
 
 def test_the_writability_check_leaves_nothing_behind(tmp_path: Path) -> None:
-    from harness.config import check_writable_dir
+    from harness.preflight import check_writable_dir
 
     check_writable_dir("run.output_dir", str(tmp_path))
     check_writable_dir("run.output_dir", str(tmp_path / "not" / "yet"))

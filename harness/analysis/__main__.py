@@ -35,7 +35,8 @@ from harness.analysis.recommendations import judge, memory_verdicts
 from harness.analysis.report import setting_label, write_report
 from harness.cli import command
 from harness.compose import compose_config
-from harness.config import ConfigError, DistbenchConfig, check_writable_dir, validate
+from harness.config import ConfigError, DistbenchConfig, validate
+from harness.preflight import check_writable_dir
 from harness.hardware_profile import profile_for
 from harness.predict.cell import epoch_terms, memory_per_worker_mb
 from harness.predict.facts import FactsCache, cache_for, command_parser, gather

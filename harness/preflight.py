@@ -1,0 +1,95 @@
+"""What a command needs of this machine before it starts anything.
+
+`harness.config.validate` checks a config on its own: it may describe hardware one is not on
+(the recommender and the planner reason about a GPU cluster from a laptop). The checks here are
+about where the command runs, now: the device a cell would run on, its data, a place to write
+its records, and the launcher its cells would go to. Each raises ConfigError, which every
+command turns into one line and exit status 2 (harness.cli), before anything is written.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from harness.config import ConfigError, DataSource, Device, DistbenchConfig, require
+
+
+def check_runs_here(config: DistbenchConfig) -> None:
+    """What a cell needs of the machine it is about to run on, checked before it starts
+    (`validate` checks only the config, which also describes hardware one is not on): its
+    device, its data, and a place to write its records. Raise ConfigError otherwise."""
+    check_device_here(config)
+    check_data_here(config)
+    check_writable_dir("run.output_dir", config.run.output_dir)
+
+
+def check_device_here(config: DistbenchConfig) -> None:
+    """hardware.device=cuda needs a CUDA device on this machine."""
+    if config.hardware.device is Device.cuda:
+        import torch  # (only here: the config checks themselves need no torch)
+
+        require(torch.cuda.is_available(), "hardware.device", "cuda",
+               f"torch sees no CUDA device on this machine (hardware={config.hardware.name}); "
+               f"allowed here: cpu (a sweep, -m, with hydra/launcher=submitit_slurm runs "
+               f"on a cluster's GPUs)")
+
+
+def check_data_here(config: DistbenchConfig) -> None:
+    """Real data must be where `dataset.root` says; synthetic data needs a writable cache."""
+    dataset = config.dataset
+    if dataset.source is DataSource.real:
+        root = Path(str(dataset.root)).expanduser()
+        require(root.is_dir(), "dataset.root", dataset.root,
+               f"no such directory; source=real needs the directory that holds "
+               f"{dataset.name.value}")
+    else:
+        check_writable_dir("dataset.cache_dir", dataset.cache_dir)
+
+
+def check_writable_dir(key: str, value: str) -> None:
+    """`value` is a directory this process can write in, or can be created (its nearest
+    existing ancestor is a writable directory). Tried, not guessed from permission bits (root
+    passes those on a read-only mount): an anonymous temporary file is created there and
+    removed at once, so nothing is left behind."""
+    path = Path(value).expanduser()
+    existing = path
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    allowed = "allowed: a directory this user can write in (created if missing)"
+    if not existing.is_dir():
+        what = "is a file" if existing == path else f"is under the file {existing}"
+        raise ConfigError(f"{key}={value!r} is invalid: it {what}; {allowed}")
+    try:
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        with tempfile.TemporaryFile(dir=existing, prefix=".distbench-write-check-"):
+            pass
+    except OSError as err:
+        where = "" if existing == path else f" (in {existing}, to create it)"
+        raise ConfigError(f"{key}={value!r} is invalid: cannot write there{where}: "
+                          f"{err.strerror or err}; {allowed}") from None
+
+
+def check_launcher(hydra: DictConfig, *, sweep: bool) -> None:
+    """The launcher's own settings (`hydra.launcher.*`), and that SLURM is there to submit a
+    sweep to; a single run (no -m) runs here whatever the launcher."""
+    launcher = hydra.launcher
+    if "timeout_min" in launcher:
+        timeout = launcher.timeout_min
+        require(isinstance(timeout, int) and timeout >= 1, "hydra.launcher.timeout_min", timeout,
+               "minutes one cell may run; allowed: 1 or more")
+    if sweep and is_slurm_launcher(hydra) and shutil.which("sbatch") is None:
+        raise ConfigError("hydra/launcher=submitit_slurm is invalid here: SLURM is not "
+                          "installed (no sbatch on PATH); allowed: serial_local (the default, "
+                          "or submitit_local) to run the cells on this machine")
+
+
+def is_slurm_launcher(hydra: DictConfig) -> bool:
+    """True when the sweep's cells go to SLURM (`hydra/launcher=submitit_slurm`)."""
+    return str(hydra.launcher.get("_target_", "")).endswith("SlurmCellsLauncher")
