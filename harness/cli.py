@@ -186,8 +186,11 @@ FAILED_CELLS_EXIT_CODE = 1
 def note_cell_results(results: Sequence[Mapping[str, Any]]) -> None:
     """Record the outcome of cells (their result.json records) for the exit status."""
     for result in results:
-        _cell_statuses.append((str(result.get("run_name", "?")), str(result.get("status")),
-                               failure_reason(result.get("error"))))
+        status, reason = str(result.get("status")), failure_reason(result.get("error"))
+        if result.get("storage_error"):  # measured, but its directory refused the record
+            status = f"{status}, recorded only in MLflow run {result.get('mlflow_run_id')}"
+            reason = str(result["storage_error"])
+        _cell_statuses.append((str(result.get("run_name", "?")), status, reason))
 
 
 def noted(result: R) -> R:
@@ -199,7 +202,7 @@ def noted(result: R) -> R:
 
 def exit_on_failed_cells() -> None:
     """Exit with status 1, naming them on stderr, when any noted cell did not end `ok`."""
-    failed = [cell for cell in _cell_statuses if cell[1] != "ok"]
+    failed = [cell for cell in _cell_statuses if cell[1] != "ok"]  # or not in its directory
     if not failed:
         return
     print(f"distbench: {len(failed)} of {len(_cell_statuses)} cell(s) did not end ok: "

@@ -25,6 +25,7 @@ import logging
 import sys
 import tempfile
 from collections.abc import Iterator
+from typing import TextIO
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -49,6 +50,8 @@ def record(result: CellResult, config: DistbenchConfig, event_log: str | None = 
     tracked = config.tracking.enabled
     result.pending_sync = tracked  # until MLflow has the run
     unsaved = _write_files(result, event_log)
+    if unsaved is not None:  # said in MLflow's copy too: a launcher finds the record there
+        result.storage_error = _one_line(unsaved)
     uri = tracking_uri(config.tracking.uri, config.run.output_dir) if tracked else None
     if uri is not None:
         _upload(result, uri, config.tracking.experiment, event_log)
@@ -58,10 +61,9 @@ def record(result: CellResult, config: DistbenchConfig, event_log: str | None = 
             index_result(config.run.output_dir, result.cell_key, result.to_dict())
         except OSError as err:
             unsaved = err
+            result.storage_error = _one_line(err)
     if unsaved is not None:
-        result.storage_error = _one_line(unsaved)
-        print(f"distbench: {_where_it_went(result, uri, event_log)}", file=sys.stderr,
-              flush=True)
+        _say(f"distbench: {_where_it_went(result, uri, event_log)}", sys.stderr)
     _log_summary(result, uri)
 
 
@@ -158,11 +160,20 @@ def _where_it_went(result: CellResult, uri: str | None, event_log: str | None) -
     try:
         _write_copy(rescue, result, event_log, pending_sync=result.pending_sync)
     except OSError:
-        print(json.dumps(result.to_dict(), sort_keys=True, default=str), flush=True)
+        _say(json.dumps(result.to_dict(), sort_keys=True, default=str), sys.stdout)
         return f"{refused}, nor anywhere else; the result is printed on stdout"
     sync = (f"; `python -m harness.sync run.output_dir={rescue.parent}` uploads it to MLflow"
             if result.pending_sync else "")
     return f"{refused}; the result is in {rescue / RESULT_FILE}{sync}"
+
+
+def _say(line: str, stream: TextIO) -> None:
+    """Print `line`, unless the stream is a file on the very disk that refused the record
+    (a worker's log under its cell's directory)."""
+    try:
+        print(line, file=stream, flush=True)
+    except OSError:
+        pass
 
 
 def _one_line(err: OSError) -> str:

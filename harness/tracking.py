@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -185,6 +186,36 @@ def recorded_run_id(client: Any, experiment_id_: str, result: CellResult) -> str
                      result.output_dir)
             client.delete_run(run.info.run_id)
     return complete
+
+
+def result_recorded_for(uri: str, experiment: str, key: str,
+                        output_dir: Path) -> dict[str, Any] | None:
+    """The result.json that MLflow holds for the cell `key` measured in `output_dir`, if its
+    run is there and complete: the record of a cell whose own directory refused it (a full or read-only disk,
+    harness.record). None if there is none, or no store to ask (a SQLite store that does not
+    exist is not created)."""
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        return None
+    try:
+        client = _client(uri)
+        experiment_ = client.get_experiment_by_name(experiment)
+        if experiment_ is None:
+            return None
+        # By the cell key (hex: no quoting in the filter), then by directory.
+        runs = client.search_runs([experiment_.experiment_id], max_results=100,
+                                  filter_string=f"tags.`{CELL_KEY_TAG}` = '{key}'",
+                                  order_by=["attributes.start_time DESC"])
+        for run in runs:
+            if run.data.tags.get(OUTPUT_DIR_TAG) == str(output_dir.resolve()) \
+                    and _complete(client, run):
+                with tempfile.TemporaryDirectory(prefix="distbench-lookup-") as folder:
+                    path = client.download_artifacts(run.info.run_id, RESULT_FILE, folder)
+                    result = json.loads(Path(path).read_text())
+                return {**result, "mlflow_run_id": run.info.run_id}
+    except Exception as err:  # noqa: BLE001 - without it, the cell is recorded as failed
+        log.warning("could not look up the record of %s in MLflow (%s)", output_dir,
+                    tracking_failure(err))
+    return None
 
 
 def _complete(client: Any, run: Any) -> bool:

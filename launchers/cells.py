@@ -22,7 +22,9 @@ from harness.preflight import (check_launcher, check_runs_here, check_writable_d
                                is_slurm_launcher)
 from harness.results import RESULT_FILE, RunStatus, read_rank_reports, read_result
 from harness.resume import cell_key, finished_result
+from harness.record import keep_logging_when_the_disk_fails
 from harness.run import record_failure
+from harness.tracking import result_recorded_for, tracking_uri
 
 Size = TypeVar("Size")
 
@@ -83,6 +85,7 @@ def prepare_sweep(loader, master: DictConfig,  # noqa: ANN001
     with exit_on_bad_input():
         check_launcher(master.hydra, sweep=True)
     runs_here = not is_slurm_launcher(master.hydra)
+    keep_logging_when_the_disk_fails()  # the sweep's log file shares the cells' disk
     prepared = []
     for offset, overrides in enumerate(job_overrides):
         job_num = initial_job_idx + offset
@@ -139,6 +142,13 @@ def cell_outcome(config: DictConfig, output_dir: Path, *, ended_as: RunStatus | 
     """
     if (output_dir / RESULT_FILE).exists():
         return read_result(output_dir)
+    # Rank 0 may have recorded the cell where its directory could not take it (harness.record).
+    cell = validate(config)
+    if cell.tracking.enabled:
+        elsewhere = result_recorded_for(tracking_uri(cell.tracking.uri, cell.run.output_dir),
+                                        cell.tracking.experiment, cell_key(config), output_dir)
+        if elsewhere is not None:
+            return elsewhere
     reports = read_rank_reports(output_dir)
     statuses = {RunStatus(report["status"]) for report in reports.values()}
     status = ended_as or (RunStatus.timeout if RunStatus.timeout in statuses else

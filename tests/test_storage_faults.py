@@ -67,8 +67,8 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
             pass
 
 
-def _run_faulty_cell(tmp_path: Path, disk: Path, fault: str,
-                     *extra: str) -> subprocess.CompletedProcess[str]:
+def _run_faulty_cell(tmp_path: Path, disk: Path, fault: str, *extra: str,
+                     sweep: bool = False) -> subprocess.CompletedProcess[str]:
     hooks = tmp_path / "hooks"
     hooks.mkdir(exist_ok=True)
     (hooks / "sitecustomize.py").write_text(_DISK_FAULT_HOOK)
@@ -79,7 +79,7 @@ def _run_faulty_cell(tmp_path: Path, disk: Path, fault: str,
                PYTHONPATH=os.pathsep.join([str(hooks), *filter(None, [os.environ.get(
                    "PYTHONPATH")])]))
     return subprocess.run(
-        [sys.executable, "-m", "harness",
+        [sys.executable, "-m", "harness", *(["-m"] if sweep else []),
          *tiny_overrides(disk / "outputs", "dataset.num_samples=64", "run.epochs=2"), *extra],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
@@ -141,4 +141,23 @@ def test_a_full_disk_and_no_mlflow_leave_the_result_in_a_rescue_directory(
     assert synced.returncode == 0, synced.stderr[-3000:]
     (run,) = _mlflow_runs(store)
     assert run.data.tags["status"] == "ok"
+    _no_empty_files(small_disk)
+
+
+def test_a_sweep_whose_disk_fills_mid_cell_finds_the_record_in_mlflow(
+        tmp_path: Path, small_disk: Path) -> None:
+    """In a sweep, rank 0 runs in a worker whose own log is on the full disk; the launcher
+    cannot read the record from the cell's directory and finds it in MLflow instead of
+    recording the cell again as failed."""
+    store = tmp_path / "store" / "mlflow.db"
+    done = _run_faulty_cell(tmp_path, small_disk, "full", f"tracking.uri=sqlite:///{store}",
+                            sweep=True)
+    assert done.returncode == 1, done.stderr[-3000:]
+    line = _one_error_line(done)
+    cells = [run for run in _mlflow_runs(store) if "status" in run.data.tags]
+    (cell,) = cells  # no second, failed record beside it
+    assert cell.data.tags["status"] == "ok" and cell.data.metrics["seconds_per_epoch"] > 0
+    assert f"ok, recorded only in MLflow run {cell.info.run_id}" in line, line
+    assert "No space left on device" in line, line
+    assert " ok " in done.stdout  # the sweep's table shows the cell as measured
     _no_empty_files(small_disk)
