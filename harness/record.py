@@ -25,7 +25,7 @@ import logging
 import sys
 import tempfile
 from collections.abc import Iterator
-from typing import TextIO
+from typing import Any, TextIO
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -101,7 +101,7 @@ def _write_files(result: CellResult, event_log: str | None) -> OSError | None:
 
 def _upload(result: CellResult, uri: str, experiment: str, event_log: str | None) -> None:
     try:
-        with _staged_artifacts(result, event_log) as artifacts:
+        with staged_artifacts(result.to_dict(), Path(result.output_dir), event_log) as artifacts:
             result.mlflow_run_id = record_cell(result, uri=uri, experiment=experiment,
                                                artifacts=artifacts)
     except Exception as err:  # noqa: BLE001 - the record stays pending for harness.sync
@@ -114,10 +114,12 @@ def _upload(result: CellResult, uri: str, experiment: str, event_log: str | None
 
 
 @contextlib.contextmanager
-def _staged_artifacts(result: CellResult, event_log: str | None) -> Iterator[list[Path]]:
-    """The record's files as MLflow keeps them (result.json as synced), written to a staging
-    directory; none if even the temporary directory refuses them (the run still has every
-    param, metric and tag)."""
+def staged_artifacts(data: dict[str, Any], source_dir: Path,
+                     event_log: str | None = None) -> Iterator[list[Path]]:
+    """The record `data` (a result.json's content) as its MLflow run keeps it, in a staging
+    directory: result.json as it reads once the run is in the store (not pending, no tracking
+    error, no run id), config.yaml, the event log (`event_log`, else `source_dir`'s). None if
+    even the temporary directory refuses them (the run still has every param, metric, tag)."""
     try:
         staging = tempfile.TemporaryDirectory(prefix="distbench-record-")
     except OSError:
@@ -125,18 +127,21 @@ def _staged_artifacts(result: CellResult, event_log: str | None) -> Iterator[lis
         return
     with staging as folder:
         try:
-            yield _write_copy(Path(folder), result, event_log, pending_sync=False)
+            files = write_record_files(Path(folder), {
+                **data, "pending_sync": False, "tracking_error": None, "mlflow_run_id": None},
+                source_dir, event_log)
         except OSError:
-            yield []
+            files = []
+        yield files
 
 
-def _write_copy(folder: Path, result: CellResult, event_log: str | None, *,
-                pending_sync: bool) -> list[Path]:
-    """The record's files in `folder`: config.yaml, result.json, mllog.txt."""
-    data = {**result.to_dict(), "pending_sync": pending_sync}
-    files = {CONFIG_FILE: OmegaConf.to_yaml(result.config),
+def write_record_files(folder: Path, data: dict[str, Any], source_dir: Path,
+                       event_log: str | None = None) -> list[Path]:
+    """The record's files in `folder`: result.json holding `data`, config.yaml from its config,
+    mllog.txt (`event_log`, else the one in `source_dir`, if any)."""
+    files = {CONFIG_FILE: OmegaConf.to_yaml(data["config"]),
              RESULT_FILE: json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"}
-    log_text = event_log if event_log is not None else _read(Path(result.output_dir) / MLLOG_FILE)
+    log_text = event_log if event_log is not None else _read(source_dir / MLLOG_FILE)
     if log_text:
         files[MLLOG_FILE] = log_text
     for name, text in files.items():
@@ -158,7 +163,7 @@ def _where_it_went(result: CellResult, uri: str | None, event_log: str | None) -
         return f"{refused}; the result is in MLflow run {result.mlflow_run_id} at {uri}"
     rescue = Path(tempfile.gettempdir()) / RESCUE_DIR / Path(result.output_dir).name
     try:
-        _write_copy(rescue, result, event_log, pending_sync=result.pending_sync)
+        write_record_files(rescue, result.to_dict(), Path(result.output_dir), event_log)
     except OSError:
         _say(json.dumps(result.to_dict(), sort_keys=True, default=str), sys.stdout)
         return f"{refused}, nor anywhere else; the result is printed on stdout"

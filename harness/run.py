@@ -320,7 +320,7 @@ def run_cell(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
         result.phase_seconds = measurement.phase_seconds()
         result.environment["memory_kind"] = measurement.workers[0].memory_kind
         result.config["distribution"].update(measurement.workers[0].resolved_config)
-    finish_cell(result, config, events.text() if events is not None else None)
+    record(result, config, events.text() if events is not None else None)
     return result.to_dict()
 
 
@@ -367,7 +367,7 @@ def record_failure(cfg: DictConfig, output_dir: Path, status: RunStatus, error: 
     config = validate(cfg)
     result = _new_result(cfg, config, output_dir, started or now(), torch.device("cpu"),
                          status, error)
-    finish_cell(result, config)
+    record(result, config)
     return result.to_dict()
 
 
@@ -380,13 +380,6 @@ def _new_result(cfg: DictConfig, config: DistbenchConfig, output_dir: Path, star
         started_at=started, finished_at=now(), config=resolved,
         environment=capture_environment(device), error=error, cell_key=cell_key(cfg),
     )
-
-
-def finish_cell(result: CellResult, config: DistbenchConfig,
-                event_log: str | None = None) -> None:
-    """Record the cell: result.json first (the source of truth), then MLflow and the index;
-    wherever a store refuses it, the record goes on to the next (harness.record)."""
-    record(result, config, event_log)
 
 
 def _hydra_output_dir() -> str | None:

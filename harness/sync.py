@@ -24,9 +24,7 @@ import fcntl
 import json
 import logging
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,17 +32,12 @@ from typing import Any
 from harness.cli import exit_on_bad_input
 from harness.compose import compose_or_exit
 from harness.config import ConfigError
-from harness.eventlog import MLLOG_FILE
+from harness.record import staged_artifacts
 from harness.results import RESULT_FILE, CellResult, RepeatResult, RunStatus, write_json_atomic
 from harness.tracking import _client, close_stale_parent_runs, experiment_id, record_cell, \
     recorded_run_id, tracking_failure, tracking_uri
 
 log = logging.getLogger(__name__)
-
-CONFIG_FILE = "config.yaml"
-# What a cell's run holds besides params, metrics and tags: the same as a cell's own upload.
-ARTIFACT_FILES = (CONFIG_FILE, RESULT_FILE, MLLOG_FILE)
-
 
 def result_files(output_root: Path) -> Iterator[Path]:
     """Every result.json under `output_root`, except MLflow's own copies of uploaded results
@@ -91,27 +84,6 @@ def _exclusive(folder: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-@contextlib.contextmanager
-def _staged_artifacts(path: Path, data: dict[str, Any]) -> Iterator[list[Path]]:
-    """The cell's files as its run keeps them, in a temporary directory: config.yaml and
-    mllog.txt as they are, result.json as it reads once the run is in the store (not pending,
-    no tracking error), as the cell's own upload has it. result.json on disk stays pending
-    until the upload is complete."""
-    with tempfile.TemporaryDirectory(prefix="distbench-sync-") as folder:
-        staged = []
-        for name in ARTIFACT_FILES:
-            target = Path(folder) / name
-            if name == RESULT_FILE:
-                write_json_atomic(target, {**data, "pending_sync": False, "tracking_error": None,
-                                           "mlflow_run_id": None})
-            elif (path.parent / name).exists():
-                shutil.copyfile(path.parent / name, target)
-            else:
-                continue
-            staged.append(target)
-        yield staged
-
-
 def sync_result(path: Path, data: dict[str, Any], uri: str) -> str:
     """Record the pending result `data` (read from `path`) in the store at `uri` unless a
     complete run of it is there already; only then mark it synced; return what was done
@@ -123,7 +95,8 @@ def sync_result(path: Path, data: dict[str, Any], uri: str) -> str:
         run_id = recorded_run_id(client, experiment_id(client, experiment, uri), result)
         done = "already recorded"
         if run_id is None:
-            with _staged_artifacts(path, data) as artifacts:
+            # The same files as a cell's own upload (harness.record).
+            with staged_artifacts(data, path.parent) as artifacts:
                 run_id = record_cell(result, uri=uri, experiment=experiment,
                                      artifacts=artifacts)
             done = "uploaded"
