@@ -7,21 +7,23 @@ a crash), the cell ends with a result.json and an MLflow run that say so.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import logging
 import statistics
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
+from tqdm import tqdm
 
-from harness.config import DistbenchConfig, resolved_container, validate
+from harness.config import DistbenchConfig, RunConfig, resolved_container, validate
 from harness.distributions import EpochMeasurement, Trainer, TrainingContext, trainer_factory
 from harness.environment import capture_environment
 from harness.eventlog import EventLog
@@ -190,9 +192,16 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
     shard, shards = (0, 1) if config.distribution.pipeline else (session.env.rank,
                                                                  session.env.world_size)
     workload = build_workload(config, rank=shard, world_size=shards)
+    progress = EpochProgress(enabled=config.run.progress and session.env.is_main,
+                             batches=len(workload.loader))
+
+    def beat() -> None:  # after every batch, warm-up included
+        heartbeat()
+        progress.update()
+
     context = TrainingContext(config=config, workload=workload, device=device,
                               clock=PhaseClock(device, enabled=config.run.phase_timing),
-                              session=session, heartbeat=heartbeat)
+                              session=session, heartbeat=beat)
     trainer = trainer_factory(config.distribution.name.value)(context)
     memory = PeakMemory(device)
     memory.reset()
@@ -201,7 +210,7 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
     epochs, seeds = [], []
     for repeat in range(config.run.repeats):
         seeds.append(repeat_seed(config.run.seed, repeat))
-        epochs += time_repeat(config, trainer, workload, repeat, seeds[-1], events)
+        epochs += time_repeat(config, trainer, workload, repeat, seeds[-1], events, progress)
     # Pipeline trainers say which replica group they are in and what else they measured.
     return WorkerMeasurement(epochs=epochs, seeds=seeds, peak_memory_mb=memory.peak_mb(),
                              memory_kind=memory.kind,
@@ -212,22 +221,60 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
 
 
 def time_repeat(config: DistbenchConfig, trainer: Trainer, workload: Workload, repeat: int,
-                seed: int, events: EventLog) -> list[EpochMeasurement]:
+                seed: int, events: EventLog,
+                progress: EpochProgress | None = None) -> list[EpochMeasurement]:
     """Seed every RNG and the data order with `seed`, then train and time `run.epochs` epochs
-    (numbered from 0 in each repeat: the data order is a function of (seed, epoch))."""
+    (numbered from 0 in each repeat: the data order is a function of (seed, epoch); the log
+    and the progress bar count them from 1, `epoch_label`)."""
     seed_everything(seed)
     workload.loader.reseed(seed)
     events.run_start(repeat, seed)
     epochs = []
-    of_repeats = f"repeat {repeat + 1}/{config.run.repeats}, " if config.run.repeats > 1 else ""
+    progress = progress or EpochProgress(enabled=False, batches=0)
     for epoch in range(config.run.epochs):
+        label = epoch_label(config.run, repeat, epoch)
         events.epoch_start(repeat, epoch)
-        epochs.append(trainer.train_epoch(epoch))
+        with progress.epoch(label):
+            epochs.append(trainer.train_epoch(epoch))
         events.epoch_stop(repeat, epoch)
-        log.info("%sepoch %d/%d: %.3f s (%d images)", of_repeats, epoch + 1, config.run.epochs,
-                 epochs[-1].seconds, epochs[-1].samples)
+        log.info("%s: %.3f s (%d images)", label, epochs[-1].seconds, epochs[-1].samples)
     events.run_stop(repeat, success=True)
     return epochs
+
+
+def epoch_label(run: RunConfig, repeat: int, epoch: int) -> str:
+    """An epoch as the log line and the progress bar both name it, counted from 1: "epoch 1/2",
+    or "repeat 2/3, epoch 1/2" in a cell of several repeats."""
+    of_repeats = f"repeat {repeat + 1}/{run.repeats}, " if run.repeats > 1 else ""
+    return f"{of_repeats}epoch {epoch + 1}/{run.epochs}"
+
+
+class EpochProgress:
+    """Rank 0's progress bar over the batches of the epoch being timed (`run.progress`).
+
+    Driven by the trainer's heartbeat, which every distribution model calls after each batch
+    (each minibatch a PipeDream worker finishes), so every model shows the same bar; the
+    warm-up's batches, outside `epoch`, do not count. `batches` is the bar's total: the
+    batches of one epoch of this worker's loader."""
+
+    def __init__(self, *, enabled: bool, batches: int) -> None:
+        self.enabled = enabled
+        self.batches = batches
+        self._bar: tqdm | None = None
+
+    @contextlib.contextmanager
+    def epoch(self, label: str) -> Iterator[None]:
+        # leave=False: the epoch's log line takes the bar's place once the epoch is timed.
+        with tqdm(total=self.batches, desc=label, unit="batch", disable=not self.enabled,
+                  leave=False, mininterval=1.0) as self._bar:
+            try:
+                yield
+            finally:
+                self._bar = None
+
+    def update(self) -> None:
+        if self._bar is not None:
+            self._bar.update()
 
 
 def parameter_digest(model: torch.nn.Module) -> str:

@@ -125,9 +125,13 @@ def finished_earlier(prepared: Sequence[PreparedCell[Any]], *,
         result = finished_result(cell.cell.run.output_dir, cell_key(cell.config))
         if result is not None:
             done[index] = result
-            print(f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): skipped, finished "
-                  f"earlier: {result['output_dir']}", flush=True)
-    if done:
+    if done and len(done) == len(prepared):  # one line, not one per cell
+        print(f"[distbench] {len(done)} cell(s) already measured, nothing to run; "
+              f"hydra.launcher.force=true measures them again", flush=True)
+    elif done:
+        for index, result in done.items():
+            print(f"[distbench] cell {prepared[index].job_num} ({prepared[index].cell.run_name})"
+                  f": skipped, finished earlier: {result['output_dir']}", flush=True)
         print(f"[distbench] {len(done)} of {len(prepared)} cells already finished; "
               f"hydra.launcher.force=true runs them again", flush=True)
     return done

@@ -22,15 +22,19 @@ the sweep is re-run.
 
 from __future__ import annotations
 
+import codecs
 import os
+import re
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import submitit
+from tqdm import tqdm
 
 from harness.results import RESULT_FILE, RunStatus
 from launchers.distributed import MASTER_PORT_ENV, free_port, log_to_stderr
@@ -99,30 +103,114 @@ def _watch_launcher(launcher: ProcessId | None) -> None:
 
 
 def wait_for_cell(job: submitit.Job, output_dir: Path, *, timeout_s: float,
-                  grace_s: float = GRACE_AFTER_RESULT_S, result_file: str = RESULT_FILE) -> bool:
+                  grace_s: float = GRACE_AFTER_RESULT_S, result_file: str = RESULT_FILE,
+                  show_rank0: bool = False) -> bool:
     """Wait until every worker of the cell has exited; return True if the cell timed out.
 
     Workers still running `grace_s` after rank 0 wrote `result_file` (the cell's record) or
     exited (without a record, e.g. ended by its watchdog: the launcher records the cell from
     the rank reports), or when `timeout_s` has passed, are ended (`end_cell`), so no process
-    of the cell outlives it.
+    of the cell outlives it. With `show_rank0`, what rank 0 prints appears on this process's
+    terminal meanwhile (`Rank0Terminal`).
     """
     result_path = Path(output_dir) / result_file
     deadline = time.monotonic() + timeout_s
     rank0 = _Rank0(job)
     ended: float | None = None
-    while not job.done():
-        now = time.monotonic()
-        if ended is None and (result_path.exists() or rank0.exited()):
-            ended = now
-        if ended is not None and now - ended > grace_s:
-            break
-        if now > deadline:
-            end_cell(job)
-            return True
-        time.sleep(_POLL_S)
-    end_cell(job)
+    with Rank0Terminal(job, enabled=show_rank0) as terminal:
+        while not job.done():
+            terminal.show()
+            now = time.monotonic()
+            if ended is None and (result_path.exists() or rank0.exited()):
+                ended = now
+            if ended is not None and now - ended > grace_s:
+                break
+            if now > deadline:
+                end_cell(job)
+                return True
+            time.sleep(_POLL_S)
+        end_cell(job)
     return False
+
+
+# A line of submitit's own logger in a worker's output (its handler's format, or the
+# worker's logging format): the launcher's bookkeeping, not the cell's.
+_SUBMITIT_LINE = re.compile(r"^(submitit [A-Z]+ \(|\[[^]]*\]\[submitit\]\[)")
+
+
+class Rank0Terminal:
+    """What rank 0 of a cell prints, shown on the launcher's terminal while the cell runs.
+
+    A cell's workers run under submitit, which sends each worker's stdout and stderr to files
+    (<job>_<rank>_log.out and .err): a multi-worker cell would otherwise train in silence.
+    The launcher reads rank 0's two files as they grow, at each poll of `wait_for_cell`, and
+    shows what a terminal would show of them: each finished line (a log line: the epochs, the
+    result summary) goes to the launcher's stdout or stderr as it went to rank 0's, and the
+    line rank 0 keeps redrawing (text after a carriage return and no newline yet: the
+    frame of its progress bar) is shown on a status line of the launcher's own, a tqdm bar,
+    which stays below the finished lines and under a sweep's own bar. submitit's
+    bookkeeping lines are left out. Ordering between rank 0's stdout and stderr is that of
+    the polls (every `_POLL_S`).
+    """
+
+    def __init__(self, job: submitit.Job, *, enabled: bool = True) -> None:
+        paths = job.task(0).paths
+        self._outputs = [_GrowingOutput(paths.stderr, sys.stderr),
+                         _GrowingOutput(paths.stdout, sys.stdout)] if enabled else []
+        self._status: tqdm | None = None
+
+    def __enter__(self) -> Rank0Terminal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.show()  # what rank 0 printed last: the result summary
+        if self._status is not None:
+            self._status.close()  # leave=False: the status line goes
+
+    def show(self) -> None:
+        """Print rank 0's lines that are new since the last call; show its current frame."""
+        for output in self._outputs:
+            for line in output.new_lines():
+                if line.strip() and not _SUBMITIT_LINE.match(line):
+                    with tqdm.external_write_mode(file=output.stream):  # clears the bars
+                        output.stream.write(line + "\n")
+                        output.stream.flush()
+        frame = next((output.frame for output in self._outputs if output.frame), "")
+        if self._status is None and frame:
+            self._status = tqdm(bar_format="{desc}", leave=False, file=sys.stderr)
+        if self._status is not None and frame != self._status.desc:
+            self._status.set_description_str(frame)
+
+
+class _GrowingOutput:
+    """A worker's output file, read from where the last read stopped."""
+
+    def __init__(self, path: Path, stream: TextIO) -> None:
+        self.path = Path(path)
+        self.stream = stream  # where its lines go on the launcher's side
+        self._offset = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._unfinished = ""  # text after its last newline
+
+    def new_lines(self) -> list[str]:
+        """The lines finished since the last call, each as a terminal shows it: the text
+        after its last carriage return (what came before was overwritten)."""
+        try:
+            with self.path.open("rb") as file:
+                file.seek(self._offset)
+                data = file.read()
+        except OSError:  # not created yet, or gone with the cell's folder
+            return []
+        self._offset += len(data)
+        *lines, unfinished = (self._unfinished + self._decoder.decode(data)).split("\n")
+        # Only the text after its last carriage return can still show: keep no more.
+        self._unfinished = unfinished[max(unfinished.rfind("\r"), 0):]
+        return [line.rsplit("\r", 1)[-1] for line in lines]
+
+    @property
+    def frame(self) -> str:
+        """The line being redrawn (after a carriage return, not finished yet), else ''."""
+        return self._unfinished[1:].strip() if self._unfinished.startswith("\r") else ""
 
 
 class _Rank0:
@@ -167,15 +255,16 @@ def _controller_pid(job: submitit.Job) -> int | None:
 
 
 def run_local_cell(cfg: Any, output_dir: Path, *, workers: int, timeout_min: int) -> dict:
-    """`python -m harness` for a cell with several workers: start them, wait, return the
-    result (rank 0's record, or the record of how the cell failed)."""
+    """`python -m harness` for a cell with several workers: start them, wait (showing what
+    rank 0 prints, as a cell of one worker shows it), return the result (rank 0's record, or
+    the record of how the cell failed)."""
     from harness.run import now
     from launchers.cells import cell_outcome, worker_logs_tail
 
     started = now()
     job = submit_local(_logged_run_cell, cfg, output_dir, folder=output_dir / ".submitit" / "%j",
                        tasks=workers, timeout_min=timeout_min, name="distbench")
-    timed_out = wait_for_cell(job, output_dir, timeout_s=60 * timeout_min)
+    timed_out = wait_for_cell(job, output_dir, timeout_s=60 * timeout_min, show_rank0=True)
     return cell_outcome(cfg, output_dir, ended_as=RunStatus.timeout if timed_out else None,
                         logs=worker_logs_tail(job, workers), started=started)
 

@@ -301,7 +301,7 @@ def test_a_killed_sweeps_parent_is_closed_by_the_next_and_a_skipped_sweep_opens_
 
     again = run_module("harness", [*sweep, "run.epochs=1"], cwd=output_root.parent)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "skipped, finished earlier" in again.stdout
+    assert "1 cell(s) already measured, nothing to run" in again.stdout
     assert [r.info.run_id for r in _parents(output_root)] == [old.info.run_id, new.info.run_id]
 
 

@@ -15,7 +15,6 @@ from typing import Protocol
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from harness.distributions.base import EpochMeasurement, TrainingContext
 from harness.metrics import synchronize
@@ -51,8 +50,6 @@ class BatchLoopTrainer:
         self.device = context.device
         self.clock = context.clock
         self.heartbeat = context.heartbeat
-        # One progress bar per cell, not one per worker.
-        self.progress = context.config.run.progress and context.session.env.is_main
         # Objects that must live as long as training does (e.g. Horovod's rendezvous server).
         self.keep_alive: list[object] = []
 
@@ -93,7 +90,7 @@ class BatchLoopTrainer:
         synchronize(self.device)
         start = time.perf_counter()
         batches = 0
-        for images, labels in self._timed_batches(epoch):
+        for images, labels in self._timed_batches():
             self._train_batch(images, labels)
             self.heartbeat()
             batches += 1
@@ -106,20 +103,17 @@ class BatchLoopTrainer:
             phase_seconds=self.clock.reset(),
         )
 
-    def _timed_batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _timed_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yield the epoch's batches, charging the time spent waiting for each to `data`."""
         batches = iter(self.loader)
-        with tqdm(total=len(self.loader), desc=f"epoch {epoch}", unit="batch",
-                  disable=not self.progress, leave=False, mininterval=1.0) as bar:
-            while True:
-                with self.clock.phase("data"):
-                    batch = next(batches, None)
-                    if batch is not None:
-                        batch = self._to_device(batch)
-                if batch is None:
-                    return
-                yield batch
-                bar.update()
+        while True:
+            with self.clock.phase("data"):
+                batch = next(batches, None)
+                if batch is not None:
+                    batch = self._to_device(batch)
+            if batch is None:
+                return
+            yield batch
 
     def _to_device(self, batch: tuple[torch.Tensor, torch.Tensor]
                    ) -> tuple[torch.Tensor, torch.Tensor]:

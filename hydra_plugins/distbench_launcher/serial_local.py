@@ -42,7 +42,8 @@ class SerialLocalLauncher(LocalLauncher):
 
     A cell gets as many worker processes as its config asks for (`DistbenchConfig.world_size`);
     each runs this launcher's `__call__` (inherited: it composes the cell's config and runs the
-    task function) and learns its rank from submitit's environment.
+    task function) and learns its rank from submitit's environment. What the cell's rank 0
+    prints shows on the sweep's terminal while it runs (`launchers.local.Rank0Terminal`).
     """
 
     def __call__(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN204 - Hydra's signature
@@ -71,8 +72,11 @@ class SerialLocalLauncher(LocalLauncher):
         timeout_min = int(self.params["timeout_min"])
         results, job_ids = [], []
         # The sweep's MLflow parent run, only once every cell is valid and some cell runs.
-        with sweep_parent_run(self.config, cells_to_run=len(prepared) - len(done)):
-            for index, cell in enumerate(tqdm(prepared, desc="sweep", unit="cell")):
+        with (sweep_parent_run(self.config, cells_to_run=len(prepared) - len(done)),
+              # Over the cells that run: skipped ones would make its rate thousands of cells/s.
+              tqdm(total=len(prepared) - len(done), desc="sweep", unit="cell",
+                   disable=len(done) == len(prepared)) as bar):
+            for index, cell in enumerate(prepared):
                 if index in done:
                     results.append(done[index])
                     job_ids.append("skipped")
@@ -83,10 +87,12 @@ class SerialLocalLauncher(LocalLauncher):
                     f"job_id_for_{cell.job_num}", Singleton.get_state(),
                     folder=Path(self.params["submitit_folder"]), tasks=cell.size,
                     timeout_min=timeout_min, name=str(cell.config.hydra.job.name))
-                timed_out = wait_for_cell(job, cell.output_dir, timeout_s=60 * timeout_min)
+                timed_out = wait_for_cell(job, cell.output_dir, timeout_s=60 * timeout_min,
+                                          show_rank0=True)
                 results.append(cells.cell_outcome(
                     cell.config, cell.output_dir,
                     ended_as=RunStatus.timeout if timed_out else None,
                     logs=cells.worker_logs_tail(job, cell.size), started=started))
                 job_ids.append(job.job_id)
+                bar.update()
         return cells.sweep_returns(prepared, results, job_ids)
