@@ -1,0 +1,189 @@
+"""The command line of `python -m harness.sweeps` (see the package's docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from harness import sweeps
+from harness.cli import ArgumentParser, command
+from harness.compose import compose_config
+from harness.config import ConfigError, validate
+from harness.preflight import check_writable_dir
+from harness.sweeps.compare import MATCH_ON, Comparison, compare
+from harness.sweeps.table import Selection, cells_table, client_for, select
+from harness.tracking import tracking_uri
+
+PROG = "python -m harness.sweeps"
+TABLE_SUFFIXES = (".csv", ".parquet")
+# A config override as Hydra reads one (`run.output_dir=x`, `+key=v`), told apart from
+# a selection (an experiment, a run id, a sweep directory: no `=` after a bare key) and from
+# a flag (`--out=x`).
+_OVERRIDE = re.compile(r"[+~]{0,2}[A-Za-z_][\w.]*=")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = ArgumentParser(prog=PROG, description=sweeps.__doc__,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    export = commands.add_parser("export", help="cells to a CSV or Parquet file")
+    export.add_argument("selections", nargs="+", metavar="EXPERIMENT_OR_SWEEP")
+    export.add_argument("--out", type=Path, required=True, help="FILE.csv or FILE.parquet")
+    pair = commands.add_parser("compare", help="two sweeps or experiments cell by cell")
+    pair.add_argument("a", metavar="A")
+    pair.add_argument("b", metavar="B")
+    pair.add_argument("--on", default=",".join(MATCH_ON),
+                      help=f"comma-separated axes that match a cell (default: {','.join(MATCH_ON)})")
+    pair.add_argument("--out", type=Path, default=None,
+                      help="also write the comparison to FILE.csv or FILE.parquet")
+    scale = commands.add_parser("scaling", help="speedup and efficiency against workers")
+    scale.add_argument("selections", nargs="+", metavar="EXPERIMENT_OR_SWEEP")
+    scale.add_argument("--out", type=Path, required=True, help="the plot: FILE.png, .svg or .pdf")
+    return top
+
+
+def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the command's own arguments, config overrides that say where the store is)."""
+    own, overrides = [], []
+    for argument in argv:
+        is_override = _OVERRIDE.match(argument) is not None
+        (overrides if is_override else own).append(argument)
+    return own, overrides
+
+
+@command
+def main(argv: Sequence[str] | None = None) -> None:
+    own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
+    options = parser().parse_args(own)
+    out = getattr(options, "out", None)
+    if out is not None:  # before reading anything: a wrong file name costs nothing
+        _check_out(out, options.command)
+    config = validate(compose_config(overrides))
+    client = client_for(tracking_uri(config.tracking.uri, config.run.output_dir))
+    if options.command == "export":
+        _export(client, options.selections, out)
+    elif options.command == "compare":
+        _compare(client, options.a, options.b, [c for c in options.on.split(",") if c], out)
+    else:
+        _scaling(client, options.selections, out)
+
+
+def _check_out(out: Path, command_: str) -> None:
+    if command_ == "scaling":
+        from harness.sweeps.scaling import check_plot_suffix
+
+        check_plot_suffix(out)
+    elif out.suffix.lower() not in TABLE_SUFFIXES:
+        raise ConfigError(f"--out={out} is invalid: allowed: a file name ending in "
+                          f"{' or '.join(TABLE_SUFFIXES)}")
+    check_writable_dir("--out", str(out.parent))
+
+
+def _cells(client: object, texts: Sequence[str]) -> tuple[list[Selection], pd.DataFrame]:
+    chosen = [select(client, text) for text in texts]
+    table = cells_table(client, chosen)
+    if table.empty:
+        raise ConfigError(f"selection {' '.join(texts)!r} is invalid: "
+                          + "; ".join(map(str, chosen)) + " holds no cell runs; allowed: an "
+                          "experiment or sweep with measured cells")
+    return chosen, table
+
+
+def write_table(table: pd.DataFrame, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix.lower() == ".parquet":
+        table.to_parquet(out, index=False)
+    else:
+        table.to_csv(out, index=False)
+
+
+def _export(client: object, texts: Sequence[str], out: Path) -> None:
+    chosen, table = _cells(client, texts)
+    write_table(table, out)
+    statuses = ", ".join(f"{n} {s}" for s, n in table["status"].value_counts().items())
+    print(f"{out}: {len(table)} cells ({statuses}), {len(table.columns)} columns, from "
+          + "; ".join(map(str, chosen)))
+
+
+def _compare(client: object, a: str, b: str, on: list[str], out: Path | None) -> None:
+    (side_a,), cells_a = _cells(client, [a])
+    (side_b,), cells_b = _cells(client, [b])
+    result = compare(cells_a, cells_b, on)
+    print(f"A: {side_a}, {len(cells_a)} cells\nB: {side_b}, {len(cells_b)} cells")
+    print(comparison_text(result))
+    if out is not None:
+        write_table(result.table, out)
+        print(f"{out}: {len(result.table)} rows")
+
+
+def comparison_text(result: Comparison) -> str:
+    """The comparison as a reader scans it: the axes that differ between cells, each side's
+    seconds per epoch (with its 95 % interval), B/A with its own."""
+    table = result.table
+    varying = [c for c in result.on if table[c].nunique(dropna=False) > 1]
+    constant = [f"{c}={table[c].dropna().iloc[0]}" for c in result.on
+                if c not in varying and table[c].notna().any()]
+    shown = pd.DataFrame({c: table[c].astype("string").fillna("-") for c in varying})
+    for side in ("a", "b"):
+        shown[f"{side.upper()} s/epoch"] = [_seconds(*row) for row in zip(
+            table[f"{side}_status"], table[f"{side}_seconds_per_epoch"],
+            table[f"{side}_seconds_per_epoch_ci95_low"],
+            table[f"{side}_seconds_per_epoch_ci95_high"])]
+    shown["B/A"] = [_ratio(*row) for row in zip(table["ratio"], table["ratio_ci95_low"],
+                                                  table["ratio_ci95_high"])]
+    shown["cell"] = table["side"]
+    lines = [f"matched on: {', '.join(result.on)}"]
+    if constant:
+        lines.append(f"same in every cell: {' '.join(constant)}")
+    lines.append(shown.to_string(index=False))
+    both = table[table["side"] == "both"]
+    lines.append(f"{len(both)} cells on both sides, {int((table['side'] == 'only A').sum())} "
+                 f"only in A, {int((table['side'] == 'only B').sum())} only in B; B/A < 1: "
+                 "B is faster; [95% interval] where both cells have 2 or more repeats")
+    for side, count in result.set_aside.items():
+        if count:
+            lines.append(f"{side.upper()}: {count} earlier run(s) of a cell set aside (the "
+                         f"latest ok run stands for each cell)")
+    return "\n".join(lines)
+
+
+def _seconds(status: object, mean: float, low: float, high: float) -> str:
+    if pd.isna(status):
+        return "-"
+    if status != "ok":
+        return str(status)
+    interval = "" if pd.isna(low) else f" [{low:.3f}, {high:.3f}]"
+    return f"{mean:.3f}{interval}"
+
+
+def _ratio(ratio: float, low: float, high: float) -> str:
+    if math.isnan(ratio):
+        return "-"
+    return f"{ratio:.3f}" + ("" if math.isnan(low) else f" [{low:.3f}, {high:.3f}]")
+
+
+def _scaling(client: object, texts: Sequence[str], out: Path) -> None:
+    from harness.sweeps.scaling import plot, scaling
+
+    chosen, table = _cells(client, texts)
+    result = scaling(table)
+    if result.points.empty:
+        raise ConfigError(f"selection {' '.join(texts)!r} is invalid: no cell ended ok; "
+                          f"allowed: an experiment or sweep with finished cells")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plot(result, out, title="; ".join(map(str, chosen)))
+    for workload, baseline in result.baselines.items():
+        points = result.points[result.points["workload"] == workload]
+        print(f"{workload}\n  baseline: {baseline}")
+        print(points[["series", "workers", "seconds_per_epoch", "speedup", "efficiency"]]
+              .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if result.set_aside:
+        print(f"{result.set_aside} slower cell(s) of a model at a worker count it already has "
+              f"are not plotted (the fastest stands for each)")
+    print(f"{out}: speedup and efficiency against workers, {len(result.points)} cells")
