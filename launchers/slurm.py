@@ -6,10 +6,22 @@ all jobs of a sweep alike): `hardware.nodes` nodes with `hardware.workers_per_no
 worth something if nothing else runs on the measured hardware, so:
 
 - every cell asks for whole nodes (`--exclusive`);
-- with `one_cell_at_a_time` (the default) every cell of a sweep carries the same job name and
-  `--dependency=singleton`, so SLURM itself starts them one after another. That matters where
-  nodes share hardware (the local test cluster's two "nodes" share one machine's cores), and
-  it keeps holding when the shell that submitted the sweep is gone.
+- by default every cell of a sweep carries the same job name and `--dependency=singleton`, so
+  SLURM itself starts them one after another. That matters where nodes share hardware (the
+  local test cluster's two "nodes" share one machine's cores), and it keeps holding when the
+  shell that submitted the sweep is gone. `array_parallelism: k` makes k such chains (job
+  names `<name>-0` .. `<name>-<k-1>`, cell i in chain i mod k): at most k cells at once, each
+  on its own exclusive nodes;
+- a job that reaches its time limit is re-queued up to `max_num_timeout` times (submitit's
+  requeue: SLURM signals the job `signal_delay_s` before its limit, rank 0 requeues it, the
+  cell starts again from scratch in the same job and directory); only the last try's timeout
+  is recorded (`keep_last_try_to_its_limit`).
+
+The keys of Hydra's submitit plugin that size a job (`nodes`, `tasks_per_node`,
+`gpus_per_node`, `gpus_per_task`, `cpus_per_task`) are checks here, never a resize of the
+measured cell: a value the cell's hardware config does not imply stops the sweep before any job
+is submitted, with one line naming the key, its value, the value the cell needs and the
+hardware setting to change (`check_sizing_keys`).
 
 The jobs record themselves (rank 0 writes result.json and the MLflow run), so a sweep loses no
 result if the submitting shell dies. While that shell lives, it waits for the jobs, ends a job
@@ -28,7 +40,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +62,9 @@ log = logging.getLogger(__name__)
 _RUNNING_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "RESIZING", "REQUEUED",
                    "REQUEUE_FED", "REQUEUE_HOLD", "SUSPENDED", "STOPPED", "SIGNALING",
                    "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+# A running job put back in the queue (submitit's requeue after the time-limit signal).
+_STARTED_STATES = {"RUNNING", "COMPLETING"}
+_REQUEUED_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
 # A job squeue no longer knows (purged after slurm.conf's MinJobAge) has ended.
 GONE = "GONE"
 # How a job that left no result ended, as a cell status.
@@ -84,24 +101,100 @@ def cell_job_size(cell: DistbenchConfig, launcher: Mapping[str, Any]) -> CellJob
 def job_size(hardware: HardwareConfig, workers: int, launcher: Mapping[str, Any], *,
              what: str = "the job") -> CellJobSize:
     """`workers` workers spread over `hardware`'s nodes (all on one node when only one), one
-    GPU per task on CUDA hardware; explicit launcher sizes are checked against it, and the
-    launcher's settings against the job script (`check_script_safe`), before any submission."""
+    GPU per task on CUDA hardware; the launcher's sizing keys are checked against it, and its
+    other settings against the job script (`check_script_safe`, `check_sweep_settings`),
+    before any submission."""
     check_script_safe(launcher)
+    check_sweep_settings(launcher)
     nodes = hardware.nodes if workers > 1 else 1
     tasks_per_node = workers // nodes
     size = CellJobSize(nodes=nodes, tasks_per_node=tasks_per_node,
                        gpus_per_node=tasks_per_node if hardware.device.value == "cuda" else None)
-    for key in ("nodes", "tasks_per_node"):
-        given = launcher.get(key)
-        if given is not None and given != getattr(size, key):
-            raise ConfigError(
-                f"hydra.launcher.{key}={given} is invalid for {what}: it needs "
-                f"{getattr(size, key)} (hardware.nodes={hardware.nodes}, "
-                f"hardware.workers_per_node={hardware.workers_per_node}); allowed: null "
-                f"(sized from the hardware) or {getattr(size, key)}")
-    if launcher.get("gpus_per_node") is not None:
-        size = CellJobSize(size.nodes, size.tasks_per_node, int(launcher["gpus_per_node"]))
+    check_sizing_keys(size, hardware, launcher, what)
     return size
+
+
+def check_sizing_keys(size: CellJobSize, hardware: HardwareConfig,
+                      launcher: Mapping[str, Any], what: str) -> None:
+    """A sizing key of Hydra's submitit plugin given in the launcher config must agree with the
+    cell: equal to what the cell needs, or to the whole allocation its hardware config describes
+    (the value a user's config for the plugin holds; a cell that needs less, such as the
+    one-worker baseline, still gets only what it needs). Anything else would measure another
+    cell than the one recorded, so it stops the sweep with one line."""
+    hardware_is = (f"hardware={hardware.name}: nodes={hardware.nodes}, "
+                   f"workers_per_node={hardware.workers_per_node}, device="
+                   f"{hardware.device.value}")
+    cuda = hardware.device.value == "cuda"
+    # key -> (what the cell needs, the values accepted, the hardware setting behind it)
+    expected: dict[str, tuple[int, set[int], str]] = {
+        "nodes": (size.nodes, {size.nodes, hardware.nodes}, "hardware.nodes"),
+        "tasks_per_node": (size.tasks_per_node, {size.tasks_per_node, hardware.workers_per_node},
+                           "hardware.workers_per_node"),
+        "gpus_per_node": ((size.tasks_per_node, {size.tasks_per_node, hardware.workers_per_node},
+                           "hardware.workers_per_node (one GPU per worker)") if cuda else
+                          (0, {0}, "hardware.device (cpu: no GPUs)")),
+        "gpus_per_task": ((1, {1}, "hardware.device (one GPU per worker)") if cuda else
+                          (0, {0}, "hardware.device (cpu: no GPUs)")),
+    }
+    if hardware.cpu_threads is not None:
+        expected["cpus_per_task"] = (hardware.cpu_threads, {hardware.cpu_threads},
+                                     "hardware.cpu_threads (torch threads per worker)")
+    for key, (needed, accepted, setting) in expected.items():
+        given = launcher.get(key)
+        if given is None or given in accepted:
+            continue
+        allowed = ", ".join(str(value) for value in sorted(accepted))
+        raise ConfigError(
+            f"hydra.launcher.{key}={given} is invalid for {what}: it needs {needed} "
+            f"({hardware_is}); allowed: null (sized from the hardware config) or {allowed}; "
+            f"for {given}, change {setting} in the hardware config instead")
+
+
+def cells_at_once(launcher: Mapping[str, Any]) -> int | None:
+    """How many cells of a sweep may run at the same time; None: no limit."""
+    if launcher.get("one_cell_at_a_time") is False:
+        return None
+    return int(launcher.get("array_parallelism") or 1)
+
+
+def check_sweep_settings(launcher: Mapping[str, Any]) -> None:
+    """The launcher's sweep policy: counts in range, and no two keys that contradict."""
+    for key, least in (("array_parallelism", 1), ("max_num_timeout", 0)):
+        value = launcher.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < least):
+            raise ConfigError(f"hydra.launcher.{key}={value} is invalid: a whole number; "
+                              f"allowed: {least} or more")
+    parallel = launcher.get("array_parallelism")
+    if launcher.get("one_cell_at_a_time") is True and parallel is not None and parallel > 1:
+        raise ConfigError(
+            f"hydra.launcher.one_cell_at_a_time=true is invalid with "
+            f"hydra.launcher.array_parallelism={parallel}: they contradict; allowed: "
+            f"one_cell_at_a_time=null (array_parallelism cells at once) or array_parallelism=1")
+    for flag in dict(launcher.get("additional_parameters") or {}):
+        name = str(flag).replace("-", "_")
+        if name in _DERIVED_FLAGS:
+            raise ConfigError(
+                f"hydra.launcher.additional_parameters.{flag} is invalid: distbench sets "
+                f"--{name.replace('_', '-')} itself ({_DERIVED_FLAGS[name]}); allowed: any "
+                f"other sbatch flag")
+
+
+# sbatch flags distbench derives for every cell, which `additional_parameters` (written last by
+# submitit, so it would win) must not replace.
+_DERIVED_FLAGS = {
+    "nodes": "from the cell's hardware config; hydra.launcher.nodes is a check of it",
+    "ntasks": "from the cell's hardware config",
+    "ntasks_per_node": "from the cell's hardware config; hydra.launcher.tasks_per_node is a "
+                       "check of it",
+    "gpus": "one GPU per worker on CUDA hardware",
+    "gpus_per_node": "one GPU per worker on CUDA hardware",
+    "exclusive": "whole nodes per cell: hydra.launcher.exclusive",
+    "dependency": "cells at once: hydra.launcher.array_parallelism",
+    "job_name": "hydra.launcher.name",
+    "array": "one job per cell: hydra.launcher.array_parallelism",
+    "signal": "the time-limit signal: hydra.launcher.signal_delay_s",
+}
 
 
 # An sbatch flag name as `additional_parameters` may give it (`reservation`, `mail-type`).
@@ -163,36 +256,82 @@ def _check_one_line(key: str, value: Any) -> None:
 # and go to submitit with a `slurm_` prefix. Keys handled here (sizing, sweep policy) are not
 # passed on as they are.
 _GENERIC_KEYS = {"timeout_min", "cpus_per_task", "mem_gb", "stderr_to_stdout"}
-_OWN_KEYS = {"submitit_folder", "nodes", "tasks_per_node", "gpus_per_node", "name", "exclusive",
-             "one_cell_at_a_time", "grace_after_result_s", "max_num_timeout",
-             "array_parallelism", "force", "_target_"}
+_OWN_KEYS = {"submitit_folder", "nodes", "tasks_per_node", "gpus_per_node", "gpus_per_task",
+             "name", "exclusive", "one_cell_at_a_time", "grace_after_result_s", "max_num_timeout",
+             "array_parallelism", "wait_for_completion", "force", "_target_"}
 
 
 def executor_parameters(size: CellJobSize, launcher: Mapping[str, Any],
-                        cell: DistbenchConfig) -> dict[str, Any]:
-    """submitit parameters of one cell's job."""
+                        cell: DistbenchConfig, job_num: int = 0) -> dict[str, Any]:
+    """submitit parameters of one cell's job (the `job_num`th cell of its sweep)."""
+    # `gpus_per_task` given (cpus_per_gpu needs it): the cell's GPUs are asked per task.
+    per_task = launcher.get("gpus_per_task") and size.gpus_per_node is not None
     parameters: dict[str, Any] = {
         "nodes": size.nodes, "tasks_per_node": size.tasks_per_node,
-        "gpus_per_node": size.gpus_per_node, "name": str(launcher["name"]),
+        "gpus_per_node": None if per_task else size.gpus_per_node,
+        "name": str(launcher["name"]),
         "slurm_exclusive": bool(launcher.get("exclusive", True)) or None,
     }
+    if per_task:
+        parameters["slurm_gpus_per_task"] = 1
     if launcher.get("cpus_per_task") is None and cell.hardware.cpu_threads is not None:
         parameters["cpus_per_task"] = cell.hardware.cpu_threads
-    if launcher.get("one_cell_at_a_time", True):
+    chains = cells_at_once(launcher)
+    if chains is not None:  # SLURM starts a chain's jobs (same name, singleton) one by one
         parameters["slurm_dependency"] = "singleton"
+        if chains > 1:
+            parameters["name"] = f"{parameters['name']}-{job_num % chains}"
     for key, value in launcher.items():
         if key in _OWN_KEYS or value is None:
             continue
         parameters[key if key in _GENERIC_KEYS else f"slurm_{key}"] = value
+    if int(launcher.get("max_num_timeout") or 0) > 0:  # also where JobRequeue=0 is the default
+        parameters["slurm_additional_parameters"] = {
+            "requeue": True, **dict(parameters.get("slurm_additional_parameters") or {})}
     return parameters
 
 
-def submit_cell(function: Callable[..., Any], *args: Any, folder: Path,
-                parameters: Mapping[str, Any]) -> submitit.Job:
-    """Submit one cell as one SLURM job (sbatch) whose every task calls `function(*args)`."""
-    executor = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
+def cell_executor(folder: Path, parameters: Mapping[str, Any], *,
+                  max_num_timeout: int = 0) -> submitit.AutoExecutor:
+    """The submitit executor of one cell's job. `max_num_timeout` is always given: submitit's
+    own default re-queues a timed-out job 3 times."""
+    executor = submitit.AutoExecutor(folder=str(folder), cluster="slurm",
+                                     slurm_max_num_timeout=max_num_timeout)
     executor.update_parameters(**parameters)
-    return executor.submit(function, *args)
+    return executor
+
+
+def submit_cell(function: Callable[..., Any], *args: Any, folder: Path,
+                parameters: Mapping[str, Any], max_num_timeout: int = 0) -> submitit.Job:
+    """Submit one cell as one SLURM job (sbatch) whose every task calls `function(*args)`;
+    a timed-out job is re-queued up to `max_num_timeout` times if `function` has submitit's
+    `checkpoint` method."""
+    return cell_executor(folder, parameters, max_num_timeout=max_num_timeout).submit(
+        function, *args)
+
+
+def keep_last_try_to_its_limit(max_num_timeout: int) -> None:
+    """In a cell's SLURM task, before the cell starts: on its last try, the job's time-limit
+    signal is only logged.
+
+    SLURM signals every task `signal_delay_s` before the job's time limit. While tries remain,
+    submitit's handler re-queues the job (rank 0 runs `scontrol requeue`): the attempt records
+    nothing, the next one measures the cell again. On the last try, that handler would raise
+    UncompletedJobError in the middle of the measurement, and rank 0 would record the cell as
+    `failed` before its time is up; instead the cell runs on, and if SLURM ends it at its limit
+    the launcher records it as `timeout` (the job's TIMEOUT state).
+    """
+    tries_used = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    if tries_used < max_num_timeout:
+        return
+    limit_signal = signal.Signals[f"SIG{submitit.JobEnvironment.USR_SIG}"]
+
+    def last_try(signum: int, frame: object) -> None:
+        log.warning("SLURM signalled this job's time limit on its last try (%d of %d, "
+                    "hydra.launcher.max_num_timeout=%d): the cell runs on until SLURM ends it",
+                    tries_used + 1, max_num_timeout + 1, max_num_timeout)
+
+    signal.signal(limit_signal, last_try)
 
 
 @dataclass(frozen=True)
@@ -264,6 +403,7 @@ class SubmittedCell:
     state: str = "PENDING"
     result_seen_at: float | None = None
     cancelled: bool = False
+    requeues: int = 0  # times the launcher saw SLURM put the running job back in the queue
 
 
 def wait_for_cells(cells: Sequence[SubmittedCell], *, grace_s: float,
@@ -289,7 +429,12 @@ def wait_for_cells(cells: Sequence[SubmittedCell], *, grace_s: float,
             time.sleep(_POLL_S)
             continue
         for cell in list(pending):
-            cell.state = states[cell.job.job_id]
+            before, cell.state = cell.state, states[cell.job.job_id]
+            if before in _STARTED_STATES and cell.state in _REQUEUED_STATES:
+                cell.requeues += 1
+                print(f"[distbench] SLURM job {cell.job.job_id} re-queued ({before} -> "
+                      f"{cell.state}, try {cell.requeues + 1}): the cell runs again from "
+                      f"the start", flush=True)
             if has_ended(cell.state):
                 pending.remove(cell)
                 on_end(cell)

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -123,11 +123,13 @@ def _wait_for_training(output_root: Path, job_id: str, timeout: float = 180) -> 
     raise AssertionError(f"SLURM job {job_id} never started training")
 
 
-def _job_ids(sweep: subprocess.Popen[str], count: int) -> list[str]:
-    """The SLURM job ids the launcher prints as it submits the cells."""
-    assert sweep.stdout is not None
+def _job_ids(sweep: subprocess.Popen[str] | Iterable[str], count: int) -> list[str]:
+    """The SLURM job ids the launcher prints as it submits the cells (read from the sweep's
+    output, or from lines of it)."""
+    lines = sweep.stdout if isinstance(sweep, subprocess.Popen) else sweep
+    assert lines is not None
     ids: list[str] = []
-    for line in sweep.stdout:
+    for line in lines:
         if "SLURM job" in line:
             ids.append(line.split("SLURM job ")[1].split(",")[0])
             if len(ids) == count:
@@ -311,18 +313,6 @@ def test_the_probe_measures_the_link_between_two_slurm_nodes(slurm_cluster: None
     assert link.cost.latency_s > 0 and link.cost.bandwidth_bytes_per_s > 0
     script = next((output_root / "probes").rglob("*_submission.sh")).read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --exclusive" in script
-
-
-def test_a_launcher_size_that_contradicts_the_hardware_stops_the_sweep_before_submitting(
-        output_root: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "harness", *SLURM_SWEEP, "distribution=sequential,ddp",
-         "hydra.launcher.nodes=1", f"run.output_dir={output_root}"],
-        cwd=output_root.parent, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert "hydra.launcher.nodes=1 is invalid" in done.stderr
-    assert "it needs 2" in done.stderr and "Traceback" not in done.stderr
-    assert not list(output_root.rglob("*_submission.sh"))
 
 
 def _cell(**hardware: object) -> DistbenchConfig:

@@ -12,12 +12,14 @@ while scanning for plugins, before it is in sys.modules, and dataclasses then ca
 string annotations.
 """
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn
 from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
@@ -25,28 +27,42 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 
 @dataclass
 class SlurmCellsConf(SlurmQueueConf):
-    """SLURM settings of a sweep. Every key of Hydra's submitit SLURM launcher is accepted
-    (partition, account, qos, mem_gb, cpus_per_task, constraint, gres, setup, ...);
-    `additional_parameters` takes any other sbatch flag, e.g. {reservation: r1}."""
+    """SLURM settings of a sweep. Every key of Hydra's submitit SLURM launcher is accepted,
+    so a launcher config written for it works here (partition, account, qos, mem_gb,
+    constraint, gres, setup, max_num_timeout, array_parallelism, wait_for_completion, ...);
+    `additional_parameters` takes any other sbatch flag, e.g. {reservation: r1}. The sizing
+    keys are checks against each cell's hardware config (launchers.slurm.check_sizing_keys)."""
 
     _target_: str = "hydra_plugins.distbench_launcher.slurm_cells.SlurmCellsLauncher"
     # null: sized per cell (hardware.nodes x hardware.workers_per_node, one task for the
-    # sequential baseline). A value given here must match every cell: it is a check.
+    # sequential baseline). A value given here is a check: the cell's size, or its hardware
+    # config's whole allocation.
     nodes: Optional[int] = None
     tasks_per_node: Optional[int] = None
-    # null: one GPU per task on CUDA hardware, none on CPU hardware.
+    # null: one GPU per task on CUDA hardware, none on CPU hardware (a value: a check).
     gpus_per_node: Optional[int] = None
-    # Wall-clock limit of one cell's job in minutes (sbatch --time); a job SLURM ends for it is
-    # recorded as `timeout`.
+    # null, or 1 on CUDA hardware: then the GPUs are asked per task (for cpus_per_gpu).
+    gpus_per_task: Optional[int] = None
+    # Wall-clock limit of one try of a cell's job in minutes (sbatch --time); a job SLURM ends
+    # for it on its last try is recorded as `timeout`.
     timeout_min: int = 120
-    # Job name. With one_cell_at_a_time all cells share it, which is what SLURM's singleton
-    # dependency keys on.
+    # Tries after the first for a job that reaches timeout_min: submitit re-queues it (SLURM
+    # signals it signal_delay_s before its limit) and the cell runs again from the start.
+    max_num_timeout: int = 0
+    # Job name. Cells that may not run at the same time share it (SLURM's singleton
+    # dependency keys on it); with array_parallelism > 1 it ends in -0, -1, ...
     name: str = "distbench-${tracking.experiment}"
     # Whole nodes per cell (sbatch --exclusive): nothing else runs beside a measured cell.
     exclusive: bool = True
-    # Cells start one after another (sbatch --dependency=singleton). Turn off on a cluster
-    # whose nodes are distinct machines, to run cells on different nodes at the same time.
-    one_cell_at_a_time: bool = True
+    # Cells of the sweep that run at the same time, each on its own (exclusive) nodes.
+    # 1: one after another, as a measurement on nodes that share hardware needs.
+    array_parallelism: int = 1
+    # false: no limit on cells at once (they start as nodes come free); true: the same as
+    # array_parallelism=1; null: array_parallelism decides.
+    one_cell_at_a_time: Optional[bool] = None
+    # Accepted for configs of Hydra's plugin; distbench always waits for the cells' jobs (it
+    # records a cell whose job ended without a result, and ends workers that linger).
+    wait_for_completion: bool = True
     # A job still running this long after its rank 0 recorded the cell is cancelled.
     grace_after_result_s: float = 20.0
     # Extra arguments of the srun line that starts the workers.
@@ -64,9 +80,26 @@ ConfigStore.instance().store(group="hydra/launcher", name="slurm_cells", node=Sl
 class SlurmCellsLauncher(SlurmLauncher):
     """Submit every cell as its own SLURM job, then follow them until all have ended."""
 
+    def __call__(self, sweep_overrides: List[str], job_dir_key: str, job_num: int, job_id: str,
+                 singleton_state: Dict[type, Singleton]) -> JobReturn:
+        """A task of a cell's job (runs on the cluster): the cell, as Hydra's plugin runs it.
+        Its `checkpoint` (inherited) lets submitit re-queue a timed-out job; only the last
+        try runs into the time limit itself."""
+        from launchers import slurm
+        from launchers.hydra_names import register_launcher_names
+
+        # The plugin's __call__ restores Hydra's state (set_state), whose plugin scan stores
+        # the plugin's own `submitit_slurm` config again; the cell's config is then composed
+        # anew wherever the submitting process did not cache it (a launcher config found
+        # through hydra.searchpath). Scan first and put distbench's names back: set_state
+        # reuses this state's scanned Plugins, so the scan does not run again.
+        Singleton.set_state(singleton_state)
+        register_launcher_names()
+        slurm.keep_last_try_to_its_limit(int(self.params["max_num_timeout"]))
+        return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
-        from hydra.core.singleton import Singleton
         from tqdm import tqdm
 
         from harness.resume import cell_key
@@ -78,6 +111,10 @@ class SlurmCellsLauncher(SlurmLauncher):
         prepared = cells.prepare_sweep(
             self.hydra_context.config_loader, self.config, job_overrides, initial_job_idx,
             size_cell=lambda cell: slurm.cell_job_size(cell, self.params))
+        if not self.params["wait_for_completion"]:
+            print("[distbench] hydra.launcher.wait_for_completion=false is ignored: distbench "
+                  "waits for every cell's job (it records a cell that ends without a result "
+                  "and ends workers that linger)", file=sys.stderr, flush=True)
         force = bool(self.params["force"])
         done = cells.finished_earlier(prepared, force=force)
         earlier = slurm_resume.take_over_earlier_jobs(prepared, done, force=force)
@@ -97,7 +134,9 @@ class SlurmCellsLauncher(SlurmLauncher):
                     self, cell.overrides, "hydra.sweep.dir", cell.job_num,
                     f"job_id_for_{cell.job_num}", Singleton.get_state(),
                     folder=Path(self.params["submitit_folder"]),
-                    parameters=slurm.executor_parameters(cell.size, self.params, cell.cell))
+                    parameters=slurm.executor_parameters(cell.size, self.params, cell.cell,
+                                                         cell.job_num),
+                    max_num_timeout=int(self.params["max_num_timeout"]))
                 # Noted before it is announced: a re-run after this process dies must find it.
                 slurm.write_job_note(cell.cell.run.output_dir, cell_key(cell.config), slurm.JobNote(
                     job_id=job.job_id, folder=str(Path(self.params["submitit_folder"]).absolute()),
