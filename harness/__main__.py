@@ -11,6 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from harness.cli import noted, run_hydra_main
+from harness.compose import CONFIG_PATH
 from harness.config import register_configs, validate
 from harness.run import run_cell
 from launchers.distributed import worker_environment
@@ -20,7 +21,7 @@ register_configs()
 register_launcher_names()
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
     config = validate(cfg)  # bad input: one line, exit status 2 (run_hydra_main below)
     if config.world_size > 1 and not worker_environment().is_distributed:
@@ -38,5 +39,11 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     return result
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The `distbench` console command: `python -m harness` under its own name, which bash can
+    complete (`eval "$(distbench -sc install=bash)"`; it cannot complete `python -m`)."""
     run_hydra_main(main)
+
+
+if __name__ == "__main__":
+    cli()

@@ -3,17 +3,24 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
+from importlib.resources import files
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
 from harness.cli import exit_on_bad_input
 from harness.config import DistbenchConfig, register_configs, validate
 from harness.preflight import check_launcher, check_runs_here
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+# The configs, the repository's conf/, are the package `harness.conf` (setup.py installs conf/
+# under that name): Hydra finds them the same way in a checkout's editable install and in an
+# installed wheel, wherever the command runs. `@hydra.main` is given CONFIG_PATH.
+CONFIG_MODULE = "harness.conf"
+CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
+CONF_DIR = Path(str(files(CONFIG_MODULE)))  # its directory, for code that reads a file directly
 
 
 def compose_config(overrides: Sequence[str] = (), *, with_hydra: bool = False) -> DictConfig:
@@ -24,7 +31,7 @@ def compose_config(overrides: Sequence[str] = (), *, with_hydra: bool = False) -
 
     register_configs()
     register_launcher_names()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides),
                        return_hydra_config=with_hydra)
 
@@ -45,7 +52,8 @@ def check_hydra_main(argv: Sequence[str]) -> None:
 
     parser = get_args_parser()
     parser.error = ArgumentParser.error.__get__(parser)  # type: ignore[method-assign]
-    parser.prog = "python -m harness"
+    # `distbench` (the console command) or `python -m harness`, named as Hydra names it
+    parser.prog = "python -m harness" if sys.argv[0].endswith(".py") else Path(sys.argv[0]).name
     args = parser.parse_args(list(argv))
     if (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
             or args.config_path or args.config_name or args.config_dir
@@ -56,7 +64,7 @@ def check_hydra_main(argv: Sequence[str]) -> None:
 
     register_launcher_names()
     overrides = list(args.overrides)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
         hydra = GlobalHydra.instance().hydra
         assert hydra is not None
         mode = hydra.get_mode(config_name="config", overrides=overrides)

@@ -133,8 +133,8 @@ def sync(output_root: Path, uri: str) -> int:
     return failures
 
 
-def main(argv: list[str]) -> int:
-    config = compose_or_exit(argv)
+def main(argv: list[str] | None = None) -> int:
+    config = compose_or_exit(sys.argv[1:] if argv is None else argv)
     with exit_on_bad_input():
         root = Path(config.run.output_dir).expanduser()
         if root.exists() and not root.is_dir():

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv and install distbench with its test dependencies and Horovod, idempotently.
 #
-# A second run is quick: it re-installs only when pyproject.toml changed since the
-# last successful install (the hash is kept in .venv/.distbench-install-stamp).
+# A second run is quick: it re-installs only when pyproject.toml or setup.py changed since the
+# last successful install (their hash is kept in .venv/.distbench-install-stamp).
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,9 +18,9 @@ if [ ! -x "$venv/bin/python" ]; then
     "$python_bin" -m venv "$venv"
 fi
 
-wanted="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+wanted="$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] \
-    && "$venv/bin/python" -c "import harness, workloads, launchers, horovod.torch" 2>/dev/null; then
+    && "$venv/bin/python" -c "import harness.conf, workloads, launchers, horovod.torch" 2>/dev/null; then
     echo "[setup] .venv is up to date"
     exit 0
 fi

@@ -8,16 +8,15 @@ import pytest
 from omegaconf import OmegaConf
 
 from harness.batch_sizes import default_batch_size, default_micro_batches
-from harness.compose import compose_config, compose_or_exit
+from harness.compose import CONF_DIR, compose_config, compose_or_exit
 from harness.config import ConfigError, DistbenchConfig, validate
-from tests.helpers import REPO_ROOT
 
 DATASETS = ["mnist", "cifar10", "imagenet", "highres"]
 NETWORKS = ["resnet18", "resnet50", "resnet152", "vgg11", "vgg16", "mobilenetv2"]
 
 
 def test_config_groups_on_disk_match_the_schema() -> None:
-    conf = REPO_ROOT / "conf"
+    conf = CONF_DIR
     assert sorted(p.stem for p in (conf / "dataset").glob("*.yaml")) == sorted(DATASETS)
     assert sorted(p.stem for p in (conf / "network").glob("*.yaml")) == sorted(NETWORKS)
     assert (conf / "distribution" / "sequential.yaml").exists()
@@ -109,7 +108,7 @@ def test_unknown_names_fail_with_one_line_and_exit_2(
 @pytest.mark.parametrize("sweep", ["smoke", "imagenet_resnet", "local_data_parallel"])
 def test_sweep_configs_turn_on_multirun_by_themselves(sweep: str) -> None:
     cfg = compose_config([f"+sweep={sweep}"])
-    hydra = OmegaConf.load(REPO_ROOT / "conf" / "sweep" / f"{sweep}.yaml").hydra
+    hydra = OmegaConf.load(CONF_DIR / "sweep" / f"{sweep}.yaml").hydra
     assert hydra.mode == "MULTIRUN"
     assert "network" in hydra.sweeper.params
     assert cfg.tracking.experiment == sweep

@@ -1,0 +1,1 @@
+"""distbench's Hydra configs (`conf/`), installed as the package `harness.conf`."""
