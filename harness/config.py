@@ -339,7 +339,7 @@ class TrackingConfig:
     # null = $MLFLOW_TRACKING_URI if set, else sqlite:///<run.output_dir>/mlflow.db
     uri: Optional[str] = None
     experiment: str = "distbench"  # sweeps set this to their own name
-    run_name: Optional[str] = None  # null = "<network>-<dataset>-<distribution>-<hardware>"
+    run_name: Optional[str] = None  # null = built from the cell (DistbenchConfig.run_name)
 
     def __post_init__(self) -> None:
         # MLflow refuses an empty experiment name, but only when the cell is synced, after
@@ -490,10 +490,22 @@ class DistbenchConfig:
 
     @property
     def run_name(self) -> str:
-        return self.tracking.run_name or "-".join((
-            self.network.name.value, self.dataset.name.value,
-            self.distribution.name.value, self.hardware.name,
-        ))
+        """The cell's name (`tracking.run_name`, else built), led by what tells the cells of a
+        sweep apart, since MLflow's runs table cuts long names: distribution model, workers
+        (nodes x workers per node), GPipe's micro-batches or PipeDream's stage plan, batch
+        size, then network-dataset; e.g. "gpipe 1x2 mb4 b32 resnet18-mnist"."""
+        if self.tracking.run_name:
+            return self.tracking.run_name
+        distribution = self.distribution
+        nodes, per_node = ((1, 1) if distribution.name is DistributionName.sequential
+                           else (self.hardware.nodes, self.hardware.workers_per_node))
+        parts = [distribution.name.value, f"{nodes}x{per_node}"]
+        if distribution.name is DistributionName.gpipe:
+            parts.append(f"mb{self.micro_batches}")
+        elif distribution.name is DistributionName.pipedream and distribution.stages:
+            parts.append(f"st{distribution.stages}")
+        parts += [f"b{self.batch_size}", f"{self.network.name.value}-{self.dataset.name.value}"]
+        return " ".join(parts)
 
 
 def register_configs() -> None:

@@ -441,4 +441,5 @@ def _fresh_run_dir(config: DistbenchConfig) -> Path:
 
 
 def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    # Milliseconds: MLflow shows the cell's run from started_at to finished_at (its Duration).
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")

@@ -14,6 +14,7 @@ sync that can prove the launcher is gone.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
 import json
 import logging
@@ -22,6 +23,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,41 @@ RESULT_ID_TAG = "distbench.result_id"
 # host's boot), so that a later process can tell that the launcher is gone.
 KIND_TAG = "distbench.kind"
 SWEEP_KIND = "sweep"
+CELL_KIND = "cell"
+# MLflow 3 opens an experiment on its GenAI overview unless it is a training ("Machine
+# learning") experiment: versions that read this tag open the runs table instead; 3.17 reads
+# the workflow type the UI keeps per browser, which the `workflowType` URL parameter sets
+# (experiment_link).
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_EXPERIMENT = "custom_model_development"
+# A view of the runs table kept in the experiment, as the UI's "Share" button keeps one (a tag
+# `mlflow.sharedViewState.<key>` holding the view as JSON, opened by `?viewStateShareKey=<key>`):
+# the cells of every sweep, fastest first, with the columns a user compares. The UI offers no
+# way to make a view the default; experiment_link opens this one.
+VIEW_KEY = "distbench"
+VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
+RUN_NAME_COLUMN = "attributes.`Run Name`"
+DURATION_COLUMN = "duration"  # always shown; its place follows the run name's
+VIEW_COLUMNS = {  # column -> width in px, wide enough for its header
+    "metrics.`seconds_per_epoch`": 150, "metrics.`images_per_second`": 150,
+    "metrics.`peak_memory_mb`": 140, "metrics.`world_size`": 110,
+    "params.`distribution.name`": 150, "params.`distribution.batch_size`": 170,
+    "tags.`status`": 80}
+VIEW_STATE = {
+    "searchFilter": f"tags.`{KIND_TAG}` = '{CELL_KIND}'",
+    "orderByKey": "metrics.`seconds_per_epoch`", "orderByAsc": True,
+    "selectedColumns": list(VIEW_COLUMNS),
+    # The UI applies widths to the columns listed in columnOrder only.
+    "columnOrder": [RUN_NAME_COLUMN, DURATION_COLUMN, *VIEW_COLUMNS],
+    "columnWidths": {RUN_NAME_COLUMN: 300, **VIEW_COLUMNS}}
+# Where `mlflow ui` serves by default: the link's base for a store that is not a server.
+DEFAULT_UI_URL = "http://127.0.0.1:5000"
+# A sweep's parent run, once its cells have run: how many ended ok and how many did not, and
+# the fastest (its run name as a tag, its seconds per epoch as a metric).
+CELLS_OK_METRIC = "cells_ok"
+CELLS_FAILED_METRIC = "cells_failed"
+FASTEST_CELL_TAG = "fastest_cell"
+FASTEST_SECONDS_METRIC = "fastest_seconds_per_epoch"
 LAUNCHER_HOST_TAG = "distbench.launcher_host"
 LAUNCHER_PID_TAG = "distbench.launcher_pid"
 LAUNCHER_START_TAG = "distbench.launcher_start"
@@ -95,11 +132,14 @@ def _client(uri: str):  # noqa: ANN202 - MlflowClient imported lazily (slow impo
 
 
 def experiment_id(client: Any, name: str, uri: str) -> str:
-    """Id of experiment `name`, created on first use (artifacts beside a local SQLite store)."""
+    """Id of experiment `name`, created on first use (artifacts beside a local SQLite store)
+    as a training experiment with distbench's view of its runs (experiment_tags); an existing
+    one gets the tags it lacks."""
     from mlflow.exceptions import MlflowException
 
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
+        _tag_experiment(client, experiment)
         return experiment.experiment_id
     artifact_location = None
     if uri.startswith("sqlite:///"):
@@ -108,12 +148,37 @@ def experiment_id(client: Any, name: str, uri: str) -> str:
         store_dir = Path(uri.removeprefix("sqlite:///")).parent
         artifact_location = (store_dir / "mlartifacts" / name).resolve().as_uri()
     try:
-        return client.create_experiment(name, artifact_location=artifact_location)
+        return client.create_experiment(name, artifact_location=artifact_location,
+                                        tags=experiment_tags())
     except MlflowException:  # created meanwhile by another process
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
             raise
         return experiment.experiment_id
+
+
+def experiment_tags() -> dict[str, str]:
+    """What makes the MLflow UI open an experiment on its training runs, with distbench's view
+    of them (VIEW_STATE)."""
+    return {EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT, VIEW_TAG: json.dumps(VIEW_STATE)}
+
+
+def _tag_experiment(client: Any, experiment: Any) -> None:
+    """Give an experiment made before distbench tagged its experiments (or made by hand) the
+    tags of experiment_tags; a kind already set is the user's choice and stays, the view is
+    distbench's own and is brought up to date."""
+    for key, value in experiment_tags().items():
+        current = experiment.tags.get(key)
+        if current is None or (key == VIEW_TAG and current != value):
+            client.set_experiment_tag(experiment.experiment_id, key, value)
+
+
+def experiment_link(uri: str, experiment_id_: str) -> str:
+    """The address of the experiment's cells in the MLflow UI, in distbench's view: a server's
+    own address, else that of `mlflow ui` started on the store (DEFAULT_UI_URL)."""
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else DEFAULT_UI_URL
+    return (f"{base}/#/experiments/{experiment_id_}/runs?viewStateShareKey={VIEW_KEY}"
+            f"&workflowType=machine_learning")
 
 
 def _metrics(result: CellResult) -> Iterator[tuple[str, float, int]]:
@@ -149,7 +214,7 @@ def result_id(result: CellResult) -> str:
 def record_cell(result: CellResult, *, uri: str, experiment: str,
                 artifacts: list[Path]) -> str:
     """Log a finished (or failed) cell as one MLflow run; return the run id."""
-    tags = {**result.environment, "status": result.status.value,
+    tags = {**result.environment, "status": result.status.value, KIND_TAG: CELL_KIND,
             OUTPUT_DIR_TAG: result.output_dir, RESULT_ID_TAG: result_id(result)}
     if result.cell_key:
         tags[CELL_KEY_TAG] = result.cell_key
@@ -163,7 +228,18 @@ def record_cell(result: CellResult, *, uri: str, experiment: str,
         params["seeds"] = " ".join(str(repeat.seed) for repeat in result.repeats)
     return log_run(uri=uri, experiment=experiment, run_name=result.run_name, tags=tags,
                    params=params, metrics=list(_metrics(result)), artifacts=artifacts,
-                   finished=result.status is RunStatus.ok)
+                   finished=result.status is RunStatus.ok,
+                   # The cell's own times, not the upload's (which may be a later sync's):
+                   # the runs table's Duration is then the time the cell took.
+                   start_time=_epoch_ms(result.started_at), end_time=_epoch_ms(result.finished_at))
+
+
+def _epoch_ms(iso: str) -> int | None:
+    """An ISO 8601 time as MLflow's milliseconds since the epoch; None if it is not one."""
+    try:
+        return round(dt.datetime.fromisoformat(iso).timestamp() * 1000)
+    except (TypeError, ValueError):
+        return None
 
 
 def recorded_run_id(client: Any, experiment_id_: str, result: CellResult) -> str | None:
@@ -235,14 +311,16 @@ def tracking_failure(err: BaseException) -> str:
 def log_run(*, uri: str, experiment: str, run_name: str, tags: Mapping[str, str],
             params: Mapping[str, Any],
             metrics: Mapping[str, float] | list[tuple[str, float, int]],
-            artifacts: list[Path], finished: bool = True) -> str:
+            artifacts: list[Path], finished: bool = True, start_time: int | None = None,
+            end_time: int | None = None) -> str:
     """One MLflow run with everything at once (nested params flattened; metrics as a mapping
-    or as (key, value, step) series); return its id."""
+    or as (key, value, step) series); return its id. `start_time` and `end_time` (ms since the
+    epoch) default to now."""
     from mlflow.entities import Metric, Param
 
     client = _client(uri)
     run = client.create_run(experiment_id(client, experiment, uri), run_name=run_name,
-                            tags=dict(tags))
+                            tags=dict(tags), start_time=start_time)
     run_id = run.info.run_id
     timestamp = int(time.time() * 1000)
     flat = [Param(k, v[:6000]) for k, v in flatten(params).items()]
@@ -255,7 +333,8 @@ def log_run(*, uri: str, experiment: str, run_name: str, tags: Mapping[str, str]
     for path in artifacts:
         if path.exists():
             client.log_artifact(run_id, str(path))
-    client.set_terminated(run_id, status="FINISHED" if finished else "FAILED")
+    client.set_terminated(run_id, status="FINISHED" if finished else "FAILED",
+                          end_time=end_time)
     return run_id
 
 
@@ -294,11 +373,83 @@ def sweep_parent_run(config: DictConfig, *, cells_to_run: int) -> Iterator[str |
             os.environ.pop(PARENT_RUN_ENV, None)
         else:
             os.environ[PARENT_RUN_ENV] = previous
-        try:
-            _client(uri).set_terminated(run_id, status=status)
-        except Exception as err:  # noqa: BLE001 - the next sweep or sync closes it
-            log.warning("could not close the sweep's MLflow run %s (%s)", run_id,
-                        tracking_failure(err))
+        _close_parent_run(uri, run_id, status)
+
+
+def _close_parent_run(uri: str, run_id: str, status: str) -> None:
+    """End the sweep's parent run with its outcome and the summary of its cells, and say
+    where to compare them. A summary that fails is logged; the run is closed all the same."""
+    summary = None
+    try:
+        client = _client(uri)
+        summary = summarize_sweep(client, run_id)
+        _log_summary(client, run_id, summary)
+    except Exception as err:  # noqa: BLE001 - the cells' runs hold it all anyway
+        log.warning("could not summarize the sweep in its MLflow run %s (%s)", run_id,
+                    tracking_failure(err))
+    try:
+        _client(uri).set_terminated(run_id, status=status)
+    except Exception as err:  # noqa: BLE001 - the next sweep or sync closes it
+        log.warning("could not close the sweep's MLflow run %s (%s)", run_id,
+                    tracking_failure(err))
+        return
+    if summary is not None:
+        serve = ("" if uri.startswith(("http://", "https://"))
+                 else f"`mlflow ui --backend-store-uri {uri}`, then ")
+        log.info("MLflow: sweep run %s %s: %s. Compare the cells: %s%s", run_id, status,
+                 summary.line(), serve, experiment_link(uri, summary.experiment_id))
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    """What a sweep's cells came to, as recorded in MLflow (the cells nested under its parent
+    run: those that ran in this launch, not those skipped as finished earlier)."""
+
+    experiment_id: str
+    cells_ok: int
+    cells_failed: int  # every other status: oom, failed, timeout
+    fastest: tuple[str, float] | None  # (run name, seconds per epoch) of the fastest ok cell
+
+    def line(self) -> str:
+        fastest = (f"; fastest {self.fastest[0]!r} at {self.fastest[1]:.3f} s/epoch"
+                   if self.fastest is not None else "")
+        return f"{self.cells_ok} cell(s) ok, {self.cells_failed} failed{fastest}"
+
+
+def summarize_sweep(client: Any, parent_run_id: str) -> SweepSummary:
+    """The summary of the cells nested under the sweep's parent run."""
+    experiment_id_ = client.get_run(parent_run_id).info.experiment_id
+    ok, failed, fastest = 0, 0, None
+    token = None
+    while True:
+        page = client.search_runs([experiment_id_], max_results=1000, page_token=token,
+                                  filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}'")
+        for run in page:
+            if run.data.tags.get("status") != RunStatus.ok.value:
+                failed += 1
+                continue
+            ok += 1
+            seconds = run.data.metrics.get("seconds_per_epoch")
+            if seconds is not None and (fastest is None or seconds < fastest[1]):
+                fastest = (run.info.run_name, seconds)
+        token = page.token
+        if not token:
+            return SweepSummary(experiment_id_, ok, failed, fastest)
+
+
+def _log_summary(client: Any, run_id: str, summary: SweepSummary) -> None:
+    """The summary on the parent run: metrics and tags (columns of the runs table), and its
+    description (the run's page)."""
+    from mlflow.entities import Metric, RunTag
+
+    timestamp = int(time.time() * 1000)
+    metrics = [Metric(CELLS_OK_METRIC, summary.cells_ok, timestamp, 0),
+               Metric(CELLS_FAILED_METRIC, summary.cells_failed, timestamp, 0)]
+    tags = [RunTag("mlflow.note.content", f"Sweep: {summary.line()}.")]
+    if summary.fastest is not None:
+        metrics.append(Metric(FASTEST_SECONDS_METRIC, summary.fastest[1], timestamp, 0))
+        tags.append(RunTag(FASTEST_CELL_TAG, summary.fastest[0]))
+    client.log_batch(run_id, metrics=metrics, tags=tags)
 
 
 def _open_parent_run(config: DictConfig, uri: str) -> str | None:

@@ -80,7 +80,7 @@ def test_a_killed_sweep_resumes_with_its_unfinished_cells_only(output_root: Path
     time.sleep(1.1)  # Hydra names sweep directories by the second
     done = run_module("harness", args, cwd=output_root.parent)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "cell 0 (mobilenetv2-mnist-sequential-local_cpu): skipped" in done.stdout
+    assert "cell 0 (sequential 1x1 b8 mobilenetv2-mnist): skipped" in done.stdout
     assert "1 of 2 cells already finished" in done.stdout
     second = _sweep_results(output_root)
     assert len(second) == 2

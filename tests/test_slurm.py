@@ -262,7 +262,7 @@ def test_a_rerun_records_a_job_that_died_unwatched_then_runs_its_cell_again(
     assert f"earlier job {killed} ended" in out and "recorded as failed" in out, out[-3000:]
     assert out.count("SLURM job") == 1, out[-3000:]  # cell 0 only is submitted again
     assert f"following earlier job {queued}" in out or \
-        "cell 1 (mobilenetv2-mnist-sequential" in out and "skipped" in out, out[-3000:]
+        "cell 1 (sequential 1x1 " in out and "skipped" in out, out[-3000:]
     earlier_attempt, earlier_cell_1, rerun_cell_0 = _results(output_root)
     assert earlier_attempt["status"] == "failed"
     assert f"SLURM job {killed} ended" in earlier_attempt["error"]
