@@ -1,6 +1,6 @@
 """GPipe on CPU workers (gloo): gradients equal the sequential model's, and a whole cell runs.
 
-The gradient tests start their workers with torch.multiprocessing.spawn and a gloo group on
+The gradient tests start their workers with tests.helpers.spawn_workers and a gloo group on
 127.0.0.1; each worker builds the real trainer from a composed config, runs the schedule over
 one batch without stepping, and rank 0 compares every stage's gradients with the sequential
 model's on the same batch.
@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from harness.compose import compose_config
@@ -25,7 +24,7 @@ from harness.distributions.gpipe import GPipeTrainer
 from harness.metrics import PhaseClock
 from harness.workload import build_workload
 from launchers.distributed import WorkerEnvironment, WorkerSession
-from tests.helpers import run_tiny_cell
+from tests.helpers import run_tiny_cell, spawn_workers
 from workloads.networks import build_network, to_layer_list
 
 BATCH, MICRO_BATCHES = 8, 4
@@ -108,14 +107,14 @@ def _compare(context: TrainingContext, gathered: list, images: torch.Tensor,
 def test_gpipe_gradients_equal_the_sequential_models_on_two_stages(recompute: str) -> None:
     overrides = gpipe_overrides(2, recompute, "[11,20]")
     build_workload(validate(compose_config(overrides)))  # the synthetic cache, once
-    mp.spawn(_gradients_worker, args=(2, free_port(), overrides), nprocs=2, join=True)
+    spawn_workers(_gradients_worker, args=(2, free_port(), overrides), nprocs=2)
 
 
 def test_gpipe_gradients_equal_the_sequential_models_on_three_stages() -> None:
     overrides = [*gpipe_overrides(3, "except_last", "[8,5,18]"), "hardware.workers_per_node=3"]
     # The third stage starts with an in-place ReLU, which must not modify its received input.
     build_workload(validate(compose_config(overrides)))
-    mp.spawn(_gradients_worker, args=(3, free_port(), overrides), nprocs=3, join=True)
+    spawn_workers(_gradients_worker, args=(3, free_port(), overrides), nprocs=3)
 
 
 def test_a_gpipe_cell_runs_end_to_end_and_records_its_plan(output_root: Path) -> None:

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.func import functional_call
 
 from harness.compose import compose_config
@@ -32,7 +31,7 @@ from harness.distributions.onefoneb import (
 from harness.distributions.pipedream import PipeDreamTrainer, _no_update_between
 from harness.run import parameter_digest
 from harness.workload import build_workload
-from tests.helpers import run_tiny_cell
+from tests.helpers import run_tiny_cell, spawn_workers
 from tests.test_pipeline_gpipe import free_port, worker_context
 
 BATCH = 4
@@ -147,8 +146,8 @@ def _run(tmp_path: Path, stages: str, division: str, samples: int) -> list[dict]
     overrides = pipedream_overrides(stages, division, samples)
     build_workload(validate(compose_config(overrides)))  # the synthetic cache, once
     workers = sum(map(int, stages.split("-")))
-    mp.spawn(_epoch_worker, args=(workers, free_port(), overrides, str(tmp_path)),
-             nprocs=workers, join=True)
+    spawn_workers(_epoch_worker, args=(workers, free_port(), overrides, str(tmp_path)),
+                  nprocs=workers)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(workers)]
 
 
@@ -253,7 +252,7 @@ def test_weight_stashing_computes_the_gradient_of_the_stashed_weights() -> None:
     used, which differ from the live ones by then."""
     overrides = pipedream_overrides("1-1", "drop", samples=6 * BATCH)
     build_workload(validate(compose_config(overrides)))
-    mp.spawn(_stashed_gradient_worker, args=(2, free_port(), overrides), nprocs=2, join=True)
+    spawn_workers(_stashed_gradient_worker, args=(2, free_port(), overrides), nprocs=2)
 
 
 def test_a_pipedream_cell_runs_end_to_end_and_records_its_plan(output_root: Path) -> None:
