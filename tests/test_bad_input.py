@@ -4,7 +4,6 @@ status 2 and no traceback, before any cell starts (harness.cli)."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 
 from harness.compose import compose_config
 from harness.config import ConfigError, validate
-from tests.helpers import REPO_ROOT, run_module
+from tests.helpers import REPO_ROOT
 
 NETWORKS = "mobilenetv2, resnet152, resnet18, resnet50, vgg11, vgg16"
 
@@ -22,56 +21,55 @@ COMMANDS = ["harness", "harness.describe", "harness.probe", "harness.plan",
             "harness.analysis", "harness.recommend"]
 
 
-def _assert_one_line_exit_2(module: str, args: list[str], cwd: Path, *fragments: str) -> None:
-    spec = importlib.util.find_spec(module)
-    # (origin inside this checkout: a shared editable install can see another checkout's)
-    if spec is None or spec.origin is None or REPO_ROOT not in Path(spec.origin).parents:
-        pytest.skip(f"{module} does not exist in this checkout yet")
-    before = _listing(cwd)
-    done = run_module(module, args, cwd=cwd, timeout=180)
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert "Traceback" not in done.stderr, done.stderr[-2000:]
-    errors = [line for line in done.stderr.splitlines() if line.startswith("distbench:")]
-    assert len(errors) == 1 and errors[0] == done.stderr.strip().splitlines()[-1], done.stderr
+@pytest.fixture(scope="module")
+def table(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """The outcome of every row of BAD_INPUTS (below), the named cases' included: all run in
+    one subprocess (run_table), once for this module, as each was run in its own before."""
+    import json
+    import subprocess
+
+    root = tmp_path_factory.mktemp("bad-inputs")
+    done = subprocess.run([sys.executable, "-m", "tests.test_bad_input", str(root)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((root / "report.json").read_text())
+
+
+def _assert_one_line_exit_2(table: list[dict], case: Bad, *fragments: str) -> None:
+    """`case` (a row of BAD_INPUTS) exited with status 2, printed one line starting
+    'distbench: ' that says `case.says` and every fragment, no traceback, and wrote nothing
+    (_verdict below, which runs on every row)."""
+    row = table[BAD_INPUTS.index(case)]
+    assert row["broken"] is None, f"{row['case']}: {row['broken']}\n{row['stderr'][-600:]}"
     for fragment in fragments:
-        assert fragment in errors[0], errors[0]
-    assert _listing(cwd) == before  # nothing written: no run dir, .hydra, mlflow.db
+        assert fragment in row["stderr"], row["stderr"]
 
 
 @pytest.mark.parametrize("module", COMMANDS)
-def test_an_unknown_group_option_lists_the_choices(module: str, tmp_path: Path) -> None:
-    _assert_one_line_exit_2(module, ["network=resnet19"], tmp_path,
-                            f"network=resnet19: unknown; choose one of {NETWORKS}")
+def test_an_unknown_group_option_lists_the_choices(module: str, table: list[dict]) -> None:
+    _assert_one_line_exit_2(table, UNKNOWN_NETWORK[module])
 
 
 @pytest.mark.parametrize("module", ["harness", "harness.plan"])
-def test_an_impossible_pipeline_stops_the_command(module: str, tmp_path: Path) -> None:
-    _assert_one_line_exit_2(
-        module, ["distribution=gpipe", "hardware=local_2cpu", "distribution.batch_size=8",
-                 "distribution.micro_batches=4", "distribution.balance=[1,1]",
-                 f"run.output_dir={tmp_path / 'outputs'}"], tmp_path,
-        "distribution.balance=[1, 1] is invalid", "sum to the 15 layers of network=resnet18")
+def test_an_impossible_pipeline_stops_the_command(module: str, table: list[dict]) -> None:
+    _assert_one_line_exit_2(table, IMPOSSIBLE_PIPELINE[module],
+                            "sum to the 15 layers of network=resnet18")
 
 
-def test_a_sweep_with_an_unknown_option_stops_before_any_cell(tmp_path: Path) -> None:
-    _assert_one_line_exit_2("harness", ["-m", "network=mobilenetv2,resnet19",
-                                        "dataset.num_samples=128", "run.epochs=1",
-                                        f"run.output_dir={tmp_path / 'outputs'}"], tmp_path,
-                            "network=resnet19: unknown; choose one of")
+def test_a_sweep_with_an_unknown_option_stops_before_any_cell(table: list[dict]) -> None:
+    _assert_one_line_exit_2(table, SWEEP_WITH_UNKNOWN_OPTION)
 
 
-def test_a_gpu_sweep_on_a_machine_without_one_starts_no_cell(tmp_path: Path) -> None:
+def test_a_gpu_sweep_on_a_machine_without_one_starts_no_cell(table: list[dict]) -> None:
     """`+sweep=imagenet_resnet` (CUDA hardware) with the local launcher: it used to run its
     3 cells to `failed` and exit 0."""
     if torch_cuda_available():
         pytest.skip("this machine has CUDA: the sweep would be valid here")
-    _assert_one_line_exit_2("harness", ["+sweep=imagenet_resnet"], tmp_path,
-                            "hardware.device='cuda' is invalid: torch sees no CUDA device")
+    _assert_one_line_exit_2(table, GPU_SWEEP)
 
 
-def test_a_wrong_flag_value_is_one_line(tmp_path: Path) -> None:
-    _assert_one_line_exit_2("harness.analysis", ["--probe-batches=abc"], tmp_path,
-                            "--probe-batches: invalid int value: 'abc'")
+def test_a_wrong_flag_value_is_one_line(table: list[dict]) -> None:
+    _assert_one_line_exit_2(table, WRONG_FLAG_VALUE)
 
 
 def torch_cuda_available() -> bool:
@@ -80,15 +78,12 @@ def torch_cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def test_a_misspelled_appended_key_is_not_ignored(tmp_path: Path) -> None:
-    _assert_one_line_exit_2("harness", ["+dataset.num_sample=16",
-                                        f"run.output_dir={tmp_path / 'outputs'}"], tmp_path,
-                            "dataset.num_sample: unknown key; allowed: name, source")
+def test_a_misspelled_appended_key_is_not_ignored(table: list[dict]) -> None:
+    _assert_one_line_exit_2(table, MISSPELLED_APPENDED_KEY)
 
 
-def test_a_malformed_override_is_one_line(tmp_path: Path) -> None:
-    _assert_one_line_exit_2("harness.describe", ["run.epochs=[1"], tmp_path,
-                            "run.epochs=[1: malformed override")
+def test_a_malformed_override_is_one_line(table: list[dict]) -> None:
+    _assert_one_line_exit_2(table, MALFORMED_OVERRIDE)
 
 
 @pytest.mark.parametrize(("overrides", "fragment"), [
@@ -152,6 +147,29 @@ class Bad:
 
 def _bad(command: str, args: str, says: str, **env: str) -> Bad:
     return Bad(command, tuple(args.split()), says, tuple(env.items()))
+
+
+# The cases the tests above name, added to the table (one subprocess for them all: a fresh
+# interpreter per case costs several seconds of imports on 2 CPU cores).
+UNKNOWN_NETWORK = {module: Bad(module, ("network=resnet19",),
+                               f"network=resnet19: unknown; choose one of {NETWORKS}")
+                   for module in COMMANDS}
+IMPOSSIBLE_PIPELINE = {module: Bad(module, (
+    "distribution=gpipe", "hardware=local_2cpu", "distribution.batch_size=8",
+    "distribution.micro_batches=4", "distribution.balance=[1,1]", "run.output_dir={work}/outputs"),
+    "distribution.balance=[1, 1] is invalid") for module in ("harness", "harness.plan")}
+SWEEP_WITH_UNKNOWN_OPTION = Bad("harness", (
+    "-m", "network=mobilenetv2,resnet19", "dataset.num_samples=128", "run.epochs=1",
+    "run.output_dir={work}/outputs"), "network=resnet19: unknown; choose one of")
+GPU_SWEEP = Bad("harness", ("+sweep=imagenet_resnet",),
+                "hardware.device='cuda' is invalid: torch sees no CUDA device")
+WRONG_FLAG_VALUE = Bad("harness.analysis", ("--probe-batches=abc",),
+                       "--probe-batches: invalid int value: 'abc'")
+MISSPELLED_APPENDED_KEY = Bad("harness", ("+dataset.num_sample=16",
+                                          "run.output_dir={work}/outputs"),
+                              "dataset.num_sample: unknown key; allowed: name, source")
+MALFORMED_OVERRIDE = Bad("harness.describe", ("run.epochs=[1",),
+                         "run.epochs=[1: malformed override")
 
 
 # PATH with this Python but no SLURM: "where SLURM is not installed".
@@ -316,6 +334,10 @@ BAD_INPUTS: list[Bad] = [
     _bad("harness.sync", "tracking.experiment=", "tracking.experiment='' is invalid"),
     _bad("harness.sync", "run.output_dir=[x", "run.output_dir=[x: malformed override"),
     _bad("harness.sync", "run.output_dir={file}", "run.output_dir='{file}' is invalid: it is a file"),
+    # the cases the tests above name
+    *UNKNOWN_NETWORK.values(), *IMPOSSIBLE_PIPELINE.values(), SWEEP_WITH_UNKNOWN_OPTION,
+    *([] if torch_cuda_available() else [GPU_SWEEP]), WRONG_FLAG_VALUE, MISSPELLED_APPENDED_KEY,
+    MALFORMED_OVERRIDE,
 ]
 
 
@@ -423,18 +445,11 @@ def run_table(root: Path) -> list[dict]:
     return report
 
 
-def test_every_bad_input_in_the_table_is_refused_as_promised(tmp_path: Path) -> None:
+def test_every_bad_input_in_the_table_is_refused_as_promised(table: list[dict]) -> None:
     """BAD_INPUTS, each through its command's real entry point, in one subprocess."""
-    import json
-    import subprocess
-
-    done = subprocess.run([sys.executable, "-m", "tests.test_bad_input", str(tmp_path)],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert len(report) == len(BAD_INPUTS) >= 77
-    broken = [row for row in report if row["broken"]]
-    print(f"{len(report)} bad inputs tried, {len(report) - len(broken)} refused as promised")
+    assert len(table) == len(BAD_INPUTS) >= 77
+    broken = [row for row in table if row["broken"]]
+    print(f"{len(table)} bad inputs tried, {len(table) - len(broken)} refused as promised")
     assert not broken, "\n".join(f"{row['case']}: {row['broken']}\n    {row['stderr'][-600:]}"
                                  for row in broken)
 
