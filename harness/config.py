@@ -246,7 +246,10 @@ class HardwareConfig:
     intra_node_latency_us: Optional[float] = None
     inter_node_bandwidth_mbps: Optional[float] = None
     inter_node_latency_us: Optional[float] = None
+    # What one device costs per hour, in `currency` (e.g. USD, EUR, or "credits"); null =
+    # unknown: the recommender shows no cost column and cannot rank by cost.
     price_per_device_hour: Optional[float] = None
+    currency: Optional[str] = None
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -258,6 +261,8 @@ class HardwareConfig:
                      "inter_node_latency_us", "price_per_device_hour"):
             _check_positive(self._section, name, getattr(self, name), nullable=True,
                             null_means="unknown / default")
+        require(self.currency is None or bool(self.currency.strip()), "hardware.currency",
+                self.currency, "the unit of hardware.price_per_device_hour, e.g. USD, or null")
 
     @property
     def world_size(self) -> int:

@@ -1,17 +1,23 @@
-"""`python -m harness.recommend dataset=X network=Y hardware=H [overrides] [--json]`
+"""`python -m harness.recommend dataset=X network=Y hardware=H [overrides] [--objective time|cost]
+[--remeasure] [--json]`
 
-Ranks the ways to distribute one training job on hardware H by predicted seconds per epoch:
-sequential; DDP and Horovod on 2, 4, ... workers; GPipe with the Table 3.3 micro-batch count
-and its half and double; PipeDream with the planner's stage plan and a straight pipeline.
-Configurations predicted not to fit in a device's memory are marked and never recommended;
-with `hardware.price_per_device_hour` each gets a cost per epoch.
+Ranks the ways to distribute one training job on hardware H by predicted seconds per epoch
+(`--objective cost`: by cost per epoch): sequential; DDP and Horovod on 2, 4, ... workers;
+GPipe with the Table 3.3 micro-batch count and its half and double; PipeDream with the
+planner's stage plan and a straight pipeline. Each option carries the overrides that train it
+with `python -m harness`, its likely range, and its memory per worker; configurations
+predicted not to fit in a device's memory are marked and never recommended ("unknown" where
+`hardware.device_memory_gb` is null); with `hardware.price_per_device_hour` (in
+`hardware.currency`) each gets a cost per epoch.
 
 Nothing is trained: the sequential probe times a few batches on one device of this machine
 (so run it where such a device is), and the rest comes from the equations, the hardware
 profile (`harness.probe`'s if measured, else the config's speeds) and, when an analysis was
 run, the parameters it fitted for hardware H (`--fit`, default the newest
 `<run.output_dir>/analysis/*/fit.json` that fitted cells of H; none: the raw equations).
-That is why it works for networks and hardware the measured grid never saw.
+That is why it works for networks and hardware the measured grid never saw. What the probe
+measures is kept in `<run.output_dir>/facts/<hardware>.json` and used again by the next run
+on the same device (`--remeasure` times it again), so the same command gives the same numbers.
 
 Where this machine lacks the hardware's device (`hardware.device=cuda` on a login node), or
 with `--no-probe`, nothing is timed: the step times are those measured earlier on that kind of
@@ -26,10 +32,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +46,13 @@ from harness.compose import compose_config
 from harness.config import ConfigError, DistbenchConfig, DistributionName, validate
 from harness.preflight import check_writable_dir
 from harness.hardware_profile import profile_for
+from harness.partition import StagePlan
 from harness.predict.cell import (
     RAW,
     cost_per_epoch,
     epoch_terms,
     memory_per_worker_mb,
+    samples_per_epoch,
 )
 from harness.predict.facts import (
     FactsCache,
@@ -56,6 +65,8 @@ from harness.predict.facts import (
 )
 from harness.predict.memory import fits
 
+OBJECTIVES = ("time", "cost")
+
 
 @dataclass(frozen=True)
 class Fitted:
@@ -65,6 +76,10 @@ class Fitted:
     params: dict[str, float]
     runtime_mb: float
     source: str
+    # Per distribution model, the fit's error on a network it was not fitted on, in percent
+    # (fit.json's `accuracy`, leave one network out): how far a prediction for a new network
+    # is off, typically. Empty for the raw equations: their error is unknown here.
+    errors: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def raw(cls, why: str) -> Fitted:
@@ -79,7 +94,15 @@ class Fitted:
         if fitted is None:
             return cls.raw(f"{path} fitted no cell of hardware={hardware}")
         return cls({**RAW, **fitted["params"]}, float(fitted.get("runtime_mb", 0.0)),
-                   f"{path} (hardware={hardware}, {fitted.get('cells', '?')} cells)")
+                   f"{path} (hardware={hardware}, {fitted.get('cells', '?')} cells)",
+                   _held_out_errors(path))
+
+
+def _held_out_errors(path: Path) -> dict[str, float]:
+    """fit.json's leave-one-network-out error per model (percent), where finite."""
+    rows = json.loads(path.read_text()).get("accuracy") or []
+    return {str(row["model"]): float(row["network_mape"]) for row in rows
+            if isinstance(row, dict) and math.isfinite(float(row.get("network_mape", "nan")))}
 
 
 def _fitted_hardware(path: Path) -> dict[str, Any]:
@@ -101,10 +124,21 @@ class Option:
     distribution: str
     workers: int
     seconds_per_epoch: float
+    # The likely range of seconds_per_epoch: the step time's quartiles over the probe's
+    # batches, widened by the fit's held-out error of the model (`Fitted.errors`).
+    seconds_low: float
+    seconds_high: float
     memory_mb: float  # the largest worker's
-    fits_memory: bool
-    cost_per_epoch: float | None
-    settings: dict[str, Any]
+    fits_memory: bool | None  # None: unknown (hardware.device_memory_gb is null)
+    cost_per_epoch: float | None  # in hardware.currency; None without a price
+    # `python -m harness` arguments that train this option, accepted as they are: the
+    # recommender's own overrides (`common`), then the option's (`own`).
+    overrides: list[str]
+    own_overrides: list[str]
+    batch_size: int
+    micro_batches: int | None  # GPipe
+    stages: str | None  # PipeDream's replicas per stage
+    balance: list[int] | None  # pipelines: layers per stage
     # The batch its step time was scaled from (per sample), when not measured at its own.
     step_time_scaled_from: int | None = None
 
@@ -163,45 +197,124 @@ def _with(config: DistbenchConfig, distribution: Any, nodes: int,
     return replace(config, distribution=distribution, hardware=hardware)
 
 
-def rank(config: DistbenchConfig, fitted: Fitted, cache: FactsCache,
-         output_root: Path) -> tuple[list[Option], list[str]]:
-    """Options sorted fastest first, and why the candidates that could not be built failed."""
+def rank(config: DistbenchConfig, fitted: Fitted, cache: FactsCache, output_root: Path,
+         common: Sequence[str] = (), objective: str = "time"
+         ) -> tuple[list[Option], list[str]]:
+    """Options sorted best first by `objective` (time, or cost then time), and why the
+    candidates that could not be built failed. `common`: the overrides every option's
+    `python -m harness` command starts with (`common_overrides`)."""
     options, skipped = [], []
     for candidate in candidates(config):
         label = setting_label(candidate)
         try:
-            options.append(_predict(candidate, fitted, cache, output_root))
+            options.append(_predict(candidate, config, fitted, cache, output_root, common))
         except MissingMeasurement:  # no candidate can be predicted: say what to measure
             raise
         except (ConfigError, ValueError) as err:  # e.g. more stages than layers
             skipped.append(f"{label}: {err}")
-    options.sort(key=lambda option: option.seconds_per_epoch)
+    options.sort(key=_ranking(objective))
     return options, skipped
 
 
-def _predict(candidate: DistbenchConfig, fitted: Fitted, cache: FactsCache,
-             output_root: Path) -> Option:
+def _ranking(objective: str) -> Any:
+    if objective == "cost":
+        return lambda option: (option.cost_per_epoch, option.seconds_per_epoch)
+    return lambda option: option.seconds_per_epoch
+
+
+def _predict(candidate: DistbenchConfig, asked: DistbenchConfig, fitted: Fitted,
+             cache: FactsCache, output_root: Path, common: Sequence[str]) -> Option:
     facts = gather(candidate, cache)
     profile = profile_for(candidate.hardware, output_root)
     model = candidate.distribution.name.value
     seconds = epoch_terms(candidate, facts, profile).seconds(fitted.params)
-    memory = memory_per_worker_mb(candidate, facts, runtime_mb=fitted.runtime_mb)
-    settings = {"batch_size": candidate.batch_size}
-    if candidate.distribution.name is DistributionName.gpipe:
-        settings["micro_batches"] = candidate.micro_batches
-    if facts.plan is not None:
-        settings["stages"] = facts.plan.stage_string()
-        settings["balance"] = facts.plan.balance
-    workers = 1 if model == "sequential" else candidate.world_size
     step = step_time_source(candidate, cache)
-    return Option(setting_label(candidate, plan=facts.plan), model, workers, seconds,
-                  max(memory), fits(memory, candidate.hardware.device_memory_gb),
-                  cost_per_epoch(candidate, seconds), settings,
-                  step.measured_batch if step is not None and step.scaled else None)
+    low, high = (_epoch_seconds_at(candidate, facts, profile, fitted, spread)
+                 for spread in _step_spread(step, facts.step_seconds))
+    error = fitted.errors.get(model, 0.0) / 100
+    memory = memory_per_worker_mb(candidate, facts, runtime_mb=fitted.runtime_mb)
+    memory_gb = candidate.hardware.device_memory_gb
+    own = option_overrides(candidate, asked, facts.plan)
+    workers = 1 if model == "sequential" else candidate.world_size
+    plan = facts.plan
+    return Option(
+        setting_label(candidate, plan=plan), model, workers, seconds,
+        min(low, seconds) * (1 - error), max(high, seconds) * (1 + error), max(memory),
+        None if memory_gb is None else fits(memory, memory_gb),
+        cost_per_epoch(candidate, seconds), [*common, *own], own, candidate.batch_size,
+        candidate.micro_batches if model == "gpipe" else None,
+        plan.stage_string() if plan is not None and model == "pipedream" else None,
+        list(plan.balance) if plan is not None else None,
+        step.measured_batch if step is not None and step.scaled else None)
+
+
+def _step_spread(step: StepTime | None, median: float) -> tuple[float, float]:
+    """The step time's quartiles, or the median twice where no spread was kept."""
+    if step is None or step.low is None or step.high is None:
+        return median, median
+    return step.low, step.high
+
+
+def _epoch_seconds_at(candidate: DistbenchConfig, facts: Any, profile: Any, fitted: Fitted,
+                      step_seconds: float) -> float:
+    return epoch_terms(candidate, replace(facts, step_seconds=step_seconds),
+                       profile).seconds(fitted.params)
+
+
+# The overrides an option sets itself; the user's own of these keys do not carry over.
+_OPTION_KEYS = frozenset({
+    "distribution", "distribution.name", "distribution.batch_size",
+    "distribution.micro_batches", "distribution.stages", "distribution.balance",
+    "hardware.nodes", "hardware.workers_per_node"})
+
+
+def common_overrides(config: DistbenchConfig, given: Sequence[str]) -> list[str]:
+    """What every option's command starts with: the dataset, network and hardware chosen
+    (spelled out where they were defaults), then the recommender's other overrides as given
+    (`run.output_dir`, `dataset.num_samples`, ...), less the keys an option sets itself."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(given))
+    keys = {override.key_or_group for override in parsed}
+    chosen = [f"dataset={config.dataset.name.value}", f"network={config.network.name.value}"]
+    chosen = [choice for choice in chosen if choice.split("=")[0] not in keys]
+    if not any(key == "hardware" or key.startswith("hardware.") for key in keys):
+        chosen.append(f"hardware={config.hardware.name}")
+    return chosen + [override.input_line for override in parsed
+                     if override.key_or_group not in _OPTION_KEYS]
+
+
+def option_overrides(candidate: DistbenchConfig, asked: DistbenchConfig,
+                     plan: StagePlan | None) -> list[str]:
+    """What trains `candidate` on top of `common_overrides`: the model, its worker count
+    (where not the hardware's), the batch size, GPipe's micro-batches and a pipeline's plan
+    (the one predicted, pinned: the planner could choose another on another machine)."""
+    distribution = candidate.distribution
+    own = [f"distribution={distribution.name.value}"]
+    for key in ("nodes", "workers_per_node"):
+        value = getattr(candidate.hardware, key)
+        if value != getattr(asked.hardware, key):
+            own.append(f"hardware.{key}={value}")
+    own.append(f"distribution.batch_size={candidate.batch_size}")
+    if distribution.name is DistributionName.gpipe:
+        own.append(f"distribution.micro_batches={candidate.micro_batches}")
+    if plan is not None:
+        if distribution.name is DistributionName.pipedream:  # GPipe: one stage per worker
+            own.append(f"distribution.stages={plan.stage_string()}")
+        own.append(f"distribution.balance=[{','.join(map(str, plan.balance))}]")
+    return own
 
 
 def recommendation(options: Sequence[Option]) -> Option | None:
-    return next((option for option in options if option.fits_memory), None)
+    """The best-ranked option not predicted to run out of memory (unknown counts as fit)."""
+    return next((option for option in options if option.fits_memory is not False), None)
+
+
+def best_by(options: Sequence[Option], objective: str) -> Option | None:
+    """The best option by `objective` among those that may fit; None without a price."""
+    if objective == "cost" and any(option.cost_per_epoch is None for option in options):
+        return None
+    return recommendation(sorted(options, key=_ranking(objective)))
 
 
 def step_times(cache: FactsCache) -> list[StepTime]:
@@ -221,25 +334,75 @@ def source_lines(cache: FactsCache) -> list[str]:
     return lines
 
 
+def header_lines(config: DistbenchConfig, fitted: Fitted) -> list[str]:
+    """What the table's numbers are: epoch size, range, memory, cost."""
+    hardware = config.hardware
+    samples = samples_per_epoch(config)
+    whole = ("all of " if config.dataset.num_samples is None else "dataset.num_samples of ") \
+        + config.dataset.name.value
+    lines = [f"{config.network.name.value} on {config.dataset.name.value}, hardware "
+             f"{hardware.name} ({hardware.world_size} workers); parameters: {fitted.source}",
+             f"s/epoch: seconds per epoch of {samples} images ({whole})"]
+    if fitted.errors:
+        errors = ", ".join(f"{model} {error:.1f}%" for model, error in
+                           sorted(fitted.errors.items()))
+        lines.append(f"range: the step times' quartiles over the probe's batches, widened by "
+                     f"the fit's error on a network it was not fitted on ({errors})")
+    else:
+        lines.append("range: the step times' quartiles over the probe's batches only (the "
+                     "raw equations' own error is unknown: fit them with harness.analysis)")
+    if hardware.device_memory_gb is None:
+        lines.append("fits: unknown for all (hardware.device_memory_gb is not set)")
+    if hardware.price_per_device_hour is not None:
+        lines.append(f"cost: {hardware.price_per_device_hour:g} {currency(config)} per "
+                     f"device-hour (hardware.price_per_device_hour), for the devices in use")
+    return lines
+
+
+def currency(config: DistbenchConfig) -> str:
+    return config.hardware.currency or "(hardware.currency not set)"
+
+
 def print_table(config: DistbenchConfig, options: Sequence[Option], skipped: Sequence[str],
-                fitted: Fitted, elapsed: float, sources: Sequence[str] = ()) -> None:
-    print(f"{config.network.name.value} on {config.dataset.name.value}, hardware "
-          f"{config.hardware.name} ({config.hardware.world_size} workers); parameters: "
-          f"{fitted.source}")
-    for line in sources:
+                fitted: Fitted, sources: Sequence[str] = (), objective: str = "time",
+                common: Sequence[str] = ()) -> None:
+    for line in [*header_lines(config, fitted), *sources]:
         print(line)
-    print(f"{'#':>3}  {'configuration':<24}{'s/epoch':>10}{'MB/worker':>11}{'fits':>6}"
-          f"{'cost/epoch':>12}")
+    priced = config.hardware.price_per_device_hour is not None
+    print(f"ranked by {objective} (--objective {objective}); every option trains with: "
+          f"python -m harness {shlex.join(common)} + its overrides")
+    cost_title = f"{config.hardware.currency or 'cost'}/epoch" if priced else ""
+    print(f"{'#':>3}  {'configuration':<24}{'s/epoch':>10} {'range':>19}{'MB/worker':>11}"
+          f"{'fits':>9}{cost_title:>12}  overrides")
     for index, option in enumerate(options, 1):
-        cost = f"{option.cost_per_epoch:.4f}" if option.cost_per_epoch is not None else "-"
         scaled = "*" if option.step_time_scaled_from is not None else " "
+        spread = f"{option.seconds_low:.3f}-{option.seconds_high:.3f}"
+        fit = {True: "yes", False: "NO", None: "unknown"}[option.fits_memory]
+        cost = f"{option.cost_per_epoch:>12.4f}" if priced else ""
         print(f"{index:>3}  {option.label:<24}{option.seconds_per_epoch:>10.3f}{scaled}"
-              f"{option.memory_mb:>10.0f}{'yes' if option.fits_memory else 'NO':>6}{cost:>12}")
+              f"{spread:>19}{option.memory_mb:>11.0f}{fit:>9}{cost}  "
+              f"{shlex.join(option.own_overrides)}")
     for reason in skipped:
         print(f"     skipped {reason}")
+    for line in verdict_lines(options, objective):
+        print(line)
+
+
+def verdict_lines(options: Sequence[Option], objective: str) -> list[str]:
+    """The fastest and the cheapest where they differ, then the recommendation with its
+    command (last)."""
+    fastest, cheapest = best_by(options, "time"), best_by(options, "cost")
+    lines = []
+    if fastest is not None and cheapest is not None:
+        lines.append(f"fastest and cheapest: {fastest.label}" if fastest is cheapest else
+                     f"fastest: {fastest.label}; cheapest: {cheapest.label}")
     best = recommendation(options)
-    print(f"recommended: {best.label if best else 'nothing fits in memory'}; "
-          f"prediction took {elapsed:.1f} s")
+    if best is None:
+        lines.append("recommended: nothing fits in memory")
+    else:
+        lines.append(f"recommended: {best.label} (by {objective}): python -m harness "
+                     f"{shlex.join(best.overrides)}")
+    return lines
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -248,39 +411,74 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--fit", type=Path, default=None,
                         help="fit.json of an analysis (default: the newest that fitted the "
                              "hardware)")
+    parser.add_argument("--objective", choices=OBJECTIVES, default="time",
+                        help="rank by seconds per epoch (time, the default) or by cost per "
+                             "epoch (cost: needs hardware.price_per_device_hour)")
+    parser.add_argument("--remeasure", action="store_true",
+                        help="time the step times, layer profile and runtime memory again "
+                             "instead of using those kept in <run.output_dir>/facts/"
+                             "<hardware>.json for this machine's device")
     return parser.parse_known_args(list(argv))
+
+
+def _check_flags(flags: argparse.Namespace, config: DistbenchConfig) -> None:
+    if flags.objective == "cost" and config.hardware.price_per_device_hour is None:
+        raise ConfigError(f"--objective=cost is invalid: hardware={config.hardware.name} has "
+                          f"no hardware.price_per_device_hour; allowed: --objective=time, or "
+                          f"set hardware.price_per_device_hour (and hardware.currency)")
+    if flags.remeasure and flags.no_probe:
+        raise ConfigError("--remeasure is invalid with --no-probe: one times here, the other "
+                          "never does; allowed: one of them")
 
 
 @command
 def main(argv: Sequence[str] | None = None) -> None:
-    options_, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    flags, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     config = validate(compose_config(overrides))
+    _check_flags(flags, config)
     check_writable_dir("run.output_dir", config.run.output_dir)  # facts measured here go there
     output_root = Path(config.run.output_dir)
     started = time.perf_counter()
-    fit_path = options_.fit if options_.fit is not None \
+    fit_path = flags.fit if flags.fit is not None \
         else newest_fit(output_root, config.hardware.name)
     if fit_path is not None and not fit_path.exists():
         raise ConfigError(f"--fit={fit_path} is invalid: no such file")
-    cache = cache_for(options_.probe_batches, probe=not options_.no_probe,
-                      facts_root=output_root)
+    cache = cache_for(flags.probe_batches, probe=not flags.no_probe, facts_root=output_root,
+                      reuse=not flags.remeasure)
     fitted = Fitted.load(fit_path, config.hardware.name)
-    options, skipped = rank(config, fitted, cache, output_root)
+    common = common_overrides(config, overrides)
+    options, skipped = rank(config, fitted, cache, output_root, common, flags.objective)
     elapsed = time.perf_counter() - started
-    if options_.json:
-        best = recommendation(options)
-        json.dump({"dataset": config.dataset.name.value, "network": config.network.name.value,
-                   "hardware": config.hardware.name, "parameters": fitted.source,
-                   "recommended": best.label if best else None,
-                   "prediction_seconds": elapsed, "options": [asdict(o) for o in options],
-                   "skipped": skipped,
-                   "step_times": [{**asdict(step), "scaled": step.scaled}
-                                  for step in step_times(cache)],
-                   "layer_profile": sorted(set(cache.profile_sources.values()))},
-                  sys.stdout, indent=2)
-        sys.stdout.write("\n")
+    if flags.json:
+        print_json(config, options, skipped, fitted, cache, flags.objective, elapsed)
     else:
-        print_table(config, options, skipped, fitted, elapsed, source_lines(cache))
+        print_table(config, options, skipped, fitted, source_lines(cache), flags.objective,
+                    common)
+    # Not on stdout, which a later run repeats exactly.
+    measured = ", ".join(cache.measured) or "nothing (all facts were kept from earlier runs)"
+    print(f"measured here: {measured}; prediction took {elapsed:.1f} s", file=sys.stderr)
+
+
+def print_json(config: DistbenchConfig, options: Sequence[Option], skipped: Sequence[str],
+               fitted: Fitted, cache: FactsCache, objective: str, elapsed: float) -> None:
+    best, fastest, cheapest = (recommendation(options), best_by(options, "time"),
+                               best_by(options, "cost"))
+    json.dump({"dataset": config.dataset.name.value, "network": config.network.name.value,
+               "hardware": config.hardware.name, "parameters": fitted.source,
+               "model_errors_percent": fitted.errors,
+               "images_per_epoch": samples_per_epoch(config), "objective": objective,
+               "price_per_device_hour": config.hardware.price_per_device_hour,
+               "currency": config.hardware.currency,
+               "recommended": best.label if best else None,
+               "fastest": fastest.label if fastest else None,
+               "cheapest": cheapest.label if cheapest else None,
+               "prediction_seconds": elapsed, "measured_here": cache.measured,
+               "options": [asdict(o) for o in options], "skipped": skipped,
+               "step_times": [{**asdict(step), "scaled": step.scaled}
+                              for step in step_times(cache)],
+               "layer_profile": sorted(set(cache.profile_sources.values()))},
+              sys.stdout, indent=2)
+    sys.stdout.write("\n")
 
 
 if __name__ == "__main__":

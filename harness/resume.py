@@ -36,8 +36,9 @@ INDEX_DIR = "cells"
 # Bumped when the key's recipe changes, so old keys never alias new ones.
 _KEY_FORMAT = 1
 # Config keys that say where things go or how they are shown, not what is measured.
+# hardware.currency came after cells were keyed: leaving it out keeps their keys.
 _VOLATILE_KEYS = (("run", "output_dir"), ("run", "progress"), ("dataset", "cache_dir"),
-                  ("tracking", "uri"), ("tracking", "enabled"))
+                  ("tracking", "uri"), ("tracking", "enabled"), ("hardware", "currency"))
 
 
 def cell_key(cfg: DictConfig | dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import run_module
+from tests.test_recommend_repeatable import assert_overrides_train
 
 MNIST_IMAGES = 70_000  # Table 3.2: dataset.num_samples=null trains all of them
 GPU_NAME = "NVIDIA TITAN RTX"
@@ -101,6 +102,9 @@ def test_a_facts_file_of_the_device_is_used_and_named(output_root: Path) -> None
     assert options["ddp x2"]["seconds_per_epoch"] > 2.73
     assert options["gpipe x2 mb12"]["step_time_scaled_from"] == 128
     assert options["gpipe x2 mb24"]["step_time_scaled_from"] is None
+    # 4 nodes x 4 GPUs: whole nodes too; every option's overrides train it as predicted
+    assert {option["workers"] for option in answer["options"]} == {1, 2, 4, 8, 16}
+    assert_overrides_train(answer["options"])
     assert path.read_text() == kept  # nothing measured here, nothing written
 
 
@@ -173,12 +177,18 @@ def test_a_probe_here_is_kept_in_the_facts_file_and_read_back_without_probing(
     cache = cache_for(1)
     cache.measure_memory = False  # times only
     probed = gather(config, cache)
-    assert step_time_source(config, cache).source.startswith("probed here, kept in ")
+    # what is used is what was kept, read back as a later run reads it
+    used = step_time_source(config, cache)
+    assert used.source == f"facts file {facts_path(output_root, 'local_cpu')}"
     kept = json.loads(facts_path(output_root, "local_cpu").read_text())
     (entry,) = kept["step_times"]
     assert (entry["network"], entry["device"], entry["threads"], entry["batch"]) == (
         "mobilenetv2", "cpu", 1, 4)
     assert entry["seconds"] == probed.step_seconds
+    assert (entry["probe_batches"], len(entry["batch_seconds"])) == (1, 1)
+    assert entry["q1_seconds"] == entry["q3_seconds"] == entry["seconds"]  # one batch
+    assert (used.low, used.high, used.measured_at) == (
+        entry["q1_seconds"], entry["q3_seconds"], entry["measured_at"])
 
     offline = cache_for(1, probe=False)
     offline.measure_memory = False

@@ -14,11 +14,15 @@ Three kinds of facts:
 so an analysis of a grid or a recommendation over many candidates measures each one once.
 
 Whatever is measured is also kept on disk, per hardware configuration, in
-`<run.output_dir>/facts/<hardware>.json` (`FactsStore`). Where the hardware's device is not on
-this machine (`hardware.device=cuda` on a login node without CUDA), or with `probe=False`,
-nothing is timed: the step times come from that file and from the sequential cells recorded in
-MLflow (`harness.predict.recorded`), by the rule of `choose_step_time`; with neither, a
-`MissingMeasurement` says what to run where.
+`<run.output_dir>/facts/<hardware>.json` (`FactsStore`): step times with their spread over the
+probe's batches, layer profiles, runtime shares (with the device each was measured on) and
+saved activations. With `FactsCache.reuse` (the recommender's default), what that file holds
+for this machine's device is used instead of measuring again, so that the same question gets
+the same answer; what was measured is read back from the file, so a first run and a later one
+use the same numbers. Where the hardware's device is not on this machine (`hardware.device=cuda`
+on a login node without CUDA), or with `probe=False`, nothing is timed: the step times come
+from that file and from the sequential cells recorded in MLflow (`harness.predict.recorded`),
+by the rule of `choose_step_time`; with neither, a `MissingMeasurement` says what to run where.
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ import argparse
 import datetime as dt
 import json
 import math
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +106,12 @@ class FactsCache:
     measure_memory: bool = True
     saved_activations: dict[tuple[str, str], Any] = field(default_factory=dict)
     runtime: dict[tuple[Any, ...], float] = field(default_factory=dict)
+    # True: a step time, layer profile or runtime share the facts file holds for this
+    # machine's device is used as it is (the recommender, unless `--remeasure`); False: what
+    # is needed is measured here again (and replaces the file's). Step times from another
+    # device never count: this one's may differ.
+    reuse: bool = False
+    measured: list[str] = field(default_factory=list)  # what was measured here, for the user
 
 
 def command_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
@@ -119,12 +130,13 @@ def command_parser(prog: str, description: str | None) -> argparse.ArgumentParse
     return parser
 
 
-def cache_for(probe_batches: int, *, probe: bool = True,
-              facts_root: Path | None = None) -> FactsCache:
+def cache_for(probe_batches: int, *, probe: bool = True, facts_root: Path | None = None,
+              reuse: bool = False) -> FactsCache:
     """A fresh cache for `--probe-batches`, checked like a config key."""
     if probe_batches < 1:
         raise ConfigError(f"--probe-batches={probe_batches} is invalid: must be 1 or more")
-    return FactsCache(probe_batches=probe_batches, probe=probe, facts_root=facts_root)
+    return FactsCache(probe_batches=probe_batches, probe=probe, facts_root=facts_root,
+                      reuse=reuse)
 
 
 def step_batch(config: DistbenchConfig) -> int:
@@ -181,8 +193,11 @@ def _step_key(config: DistbenchConfig, batch: int, cache: FactsCache) -> tuple[A
 def _step_seconds(config: DistbenchConfig, batch: int, cache: FactsCache) -> float:
     key = _step_key(config, batch, cache)
     if key not in cache.step_seconds:
-        found = _probe_step(config, batch, cache) if probes_here(config, cache) \
-            else recorded_step_time(config, batch, cache)
+        if probes_here(config, cache):
+            found = (_kept_step(config, batch, cache) if cache.reuse else None) \
+                or _probe_step(config, batch, cache)
+        else:
+            found = recorded_step_time(config, batch, cache)
         cache.step_seconds[key] = found.seconds
         cache.sources[key] = found
     return cache.step_seconds[key]
@@ -193,8 +208,21 @@ def step_time_source(config: DistbenchConfig, cache: FactsCache) -> StepTime | N
     return cache.sources.get(_step_key(config, step_batch(config), cache))
 
 
+def _kept_step(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepTime | None:
+    """The step time at `batch` the facts file holds for this machine's device, measured over
+    at least `cache.probe_batches` batches; None if it holds none."""
+    path = facts_path(_facts_root(config, cache), config.hardware.name)
+    kept = FactsStore.load(path, config.hardware.name).steps(
+        config.network.name.value, config.dataset.name.value, config.hardware.device.value,
+        _threads(config), device_name=_device_name(config))
+    found = [step for step in kept
+             if step.batch == batch and (step.probe_batches or 0) >= cache.probe_batches]
+    return choose_step_time(found, batch) if found else None
+
+
 def _probe_step(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepTime:
-    """Time the step on this machine's device and keep it in the facts file."""
+    """Time the step on this machine's device and keep it in the facts file; what is used is
+    then read back from the file, as a later run reads it."""
     from harness.predict.sequential import measure_batch_seconds
 
     sequential = replace(config.distribution, name=DistributionName.sequential,
@@ -204,13 +232,28 @@ def _probe_step(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepT
                                        batch_size=batch, probe_batches=cache.probe_batches,
                                        warmup_batches=_PROBE_WARMUP)
     name = _device_name(config)
+    low, high = quartiles(timing.seconds or (timing.median_s,))
+    cache.measured.append(f"the step time at batch {batch}")
     kept = _keep(config, cache, lambda store: store.record_step(
         network=config.network.name.value, dataset=config.dataset.name.value,
         device=config.hardware.device.value, threads=_threads(config), device_name=name,
         batch=batch, seconds=timing.median_s, std_seconds=timing.std_s,
-        probe_batches=timing.batches))
-    return StepTime(batch, timing.median_s, PROBED_HERE + (f", kept in {kept}" if kept else ""),
-                    batch, name)
+        probe_batches=timing.batches, q1_seconds=low, q3_seconds=high,
+        batch_seconds=list(timing.seconds)))
+    if kept is not None:
+        read_back = _kept_step(config, batch, cache)
+        if read_back is not None:
+            return read_back
+    return StepTime(batch, timing.median_s, f"{PROBED_HERE} (not kept)", batch, name,
+                    low=low, high=high, probe_batches=timing.batches)
+
+
+def quartiles(values: Sequence[float]) -> tuple[float, float]:
+    """The first and third quartiles of `values` (each the value itself for one value)."""
+    if len(values) < 2:
+        return values[0], values[0]
+    first, _, third = statistics.quantiles(values, n=4, method="inclusive")
+    return first, third
 
 
 PhaseShares = tuple[float, float, float]  # a layer's forward, backward, update share
@@ -249,24 +292,51 @@ def _saved_activations(config: DistbenchConfig, spec: Any, cache: FactsCache) ->
     from harness.predict import activations
 
     key = (config.network.name.value, config.dataset.name.value)
-    if key not in cache.saved_activations:
+    if key in cache.saved_activations:
+        return cache.saved_activations[key]
+    path = facts_path(_facts_root(config, cache), config.hardware.name)
+    kept = FactsStore.load(path, config.hardware.name).saved(*key) if cache.reuse else None
+    if kept is None:
         with _torch_threads(2):  # sizes, not times: the thread count only changes how long
-            cache.saved_activations[key] = activations.measure(key[0], spec,
-                                                               seed=config.run.seed)
-    return cache.saved_activations[key]
+            kept = activations.measure(key[0], spec, seed=config.run.seed)
+        cache.measured.append(f"the saved activations of {key[0]}")
+        if probes_here(config, cache):  # a machine without the device keeps nothing
+            _keep(config, cache, lambda store: store.record_saved(*key, kept))
+    cache.saved_activations[key] = kept
+    return kept
 
 
 def _runtime_mb(config: DistbenchConfig, cache: FactsCache) -> float:
     """A worker process's memory besides the model (`predict.runtime`), measured once per
-    `probe_key` in a fresh process; 0 with `measure_memory=False` or without the device."""
-    if not cache.measure_memory or not device_present(config):
+    `probe_key` in a fresh process and kept in the facts file (a fresh process's resident set
+    varies by a few MB from run to run); 0 with `measure_memory=False`, and without the
+    device unless the facts file holds one measured there."""
+    if not cache.measure_memory:
         return 0.0
-    from harness.predict.runtime import measure_runtime_mb, probe_key
+    from harness.predict.runtime import probe_key
 
     key = probe_key(config)
     if key not in cache.runtime:
-        cache.runtime[key] = measure_runtime_mb(config)
+        cache.runtime[key] = _kept_or_measured_runtime(config, key, cache)
     return cache.runtime[key]
+
+
+def _kept_or_measured_runtime(config: DistbenchConfig, key: tuple[Any, ...],
+                              cache: FactsCache) -> float:
+    from harness.predict.runtime import measure_runtime_mb
+
+    path = facts_path(_facts_root(config, cache), config.hardware.name)
+    here = device_present(config)
+    if cache.reuse or not here:
+        kept = FactsStore.load(path, config.hardware.name).runtime(
+            key, device_name=_device_name(config) if here else None)
+        if kept is not None or not here:
+            return kept or 0.0
+    measured = measure_runtime_mb(config)
+    cache.measured.append("a worker's runtime memory")
+    _keep(config, cache, lambda store: store.record_runtime(
+        key, mb=measured, device_name=_device_name(config)))
+    return measured
 
 
 class _torch_threads:  # noqa: N801 - used as a context manager, like torch's own
@@ -294,27 +364,32 @@ def _layer_profile(config: DistbenchConfig, key: tuple[Any, ...], cache: FactsCa
 
     network, dataset, device, threads = key
     here = probes_here(config, cache)
-    if not here:
-        path = facts_path(_facts_root(config, cache), config.hardware.name)
-        stored = FactsStore.load(path, config.hardware.name).profile(network, dataset, device,
-                                                                     threads)
-        if stored is not None:
-            cache.profile_sources[key] = f"facts file {path}"
-            return stored
+    path = facts_path(_facts_root(config, cache), config.hardware.name)
+
+    def kept() -> Any:  # the facts file's (for this machine's device where it is here)
+        return FactsStore.load(path, config.hardware.name).profile(
+            network, dataset, device, threads, device_name=_device_name(config) if here else None)
+
+    stored = kept() if not here or cache.reuse else None
+    if stored is not None:
+        cache.profile_sources[key] = f"facts file {path}"
+        return stored
     torch.manual_seed(config.run.seed)
     spec = dataset_spec(dataset)
     layers = to_layer_list(network, build_network(network, spec))
     with _torch_threads(threads):
         profile = profile_network(config, layers, torch.device("cpu"))
-    source = "profiled here on CPU"
-    if here:
-        kept = _keep(config, cache, lambda store: store.record_profile(
+    cache.measured.append(f"the layer profile of {network}")
+    if not here:
+        cache.profile_sources[key] = ("profiled here on CPU (the facts file holds no layer "
+                                      "profile; it is taken on CPU anyway)")
+        return profile
+    if _keep(config, cache, lambda store: store.record_profile(
             network=network, dataset=dataset, device=device, threads=threads,
-            device_name=_device_name(config), profile=profile))
-        source += f", kept in {kept}" if kept else ""
-    else:
-        source += " (the facts file holds no layer profile; it is taken on CPU anyway)"
-    cache.profile_sources[key] = source
+            device_name=_device_name(config), profile=profile)) is not None:
+        cache.profile_sources[key] = f"facts file {path}"
+        return kept()  # as a later run will read it
+    cache.profile_sources[key] = "profiled here on CPU (not kept)"
     return profile
 
 
@@ -322,7 +397,7 @@ def _layer_profile(config: DistbenchConfig, key: tuple[Any, ...], cache: FactsCa
 # Facts kept on disk, for recommending on a machine without the hardware's device.
 
 FACTS_DIR = "facts"
-_FACTS_FORMAT = 1
+_FACTS_FORMAT = 2  # 1 had no spread (q1/q3), no runtime shares: still read
 PROBED_HERE = "probed here"
 
 
@@ -382,21 +457,31 @@ class StepTime:
     """The sequential step time used at `batch`, and where it comes from."""
 
     batch: int
-    seconds: float
-    source: str  # "probed here", "facts file PATH", "MLflow run(s) ID, ... at URI"
+    seconds: float  # the median over the probe's batches
+    source: str  # "facts file PATH", "MLflow run(s) ID, ... at URI", "probed here (not kept)"
     measured_batch: int  # the batch it was measured at; not `batch`: scaled per sample
     device_name: str | None = None
+    # The spread over the probe's batches: first and third quartile (None where unknown, as
+    # for MLflow cells, whose epoch time is one number), when and over how many batches.
+    low: float | None = None
+    high: float | None = None
+    probe_batches: int | None = None
+    measured_at: str | None = None
 
     @property
     def scaled(self) -> bool:
         return self.measured_batch != self.batch
 
     def describe(self) -> str:
-        where = self.source + (f" ({self.device_name})" if self.device_name else "")
+        where = self.source + (f", measured {self.measured_at}" if self.measured_at else "") \
+            + (f" ({self.device_name})" if self.device_name else "")
+        star = "*" if self.scaled else ""
+        spread = (f" (IQR {self.low:.4g}-{self.high:.4g}{star} over {self.probe_batches} "
+                  f"batches)" if self.low is not None and self.high is not None else "")
         if self.scaled:
-            return (f"batch {self.batch}: {self.seconds:.4g} s*, scaled per sample from batch "
-                    f"{self.measured_batch} (none measured at {self.batch}), {where}")
-        return f"batch {self.batch}: {self.seconds:.4g} s, {where}"
+            return (f"batch {self.batch}: {self.seconds:.4g} s*{spread}, scaled per sample "
+                    f"from batch {self.measured_batch} (none measured at {self.batch}), {where}")
+        return f"batch {self.batch}: {self.seconds:.4g} s{spread}, {where}"
 
 
 @dataclass(frozen=True)
@@ -409,6 +494,21 @@ class MeasuredStep:
     source: str
     rank: int = 0
     device_name: str | None = None
+    low: float | None = None  # quartiles over the probe's batches, where kept
+    high: float | None = None
+    probe_batches: int | None = None
+    measured_at: str | None = None
+
+    def at(self, batch: int) -> StepTime:
+        """This measurement as the step time at `batch`, scaled per sample when another."""
+        scale = batch / self.batch
+
+        def scaled(value: float | None) -> float | None:
+            return None if value is None else value * scale
+
+        return StepTime(batch, self.seconds * scale, self.source, self.batch, self.device_name,
+                        scaled(self.low), scaled(self.high), self.probe_batches,
+                        self.measured_at)
 
 
 def choose_step_time(measured: Sequence[MeasuredStep], batch: int) -> StepTime | None:
@@ -425,12 +525,10 @@ def choose_step_time(measured: Sequence[MeasuredStep], batch: int) -> StepTime |
         return None
     exact = [step for step in measured if step.batch == batch]
     if exact:
-        best = min(exact, key=lambda step: step.rank)
-        return StepTime(batch, best.seconds, best.source, batch, best.device_name)
+        return min(exact, key=lambda step: step.rank).at(batch)
     best = min(measured, key=lambda step: (abs(math.log2(step.batch / batch)), step.rank,
                                            -step.batch))
-    return StepTime(batch, best.seconds * batch / best.batch, best.source, best.batch,
-                    best.device_name)
+    return best.at(batch)
 
 
 def recorded_step_time(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepTime:
@@ -480,22 +578,31 @@ _PROFILE_KEY = ("network", "dataset", "device", "device_name", "threads")
 class FactsStore:
     """The facts measured for one hardware configuration, kept as JSON at `facts_path`:
 
-        {"format": 1, "hardware": NAME,
+        {"format": 2, "hardware": NAME,
          "step_times": [{network, dataset, device, device_name, threads, batch, seconds,
-                         std_seconds, probe_batches, measured_at}, ...],
+                         q1_seconds, q3_seconds, std_seconds, batch_seconds, probe_batches,
+                         measured_at}, ...],
          "layer_profiles": [{network, dataset, device, device_name, threads, measured_at,
-                             profile: NetworkProfile.to_dict()}, ...]}
+                             profile: NetworkProfile.to_dict()}, ...],
+         "runtimes": [{key, device_name, mb, measured_at}, ...],
+         "saved_activations": [{network, dataset, measured_at,
+                                saved: predict.activations.SavedActivations}, ...]}
 
     `seconds` is the median of one sequential training step (forward, backward, update) at
     `batch` on the device `device_name` of kind `device` (`threads`: torch's threads on a CPU,
-    null on CUDA or for torch's default). A new measurement replaces an older one of the same
-    key; `save` writes atomically (`harness.results.write_json_atomic`).
+    null on CUDA or for torch's default), over `probe_batches` timed steps (`batch_seconds`,
+    their quartiles `q1_seconds` and `q3_seconds`). A runtime share (`predict.runtime`) is kept
+    per `predict.runtime.probe_key` (`key`), what autograd saves per layer (sizes, on a CPU)
+per network. A new measurement replaces an older one of the
+    same key; `save` writes atomically (`harness.results.write_json_atomic`).
     """
 
     path: Path
     hardware: str
     step_times: list[dict[str, Any]] = field(default_factory=list)
     layer_profiles: list[dict[str, Any]] = field(default_factory=list)
+    runtimes: list[dict[str, Any]] = field(default_factory=list)
+    saved_activations: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def load(cls, path: Path | str, hardware: str | None = None) -> FactsStore:
@@ -506,7 +613,9 @@ class FactsStore:
         try:
             data = json.loads(path.read_text())
             return cls(path, str(data.get("hardware") or hardware or path.stem),
-                       list(data.get("step_times", [])), list(data.get("layer_profiles", [])))
+                       list(data.get("step_times", [])), list(data.get("layer_profiles", [])),
+                       list(data.get("runtimes", [])),
+                       list(data.get("saved_activations", [])))
         except (OSError, ValueError, AttributeError) as err:
             raise MissingMeasurement(f"{path}: not a readable distbench facts file ({err}); "
                                      f"move it away and measure again") from None
@@ -516,19 +625,24 @@ class FactsStore:
 
         write_json_atomic(self.path, {"format": _FACTS_FORMAT, "hardware": self.hardware,
                                       "step_times": self.step_times,
-                                      "layer_profiles": self.layer_profiles})
+                                      "layer_profiles": self.layer_profiles,
+                                      "runtimes": self.runtimes,
+                                      "saved_activations": self.saved_activations})
         return self.path
 
     def record_step(self, *, network: str, dataset: str, device: str, batch: int,
                     seconds: float, threads: int | None = None, device_name: str | None = None,
-                    std_seconds: float = 0.0, probe_batches: int | None = None) -> None:
+                    std_seconds: float = 0.0, probe_batches: int | None = None,
+                    q1_seconds: float | None = None, q3_seconds: float | None = None,
+                    batch_seconds: Sequence[float] = ()) -> None:
         """Keep one measured sequential step time (call `save` to write the file)."""
         if batch < 1 or not seconds > 0:
             raise ValueError(f"a step time needs batch >= 1 and seconds > 0, got {batch}, "
                              f"{seconds}")
         entry = {"network": network, "dataset": dataset, "device": device,
                  "device_name": device_name, "threads": threads, "batch": batch,
-                 "seconds": seconds, "std_seconds": std_seconds,
+                 "seconds": seconds, "q1_seconds": q1_seconds, "q3_seconds": q3_seconds,
+                 "std_seconds": std_seconds, "batch_seconds": list(batch_seconds),
                  "probe_batches": probe_batches, "measured_at": _now()}
         self.step_times = [old for old in self.step_times
                            if any(old.get(k) != entry[k] for k in _STEP_KEY)] + [entry]
@@ -542,28 +656,86 @@ class FactsStore:
         self.layer_profiles = [old for old in self.layer_profiles
                                if any(old.get(k) != entry[k] for k in _PROFILE_KEY)] + [entry]
 
-    def steps(self, network: str, dataset: str, device: str,
-              threads: int | None) -> list[MeasuredStep]:
-        """The step times kept for the workload on the device, the newest per batch."""
+    def record_runtime(self, key: Sequence[Any], *, mb: float,
+                       device_name: str | None = None) -> None:
+        """Keep a worker's measured runtime share for `predict.runtime.probe_key` `key`."""
+        entry = {"key": list(key), "device_name": device_name, "mb": mb, "measured_at": _now()}
+        self.runtimes = [old for old in self.runtimes
+                         if (old.get("key"), old.get("device_name")) != (entry["key"],
+                                                                         device_name)] + [entry]
+
+    def runtime(self, key: Sequence[Any], device_name: str | None = None) -> float | None:
+        """The newest runtime share kept for `key` (measured on `device_name` when given)."""
+        found = [entry for entry in self.runtimes if entry.get("key") == list(key)
+                 and device_name in (None, entry.get("device_name"))]
+        if not found:
+            return None
+        return float(max(found, key=lambda entry: entry.get("measured_at", ""))["mb"])
+
+    def record_saved(self, network: str, dataset: str, saved: Any) -> None:
+        """Keep what autograd saves per layer of a network (`predict.activations`; sizes,
+        measured on a CPU whatever the device)."""
+        entry = {"network": network, "dataset": dataset, "measured_at": _now(),
+                 "saved": asdict(saved)}
+        self.saved_activations = [old for old in self.saved_activations
+                                  if (old.get("network"), old.get("dataset")) != (network,
+                                                                                  dataset)]
+        self.saved_activations.append(entry)
+
+    def saved(self, network: str, dataset: str) -> Any:
+        """The saved activations kept for a network (a `SavedActivations`), or None."""
+        from harness.predict.activations import LayerSaved, SavedActivations, SavedGroup
+
+        found = [entry["saved"] for entry in self.saved_activations
+                 if (entry.get("network"), entry.get("dataset")) == (network, dataset)]
+        if not found:
+            return None
+        data = found[-1]
+        try:
+            layers = tuple(LayerSaved(tuple(SavedGroup(**group) for group in layer["groups"]),
+                                      *(layer[name] for name in ("output_mb_per_sample",
+                                                                 "saves_input", "output_saver")))
+                           for layer in data["layers"])
+            return SavedActivations(layers, float(data["input_mb_per_sample"]),
+                                    tuple(data["batches"]), float(data["seconds"]))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ConfigError(f"{self.path}: the saved activations of {network}/{dataset} are "
+                              f"not in today's format ({err}); measure them again") from None
+
+    def steps(self, network: str, dataset: str, device: str, threads: int | None,
+              device_name: str | None = None) -> list[MeasuredStep]:
+        """The step times kept for the workload on the device (the one named `device_name`
+        when given), the newest per batch."""
         newest: dict[int, dict[str, Any]] = {}
         for entry in self.step_times:
             if (entry.get("network"), entry.get("dataset"), entry.get("device"),
-                    entry.get("threads")) == (network, dataset, device, threads):
+                    entry.get("threads")) == (network, dataset, device, threads) \
+                    and device_name in (None, entry.get("device_name")):
                 batch = int(entry["batch"])
                 if batch not in newest or entry.get("measured_at", "") >= \
                         newest[batch].get("measured_at", ""):
                     newest[batch] = entry
-        return [MeasuredStep(batch, float(entry["seconds"]), f"facts file {self.path}", 0,
-                             entry.get("device_name")) for batch, entry in sorted(newest.items())]
+        return [self._measured_step(entry) for _, entry in sorted(newest.items())]
 
-    def profile(self, network: str, dataset: str, device: str, threads: int | None) -> Any:
-        """The newest layer profile kept for the workload on the device (a NetworkProfile),
-        or None."""
+    def _measured_step(self, entry: dict[str, Any]) -> MeasuredStep:
+        def optional(name: str) -> float | None:
+            return None if entry.get(name) is None else float(entry[name])
+
+        return MeasuredStep(int(entry["batch"]), float(entry["seconds"]),
+                            f"facts file {self.path}", 0, entry.get("device_name"),
+                            optional("q1_seconds"), optional("q3_seconds"),
+                            entry.get("probe_batches"), entry.get("measured_at"))
+
+    def profile(self, network: str, dataset: str, device: str, threads: int | None,
+                device_name: str | None = None) -> Any:
+        """The newest layer profile kept for the workload on the device (the one named
+        `device_name` when given; a NetworkProfile), or None."""
         from harness.profiler import LayerProfile, NetworkProfile
 
         found = [entry for entry in self.layer_profiles
                  if (entry.get("network"), entry.get("dataset"), entry.get("device"),
-                     entry.get("threads")) == (network, dataset, device, threads)]
+                     entry.get("threads")) == (network, dataset, device, threads)
+                 and device_name in (None, entry.get("device_name"))]
         if not found:
             return None
         data = max(found, key=lambda entry: entry.get("measured_at", ""))["profile"]

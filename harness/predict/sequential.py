@@ -26,6 +26,7 @@ class BatchTiming:
     median_s: float
     std_s: float
     batches: int
+    seconds: tuple[float, ...] = ()  # every timed step, for the spread (facts keep IQRs)
 
 
 def epoch_seconds(seconds_per_batch: float, samples_per_epoch: int, batch_size: int) -> float:
@@ -62,4 +63,4 @@ def measure_batch_seconds(config: DistbenchConfig, *, batch_size: int, probe_bat
     seconds = trainer.time_batches(warmup_batches + probe_batches)[warmup_batches:]
     return BatchTiming(batch_size=batch_size, median_s=statistics.median(seconds),
                        std_s=statistics.stdev(seconds) if len(seconds) > 1 else 0.0,
-                       batches=len(seconds))
+                       batches=len(seconds), seconds=tuple(seconds))

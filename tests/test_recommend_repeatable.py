@@ -1,0 +1,209 @@
+"""The recommender as a person acts on it: the same command gives the same numbers (measured
+facts are kept per device and used again), says how sure it is, says "unknown" for what the
+hardware config does not tell, prices options in the config's currency, ranks by time or
+cost, and every option carries the `python -m harness` overrides that train it.
+
+One real measurement serves the module: `python -m harness.recommend` twice on the smallest
+pipeline-capable hardware (2 CPU workers), then in-process calls that reuse its facts file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import run_module
+
+PRICE, CURRENCY = 0.5, "EUR"
+WORKLOAD = ["dataset=mnist", "network=mobilenetv2", "hardware=local_2cpu",
+            "distribution.batch_size=4", "distribution.micro_batches=2", "--probe-batches=2"]
+PRICED = [f"hardware.price_per_device_hour={PRICE}", f"hardware.currency={CURRENCY}"]
+MNIST_IMAGES = 70_000
+
+
+@dataclass(frozen=True)
+class TwoRuns:
+    root: Path
+    first: Any  # CompletedProcess
+    second: Any
+    facts_after_first: bytes
+    facts_after_second: bytes
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> TwoRuns:
+    root = tmp_path_factory.mktemp("recommend") / "outputs"
+    root.mkdir()
+    facts = root / "facts" / "local_2cpu.json"
+    args = [*WORKLOAD, *PRICED, f"run.output_dir={root}"]
+    first = run_module("harness.recommend", args, cwd=root.parent, timeout=300)
+    after_first = facts.read_bytes() if facts.exists() else b""
+    second = run_module("harness.recommend", args, cwd=root.parent, timeout=300)
+    return TwoRuns(root, first, second, after_first,
+                   facts.read_bytes() if facts.exists() else b"")
+
+
+def _recommend_here(root: Path, capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    """The recommender in this process, as JSON, on the module's kept facts."""
+    from harness.recommend import main
+
+    capsys.readouterr()
+    main([*WORKLOAD, *args, f"run.output_dir={root}", "--json"])
+    return json.loads(capsys.readouterr().out)
+
+
+ROW = re.compile(r"\s*\d+  (?P<label>.+?) +(?P<seconds>[\d.]+)\*? +(?P<low>[\d.]+)-"
+                 r"(?P<high>[\d.]+) +(?P<mb>\d+) +(?P<fits>yes|NO|unknown) ")
+
+
+def _rows(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if ROW.match(line)]
+
+
+def test_the_same_command_gives_the_same_numbers_and_the_second_run_measures_nothing(
+        two_runs: TwoRuns) -> None:
+    first, second = two_runs.first, two_runs.second
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert second.returncode == 0, second.stderr[-3000:]
+    print(first.stdout)
+    assert first.stdout == second.stdout
+    assert "measured here: the step time at batch 4" in first.stderr
+    assert "measured here: nothing (all facts were kept from earlier runs)" in second.stderr
+    assert two_runs.facts_after_second == two_runs.facts_after_first  # nothing rewritten
+    # The step times say where they come from, when, and how spread they were.
+    kept = json.loads(two_runs.facts_after_first)
+    entries = {entry["batch"]: entry for entry in kept["step_times"]}
+    assert set(entries) == {1, 2, 4}  # the batch, and GPipe's micro-batches of 4 / {2, 4}
+    for batch, entry in entries.items():
+        assert len(entry["batch_seconds"]) == entry["probe_batches"] == 2
+        assert entry["q1_seconds"] <= entry["seconds"] <= entry["q3_seconds"]
+        line = (f"  batch {batch}: {entry['seconds']:.4g} s (IQR {entry['q1_seconds']:.4g}-"
+                f"{entry['q3_seconds']:.4g} over 2 batches), facts file "
+                f"{two_runs.root / 'facts' / 'local_2cpu.json'}, measured "
+                f"{entry['measured_at']}")
+        assert any(row.startswith(line) for row in first.stdout.splitlines()), line
+    assert [len(kept[kind]) for kind in ("layer_profiles", "runtimes", "saved_activations")] \
+        == [1, 1, 1]
+
+
+def test_the_table_says_what_its_numbers_are_for(two_runs: TwoRuns) -> None:
+    lines = two_runs.first.stdout.splitlines()
+    assert f"s/epoch: seconds per epoch of {MNIST_IMAGES} images (all of mnist)" in lines
+    assert "fits: unknown for all (hardware.device_memory_gb is not set)" in lines
+    assert f"cost: {PRICE:g} {CURRENCY} per device-hour (hardware.price_per_device_hour), " \
+           f"for the devices in use" in lines
+    title = next(line for line in lines if line.lstrip().startswith("#"))
+    assert "range" in title and f"{CURRENCY}/epoch" in title
+    rows = _rows(two_runs.first.stdout)
+    assert len(rows) == 8  # sequential, ddp, horovod, 3 gpipe, 2 pipedream
+    for row in rows:
+        found = ROW.match(row)
+        assert float(found["low"]) <= float(found["seconds"]) <= float(found["high"]), row
+        assert found["fits"] == "unknown"
+
+
+def test_fits_is_yes_or_no_once_the_hardware_has_a_memory_size(
+        two_runs: TwoRuns, capsys: pytest.CaptureFixture[str]) -> None:
+    unknown = _recommend_here(two_runs.root, capsys)
+    assert {option["fits_memory"] for option in unknown["options"]} == {None}
+    assert unknown["measured_here"] == []  # the module's facts, again
+    # a limit between the smallest and the largest worker's predicted memory
+    memory = sorted(option["memory_mb"] for option in unknown["options"])
+    limit_gb = (memory[0] + memory[-1]) / 2 / 1000
+    known = _recommend_here(two_runs.root, capsys, f"hardware.device_memory_gb={limit_gb}")
+    verdicts = {option["label"]: option["fits_memory"] for option in known["options"]}
+    assert set(verdicts.values()) == {True, False}
+    assert verdicts[known["recommended"]] is True
+
+
+def test_ranking_by_cost_names_the_fastest_and_the_cheapest(
+        two_runs: TwoRuns, capsys: pytest.CaptureFixture[str]) -> None:
+    by_cost = _recommend_here(two_runs.root, capsys, *PRICED, "--objective=cost")
+    by_time = _recommend_here(two_runs.root, capsys, *PRICED)
+    assert (by_cost["currency"], by_cost["price_per_device_hour"]) == (CURRENCY, PRICE)
+    for option in by_cost["options"]:  # devices in use x hours x price per device-hour
+        assert option["cost_per_epoch"] == pytest.approx(
+            option["workers"] * option["seconds_per_epoch"] / 3600 * PRICE)
+    costs = [option["cost_per_epoch"] for option in by_cost["options"]]
+    seconds = [option["seconds_per_epoch"] for option in by_time["options"]]
+    assert costs == sorted(costs) and seconds == sorted(seconds)
+    cheapest, fastest = by_cost["options"][0]["label"], by_time["options"][0]["label"]
+    assert by_cost["recommended"] == by_cost["cheapest"] == by_time["cheapest"] == cheapest
+    assert by_time["recommended"] == by_time["fastest"] == by_cost["fastest"] == fastest
+    # The same options either way: only the order differs.
+    def same(options: list[dict]) -> list[str]:
+        return sorted(json.dumps(option, sort_keys=True) for option in options)
+
+    assert same(by_cost["options"]) == same(by_time["options"])
+    verdict = (f"fastest and cheapest: {fastest}" if fastest == cheapest
+               else f"fastest: {fastest}; cheapest: {cheapest}")
+    assert verdict in two_runs.first.stdout.splitlines()
+
+
+def test_ranking_by_cost_without_a_price_is_one_line(
+        two_runs: TwoRuns, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        _recommend_here(two_runs.root, capsys, "--objective=cost")
+    assert exit_.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("distbench: invalid config: --objective=cost is invalid: "
+                           "hardware=local_2cpu has no hardware.price_per_device_hour")
+
+
+def assert_overrides_train(options: Sequence[dict]) -> None:
+    """Every option's overrides compose and validate as `python -m harness` takes them, into
+    the configuration the option predicts (model, workers, batch, micro-batches, plan)."""
+    from harness.compose import compose_config
+    from harness.config import validate
+
+    for option in options:
+        config = validate(compose_config(option["overrides"]))
+        distribution = config.distribution
+        assert distribution.name.value == option["distribution"], option["label"]
+        assert config.world_size == option["workers"], option["label"]
+        assert config.batch_size == option["batch_size"], option["label"]
+        if option["distribution"] == "gpipe":
+            assert config.micro_batches == option["micro_batches"], option["label"]
+            assert distribution.stages is None  # GPipe refuses a stage plan
+        if option["distribution"] in ("gpipe", "pipedream"):
+            assert distribution.balance == option["balance"], option["label"]
+            assert distribution.stages == option["stages"], option["label"]
+        assert option["overrides"][-len(option["own_overrides"]):] == option["own_overrides"]
+
+
+def test_every_option_carries_the_overrides_that_train_it(
+        two_runs: TwoRuns, capsys: pytest.CaptureFixture[str]) -> None:
+    answer = _recommend_here(two_runs.root, capsys, *PRICED)
+    assert {option["distribution"] for option in answer["options"]} == {
+        "sequential", "ddp", "horovod", "gpipe", "pipedream"}
+    assert_overrides_train(answer["options"])
+    # The printed command of the recommendation is the same, shell-quoted.
+    (line,) = [line for line in two_runs.first.stdout.splitlines()
+               if line.startswith("recommended: ")]
+    command = shlex.split(line.split(": python -m harness ", 1)[1])
+    best = next(o for o in answer["options"] if o["label"] == answer["recommended"])
+    assert command == best["overrides"]
+    # The table's overrides column is each option's own part, shell-quoted.
+    for row, option in zip(_rows(two_runs.first.stdout), answer["options"]):
+        assert row.endswith("  " + shlex.join(option["own_overrides"])), row
+
+
+def test_hardware_currency_is_checked_and_leaves_cell_keys_as_they_were() -> None:
+    from harness.compose import compose_config
+    from harness.config import ConfigError, resolved_container, validate
+    from harness.resume import cell_key
+
+    with pytest.raises(ConfigError, match="hardware.currency='' is invalid"):
+        validate(compose_config(["hardware.currency=''"]))
+    resolved = resolved_container(compose_config([]))
+    assert resolved["hardware"]["currency"] is None
+    before = json.loads(json.dumps(resolved))
+    del before["hardware"]["currency"]  # a cell keyed before the key existed
+    assert cell_key(before) == cell_key(resolved)
