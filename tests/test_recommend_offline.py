@@ -201,6 +201,12 @@ def test_a_probe_here_is_kept_in_the_facts_file_and_read_back_without_probing(
 
     with pytest.raises(MissingMeasurement, match="cpu \\(2 threads\\)"):
         gather(replace(config, hardware=replace(config.hardware, cpu_threads=2)), offline)
+    # The recommender's cache uses what was kept for this device; without reuse
+    # (`--remeasure`, or an analysis) it times the step again.
+    for reuse, measured in ((True, []), (False, ["the step time at batch 4"])):
+        cache = cache_for(1, reuse=reuse)
+        cache.measure_memory = False
+        assert gather(config, cache).step_seconds > 0 and cache.measured == measured
 
 
 def test_the_batch_rule_prefers_an_exact_batch_then_the_nearest_scaled_per_sample() -> None:

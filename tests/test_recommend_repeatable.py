@@ -147,14 +147,18 @@ def test_ranking_by_cost_names_the_fastest_and_the_cheapest(
     assert verdict in two_runs.first.stdout.splitlines()
 
 
-def test_ranking_by_cost_without_a_price_is_one_line(
-        two_runs: TwoRuns, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--objective=cost"], "--objective=cost is invalid: hardware=local_2cpu has no "
+                           "hardware.price_per_device_hour"),
+    (["--remeasure", "--no-probe"], "--remeasure is invalid with --no-probe")])
+def test_flags_that_cannot_be_followed_are_one_line(
+        two_runs: TwoRuns, capsys: pytest.CaptureFixture[str], flags: list[str],
+        says: str) -> None:
     with pytest.raises(SystemExit) as exit_:
-        _recommend_here(two_runs.root, capsys, "--objective=cost")
+        _recommend_here(two_runs.root, capsys, *flags)
     assert exit_.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith("distbench: invalid config: --objective=cost is invalid: "
-                           "hardware=local_2cpu has no hardware.price_per_device_hour")
+    assert line.startswith(f"distbench: invalid config: {says}")
 
 
 def assert_overrides_train(options: Sequence[dict]) -> None:
