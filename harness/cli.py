@@ -146,11 +146,14 @@ def run_hydra_main(main: Callable[[], object]) -> None:
     Hydra creates the run or sweep directory, and its callbacks open the MLflow store, before
     the task function or the launcher sees the config (`harness.compose.check_hydra_main`)."""
     from harness.compose import check_hydra_main
+    from harness.dryrun import DRY_RUN_FLAG
 
     del _cell_statuses[:]
     end_like_ctrl_c_on_sigterm()
     before = os.environ.get(_HYDRA_FULL_ERROR)
     if before == "1":
+        if DRY_RUN_FLAG in sys.argv[1:]:  # a flag of ours, not Hydra's: list the cells, exit
+            check_hydra_main(sys.argv[1:])
         main()
     else:
         with exit_on_bad_input():

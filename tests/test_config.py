@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from omegaconf import OmegaConf
+from hydra.types import RunMode
 
 from harness.batch_sizes import default_batch_size, default_micro_batches
 from harness.compose import CONF_DIR, compose_config, compose_or_exit
@@ -105,13 +105,15 @@ def test_unknown_names_fail_with_one_line_and_exit_2(
         assert fragment in message
 
 
-@pytest.mark.parametrize("sweep", ["smoke", "imagenet_resnet", "local_data_parallel"])
-def test_sweep_configs_turn_on_multirun_by_themselves(sweep: str) -> None:
-    cfg = compose_config([f"+sweep={sweep}"])
-    hydra = OmegaConf.load(CONF_DIR / "sweep" / f"{sweep}.yaml").hydra
-    assert hydra.mode == "MULTIRUN"
-    assert "network" in hydra.sweeper.params
-    assert cfg.tracking.experiment == sweep
+@pytest.mark.parametrize(("sweep", "experiment"), [
+    ("smoke", "smoke"), ("local_data_parallel", "local_data_parallel"),
+    # the thesis' grid and its flagship share their cells, so one experiment holds both
+    ("imagenet_resnet", "thesis"), ("thesis_grid", "thesis")])
+def test_sweep_configs_turn_on_multirun_by_themselves(sweep: str, experiment: str) -> None:
+    cfg = compose_config([f"+sweep={sweep}"], with_hydra=True)
+    assert cfg.hydra.mode == RunMode.MULTIRUN
+    assert "network" in cfg.hydra.sweeper.params
+    assert cfg.tracking.experiment == experiment
     validate(cfg)
 
 
