@@ -23,6 +23,7 @@ the sweep is re-run.
 from __future__ import annotations
 
 import codecs
+import json
 import os
 import re
 import signal
@@ -107,10 +108,10 @@ def wait_for_cell(job: submitit.Job, output_dir: Path, *, timeout_s: float,
                   show_rank0: bool = False) -> bool:
     """Wait until every worker of the cell has exited; return True if the cell timed out.
 
-    Workers still running `grace_s` after rank 0 wrote `result_file` (the cell's record) or
-    exited (without a record, e.g. ended by its watchdog: the launcher records the cell from
-    the rank reports), or when `timeout_s` has passed, are ended (`end_cell`), so no process
-    of the cell outlives it. With `show_rank0`, what rank 0 prints appears on this process's
+    Workers still running `grace_s` after rank 0 recorded the cell (`recorded`) or exited
+    (without a record, e.g. ended by its watchdog: the launcher records the cell from the rank
+    reports), or when `timeout_s` has passed, are ended (`end_cell`), so no process of the
+    cell outlives it. With `show_rank0`, what rank 0 prints appears on this process's
     terminal meanwhile (`Rank0Terminal`).
     """
     result_path = Path(output_dir) / result_file
@@ -121,7 +122,7 @@ def wait_for_cell(job: submitit.Job, output_dir: Path, *, timeout_s: float,
         while not job.done():
             terminal.show()
             now = time.monotonic()
-            if ended is None and (result_path.exists() or rank0.exited()):
+            if ended is None and (recorded(result_path) or rank0.exited()):
                 ended = now
             if ended is not None and now - ended > grace_s:
                 break
@@ -131,6 +132,21 @@ def wait_for_cell(job: submitit.Job, output_dir: Path, *, timeout_s: float,
             time.sleep(_POLL_S)
         end_cell(job)
     return False
+
+
+def recorded(result_path: Path) -> bool:
+    """Whether rank 0 is done recording the cell in `result_path`. A result.json that says
+    `pending_sync` without a `tracking_error` is the first of its two writes: rank 0 is
+    uploading it to MLflow (harness.record), which can take longer than the grace period
+    (creating the store's tables on a busy machine), and must not be cut short."""
+    try:
+        written = json.loads(result_path.read_text())
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):  # not a record of ours to read: its presence is the signal
+        return True
+    return not (isinstance(written, dict) and written.get("pending_sync")
+                and not written.get("tracking_error"))
 
 
 # A line of submitit's own logger in a worker's output (its handler's format, or the
