@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from harness.batch_sizes import default_batch_size, default_micro_batches
 from harness.compose import check_hydra_main, compose_config
 from harness.config import ConfigError
+from harness.resume import cell_key
 from tests.helpers import run_module
 
 # (distribution, workers, nodes) of every network's cells in the thesis' grid, as it runs them.
@@ -124,6 +125,10 @@ def test_the_thesis_grid_is_the_flagship_for_every_dataset_and_network(tmp_path:
         assert grid.hydra.sweeper.params[key] == flagship.hydra.sweeper.params[key]
     # One experiment: the cells they share have one cell key, so neither measures them twice.
     assert grid.tracking.experiment == flagship.tracking.experiment == "thesis"
+    shared = ["dataset=imagenet", "network=resnet50", "+sweep/scaling=ddp_2x4",
+              "hardware=titanrtx_cluster"]
+    assert cell_key(compose_config(["+sweep=thesis_grid", *shared])) == \
+        cell_key(compose_config(["+sweep=imagenet_resnet", *shared]))
     # A slice of it on another row of Table 3.3, and the network with the fewest layers.
     listing = dry_run("+sweep=thesis_grid", "dataset=mnist", "network=resnet18",
                       f"run.output_dir={tmp_path / 'outputs'}")
