@@ -85,7 +85,8 @@ def check_hydra_main(argv: Sequence[str]) -> None:
                       flush=True)
             return
         if args.dry_run:
-            _dry_run(hydra, overrides, sweep=sweep, command=parser.prog)
+            _dry_run(hydra, overrides, sweep=sweep,
+                     command=parser.prog + (" -m" if args.multirun else ""))
         if sweep:
             _check_sweep(hydra, overrides)
         else:
