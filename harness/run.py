@@ -203,6 +203,8 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
                               clock=PhaseClock(device, enabled=config.run.phase_timing),
                               session=session, heartbeat=beat)
     trainer = trainer_factory(config.distribution.name.value)(context)
+    # A trainer whose worker trains part of each epoch's batches says how many (PipeDream).
+    progress.batches = getattr(trainer, "worker_batches", progress.batches)
     memory = PeakMemory(device)
     memory.reset()
     trainer.warm_up(config.run.warmup_batches)
@@ -255,7 +257,7 @@ class EpochProgress:
     Driven by the trainer's heartbeat, which every distribution model calls after each batch
     (each minibatch a PipeDream worker finishes), so every model shows the same bar; the
     warm-up's batches, outside `epoch`, do not count. `batches` is the bar's total: the
-    batches of one epoch of this worker's loader."""
+    batches this worker trains in an epoch."""
 
     def __init__(self, *, enabled: bool, batches: int) -> None:
         self.enabled = enabled

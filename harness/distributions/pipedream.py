@@ -45,6 +45,7 @@ from harness.distributions.onefoneb import (
     Op,
     check_deadlock_free,
     divisible_batches,
+    minibatches_of,
     replica_of,
     worker_ops,
 )
@@ -184,6 +185,12 @@ class PipeDreamTrainer:
         return EpochMeasurement(seconds=seconds,
                                 samples=trained * self.batch_size if self.is_first else 0,
                                 batches=self.epoch_batches, phase_seconds=phases)
+
+    @property
+    def worker_batches(self) -> int:
+        """The minibatches this worker trains in an epoch (a replicated stage's replicas share
+        the epoch's): the total of rank 0's progress bar (harness.run.EpochProgress)."""
+        return len(minibatches_of(self.replica, self.replicas[self.stage], self.epoch_batches))
 
     # -- what the harness records besides the protocol ----------------------------------------
     def extra_metrics(self) -> dict[str, float]:
