@@ -53,7 +53,7 @@ from typing import Any
 import submitit
 
 from harness.config import ConfigError, DistbenchConfig, HardwareConfig
-from harness.results import RESULT_FILE, RunStatus, write_json_atomic
+from harness.results import RESULT_FILE, RunStatus, rank_report_path, write_json_atomic
 from harness.resume import job_note_path
 
 log = logging.getLogger(__name__)
@@ -310,6 +310,18 @@ def submit_cell(function: Callable[..., Any], *args: Any, folder: Path,
         function, *args)
 
 
+def tries_before() -> int:
+    """In a task of a SLURM job: how many times SLURM re-queued the job before this try."""
+    return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+
+def forget_earlier_try(output_dir: Path) -> None:
+    """In a task of a re-queued job, before the cell starts again: this worker's report of the
+    earlier try goes (that try ended when the job was re-queued; its peers' collectives failed
+    as rank 0 left), so that it is not read as part of this try's outcome."""
+    rank_report_path(output_dir, int(os.environ["SLURM_PROCID"])).unlink(missing_ok=True)
+
+
 def keep_last_try_to_its_limit(max_num_timeout: int) -> None:
     """In a cell's SLURM task, before the cell starts: on its last try, the job's time-limit
     signal is only logged.
@@ -321,7 +333,7 @@ def keep_last_try_to_its_limit(max_num_timeout: int) -> None:
     `failed` before its time is up; instead the cell runs on, and if SLURM ends it at its limit
     the launcher records it as `timeout` (the job's TIMEOUT state).
     """
-    tries_used = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    tries_used = tries_before()
     if tries_used < max_num_timeout:
         return
     limit_signal = signal.Signals[f"SIG{submitit.JobEnvironment.USR_SIG}"]

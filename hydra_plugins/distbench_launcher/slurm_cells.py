@@ -96,6 +96,12 @@ class SlurmCellsLauncher(SlurmLauncher):
         Singleton.set_state(singleton_state)
         register_launcher_names()
         slurm.keep_last_try_to_its_limit(int(self.params["max_num_timeout"]))
+        if slurm.tries_before() > 0:
+            from launchers.cells import cell_config, cell_dir
+
+            assert self.hydra_context is not None and self.config is not None
+            slurm.forget_earlier_try(cell_dir(cell_config(
+                self.hydra_context.config_loader, self.config, sweep_overrides, job_num)))
         return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
 
     def launch(self, job_overrides: Sequence[Sequence[str]],
