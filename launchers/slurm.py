@@ -90,8 +90,9 @@ class CellJobSize:
 def cell_job_size(cell: DistbenchConfig, launcher: Mapping[str, Any]) -> CellJobSize:
     """Size a cell's job from its config; explicit launcher sizes must agree with it.
 
-    `hydra.launcher.nodes` / `tasks_per_node` / `gpus_per_node` are null by default (taken from
-    the cell); a value given there is a check, never a silent resize of the measured cell.
+    `hydra.launcher.nodes` / `tasks_per_node` / `gpus_per_node` / `gpus_per_task` /
+    `cpus_per_task` are null by default (taken from the cell); a value given there is a check
+    (`check_sizing_keys`), never a silent resize of the measured cell.
     """
     return job_size(cell.hardware, cell.world_size, launcher,
                     what=f"cell {cell.run_name} (distribution.name="
