@@ -23,6 +23,7 @@ the sweep is re-run.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import json
 import os
 import re
@@ -180,11 +181,19 @@ class Rank0Terminal:
 
     def __exit__(self, *exc: object) -> None:
         self.show()  # what rank 0 printed last: the result summary
-        if self._status is not None:
-            self._status.close()  # leave=False: the status line goes
+        self._close_status()
 
     def show(self) -> None:
-        """Print rank 0's lines that are new since the last call; show its current frame."""
+        """Print rank 0's lines that are new since the last call; show its current frame.
+        A terminal that is gone (a closed pipe: `... | head`) ends the showing, not the
+        launcher: the cell goes on unseen."""
+        try:
+            self._show()
+        except (OSError, ValueError):  # BrokenPipeError; a closed file
+            self._outputs = []
+            self._close_status()
+
+    def _show(self) -> None:
         for output in self._outputs:
             for line in output.new_lines():
                 if line.strip() and not _SUBMITIT_LINE.match(line):
@@ -196,6 +205,12 @@ class Rank0Terminal:
             self._status = tqdm(bar_format="{desc}", leave=False, file=sys.stderr)
         if self._status is not None and frame != self._status.desc:
             self._status.set_description_str(frame)
+
+    def _close_status(self) -> None:
+        status, self._status = self._status, None
+        if status is not None:
+            with contextlib.suppress(OSError, ValueError):
+                status.close()  # leave=False: the status line goes
 
 
 class _GrowingOutput:
