@@ -198,20 +198,23 @@ def _with(config: DistbenchConfig, distribution: Any, nodes: int,
 
 
 def rank(config: DistbenchConfig, fitted: Fitted, cache: FactsCache, output_root: Path,
-         common: Sequence[str] = (), objective: str = "time"
+         given: Sequence[str] = (), objective: str = "time"
          ) -> tuple[list[Option], list[str]]:
     """Options sorted best first by `objective` (time, or cost then time), and why the
-    candidates that could not be built failed. `common`: the overrides every option's
-    `python -m harness` command starts with (`common_overrides`)."""
+    candidates that could not be built failed. `given`: the overrides `config` was composed
+    from, which every option's `python -m harness` command builds on (`common_overrides`)."""
     options, skipped = [], []
+    commands = Commands(common_overrides(config, given), frozenset(_keys(given)))
     for candidate in candidates(config):
         label = setting_label(candidate)
         try:
-            options.append(_predict(candidate, config, fitted, cache, output_root, common))
+            options.append(_predict(candidate, config, fitted, cache, output_root, commands))
         except MissingMeasurement:  # no candidate can be predicted: say what to measure
             raise
-        except (ConfigError, ValueError) as err:  # e.g. more stages than layers
-            skipped.append(f"{label}: {err}")
+        # e.g. more stages than layers; a measured profile without links among this many
+        # workers (KeyError: it was probed on fewer)
+        except (ConfigError, ValueError, KeyError) as err:
+            skipped.append(f"{label}: {err.args[0] if isinstance(err, KeyError) else err}")
     options.sort(key=_ranking(objective))
     return options, skipped
 
@@ -222,8 +225,17 @@ def _ranking(objective: str) -> Any:
     return lambda option: option.seconds_per_epoch
 
 
+@dataclass(frozen=True)
+class Commands:
+    """What the options' commands share: `common` overrides first; `given`, the keys the user
+    set (an option restates those of them it sets itself, since `common` drops them)."""
+
+    common: list[str]
+    given: frozenset[str]
+
+
 def _predict(candidate: DistbenchConfig, asked: DistbenchConfig, fitted: Fitted,
-             cache: FactsCache, output_root: Path, common: Sequence[str]) -> Option:
+             cache: FactsCache, output_root: Path, commands: Commands) -> Option:
     facts = gather(candidate, cache)
     profile = profile_for(candidate.hardware, output_root)
     model = candidate.distribution.name.value
@@ -234,14 +246,15 @@ def _predict(candidate: DistbenchConfig, asked: DistbenchConfig, fitted: Fitted,
     error = fitted.errors.get(model, 0.0) / 100
     memory = memory_per_worker_mb(candidate, facts, runtime_mb=fitted.runtime_mb)
     memory_gb = candidate.hardware.device_memory_gb
-    own = option_overrides(candidate, asked, facts.plan)
+    own = option_overrides(candidate, asked, facts.plan, commands.given)
     workers = 1 if model == "sequential" else candidate.world_size
     plan = facts.plan
     return Option(
         setting_label(candidate, plan=plan), model, workers, seconds,
         min(low, seconds) * (1 - error), max(high, seconds) * (1 + error), max(memory),
         None if memory_gb is None else fits(memory, memory_gb),
-        cost_per_epoch(candidate, seconds), [*common, *own], own, candidate.batch_size,
+        cost_per_epoch(candidate, seconds), [*commands.common, *own], own,
+        candidate.batch_size,
         candidate.micro_batches if model == "gpipe" else None,
         plan.stage_string() if plan is not None and model == "pipedream" else None,
         list(plan.balance) if plan is not None else None,
@@ -272,9 +285,7 @@ def common_overrides(config: DistbenchConfig, given: Sequence[str]) -> list[str]
     """What every option's command starts with: the dataset, network and hardware chosen
     (spelled out where they were defaults), then the recommender's other overrides as given
     (`run.output_dir`, `dataset.num_samples`, ...), less the keys an option sets itself."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(list(given))
+    parsed = _parsed(given)
     keys = {override.key_or_group for override in parsed}
     chosen = [f"dataset={config.dataset.name.value}", f"network={config.network.name.value}"]
     chosen = [choice for choice in chosen if choice.split("=")[0] not in keys]
@@ -284,16 +295,27 @@ def common_overrides(config: DistbenchConfig, given: Sequence[str]) -> list[str]
                      if override.key_or_group not in _OPTION_KEYS]
 
 
+def _parsed(overrides: Sequence[str]) -> list[Any]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_overrides(list(overrides))
+
+
+def _keys(overrides: Sequence[str]) -> set[str]:
+    return {override.key_or_group for override in _parsed(overrides)}
+
+
 def option_overrides(candidate: DistbenchConfig, asked: DistbenchConfig,
-                     plan: StagePlan | None) -> list[str]:
+                     plan: StagePlan | None, given: frozenset[str] = frozenset()) -> list[str]:
     """What trains `candidate` on top of `common_overrides`: the model, its worker count
-    (where not the hardware's), the batch size, GPipe's micro-batches and a pipeline's plan
-    (the one predicted, pinned: the planner could choose another on another machine)."""
+    (where not the hardware's, or where the user set it: `given`), the batch size, GPipe's
+    micro-batches and a pipeline's plan (the one predicted, pinned: the planner could choose
+    another on another machine)."""
     distribution = candidate.distribution
     own = [f"distribution={distribution.name.value}"]
     for key in ("nodes", "workers_per_node"):
         value = getattr(candidate.hardware, key)
-        if value != getattr(asked.hardware, key):
+        if value != getattr(asked.hardware, key) or f"hardware.{key}" in given:
             own.append(f"hardware.{key}={value}")
     own.append(f"distribution.batch_size={candidate.batch_size}")
     if distribution.name is DistributionName.gpipe:
@@ -446,14 +468,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     cache = cache_for(flags.probe_batches, probe=not flags.no_probe, facts_root=output_root,
                       reuse=not flags.remeasure)
     fitted = Fitted.load(fit_path, config.hardware.name)
-    common = common_overrides(config, overrides)
-    options, skipped = rank(config, fitted, cache, output_root, common, flags.objective)
+    options, skipped = rank(config, fitted, cache, output_root, overrides, flags.objective)
     elapsed = time.perf_counter() - started
     if flags.json:
         print_json(config, options, skipped, fitted, cache, flags.objective, elapsed)
     else:
         print_table(config, options, skipped, fitted, source_lines(cache), flags.objective,
-                    common)
+                    common_overrides(config, overrides))
     # Not on stdout, which a later run repeats exactly.
     measured = ", ".join(cache.measured) or "nothing (all facts were kept from earlier runs)"
     print(f"measured here: {measured}; prediction took {elapsed:.1f} s", file=sys.stderr)

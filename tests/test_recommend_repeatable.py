@@ -188,6 +188,13 @@ def test_every_option_carries_the_overrides_that_train_it(
     assert {option["distribution"] for option in answer["options"]} == {
         "sequential", "ddp", "horovod", "gpipe", "pipedream"}
     assert_overrides_train(answer["options"])
+    # Worker counts the user set are restated by the options that keep them: 2 nodes of 2
+    two_nodes = _recommend_here(two_runs.root, capsys, "hardware.nodes=2",
+                                "hardware.inter_node_bandwidth_mbps=1000",
+                                "hardware.inter_node_latency_us=50")
+    assert two_nodes["measured_here"] == []  # the same batches and network: kept facts
+    assert {option["workers"] for option in two_nodes["options"]} == {1, 2, 4}
+    assert_overrides_train(two_nodes["options"])
     # The printed command of the recommendation is the same, shell-quoted.
     (line,) = [line for line in two_runs.first.stdout.splitlines()
                if line.startswith("recommended: ")]
