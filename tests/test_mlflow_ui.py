@@ -1,38 +1,68 @@
 """The MLflow UI as a user sees it: a real 2-cell sweep, `mlflow server` on its store (bound to
 127.0.0.1), and headless Chromium (Debian's, installed by scripts/browser.sh, driven by the
-playwright package) showing the sweep's runs with `seconds_per_epoch` and comparing two runs.
+playwright package) opening the link the sweep printed and comparing the two cells.
 
-Screenshots go to the test's tmp dir and are copied to outputs/test-artifacts/mlflow-ui-*.png
-in the checkout (ignored by git; each run overwrites them).
+What is checked is what a person reads: the cells' names, their seconds per epoch, images/s,
+peak memory and Duration (the training's wall time) in the runs table without a click, the
+sweep's summary on its parent run's page, the same figures in the compare view.
+
+Screenshots (mlflow-ui-{runs,sweep,compare}.png) go to $DISTBENCH_UI_SCREENSHOTS, else to
+mlflow-ui/ under pytest's base temporary directory; the test prints where.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from harness.tracking import DEFAULT_STORE_FILE
+from harness.tracking import DEFAULT_STORE_FILE, DEFAULT_UI_URL
 from tests.helpers import REPO_ROOT, run_module
 from tests.helpers import mlflow_server as running_mlflow_server
 
 BROWSER_SCRIPT = REPO_ROOT / "scripts" / "browser.sh"
-ARTIFACTS = REPO_ROOT / "outputs" / "test-artifacts"
+SCREENSHOTS_ENV = "DISTBENCH_UI_SCREENSHOTS"
 # Headless on a machine without a display, a GPU or a user namespace sandbox (root in a
 # container), and with nothing fetched from the network behind the test's back.
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run"]
 UI_WAIT_MS = 60_000
-METRIC_COLUMN = '[col-id="metrics.`seconds_per_epoch`"]'
-TINY_SWEEP = ["+sweep=smoke", "dataset=mnist,cifar10", "network=mobilenetv2",
-              "distribution.batch_size=8", "dataset.num_samples=16", "run.epochs=1",
+# Wide enough for the key columns beside MLflow 3.17's assistant panel.
+VIEWPORT = {"width": 2200, "height": 1000}
+# Two cells that differ in the batch only: their names must tell them apart.
+TINY_SWEEP = ["+sweep=smoke", "dataset=mnist", "network=mobilenetv2",
+              "distribution.batch_size=8,16", "dataset.num_samples=16", "run.epochs=1",
               "run.warmup_batches=0", "run.progress=false"]
+NAMES = ("sequential 1x1 b16 mobilenetv2-mnist", "sequential 1x1 b8 mobilenetv2-mnist")
+LINK = re.compile(re.escape(DEFAULT_UI_URL) + r"(/#/experiments/\S+)")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A cell's run as the store holds it: what the UI must show."""
+
+    run_id: str
+    name: str
+    seconds_per_epoch: float
+    images_per_second: float
+    peak_memory_mb: float
+    duration_s: float  # end_time - start_time
+
+
+@dataclass(frozen=True)
+class Sweep:
+    experiment_id: str
+    parent_run_id: str
+    cells: list[Cell]
+    link: str  # the path the sweep printed, to open on the server's address
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +83,35 @@ def chromium() -> str:
 
 
 @pytest.fixture
+def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = Path(os.environ.get(SCREENSHOTS_ENV) or tmp_path_factory.getbasetemp() / "mlflow-ui")
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"MLflow UI screenshots: {folder}")
+    return folder
+
+
+@pytest.fixture
+def sweep(output_root: Path) -> Sweep:
+    """Run the tiny sweep; what its store holds and the link it printed."""
+    done = run_module("harness", [*TINY_SWEEP, f"run.output_dir={output_root}"],
+                      cwd=output_root.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    links = LINK.findall(done.stdout + done.stderr)
+    assert len(links) == 1, (done.stdout + done.stderr)[-3000:]
+    client = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
+    experiment = client.get_experiment_by_name("smoke")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
+    (parent,) = [run for run in runs if "mlflow.parentRunId" not in run.data.tags]
+    cells = [Cell(run.info.run_id, run.info.run_name, run.data.metrics["seconds_per_epoch"],
+                  run.data.metrics["images_per_second"], run.data.metrics["peak_memory_mb"],
+                  (run.info.end_time - run.info.start_time) / 1000)
+             for run in runs if run is not parent]
+    assert sorted(cell.name for cell in cells) == list(NAMES)
+    return Sweep(experiment.experiment_id, parent.info.run_id, cells, links[0])
+
+
+@pytest.fixture
 def mlflow_server(output_root: Path) -> Iterator[str]:
     """`mlflow server` on the test's store, on loopback and a free port; its URL once it
     answers. Stopped (its whole process group) whatever the test does."""
@@ -60,74 +119,108 @@ def mlflow_server(output_root: Path) -> Iterator[str]:
         yield url
 
 
-def _save_screenshot(page, tmp_path: Path, name: str) -> None:  # noqa: ANN001 - playwright Page
-    path = tmp_path / f"mlflow-ui-{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    shutil.copy(path, ARTIFACTS / path.name)
-
-
-@pytest.fixture
-def sweep_runs(output_root: Path) -> tuple[str, dict[str, float]]:
-    """Run the tiny sweep; its experiment id and each cell's run id -> seconds_per_epoch."""
-    done = run_module("harness", [*TINY_SWEEP, f"run.output_dir={output_root}"],
-                      cwd=output_root.parent)
-    assert done.returncode == 0, done.stderr[-3000:]
-    client = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
-    experiment = client.get_experiment_by_name("smoke")
-    assert experiment is not None
-    cells = {run.info.run_id: run.data.metrics["seconds_per_epoch"]
-             for run in client.search_runs([experiment.experiment_id])
-             if "seconds_per_epoch" in run.data.metrics}
-    assert len(cells) == 2
-    return experiment.experiment_id, cells
-
-
-def test_the_ui_lists_the_sweep_and_compares_two_runs(
-        chromium: str, sweep_runs: tuple[str, dict[str, float]], mlflow_server: str,
-        tmp_path: Path) -> None:
+def test_the_ui_shows_the_cells_to_compare(chromium: str, sweep: Sweep, mlflow_server: str,
+                                          screenshots: Path) -> None:
     from playwright.sync_api import sync_playwright
 
-    experiment_id, cells = sweep_runs
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS,
                                              headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page = browser.new_page(viewport=VIEWPORT)
             page.set_default_timeout(UI_WAIT_MS)
-            _check_runs_table(page, f"{mlflow_server}/#/experiments/{experiment_id}/runs",
-                              cells)
-            _save_screenshot(page, tmp_path, "runs")
-            _check_compare_view(page, mlflow_server, experiment_id, cells)
-            _save_screenshot(page, tmp_path, "compare")
+            page.goto(mlflow_server + sweep.link)
+            _check_runs_table(page, sweep.cells)
+            page.screenshot(path=str(screenshots / "mlflow-ui-runs.png"), full_page=True)
+            _check_sweep_run(page, mlflow_server, sweep)
+            page.screenshot(path=str(screenshots / "mlflow-ui-sweep.png"), full_page=True)
+            _check_compare_view(page, mlflow_server, sweep)
+            page.screenshot(path=str(screenshots / "mlflow-ui-compare.png"), full_page=True)
         finally:
             browser.close()
 
 
-def _check_runs_table(page, url: str, cells: dict[str, float]) -> None:  # noqa: ANN001
-    """The experiment's runs table (MLflow 3 opens experiments on a GenAI overview; the
-    training runs are at #/experiments/<id>/runs): the sweep's parent run, expanded to its
-    cells, with the seconds_per_epoch column switched on as a user does (Columns menu)."""
-    page.goto(url)
-    parent = page.get_by_role("row").filter(has_text="sweep-")
-    parent.get_by_role("button").first.click()  # expand the nested cells
-    page.get_by_text("mobilenetv2-mnist-sequential-local_cpu").wait_for()
-    page.get_by_text("mobilenetv2-cifar10-sequential-local_cpu").wait_for()
-    page.get_by_role("button", name="Columns").click()
-    page.get_by_text("seconds_per_epoch", exact=True).first.click()
-    page.keyboard.press("Escape")
-    for run_id, seconds in cells.items():
-        cell = page.locator(f'[role=row][row-id="{run_id}"] [role=gridcell]{METRIC_COLUMN}')
-        cell.scroll_into_view_if_needed()
-        assert float(cell.inner_text()) == pytest.approx(seconds, rel=1e-6)
+def _duration(seconds: float) -> str:
+    """A duration as MLflow's runs table writes it (Utils.getDuration)."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    return f"{seconds / 60:.1f}min" if seconds < 3600 else f"{seconds / 3600:.1f}h"
 
 
-def _check_compare_view(page, base: str, experiment_id: str,  # noqa: ANN001
-                        cells: dict[str, float]) -> None:
-    """MLflow 3's compare view: #/compare-runs?runs=[ids as JSON]&experiments=[ids]."""
-    page.goto(f"{base}/#/compare-runs?runs={json.dumps(list(cells))}"
-              f"&experiments={json.dumps([experiment_id])}")
+def _check_runs_table(page, cells: list[Cell]) -> None:  # noqa: ANN001 - playwright Page
+    """The link opens the runs table (not MLflow 3's GenAI overview) on the cells, fastest
+    first, with the key columns switched on: nothing to expand, no column to add."""
+    page.get_by_role("heading", name="Runs").wait_for()
+    for name in NAMES:
+        page.get_by_text(name, exact=True).wait_for()
+    fastest_first = sorted(cells, key=lambda cell: cell.seconds_per_epoch)
+    rows = page.locator("[role=row][row-id]")  # a row is in the pinned and the main columns
+    shown = [rows.nth(i).get_attribute("row-id") for i in range(rows.count())]
+    assert list(dict.fromkeys(shown)) == [cell.run_id for cell in fastest_first]
+    for cell in cells:
+        row = f'[role=row][row-id="{cell.run_id}"]'
+        name = page.locator(f'{row} [col-id="attributes.`Run Name`"]').get_by_role("link")
+        assert name.inner_text() == cell.name
+        assert page.locator(f'{row} [col-id="duration"]').inner_text() == \
+            _duration(cell.duration_s)
+        for metric in ("seconds_per_epoch", "images_per_second", "peak_memory_mb"):
+            shown = page.locator(f'{row} [col-id="metrics.`{metric}`"]')
+            shown.scroll_into_view_if_needed()
+            assert float(shown.inner_text()) == pytest.approx(getattr(cell, metric), rel=1e-9)
+        assert page.locator(f'{row} [col-id="params.`distribution.name`"]').inner_text() \
+            == "sequential"
+        assert page.locator(f'{row} [col-id="metrics.`world_size`"]').inner_text() == "1"
+
+
+def _check_sweep_run(page, base: str, sweep: Sweep) -> None:  # noqa: ANN001
+    """The sweep's parent run: its page says how the cells ended and which was fastest."""
+    fastest = min(sweep.cells, key=lambda cell: cell.seconds_per_epoch)
+    page.goto(f"{base}/#/experiments/{sweep.experiment_id}/runs/{sweep.parent_run_id}"
+              "?workflowType=machine_learning")
+    page.get_by_text(f"Sweep: 2 cell(s) ok, 0 failed; fastest '{fastest.name}' at "
+                     f"{fastest.seconds_per_epoch:.3f} s/epoch.").wait_for()
+
+
+# The compare view lists metrics in a virtualised grid of names beside one of values (which
+# scrolls both): a row's values are the cells of the values grid at its name's height, once
+# the values grid has scrolled to it.
+_METRIC_ROW_JS = """name => {
+  const link = [...document.querySelectorAll('a[title="Plot chart"]')]
+      .find(a => a.textContent === name);
+  const grids = [...document.querySelectorAll('[role=grid]')];
+  if (!link) { grids[1].scrollTop += 200; return null; }
+  const top = link.parentElement.style.top;
+  const values = grids[grids.indexOf(link.closest('[role=grid]')) + 1];
+  const row = [...values.querySelectorAll('div')]
+      .filter(d => d.style.position === 'absolute' && d.style.top === top)
+      .map(d => d.textContent);
+  if (row.length === 0) { values.scrollTop = parseInt(top); return null; }
+  return row;
+}"""
+
+
+def _metric_row(page, name: str) -> list[float]:  # noqa: ANN001
+    """The values of metric `name` in the compare view."""
+    for _ in range(50):
+        row = page.evaluate(_METRIC_ROW_JS, name)
+        if row is not None:
+            return [float(value) for value in row]
+        page.wait_for_timeout(200)  # the grids render what was scrolled to
+    raise AssertionError(f"{name} is not in the compare view")
+
+
+def _check_compare_view(page, base: str, sweep: Sweep) -> None:  # noqa: ANN001
+    """MLflow 3's compare view: #/compare-runs?runs=[ids as JSON]&experiments=[ids]; its
+    columns are in the order of `runs`, its metrics rounded (4 significant digits, at most
+    3 decimals)."""
+    cells = sweep.cells
+    page.goto(f"{base}/#/compare-runs?runs={json.dumps([c.run_id for c in cells])}"
+              f"&experiments={json.dumps([sweep.experiment_id])}")
     page.get_by_text("Comparing 2 Runs").wait_for()
-    page.get_by_text("mobilenetv2-mnist-sequential-local_cpu").first.wait_for()
-    page.get_by_text("mobilenetv2-cifar10-sequential-local_cpu").first.wait_for()
-    page.get_by_text("seconds_per_epoch", exact=True).first.wait_for()
+    names = page.get_by_role("row").filter(has=page.get_by_text("Run Name:", exact=True))
+    assert names.inner_text().split() == ["Run", "Name:", *" ".join(c.name for c in cells).split()]
+    durations = page.get_by_role("row").filter(has=page.get_by_text("Duration:", exact=True))
+    assert durations.inner_text().split()[1:] == [_duration(c.duration_s) for c in cells]
+    for metric in ("seconds_per_epoch", "images_per_second", "peak_memory_mb"):
+        assert _metric_row(page, metric) == pytest.approx(
+            [getattr(cell, metric) for cell in cells], rel=1e-3, abs=5e-4)
