@@ -9,6 +9,11 @@ that broke off half-way is found and replaced, never duplicated (`harness.sync`)
 parent run is opened by the launcher once it knows some cell will run, and closed however the
 launcher ends; one whose launcher was killed outright is closed as KILLED by the next sweep or
 sync that can prove the launcher is gone.
+
+For a person comparing cells in the MLflow UI: a cell's run spans the cell's own training (its
+result's started_at to finished_at), the parent run ends with a summary of its cells (ok,
+failed, fastest), and every experiment carries a view of its runs table listing the cells with
+the columns to compare, which the link the launcher logs at the end of a sweep opens.
 """
 
 from __future__ import annotations
@@ -45,11 +50,17 @@ _MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
 CELL_KEY_TAG = "distbench.cell_key"
 OUTPUT_DIR_TAG = "output_dir"
 RESULT_ID_TAG = "distbench.result_id"
-# A sweep's parent run: its kind, and who launched it (host, pid, the pid's start time and the
-# host's boot), so that a later process can tell that the launcher is gone.
+# A sweep's parent run: its kind (a cell's run is of kind "cell"), and who launched it (host,
+# pid, the pid's start time and the host's boot), so that a later process can tell that the
+# launcher is gone.
 KIND_TAG = "distbench.kind"
 SWEEP_KIND = "sweep"
 CELL_KIND = "cell"
+LAUNCHER_HOST_TAG = "distbench.launcher_host"
+LAUNCHER_PID_TAG = "distbench.launcher_pid"
+LAUNCHER_START_TAG = "distbench.launcher_start"
+LAUNCHER_BOOT_TAG = "distbench.launcher_boot"
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 # MLflow 3 opens an experiment on its GenAI overview unless it is a training ("Machine
 # learning") experiment: versions that read this tag open the runs table instead; 3.17 reads
 # the workflow type the UI keeps per browser, which the `workflowType` URL parameter sets
@@ -84,11 +95,6 @@ CELLS_OK_METRIC = "cells_ok"
 CELLS_FAILED_METRIC = "cells_failed"
 FASTEST_CELL_TAG = "fastest_cell"
 FASTEST_SECONDS_METRIC = "fastest_seconds_per_epoch"
-LAUNCHER_HOST_TAG = "distbench.launcher_host"
-LAUNCHER_PID_TAG = "distbench.launcher_pid"
-LAUNCHER_START_TAG = "distbench.launcher_start"
-LAUNCHER_BOOT_TAG = "distbench.launcher_boot"
-_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 # MLflow's HTTP client retries a failed request 7 times with exponential back-off (minutes in
 # all) and waits 120 s for an answer: an unreachable server would hold every cell that long.
 # A few seconds is enough to ride out a blip; the result waits in result.json for harness.sync.
