@@ -76,6 +76,16 @@ MLFLOW_SERVER_START_S = 180
 def mlflow_server(backend_store: Path, cwd: Path, *extra: str) -> Iterator[str]:
     """A real `mlflow server` on `backend_store` (SQLite), on loopback and a free port: its URL
     once it answers /health. Stopped, its whole process group, whatever the test does."""
+    with starting_mlflow_server(backend_store, cwd, *extra) as ready:
+        yield ready()
+
+
+@contextlib.contextmanager
+def starting_mlflow_server(backend_store: Path, cwd: Path,
+                           *extra: str) -> Iterator[Callable[[], str]]:
+    """mlflow_server, started at once but waited for only when the test calls what this
+    yields (which returns its URL once it answers /health): a test can do other work, e.g.
+    measure a cell, while the server spends its ~20 s starting."""
     import http.client
     import signal
     import time
@@ -88,21 +98,24 @@ def mlflow_server(backend_store: Path, cwd: Path, *extra: str) -> Iterator[str]:
          f"sqlite:///{backend_store}", "--host", "127.0.0.1", "--port", str(port), *extra],
         cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         start_new_session=True)  # its own group: its workers stop with it
-    try:
-        deadline = time.monotonic() + MLFLOW_SERVER_START_S
+    started = time.monotonic()
+
+    def ready() -> str:
         while True:
             assert server.poll() is None, f"mlflow server exited: {server.stderr.read()[-2000:]}"
             try:
                 connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
                 connection.request("GET", "/health")
                 if connection.getresponse().status == 200:
-                    break
+                    return f"http://127.0.0.1:{port}"
             except OSError:
                 pass
-            assert time.monotonic() < deadline, \
+            assert time.monotonic() < started + MLFLOW_SERVER_START_S, \
                 f"mlflow server silent for {MLFLOW_SERVER_START_S} s"
-            time.sleep(1)
-        yield f"http://127.0.0.1:{port}"
+            time.sleep(0.25)
+
+    try:
+        yield ready
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -38,8 +38,7 @@ from harness.tracking import (
     sweep_parent_run,
 )
 from launchers.processes import start_time
-from tests.helpers import cell_worker_pids, run_module, tiny_overrides
-from tests.helpers import mlflow_server as running_mlflow_server
+from tests.helpers import cell_worker_pids, run_module, starting_mlflow_server, tiny_overrides
 
 HELD_WAIT_S = 180  # until sync's request reaches the proxy (its imports take most of it)
 
@@ -106,13 +105,14 @@ class HoldingProxy:
 
 
 @pytest.fixture
-def mlflow_server(tmp_path: Path) -> Iterator[str]:
-    """`mlflow server` on a SQLite store of its own, on loopback; its URL once it answers."""
+def mlflow_server_starting(tmp_path: Path) -> Iterator[Callable[[], str]]:
+    """`mlflow server` on a SQLite store of its own, on loopback, starting: calling this
+    returns its URL once it answers (the test measures its cell meanwhile)."""
     folder = tmp_path / "server"
     folder.mkdir()
-    with running_mlflow_server(folder / "server.db", folder, "--artifacts-destination",
-                               str(folder / "artifacts"), "--workers", "1") as url:
-        yield url
+    with starting_mlflow_server(folder / "server.db", folder, "--artifacts-destination",
+                                str(folder / "artifacts"), "--workers", "1") as ready:
+        yield ready
 
 
 def _sync(output_root: Path, uri: str) -> subprocess.CompletedProcess[str]:
@@ -177,8 +177,9 @@ def _runs_of(uri: str, result_id: str | None = None) -> list:
 
 
 def test_a_sync_killed_while_mlflow_is_slow_leaves_the_result_pending_and_no_duplicate(
-        output_root: Path, mlflow_server: str) -> None:
-    path, _ = _pending_cell(output_root)
+        output_root: Path, mlflow_server_starting: Callable[[], str]) -> None:
+    path, _ = _pending_cell(output_root)  # while the server starts
+    mlflow_server = mlflow_server_starting()  # its URL, once it answers
     proxy = HoldingProxy(int(mlflow_server.rsplit(":", 1)[1]))
     try:
         # Killed while the server has not answered `runs/create`: no run exists.
