@@ -16,7 +16,7 @@ from harness.cli import ArgumentParser, command
 from harness.compose import compose_config
 from harness.config import ConfigError, validate
 from harness.preflight import check_writable_dir
-from harness.sweeps.compare import MATCH_ON, Comparison, compare
+from harness.sweeps.compare import MATCH_ON, Comparison, check_on, compare
 from harness.sweeps.table import Selection, cells_table, client_for, select
 from harness.tracking import tracking_uri
 
@@ -39,7 +39,8 @@ def parser() -> argparse.ArgumentParser:
     pair.add_argument("a", metavar="A")
     pair.add_argument("b", metavar="B")
     pair.add_argument("--on", default=",".join(MATCH_ON),
-                      help=f"comma-separated axes that match a cell (default: {','.join(MATCH_ON)})")
+                      help=f"comma-separated axes that match a cell "
+                           f"(default: {','.join(MATCH_ON)})")
     pair.add_argument("--out", type=Path, default=None,
                       help="also write the comparison to FILE.csv or FILE.parquet")
     scale = commands.add_parser("scaling", help="speedup and efficiency against workers")
@@ -64,12 +65,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     out = getattr(options, "out", None)
     if out is not None:  # before reading anything: a wrong file name costs nothing
         _check_out(out, options.command)
+    if options.command == "compare":
+        on = check_on([column for column in options.on.split(",") if column])
     config = validate(compose_config(overrides))
     client = client_for(tracking_uri(config.tracking.uri, config.run.output_dir))
     if options.command == "export":
         _export(client, options.selections, out)
     elif options.command == "compare":
-        _compare(client, options.a, options.b, [c for c in options.on.split(",") if c], out)
+        _compare(client, options.a, options.b, on, out)
     else:
         _scaling(client, options.selections, out)
 
@@ -126,10 +129,13 @@ def comparison_text(result: Comparison) -> str:
     """The comparison as a reader scans it: the axes that differ between cells, each side's
     seconds per epoch (with its 95 % interval), B/A with its own."""
     table = result.table
-    varying = [c for c in result.on if table[c].nunique(dropna=False) > 1]
+    # A model's own setting (None for the other models) is shown where it takes two values.
+    varying = [c for c in result.on if table[c].nunique() > 1]
     constant = [f"{c}={table[c].dropna().iloc[0]}" for c in result.on
                 if c not in varying and table[c].notna().any()]
-    shown = pd.DataFrame({c: table[c].astype("string").fillna("-") for c in varying})
+    shown = pd.DataFrame({"in": table["side"]})
+    for column in varying:
+        shown[column] = table[column].astype("string").fillna("-")
     for side in ("a", "b"):
         shown[f"{side.upper()} s/epoch"] = [_seconds(*row) for row in zip(
             table[f"{side}_status"], table[f"{side}_seconds_per_epoch"],
@@ -137,10 +143,9 @@ def comparison_text(result: Comparison) -> str:
             table[f"{side}_seconds_per_epoch_ci95_high"])]
     shown["B/A"] = [_ratio(*row) for row in zip(table["ratio"], table["ratio_ci95_low"],
                                                   table["ratio_ci95_high"])]
-    shown["cell"] = table["side"]
     lines = [f"matched on: {', '.join(result.on)}"]
     if constant:
-        lines.append(f"same in every cell: {' '.join(constant)}")
+        lines.append(f"the same wherever set: {' '.join(constant)}")
     lines.append(shown.to_string(index=False))
     both = table[table["side"] == "both"]
     lines.append(f"{len(both)} cells on both sides, {int((table['side'] == 'only A').sum())} "

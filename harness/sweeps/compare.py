@@ -39,11 +39,7 @@ class Comparison:
 
 def compare(a: pd.DataFrame, b: pd.DataFrame, on: Sequence[str] | None = None) -> Comparison:
     """A and B (cells tables, `harness.sweeps.table.cells_table`) matched on `on`."""
-    on = list(on or MATCH_ON)
-    unknown = [column for column in on if column not in MATCH_ON]
-    if unknown:
-        raise ConfigError(f"--on={','.join(on)} is invalid: unknown {', '.join(unknown)}; "
-                          f"allowed: {', '.join(MATCH_ON)}")
+    on = check_on(on or MATCH_ON)
     sides, set_aside = {}, {}
     for name, cells in zip(SIDES, (a, b)):
         latest = _one_run_per_cell(cells, on)
@@ -65,10 +61,19 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, on: Sequence[str] | None = None) -
     return Comparison(table, on, set_aside)
 
 
+def check_on(on: Sequence[str]) -> list[str]:
+    """`on`, if every name in it is one of MATCH_ON's; else ConfigError."""
+    unknown = [column for column in on if column not in MATCH_ON]
+    if unknown or not on:
+        raise ConfigError(f"--on={','.join(on)} is invalid: unknown {', '.join(unknown)}; "
+                          f"allowed: one or more of {', '.join(MATCH_ON)}")
+    return list(on)
+
+
 def _one_run_per_cell(cells: pd.DataFrame, on: list[str]) -> pd.DataFrame:
     """The run that stands for each cell: the latest `ok` one, else the latest."""
     ranked = cells.assign(_ok=cells["status"] == "ok").sort_values(["_ok", "started"])
-    for column in _MEASURES:  # a side where no cell finished has no such metric column
+    for column in on + _MEASURES:  # a side where no cell finished has no such metric column
         if column not in ranked.columns:
             ranked[column] = math.nan
     return ranked.drop_duplicates(on, keep="last").drop(columns="_ok")

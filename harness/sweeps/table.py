@@ -187,7 +187,12 @@ def _sweep_name(client: Any, parent: str | None, cache: dict[str, str]) -> str |
     if parent is None:
         return None
     if parent not in cache:
-        cache[parent] = client.get_run(parent).info.run_name
+        from mlflow.exceptions import MlflowException
+
+        try:
+            cache[parent] = client.get_run(parent).info.run_name
+        except MlflowException:  # the parent run was deleted: its id is all there is
+            cache[parent] = parent
     return cache[parent]
 
 
