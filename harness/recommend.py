@@ -246,9 +246,9 @@ def _predict(candidate: DistbenchConfig, asked: DistbenchConfig, fitted: Fitted,
     error = fitted.errors.get(model, 0.0) / 100
     memory = memory_per_worker_mb(candidate, facts, runtime_mb=fitted.runtime_mb)
     memory_gb = candidate.hardware.device_memory_gb
-    own = option_overrides(candidate, asked, facts.plan, commands.given)
-    workers = 1 if model == "sequential" else candidate.world_size
     plan = facts.plan
+    own = option_overrides(candidate, asked, plan, commands.given)
+    workers = 1 if model == "sequential" else candidate.world_size
     return Option(
         setting_label(candidate, plan=plan), model, workers, seconds,
         min(low, seconds) * (1 - error), max(high, seconds) * (1 + error), max(memory),
@@ -283,14 +283,15 @@ _OPTION_KEYS = frozenset({
 
 def common_overrides(config: DistbenchConfig, given: Sequence[str]) -> list[str]:
     """What every option's command starts with: the dataset, network and hardware chosen
-    (spelled out where they were defaults), then the recommender's other overrides as given
+    (spelled out where they were defaults; not a hardware renamed by `hardware.name`, which
+    names no config file), then the recommender's other overrides as given
     (`run.output_dir`, `dataset.num_samples`, ...), less the keys an option sets itself."""
     parsed = _parsed(given)
     keys = {override.key_or_group for override in parsed}
     chosen = [f"dataset={config.dataset.name.value}", f"network={config.network.name.value}"]
-    chosen = [choice for choice in chosen if choice.split("=")[0] not in keys]
-    if not any(key == "hardware" or key.startswith("hardware.") for key in keys):
+    if "hardware.name" not in keys:
         chosen.append(f"hardware={config.hardware.name}")
+    chosen = [choice for choice in chosen if choice.split("=")[0] not in keys]
     return chosen + [override.input_line for override in parsed
                      if override.key_or_group not in _OPTION_KEYS]
 
