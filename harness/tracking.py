@@ -172,11 +172,18 @@ def experiment_tags() -> dict[str, str]:
 def _tag_experiment(client: Any, experiment: Any) -> None:
     """Give an experiment made before distbench tagged its experiments (or made by hand) the
     tags of experiment_tags; a kind already set is the user's choice and stays, the view is
-    distbench's own and is brought up to date."""
+    distbench's own and is brought up to date. A store that refuses them (e.g. a server that
+    lets this user log runs but not edit experiments) still gets the cell: it is logged."""
+    from mlflow.exceptions import MlflowException
+
     for key, value in experiment_tags().items():
         current = experiment.tags.get(key)
         if current is None or (key == VIEW_TAG and current != value):
-            client.set_experiment_tag(experiment.experiment_id, key, value)
+            try:
+                client.set_experiment_tag(experiment.experiment_id, key, value)
+            except MlflowException as err:
+                log.warning("could not tag MLflow experiment %r with %s (%s)", experiment.name,
+                            key, tracking_failure(err))
 
 
 def experiment_link(uri: str, experiment_id_: str) -> str:
