@@ -37,7 +37,12 @@ def _result(output_root: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _wait_for_training(output_root: Path, timeout: float = 120) -> dict[int, int]:
+# A cell that trains until the test ends it: short epochs (8 batches per worker), so that the
+# first "epoch 1/" line, which _wait_for_training waits for, comes soon, and many of them.
+LONG_RUNNING = ["dataset.num_samples=128", "run.epochs=200"]
+
+
+def _wait_for_training(output_root: Path, timeout: float = 300) -> dict[int, int]:
     """The workers' pids, once both have trained a batch (their log says an epoch ended)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -84,11 +89,13 @@ def test_two_ddp_workers_train_in_sync_and_record_the_cell(output_root: Path) ->
 
 
 def test_a_crashing_worker_ends_the_cell_as_failed(output_root: Path) -> None:
-    cell = _start(output_root, "dataset.num_samples=1024", "run.epochs=20",
-                  "run.progress_timeout_s=60")
-    workers = _wait_for_training(output_root)
-    os.kill(workers[1], signal.SIGKILL)
-    out, _ = cell.communicate(timeout=300)
+    cell = _start(output_root, *LONG_RUNNING, "run.progress_timeout_s=60")
+    try:
+        workers = _wait_for_training(output_root)
+        os.kill(workers[1], signal.SIGKILL)
+        out, _ = cell.communicate(timeout=300)
+    finally:  # a failing test must not leave its cell training
+        cell.kill()
     assert cell.returncode in (0, 1), out[-3000:]  # 1: a cell did not end ok
     result = _result(output_root)
     assert result["status"] == "failed"
@@ -104,8 +111,7 @@ def test_a_hanging_worker_ends_the_cell_as_timeout(output_root: Path, tmp_path: 
     controller held this test's stdout pipe open, so communicate() never returned)."""
     log = tmp_path / "cell.log"
     with log.open("w") as out:  # a file: a process left behind cannot block the test
-        cell = _start(output_root, "dataset.num_samples=1024", "run.epochs=20",
-                      "run.progress_timeout_s=10", stdout=out)
+        cell = _start(output_root, *LONG_RUNNING, "run.progress_timeout_s=10", stdout=out)
     try:
         workers = _wait_for_training(output_root)
         os.kill(workers[1], signal.SIGSTOP)  # frozen: alive, holding its sockets, doing nothing
