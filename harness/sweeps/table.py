@@ -57,22 +57,11 @@ class Selection:
     experiment_id: str
     sweep_run_id: str | None = None  # None: the whole experiment
     sweep_name: str | None = None
-    sweep_dir: str | None = None
 
     def __str__(self) -> str:
         if self.sweep_run_id is None:
             return f"experiment {self.experiment}"
         return f"sweep {self.sweep_name} (run {self.sweep_run_id}) of experiment {self.experiment}"
-
-    def holds(self, run: Any) -> bool:
-        """Whether the cell run `run` (of this selection's experiment) belongs to it."""
-        if self.sweep_run_id is None:
-            return True
-        tags = run.data.tags
-        if tags.get(PARENT_TAG) == self.sweep_run_id:
-            return True
-        return bool(self.sweep_dir) and tags.get(OUTPUT_DIR_TAG, "").startswith(
-            self.sweep_dir.rstrip("/") + "/")
 
 
 def client_for(uri: str) -> Any:
@@ -112,7 +101,7 @@ def select(client: Any, text: str) -> Selection:
             f" or a sweep (parent run id, sweep directory, or sweep-<time>)")
     run = matches[0]
     return Selection(text, names[run.info.experiment_id], run.info.experiment_id,
-                     run.info.run_id, run.info.run_name, run.data.tags.get(SWEEP_DIR_TAG))
+                     run.info.run_id, run.info.run_name)
 
 
 def _names_sweep(run: Any, text: str) -> bool:
@@ -140,32 +129,56 @@ def _search(client: Any, experiment_ids: Sequence[str], filter_string: str = "")
                 break
 
 
-def cell_runs(client: Any, selection: Selection) -> list[Any]:
+@dataclass(frozen=True)
+class _Sweeps:
+    """The sweeps' parent runs of some experiments: name by run id, run id by directory."""
+
+    names: dict[str, str]
+    by_dir: dict[str, str]
+
+    def parent_of(self, run: Any) -> str | None:
+        """The sweep's parent run of the cell run `run`: the one it is nested under, else the
+        one whose directory holds the cell's (a cell synced after its sweep had ended)."""
+        tags = run.data.tags
+        if PARENT_TAG in tags:
+            return tags[PARENT_TAG]
+        return self.by_dir.get(str(Path(tags.get(OUTPUT_DIR_TAG, "/")).parent))
+
+
+def _sweeps(client: Any, experiment_ids: set[str]) -> _Sweeps:
+    runs = list(_search(client, sorted(experiment_ids), f"tags.`{KIND_TAG}` = '{SWEEP_KIND}'"))
+    return _Sweeps({run.info.run_id: run.info.run_name for run in runs},
+                   {run.data.tags[SWEEP_DIR_TAG]: run.info.run_id for run in runs
+                    if run.data.tags.get(SWEEP_DIR_TAG)})
+
+
+def cell_runs(client: Any, selection: Selection, sweeps: _Sweeps) -> list[Any]:
     """The selection's cell runs (those with a status tag), oldest first."""
     return [run for run in _search(client, [selection.experiment_id], "tags.status != ''")
-            if selection.holds(run)]
+            if selection.sweep_run_id in (None, sweeps.parent_of(run))]
 
 
 def cells_table(client: Any, selections: Sequence[Selection]) -> pd.DataFrame:
     """One row per cell run of `selections` (a run in several of them counts once)."""
     rows, seen = [], set()
-    sweep_names: dict[str, str] = {}
+    sweeps = _sweeps(client, {selection.experiment_id for selection in selections})
     with tempfile.TemporaryDirectory(prefix="distbench-sweeps-") as scratch:
         for selection in selections:
-            for run in cell_runs(client, selection):
+            for run in cell_runs(client, selection, sweeps):
                 if run.info.run_id in seen:
                     continue
                 seen.add(run.info.run_id)
-                rows.append(_row(client, run, selection, Path(scratch), sweep_names))
+                rows.append(_row(client, run, selection, Path(scratch), sweeps))
     return _ordered(pd.DataFrame(rows))
 
 
 def _row(client: Any, run: Any, selection: Selection, scratch: Path,
-         sweep_names: dict[str, str]) -> dict[str, Any]:
+         sweeps: _Sweeps) -> dict[str, Any]:
     tags, info = run.data.tags, run.info
-    parent = tags.get(PARENT_TAG)
+    parent = sweeps.parent_of(run)
     row: dict[str, Any] = {
-        "experiment": selection.experiment, "sweep": _sweep_name(client, parent, sweep_names),
+        "experiment": selection.experiment,
+        "sweep": sweeps.names.get(parent, parent) if parent else None,
         "run_name": info.run_name, "status": tags["status"]}
     row.update(_axes(client, run, scratch))
     metrics = dict(run.data.metrics)
@@ -181,19 +194,6 @@ def _row(client: Any, run: Any, selection: Selection, scratch: Path,
         "ended": _time(info.end_time),
         "duration_s": (info.end_time - info.start_time) / 1000 if info.end_time else None})
     return row
-
-
-def _sweep_name(client: Any, parent: str | None, cache: dict[str, str]) -> str | None:
-    if parent is None:
-        return None
-    if parent not in cache:
-        from mlflow.exceptions import MlflowException
-
-        try:
-            cache[parent] = client.get_run(parent).info.run_name
-        except MlflowException:  # the parent run was deleted: its id is all there is
-            cache[parent] = parent
-    return cache[parent]
 
 
 def _history(client: Any, run_id: str, key: str) -> list[float]:
