@@ -1,6 +1,6 @@
 """`python -m harness.sweeps`: export, compare and scaling on a real SQLite MLflow store that
-holds real tiny cells (a 2-cell sweep, sequential and DDP on two CPU workers, and the DDP cell
-measured again under another experiment), measured once for the module."""
+holds real tiny cells (a 2-cell sweep, sequential and DDP on two CPU workers, and the sequential
+cell measured again under another experiment), measured once for the module."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from PIL import Image
 from scipy import stats
 
 from harness.sweeps import main
+from harness.sweeps.scaling import NO_SINGLE_WORKER, scaling
 from tests.helpers import run_module
 
 # Small enough to train in seconds; two repeats give every cell a confidence interval.
@@ -49,8 +50,9 @@ class Store:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    """Sweep A (experiment sweeps_a): sequential and DDP; then the DDP cell alone under
-    experiment sweeps_b. The autouse environment fixture is per test: set the same here."""
+    """Sweep A (experiment sweeps_a): sequential and DDP; then the sequential cell alone (the
+    cheapest: no worker processes) under experiment sweeps_b. The autouse environment fixture
+    is per test: set the same here."""
     root = tmp_path_factory.mktemp("sweeps") / "outputs"
     with pytest.MonkeyPatch.context() as env:
         env.setenv("DISTBENCH_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "dataset-cache"))
@@ -60,7 +62,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
         sweep = run_module("harness", ["-m", "distribution=sequential,ddp", *common,
                                        "tracking.experiment=sweeps_a"], cwd=root.parent)
         assert sweep.returncode == 0, sweep.stderr[-3000:]
-        again = run_module("harness", ["distribution=ddp", *common,
+        again = run_module("harness", ["distribution=sequential", *common,
                                        "tracking.experiment=sweeps_b"], cwd=root.parent)
         assert again.returncode == 0, again.stderr[-3000:]
         (sweep_dir,) = (root / "sweeps" / "sweeps_a").iterdir()
@@ -107,7 +109,7 @@ def test_export_writes_one_row_per_cell_with_its_axes_status_and_every_metric(
     again = parquet[parquet["experiment"] == "sweeps_b"].iloc[0]
     assert pd.isna(again["sweep"])  # a single run, no sweep
     assert list(again["repeat_seconds_per_epoch"]) == pytest.approx(
-        store.repeats(store.cell_runs("sweeps_b")["ddp"]))
+        store.repeats(store.cell_runs("sweeps_b")["sequential"]))
 
 
 def test_compare_gives_the_ratio_and_its_interval_computed_from_the_store(
@@ -116,23 +118,23 @@ def test_compare_gives_the_ratio_and_its_interval_computed_from_the_store(
     main(["compare", str(store.sweep_dir), "sweeps_b", "--out", str(out), store.override])
     printed = capsys.readouterr().out
     table = pd.read_csv(out).set_index("distribution")
-    a, b = store.cell_runs("sweeps_a")["ddp"], store.cell_runs("sweeps_b")["ddp"]
+    a, b = store.cell_runs("sweeps_a")["sequential"], store.cell_runs("sweeps_b")["sequential"]
     # The cell keys differ (they hash the experiment's name): matched on the config axes.
     assert a.data.tags["distbench.cell_key"] != b.data.tags["distbench.cell_key"]
-    ddp = table.loc["ddp"]
-    assert ddp["side"] == "both" and (ddp["a_run_id"], ddp["b_run_id"]) == (
+    both = table.loc["sequential"]
+    assert both["side"] == "both" and (both["a_run_id"], both["b_run_id"]) == (
         a.info.run_id, b.info.run_id)
     ratio = b.data.metrics["seconds_per_epoch"] / a.data.metrics["seconds_per_epoch"]
-    assert ddp["ratio"] == pytest.approx(ratio)
+    assert both["ratio"] == pytest.approx(ratio)
     # By hand from the repeats' values: the log ratio's standard error, Welch's freedom.
     low, high = _ratio_interval(store.repeats(a), store.repeats(b))
-    assert (ddp["ratio_ci95_low"], ddp["ratio_ci95_high"]) == (
+    assert (both["ratio_ci95_low"], both["ratio_ci95_high"]) == (
         pytest.approx(low), pytest.approx(high))
     assert low < ratio < high
-    assert ddp["a_seconds_per_epoch_ci95_low"] == pytest.approx(
+    assert both["a_seconds_per_epoch_ci95_low"] == pytest.approx(
         a.data.metrics["seconds_per_epoch_ci95_low"])
-    sequential = table.loc["sequential"]
-    assert sequential["side"] == "only A" and math.isnan(sequential["ratio"])
+    ddp = table.loc["ddp"]
+    assert ddp["side"] == "only A" and math.isnan(ddp["ratio"])
     assert f"{ratio:.3f} [{low:.3f}, {high:.3f}]" in printed
     assert "1 cells on both sides, 1 only in A, 0 only in B" in printed
 
@@ -161,9 +163,18 @@ def test_scaling_plots_speedup_and_efficiency_against_workers(
     title = image.text["Title"]  # what the plot shows, in the PNG's own metadata
     assert "speedup and efficiency against workers" in title
     assert "mobilenetv2 / mnist" in title and "ddp b8" in title and "sequential b8" in title
-    # Without a 1-worker cell, each model is its own baseline, and the output says so.
-    main(["scaling", "sweeps_b", "--out", str(tmp_path / "b.png"), store.override])
-    assert "no 1-worker cell" in capsys.readouterr().out
+    # Without a 1-worker cell (the sweep's cells less the sequential one), each model is its
+    # own baseline at its fewest workers, counted as ideal, and the output says so.
+    cells = pd.read_csv(exported(store, tmp_path, "sweeps_a"))
+    alone = scaling(cells[cells["workers"] > 1])
+    assert list(alone.baselines.values()) == [NO_SINGLE_WORKER]
+    assert list(alone.points["speedup"]) == [2.0] and list(alone.points["efficiency"]) == [1.0]
+
+
+def exported(store: Store, folder: Path, selection: str) -> Path:
+    out = folder / f"{selection}.csv"
+    main(["export", selection, "--out", str(out), store.override])
+    return out
 
 
 @pytest.mark.parametrize(("argv", "names"), [

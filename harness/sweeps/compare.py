@@ -76,6 +76,8 @@ def _one_run_per_cell(cells: pd.DataFrame, on: list[str]) -> pd.DataFrame:
     for column in on + _MEASURES:  # a side where no cell finished has no such metric column
         if column not in ranked.columns:
             ranked[column] = math.nan
+    for column in on:  # one dtype on both sides: a model's setting is all None on a side
+        ranked[column] = ranked[column].astype(object).where(ranked[column].notna(), None)
     return ranked.drop_duplicates(on, keep="last").drop(columns="_ok")
 
 
