@@ -104,7 +104,7 @@ def test_a_recommendation_miss_reports_the_time_lost() -> None:
 GRID = ["dataset=mnist", "network=mobilenetv2,resnet18",
         "distribution=sequential,ddp,horovod,gpipe,pipedream", "hardware=local_2cpu",
         "distribution.batch_size=8", "distribution.micro_batches=2", "dataset.num_samples=64",
-        "run.epochs=2", "run.warmup_batches=1", "run.progress=false", "tracking.experiment=tiny"]
+        "run.epochs=1", "run.warmup_batches=1", "run.progress=false", "tracking.experiment=tiny"]
 
 
 @pytest.mark.slow
