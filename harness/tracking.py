@@ -408,7 +408,7 @@ def _close_parent_run(uri: str, run_id: str, status: str) -> None:
         return
     if summary is not None:
         serve = ("" if uri.startswith(("http://", "https://"))
-                 else f"`mlflow ui --backend-store-uri {uri}`, then ")
+                 else f"`mlflow ui --backend-store-uri {uri} --host 127.0.0.1`, then ")
         log.info("MLflow: sweep run %s %s: %s. Compare the cells: %s%s", run_id, status,
                  summary.line(), serve, experiment_link(uri, summary.experiment_id))
 

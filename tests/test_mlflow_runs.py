@@ -127,6 +127,6 @@ def test_the_sweeps_run_ends_with_its_outcome_and_summary(
     assert summary in parent.data.tags["mlflow.note.content"]  # the run page's description
     # The launcher says where to compare them: the store's runs table in distbench's view.
     assert summary in caplog.text
-    assert (f"`mlflow ui --backend-store-uri {uri}`, then http://127.0.0.1:5000/#/experiments/"
+    assert (f"`mlflow ui --backend-store-uri {uri} --host 127.0.0.1`, then http://127.0.0.1:5000/#/experiments/"
             f"{parent.info.experiment_id}/runs?viewStateShareKey=distbench"
             f"&workflowType=machine_learning") in caplog.text
