@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,6 @@ from launchers.distributed import (
     listen_address,
 )
 from tests.helpers import REPO_ROOT
-from tests.test_bad_input import _assert_one_line_exit_2
 
 SOURCE_DIRS = ["harness", "workloads", "launchers", "hydra_plugins", "scripts", "tests"]
 
@@ -106,11 +106,17 @@ def test_teardown_lines_are_refused(tmp_path: Path) -> None:
     assert "hydra.launcher.teardown=" in str(error.value)
     assert "allowed: null" in str(error.value) and "hydra.launcher.setup" in str(error.value)
     # As a user meets it: one line, exit status 2, before any job is submitted.
-    _assert_one_line_exit_2(
-        "harness", ["-m", "hydra/launcher=submitit_slurm", "hardware=slurm_local_2nodes",
-                    "distribution=ddp", f"+hydra.launcher.teardown=['touch {marker}']",
-                    f"run.output_dir={tmp_path / 'outputs'}"], tmp_path,
-        "hydra.launcher.teardown=", "is invalid", "allowed: null")
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "-m", "hydra/launcher=submitit_slurm",
+         "hardware=slurm_local_2nodes", "distribution=ddp",
+         f"+hydra.launcher.teardown=['touch {marker}']", f"run.output_dir={tmp_path / 'outputs'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("distbench: "), done.stderr[-2000:]
+    for fragment in ("hydra.launcher.teardown=", "is invalid", "allowed: null"):
+        assert fragment in lines[0]
+    assert not (tmp_path / "outputs").exists()
     assert not marker.exists()
 
 
@@ -146,10 +152,12 @@ def test_torch_load_reads_tensors_only() -> None:
 
 
 def test_servers_listen_on_loopback_by_default() -> None:
-    readme = (REPO_ROOT / "README.md").read_text()
-    commands = re.findall(r"^.*mlflow (?:ui|server)\b.*$", readme, flags=re.MULTILINE)
+    readme = "\n".join(path.read_text() for path in
+                       [REPO_ROOT / "README.md", *(REPO_ROOT / "docs").glob("*.md")])
+    commands = re.findall(r"^.*mlflow (?:ui|server) --.*$", readme, flags=re.MULTILINE)
     assert commands and all("--host 127.0.0.1" in command for command in commands)
-    for path in [REPO_ROOT / "README.md", *(REPO_ROOT / "scripts").glob("*.sh"),
+    for path in [REPO_ROOT / "README.md", *(REPO_ROOT / "docs").glob("*.md"),
+                 *(REPO_ROOT / "scripts").glob("*.sh"),
                  *_python_sources()]:
         if path.resolve() != Path(__file__).resolve():
             assert "0.0.0.0" not in path.read_text(), path
