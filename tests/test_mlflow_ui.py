@@ -19,6 +19,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,7 @@ class Cell:
     seconds_per_epoch: float
     images_per_second: float
     peak_memory_mb: float
-    duration_s: float  # end_time - start_time
+    duration_ms: int  # end_time - start_time
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def sweep(output_root: Path) -> Sweep:
     (parent,) = [run for run in runs if "mlflow.parentRunId" not in run.data.tags]
     cells = [Cell(run.info.run_id, run.info.run_name, run.data.metrics["seconds_per_epoch"],
                   run.data.metrics["images_per_second"], run.data.metrics["peak_memory_mb"],
-                  (run.info.end_time - run.info.start_time) / 1000)
+                  run.info.end_time - run.info.start_time)
              for run in runs if run is not parent]
     assert sorted(cell.name for cell in cells) == list(NAMES)
     return Sweep(experiment.experiment_id, parent.info.run_id, cells, links[0])
@@ -140,11 +141,20 @@ def test_the_ui_shows_the_cells_to_compare(chromium: str, sweep: Sweep, mlflow_s
             browser.close()
 
 
-def _duration(seconds: float) -> str:
-    """A duration as MLflow's runs table writes it (Utils.getDuration)."""
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    return f"{seconds / 60:.1f}min" if seconds < 3600 else f"{seconds / 3600:.1f}h"
+def _duration(milliseconds: int) -> str:
+    """A duration as MLflow's runs table writes it (Utils.formatDuration in MLflow 3.17's UI)."""
+    if milliseconds < 500:
+        return f"{milliseconds}ms"
+    for unit, size, below in (("s", 1e3, 6e4), ("min", 6e4, 36e5), ("h", 36e5, 864e5)):
+        if milliseconds < below:
+            return f"{_to_fixed_1(milliseconds / size)}{unit}"
+    return f"{_to_fixed_1(milliseconds / 864e5)}d"
+
+
+def _to_fixed_1(value: float) -> str:
+    """JavaScript's value.toFixed(1): the float's exact value rounded, ties away from zero
+    (Python's format rounds ties to even: 1.25 -> '1.2', where the UI shows 1.3)."""
+    return str(Decimal(value).quantize(Decimal("0.1"), rounding=ROUND_HALF_UP))
 
 
 def _check_runs_table(page, cells: list[Cell]) -> None:  # noqa: ANN001 - playwright Page
@@ -162,7 +172,7 @@ def _check_runs_table(page, cells: list[Cell]) -> None:  # noqa: ANN001 - playwr
         name = page.locator(f'{row} [col-id="attributes.`Run Name`"]').get_by_role("link")
         assert name.inner_text() == cell.name
         assert page.locator(f'{row} [col-id="duration"]').inner_text() == \
-            _duration(cell.duration_s)
+            _duration(cell.duration_ms)
         for metric in ("seconds_per_epoch", "images_per_second", "peak_memory_mb"):
             shown = page.locator(f'{row} [col-id="metrics.`{metric}`"]')
             shown.scroll_into_view_if_needed()
@@ -220,7 +230,7 @@ def _check_compare_view(page, base: str, sweep: Sweep) -> None:  # noqa: ANN001
     names = page.get_by_role("row").filter(has=page.get_by_text("Run Name:", exact=True))
     assert names.inner_text().split() == ["Run", "Name:", *" ".join(c.name for c in cells).split()]
     durations = page.get_by_role("row").filter(has=page.get_by_text("Duration:", exact=True))
-    assert durations.inner_text().split()[1:] == [_duration(c.duration_s) for c in cells]
+    assert durations.inner_text().split()[1:] == [_duration(c.duration_ms) for c in cells]
     for metric in ("seconds_per_epoch", "images_per_second", "peak_memory_mb"):
         assert _metric_row(page, metric) == pytest.approx(
             [getattr(cell, metric) for cell in cells], rel=1e-3, abs=5e-4)
