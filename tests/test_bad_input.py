@@ -86,6 +86,12 @@ def test_a_malformed_override_is_one_line(table: list[dict]) -> None:
     _assert_one_line_exit_2(table, MALFORMED_OVERRIDE)
 
 
+def test_teardown_lines_are_refused_before_any_job(table: list[dict]) -> None:
+    """As a user meets test_safety's refusal of `teardown`: one line, exit status 2, before
+    any job is submitted, and the lines never ran."""
+    _assert_one_line_exit_2(table, TEARDOWN, "is invalid", "allowed: null")
+
+
 @pytest.mark.parametrize(("overrides", "fragment"), [
     # more pipeline stages than the network has layers (ResNet-18's list has 15)
     (["distribution=gpipe", "network=resnet18", "hardware.workers_per_node=16",
@@ -168,6 +174,12 @@ WRONG_FLAG_VALUE = Bad("harness.analysis", ("--probe-batches=abc",),
 MISSPELLED_APPENDED_KEY = Bad("harness", ("+dataset.num_sample=16",
                                           "run.output_dir={work}/outputs"),
                               "dataset.num_sample: unknown key; allowed: name, source")
+# submitit would write `teardown` into the job script as shell lines after srun (the marker
+# file is what those lines would leave in the directory the table lists).
+TEARDOWN = Bad("harness", (
+    "-m", "hydra/launcher=submitit_slurm", "hardware=slurm_local_2nodes", "distribution=ddp",
+    "+hydra.launcher.teardown=['touch {work}/pwned']", "run.output_dir={work}/outputs"),
+    "hydra.launcher.teardown=")
 MALFORMED_OVERRIDE = Bad("harness.describe", ("run.epochs=[1",),
                          "run.epochs=[1: malformed override")
 
@@ -337,7 +349,7 @@ BAD_INPUTS: list[Bad] = [
     # the cases the tests above name
     *UNKNOWN_NETWORK.values(), *IMPOSSIBLE_PIPELINE.values(), SWEEP_WITH_UNKNOWN_OPTION,
     *([] if torch_cuda_available() else [GPU_SWEEP]), WRONG_FLAG_VALUE, MISSPELLED_APPENDED_KEY,
-    MALFORMED_OVERRIDE,
+    MALFORMED_OVERRIDE, TEARDOWN,
 ]
 
 
