@@ -124,6 +124,11 @@ class DatasetConfig:
     cache_dir: str = "${oc.env:DISTBENCH_CACHE_DIR,${oc.env:HOME}/.cache/distbench}"
     # DataLoader worker processes (0 = load in the training process; right for synthetic data).
     num_workers: int = 0
+    # Samples of the held-out evaluation split evaluated after every epoch (run.eval): the
+    # real datasets' test split, or a synthetic split generated like the training data.
+    # null = one tenth of the epoch's samples (at least one batch, at most the split), which
+    # keeps evaluation under 5 % of a cell's wall time (BENCHMARKS.md).
+    eval_samples: Optional[int] = None
 
     def __post_init__(self) -> None:
         _check_positive(self._section, "num_samples", self.num_samples, nullable=True,
@@ -132,6 +137,8 @@ class DatasetConfig:
                         nullable=True, null_means="the dataset's default")
         require(self.num_workers >= 0, "dataset.num_workers", self.num_workers,
                "must be 0 or more")
+        _check_positive(self._section, "eval_samples", self.eval_samples, nullable=True,
+                        null_means="one tenth of the epoch's samples")
         spec = DATASET_SPECS[self.name.value]
         if self.source is DataSource.real:
             require(not spec.synthetic_only, "dataset.source", self.source.value,
@@ -296,9 +303,24 @@ class RunConfig:
     # instead of a wait forever; a worker that finishes no batch for 1.25x this (+5 s) is ended
     # by its watchdog.
     progress_timeout_s: float = 600.0
+    # Evaluate the trained network on the held-out split (dataset.eval_samples) after every
+    # epoch, outside the timed epoch as MLPerf times it; eval loss and accuracy are recorded
+    # per epoch. Every repeat then trains from the same initial weights.
+    eval: bool = True
+    # End a repeat at the first evaluation whose accuracy (0..1) reaches this, and record the
+    # time to it (MLPerf's score, run_stop - run_start); null = train run.epochs epochs.
+    target_accuracy: Optional[float] = None
+    # The organisation named in the MLPerf log (submission_org); not part of the cell's key.
+    submission_org: str = "distbench"
 
     def __post_init__(self) -> None:
         require(self.epochs >= 1, "run.epochs", self.epochs, "must be 1 or more")
+        if self.target_accuracy is not None:
+            require(0 < self.target_accuracy <= 1, "run.target_accuracy", self.target_accuracy,
+                   "allowed: a fraction in (0, 1], or null (no target)")
+            require(self.eval, "run.eval", self.eval,
+                   "run.target_accuracy needs run.eval=true (the target is checked at each "
+                   "evaluation)")
         # It becomes a timedelta for every collective and the watchdog's deadline: nan, inf
         # and 1e308 overflow them, so a worker would fail or never time out.
         require(0 < self.progress_timeout_s <= MAX_PROGRESS_TIMEOUT_S, "run.progress_timeout_s",

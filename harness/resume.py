@@ -38,7 +38,8 @@ _KEY_FORMAT = 1
 # Config keys that say where things go or how they are shown, not what is measured.
 # hardware.currency came after cells were keyed: leaving it out keeps their keys.
 _VOLATILE_KEYS = (("run", "output_dir"), ("run", "progress"), ("dataset", "cache_dir"),
-                  ("tracking", "uri"), ("tracking", "enabled"), ("hardware", "currency"))
+                  ("tracking", "uri"), ("tracking", "enabled"), ("hardware", "currency"),
+                  ("run", "submission_org"))
 
 
 def cell_key(cfg: DictConfig | dict[str, Any]) -> str:

@@ -24,6 +24,11 @@ class EpochMeasurement:
     samples: int  # images trained in the epoch (by this worker)
     batches: int
     phase_seconds: dict[str, float] = field(default_factory=dict)  # empty if phase timing is off
+    # The training loss of each batch this worker computed a loss for, by the batch's index in
+    # the epoch: the mean over the samples this worker saw of it (a data-parallel worker: its
+    # shard; a pipeline's last stage: every micro-batch). Read at the end of the epoch, so
+    # recording it synchronises no device mid-epoch. Empty on a worker that computes no loss.
+    batch_losses: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -55,6 +60,16 @@ class Trainer(Protocol):
 
     def train_epoch(self, epoch: int) -> EpochMeasurement:
         """Train one whole epoch and time it, device synchronised at both ends."""
+
+    def evaluation_model(self) -> torch.nn.Module:
+        """The whole network with the weights trained so far, on this worker's device, for
+        evaluation. A collective: every worker of the cell calls it (a pipeline worker holds
+        one stage and gathers the others' weights)."""
+
+    def reset(self) -> None:
+        """Return the parameters, buffers and optimizer state (momentum, a pipeline's stashed
+        weights) to what they were when the trainer was built, so that each repeat trains from
+        the same start and warm-up trains nothing that is measured (MLPerf's rule)."""
 
 
 TrainerFactory = Callable[[TrainingContext], Trainer]
