@@ -185,6 +185,22 @@ def _one_line(err: OSError) -> str:
     return f"{type(err).__name__}: {err.strerror or err}"
 
 
+def _log_quality(result: CellResult) -> None:
+    """The summary's second line: what the training reached (run.eval, run.target_accuracy)."""
+    metrics = result.metrics
+    if "eval_accuracy" in metrics:
+        log.info("%s: eval accuracy %.4f, eval loss %.4f after the last epoch", result.run_name,
+                 metrics["eval_accuracy"], metrics["eval_loss"])
+    if metrics.get("reached_target"):
+        log.info("%s: reached the target accuracy in %.2f s (run_start to run_stop), %.1f "
+                 "epoch(s)", result.run_name, metrics["time_to_target_s"],
+                 metrics["epochs_to_target"])
+    elif "reached_target" in metrics:
+        log.info("%s: did not reach the target accuracy %s in %d epoch(s) (status stays ok)",
+                 result.run_name, result.config["run"]["target_accuracy"],
+                 result.config["run"]["epochs"])
+
+
 def _log_summary(result: CellResult, uri: str | None) -> None:
     if result.status is RunStatus.ok:
         log.info("%s: %.3f s/epoch (median %.3f, std %.3f), %.1f images/s, peak memory %.0f MB",
@@ -192,6 +208,7 @@ def _log_summary(result: CellResult, uri: str | None) -> None:
                  result.metrics["seconds_per_epoch_median"],
                  result.metrics["seconds_per_epoch_std"], result.metrics["images_per_second"],
                  result.metrics["peak_memory_mb"])
+        _log_quality(result)
     where = ("pending sync" if result.pending_sync else f"{result.mlflow_run_id} at {uri}") \
         if uri is not None else "off (tracking.enabled=false)"
     log.info("result: %s/result.json; MLflow run %s", result.output_dir, where)

@@ -34,6 +34,13 @@ class RepeatResult:
     seed: int  # what seeded every RNG and the data order for this repeat
     seconds_per_epoch: float  # the mean of its epochs
     epoch_seconds: list[float]
+    # The last evaluation's accuracy (0..1); None when run.eval is off.
+    eval_accuracy: float | None = None
+    # run.target_accuracy only: whether an evaluation reached it, and then MLPerf's score,
+    # run_start to run_stop (training and evaluations), and the epochs it took.
+    reached_target: bool | None = None
+    time_to_target_s: float | None = None
+    epochs_to_target: int | None = None
 
 
 @dataclass
@@ -49,6 +56,11 @@ class CellResult:
     epoch_seconds: list[float] = field(default_factory=list)  # every repeat's, in order
     repeats: list[RepeatResult] = field(default_factory=list)
     phase_seconds: dict[str, list[float]] = field(default_factory=dict)  # per phase, per epoch
+    # Per epoch, every repeat's in order like epoch_seconds: the mean training loss of the
+    # epoch's batches, and the evaluation after it (empty when run.eval is off).
+    train_loss: list[float] = field(default_factory=list)
+    eval_loss: list[float] = field(default_factory=list)
+    eval_accuracy: list[float] = field(default_factory=list)
     error: str | None = None
     mlflow_run_id: str | None = None
     tracking_error: str | None = None  # why MLflow could not record it, if it could not

@@ -77,7 +77,8 @@ RUN_NAME_COLUMN = "attributes.`Run Name`"
 DURATION_COLUMN = "duration"  # always shown; its place follows the run name's
 VIEW_COLUMNS = {  # column -> width in px, wide enough for its header
     "metrics.`seconds_per_epoch`": 150, "metrics.`images_per_second`": 150,
-    "metrics.`peak_memory_mb`": 140, "metrics.`world_size`": 110,
+    "metrics.`peak_memory_mb`": 140, "metrics.`eval_accuracy`": 140,
+    "metrics.`world_size`": 110,
     "params.`distribution.name`": 150, "params.`distribution.batch_size`": 170,
     "tags.`status`": 80}
 VIEW_STATE = {
@@ -200,9 +201,14 @@ def _metrics(result: CellResult) -> Iterator[tuple[str, float, int]]:
         yield key, float(value), 0
     for epoch, seconds in enumerate(result.epoch_seconds):
         yield "epoch_seconds", seconds, epoch
+    for name in ("train_loss", "eval_loss", "eval_accuracy"):
+        for epoch, value in enumerate(getattr(result, name)):
+            yield f"epoch_{name}", value, epoch
     for repeat in result.repeats:
         yield "repeat_seconds_per_epoch", repeat.seconds_per_epoch, repeat.repeat
         yield "repeat_seed", float(repeat.seed), repeat.repeat
+        if repeat.time_to_target_s is not None:
+            yield "repeat_time_to_target_s", repeat.time_to_target_s, repeat.repeat
     for phase, per_epoch in result.phase_seconds.items():
         for epoch, seconds in enumerate(per_epoch):
             yield f"epoch_{phase}_seconds", seconds, epoch

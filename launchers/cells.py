@@ -190,16 +190,29 @@ def sweep_returns(prepared: Sequence[PreparedCell[Any]], results: Sequence[dict[
             for cell, result, job_id in zip(prepared, results, job_ids)]
 
 
+def quality_columns(metrics: dict[str, float]) -> str:
+    """The table's eval accuracy and time to target ('-' where not measured)."""
+    accuracy = f"{metrics['eval_accuracy']:>8.4f}" if "eval_accuracy" in metrics else f"{'-':>8}"
+    if "reached_target" not in metrics:
+        target = "-"
+    elif metrics["reached_target"]:
+        target = f"{metrics['time_to_target_s']:.1f} s"
+    else:
+        target = "not reached"
+    return f"{accuracy} {target:>11}"
+
+
 def summary_table(results: Sequence[dict]) -> str:
     """A plain-text table of a sweep's cells, printed when the sweep ends; under each cell
     that did not end ok, the one line that says why (its record holds the whole error)."""
     header = f"{'#':>3}  {'cell':<44} {'status':<8} {'s/epoch':>9} {'std':>7} " \
-             f"{'images/s':>9} {'peak MB':>8}"
+             f"{'images/s':>9} {'peak MB':>8} {'eval acc':>8} {'to target':>11}"
     rows = [header]
     for number, result in enumerate(results):
         metrics = result.get("metrics", {})
         figures = (f"{metrics['seconds_per_epoch']:>9.3f} {metrics['seconds_per_epoch_std']:>7.3f} "
-                   f"{metrics['images_per_second']:>9.1f} {metrics['peak_memory_mb']:>8.0f}"
+                   f"{metrics['images_per_second']:>9.1f} {metrics['peak_memory_mb']:>8.0f} "
+                   f"{quality_columns(metrics)}"
                    if metrics else f"{'-':>9} {'-':>7} {'-':>9} {'-':>8}")
         rows.append(f"{number:>3}  {result['run_name']:<44} {result['status']:<8} {figures}")
         if result["status"] != RunStatus.ok.value:

@@ -34,7 +34,7 @@ PARENT_TAG = "mlflow.parentRunId"
 SWEEP_DIR_TAG = "sweep_dir"  # set on a sweep's parent run (harness.tracking._open_parent_run)
 # Metrics logged once per epoch or per repeat (harness.tracking._metrics, step = epoch or
 # repeat): MLflow's run keeps only the last value, so they are read whole, as lists.
-_SERIES = re.compile(r"epoch(_\w+)?_seconds|repeat_seconds_per_epoch|repeat_seed")
+_SERIES = re.compile(r"epoch_\w+|repeat_\w+")
 _PAGE = 1000  # runs per search request
 # Columns in the order a reader scans them; the other metrics follow, then the series.
 IDENTITY = ["experiment", "sweep", "run_name", "status"]
@@ -43,7 +43,8 @@ AXES = ["dataset", "network", "distribution", "hardware", "device", "nodes", "wo
         "batch_division", "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms",
         "num_samples", "epochs", "seed"]
 KEY_METRICS = ["seconds_per_epoch", "seconds_per_epoch_ci95_low", "seconds_per_epoch_ci95_high",
-               "repeats", "images_per_second", "peak_memory_mb"]
+               "repeats", "images_per_second", "peak_memory_mb", "eval_accuracy",
+               "reached_target", "time_to_target_s", "epochs_to_target"]
 TRAILER = ["error", "run_id", "parent_run_id", "cell_key", "output_dir", "started", "ended",
            "duration_s"]
 
