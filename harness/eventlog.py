@@ -1,21 +1,46 @@
 """The cell's event log in MLPerf's format (`:::MLLOG {...}` lines), written with the
 `mlperf-logging` package so that MLPerf's own tools read it.
 
-Rank 0 alone writes it, to `<cell dir>/mllog.txt`: `init_start`, the run's facts (benchmark,
-platform, global batch size, epochs, optimizer), `init_stop`; then per repeat `seed`,
-`run_start`, `epoch_start`/`epoch_stop` (metadata `epoch_num`, counted from 1, and `repeat`)
-and `run_stop` (metadata `status`: `success`, or `aborted` when the cell failed). MLPerf keeps
-one run per log; a cell with `run.repeats > 1` writes its repeats one after another in the same
-file, each between its own `run_start` and `run_stop`.
+Rank 0 alone writes it. MLPerf keeps one run per log, so a cell writes one file per repeat:
+repeat 1 `<cell dir>/mllog.txt`, repeat k > 1 `<cell dir>/mllog-<k>.txt` (`log_file_name`).
+Each file is a whole MLPerf run that MLPerf's tools read alone:
+
+- the initialisation, shared by the repeats (the cell builds, plans and warms up once): an
+  `init_start`, the run's facts, `init_stop`. A repeat's file repeats these lines verbatim,
+  timestamps included: they say when that shared initialisation happened.
+- the facts MLPerf's training rules (ruleset 6.1.0) require, each with the cell's true value
+  (`RunFacts`, `Parallelism`): submission_org (`run.submission_org`), submission_division
+  `open` (distbench's networks and data are not MLPerf's closed reference), submission_status
+  `research` (not an available-system submission; distbench cannot tell on-premises from cloud
+  hardware), submission_platform (`hardware.name`), submission_benchmark (`benchmark_name`),
+  cache_clear `false` (distbench does not drop the page cache before a run), train_samples,
+  eval_samples (0 with `run.eval=false`), lowest_numerical_precision_in_linear/attn/comm (the
+  precision the parameters, activations and exchanged gradients train in: fp32 today; the
+  networks have no attention, the key is required and states the same precision),
+  tensor/context/expert_parallelism 1, pipeline_parallelism and micro_batch_size (`Parallelism`),
+  config_filename (the cell's recorded config.yaml); besides MLPerf's: global_batch_size,
+  epoch_count, opt_name, opt_base_learning_rate and distbench's distribution, world_size,
+  data_parallelism.
+- the run: `seed`, `run_start`; per epoch (numbered from 1 in the log) a `block_start`
+  (first_epoch_num, epoch_count 1), `epoch_start`, `epoch_stop`, `block_stop`, then, outside the
+  block's time, `eval_start`, `eval_accuracy` (0..1), `eval_loss`, `eval_stop`; `run_stop`
+  (status `success`: the target was reached, or there is none; `aborted`: missed, or the cell
+  failed). Every event carries `repeat` (from 0) and, where MLPerf uses it, `samples_count`:
+  training samples seen so far in the run.
+
+A cell with `run.eval=false` logs no evaluation, and MLPerf's checker then rejects its log:
+`eval_accuracy` is required at least once, and distbench does not invent one.
 
 The events are written outside the timed epochs, so the log costs the measurement nothing.
-A disk that fills up or turns read-only mid-cell does not end the measurement: the lines are
-also kept in memory (`text()`), and the cell's record carries them wherever it can still go.
+A disk that fills up or turns read-only mid-cell does not end the measurement: every file's
+lines are also kept in memory (`text()`), and the cell's record carries them wherever it can
+still go.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -31,36 +56,119 @@ if TYPE_CHECKING:
     from harness.config import DistbenchConfig
 
 MLLOG_FILE = "mllog.txt"
+MLLOG_GLOB = "mllog*.txt"  # every repeat's log in a cell directory
+DIVISION = constants.OPEN
+# Not an available-system submission: distbench benchmarks whatever it runs on.
+SUBMISSION_STATUS = constants.RESEARCH
+# MLPerf's names of torch's floating-point types (lowest_numerical_precision_*).
+PRECISIONS = {"float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bfloat16"}
+
+
+def log_file_name(repeat: int) -> str:
+    """The log of repeat `repeat` (from 0): mllog.txt, then mllog-2.txt, mllog-3.txt, ..."""
+    return MLLOG_FILE if repeat == 0 else f"mllog-{repeat + 1}.txt"
+
+
+def precision_name(dtype: Any) -> str:
+    """MLPerf's name of a torch dtype (torch.float32 -> 'fp32'); ValueError if MLPerf has none."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in PRECISIONS:
+        raise ValueError(f"no MLPerf precision name for {dtype}; known: {', '.join(PRECISIONS)}")
+    return PRECISIONS[name]
+
+
+def benchmark_name(config: DistbenchConfig) -> str:
+    """The cell's submission_benchmark: network_dataset, e.g. resnet18_cifar10, with
+    `_synthetic` when the images are generated (dataset.source=synthetic): a quality reached on
+    synthetic data says nothing about the real dataset. None of MLPerf's benchmark names fits
+    (MLPerf Training 6.1 has no image classification), so the name is distbench's own."""
+    name = f"{config.network.name.value}_{config.dataset.name.value}"
+    return name if config.dataset.source.value == "real" else f"{name}_synthetic"
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the cell learnt while initialising, for the log's facts."""
+
+    train_samples: int  # the training split's images (an epoch, all workers together)
+    eval_samples: int  # the evaluation split's images; 0 with run.eval=false
+    # The plan the trainer resolved (Trainer.resolved_config): GPipe's balance and
+    # micro_batches, PipeDream's stages ("2-1"); empty for the data-parallel models.
+    resolved: dict[str, Any] = field(default_factory=dict)
+    precision: str = "fp32"  # MLPerf's name (precision_name) of the trained parameters' dtype
+    config_file: str = "config.yaml"  # the config the cell records, in its directory
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How the cell splits the training, in MLPerf's terms.
+
+    - data: workers that train the same weights on different samples (not an MLPerf key;
+      logged as distbench's `data_parallelism`): the worker count for DDP and Horovod, 1 for
+      sequential and GPipe, PipeDream's replicas per stage (a list when the stages differ,
+      e.g. [2, 1] for the plan "2-1").
+    - pipeline: stages: GPipe's and PipeDream's stage count, else 1.
+    - micro_batch_size: the samples one forward pass of one worker takes: the per-worker batch
+      (data-parallel, sequential), GPipe's batch / micro_batches, PipeDream's minibatch (its
+      batch: each minibatch is one micro-batch of the pipeline).
+    """
+
+    data: int | list[int]
+    pipeline: int
+    micro_batch_size: int
+
+    @classmethod
+    def of(cls, config: DistbenchConfig, resolved: dict[str, Any]) -> Parallelism:
+        name = config.distribution.name.value
+        if name == "gpipe":
+            micro_batches = int(resolved.get("micro_batches", config.micro_batches))
+            stages = len(resolved.get("balance") or []) or config.world_size
+            return cls(data=1, pipeline=stages, micro_batch_size=config.batch_size // micro_batches)
+        if name == "pipedream":
+            from harness.partition import parse_stages  # the one parser of the plan syntax
+
+            replicas = parse_stages(resolved.get("stages") or config.distribution.stages)
+            data = replicas[0] if len(set(replicas)) == 1 else list(replicas)
+            return cls(data=data, pipeline=len(replicas), micro_batch_size=config.batch_size)
+        return cls(data=config.world_size, pipeline=1, micro_batch_size=config.batch_size)
 
 
 class EventLog:
-    """One cell's MLLOG file; every method is a no-op on a worker that does not write it.
+    """One cell's MLLOG files; every method is a no-op on a worker that does not write them.
 
     Used as a context manager: leaving it by an exception ends the open run (or the cell's
     initialisation) with `run_stop` status `aborted`, then closes the file.
     """
 
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
+    def __init__(self, output_dir: Path | None) -> None:
+        self.output_dir = output_dir
         self._repeat: int | None = None  # the repeat whose run is open
         self._stopped = False
-        self._handler: logging.Handler | None = None
+        self._train_samples = 0
+        self._texts: dict[str, list[str]] = {}  # every file's lines, by file name
+        self._current = MLLOG_FILE  # the file being written
+        self._init_lines: list[str] = []  # init_start .. init_stop, repeated in every file
+        self._in_init = False
+        self._file: logging.Handler | None = None
+        self._sink: logging.Logger | None = None
         self._logger: MLLogger | None = None
-        self._lines: list[str] = []
-        if path is not None:
+        if output_dir is not None:
             # A private logger (not registered with `logging`), so that cells run one after
             # another in one process never write into each other's files.
-            sink = logging.Logger(f"distbench.mllog.{path}", level=logging.INFO)
-            sink.addHandler(_LineKeeper(self._lines))
-            self._handler = _open_file_handler(path)
-            if self._handler is not None:
-                sink.addHandler(self._handler)
-            self._logger = MLLogger(logger=sink, root_dir=str(PROJECT_ROOT))
+            self._sink = logging.Logger(f"distbench.mllog.{output_dir}", level=logging.INFO)
+            self._sink.addHandler(_LineKeeper(self._keep))
+            self._logger = MLLogger(logger=self._sink, root_dir=str(PROJECT_ROOT))
+            self._open(MLLOG_FILE)
 
     @classmethod
     def for_worker(cls, output_dir: Path, is_main: bool) -> EventLog:
         """The cell's log on rank 0, a silent stand-in on every other worker."""
-        return cls(Path(output_dir) / MLLOG_FILE if is_main else None)
+        return cls(Path(output_dir) if is_main else None)
+
+    @property
+    def path(self) -> Path | None:
+        """The first repeat's log (mllog.txt); None on a worker that writes none."""
+        return None if self.output_dir is None else self.output_dir / MLLOG_FILE
 
     def __enter__(self) -> EventLog:
         return self
@@ -72,51 +180,126 @@ class EventLog:
         self.close()
 
     def init_start(self) -> None:
+        self._in_init = True
         self._log("start", constants.INIT_START)
 
-    def init_stop(self, config: DistbenchConfig) -> None:
-        """The run's facts, then the end of initialisation (building, planning, warm-up)."""
-        facts: dict[str, Any] = {
-            constants.SUBMISSION_BENCHMARK: f"{config.network.name.value}_"
-                                            f"{config.dataset.name.value}",
+    def init_stop(self, config: DistbenchConfig, facts: RunFacts) -> None:
+        """The run's facts (see the module docstring), then the end of initialisation
+        (building, planning, warm-up)."""
+        self._train_samples = facts.train_samples
+        parallelism = Parallelism.of(config, facts.resolved)
+        values: dict[str, Any] = {
+            constants.SUBMISSION_ORG: config.run.submission_org,
+            constants.SUBMISSION_DIVISION: DIVISION,
+            constants.SUBMISSION_STATUS: SUBMISSION_STATUS,
             constants.SUBMISSION_PLATFORM: config.hardware.name,
-            "distribution": config.distribution.name.value,
-            "world_size": config.world_size,
+            constants.SUBMISSION_BENCHMARK: benchmark_name(config),
+            constants.CACHE_CLEAR: False,
+            constants.TRAIN_SAMPLES: facts.train_samples,
+            constants.EVAL_SAMPLES: facts.eval_samples,
+            constants.LOWEST_NUMERICAL_PRECISION_IN_LINEAR: facts.precision,
+            constants.LOWEST_NUMERICAL_PRECISION_IN_ATTN: facts.precision,
+            constants.LOWEST_NUMERICAL_PRECISION_IN_COMM: facts.precision,
+            constants.TENSOR_PARALLELISM: 1,
+            constants.PIPELINE_PARALLELISM: parallelism.pipeline,
+            constants.CONTEXT_PARALLELISM: 1,
+            constants.EXPERT_PARALLELISM: 1,
+            constants.MICRO_BATCH_SIZE: parallelism.micro_batch_size,
+            constants.CONFIG_FILENAME: facts.config_file,
             constants.GLOBAL_BATCH_SIZE: config.global_batch_size,
             constants.EPOCH_COUNT: config.run.epochs,
             constants.OPT_NAME: config.optimizer.name.value,
             constants.OPT_BASE_LR: config.optimizer.lr,
+            "distribution": config.distribution.name.value,
+            "world_size": config.world_size,
+            "data_parallelism": parallelism.data,
         }
-        for key, value in facts.items():
+        for key, value in values.items():
             self._log("event", key, value)
         self._log("end", constants.INIT_STOP)
+        self._in_init = False
 
     def run_start(self, repeat: int, seed: int) -> None:
+        """Starts repeat `repeat`'s run; from the second repeat on, in its own file that
+        begins with the initialisation's lines."""
+        if repeat > 0:
+            self._open(log_file_name(repeat))
+            for line in self._init_lines:
+                self._write(line)
         self._stopped = False
         self._repeat = repeat
         self._log("event", constants.SEED, seed, repeat=repeat)
         self._log("start", constants.RUN_START, repeat=repeat)
 
     def epoch_start(self, repeat: int, epoch: int) -> None:
-        self._log("start", constants.EPOCH_START, repeat=repeat, epoch_num=epoch + 1)
+        """Epoch `epoch` (from 0) of repeat `repeat` starts: its block, then the epoch."""
+        seen = self._train_samples * epoch
+        self._log("start", constants.BLOCK_START, repeat=repeat, first_epoch_num=epoch + 1,
+                  epoch_count=1, samples_count=seen)
+        self._log("start", constants.EPOCH_START, repeat=repeat, epoch_num=epoch + 1,
+                  samples_count=seen)
 
     def epoch_stop(self, repeat: int, epoch: int) -> None:
-        self._log("end", constants.EPOCH_STOP, repeat=repeat, epoch_num=epoch + 1)
+        seen = self._train_samples * (epoch + 1)
+        self._log("end", constants.EPOCH_STOP, repeat=repeat, epoch_num=epoch + 1,
+                  samples_count=seen)
+        self._log("end", constants.BLOCK_STOP, repeat=repeat, first_epoch_num=epoch + 1,
+                  samples_count=seen)
+
+    def eval_start(self, repeat: int, epoch: int) -> None:
+        """The evaluation after epoch `epoch` (from 0) starts."""
+        self._log("start", constants.EVAL_START, repeat=repeat, epoch_num=epoch + 1,
+                  samples_count=self._train_samples * (epoch + 1))
+
+    def eval_stop(self, repeat: int, epoch: int, *, accuracy: float, loss: float) -> None:
+        """The evaluation after epoch `epoch` ends: its accuracy (0..1) and mean loss."""
+        seen = self._train_samples * (epoch + 1)
+        self._log("event", constants.EVAL_ACCURACY, accuracy, repeat=repeat,
+                  epoch_num=epoch + 1, samples_count=seen)
+        self._log("event", "eval_loss", loss, repeat=repeat, epoch_num=epoch + 1,
+                  samples_count=seen)
+        self._log("end", constants.EVAL_STOP, repeat=repeat, epoch_num=epoch + 1,
+                  samples_count=seen)
 
     def run_stop(self, repeat: int | None, *, success: bool) -> None:
+        """`success`: the run reached its target accuracy, or had none; else `aborted`."""
         status = constants.SUCCESS if success else constants.ABORTED
         self._log("end", constants.RUN_STOP, repeat=repeat, status=status)
         self._stopped = True
 
-    def text(self) -> str:
-        """Every line logged so far, whether or not the file could take it."""
-        return "".join(f"{line}\n" for line in self._lines)
+    def text(self) -> dict[str, str]:
+        """Every file's lines logged so far, by file name (mllog.txt, mllog-2.txt, ...),
+        whether or not the disk could take them."""
+        return {name: "".join(f"{line}\n" for line in lines)
+                for name, lines in self._texts.items()}
 
     def close(self) -> None:
-        if self._handler is not None:
-            self._handler.close()
-            self._handler = None
-            self._logger = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._logger = None
+
+    def _open(self, name: str) -> None:
+        """Write the lines that follow to the file `name` in the cell's directory."""
+        assert self._sink is not None and self.output_dir is not None
+        if self._file is not None:
+            self._sink.removeHandler(self._file)
+            self._file.close()
+        self._current = name
+        self._texts[name] = []
+        self._file = _open_file_handler(self.output_dir / name)
+        if self._file is not None:
+            self._sink.addHandler(self._file)
+
+    def _keep(self, line: str) -> None:
+        self._texts[self._current].append(line)
+        if self._in_init:
+            self._init_lines.append(line)
+
+    def _write(self, line: str) -> None:
+        """A line already formatted (the initialisation's, repeated), as it is."""
+        assert self._sink is not None
+        self._sink.info("%s", line)
 
     def _log(self, kind: str, key: str, value: Any = None, **metadata: Any) -> None:
         if self._logger is None:
@@ -128,14 +311,14 @@ class EventLog:
 
 
 class _LineKeeper(logging.Handler):
-    """Keeps every formatted line in a list (the copy that survives a full disk)."""
+    """Hands every formatted line to `keep` (the copy that survives a full disk)."""
 
-    def __init__(self, lines: list[str]) -> None:
+    def __init__(self, keep: Any) -> None:
         super().__init__()
-        self.lines = lines
+        self.keep = keep
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
+        self.keep(record.getMessage())
 
 
 class _TolerantFileHandler(logging.FileHandler):

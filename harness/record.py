@@ -10,7 +10,8 @@ that is down. So:
   in between leaves it for `harness.sync` (which finds an existing run by the result's identity
   instead of uploading it twice);
 - MLflow's copy is uploaded from a staging directory, so it does not depend on the cell's
-  directory being writable, and carries the event log kept in memory (harness.eventlog);
+  directory being writable, and carries the event logs kept in memory (harness.eventlog: one
+  per repeat, mllog.txt, mllog-2.txt, ...);
 - if the cell's directory could not take the record, one line on stderr says why and where
   the record is: MLflow, else a rescue directory under the system's temporary directory (from
   which `harness.sync run.output_dir=<it>` uploads it later), else stdout.
@@ -24,14 +25,14 @@ import json
 import logging
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, TextIO
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from harness.config import DistbenchConfig
-from harness.eventlog import MLLOG_FILE
+from harness.eventlog import MLLOG_GLOB
 from harness.results import RESULT_FILE, CellResult, RunStatus, write_result, write_text_atomic
 from harness.resume import index_result
 from harness.tracking import record_cell, tracking_failure, tracking_uri
@@ -43,18 +44,22 @@ CONFIG_FILE = "config.yaml"
 RESCUE_DIR = "distbench-rescued"
 
 
-def record(result: CellResult, config: DistbenchConfig, event_log: str | None = None) -> None:
+EventLogs = Mapping[str, str]  # the cell's MLPerf logs kept in memory: file name -> text
+
+
+def record(result: CellResult, config: DistbenchConfig, event_logs: EventLogs | None = None,
+           ) -> None:
     """Record a finished (or failed) cell everywhere it can go; sets `result.mlflow_run_id`,
     `tracking_error`, `pending_sync` and, when the cell's directory refused it,
-    `storage_error`."""
+    `storage_error`. `event_logs`: the cell's MLPerf logs as EventLog.text() kept them."""
     tracked = config.tracking.enabled
     result.pending_sync = tracked  # until MLflow has the run
-    unsaved = _write_files(result, event_log)
+    unsaved = _write_files(result)
     if unsaved is not None:  # said in MLflow's copy too: a launcher finds the record there
         result.storage_error = _one_line(unsaved)
     uri = tracking_uri(config.tracking.uri, config.run.output_dir) if tracked else None
     if uri is not None:
-        _upload(result, uri, config.tracking.experiment, event_log)
+        _upload(result, uri, config.tracking.experiment, event_logs)
     if unsaved is None:
         try:  # again, now with the run id or the reason MLflow could not take it
             write_result(result)
@@ -63,7 +68,7 @@ def record(result: CellResult, config: DistbenchConfig, event_log: str | None = 
             unsaved = err
             result.storage_error = _one_line(err)
     if unsaved is not None:
-        _say(f"distbench: {_where_it_went(result, uri, event_log)}", sys.stderr)
+        _say(f"distbench: {_where_it_went(result, uri, event_logs)}", sys.stderr)
     _log_summary(result, uri)
 
 
@@ -86,9 +91,9 @@ def _emit_or_drop(handler: logging.FileHandler, record: logging.LogRecord) -> No
         handler.handleError(record)
 
 
-def _write_files(result: CellResult, event_log: str | None) -> OSError | None:
-    """config.yaml and result.json in the cell's directory (the event log is already there
-    unless the disk refused it); the error if the directory refused them."""
+def _write_files(result: CellResult) -> OSError | None:
+    """config.yaml and result.json in the cell's directory (the event logs are already there
+    unless the disk refused them); the error if the directory refused them."""
     output_dir = Path(result.output_dir)
     try:
         write_text_atomic(output_dir / CONFIG_FILE, OmegaConf.to_yaml(result.config))
@@ -99,9 +104,11 @@ def _write_files(result: CellResult, event_log: str | None) -> OSError | None:
     return None
 
 
-def _upload(result: CellResult, uri: str, experiment: str, event_log: str | None) -> None:
+def _upload(result: CellResult, uri: str, experiment: str, event_logs: EventLogs | None,
+            ) -> None:
     try:
-        with staged_artifacts(result.to_dict(), Path(result.output_dir), event_log) as artifacts:
+        with staged_artifacts(result.to_dict(), Path(result.output_dir),
+                              event_logs) as artifacts:
             result.mlflow_run_id = record_cell(result, uri=uri, experiment=experiment,
                                                artifacts=artifacts)
     except Exception as err:  # noqa: BLE001 - the record stays pending for harness.sync
@@ -115,11 +122,12 @@ def _upload(result: CellResult, uri: str, experiment: str, event_log: str | None
 
 @contextlib.contextmanager
 def staged_artifacts(data: dict[str, Any], source_dir: Path,
-                     event_log: str | None = None) -> Iterator[list[Path]]:
+                     event_logs: EventLogs | None = None) -> Iterator[list[Path]]:
     """The record `data` (a result.json's content) as its MLflow run keeps it, in a staging
     directory: result.json as it reads once the run is in the store (not pending, no tracking
-    error, no run id), config.yaml, the event log (`event_log`, else `source_dir`'s). None if
-    even the temporary directory refuses them (the run still has every param, metric, tag)."""
+    error, no run id), config.yaml, the event logs (`event_logs`, else `source_dir`'s). None
+    if even the temporary directory refuses them (the run still has every param, metric,
+    tag)."""
     try:
         staging = tempfile.TemporaryDirectory(prefix="distbench-record-")
     except OSError:
@@ -129,41 +137,48 @@ def staged_artifacts(data: dict[str, Any], source_dir: Path,
         try:
             files = write_record_files(Path(folder), {
                 **data, "pending_sync": False, "tracking_error": None, "mlflow_run_id": None},
-                source_dir, event_log)
+                source_dir, event_logs)
         except OSError:
             files = []
         yield files
 
 
 def write_record_files(folder: Path, data: dict[str, Any], source_dir: Path,
-                       event_log: str | None = None) -> list[Path]:
+                       event_logs: EventLogs | None = None) -> list[Path]:
     """The record's files in `folder`: result.json holding `data`, config.yaml from its config,
-    mllog.txt (`event_log`, else the one in `source_dir`, if any)."""
+    the MLPerf logs, one per repeat (`event_logs`, else those in `source_dir`, if any)."""
     files = {CONFIG_FILE: OmegaConf.to_yaml(data["config"]),
              RESULT_FILE: json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"}
-    log_text = event_log if event_log is not None else _read(source_dir / MLLOG_FILE)
-    if log_text:
-        files[MLLOG_FILE] = log_text
+    logs = event_logs if event_logs is not None else _read_logs(source_dir)
+    files.update({name: text for name, text in logs.items() if text})
     for name, text in files.items():
         write_text_atomic(folder / name, text)
     return [folder / name for name in files]
 
 
-def _read(path: Path) -> str | None:
+def _read_logs(folder: Path) -> dict[str, str]:
+    """The MLPerf logs in `folder` that can be read, by file name."""
+    logs = {}
     try:
-        return path.read_text()
+        paths = sorted(folder.glob(MLLOG_GLOB))
     except OSError:
-        return None
+        return {}
+    for path in paths:
+        try:
+            logs[path.name] = path.read_text()
+        except OSError:
+            continue
+    return logs
 
 
-def _where_it_went(result: CellResult, uri: str | None, event_log: str | None) -> str:
+def _where_it_went(result: CellResult, uri: str | None, event_logs: EventLogs | None) -> str:
     """The one line for a record its directory refused, after putting it where it can go."""
     refused = f"could not write {Path(result.output_dir) / RESULT_FILE} ({result.storage_error})"
     if result.mlflow_run_id is not None:
         return f"{refused}; the result is in MLflow run {result.mlflow_run_id} at {uri}"
     rescue = Path(tempfile.gettempdir()) / RESCUE_DIR / Path(result.output_dir).name
     try:
-        write_record_files(rescue, result.to_dict(), Path(result.output_dir), event_log)
+        write_record_files(rescue, result.to_dict(), Path(result.output_dir), event_logs)
     except OSError:
         _say(json.dumps(result.to_dict(), sort_keys=True, default=str), sys.stdout)
         return f"{refused}, nor anywhere else; the result is printed on stdout"

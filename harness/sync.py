@@ -5,7 +5,7 @@ A cell whose MLflow store was unreachable keeps its result.json with `pending_sy
 This command finds those under the output root and records each in the configured store
 (`tracking.uri`, else $MLFLOW_TRACKING_URI, else the SQLite store in the output root), in the
 experiment the cell was run under, with the same artifacts as the cell's own upload
-(config.yaml, result.json, mllog.txt).
+(config.yaml, result.json, and the MLPerf logs: mllog.txt, and mllog-<k>.txt for repeat k > 1).
 
 A result stays pending until its run is complete in the store: killed at any point, this
 command leaves nothing marked synced that is not. It is idempotent: a run carries the result's
