@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from harness.eventlog import MLLOG_FILE
 from harness.tracking import DEFAULT_STORE_FILE
 from tests.helpers import cell_worker_pids
+from tests.test_mllog import assert_compliant
 from tests.test_repro import read_mllog
 
 TWO_WORKER_CELL = ["hardware=local_2cpu", "network=mobilenetv2",
@@ -86,6 +87,8 @@ def test_two_ddp_workers_train_in_sync_and_record_the_cell(output_root: Path) ->
                                                   ("epoch_start", 2), ("epoch_stop", 2)]
     facts = {line.key: line.value["value"] for line in lines}
     assert facts["world_size"] == 2 and facts["global_batch_size"] == 16  # 2 workers x 8
+    assert facts["data_parallelism"] == 2 and facts["micro_batch_size"] == 8
+    assert_compliant(mllog.parent)  # MLPerf's checker passes it
 
 
 def test_a_crashing_worker_ends_the_cell_as_failed(output_root: Path) -> None:
@@ -143,6 +146,7 @@ def test_two_horovod_workers_train_in_sync_without_horovodrun(output_root: Path)
     assert result["config"]["distribution"]["name"] == "horovod"
     assert result["config"]["distribution"]["fusion_threshold_mb"] == 32
     assert not cell_worker_pids(output_root)
+    assert_compliant(Path(result["output_dir"]))  # its MLPerf log passes MLPerf's checker
 
 
 # Loaded at start-up by every Python process that has its folder on PYTHONPATH; it acts only in

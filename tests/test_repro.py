@@ -22,6 +22,7 @@ from harness.seeding import repeat_seed, seed_everything
 from harness.tracking import DEFAULT_STORE_FILE
 from harness.workload import build_workload
 from tests.helpers import run_tiny_cell, tiny_overrides
+from tests.test_mllog import assert_compliant
 
 MLPERF_RULESET = "6.1.0"  # the newest the installed parser knows; the line format is shared
 
@@ -172,27 +173,29 @@ def test_repeats_are_seeded_apart_summarised_and_recorded(output_root: Path) -> 
         assert tags[key], key
     assert tags["deterministic_algorithms"] == "true"
     assert tags["cublas_workspace_config"] == ":4096:8"
-    assert MLLOG_FILE in {a.path for a in client.list_artifacts(run.info.run_id)}
+    logs = ["mllog.txt", "mllog-2.txt", "mllog-3.txt"]  # one MLPerf log per repeat
+    assert set(logs) <= {a.path for a in client.list_artifacts(run.info.run_id)}
 
-    # The event log, read by MLPerf's parser: one run per repeat, epochs numbered from 1.
-    lines = read_mllog(Path(result["output_dir"]) / MLLOG_FILE)
-    keys = [line.key for line in lines]
-    assert keys[0] == "init_start" and keys.index("init_stop") < keys.index("run_start")
-    run_part = [(line.key, line.value["metadata"].get("repeat"),
-                 line.value["metadata"].get("epoch_num"), line.value["value"])
-                for line in lines[keys.index("init_stop") + 1:]]
-    expected = []
-    for repeat, seed in enumerate((5, 6, 7)):
-        expected += [("seed", repeat, None, seed), ("run_start", repeat, None, None),
-                     ("epoch_start", repeat, 1, None), ("epoch_stop", repeat, 1, None),
-                     ("run_stop", repeat, None, None)]
-    assert run_part == expected
-    assert [line.value["metadata"]["status"] for line in lines if line.key == "run_stop"] == \
-        ["success"] * 3
-    facts = {line.key: line.value["value"] for line in lines}
-    assert facts["global_batch_size"] == 8 and facts["epoch_count"] == 1
-    assert facts["submission_benchmark"] == "mobilenetv2_mnist"
-    assert all(line.value["metadata"]["file"] == "harness/run.py" for line in lines)
+    # The event logs, read by MLPerf's parser and passed by its checker: each one run, from
+    # the shared initialisation, epochs numbered from 1.
+    assert_compliant(Path(result["output_dir"]), repeats=3)
+    for repeat, (seed, name) in enumerate(zip((5, 6, 7), logs)):
+        lines = read_mllog(Path(result["output_dir"]) / name)
+        keys = [line.key for line in lines]
+        assert keys[0] == "init_start" and keys.index("init_stop") < keys.index("run_start")
+        run_part = [(line.key, line.value["metadata"].get("repeat"),
+                     line.value["metadata"].get("epoch_num"), line.value["value"])
+                    for line in lines[keys.index("init_stop") + 1:]
+                    if line.key in ("seed", "run_start", "epoch_start", "epoch_stop", "run_stop")]
+        assert run_part == [("seed", repeat, None, seed), ("run_start", repeat, None, None),
+                            ("epoch_start", repeat, 1, None), ("epoch_stop", repeat, 1, None),
+                            ("run_stop", repeat, None, None)]
+        assert [line.value["metadata"]["status"] for line in lines
+                if line.key == "run_stop"] == ["success"]
+        facts = {line.key: line.value["value"] for line in lines}
+        assert facts["global_batch_size"] == 8 and facts["epoch_count"] == 1
+        assert facts["submission_benchmark"] == "mobilenetv2_mnist_synthetic"
+        assert all(line.value["metadata"]["file"] == "harness/run.py" for line in lines)
 
 
 def test_a_failed_cell_ends_its_event_log_as_aborted(output_root: Path, tmp_path: Path) -> None:
