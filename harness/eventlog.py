@@ -222,7 +222,7 @@ class EventLog:
     def run_start(self, repeat: int, seed: int) -> None:
         """Starts repeat `repeat`'s run; from the second repeat on, in its own file that
         begins with the initialisation's lines."""
-        if repeat > 0:
+        if repeat > 0 and self._sink is not None:  # a worker that writes no log opens none
             self._open(log_file_name(repeat))
             for line in self._init_lines:
                 self._write(line)
