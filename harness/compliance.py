@@ -123,12 +123,20 @@ def log_files(paths: list[Path]) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m harness.compliance", description=__doc__.split(
         "\n\n")[0])
-    parser.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+    parser.add_argument("paths", nargs="*", type=Path, metavar="PATH",
                         help="an MLPerf log, or a cell directory (every mllog*.txt in it)")
     parser.add_argument("--stock", action="store_true",
                         help=f"the installed ruleset {RULESET} unchanged (it admits only "
                              f"MLPerf's benchmark names)")
+    parser.add_argument("--write-rules", type=Path, metavar="DIR",
+                        help="write the rules to DIR and print MLPerf's own command that "
+                             "checks a log with them")
     args = parser.parse_args(argv)
+    if args.write_rules is not None:
+        rules = write_rules(args.write_rules.resolve())
+        print(" ".join(mlperf_command(Path("FILE"), rules)).replace(sys.executable, "python"))
+    elif not args.paths:
+        parser.error("name a log or a cell directory (PATH), or --write-rules DIR")
     failed = 0
     for log in log_files(args.paths):
         with _quiet_checker():

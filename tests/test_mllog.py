@@ -168,6 +168,9 @@ def test_mlperfs_own_command_agrees_and_ours_names_each_log(tmp_path: Path,
     assert f"training_{RULESET}/open_mobilenetv2_mnist_synthetic.yaml" in done.stderr
     assert "FileNotFoundError" in done.stderr
 
+    assert main(["--write-rules", str(tmp_path / "printed")]) == 0
+    assert capsys.readouterr().out.split() == [
+        "python", *mlperf_command(Path("FILE"), tmp_path / "printed" / "common.yaml")[1:]]
     assert main([str(tmp_path / "cell")]) == 0
     cell = tmp_path / "cell"
     assert capsys.readouterr().out.splitlines() == [
