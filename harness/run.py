@@ -26,7 +26,8 @@ from tqdm import tqdm
 from harness.config import DistbenchConfig, RunConfig, resolved_container, validate
 from harness.distributions import EpochMeasurement, Trainer, TrainingContext, trainer_factory
 from harness.environment import capture_environment
-from harness.eventlog import EventLog
+from harness.evaluation import Evaluation, evaluate
+from harness.eventlog import EventLog, RunFacts, precision_name
 from harness.memory_limit import MemoryLimit, device_memory_limit, lift_memory_limit, oom_error
 from harness.metrics import PeakMemory, PhaseClock, RepeatStatistics, Summary
 from harness.results import (
@@ -36,14 +37,27 @@ from harness.results import (
     read_rank_reports,
     write_rank_report,
 )
-from harness.record import keep_logging_when_the_disk_fails, record
+from harness.record import CONFIG_FILE, keep_logging_when_the_disk_fails, record
 from harness.resume import cell_key
 from harness.seeding import repeat_seed, seed_everything, set_deterministic
 from harness.watchdog import ProgressWatchdog
 from harness.workload import Workload, build_workload
+from workloads.networks import build_network
 from launchers.distributed import WorkerEnvironment, WorkerSession, worker_environment, worker_session
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RepeatOutcome:
+    """How one repeat ended, the same on every worker (evaluations are summed over them)."""
+
+    epochs: int  # epochs trained: run.epochs, or fewer when the target was reached earlier
+    evaluations: list[Evaluation]  # one per epoch; empty when run.eval is off
+    # run_start to run_stop: the training and the evaluations, not the initialisation
+    # (MLPerf's score when the target was reached).
+    run_seconds: float
+    reached_target: bool | None = None  # None: no run.target_accuracy
 
 
 @dataclass(frozen=True)
@@ -64,6 +78,7 @@ class WorkerMeasurement:
     # Config values the trainer resolved (e.g. a pipeline's balance); recorded into the
     # result's config, as the batch size from Table 3.3 is.
     resolved_config: dict[str, Any] = field(default_factory=dict)
+    outcomes: list[RepeatOutcome] = field(default_factory=list)  # one per repeat
 
 
 @dataclass(frozen=True)
@@ -76,25 +91,61 @@ class Measurement:
     def seeds(self) -> list[int]:
         return self.workers[0].seeds  # every worker seeds alike
 
+    @property
+    def outcomes(self) -> list[RepeatOutcome]:
+        return self.workers[0].outcomes  # every worker saw the same
+
     def epoch_seconds(self) -> list[float]:
         """An epoch lasts until its slowest worker is done."""
         return [max(worker.epochs[e].seconds for worker in self.workers)
                 for e in range(len(self.workers[0].epochs))]
 
+    def _per_repeat(self, per_epoch: list[float]) -> list[list[float]]:
+        """A per-epoch list cut into one list per repeat (a repeat that reached its target
+        early has fewer epochs)."""
+        sizes = [outcome.epochs for outcome in self.outcomes] or \
+            [len(per_epoch) // len(self.seeds)] * len(self.seeds)
+        bounds = [sum(sizes[:k]) for k in range(len(sizes) + 1)]
+        return [per_epoch[bounds[k]:bounds[k + 1]] for k in range(len(sizes))]
+
     def repeat_epoch_seconds(self) -> list[list[float]]:
         """`epoch_seconds`, one list per repeat."""
-        per_epoch, repeats = self.epoch_seconds(), len(self.seeds)
-        size = len(per_epoch) // repeats
-        return [per_epoch[r * size:(r + 1) * size] for r in range(repeats)]
+        return self._per_repeat(self.epoch_seconds())
 
     def repeat_seconds_per_epoch(self) -> list[float]:
         """Each repeat's seconds per epoch: the mean of its epochs."""
         return [statistics.fmean(epochs) for epochs in self.repeat_epoch_seconds()]
 
+    def train_losses(self) -> list[float]:
+        """Each epoch's mean training loss over its batches. A batch's loss is the mean of the
+        workers that computed one for it (data-parallel shards of equal size: the loss of the
+        whole batch; a pipeline: its last stage's)."""
+        losses = []
+        for e in range(len(self.workers[0].epochs)):
+            per_batch: dict[int, list[float]] = {}
+            for worker in self.workers:
+                for batch, loss in worker.epochs[e].batch_losses.items():
+                    per_batch.setdefault(batch, []).append(loss)
+            if per_batch:
+                losses.append(statistics.fmean(statistics.fmean(v) for v in per_batch.values()))
+        return losses
+
+    def evaluations(self) -> list[Evaluation]:
+        return [evaluation for outcome in self.outcomes for evaluation in outcome.evaluations]
+
     def repeats(self) -> list[RepeatResult]:
-        return [RepeatResult(repeat=k, seed=seed, seconds_per_epoch=mean, epoch_seconds=epochs)
-                for k, (seed, mean, epochs) in enumerate(zip(
-                    self.seeds, self.repeat_seconds_per_epoch(), self.repeat_epoch_seconds()))]
+        results = []
+        for k, (seed, mean, epochs) in enumerate(zip(
+                self.seeds, self.repeat_seconds_per_epoch(), self.repeat_epoch_seconds())):
+            outcome = self.outcomes[k] if self.outcomes else None
+            last = outcome.evaluations[-1] if outcome and outcome.evaluations else None
+            reached = outcome.reached_target if outcome else None
+            results.append(RepeatResult(
+                repeat=k, seed=seed, seconds_per_epoch=mean, epoch_seconds=epochs,
+                eval_accuracy=last.accuracy if last else None, reached_target=reached,
+                time_to_target_s=outcome.run_seconds if outcome and reached else None,
+                epochs_to_target=outcome.epochs if outcome and reached else None))
+        return results
 
     def phase_seconds(self) -> dict[str, list[float]]:
         """Seconds per phase per epoch, averaged over the workers."""
@@ -143,7 +194,37 @@ class Measurement:
         metrics.update(self.extra_metrics())
         for phase, per_epoch in self.phase_seconds().items():
             metrics[f"{phase}_seconds_per_epoch"] = statistics.fmean(per_epoch)
+        metrics.update(quality_metrics(self.repeats(), self.evaluations(), self.train_losses()))
         return metrics
+
+
+def quality_metrics(repeats: list[RepeatResult], evaluations: list[Evaluation],
+                    train_losses: list[float]) -> dict[str, float]:
+    """What the training achieved: the last epoch's training loss; with evaluation, the final
+    eval accuracy and loss (means over the repeats' last evaluations) and the seconds an
+    evaluation takes; with a target, whether every repeat reached it and, if so, the time and
+    epochs to it (mean, spread, and from 5 repeats MLPerf's olympic mean)."""
+    metrics: dict[str, float] = {}
+    if train_losses:
+        metrics["train_loss"] = train_losses[-1]
+    if evaluations:
+        finals = [r.eval_accuracy for r in repeats if r.eval_accuracy is not None]
+        metrics["eval_accuracy"] = statistics.fmean(finals)
+        metrics["eval_loss"] = evaluations[-1].loss
+        metrics["eval_samples"] = float(evaluations[-1].samples)
+        metrics["eval_seconds"] = statistics.fmean(e.seconds for e in evaluations)
+    if any(r.reached_target is not None for r in repeats):
+        reached = all(r.reached_target for r in repeats)
+        metrics["reached_target"] = float(reached)
+        if reached:
+            for name in ("time_to_target_s", "epochs_to_target"):
+                stats = RepeatStatistics.of([float(getattr(r, name)) for r in repeats])
+                metrics[name] = stats.mean
+                if stats.n > 1:
+                    metrics[f"{name}_std"] = stats.std
+                if stats.trimmed_mean is not None:
+                    metrics[f"{name}_olympic_mean"] = stats.trimmed_mean
+    return metrics
 
 
 def repeat_metrics(repeat_seconds: list[float]) -> dict[str, float]:
@@ -174,16 +255,17 @@ def select_device(config: DistbenchConfig, local_rank: int = 0) -> torch.device:
 
 def measure(config: DistbenchConfig, device: torch.device, session: WorkerSession,
             heartbeat: Callable[[], None], events: EventLog) -> WorkerMeasurement:
-    """Build this worker's workload, warm up, then time `run.repeats` repeats of
-    `run.epochs` epochs.
+    """Build this worker's workload, warm up, then train and time `run.repeats` repeats of
+    `run.epochs` epochs, evaluating after each epoch (`run.eval`).
 
     The repeats share this worker's process, process group, network and trainer, built and
     warmed up once (MLPerf's untimed initialisation): building a trainer again would re-run
     Horovod's rendezvous and `hvd.init()` (once per process), a pipeline's profiling and plan
-    (which could then differ between repeats) and its process groups. What a repeat's seed
-    controls is everything random during training: the data order and the RNGs of Python,
-    NumPy and torch. The parameters carry on from the previous repeat; an epoch's time does
-    not depend on their values.
+    (which could then differ between repeats) and its process groups. Each repeat is an
+    independent run: it starts from the optimizer state the trainer was built with
+    (`Trainer.reset`, which also undoes what warm-up trained, as MLPerf requires) and from the
+    initial weights of its seed (`initialise_weights`), and its seed controls everything random
+    during training: the data order and the RNGs of Python, NumPy and torch.
     """
     if config.hardware.cpu_threads is not None:
         torch.set_num_threads(config.hardware.cpu_threads)
@@ -208,40 +290,106 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
     memory = PeakMemory(device)
     memory.reset()
     trainer.warm_up(config.run.warmup_batches)
-    events.init_stop(config)
-    epochs, seeds = [], []
+    events.init_stop(config, run_facts(config, workload, trainer))
+    epochs, seeds, outcomes = [], [], []
     for repeat in range(config.run.repeats):
         seeds.append(repeat_seed(config.run.seed, repeat))
-        epochs += time_repeat(config, trainer, workload, repeat, seeds[-1], events, progress)
+        trained, outcome = train_repeat(config, context, trainer, repeat, seeds[-1], events,
+                                        progress)
+        epochs += trained
+        outcomes.append(outcome)
     # Pipeline trainers say which replica group they are in and what else they measured.
     return WorkerMeasurement(epochs=epochs, seeds=seeds, peak_memory_mb=memory.peak_mb(),
                              memory_kind=memory.kind,
                              parameter_digest=parameter_digest(workload.model),
                              replica_group=getattr(trainer, "replica_group", 0),
                              extra_metrics=getattr(trainer, "extra_metrics", dict)(),
-                             resolved_config=getattr(trainer, "resolved_config", dict)())
+                             resolved_config=getattr(trainer, "resolved_config", dict)(),
+                             outcomes=outcomes)
 
 
-def time_repeat(config: DistbenchConfig, trainer: Trainer, workload: Workload, repeat: int,
-                seed: int, events: EventLog,
-                progress: EpochProgress | None = None) -> list[EpochMeasurement]:
-    """Seed every RNG and the data order with `seed`, then train and time `run.epochs` epochs
-    (numbered from 0 in each repeat: the data order is a function of (seed, epoch); the log
-    and the progress bar count them from 1, `epoch_label`)."""
+def run_facts(config: DistbenchConfig, workload: Workload, trainer: Trainer) -> RunFacts:
+    """What the MLPerf log states about the run: the splits' sizes, the plan the trainer
+    resolved, the precision the parameters train in, and the config file the cell records."""
+    dtype = next(workload.model.parameters()).dtype
+    return RunFacts(
+        train_samples=len(workload.loader.dataset),  # type: ignore[arg-type]
+        eval_samples=len(workload.eval_dataset) if workload.eval_dataset is not None else 0,  # type: ignore[arg-type]
+        resolved=getattr(trainer, "resolved_config", dict)(),
+        precision=precision_name(dtype),
+        config_file=CONFIG_FILE)
+
+
+def train_repeat(config: DistbenchConfig, context: TrainingContext, trainer: Trainer,
+                 repeat: int, seed: int, events: EventLog,
+                 progress: EpochProgress | None = None,
+                 ) -> tuple[list[EpochMeasurement], RepeatOutcome]:
+    """One repeat, MLPerf's run: from the trainer's initial weights, seed every RNG and the data
+    order with `seed`, then train and time up to `run.epochs` epochs (numbered from 0 in each
+    repeat: the data order is a function of (seed, epoch); the log and the progress bar count
+    them from 1, `epoch_label`), evaluating after each one outside its time; stop at the first
+    evaluation that reaches `run.target_accuracy`."""
+    run = config.run
+    trainer.reset()
+    if repeat > 0:  # repeat 0 starts from the weights the trainer was built with (run.seed's)
+        initialise_weights(context.workload, config, seed)
     seed_everything(seed)
-    workload.loader.reseed(seed)
+    context.workload.loader.reseed(seed)
     events.run_start(repeat, seed)
-    epochs = []
+    started = time.perf_counter()
+    epochs: list[EpochMeasurement] = []
+    evaluations: list[Evaluation] = []
+    reached = None if run.target_accuracy is None else False
     progress = progress or EpochProgress(enabled=False, batches=0)
-    for epoch in range(config.run.epochs):
-        label = epoch_label(config.run, repeat, epoch)
+    for epoch in range(run.epochs):
+        label = epoch_label(run, repeat, epoch)
         events.epoch_start(repeat, epoch)
         with progress.epoch(label):
             epochs.append(trainer.train_epoch(epoch))
         events.epoch_stop(repeat, epoch)
         log.info("%s: %.3f s (%d images)", label, epochs[-1].seconds, epochs[-1].samples)
-    events.run_stop(repeat, success=True)
-    return epochs
+        if context.workload.eval_dataset is None:
+            continue
+        evaluations.append(evaluate_epoch(context, trainer, events, repeat, epoch))
+        if run.target_accuracy is not None and evaluations[-1].accuracy >= run.target_accuracy:
+            reached = True
+            break
+    outcome = RepeatOutcome(epochs=len(epochs), evaluations=evaluations,
+                            run_seconds=time.perf_counter() - started, reached_target=reached)
+    events.run_stop(repeat, success=reached is not False)
+    if reached is not None:
+        log.info("repeat %d/%d: %s", repeat + 1, run.repeats,
+                 f"reached eval accuracy {run.target_accuracy} after {outcome.epochs} epoch(s), "
+                 f"{outcome.run_seconds:.2f} s" if reached else
+                 f"did not reach eval accuracy {run.target_accuracy} in {run.epochs} epoch(s)")
+    return epochs, outcome
+
+
+def initialise_weights(workload: Workload, config: DistbenchConfig, seed: int) -> None:
+    """Give the network the initial weights of a network built from `seed`, as an independent
+    run with that seed starts (MLPerf seeds each run's initialisation too). Every worker builds
+    the same weights from the same seed; the values are copied into the trainer's own tensors
+    (a pipeline's stages share the workload model's modules), so nothing is rebuilt."""
+    seed_everything(seed)
+    fresh = build_network(config.network.name.value, workload.spec)
+    with torch.no_grad():
+        workload.model.load_state_dict(fresh.state_dict())
+
+
+def evaluate_epoch(context: TrainingContext, trainer: Trainer, events: EventLog, repeat: int,
+                   epoch: int) -> Evaluation:
+    """Evaluate the network as trained so far on the held-out split (every worker takes part)."""
+    assert context.workload.eval_dataset is not None
+    events.eval_start(repeat, epoch)
+    started = time.perf_counter()
+    evaluation = evaluate(trainer.evaluation_model(), context.workload.eval_dataset,
+                          batch_size=context.config.batch_size, session=context.session,
+                          device=context.device, heartbeat=context.heartbeat, started=started)
+    events.eval_stop(repeat, epoch, accuracy=evaluation.accuracy, loss=evaluation.loss)
+    log.info("%s: eval accuracy %.4f, loss %.4f (%d images, %.2f s)",
+             epoch_label(context.config.run, repeat, epoch), evaluation.accuracy,
+             evaluation.loss, evaluation.samples, evaluation.seconds)
+    return evaluation
 
 
 def epoch_label(run: RunConfig, repeat: int, epoch: int) -> str:
@@ -367,6 +515,9 @@ def run_cell(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
         result.epoch_seconds = measurement.epoch_seconds()
         result.repeats = measurement.repeats()
         result.phase_seconds = measurement.phase_seconds()
+        result.train_loss = measurement.train_losses()
+        result.eval_loss = [evaluation.loss for evaluation in measurement.evaluations()]
+        result.eval_accuracy = [evaluation.accuracy for evaluation in measurement.evaluations()]
         result.environment["memory_kind"] = measurement.workers[0].memory_kind
         result.config["distribution"].update(measurement.workers[0].resolved_config)
     record(result, config, events.text() if events is not None else None)

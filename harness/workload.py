@@ -8,8 +8,10 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 from harness.config import DistbenchConfig, OptimizerConfig
+from harness.evaluation import default_eval_samples
 from harness.seeding import seed_everything
 from workloads.datasets import DatasetSpec, EpochLoader, build_dataset, dataset_spec
 from workloads.networks import build_network
@@ -21,6 +23,8 @@ class Workload:
     model: nn.Module
     loader: EpochLoader
     make_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+    # The held-out split evaluated after every epoch; None when run.eval is off.
+    eval_dataset: Dataset | None = None
 
 
 def build_workload(config: DistbenchConfig, *, rank: int = 0, world_size: int = 1) -> Workload:
@@ -49,7 +53,25 @@ def build_workload(config: DistbenchConfig, *, rank: int = 0, world_size: int = 
         )
     model = build_network(config.network.name.value, spec)
     return Workload(spec=spec, model=model, loader=loader,
-                    make_optimizer=lambda params: build_optimizer(params, config.optimizer))
+                    make_optimizer=lambda params: build_optimizer(params, config.optimizer),
+                    eval_dataset=build_eval_dataset(config, spec, len(dataset))
+                    if config.run.eval else None)
+
+
+def build_eval_dataset(config: DistbenchConfig, spec: DatasetSpec, train_samples: int) -> Dataset:
+    """The held-out split: `dataset.eval_samples` of it, else a tenth of the epoch's samples
+    (`harness.evaluation.default_eval_samples`). Synthetic data generates it like the training
+    data from the same run.seed (the same classes), real data reads its test split."""
+    common = {"source": config.dataset.source.value, "seed": config.run.seed,
+              "cache_dir": Path(config.dataset.cache_dir).expanduser(),
+              "root": config.dataset.root}
+    samples = config.dataset.eval_samples
+    if samples is None:
+        whole = build_dataset(spec, split="eval", num_samples=None, **common) \
+            if config.dataset.source.value == "real" else None
+        split_size = len(whole) if whole is not None else spec.num_eval_images  # type: ignore[arg-type]
+        samples = default_eval_samples(train_samples, config.batch_size, split_size)
+    return build_dataset(spec, split="eval", num_samples=samples, **common)
 
 
 def build_optimizer(params: Iterable[nn.Parameter],
