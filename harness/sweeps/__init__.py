@@ -6,6 +6,9 @@
   where both cells have repeats, and the cells measured on one side only;
 - `scaling SELECTION... --out plot.png`: speedup and efficiency against workers, per
   distribution model, one panel per network and dataset.
+- `mlperf SELECTION... --out DIR`: the cells as an MLPerf results folder (a system per
+  hardware, distribution model and workers; a log per repeat) and MLPerf's result summarizer's
+  scores of it.
 
 A SELECTION is an MLflow experiment (every cell run in it) or one sweep: its parent run id, its
 directory (`outputs/sweeps/<experiment>/<time>`), that directory's last part(s), or the parent
@@ -14,7 +17,7 @@ the store is, as for the other commands: `run.output_dir=...` (the SQLite store 
 `tracking.uri=...`.
 
 Modules: `table` (what a selection means, and its cells as a pandas table), `compare`,
-`scaling`, `cli`.
+`scaling`, `mlperf`, `cli`.
 """
 
 from harness.sweeps.cli import main

@@ -46,6 +46,10 @@ def parser() -> argparse.ArgumentParser:
     scale = commands.add_parser("scaling", help="speedup and efficiency against workers")
     scale.add_argument("selections", nargs="+", metavar="EXPERIMENT_OR_SWEEP")
     scale.add_argument("--out", type=Path, required=True, help="the plot: FILE.png, .svg or .pdf")
+    mlperf = commands.add_parser("mlperf", help="an MLPerf results folder, and MLPerf's result "
+                                                "summarizer's scores of it")
+    mlperf.add_argument("selections", nargs="+", metavar="EXPERIMENT_OR_SWEEP")
+    mlperf.add_argument("--out", type=Path, required=True, help="DIR: a new or empty directory")
     return top
 
 
@@ -73,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         _export(client, options.selections, out)
     elif options.command == "compare":
         _compare(client, options.a, options.b, on, out)
+    elif options.command == "mlperf":
+        _mlperf(client, options.selections, out)
     else:
         _scaling(client, options.selections, out)
 
@@ -82,6 +88,12 @@ def _check_out(out: Path, command_: str) -> None:
         from harness.sweeps.scaling import check_plot_suffix
 
         check_plot_suffix(out)
+    elif command_ == "mlperf":
+        from harness.sweeps.mlperf import check_out
+
+        check_writable_dir("--out", str(out))
+        check_out(out)
+        return
     elif out.suffix.lower() not in TABLE_SUFFIXES:
         raise ConfigError(f"--out={out} is invalid: allowed: a file name ending in "
                           f"{' or '.join(TABLE_SUFFIXES)}")
@@ -171,6 +183,17 @@ def _ratio(ratio: float, low: float, high: float) -> str:
     if math.isnan(ratio):
         return "-"
     return f"{ratio:.3f}" + ("" if math.isnan(low) else f" [{low:.3f}, {high:.3f}]")
+
+
+def _mlperf(client: object, texts: Sequence[str], out: Path) -> None:
+    from harness.sweeps import mlperf
+
+    chosen, table = _cells(client, texts)
+    folder = mlperf.write_folder(client, table, out)
+    if not folder.entries:
+        raise ConfigError(f"selection {' '.join(texts)!r} is invalid: no cell ended ok with "
+                          f"MLPerf logs; allowed: an experiment or sweep with finished cells")
+    print(mlperf.report(folder, mlperf.summarize(out), "; ".join(map(str, chosen))))
 
 
 def _scaling(client: object, texts: Sequence[str], out: Path) -> None:
