@@ -194,3 +194,13 @@ def test_the_record_carries_every_repeats_log(tmp_path: Path) -> None:
     files = write_record_files(tmp_path / "rescue", data, cell, events.text())
     assert {path.name: path.read_text() for path in files if "mllog" in path.name} == \
         events.text()
+
+
+def test_a_worker_that_writes_no_log_writes_no_repeat_either(tmp_path: Path) -> None:
+    with EventLog.for_worker(tmp_path, is_main=False) as events:  # rank > 0
+        events.init_start()
+        events.init_stop(_config(), RunFacts(train_samples=64, eval_samples=0))
+        for repeat in range(2):
+            events.run_start(repeat, seed=repeat)
+            events.run_stop(repeat, success=True)
+    assert events.text() == {} and not list(tmp_path.iterdir())
