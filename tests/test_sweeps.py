@@ -16,13 +16,16 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 from scipy import stats
 
+from harness.eventlog import log_file_name
 from harness.sweeps import main
 from harness.sweeps.scaling import NO_SINGLE_WORKER, scaling
 from tests.helpers import run_module
+from tests.test_mlperf_results import BENCHMARK, run_minutes
 
-# Small enough to train in seconds; two repeats give every cell a confidence interval.
+# Small enough to train in seconds; three repeats give every cell a confidence interval and
+# an MLPerf score (the summarizer's olympic mean drops the best and the worst run).
 TINY = ["dataset=mnist", "network=mobilenetv2", "hardware=local_2cpu",
-        "distribution.batch_size=8", "dataset.num_samples=16", "run.epochs=1", "run.repeats=2",
+        "distribution.batch_size=8", "dataset.num_samples=16", "run.epochs=1", "run.repeats=3",
         "run.warmup_batches=1", "run.progress=false"]
 SERIES = ["epoch_seconds", "repeat_seconds_per_epoch", "repeat_seed"]
 
@@ -169,6 +172,32 @@ def test_scaling_plots_speedup_and_efficiency_against_workers(
     alone = scaling(cells[cells["workers"] > 1])
     assert list(alone.baselines.values()) == [NO_SINGLE_WORKER]
     assert list(alone.points["speedup"]) == [2.0] and list(alone.points["efficiency"]) == [1.0]
+
+
+def test_mlperf_folder_is_scored_by_mlperfs_summarizer(
+        store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Sweep A as an MLPerf results folder (harness.sweeps.mlperf): a system per cell, a result
+    file per repeat (the cell's own logs, from its MLflow run), and the score MLPerf's result
+    summarizer computes: the olympic mean of run_stop - run_start, of 3 runs the middle one."""
+    out = tmp_path / "mlperf"
+    main(["mlperf", store.sweep_dir.name, "--out", str(out), store.override])
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"{out}: 2 system(s), 2 system x benchmark folder(s), 6 result "
+                              f"files, from sweep ")
+    table = pd.read_csv(out / "summary.csv").set_index("system")
+    systems = {"sequential": "local_2cpu-sequential-1w", "ddp": "local_2cpu-ddp-2w"}
+    assert sorted(table.index) == sorted(systems.values())  # a row per system
+    for model, run in store.cell_runs("sweeps_a").items():
+        logs = [Path(run.data.tags["output_dir"]) / log_file_name(k) for k in range(3)]
+        folder = out / "results" / systems[model] / BENCHMARK
+        assert [(folder / f"result_{k}.txt").read_text() for k in range(3)] == \
+            [log.read_text() for log in logs]
+        middle = sorted(run_minutes(log) for log in logs)[1]
+        score = table.at[systems[model], BENCHMARK]
+        assert score == pytest.approx(middle, abs=1e-6)
+        (line,) = [line for line in printed.splitlines()
+                   if line.split()[:1] == [systems[model]]]
+        assert line.split()[1:5] == [BENCHMARK, "3", "0", f"{score:.4f}"]
 
 
 def exported(store: Store, folder: Path, selection: str) -> Path:
