@@ -124,6 +124,113 @@ def test_values_are_the_stored_bytes_divided_by_255(tmp_path: Path) -> None:
     assert torch.allclose(images, torch.from_numpy(stored[[2, 0]]).float() / 255)
 
 
+# ---------------------------------------------------------------------------- eval split, class signal
+
+MNIST = dataset_spec("mnist")
+
+
+def mnist_splits(cache: Path, *, seed: int = 0,
+                 count: int = 400) -> tuple[SyntheticDataset, SyntheticDataset]:
+    """The training and the eval split of synthetic MNIST, `count` samples each."""
+    train = build_dataset(MNIST, num_samples=count, seed=seed, cache_dir=cache)
+    held_out = build_dataset(MNIST, split="eval", num_samples=count, seed=seed, cache_dir=cache)
+    assert isinstance(train, SyntheticDataset) and isinstance(held_out, SyntheticDataset)
+    return train, held_out
+
+
+def all_samples(dataset: SyntheticDataset) -> tuple[np.ndarray, np.ndarray]:
+    """Every sample as float pixels in [0, 1], flattened (N, C*H*W), and the labels (N,)."""
+    images, labels = dataset.__getitems__(list(range(len(dataset))))
+    return images.flatten(1).numpy().copy(), labels.numpy().copy()
+
+
+def cell_means(images: np.ndarray) -> np.ndarray:
+    """Mean of each template cell of (N, H*W) MNIST images: (N, grid, grid)."""
+    grid, block = synthetic.TEMPLATE_GRID, MNIST.resolution // synthetic.TEMPLATE_GRID
+    return images.reshape(-1, grid, block, grid, block).mean(axis=(2, 4))
+
+
+def test_eval_split_sizes_and_whole_split_default(tmp_path: Path) -> None:
+    sizes = {name: spec.num_eval_images for name, spec in DATASET_SPECS.items()}
+    assert sizes == {"mnist": 10_000, "cifar10": 10_000, "imagenet": 50_000, "highres": 10_000}
+    whole = build_dataset(MNIST, split="eval", cache_dir=tmp_path, synthetic_unique_samples=8)
+    assert len(whole) == 10_000 and whole.unique_samples == 8
+    assert isinstance(whole, SyntheticDataset)  # the same class, so the same cost to load
+
+
+def test_eval_split_is_its_own_data_in_its_own_cache_entry(tmp_path: Path) -> None:
+    train, held_out = mnist_splits(tmp_path)
+    assert train.directory != held_out.directory
+    assert "-eval-" in held_out.directory.name and "-train-" in train.directory.name
+    train_images, train_labels = all_samples(train)
+    eval_images, eval_labels = all_samples(held_out)
+    assert not np.array_equal(train_labels, eval_labels)
+    # No eval image is a training image (independent noise; not a single pair is equal).
+    assert not (train_images[:, None, :50] == eval_images[None, :, :50]).all(axis=2).any()
+    for labels in (train_labels, eval_labels):  # every class appears in both splits
+        assert set(labels.tolist()) == set(range(MNIST.num_classes))
+    again, again_eval = mnist_splits(tmp_path / "again")
+    assert file_bytes(again_eval) == file_bytes(held_out) and file_bytes(again) == file_bytes(train)
+    _, other_seed = mnist_splits(tmp_path / "other", seed=1)
+    assert file_bytes(other_seed)["images.npy"] != file_bytes(held_out)["images.npy"]
+
+
+def test_both_splits_carry_the_same_class_templates(tmp_path: Path) -> None:
+    """Each class's mean over the cells of the template is what the blend predicts, in both splits:
+    (1 - s) * 127.5 (the mean of the noise) + s * template, the template's cells 0 or 255."""
+    templates = synthetic.class_templates(MNIST, 0)[:, 0].astype(np.float64)  # (classes, 4, 4)
+    strength = synthetic.SIGNAL_STRENGTH
+    expected = ((1 - strength) * 127.5 + strength * templates) / 255
+    class_means = []
+    for dataset in mnist_splits(tmp_path, count=2000):
+        images, labels = all_samples(dataset)
+        means = np.stack([cell_means(images[labels == label]).mean(axis=0)
+                          for label in range(MNIST.num_classes)])
+        # ~200 images x 49 pixels per cell: the noise's mean is within ~0.003 of 127.5/255.
+        assert np.abs(means - expected).max() < 0.02
+        class_means.append(means)
+    assert np.abs(class_means[0] - class_means[1]).max() < 0.03
+    assert not np.array_equal(synthetic.class_templates(MNIST, 1), templates)
+
+
+def test_the_classes_are_learnable_from_the_blocks_but_no_pixel_gives_them_away(
+        tmp_path: Path) -> None:
+    """A nearest-class-mean classifier fitted on 100 training images classifies held-out images
+    far above chance (0.1); on one pixel per template cell it does much worse: the class is in
+    the averages over blocks of pixels, which a network has to learn to take."""
+    train, held_out = mnist_splits(tmp_path, count=300)
+    train_images, train_labels = all_samples(train)
+    eval_images, eval_labels = all_samples(held_out)
+    train_images, train_labels = train_images[:100], train_labels[:100]
+    block = MNIST.resolution // synthetic.TEMPLATE_GRID
+    one_pixel_per_cell = (np.arange(synthetic.TEMPLATE_GRID)[:, None] * block * MNIST.resolution
+                          + np.arange(synthetic.TEMPLATE_GRID)[None, :] * block).ravel()
+
+    def nearest_class_mean(pixels: np.ndarray) -> float:
+        means = np.stack([train_images[train_labels == label][:, pixels].mean(axis=0)
+                          for label in range(MNIST.num_classes)])
+        distances = ((eval_images[:, None, pixels] - means[None]) ** 2).sum(axis=2)
+        return float((distances.argmin(axis=1) == eval_labels).mean())
+
+    whole_images = nearest_class_mean(np.arange(train_images.shape[1]))
+    single_pixels = nearest_class_mean(one_pixel_per_cell)
+    assert whole_images > 0.8
+    assert 0.15 < single_pixels < whole_images - 0.2
+
+
+def test_the_generator_version_is_in_the_cache_key(tmp_path: Path) -> None:
+    """Caches of the uniform-noise generator (version 1) are never reused for learnable data."""
+    dataset = synthetic_cifar(tmp_path)
+    assert synthetic.GENERATOR_VERSION == 2 and dataset.directory.name.endswith("-v2")
+    manifest = json.loads((dataset.directory / MANIFEST_NAME).read_text())
+    assert manifest["params"]["generator_version"] == 2 and manifest["params"]["split"] == "train"
+
+
+def test_unknown_split(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown split 'test'; allowed: train, eval"):
+        build_dataset(CIFAR, split="test", cache_dir=tmp_path)
+
+
 # ---------------------------------------------------------------------------- cache
 
 
@@ -341,12 +448,13 @@ def write_idx(path: Path, array: np.ndarray, magic: int) -> None:
     path.write_bytes(header + array.astype(np.uint8).tobytes())
 
 
-def write_mnist(root: Path, count: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(0)
+def write_mnist(root: Path, count: int, prefix: str = "train") -> tuple[np.ndarray, np.ndarray]:
+    """The idx files of one split: prefix "train" (training) or "t10k" (test)."""
+    rng = np.random.default_rng(0 if prefix == "train" else 10)
     images = rng.integers(0, 256, size=(count, 28, 28), dtype=np.uint8)
     labels = rng.integers(0, 10, size=count, dtype=np.uint8)
-    write_idx(root / "MNIST" / "raw" / "train-images-idx3-ubyte", images, 0x00000803)
-    write_idx(root / "MNIST" / "raw" / "train-labels-idx1-ubyte", labels, 0x00000801)
+    write_idx(root / "MNIST" / "raw" / f"{prefix}-images-idx3-ubyte", images, 0x00000803)
+    write_idx(root / "MNIST" / "raw" / f"{prefix}-labels-idx1-ubyte", labels, 0x00000801)
     return images, labels
 
 
@@ -357,24 +465,33 @@ def write_cifar10(root: Path, per_batch: int) -> tuple[np.ndarray, list[int]]:
     encoding="latin1" that torchvision uses; Python 3 str keys load the same way.
     """
     rng = np.random.default_rng(1)
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
     all_data, all_labels = [], []
     for number in range(1, 6):
-        data = rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8)
-        labels = rng.integers(0, 10, size=per_batch).tolist()
-        batch = {"batch_label": f"training batch {number} of 5", "labels": labels, "data": data,
-                 "filenames": [f"image_{number}_{index}.png" for index in range(per_batch)]}
-        (folder / f"data_batch_{number}").write_bytes(pickle.dumps(batch, protocol=2))
+        data, labels = write_cifar10_batch(root, f"data_batch_{number}", per_batch, rng)
         all_data.append(data)
         all_labels.extend(labels)
     return np.concatenate(all_data), all_labels
 
 
-def write_image_folder(root: Path, classes: int, per_class: int) -> None:
+def write_cifar10_batch(root: Path, name: str, count: int,
+                        rng: np.random.Generator) -> tuple[np.ndarray, list[int]]:
+    """One pickled batch file (a training batch, or "test_batch")."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    data = rng.integers(0, 256, size=(count, 3072), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=count).tolist()
+    batch = {"batch_label": name, "labels": labels, "data": data,
+             "filenames": [f"{name}_{index}.png" for index in range(count)]}
+    (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
+    return data, labels
+
+
+def write_image_folder(root: Path, classes: int, per_class: int, split: str = "train",
+                       first_class: int = 0) -> None:
+    """Class folders n0144<index> of JPEGs under root/<split> ("train" or "val")."""
     rng = np.random.default_rng(2)
-    for class_index in range(classes):
-        folder = root / "train" / f"n0144{class_index:04d}"
+    for class_index in range(first_class, first_class + classes):
+        folder = root / split / f"n0144{class_index:04d}"
         folder.mkdir(parents=True)
         for index in range(per_class):
             pixels = rng.integers(0, 256, size=(30 + index, 40, 3), dtype=np.uint8)
@@ -429,6 +546,50 @@ def test_real_imagenet_from_an_image_folder_with_workers(tmp_path: Path) -> None
             assert images.min() < 0  # normalised with the ImageNet mean and std
 
 
+def test_real_mnist_test_split_from_t10k_files(tmp_path: Path) -> None:
+    write_mnist(tmp_path, 20)
+    images, labels = write_mnist(tmp_path, 12, prefix="t10k")
+    dataset = build_dataset(MNIST, split="eval", source="real", root=tmp_path, cache_dir=tmp_path)
+    assert len(dataset) == 12
+    image, label = dataset[5]
+    assert label == labels[5] and torch.allclose(image[0], torch.from_numpy(images[5]) / 255)
+    # A part of the split is evenly spaced over it, not its first samples.
+    subset = build_dataset(MNIST, split="eval", source="real", root=tmp_path, num_samples=4,
+                           cache_dir=tmp_path)
+    assert [subset[index][1] for index in range(4)] == labels[[0, 3, 6, 9]].tolist()
+
+
+def test_real_cifar10_test_split_from_test_batch(tmp_path: Path) -> None:
+    data, labels = write_cifar10_batch(tmp_path, "test_batch", 6, np.random.default_rng(5))
+    # Only the test batch is on disk: evaluation needs no training files (and vice versa).
+    dataset = build_dataset(CIFAR, split="eval", source="real", root=tmp_path, cache_dir=tmp_path)
+    assert len(dataset) == 6
+    image, label = dataset[4]
+    assert label == labels[4]
+    assert torch.allclose(image, torch.from_numpy(data[4].reshape(3, 32, 32)).float() / 255)
+
+
+def test_real_imagenet_val_uses_the_training_class_indices(tmp_path: Path) -> None:
+    """val holds classes 2 and 3 of four: their labels are 2 and 3, as in training, not 0 and 1;
+    images are resized to 256 and centre-cropped to 224, the same on every read."""
+    write_image_folder(tmp_path, classes=4, per_class=1)
+    write_image_folder(tmp_path, classes=2, per_class=2, split="val", first_class=2)
+    dataset = build_dataset(dataset_spec("imagenet"), split="eval", source="real", root=tmp_path,
+                            cache_dir=tmp_path)
+    assert len(dataset) == 4
+    assert sorted(dataset[index][1] for index in range(4)) == [2, 2, 3, 3]
+    image = dataset[0][0]
+    assert image.shape == (3, 224, 224) and torch.equal(image, dataset[0][0])
+
+
+def test_real_imagenet_val_class_unknown_to_training(tmp_path: Path) -> None:
+    write_image_folder(tmp_path, classes=1, per_class=1)
+    write_image_folder(tmp_path, classes=1, per_class=1, split="val", first_class=1)
+    with pytest.raises(ValueError, match="val classes n01440001 have no folder in .*train"):
+        build_dataset(dataset_spec("imagenet"), split="eval", source="real", root=tmp_path,
+                      cache_dir=tmp_path)
+
+
 # ---------------------------------------------------------------------------- errors
 
 
@@ -448,6 +609,15 @@ def test_real_without_root(tmp_path: Path) -> None:
 def test_real_root_without_the_files(tmp_path: Path, name: str, missing: str) -> None:
     with pytest.raises(ValueError, match=f"not found under root.*missing: .*{missing}"):
         build_dataset(dataset_spec(name), source="real", root=tmp_path, cache_dir=tmp_path)
+
+
+@pytest.mark.parametrize("name, missing", [
+    ("mnist", "t10k-images-idx3-ubyte"), ("cifar10", "test_batch"), ("imagenet", "val"),
+])
+def test_real_root_without_the_test_split(tmp_path: Path, name: str, missing: str) -> None:
+    with pytest.raises(ValueError, match=f"eval split.*not found under root.*missing: .*{missing}"):
+        build_dataset(dataset_spec(name), split="eval", source="real", root=tmp_path,
+                      cache_dir=tmp_path)
 
 
 def test_real_image_folder_without_images(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""`build_dataset`: the one entry point that turns a spec and a source into a torch Dataset."""
+"""`build_dataset`: the one entry point that turns a spec, a source and a split into a Dataset."""
 
 from __future__ import annotations
 
@@ -9,57 +9,70 @@ from torch.utils.data import Dataset, Subset
 
 from workloads.datasets.real import build_real
 from workloads.datasets.spec import DatasetSpec
-from workloads.datasets.synthetic import build_synthetic
+from workloads.datasets.synthetic import SPLITS, build_synthetic
 
 logger = logging.getLogger(__name__)
 
 SOURCES = ("synthetic", "real")
 
 
-def build_dataset(spec: DatasetSpec, *, source: str = "synthetic", num_samples: int | None = None,
-                  seed: int = 0, cache_dir: str | Path, root: str | Path | None = None,
+def build_dataset(spec: DatasetSpec, *, split: str = "train", source: str = "synthetic",
+                  num_samples: int | None = None, seed: int = 0, cache_dir: str | Path,
+                  root: str | Path | None = None,
                   synthetic_unique_samples: int | None = None) -> Dataset:
-    """The training data of `spec`: one epoch is the first `num_samples` samples.
+    """One split of `spec`: the training data (one epoch is its first `num_samples` samples) or
+    the held-out evaluation split.
 
     Args:
         spec: which dataset (shape, classes, size).
+        split: "train", or "eval": the real test split (MNIST t10k, CIFAR-10 test_batch, ImageNet
+            val), or for synthetic data a split generated like the training data (the same class
+            templates, its own noise and labels, its own cache entry).
         source: "synthetic" (generated once into `cache_dir`, see `synthetic`) or "real"
             (torchvision formats under `root`, see `real`).
-        num_samples: samples per epoch; None = the full dataset (`spec.num_images` for synthetic
-            data, everything on disk for real data).
+        num_samples: samples of the split; None = all of it (`spec.num_images` or
+            `spec.num_eval_images` for synthetic data, everything on disk for real data).
+            Training takes the first ones; evaluation takes evenly spaced ones, so that a
+            real split stored class by class (ImageNet val) keeps all its classes.
         seed: determines the synthetic content (real data ignores it).
         cache_dir: parent directory of the synthetic cache.
         root: directory holding the real dataset.
         synthetic_unique_samples: distinct synthetic images stored (None = per-dataset default).
 
     Raises:
-        ValueError: unknown source, highres with source="real", "real" without `root` or with
-            files missing under it, or `num_samples` larger than the real dataset.
+        ValueError: unknown split or source, highres with source="real", "real" without `root`
+            or with files missing under it, or `num_samples` larger than the real split.
     """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; allowed: {', '.join(SPLITS)}")
     if num_samples is not None and num_samples < 1:
         raise ValueError(f"num_samples must be positive or None (the full dataset), "
                          f"got {num_samples}")
     if source == "synthetic":
-        return build_synthetic(spec, length=num_samples or spec.num_images, seed=seed,
-                               cache_dir=cache_dir, unique_samples=synthetic_unique_samples)
+        whole = spec.num_images if split == "train" else spec.num_eval_images
+        return build_synthetic(spec, length=num_samples or whole, seed=seed, cache_dir=cache_dir,
+                               unique_samples=synthetic_unique_samples, split=split)
     if source == "real":
-        return _real_subset(spec, root, num_samples)
+        return _real_subset(spec, root, num_samples, split)
     raise ValueError(f"unknown dataset source {source!r}; allowed: {', '.join(SOURCES)}")
 
 
-def _real_subset(spec: DatasetSpec, root: str | Path | None, num_samples: int | None) -> Dataset:
-    """The real dataset, cut to its first `num_samples` samples."""
+def _real_subset(spec: DatasetSpec, root: str | Path | None, num_samples: int | None,
+                 split: str) -> Dataset:
+    """The real split, cut to `num_samples` samples (the first, or evenly spaced for eval)."""
     if spec.synthetic_only:
         raise ValueError(f"dataset {spec.name!r} exists only as synthetic data; "
                          f"allowed source for it: synthetic")
     if root is None:
         raise ValueError(f"source='real' needs root, the directory holding the {spec.name} data "
                          f"(or use source='synthetic'); allowed sources: {', '.join(SOURCES)}")
-    dataset = build_real(spec, root)
+    dataset = build_real(spec, root, split)
     if num_samples is None:
         return dataset
     if num_samples > len(dataset):
         raise ValueError(f"num_samples={num_samples} exceeds the {len(dataset)} samples of the "
-                         f"real {spec.name} dataset under {root}; use at most {len(dataset)} "
-                         f"or None")
-    return Subset(dataset, range(num_samples))
+                         f"real {spec.name} {split} split under {root}; use at most "
+                         f"{len(dataset)} or None")
+    if split == "train":
+        return Subset(dataset, range(num_samples))
+    return Subset(dataset, [index * len(dataset) // num_samples for index in range(num_samples)])

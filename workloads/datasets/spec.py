@@ -17,6 +17,10 @@ class DatasetSpec:
         name: config name (`dataset=<name>`).
         num_classes: number of label classes.
         num_images: images in the full dataset (Table 3.2); one epoch uses this many by default.
+        num_eval_images: images in the held-out evaluation split: the real test splits (MNIST
+            and CIFAR-10 test, 10,000 each; ImageNet val, 50,000); for Highres, which exists
+            only as synthetic data, 10,000 (the size of the other small test splits, and 1/6 of
+            its images as for CIFAR-10).
         channels: 1 for grayscale, 3 for RGB.
         resolution: height == width in pixels.
         synthetic_only: True when no real on-disk version exists (Highres).
@@ -25,6 +29,7 @@ class DatasetSpec:
     name: str
     num_classes: int
     num_images: int
+    num_eval_images: int
     channels: int
     resolution: int
     synthetic_only: bool = False
@@ -48,13 +53,14 @@ class DatasetSpec:
 DATASET_SPECS: dict[str, DatasetSpec] = {
     spec.name: spec
     for spec in (
-        DatasetSpec("mnist", num_classes=10, num_images=70_000, channels=1, resolution=28),
-        DatasetSpec("cifar10", num_classes=10, num_images=60_000, channels=3, resolution=32),
-        DatasetSpec("imagenet", num_classes=1000, num_images=1_280_000, channels=3, resolution=224),
-        DatasetSpec(
-            "highres", num_classes=1000, num_images=60_000, channels=3, resolution=512,
-            synthetic_only=True,
-        ),
+        DatasetSpec("mnist", num_classes=10, num_images=70_000, num_eval_images=10_000,
+                    channels=1, resolution=28),
+        DatasetSpec("cifar10", num_classes=10, num_images=60_000, num_eval_images=10_000,
+                    channels=3, resolution=32),
+        DatasetSpec("imagenet", num_classes=1000, num_images=1_280_000, num_eval_images=50_000,
+                    channels=3, resolution=224),
+        DatasetSpec("highres", num_classes=1000, num_images=60_000, num_eval_images=10_000,
+                    channels=3, resolution=512, synthetic_only=True),
     )
 }
 
