@@ -373,16 +373,22 @@ def report(folder: Folder, summary: Summary, selection: str) -> str:
     lines += [f"left out: {line}" for line in folder.left_out]
     lines += [f"summarizer: {line}" for line in summary.messages]
     table = scores(folder.entries, summary.csv)
-    shown = table.drop(columns=["time_to_train_s"]).copy()
+    shown = table[["system", "benchmark", "results", "aborted"]].copy()
     shown["time_to_train_min"] = [f"{v:.4f}" if pd.notna(v) else "-"
                                   for v in table["time_to_train_min"]]
     shown["seconds"] = [f"{v:.2f}" if pd.notna(v) else "-" for v in table["time_to_train_s"]]
+    shown["cell"] = table["run_name"]
     lines.append(f"MLPerf's result summarizer ({USAGE} {RULESET}, distbench's benchmarks "
                  f"admitted): olympic mean of run_stop - run_start")
     lines.append(shown.to_string(index=False))
+    if table["aborted"].any():
+        lines.append("aborted: runs that stopped short of run.target_accuracy; the summarizer "
+                     "says 'Compliance check failed' of each and counts it as a run that did "
+                     "not converge")
     if table["time_to_train_min"].isna().any():
         lines.append("-: no score; the summarizer's olympic mean drops the best and the worst "
                      "run, so it needs 3 result files or more (run.repeats >= 3), and at most "
-                     "one run that stopped aborted")
-    lines.append(f"{summary.csv}: the summarizer's table ({', '.join(SUMMARY_FILES[1:])} beside it)")
+                     "one run that did not converge")
+    lines.append(f"{summary.csv}: the summarizer's table ({', '.join(SUMMARY_FILES[1:])} "
+                 f"beside it)")
     return "\n".join(lines)
