@@ -49,7 +49,7 @@ def _cell(folder: Path, model: str, targets: tuple[bool, ...], *overrides: str) 
     return Cell(row=row, result=result, logs=logs, facts=log_facts(logs[0]))
 
 
-def _minutes(log: Path) -> float:
+def run_minutes(log: Path) -> float:
     """run_stop - run_start of an MLPerf log, in minutes, read from its JSON lines."""
     events = {e["key"]: e["time_ms"] for e in
               (json.loads(line.split(":::MLLOG", 1)[1]) for line in log.read_text().splitlines())}
@@ -78,9 +78,9 @@ def test_summarizer_scores_each_system_and_drops_a_run_short_of_its_target(
     summary = summarize(out)
     table = pd.read_csv(summary.csv).set_index("system")
     assert sorted(table.index) == sorted(names)  # a row per system
-    sequential = sorted(_minutes(log) for log in cells[0].logs)
+    sequential = sorted(run_minutes(log) for log in cells[0].logs)
     assert table.at[names[0], BENCHMARK] == pytest.approx(sequential[1], abs=1e-6)
-    ddp = sorted(_minutes(log) for k, log in enumerate(cells[1].logs) if k != 1)
+    ddp = sorted(run_minutes(log) for k, log in enumerate(cells[1].logs) if k != 1)
     assert table.at[names[1], BENCHMARK] == pytest.approx((ddp[1] + ddp[2]) / 2, abs=1e-6)
     assert any("Dropping non-converged run(s)" in line for line in summary.messages)
     assert table.loc[names[1], ["division", "submitter", "availability"]].tolist() == [
