@@ -19,7 +19,9 @@ from harness.analysis.recommendations import judge
 from harness.compose import compose_config
 from harness.config import validate
 from harness.predict.cell import RAW, EpochTerms
+from harness.sync import result_files
 from tests.helpers import run_module
+from tests.test_mllog import assert_compliant
 
 
 def _cell(run_id: str, seconds: float, *overrides: str) -> MeasuredCell:
@@ -112,6 +114,10 @@ def test_a_grid_measured_here_is_fitted_reported_and_recommended(output_root: Pa
     root = [f"run.output_dir={output_root}"]
     sweep = run_module("harness", ["-m", *GRID, *root], cwd=output_root.parent)
     assert sweep.returncode == 0, sweep.stderr[-3000:]
+    cells = [path.parent for path in result_files(output_root)]
+    assert len(cells) == 10
+    for cell in cells:  # every distribution model's MLPerf log passes MLPerf's checker
+        assert_compliant(cell)
 
     analysis = run_module("harness.analysis", ["tracking.experiment=tiny", "--probe-batches=3",
                                                *root], cwd=output_root.parent)
