@@ -37,6 +37,7 @@ from harness.distributions.pipeline import (
     shared_plan,
     stage_module,
 )
+from harness.distributions.state import InitialState, assemble_network, epoch_losses
 from harness.metrics import PhaseClock, synchronize
 
 
@@ -91,6 +92,8 @@ class GPipeTrainer:
             raise ValueError("distribution.name=gpipe needs 2 or more workers "
                              "(hardware.nodes x hardware.workers_per_node)")
         self.device = context.device
+        self.network = context.workload.model
+        self.session = context.session
         self.clock = context.clock
         self.heartbeat = context.heartbeat
         self.micro_batches = config.micro_batches
@@ -117,6 +120,7 @@ class GPipeTrainer:
         self.replica_group = self.stage_index  # each stage is its own (single) replica
         self._bubbles: list[float] = []
         self._resolved = {"balance": self.plan.balance, "micro_batches": self.micro_batches}
+        self.initial = InitialState.capture(self.module, self.optimizer)  # this stage's only
 
     # -- the Trainer protocol ------------------------------------------------------------
     def warm_up(self, batches: int) -> None:
@@ -133,8 +137,11 @@ class GPipeTrainer:
         rows = self.batches.indices(epoch)
         synchronize(self.device)
         start = time.perf_counter()
-        for row in rows:
-            self.train_batch(row)
+        losses: dict[int, torch.Tensor] = {}  # the last stage's, read after the epoch
+        for batch, row in enumerate(rows):
+            loss = self.train_batch(row)
+            if loss is not None:
+                losses[batch] = loss
             self.heartbeat()
         synchronize(self.device)
         seconds = time.perf_counter() - start
@@ -144,7 +151,17 @@ class GPipeTrainer:
             self._bubbles.append(idle)
         # Samples counted once per cell: the first stage's; the others report 0.
         return EpochMeasurement(seconds=seconds, samples=len(rows) * self.batch_size
-                                if self.is_first else 0, batches=len(rows), phase_seconds=phases)
+                                if self.is_first else 0, batches=len(rows), phase_seconds=phases,
+                                batch_losses=epoch_losses(losses))
+
+    def evaluation_model(self) -> nn.Module:
+        """The whole network with every stage's current weights (a collective; memory: see
+        state.assemble_network)."""
+        return assemble_network(self.network, self.module, contributes=True,
+                                session=self.session, device=self.device)
+
+    def reset(self) -> None:
+        self.initial.restore(self.module, self.optimizer)
 
     # -- what the harness records besides the protocol --------------------------------------
     def extra_metrics(self) -> dict[str, float]:
@@ -159,28 +176,34 @@ class GPipeTrainer:
         return dict(self._resolved)
 
     # -- one batch -------------------------------------------------------------------------
-    def train_batch(self, row: Any) -> None:
+    def train_batch(self, row: Any) -> torch.Tensor | None:
         """Forward and backward of every micro-batch of the batch `row` (dataset indices), then
-        one optimizer step."""
-        self.accumulate_gradients(*self._inputs(row))
+        one optimizer step; on the last stage, the batch's loss (detached, not yet read)."""
+        loss = self.accumulate_gradients(*self._inputs(row))
         with self.clock.phase("optimizer"):
             self.optimizer.step()
             self.optimizer.zero_grad()
+        return loss
 
     def accumulate_gradients(self, images: torch.Tensor | None,
-                             labels: torch.Tensor | None) -> None:
+                             labels: torch.Tensor | None) -> torch.Tensor | None:
         """Run the GPipe schedule over one batch; the stage's gradients are then the batch's.
 
-        The first stage passes `images`, the last `labels`, the others neither.
+        The first stage passes `images`, the last `labels`, the others neither. The last stage
+        returns the batch's loss: the mean of its micro-batches' mean losses (micro-batches of
+        equal size: the batch's mean loss), detached.
         """
         if self.is_first and self.is_last:
             raise ValueError("a one-stage GPipe is the sequential model")
         if self.is_first:
             self.schedule.step(images)
         elif self.is_last:
-            self.schedule.step(target=labels)
+            losses: list[torch.Tensor] = []
+            self.schedule.step(target=labels, losses=losses)
+            return torch.stack([loss.detach() for loss in losses]).mean()
         else:
             self.schedule.step()
+        return None
 
     def _inputs(self, row: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Images on the first stage; the labels travel from there to the last stage."""

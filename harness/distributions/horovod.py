@@ -46,7 +46,10 @@ def horovod_trainer(context: TrainingContext) -> BatchLoopTrainer:
         wrap_optimizer=lambda optimizer: hvd.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters()),
         gradient_sync=HorovodGradientSync())
-    hvd.broadcast_optimizer_state(trainer.optimizer, root_rank=0)
+    # No hvd.broadcast_optimizer_state: a freshly built optimizer has no state, the same on
+    # every rank, and Horovod would initialise it by an SGD step with zero gradients, which with
+    # weight decay shrinks every weight and seeds the momentum: a step no other model takes
+    # (tests/test_trajectories.py compares the trajectories).
     trainer.keep_alive.append(rendezvous)  # rank 0's server must outlive every rank's training
     return trainer
 

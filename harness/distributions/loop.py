@@ -14,9 +14,11 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from harness.distributions.base import EpochMeasurement, TrainingContext
+from harness.distributions.state import InitialState, epoch_losses
 from harness.metrics import synchronize
 
 
@@ -35,12 +37,18 @@ class GradientSync(Protocol):
 
 
 class BatchLoopTrainer:
-    """Forward, backward and optimizer step, one batch at a time, on this worker's device."""
+    """Forward, backward and optimizer step, one batch at a time, on this worker's device.
+
+    Build it once the replicas agree (after DDP's or Horovod's broadcast): it captures the
+    initial state that `reset` returns to (one more copy of the network and of the optimizer's
+    state on this worker's device).
+    """
 
     def __init__(self, context: TrainingContext, model: nn.Module,
                  wrap_optimizer: Callable[[torch.optim.Optimizer], torch.optim.Optimizer]
                  | None = None, gradient_sync: GradientSync | None = None) -> None:
         self.model = model
+        self.network = context.workload.model  # `model` unwrapped (DDP wraps it)
         self.loader = context.workload.loader
         self.optimizer = context.workload.make_optimizer(self.model.parameters())
         if wrap_optimizer is not None:  # e.g. Horovod's DistributedOptimizer
@@ -52,6 +60,20 @@ class BatchLoopTrainer:
         self.heartbeat = context.heartbeat
         # Objects that must live as long as training does (e.g. Horovod's rendezvous server).
         self.keep_alive: list[object] = []
+        self.initial = InitialState.capture(self.network, self.optimizer)
+
+    def evaluation_model(self) -> nn.Module:
+        """The network itself: every replica holds all of it. The parameters are equal on
+        every replica; the buffers (BatchNorm's running statistics) are not, each replica
+        having updated them with its own shards, so rank 0's are broadcast to the others first,
+        as DDP does before each forward: every worker then evaluates the same network."""
+        if dist.is_available() and dist.is_initialized():
+            for buffer in self.network.buffers():
+                dist.broadcast(buffer, src=0)
+        return self.network
+
+    def reset(self) -> None:
+        self.initial.restore(self.network, self.optimizer)
 
     def warm_up(self, batches: int) -> None:
         if batches <= 0:
@@ -89,18 +111,18 @@ class BatchLoopTrainer:
         self.loader.set_epoch(epoch)
         synchronize(self.device)
         start = time.perf_counter()
-        batches = 0
-        for images, labels in self._timed_batches():
-            self._train_batch(images, labels)
+        losses: dict[int, torch.Tensor] = {}  # kept on the device, read after the epoch
+        for batch, (images, labels) in enumerate(self._timed_batches()):
+            losses[batch] = self._train_batch(images, labels)
             self.heartbeat()
-            batches += 1
         synchronize(self.device)
         seconds = time.perf_counter() - start
         return EpochMeasurement(
             seconds=seconds,
-            samples=batches * self.loader.batch_size,
-            batches=batches,
+            samples=len(losses) * self.loader.batch_size,
+            batches=len(losses),
             phase_seconds=self.clock.reset(),
+            batch_losses=epoch_losses(losses),
         )
 
     def _timed_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -121,7 +143,8 @@ class BatchLoopTrainer:
         return (images.to(self.device, non_blocking=True),
                 labels.to(self.device, non_blocking=True))
 
-    def _train_batch(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+    def _train_batch(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Train one batch; its loss (this worker's shard's mean), detached, not yet read."""
         with self.clock.phase("forward"):
             loss = self.criterion(self.model(images), labels)
         with self.clock.phase("backward"):
@@ -137,3 +160,4 @@ class BatchLoopTrainer:
             else:
                 sync.step(self.optimizer)
             self.optimizer.zero_grad()  # torch 2 frees the gradients (set_to_none=True)
+        return loss.detach()

@@ -57,6 +57,7 @@ from harness.distributions.pipeline import (
     shared_plan,
     stage_module,
 )
+from harness.distributions.state import InitialState, assemble_network, epoch_losses
 from harness.metrics import synchronize
 from workloads.networks import build_network, to_layer_list
 
@@ -96,6 +97,8 @@ class PipeDreamTrainer:
         config, env = context.config, context.session.env
         distribution = config.distribution
         self.device = context.device
+        self.network = context.workload.model
+        self.session = context.session
         self.clock = context.clock
         self.heartbeat = context.heartbeat
         self.batch_size = config.batch_size
@@ -120,6 +123,8 @@ class PipeDreamTrainer:
         self._bubbles: list[float] = []
         self._stashed_max = 0
         self._checked: set[int] = set()  # batch counts whose schedule is proven deadlock-free
+        self._losses: dict[int, torch.Tensor] = {}  # the last stage's, by minibatch, this epoch
+        self.initial = InitialState.capture(self.module, self.optimizer)  # this stage's only
         self.epoch_batches = self.division(len(self.batches))
         if self.epoch_batches == 0:
             raise ValueError(
@@ -177,6 +182,7 @@ class PipeDreamTrainer:
         trained = self._run_epoch(epoch, self.epoch_batches)
         synchronize(self.device)
         seconds = time.perf_counter() - start
+        losses = epoch_losses(self._losses)
         phases = self.clock.reset()
         idle = bubble(seconds, phases)
         if idle is not None:
@@ -184,7 +190,25 @@ class PipeDreamTrainer:
         # The first stage's replicas count the samples, once per cell.
         return EpochMeasurement(seconds=seconds,
                                 samples=trained * self.batch_size if self.is_first else 0,
-                                batches=self.epoch_batches, phase_seconds=phases)
+                                batches=self.epoch_batches, phase_seconds=phases,
+                                batch_losses=losses)
+
+    def evaluation_model(self) -> nn.Module:
+        """The whole network with every stage's live (latest) weights, replica 0 of each stage
+        contributing its stage (a collective; memory: see state.assemble_network)."""
+        return assemble_network(self.network, self.module, contributes=self.replica == 0,
+                                session=self.session, device=self.device)
+
+    def reset(self) -> None:
+        """The initial weights and optimizer state, weight version 0, no stashed snapshot and
+        an empty `version_log`. What is measured across repeats (bubbles, the most versions
+        stashed) is kept."""
+        self.initial.restore(self.module, self.optimizer)
+        self.version = 0
+        self.version_log.clear()
+        self._snapshot = None
+        self._in_flight.clear()  # empty between epochs: 1F1B drains every backward
+        self._losses.clear()
 
     @property
     def worker_batches(self) -> int:
@@ -219,6 +243,7 @@ class PipeDreamTrainer:
             self._checked.add(batches)
         self.module.train()
         rows = self.batches.indices(epoch, batches) if self.is_first else None
+        self._losses = {}
         ops = worker_ops(self.replicas, self.stage, self.replica, batches)
         unstashed = _no_update_between(ops)
         for op in ops:
@@ -252,6 +277,7 @@ class PipeDreamTrainer:
             output = functional_call(self.module, snapshot.weights, (inputs,))
             if self.is_last:
                 output = self.criterion(output, labels)
+                self._losses[m] = output.detach()
         self._in_flight[m] = _InFlight(inputs, output, snapshot)
         self._stashed_max = max(self._stashed_max, len({
             id(f.snapshot) for f in self._in_flight.values() if not f.snapshot.live}))
