@@ -333,6 +333,15 @@ class _TolerantFileHandler(logging.FileHandler):
             log.warning("could not write the event log %s; it is kept in memory and recorded "
                         "with the cell", self.baseFilename)
 
+    def close(self) -> None:
+        """Close the file; the lines still buffered when the disk refuses them are dropped
+        (the file is then incomplete, its lines kept in memory: closing must not end a
+        measured cell as failed)."""
+        try:
+            super().close()
+        except OSError:
+            self.handleError(logging.makeLogRecord({}))
+
 
 def _open_file_handler(path: Path) -> logging.Handler | None:
     try:

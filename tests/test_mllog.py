@@ -204,3 +204,13 @@ def test_a_worker_that_writes_no_log_writes_no_repeat_either(tmp_path: Path) -> 
             events.run_start(repeat, seed=repeat)
             events.run_stop(repeat, success=True)
     assert events.text() == {} and not list(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+def test_a_full_disk_loses_no_line_and_ends_nothing(tmp_path: Path) -> None:
+    """mllog.txt on a device that refuses every write (/dev/full: ENOSPC, as a full disk):
+    the lines are kept in memory, and closing the log (which flushes) raises nothing; a cell
+    whose log was closed on a full disk ended `failed` before."""
+    (tmp_path / MLLOG_FILE).symlink_to("/dev/full")
+    events = write_cell_log(tmp_path, _config(), {})
+    assert events.text()[MLLOG_FILE].count(":::MLLOG") > 30
