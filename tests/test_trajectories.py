@@ -245,8 +245,10 @@ def gap(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 def close(a: dict[str, list[float]], b: dict[str, list[float]], tolerance: float) -> bool:
-    """`a` agrees with `b` on every entry `b` has, to `tolerance` relative."""
-    return all(abs(x - y) <= tolerance * max(abs(y), 1.0) for k in b for x, y in zip(a[k], b[k]))
+    """`a` agrees with `b` on every entry `b` has: sum and sum of magnitudes to `tolerance`
+    relative to the sum of magnitudes (a sum's rounding error scales with it, not with the sum,
+    which cancels)."""
+    return all(abs(x - y) <= tolerance * max(b[k][1], 1.0) for k in b for x, y in zip(a[k], b[k]))
 
 
 @pytest.fixture(scope="module")
