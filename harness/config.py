@@ -126,7 +126,7 @@ class DatasetConfig:
     num_workers: int = 0
     # Samples of the held-out evaluation split evaluated after every epoch (run.eval): the
     # real datasets' test split, or a synthetic split generated like the training data.
-    # null = one tenth of the epoch's samples (at least one batch, at most the split), which
+    # null = one tenth of the epoch's samples (at most the split), which
     # keeps evaluation under 5 % of a cell's wall time (BENCHMARKS.md).
     eval_samples: Optional[int] = None
 

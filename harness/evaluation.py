@@ -40,10 +40,11 @@ class Evaluation:
     seconds: float  # wall time of the evaluation on this worker, gathering the weights included
 
 
-def default_eval_samples(train_samples: int, batch_size: int, split_size: int) -> int:
-    """`dataset.eval_samples` when null: a tenth of the epoch, at least a batch, at most the
-    split."""
-    return min(split_size, max(batch_size, math.ceil(DEFAULT_EVAL_SHARE * train_samples)))
+def default_eval_samples(train_samples: int, split_size: int) -> int:
+    """`dataset.eval_samples` when null: a tenth of the epoch, at most the split. No floor of
+    a whole batch: on a tiny epoch (the smoke sweep's 256 images at batch 128) a batch would be
+    half the epoch, and the last batch of an evaluation may be partial anyway."""
+    return min(split_size, max(1, math.ceil(DEFAULT_EVAL_SHARE * train_samples)))
 
 
 def evaluate(model: nn.Module, dataset: Dataset, *, batch_size: int, session: WorkerSession,

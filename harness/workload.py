@@ -70,7 +70,7 @@ def build_eval_dataset(config: DistbenchConfig, spec: DatasetSpec, train_samples
         whole = build_dataset(spec, split="eval", num_samples=None, **common) \
             if config.dataset.source.value == "real" else None
         split_size = len(whole) if whole is not None else spec.num_eval_images  # type: ignore[arg-type]
-        samples = default_eval_samples(train_samples, config.batch_size, split_size)
+        samples = default_eval_samples(train_samples, split_size)
     return build_dataset(spec, split="eval", num_samples=samples, **common)
 
 

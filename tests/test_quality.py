@@ -122,7 +122,8 @@ def test_the_olympic_mean_drops_the_best_and_the_worst_from_five_repeats() -> No
     assert "time_to_target_s" not in quality_metrics(missed, [evaluation], [0.5])
 
 
-def test_the_default_eval_split_is_a_tenth_of_the_epoch_within_bounds() -> None:
-    assert default_eval_samples(70_000, 32, 10_000) == 7_000
-    assert default_eval_samples(256, 32, 10_000) == 32  # at least one batch
-    assert default_eval_samples(1_281_167, 32, 50_000) == 50_000  # at most the split
+def test_the_default_eval_split_is_a_tenth_of_the_epoch_at_most_the_split() -> None:
+    assert default_eval_samples(70_000, 10_000) == 7_000
+    assert default_eval_samples(256, 10_000) == 26  # not a whole batch of 128: half the epoch
+    assert default_eval_samples(5, 10_000) == 1
+    assert default_eval_samples(1_281_167, 50_000) == 50_000  # at most the split
