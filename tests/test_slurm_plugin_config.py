@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -91,7 +92,9 @@ def _signal_time_limit(output_root: Path, job_id: str, trained_epochs: int) -> N
     """Once the job's worker has logged its epoch 1 `trained_epochs` times (once per try),
     send the job's tasks the signal SLURM sends `signal_delay_s` before the time limit (a real
     limit is whole minutes long; the signal is the same)."""
-    _wait_for(lambda: _job_log(output_root, job_id).count("epoch 1/") >= trained_epochs,
+    # The epoch's own line, not its evaluation's ("epoch 1/3: eval accuracy ...").
+    trained = re.compile(r"epoch 1/\d+: [\d.]+ s \(")
+    _wait_for(lambda: len(trained.findall(_job_log(output_root, job_id))) >= trained_epochs,
               f"job {job_id} to train (try {trained_epochs})")
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=60)
 
