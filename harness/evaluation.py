@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset
 
 from harness.metrics import synchronize
 from launchers.distributed import WorkerSession
+from workloads.datasets.loader import fetch_batch
 
 # Share of an epoch's samples evaluated when dataset.eval_samples is null: forward passes
 # only, so about 1/30 of an epoch's compute, which keeps evaluation under 5 % of a cell's wall
@@ -83,8 +84,4 @@ def _shard_batches(dataset: Dataset, batch_size: int,
     """This worker's samples of `dataset` in order, `batch_size` at a time (the last partial)."""
     indices = np.arange(len(dataset))[session.env.rank::session.env.world_size]  # type: ignore[arg-type]
     for start in range(0, len(indices), batch_size):
-        chunk = indices[start:start + batch_size].tolist()
-        if getattr(dataset, "fetches_whole_batches", False):
-            yield dataset.__getitems__(chunk)  # type: ignore[attr-defined]
-        else:
-            yield default_collate([dataset[i] for i in chunk])
+        yield fetch_batch(dataset, indices[start:start + batch_size].tolist())

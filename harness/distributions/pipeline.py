@@ -15,11 +15,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import default_collate
 
 from harness.distributions.base import TrainingContext
 from harness.partition import StagePlan
 from harness.plan import needs_profile, profile_network, stage_plan
+from workloads.datasets.loader import fetch_batch
 from workloads.networks import to_layer_list
 
 log = logging.getLogger(__name__)
@@ -94,10 +94,7 @@ class PipelineBatches:
 
     def fetch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch of `indices` on this worker's device: (images, labels)."""
-        if getattr(self.dataset, "fetches_whole_batches", False):
-            images, labels = self.dataset.__getitems__(indices.tolist())
-        else:
-            images, labels = default_collate([self.dataset[int(i)] for i in indices])
+        images, labels = fetch_batch(self.dataset, indices.tolist())
         return (images.to(self.device, non_blocking=True),
                 labels.to(self.device, non_blocking=True))
 

@@ -9,12 +9,12 @@ samples: the samples per epoch are exactly `len(loader) * batch_size` on every r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -134,6 +134,14 @@ class ShardSchedule(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         return iter(self.batch_indices().tolist())
+
+
+def fetch_batch(dataset: Dataset, indices: Sequence[int]) -> Batch:
+    """The batch of `indices` in the training process: one `__getitems__` read where the
+    dataset fetches whole batches (the synthetic ones), else per sample, collated."""
+    if _fetches_whole_batches(dataset):
+        return dataset.__getitems__(list(indices))  # type: ignore[attr-defined]
+    return default_collate([dataset[int(i)] for i in indices])
 
 
 def _fetches_whole_batches(dataset: Dataset) -> bool:
