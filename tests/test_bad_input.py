@@ -215,6 +215,11 @@ BAD_INPUTS: list[Bad] = [
     _bad("harness", "run.epochs=-1", "run.epochs=-1 is invalid"),
     _bad("harness", "run.warmup_batches=-1", "run.warmup_batches=-1 is invalid"),
     _bad("harness", "run.repeats=0", "run.repeats=0 is invalid"),
+    _bad("harness", "run.target_accuracy=1.5", "run.target_accuracy=1.5 is invalid: allowed: a "
+         "fraction in (0, 1]"),
+    _bad("harness", "run.target_accuracy=0.9 run.eval=false",
+         "run.eval=False is invalid: run.target_accuracy needs run.eval=true"),
+    _bad("harness", "dataset.eval_samples=0", "dataset.eval_samples=0 is invalid"),
     _bad("harness", "run.seed=-1", "run.seed=-1 is invalid: allowed: 0 to"),
     _bad("harness", "run.seed=99999999999999999999", "run.seed=99999999999999999999 is invalid"),
     _bad("harness", "run.seed=18446744073709551615 run.repeats=2",
