@@ -12,7 +12,8 @@ from omegaconf import DictConfig
 
 from harness.cli import noted, run_hydra_main
 from harness.compose import CONFIG_PATH
-from harness.config import register_configs, validate
+from harness.config import validate
+from harness.distributions.registry import register_configs
 from harness.run import run_cell
 from launchers.distributed import worker_environment
 from launchers.hydra_names import register_launcher_names

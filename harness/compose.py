@@ -13,7 +13,8 @@ from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
 from harness.cli import exit_on_bad_input
-from harness.config import ConfigError, DistbenchConfig, register_configs, validate
+from harness.config import ConfigError, DistbenchConfig, validate
+from harness.distributions.registry import register_configs
 from harness.dryrun import DRY_RUN_FLAG
 from harness.preflight import check_launcher, check_runs_here
 

@@ -16,16 +16,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar, Optional
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from harness.batch_sizes import default_batch_size, default_micro_batches
+from harness.batch_sizes import default_batch_size
 from workloads.datasets.spec import DATASET_SPECS
 
 
-# `distribution.stages` shorthand for one unreplicated stage per worker.
-STRAIGHT = "straight"
 # torch.manual_seed's range (an unsigned 64-bit integer).
 MAX_SEED = 2**64 - 1
 # Longest run.progress_timeout_s: long enough for any step, short enough for a timedelta.
@@ -57,16 +54,6 @@ class NetworkName(str, Enum):
     mobilenetv2 = "mobilenetv2"
 
 
-class DistributionName(str, Enum):
-    """All distribution models of the design; `harness.distributions` says which are built."""
-
-    sequential = "sequential"
-    horovod = "horovod"
-    ddp = "ddp"
-    gpipe = "gpipe"
-    pipedream = "pipedream"
-
-
 class Device(str, Enum):
     cpu = "cpu"
     cuda = "cuda"
@@ -74,21 +61,6 @@ class Device(str, Enum):
 
 class OptimizerName(str, Enum):
     sgd = "sgd"
-
-
-class Recompute(str, Enum):
-    """Which GPipe micro-batches recompute their stage's activations in the backward pass."""
-
-    always = "always"  # every micro-batch (GPipe's design: least activation memory)
-    except_last = "except_last"  # the last micro-batch's backward runs right after its forward
-    never = "never"  # keep every micro-batch's activations
-
-
-class BatchDivision(str, Enum):
-    """PipeDream: what to do when an epoch's batches do not divide among the stages' replicas."""
-
-    drop = "drop"  # lower the batch count to the nearest multiple (the thesis' division)
-    oversample = "oversample"  # raise it, re-reading batches from the start of the epoch
 
 
 def require(condition: bool, key: str, value: Any, allowed: str) -> None:
@@ -173,65 +145,97 @@ class OptimizerConfig:
 
 @dataclass
 class DistributionConfig:
-    """How training is distributed. Later models add their own fields in subclasses."""
+    """How training is distributed: what every distribution model has. Each model subclasses
+    it in its own module (`harness.distributions.<name>`) with its own settings and their
+    checks; the subclass is the Hydra schema of `conf/distribution/<name>.yaml`, so a key of
+    another model (`distribution=ddp distribution.micro_batches=8`) is refused. The methods
+    are what the rest of distbench asks a model about a cell; the defaults describe a model
+    that runs one whole replica per worker."""
 
     _section: ClassVar[str] = "distribution"
-    name: DistributionName = DistributionName.sequential
+    # The model splits the network into stages across workers (it then trains one pipeline
+    # batch at a time), rather than holding a whole replica per worker.
+    pipeline: ClassVar[bool] = False
+    # Every worker trains its own batch of an equal shard, and the gradients are averaged: a
+    # step covers batch_size x workers samples.
+    data_parallel: ClassVar[bool] = False
+    # Every model's settings class by its name, as the classes are defined (the registry,
+    # harness.distributions.registry, imports them all): what a wrong name is told.
+    models: ClassVar[dict[str, type[DistributionConfig]]] = {}
+    name: str = ""
     # Batch size: per worker for data-parallel models, whole batch for GPipe; null = Table 3.3.
     batch_size: Optional[int] = None
     # torch.distributed backend: null = nccl on CUDA, gloo on CPU.
     backend: Optional[str] = None
-    # DDP: gradient bucket size in MB (torch's default 25); its counterpart of Horovod's `th`.
-    bucket_cap_mb: float = 25.0
-    # Horovod Tensor Fusion: fusion threshold `th` in MB (Eq. 5.1; Horovod's default 64) and
-    # the cycle time in ms between fusion rounds.
-    fusion_threshold_mb: float = 64.0
-    cycle_time_ms: float = 1.0
-    # GPipe: micro-batches per batch (null = Table 3.3) and which of them recompute activations.
-    micro_batches: Optional[int] = None
-    recompute: Recompute = Recompute.always
-    # Pipelines: layers of the network's layer list per stage, e.g. [10, 12]; null = balance the
-    # profiled time per layer (forward, backward, updates; harness.plan).
-    balance: Optional[list[int]] = None
-    # PipeDream: replicas per stage, e.g. "2-1-1" (sums to the worker count); "straight" = one
-    # stage per worker, none replicated (the true 1F1B pipeline, whatever the worker count);
-    # null = planned from the profile (harness.partition.plan_pipedream).
-    stages: Optional[str] = None
-    batch_division: BatchDivision = BatchDivision.drop
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("name"):  # a model's own class, not a shared base (pipelines)
+            DistributionConfig.models[cls.__dict__["name"]] = cls
 
     def __post_init__(self) -> None:
+        own_name = type(self).__dataclass_fields__["name"].default
+        require(self.name == own_name, "distribution.name", self.name,
+               f"these are the settings of distribution={own_name}; a model is chosen by its "
+               f"config file, distribution=<name>; allowed: "
+               f"{', '.join(sorted(DistributionConfig.models))}")
         _check_positive(self._section, "batch_size", self.batch_size, nullable=True,
                         null_means="SPEC Table 3.3 for the dataset and distribution model")
         require(self.backend in (None, "gloo", "nccl"), "distribution.backend", self.backend,
                "allowed: gloo, nccl, or null (nccl on CUDA, gloo on CPU)")
-        _check_positive(self._section, "bucket_cap_mb", self.bucket_cap_mb)
-        require(self.fusion_threshold_mb >= 0, "distribution.fusion_threshold_mb",
-               self.fusion_threshold_mb, "must be 0 (no fusion) or more")
-        _check_positive(self._section, "cycle_time_ms", self.cycle_time_ms)
-        _check_positive(self._section, "micro_batches", self.micro_batches, nullable=True,
-                        null_means="SPEC Table 3.3 for the dataset")
-        require(self.balance is None or (len(self.balance) > 0 and all(n >= 1 for n in
-                                                                     self.balance)),
-               "distribution.balance", self.balance,
-               "a list of layer counts per stage, each 1 or more, or null (profile-balanced)")
-        if self.stages is not None and self.stages != STRAIGHT:
-            from harness.partition import parse_stages  # the one parser of the plan syntax
 
-            try:
-                parse_stages(self.stages)
-            except ValueError as err:
-                raise ConfigError(f"distribution.stages={self.stages!r} is invalid: {err}") \
-                    from None
+    def default_batch_size(self, dataset: str) -> int:
+        """The batch size of SPEC Table 3.3 (per worker)."""
+        return default_batch_size(dataset)
 
-    @property
-    def pipeline(self) -> bool:
-        """True for the models that split the network into stages across workers."""
-        return self.name in (DistributionName.gpipe, DistributionName.pipedream)
+    def workers(self, hardware: HardwareConfig) -> int:
+        """The workers a cell of this model occupies on `hardware`: all of them."""
+        return hardware.world_size
 
-    @property
-    def data_parallel(self) -> bool:
-        """True for the models that run one whole replica per worker."""
-        return self.name in (DistributionName.horovod, DistributionName.ddp)
+    def check_cell(self, cell: DistbenchConfig) -> None:
+        """Checks of this model's settings against the rest of the cell (ConfigError): an
+        epoch needs at least one full batch per worker."""
+        needed = cell.batch_size * cell.world_size
+        cell.check_epoch_holds(needed, f"an epoch needs at least one full batch per worker "
+                                       f"(batch size {cell.batch_size} x {cell.world_size} "
+                                       f"workers = {needed})")
+
+    def step_batch(self, cell: DistbenchConfig) -> int:
+        """The samples one forward pass of one worker takes (what the sequential step time is
+        probed at, and MLPerf's micro_batch_size): the per-worker batch."""
+        return cell.batch_size
+
+    def run_name_parts(self, cell: DistbenchConfig) -> list[str]:
+        """What the cell's name says of this model's own settings (DistbenchConfig.run_name)."""
+        return []
+
+    def own_settings(self, cell: DistbenchConfig) -> dict[str, Any]:
+        """This model's own settings (the subclass's fields), resolved where null means a
+        default, as plain values: the columns of a sweep's table."""
+        base = {f.name for f in dataclasses.fields(DistributionConfig)}
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if f.name not in base}
+
+    def own_settings_raw(self) -> dict[str, Any]:
+        """This model's own settings as they are set (null stays null)."""
+        base = {f.name for f in dataclasses.fields(DistributionConfig)}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in base}
+
+    def parallelism(self, cell: DistbenchConfig,
+                    resolved: dict[str, Any]) -> tuple[int | list[int], int]:
+        """MLPerf's data and pipeline parallelism of the cell (`resolved`: what the trainer
+        resolved, e.g. a planned pipeline)."""
+        return cell.world_size, 1
+
+
+def _plain(value: Any) -> Any:
+    """A setting as a table cell: an enum's value, a list joined by '-'."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, list):
+        return "-".join(map(str, value))
+    return value
 
 
 @dataclass
@@ -381,7 +385,9 @@ class DistbenchConfig:
 
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
-    distribution: DistributionConfig = field(default_factory=DistributionConfig)
+    # A model's settings (its subclass); no default here: `conf/config.yaml` chooses
+    # `distribution: sequential`, and code builds one with `registry.settings(name)`.
+    distribution: DistributionConfig = MISSING
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -389,82 +395,10 @@ class DistbenchConfig:
     probe: ProbeConfig = field(default_factory=ProbeConfig)
 
     def __post_init__(self) -> None:
-        if self.distribution.stages == STRAIGHT:  # spelled out once the worker count is known
-            self.distribution.stages = "-".join(["1"] * self.world_size)
-        if self.distribution.pipeline:
-            self._check_pipeline()
-        else:
-            needed = self.batch_size * self.world_size
-            self._check_epoch_holds(needed, f"an epoch needs at least one full batch per worker "
-                                            f"(batch size {self.batch_size} x {self.world_size} "
-                                            f"workers = {needed})")
+        self.distribution.check_cell(self)
         require(not (self.distribution.backend == "nccl" and self.hardware.device is Device.cpu),
                "distribution.backend", self.distribution.backend,
                "NCCL needs hardware.device=cuda; allowed on CPU: gloo, or null")
-        from harness.distributions import TRAINERS  # the implemented models
-
-        require(self.distribution.name.value in TRAINERS, "distribution.name",
-               self.distribution.name.value,
-               f"not implemented yet; implemented: {', '.join(TRAINERS)}")
-
-    def _check_pipeline(self) -> None:
-        """GPipe and PipeDream: the batch splits into micro-batches, the plan fits the workers."""
-        distribution = self.distribution
-        if distribution.name is DistributionName.gpipe:
-            require(self.world_size >= 2, "hardware.workers_per_node",
-                   self.hardware.workers_per_node,
-                   "GPipe needs 2 or more workers (hardware.nodes x hardware.workers_per_node); "
-                   "one stage on one worker is distribution=sequential")
-            micro = self.micro_batches
-            require(self.batch_size >= micro and self.batch_size % micro == 0,
-                   "distribution.micro_batches", micro,
-                   f"must divide the GPipe batch (distribution.batch_size={self.batch_size}) "
-                   f"into equal micro-batches of 1 sample or more")
-            require(distribution.stages is None, "distribution.stages", distribution.stages,
-                   "GPipe runs one stage per worker; allowed: null")
-            stage_count = self.world_size
-        else:
-            stage_count = None
-            if distribution.stages is not None:
-                from harness.partition import parse_stages
-
-                replicas = parse_stages(distribution.stages)
-                require(sum(replicas) == self.world_size, "distribution.stages",
-                       distribution.stages,
-                       f"the replica counts must sum to the {self.world_size} workers of "
-                       f"hardware={self.hardware.name} (e.g. "
-                       f"{'-'.join(['1'] * self.world_size)})")
-                stage_count = len(replicas)
-        if distribution.balance is not None and stage_count is not None:
-            require(len(distribution.balance) == stage_count, "distribution.balance",
-                   distribution.balance, f"needs one layer count per stage ({stage_count})")
-        self._check_pipeline_fits_the_network(stage_count)
-        # Every batch enters the pipeline whole; PipeDream's batch division may drop some, but
-        # an epoch needs at least one.
-        self._check_epoch_holds(self.batch_size, f"an epoch needs at least one full pipeline "
-                                                 f"batch (batch size {self.batch_size})")
-
-    def _check_pipeline_fits_the_network(self, stage_count: int | None) -> None:
-        """Every stage needs one layer or more, and a given balance covers the layer list, so
-        a plan that cannot be built fails here rather than in a started cell's workers."""
-        from workloads.datasets.spec import DATASET_SPECS
-        from workloads.networks import layer_count
-
-        network = self.network.name.value
-        layers = layer_count(network, DATASET_SPECS[self.dataset.name.value])
-        if stage_count is not None:
-            key = ("hardware.workers_per_node" if self.distribution.stages is None
-                   else "distribution.stages")
-            value = (self.hardware.workers_per_node if self.distribution.stages is None
-                     else self.distribution.stages)
-            require(stage_count <= layers, key, value,
-                   f"{stage_count} pipeline stages for network={network}, which has {layers} "
-                   f"layers; allowed: at most {layers} stages")
-        balance = self.distribution.balance
-        if balance is not None:
-            require(sum(balance) == layers, "distribution.balance", balance,
-                   f"the layer counts must sum to the {layers} layers of network={network} "
-                   f"(dataset={self.dataset.name.value})")
 
     @property
     def samples_per_epoch(self) -> int:
@@ -473,7 +407,7 @@ class DistbenchConfig:
             return self.dataset.num_samples
         return DATASET_SPECS[self.dataset.name.value].num_images
 
-    def _check_epoch_holds(self, needed: int, allowed: str) -> None:
+    def check_epoch_holds(self, needed: int, allowed: str) -> None:
         """An epoch of samples_per_epoch must hold `needed` samples; a batch larger than the
         whole dataset (num_samples null) names the batch size, which is what is wrong."""
         samples = self.samples_per_epoch
@@ -487,25 +421,16 @@ class DistbenchConfig:
         require(False, "dataset.num_samples", samples, allowed)
 
     @property
-    def micro_batches(self) -> int:
-        """GPipe's micro-batches per batch: the override, else SPEC Table 3.3."""
-        if self.distribution.micro_batches is not None:
-            return self.distribution.micro_batches
-        return default_micro_batches(self.dataset.name.value)
-
-    @property
     def world_size(self) -> int:
-        """Workers of this cell: all of the hardware's, except for the one-device baseline."""
-        if self.distribution.name is DistributionName.sequential:
-            return 1
-        return self.hardware.world_size
+        """Workers of this cell: all of the hardware's, except for a one-device model."""
+        return self.distribution.workers(self.hardware)
 
     @property
     def batch_size(self) -> int:
         """The batch size this cell trains with: the override, else SPEC Table 3.3."""
         if self.distribution.batch_size is not None:
             return self.distribution.batch_size
-        return default_batch_size(self.dataset.name.value, self.distribution.name.value)
+        return self.distribution.default_batch_size(self.dataset.name.value)
 
     @property
     def global_batch_size(self) -> int:
@@ -524,21 +449,11 @@ class DistbenchConfig:
         if self.tracking.run_name:
             return self.tracking.run_name
         distribution = self.distribution
-        nodes, per_node = ((1, 1) if distribution.name is DistributionName.sequential
+        nodes, per_node = ((1, 1) if self.world_size == 1
                            else (self.hardware.nodes, self.hardware.workers_per_node))
-        parts = [distribution.name.value, f"{nodes}x{per_node}"]
-        if distribution.name is DistributionName.gpipe:
-            parts.append(f"mb{self.micro_batches}")
-        elif distribution.name is DistributionName.pipedream and distribution.stages:
-            parts.append(f"st{distribution.stages}")
-        parts += [f"b{self.batch_size}", f"{self.network.name.value}-{self.dataset.name.value}"]
+        parts = [distribution.name, f"{nodes}x{per_node}", *distribution.run_name_parts(self),
+                 f"b{self.batch_size}", f"{self.network.name.value}-{self.dataset.name.value}"]
         return " ".join(parts)
-
-
-def register_configs() -> None:
-    """Register the schema so conf/config.yaml can extend it (`defaults: [distbench_schema]`)."""
-    store = ConfigStore.instance()
-    store.store(name="distbench_schema", node=DistbenchConfig)
 
 
 def validate(cfg: DictConfig) -> DistbenchConfig:
@@ -565,6 +480,11 @@ def _check_known_keys(node: Any, schema: type, prefix: str) -> None:
     past Hydra's own check and would be ignored silently, so a misspelled key looks applied."""
     if not isinstance(node, DictConfig) or not dataclasses.is_dataclass(schema):
         return
+    # The node's own type where it has one: a model's settings subclass, not the base class
+    # DistbenchConfig names.
+    own_type = OmegaConf.get_type(node)
+    if own_type is not None and dataclasses.is_dataclass(own_type):
+        schema = own_type
     types = typing.get_type_hints(schema)  # resolves the string annotations of this module
     fields = [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
     for key in node.keys():

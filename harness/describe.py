@@ -71,7 +71,7 @@ def _layer_fact(index: int, layer: nn.Module, names: dict[int, str],
 def main(argv: list[str] | None = None) -> None:
     config = compose_or_exit(sys.argv[1:] if argv is None else argv)
     facts = describe(config.network.name.value, dataset_spec(config.dataset.name.value))
-    facts["distribution"] = config.distribution.name.value
+    facts["distribution"] = config.distribution.name
     facts["batch_size"] = config.batch_size
     json.dump(facts, sys.stdout, indent=2)
     sys.stdout.write("\n")

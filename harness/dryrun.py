@@ -27,7 +27,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from harness.config import ConfigError, DistbenchConfig, DistributionName
+from harness.config import ConfigError, DistbenchConfig
 from harness.preflight import check_runs_here, check_writable_dir, is_slurm_launcher
 
 DRY_RUN_FLAG = "--dry-run"
@@ -53,9 +53,9 @@ class PlannedCell:
     def stage_plan(self) -> str:
         """The pipeline plan the config gives (replicas per stage, layers per stage), else
         '-' (planned when the cell starts)."""
-        distribution = self.config.distribution
-        parts = [distribution.stages or "",
-                 str(distribution.balance) if distribution.balance is not None else ""]
+        own = self.config.distribution.own_settings_raw()
+        stages, balance = own.get("stages"), own.get("balance")
+        parts = [stages or "", str(balance) if balance is not None else ""]
         return " ".join(part for part in parts if part) or _NONE
 
 
@@ -175,12 +175,12 @@ def table(cells: Sequence[PlannedCell], predictions: Predictions) -> str:
     rows = []
     for planned in cells:
         config = planned.config
-        gpipe = config.distribution.name is DistributionName.gpipe
+        micro_batches = config.distribution.own_settings(config).get("micro_batches")
         row = {"#": planned.number, "cell": config.run_name,
-               "distribution": config.distribution.name.value,
+               "distribution": config.distribution.name,
                "workers": config.world_size, "nodes": planned.nodes,
                "device": config.hardware.device.value, "batch": config.batch_size,
-               "micro-batches": config.micro_batches if gpipe else _NONE,
+               "micro-batches": micro_batches if micro_batches is not None else _NONE,
                "stage plan": planned.stage_plan,
                "can run": "no" if planned.blocked else "yes"}
         if predictions.sources:  # a fit for some cells' hardware

@@ -119,18 +119,9 @@ class Parallelism:
 
     @classmethod
     def of(cls, config: DistbenchConfig, resolved: dict[str, Any]) -> Parallelism:
-        name = config.distribution.name.value
-        if name == "gpipe":
-            micro_batches = int(resolved.get("micro_batches", config.micro_batches))
-            stages = len(resolved.get("balance") or []) or config.world_size
-            return cls(data=1, pipeline=stages, micro_batch_size=config.batch_size // micro_batches)
-        if name == "pipedream":
-            from harness.partition import parse_stages  # the one parser of the plan syntax
-
-            replicas = parse_stages(resolved.get("stages") or config.distribution.stages)
-            data = replicas[0] if len(set(replicas)) == 1 else list(replicas)
-            return cls(data=data, pipeline=len(replicas), micro_batch_size=config.batch_size)
-        return cls(data=config.world_size, pipeline=1, micro_batch_size=config.batch_size)
+        data, pipeline = config.distribution.parallelism(config, resolved)
+        return cls(data=data, pipeline=pipeline,
+                   micro_batch_size=config.distribution.step_batch(config))
 
 
 class EventLog:
@@ -210,7 +201,7 @@ class EventLog:
             constants.EPOCH_COUNT: config.run.epochs,
             constants.OPT_NAME: config.optimizer.name.value,
             constants.OPT_BASE_LR: config.optimizer.lr,
-            "distribution": config.distribution.name.value,
+            "distribution": config.distribution.name,
             "world_size": config.world_size,
             "data_parallelism": parallelism.data,
         }

@@ -43,17 +43,13 @@ from typing import Any
 from harness.analysis.report import setting_label
 from harness.cli import command
 from harness.compose import compose_config
-from harness.config import ConfigError, DistbenchConfig, DistributionName, validate
+from harness.config import ConfigError, DistbenchConfig, validate
+from harness.distributions.registry import spec_of, specs
 from harness.preflight import check_writable_dir
 from harness.hardware_profile import profile_for
 from harness.partition import StagePlan
-from harness.predict.cell import (
-    RAW,
-    cost_per_epoch,
-    epoch_terms,
-    memory_per_worker_mb,
-    samples_per_epoch,
-)
+from harness.predict.cell import cost_per_epoch, epoch_terms, memory_per_worker_mb
+from harness.predict.terms import RAW
 from harness.predict.facts import (
     FactsCache,
     MissingMeasurement,
@@ -136,8 +132,8 @@ class Option:
     overrides: list[str]
     own_overrides: list[str]
     batch_size: int
-    micro_batches: int | None  # GPipe
-    stages: str | None  # PipeDream's replicas per stage
+    settings: dict[str, Any]  # the model's own settings (`DistributionConfig.own_settings`)
+    stages: str | None  # pipelines: replicas per stage of the plan predicted
     balance: list[int] | None  # pipelines: layers per stage
     # The batch its step time was scaled from (per sample), when not measured at its own.
     step_time_scaled_from: int | None = None
@@ -171,30 +167,12 @@ def _powers_of_two(limit: int) -> list[int]:
 
 
 def candidates(config: DistbenchConfig) -> Iterator[DistbenchConfig]:
-    """Every configuration the recommender ranks (module docstring)."""
-    # The user's batch size and micro-batch count (else Table 3.3's) hold for every
-    # candidate; plans are the candidates' own.
-    base = replace(config.distribution, balance=None, stages=None)
-    yield _with(config, replace(base, name=DistributionName.sequential), 1, 1)
-    for nodes, per_node in worker_counts(config):
-        for name in (DistributionName.ddp, DistributionName.horovod):
-            yield _with(config, replace(base, name=name), nodes, per_node)
-        gpipe = _with(config, replace(base, name=DistributionName.gpipe), nodes, per_node)
-        default = gpipe.micro_batches
-        for micro_batches in sorted({max(1, default // 2), default, default * 2}):
-            if gpipe.batch_size % micro_batches == 0:
-                yield _with(config, replace(base, name=DistributionName.gpipe,
-                                            micro_batches=micro_batches), nodes, per_node)
-        straight = "-".join(["1"] * nodes * per_node)
-        for stages in (None, straight):
-            yield _with(config, replace(base, name=DistributionName.pipedream, stages=stages),
-                        nodes, per_node)
-
-
-def _with(config: DistbenchConfig, distribution: Any, nodes: int,
-          per_node: int) -> DistbenchConfig:
-    hardware = replace(config.hardware, nodes=nodes, workers_per_node=per_node)
-    return replace(config, distribution=distribution, hardware=hardware)
+    """Every configuration the recommender ranks (module docstring): each model's own
+    (`DistributionSpec.candidates`) over the worker counts to try. The user's batch size holds
+    for every candidate, and the user's model's settings for its candidates."""
+    counts = worker_counts(config)
+    for spec in specs().values():
+        yield from spec.candidates(config, counts)
 
 
 def rank(config: DistbenchConfig, fitted: Fitted, cache: FactsCache, output_root: Path,
@@ -238,7 +216,7 @@ def _predict(candidate: DistbenchConfig, asked: DistbenchConfig, fitted: Fitted,
              cache: FactsCache, output_root: Path, commands: Commands) -> Option:
     facts = gather(candidate, cache)
     profile = profile_for(candidate.hardware, output_root)
-    model = candidate.distribution.name.value
+    model = candidate.distribution.name
     seconds = epoch_terms(candidate, facts, profile).seconds(fitted.params)
     step = step_time_source(candidate, cache)
     low, high = (_epoch_seconds_at(candidate, facts, profile, fitted, spread)
@@ -248,15 +226,13 @@ def _predict(candidate: DistbenchConfig, asked: DistbenchConfig, fitted: Fitted,
     memory_gb = candidate.hardware.device_memory_gb
     plan = facts.plan
     own = option_overrides(candidate, asked, plan, commands.given)
-    workers = 1 if model == "sequential" else candidate.world_size
     return Option(
-        setting_label(candidate, plan=plan), model, workers, seconds,
+        setting_label(candidate, plan=plan), model, candidate.world_size, seconds,
         min(low, seconds) * (1 - error), max(high, seconds) * (1 + error), max(memory),
         None if memory_gb is None else fits(memory, memory_gb),
         cost_per_epoch(candidate, seconds), [*commands.common, *own], own,
-        candidate.batch_size,
-        candidate.micro_batches if model == "gpipe" else None,
-        plan.stage_string() if plan is not None and model == "pipedream" else None,
+        candidate.batch_size, candidate.distribution.own_settings(candidate),
+        plan.stage_string() if plan is not None else None,
         list(plan.balance) if plan is not None else None,
         step.measured_batch if step is not None and step.scaled else None)
 
@@ -274,11 +250,13 @@ def _epoch_seconds_at(candidate: DistbenchConfig, facts: Any, profile: Any, fitt
                        profile).seconds(fitted.params)
 
 
-# The overrides an option sets itself; the user's own of these keys do not carry over.
-_OPTION_KEYS = frozenset({
-    "distribution", "distribution.name", "distribution.batch_size",
-    "distribution.micro_batches", "distribution.stages", "distribution.balance",
-    "hardware.nodes", "hardware.workers_per_node"})
+# The overrides an option sets itself; the user's own of these keys do not carry over (nor
+# any `distribution.*`: a model's settings are its own, another model refuses them).
+_OPTION_KEYS = frozenset({"distribution", "hardware.nodes", "hardware.workers_per_node"})
+
+
+def _options_own(key: str) -> bool:
+    return key in _OPTION_KEYS or key.startswith("distribution.")
 
 
 def common_overrides(config: DistbenchConfig, given: Sequence[str]) -> list[str]:
@@ -293,7 +271,7 @@ def common_overrides(config: DistbenchConfig, given: Sequence[str]) -> list[str]
         chosen.append(f"hardware={config.hardware.name}")
     chosen = [choice for choice in chosen if choice.split("=")[0] not in keys]
     return chosen + [override.input_line for override in parsed
-                     if override.key_or_group not in _OPTION_KEYS]
+                     if not _options_own(override.key_or_group)]
 
 
 def _parsed(overrides: Sequence[str]) -> list[Any]:
@@ -309,23 +287,37 @@ def _keys(overrides: Sequence[str]) -> set[str]:
 def option_overrides(candidate: DistbenchConfig, asked: DistbenchConfig,
                      plan: StagePlan | None, given: frozenset[str] = frozenset()) -> list[str]:
     """What trains `candidate` on top of `common_overrides`: the model, its worker count
-    (where not the hardware's, or where the user set it: `given`), the batch size, GPipe's
-    micro-batches and a pipeline's plan (the one predicted, pinned: the planner could choose
-    another on another machine)."""
-    distribution = candidate.distribution
-    own = [f"distribution={distribution.name.value}"]
+    (where not the hardware's, or where the user set it: `given`), the batch size, the model's
+    own settings that are not its defaults, and what the model pins
+    (`DistributionSpec.pinned_overrides`: GPipe's micro-batches, a pipeline's plan, the one
+    predicted: the planner could choose another on another machine)."""
+    own = [f"distribution={candidate.distribution.name}"]
     for key in ("nodes", "workers_per_node"):
         value = getattr(candidate.hardware, key)
         if value != getattr(asked.hardware, key) or f"hardware.{key}" in given:
             own.append(f"hardware.{key}={value}")
     own.append(f"distribution.batch_size={candidate.batch_size}")
-    if distribution.name is DistributionName.gpipe:
-        own.append(f"distribution.micro_batches={candidate.micro_batches}")
-    if plan is not None:
-        if distribution.name is DistributionName.pipedream:  # GPipe: one stage per worker
-            own.append(f"distribution.stages={plan.stage_string()}")
-        own.append(f"distribution.balance=[{','.join(map(str, plan.balance))}]")
-    return own
+    pinned = spec_of(candidate).pinned_overrides(candidate, plan)
+    pinned_keys = {override.split("=")[0] for override in pinned}
+    return own + [override for override in _changed_settings(candidate)
+                  if override.split("=")[0] not in pinned_keys] + pinned
+
+
+def _changed_settings(candidate: DistbenchConfig) -> list[str]:
+    """Overrides of the candidate's own model settings that differ from their defaults (the
+    user's, carried over to the candidates of the model asked about)."""
+    distribution = candidate.distribution
+    defaults = type(distribution)(name=distribution.name).own_settings_raw()
+    return [f"distribution.{key}={_override_value(value)}"
+            for key, value in distribution.own_settings_raw().items() if value != defaults[key]]
+
+
+def _override_value(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return f"[{','.join(map(str, value))}]"
+    return str(getattr(value, "value", value))
 
 
 def recommendation(options: Sequence[Option]) -> Option | None:
@@ -360,7 +352,7 @@ def source_lines(cache: FactsCache) -> list[str]:
 def header_lines(config: DistbenchConfig, fitted: Fitted) -> list[str]:
     """What the table's numbers are: epoch size, range, memory, cost."""
     hardware = config.hardware
-    samples = samples_per_epoch(config)
+    samples = config.samples_per_epoch
     whole = ("all of " if config.dataset.num_samples is None else "dataset.num_samples of ") \
         + config.dataset.name.value
     lines = [f"{config.network.name.value} on {config.dataset.name.value}, hardware "
@@ -488,7 +480,7 @@ def print_json(config: DistbenchConfig, options: Sequence[Option], skipped: Sequ
     json.dump({"dataset": config.dataset.name.value, "network": config.network.name.value,
                "hardware": config.hardware.name, "parameters": fitted.source,
                "model_errors_percent": fitted.errors,
-               "images_per_epoch": samples_per_epoch(config), "objective": objective,
+               "images_per_epoch": config.samples_per_epoch, "objective": objective,
                "price_per_device_hour": config.hardware.price_per_device_hour,
                "currency": config.hardware.currency,
                "recommended": best.label if best else None,

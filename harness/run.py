@@ -24,7 +24,8 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from harness.config import DistbenchConfig, RunConfig, resolved_container, validate
-from harness.distributions import EpochMeasurement, Trainer, TrainingContext, trainer_factory
+from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
+from harness.distributions.registry import spec_of
 from harness.environment import capture_environment
 from harness.evaluation import Evaluation, evaluate
 from harness.eventlog import EventLog, RunFacts, precision_name
@@ -284,7 +285,7 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
     context = TrainingContext(config=config, workload=workload, device=device,
                               clock=PhaseClock(device, enabled=config.run.phase_timing),
                               session=session, heartbeat=beat)
-    trainer = trainer_factory(config.distribution.name.value)(context)
+    trainer = spec_of(config).trainer(context)
     # A trainer whose worker trains part of each epoch's batches says how many (PipeDream).
     progress.batches = getattr(trainer, "worker_batches", progress.batches)
     memory = PeakMemory(device)
@@ -528,7 +529,7 @@ def _check_world_size(config: DistbenchConfig, env: WorkerEnvironment) -> None:
     if env.world_size != config.world_size:
         raise RuntimeError(
             f"the cell needs {config.world_size} workers (hardware.nodes x "
-            f"hardware.workers_per_node for distribution.name={config.distribution.name.value})"
+            f"hardware.workers_per_node for distribution.name={config.distribution.name})"
             f" but was launched with {env.world_size}")
 
 

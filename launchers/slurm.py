@@ -96,7 +96,7 @@ def cell_job_size(cell: DistbenchConfig, launcher: Mapping[str, Any]) -> CellJob
     """
     return job_size(cell.hardware, cell.world_size, launcher,
                     what=f"cell {cell.run_name} (distribution.name="
-                         f"{cell.distribution.name.value})")
+                         f"{cell.distribution.name})")
 
 
 def job_size(hardware: HardwareConfig, workers: int, launcher: Mapping[str, Any], *,

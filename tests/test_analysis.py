@@ -18,7 +18,7 @@ from harness.analysis.grid import MeasuredCell
 from harness.analysis.recommendations import judge
 from harness.compose import compose_config
 from harness.config import validate
-from harness.predict.cell import RAW, EpochTerms
+from harness.predict.terms import RAW, EpochTerms
 from harness.sync import result_files
 from tests.helpers import run_module
 from tests.test_mllog import assert_compliant

@@ -7,7 +7,8 @@ import itertools
 import pytest
 from hydra.types import RunMode
 
-from harness.batch_sizes import default_batch_size, default_micro_batches
+from harness.batch_sizes import default_batch_size
+from harness.distributions.gpipe import TABLE_3_3
 from harness.compose import CONF_DIR, compose_config, compose_or_exit
 from harness.config import ConfigError, DistbenchConfig, validate
 
@@ -29,7 +30,7 @@ def test_every_dataset_network_pair_composes(dataset: str, network: str) -> None
     assert isinstance(config, DistbenchConfig)
     assert config.dataset.name.value == dataset
     assert config.network.name.value == network
-    assert config.batch_size == default_batch_size(dataset, "sequential")
+    assert config.batch_size == default_batch_size(dataset)
 
 
 def test_defaults_are_the_documented_ones() -> None:
@@ -37,7 +38,7 @@ def test_defaults_are_the_documented_ones() -> None:
     assert (config.run.epochs, config.run.seed, config.run.output_dir) == (3, 0, "outputs")
     assert config.dataset.name.value == "mnist" and config.dataset.source.value == "synthetic"
     assert config.dataset.num_samples is None  # full dataset
-    assert config.distribution.name.value == "sequential"
+    assert config.distribution.name == "sequential"
     assert (config.hardware.device.value, config.hardware.nodes,
             config.hardware.workers_per_node) == ("cpu", 1, 1)
 
@@ -47,9 +48,14 @@ def test_batch_sizes_follow_table_3_3() -> None:
                 "imagenet": (32, 384, 12), "highres": (32, 48, 12)}
     for dataset, (per_worker, gpipe_batch, micro_batches) in expected.items():
         for model in ("sequential", "horovod", "ddp", "pipedream"):
-            assert default_batch_size(dataset, model) == per_worker
-        assert default_batch_size(dataset, "gpipe") == gpipe_batch
-        assert default_micro_batches(dataset) == micro_batches
+            config = validate(compose_config([f"dataset={dataset}", f"distribution={model}",
+                                              "hardware=local_2cpu"]))
+            assert config.batch_size == per_worker
+        gpipe = validate(compose_config([f"dataset={dataset}", "distribution=gpipe",
+                                         "hardware=local_2cpu", "dataset.num_samples=4096"]))
+        assert TABLE_3_3[dataset] == (gpipe_batch, micro_batches)
+        assert gpipe.batch_size == gpipe_batch
+        assert gpipe.distribution.step_batch(gpipe) == gpipe_batch // micro_batches
 
 
 def test_batch_size_override_wins_over_the_table() -> None:
@@ -145,5 +151,5 @@ def test_a_multi_node_cell_is_refused_by_the_single_machine_launcher() -> None:
 def test_a_straight_pipedream_is_one_stage_per_worker(hardware: str, stages: str) -> None:
     config = validate(compose_config(["distribution=pipedream_straight",
                                       f"hardware={hardware}", "network=vgg11"]))
-    assert config.distribution.name.value == "pipedream"
+    assert config.distribution.name == "pipedream"
     assert config.distribution.stages == stages

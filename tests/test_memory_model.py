@@ -123,7 +123,7 @@ def test_a_cells_workers_from_its_facts() -> None:
     from harness.config import validate
     from harness.partition import StagePlan
     from harness.predict.cell import memory_per_worker_mb, memory_terms_per_worker
-    from harness.predict.facts import CellFacts, LayerFacts
+    from harness.predict.terms import CellFacts, LayerFacts
 
     config = validate(compose_config([
         "dataset=mnist", "distribution=pipedream", "distribution.stages=1-1",

@@ -7,20 +7,21 @@ from __future__ import annotations
 import pytest
 
 from harness.compose import compose_config
-from harness.config import Recompute, validate
+from harness.config import validate
+from harness.distributions.ddp import ddp_buckets
+from harness.distributions.gpipe import Recompute, recompute_share
+from harness.distributions.horovod import horovod_allreduces
 from harness.hardware_profile import AllreduceCost, Cost, HardwareProfile, Link
 from harness.predict import gpipe
-from harness.predict.cell import (
+from harness.predict.cell import epoch_terms
+from harness.predict.terms import (
     RAW,
+    CellFacts,
     EpochTerms,
+    LayerFacts,
     allreduce_seconds,
     communication_overlaps,
-    ddp_buckets,
-    epoch_terms,
-    horovod_allreduces,
-    recompute_share,
 )
-from harness.predict.facts import CellFacts, LayerFacts
 
 
 def test_gpipe_schedule_takes_the_slowest_stage_and_recomputes_forwards() -> None:

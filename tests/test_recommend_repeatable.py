@@ -170,7 +170,7 @@ def assert_overrides_train(options: Sequence[dict]) -> None:
     for option in options:
         config = validate(compose_config(option["overrides"]))
         distribution = config.distribution
-        assert distribution.name.value == option["distribution"], option["label"]
+        assert distribution.name == option["distribution"], option["label"]
         assert config.world_size == option["workers"], option["label"]
         assert config.batch_size == option["batch_size"], option["label"]
         if option["distribution"] == "gpipe":

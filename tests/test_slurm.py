@@ -20,6 +20,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from harness.config import Device, DistbenchConfig, HardwareConfig
+from harness.distributions.registry import settings
 from harness.resume import job_note_path
 from harness.tracking import CELL_KEY_TAG, DEFAULT_STORE_FILE
 from launchers import slurm
@@ -317,14 +318,13 @@ def test_the_probe_measures_the_link_between_two_slurm_nodes(slurm_cluster: None
 
 def _cell(**hardware: object) -> DistbenchConfig:
     fields = {"name": "h", "nodes": 2, "workers_per_node": 4, **hardware}
-    return DistbenchConfig(hardware=HardwareConfig(**fields))  # type: ignore[arg-type]
+    return DistbenchConfig(hardware=HardwareConfig(**fields),  # type: ignore[arg-type]
+                           distribution=settings("sequential"))
 
 
 def test_job_parameters_follow_the_cell() -> None:
-    from harness.config import DistributionConfig, DistributionName
-
     ddp = _cell(device=Device.cuda, cpu_threads=8)
-    ddp.distribution = DistributionConfig(name=DistributionName.ddp)
+    ddp.distribution = settings("ddp")
     size = slurm.cell_job_size(ddp, {"nodes": None, "tasks_per_node": None})
     assert (size.nodes, size.tasks_per_node, size.gpus_per_node) == (2, 4, 4)
     launcher = {"name": "distbench-x", "exclusive": True, "one_cell_at_a_time": True,

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import ConfigError, Device, DistbenchConfig, DistributionConfig, \
-    DistributionName, HardwareConfig
+from harness.config import ConfigError, Device, DistbenchConfig, HardwareConfig
+from harness.distributions.registry import settings
 from launchers import slurm
 from tests.test_slurm import _job_ids, slurm_cluster  # noqa: F401 - the cluster fixture
 
@@ -158,11 +158,11 @@ def test_a_plugin_config_whose_size_contradicts_the_hardware_stops_before_any_jo
     assert "Traceback" not in out and not list(output_root.rglob("*_submission.sh"))
 
 
-def _cell(distribution: DistributionName, **hardware: object) -> DistbenchConfig:
+def _cell(distribution: str, **hardware: object) -> DistbenchConfig:
     fields = {"name": "gpus", "nodes": 2, "workers_per_node": 4, "device": Device.cuda,
               **hardware}
     return DistbenchConfig(hardware=HardwareConfig(**fields),  # type: ignore[arg-type]
-                           distribution=DistributionConfig(name=distribution))
+                           distribution=settings(distribution))
 
 
 @pytest.mark.parametrize(("launcher", "accepted"), [
@@ -180,7 +180,7 @@ def _cell(distribution: DistributionName, **hardware: object) -> DistbenchConfig
 ])
 def test_the_plugin_sizing_keys_are_checks_against_the_cell(launcher: dict,
                                                             accepted: bool | str) -> None:
-    ddp = _cell(DistributionName.ddp, cpu_threads=8)
+    ddp = _cell("ddp", cpu_threads=8)
     if accepted is True:
         assert slurm.cell_job_size(ddp, launcher) == slurm.CellJobSize(2, 4, 4)
         return
@@ -194,7 +194,7 @@ def test_the_baseline_takes_one_worker_of_a_config_sized_for_the_whole_hardware(
     one-worker baseline, which gets one node, one task, one GPU."""
     launcher = {"nodes": 2, "tasks_per_node": 4, "gpus_per_node": 4, "name": "n",
                 "array_parallelism": 3, "max_num_timeout": 2, "gpus_per_task": None}
-    baseline = _cell(DistributionName.sequential)
+    baseline = _cell("sequential")
     size = slurm.cell_job_size(baseline, launcher)
     assert size == slurm.CellJobSize(1, 1, 1)
     parameters = slurm.executor_parameters(size, launcher, baseline, job_num=4)

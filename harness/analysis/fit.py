@@ -28,7 +28,7 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from harness.analysis.grid import MeasuredCell
-from harness.predict.cell import RAW, EpochTerms
+from harness.predict.terms import RAW, EpochTerms
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from harness.config import ConfigError, DistbenchConfig, validate
+from harness.config import ConfigError, DistbenchConfig
+from harness.distributions.registry import recorded_config
 from harness.results import RunStatus
 
 
@@ -34,7 +35,7 @@ class MeasuredCell:
 
     @property
     def model(self) -> str:
-        return self.config.distribution.name.value
+        return self.config.distribution.name
 
     @property
     def network(self) -> str:
@@ -48,11 +49,7 @@ class MeasuredCell:
 
 def config_from_dict(data: dict) -> DistbenchConfig:
     """A recorded resolved config, typed and validated against today's schema."""
-    from harness.config import register_configs
-
-    register_configs()
-    schema = OmegaConf.structured(DistbenchConfig)
-    return validate(OmegaConf.merge(schema, data))
+    return recorded_config(data)
 
 
 def recorded_config(client: Any, run_id: str, scratch: Path) -> DistbenchConfig:

@@ -27,23 +27,15 @@ from harness.analysis.fit import (  # noqa: E402
     signed_error,
 )
 from harness.analysis.recommendations import MemoryVerdict, WorkloadVerdict  # noqa: E402
-from harness.config import DistbenchConfig, DistributionName  # noqa: E402
+from harness.config import DistbenchConfig  # noqa: E402
+from harness.distributions.registry import spec_of  # noqa: E402
 from harness.partition import StagePlan  # noqa: E402
 
 
 def setting_label(config: DistbenchConfig, plan: StagePlan | None = None) -> str:
-    """A configuration in a few characters: the model and its main settings (a PipeDream
-    cell's plan is `plan`, else its configured `stages`)."""
-    distribution, workers = config.distribution, config.world_size
-    name = distribution.name
-    if name is DistributionName.sequential:
-        return "sequential"
-    if name is DistributionName.gpipe:
-        return f"gpipe x{workers} mb{config.micro_batches}"
-    if name is DistributionName.pipedream:
-        stages = plan.stage_string() if plan is not None else distribution.stages
-        return f"pipedream {stages or 'planned'}"
-    return f"{name.value} x{workers}"
+    """A configuration in a few characters: the model and its main settings (a pipeline
+    cell's plan is `plan`, else its configured one): `DistributionSpec.label`."""
+    return spec_of(config).label(config, plan)
 
 
 def workload_label(workload: tuple[str, str]) -> str:

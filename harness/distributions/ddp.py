@@ -14,15 +14,48 @@ follows the GPU's work with some delay.)
 
 from __future__ import annotations
 
+import math
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from harness.config import DistbenchConfig, DistributionConfig, require
 from harness.distributions.base import TrainingContext
 from harness.distributions.loop import BatchLoopTrainer
+from harness.distributions.spec import (
+    DistributionSpec,
+    WorkerCounts,
+    candidate,
+    candidate_settings,
+)
+from harness.hardware_profile import HardwareProfile
+from harness.partition import StagePlan
+from harness.predict import memory
+from harness.predict.terms import CellFacts, EpochTerms, data_parallel_terms, replica_memory
+
+# DDP's first gradient bucket is small (torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES), so
+# that the first allreduce starts early in the backward pass.
+DDP_FIRST_BUCKET_MB = 1.0
+
+
+@dataclass
+class DDPConfig(DistributionConfig):
+    """torch DistributedDataParallel's settings."""
+
+    data_parallel = True
+    name: str = "ddp"
+    # Gradient bucket size in MB (torch's default 25); its counterpart of Horovod's `th`.
+    bucket_cap_mb: float = 25.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.bucket_cap_mb > 0, "distribution.bucket_cap_mb", self.bucket_cap_mb,
+                "must be a positive number")
 
 
 class TimedAllreduce:
@@ -70,8 +103,50 @@ def ddp_trainer(context: TrainingContext) -> BatchLoopTrainer:
     # DDP broadcasts rank 0's parameters at construction: every replica starts equal.
     model = DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None,
-        bucket_cap_mb=context.config.distribution.bucket_cap_mb,
+        bucket_cap_mb=ddp_settings(context.config).bucket_cap_mb,
     )
     timed_allreduce = TimedAllreduce()
     model.register_comm_hook(state=None, hook=timed_allreduce.hook)
     return BatchLoopTrainer(context, model, gradient_sync=timed_allreduce)
+
+
+def ddp_settings(config: DistbenchConfig) -> DDPConfig:
+    assert isinstance(config.distribution, DDPConfig), config.distribution
+    return config.distribution
+
+
+def ddp_buckets(gradient_mb: float, bucket_cap_mb: float) -> int:
+    """DDP's allreduces per step: a small first bucket, then buckets of `bucket_cap_mb`."""
+    first = min(gradient_mb, DDP_FIRST_BUCKET_MB)
+    return 1 + math.ceil(max(gradient_mb - first, 0.0) / bucket_cap_mb)
+
+
+def epoch_terms(config: DistbenchConfig, facts: CellFacts,
+                profile: HardwareProfile | None) -> EpochTerms:
+    """Eq. 5.1 with DDP's buckets: the last bucket exposed on a GPU, every bucket's
+    allreduce (each with its latency) on CPU workers (`predict.terms.data_parallel_terms`)."""
+    assert profile is not None
+    bucket_mb = ddp_settings(config).bucket_cap_mb
+    return data_parallel_terms(config, facts, profile, exposed_threshold_mb=bucket_mb,
+                               messages=ddp_buckets(facts.gradient_mb, bucket_mb))
+
+
+def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.WorkerMemory]:
+    """A replica per worker, plus DDP's buckets: a second copy of the gradients."""
+    return [replica_memory(config, facts, buffer_mb=memory.ddp_buffer_mb(facts.gradient_mb))
+            ] * config.world_size
+
+
+def candidates(asked: DistbenchConfig, counts: WorkerCounts) -> Iterator[DistbenchConfig]:
+    for nodes, per_node in counts:
+        yield candidate(asked, candidate_settings(asked, DDPConfig), nodes, per_node)
+
+
+def label(config: DistbenchConfig, plan: StagePlan | None) -> str:
+    return f"ddp x{config.world_size}"
+
+
+SPEC = DistributionSpec(
+    name="ddp", title="PyTorch DDP", settings=DDPConfig, trainer=ddp_trainer,
+    epoch_terms=epoch_terms, memory_per_worker=memory_per_worker, candidates=candidates,
+    label=label)

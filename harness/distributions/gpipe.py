@@ -19,7 +19,10 @@ exact either way.
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -27,18 +30,112 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 from torch.utils.checkpoint import checkpoint
 
-from harness.config import Recompute
+from harness.config import DistbenchConfig, require
 from harness.distributions.base import EpochMeasurement, TrainingContext
 from harness.distributions.pipeline import (
     LABEL_TAG,
     PipelineBatches,
+    PipelineConfig,
     bubble,
     layer_list,
     shared_plan,
     stage_module,
 )
+from harness.distributions.spec import (
+    DistributionSpec,
+    StagePlanner,
+    WorkerCounts,
+    candidate,
+    candidate_settings,
+)
 from harness.distributions.state import InitialState, assemble_network, epoch_losses
+from harness.hardware_profile import HardwareProfile
 from harness.metrics import PhaseClock, synchronize
+from harness.partition import StagePlan, balanced_partition, check_balance
+from harness.predict import gpipe as equations
+from harness.predict import memory
+from harness.predict.terms import CellFacts, EpochTerms, batches_per_epoch, memory_stage
+from harness.profiler import NetworkProfile
+
+
+class Recompute(str, Enum):
+    """Which micro-batches recompute their stage's activations in the backward pass."""
+
+    always = "always"  # every micro-batch (GPipe's design: least activation memory)
+    except_last = "except_last"  # the last micro-batch's backward runs right after its forward
+    never = "never"  # keep every micro-batch's activations
+
+
+class GPipeBatch(NamedTuple):
+    batch_size: int
+    micro_batches: int
+
+
+# SPEC Table 3.3: dataset -> GPipe's whole batch and its number of micro-batches
+TABLE_3_3: dict[str, GPipeBatch] = {
+    "mnist": GPipeBatch(3072, 24),
+    "cifar10": GPipeBatch(2048, 32),
+    "imagenet": GPipeBatch(384, 12),
+    "highres": GPipeBatch(48, 12),
+}
+
+
+@dataclass
+class GPipeConfig(PipelineConfig):
+    """GPipe: one stage per worker; each batch is split into micro-batches that fill and drain
+    the pipeline; one synchronous weight update per batch."""
+
+    name: str = "gpipe"
+    # Micro-batches per batch (null = Table 3.3); must divide batch_size.
+    micro_batches: Optional[int] = None
+    recompute: Recompute = Recompute.always
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.micro_batches is None or self.micro_batches > 0,
+                "distribution.micro_batches", self.micro_batches,
+                "must be a positive number, or null (SPEC Table 3.3 for the dataset)")
+
+    def default_batch_size(self, dataset: str) -> int:
+        """The whole pipeline batch of Table 3.3."""
+        return TABLE_3_3[dataset].batch_size
+
+    def micro_batch_count(self, cell: DistbenchConfig) -> int:
+        """Micro-batches per batch: the setting, else Table 3.3's."""
+        if self.micro_batches is not None:
+            return self.micro_batches
+        return TABLE_3_3[cell.dataset.name.value].micro_batches
+
+    def step_batch(self, cell: DistbenchConfig) -> int:
+        return cell.batch_size // self.micro_batch_count(cell)
+
+    def check_cell(self, cell: DistbenchConfig) -> None:
+        require(cell.world_size >= 2, "hardware.workers_per_node",
+                cell.hardware.workers_per_node,
+                "GPipe needs 2 or more workers (hardware.nodes x hardware.workers_per_node); "
+                "one stage on one worker is distribution=sequential")
+        micro = self.micro_batch_count(cell)
+        require(cell.batch_size >= micro and cell.batch_size % micro == 0,
+                "distribution.micro_batches", micro,
+                f"must divide the GPipe batch (distribution.batch_size={cell.batch_size}) "
+                f"into equal micro-batches of 1 sample or more")
+        self.check_stages(cell, cell.world_size, "hardware.workers_per_node",
+                          cell.hardware.workers_per_node)
+
+    def run_name_parts(self, cell: DistbenchConfig) -> list[str]:
+        return [f"mb{self.micro_batch_count(cell)}"]
+
+    def own_settings(self, cell: DistbenchConfig) -> dict[str, Any]:
+        return {**super().own_settings(cell), "micro_batches": self.micro_batch_count(cell)}
+
+    def parallelism(self, cell: DistbenchConfig,
+                    resolved: dict[str, Any]) -> tuple[int | list[int], int]:
+        return 1, len(resolved.get("balance") or []) or cell.world_size
+
+
+def gpipe_settings(config: DistbenchConfig) -> GPipeConfig:
+    assert isinstance(config.distribution, GPipeConfig), config.distribution
+    return config.distribution
 
 
 class RecomputingStage(nn.Module):
@@ -96,8 +193,9 @@ class GPipeTrainer:
         self.session = context.session
         self.clock = context.clock
         self.heartbeat = context.heartbeat
-        self.micro_batches = config.micro_batches
-        self.plan = shared_plan(context, layer_list(context))
+        settings = gpipe_settings(config)
+        self.micro_batches = settings.micro_batch_count(config)
+        self.plan = shared_plan(context, layer_list(context), PLANNER)
         self.stage_index, _ = self.plan.stage_of(env.rank)
         self.num_stages = len(self.plan.stages)
         self.is_first = self.stage_index == 0
@@ -105,7 +203,7 @@ class GPipeTrainer:
         self.last_rank = env.world_size - 1
         self.module = stage_module(context, self.plan, self.stage_index)
         self.stage = TimedStage(
-            RecomputingStage(self.module, config.distribution.recompute, self.micro_batches),
+            RecomputingStage(self.module, settings.recompute, self.micro_batches),
             self.clock, stage_index=self.stage_index, num_stages=self.num_stages,
             device=self.device)
         self.criterion = nn.CrossEntropyLoss()
@@ -221,3 +319,100 @@ class GPipeTrainer:
 
 def gpipe_trainer(context: TrainingContext) -> GPipeTrainer:
     return GPipeTrainer(context)
+
+
+def stage_plan(config: DistbenchConfig, num_layers: int,
+               profile: NetworkProfile | None) -> StagePlan:
+    """One stage per worker: `distribution.balance`, else the partition that balances the
+    profiled time per layer (taken at the micro-batch)."""
+    settings, workers = gpipe_settings(config), config.world_size
+    if settings.balance is not None:
+        balance = check_balance(settings.balance, num_layers, workers)
+    else:
+        assert profile is not None, "balancing stages needs a profile"
+        balance = balanced_partition(profile.compute_ms(updates_per_pass(config)), workers)
+    return StagePlan.of(balance, [1] * workers)
+
+
+def updates_per_pass(config: DistbenchConfig) -> float:
+    """GPipe steps its optimizer once per batch of #mb micro-batches."""
+    return 1 / gpipe_settings(config).micro_batch_count(config)
+
+
+PLANNER = StagePlanner(
+    plan=stage_plan, needs_profile=lambda config: gpipe_settings(config).balance is None,
+    updates_per_pass=updates_per_pass)
+
+
+def recompute_share(recompute: Recompute, micro_batches: int) -> float:
+    """Share of the micro-batches whose forward runs again in the backward pass (GPipe's
+    activation checkpointing): all (`always`), all but the last (`except_last`), none."""
+    return {Recompute.always: 1.0, Recompute.never: 0.0,
+            Recompute.except_last: (micro_batches - 1) / micro_batches}[recompute]
+
+
+def epoch_terms(config: DistbenchConfig, facts: CellFacts,
+                profile: HardwareProfile | None) -> EpochTerms:
+    """GPipe per batch: the schedule over the plan's real stages (`gpipe.schedule_seconds`,
+    Eq. 6.1 generalised to uneven stages and recomputation) and Eq. 6.2's transfers."""
+    assert profile is not None and facts.plan is not None
+    settings, plan, steps = gpipe_settings(config), facts.plan, batches_per_epoch(config)
+    micro_batches = settings.micro_batch_count(config)
+    t = facts.step_seconds  # one sequential step at the micro-batch size
+    stages = [equations.StageWork(
+        forward_s=t * sum(layer.forward_share for layer in facts.layers[s.first:s.end]),
+        backward_s=t * sum(layer.backward_share for layer in facts.layers[s.first:s.end]),
+        update_s=t * sum(layer.update_share for layer in facts.layers[s.first:s.end]))
+        for s in plan.stages]
+    compute = equations.schedule_seconds(
+        stages, micro_batches, recompute_share(settings.recompute, micro_batches))
+    boundaries = [facts.layers[stage.end - 1].activation_mb_per_sample
+                  for stage in plan.stages[:-1]]
+    costs = equations.link_costs(boundaries, facts.step_batch, profile)
+    return EpochTerms(steps * compute, 0.0,
+                      steps * equations.communication_seconds(costs, micro_batches), steps,
+                      concurrent=True)
+
+
+def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.WorkerMemory]:
+    """Each stage's weights, the gradients it accumulates, its momentum, and the
+    micro-batches' activations under its recompute mode."""
+    assert facts.plan is not None
+    settings = gpipe_settings(config)
+    return [memory.gpipe_stage_memory(
+        memory_stage(facts, stage.first, stage.end), facts.step_batch,
+        settings.micro_batch_count(config), settings.recompute.value,
+        momentum=config.optimizer.momentum > 0, runtime_mb=facts.runtime_mb)
+        for stage in facts.plan.stages]
+
+
+def candidates(asked: DistbenchConfig, counts: WorkerCounts) -> Iterator[DistbenchConfig]:
+    """The asked (else Table 3.3's) micro-batch count, half and double it, where it divides
+    the batch; the plans are the candidates' own."""
+    for nodes, per_node in counts:
+        settings = candidate_settings(asked, GPipeConfig, balance=None)
+        base = candidate(asked, settings, nodes, per_node)
+        default = gpipe_settings(base).micro_batch_count(base)
+        for micro_batches in sorted({max(1, default // 2), default, default * 2}):
+            if base.batch_size % micro_batches == 0:
+                yield candidate(asked, candidate_settings(asked, GPipeConfig, balance=None,
+                                                          micro_batches=micro_batches),
+                                nodes, per_node)
+
+
+def label(config: DistbenchConfig, plan: StagePlan | None) -> str:
+    return f"gpipe x{config.world_size} mb{gpipe_settings(config).micro_batch_count(config)}"
+
+
+def pinned_overrides(config: DistbenchConfig, plan: StagePlan | None) -> list[str]:
+    """The micro-batch count, and the balance predicted (one stage per worker)."""
+    pinned = [f"distribution.micro_batches={gpipe_settings(config).micro_batch_count(config)}"]
+    if plan is not None:
+        pinned.append(f"distribution.balance=[{','.join(map(str, plan.balance))}]")
+    return pinned
+
+
+SPEC = DistributionSpec(
+    name="gpipe", title="GPipe", settings=GPipeConfig, trainer=gpipe_trainer,
+    epoch_terms=epoch_terms, memory_per_worker=memory_per_worker, candidates=candidates,
+    label=label, pinned_overrides=pinned_overrides, stage_planner=PLANNER)

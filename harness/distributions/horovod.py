@@ -12,12 +12,32 @@ Tensor Fusion is configured from `distribution.fusion_threshold_mb` (the `th` of
 
 from __future__ import annotations
 
+import math
 import os
 import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
+from harness.config import DistbenchConfig, DistributionConfig, require
 from harness.distributions.base import TrainingContext
 from harness.distributions.loop import BatchLoopTrainer
+from harness.distributions.spec import (
+    DistributionSpec,
+    WorkerCounts,
+    candidate,
+    candidate_settings,
+)
+from harness.hardware_profile import HardwareProfile
+from harness.partition import StagePlan
+from harness.predict import memory
+from harness.predict.terms import (
+    BACKWARD_SHARE,
+    CellFacts,
+    EpochTerms,
+    data_parallel_terms,
+    replica_memory,
+)
 from launchers.distributed import (
     WorkerEnvironment,
     WorkerSession,
@@ -28,6 +48,31 @@ from launchers.distributed import (
 _BYTES_PER_MIB = 1024 * 1024  # Horovod reads its fusion threshold in bytes
 
 
+@dataclass
+class HorovodConfig(DistributionConfig):
+    """Horovod's Tensor Fusion settings."""
+
+    data_parallel = True
+    name: str = "horovod"
+    # Fusion threshold `th` in MB (Eq. 5.1; Horovod's default 64): gradients are fused into
+    # buffers of up to this many MB (0: no fusion).
+    fusion_threshold_mb: float = 64.0
+    # How often, in ms, Horovod's background thread fuses and sends what is ready.
+    cycle_time_ms: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.fusion_threshold_mb >= 0, "distribution.fusion_threshold_mb",
+                self.fusion_threshold_mb, "must be 0 (no fusion) or more")
+        require(self.cycle_time_ms > 0, "distribution.cycle_time_ms", self.cycle_time_ms,
+                "must be a positive number")
+
+
+def horovod_settings(config: DistbenchConfig) -> HorovodConfig:
+    assert isinstance(config.distribution, HorovodConfig), config.distribution
+    return config.distribution
+
+
 def horovod_trainer(context: TrainingContext) -> BatchLoopTrainer:
     try:
         import horovod.torch as hvd
@@ -35,7 +80,7 @@ def horovod_trainer(context: TrainingContext) -> BatchLoopTrainer:
         raise RuntimeError("distribution.name=horovod needs Horovod, which scripts/setup.sh "
                            f"builds (scripts/build_horovod.sh): {err}") from err
 
-    distribution = context.config.distribution
+    distribution = horovod_settings(context.config)
     rendezvous = init_horovod(context.session, context.device.type,
                               fusion_threshold_mb=distribution.fusion_threshold_mb,
                               cycle_time_ms=distribution.cycle_time_ms)
@@ -149,3 +194,52 @@ def horovod_environment(env: WorkerEnvironment, rendezvous_addr: str, port: int,
         variables.pop("HOROVOD_CPU_OPERATIONS")
     return variables
 
+
+
+def horovod_allreduces(gradient_mb: float, gradient_tensors: int, threshold_mb: float,
+                       cycle_time_ms: float, backward_s: float) -> int:
+    """Horovod's allreduces per step: every cycle (`cycle_time_ms`) its background thread
+    fuses the gradients that became ready since the last one into one allreduce (at most
+    `threshold_mb` each). A backward pass spanning many cycles hands over a few tensors per
+    cycle, so the count is the number of cycles it spans, bounded by the tensors (one each)
+    and at least what the threshold forces (Tensor Fusion's buffers)."""
+    by_threshold = math.ceil(gradient_mb / threshold_mb) if threshold_mb > 0 else gradient_tensors
+    cycles = math.ceil(backward_s * 1000 / cycle_time_ms)
+    return max(1, by_threshold, min(gradient_tensors, cycles))
+
+
+def epoch_terms(config: DistbenchConfig, facts: CellFacts,
+                profile: HardwareProfile | None) -> EpochTerms:
+    """Eq. 5.1 with Tensor Fusion: the last fused buffer exposed on a GPU; on CPU workers
+    every per-cycle fusion's allreduce, and the background thread's share of the cores."""
+    assert profile is not None
+    settings = horovod_settings(config)
+    messages = horovod_allreduces(facts.gradient_mb, facts.gradient_tensors,
+                                  settings.fusion_threshold_mb, settings.cycle_time_ms,
+                                  BACKWARD_SHARE * facts.step_seconds)
+    return data_parallel_terms(config, facts, profile,
+                               exposed_threshold_mb=settings.fusion_threshold_mb,
+                               messages=messages, background=True)
+
+
+def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.WorkerMemory]:
+    """A replica per worker, plus the fusion buffer. Horovod reads its threshold in MiB (this
+    module's trainer): 64 -> 67.1 MB."""
+    buffer = memory.horovod_buffer_mb(facts.gradient_mb,
+                                      horovod_settings(config).fusion_threshold_mb * 1.048576)
+    return [replica_memory(config, facts, buffer_mb=buffer)] * config.world_size
+
+
+def candidates(asked: DistbenchConfig, counts: WorkerCounts) -> Iterator[DistbenchConfig]:
+    for nodes, per_node in counts:
+        yield candidate(asked, candidate_settings(asked, HorovodConfig), nodes, per_node)
+
+
+def label(config: DistbenchConfig, plan: StagePlan | None) -> str:
+    return f"horovod x{config.world_size}"
+
+
+SPEC = DistributionSpec(
+    name="horovod", title="Horovod", settings=HorovodConfig, trainer=horovod_trainer,
+    epoch_terms=epoch_terms, memory_per_worker=memory_per_worker, candidates=candidates,
+    label=label)

@@ -11,23 +11,86 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import numpy as np
 import torch
 from torch import nn
 
+from harness.config import DistbenchConfig, DistributionConfig, require
 from harness.distributions.base import TrainingContext
+from harness.distributions.spec import StagePlanner
 from harness.partition import StagePlan
-from harness.plan import needs_profile, profile_network, stage_plan
+from harness.profiler import NetworkProfile, profile_layers
+from workloads.datasets import dataset_spec
 from workloads.datasets.loader import fetch_batch
-from workloads.networks import to_layer_list
+from workloads.networks import layer_count, to_layer_list
 
 log = logging.getLogger(__name__)
 
 LABEL_TAG = 7  # p2p tag of label messages, apart from the activations and gradients
 
 
-def shared_plan(context: TrainingContext, layers: Sequence[nn.Module]) -> StagePlan:
+@dataclass
+class PipelineConfig(DistributionConfig):
+    """What the pipeline models share: they split the network's layer list into stages."""
+
+    pipeline = True
+    # Layers of the network's layer list per stage, e.g. [10, 12]; null = balance the
+    # profiled time per layer (forward, backward, updates; `python -m harness.plan`).
+    balance: Optional[list[int]] = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.balance is None or (len(self.balance) > 0
+                                         and all(n >= 1 for n in self.balance)),
+                "distribution.balance", self.balance,
+                "a list of layer counts per stage, each 1 or more, or null (profile-balanced)")
+
+    def check_stages(self, cell: DistbenchConfig, stage_count: int | None,
+                     stage_key: str, stage_value: Any) -> None:
+        """Every stage needs one layer or more, a given balance has one count per stage and
+        covers the layer list, and an epoch holds a whole pipeline batch: a plan that cannot
+        be built fails here rather than in a started cell's workers. `stage_key` and
+        `stage_value` name what set the stage count (None: planned later)."""
+        network, dataset = cell.network.name.value, cell.dataset.name.value
+        layers = layer_count(network, dataset_spec(dataset))
+        if stage_count is not None:
+            require(stage_count <= layers, stage_key, stage_value,
+                    f"{stage_count} pipeline stages for network={network}, which has {layers} "
+                    f"layers; allowed: at most {layers} stages")
+            if self.balance is not None:
+                require(len(self.balance) == stage_count, "distribution.balance",
+                        self.balance, f"needs one layer count per stage ({stage_count})")
+        if self.balance is not None:
+            require(sum(self.balance) == layers, "distribution.balance", self.balance,
+                    f"the layer counts must sum to the {layers} layers of network={network} "
+                    f"(dataset={dataset})")
+        # Every batch enters the pipeline whole; PipeDream's batch division may drop some, but
+        # an epoch needs at least one.
+        cell.check_epoch_holds(cell.batch_size, f"an epoch needs at least one full pipeline "
+                                                f"batch (batch size {cell.batch_size})")
+
+    def parallelism(self, cell: DistbenchConfig,
+                    resolved: dict[str, Any]) -> tuple[int | list[int], int]:
+        stages = len(resolved.get("balance") or []) or cell.world_size
+        return 1, stages
+
+
+def profile_network(config: DistbenchConfig, layers: Sequence[nn.Module],
+                    device: torch.device) -> NetworkProfile:
+    """Each layer's forward, backward and update time, at the batch one stage processes at a
+    time (the model's step batch)."""
+    spec = dataset_spec(config.dataset.name.value)
+    generator = torch.Generator().manual_seed(config.run.seed)
+    sample = torch.randn((config.distribution.step_batch(config), *spec.input_shape),
+                         generator=generator)
+    return profile_layers(layers, sample.to(device))
+
+
+def shared_plan(context: TrainingContext, layers: Sequence[nn.Module],
+                planner: StagePlanner) -> StagePlan:
     """The stage plan, computed (and profiled, if needed) on rank 0 and broadcast to all.
 
     Workers time layers differently, so each profiling for itself could yield different plans.
@@ -37,8 +100,8 @@ def shared_plan(context: TrainingContext, layers: Sequence[nn.Module]) -> StageP
     if session.env.is_main:
         try:
             profile = profile_network(config, layers, context.device) \
-                if needs_profile(config) else None
-            plan = stage_plan(config, len(layers), profile)
+                if planner.needs_profile(config) else None
+            plan = planner.plan(config, len(layers), profile)
         except ValueError as err:  # e.g. a balance that does not match the layer list
             plan = str(err)
     plan = session.broadcast_from_main(plan)

@@ -2,9 +2,58 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from harness.config import DistbenchConfig, DistributionConfig, HardwareConfig
 from harness.distributions.base import TrainingContext
 from harness.distributions.loop import BatchLoopTrainer
+from harness.distributions.spec import (
+    DistributionSpec,
+    WorkerCounts,
+    candidate,
+    candidate_settings,
+)
+from harness.hardware_profile import HardwareProfile
+from harness.partition import StagePlan
+from harness.predict.memory import WorkerMemory
+from harness.predict.terms import CellFacts, EpochTerms, batches_per_epoch, replica_memory
+
+
+@dataclass
+class SequentialConfig(DistributionConfig):
+    """One worker, whatever the hardware has; no settings of its own."""
+
+    name: str = "sequential"
+
+    def workers(self, hardware: HardwareConfig) -> int:
+        return 1
 
 
 def sequential_trainer(context: TrainingContext) -> BatchLoopTrainer:
     return BatchLoopTrainer(context, context.workload.model.to(context.device))
+
+
+def epoch_terms(config: DistbenchConfig, facts: CellFacts,
+                profile: HardwareProfile | None) -> EpochTerms:
+    """The probe's step time, once per batch: the statistical model itself."""
+    steps = batches_per_epoch(config)
+    return EpochTerms(steps * facts.step_seconds, steps=steps)
+
+
+def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[WorkerMemory]:
+    return [replica_memory(config, facts)]
+
+
+def candidates(asked: DistbenchConfig, counts: WorkerCounts) -> Iterator[DistbenchConfig]:
+    yield candidate(asked, candidate_settings(asked, SequentialConfig), 1, 1)
+
+
+def label(config: DistbenchConfig, plan: StagePlan | None) -> str:
+    return "sequential"
+
+
+SPEC = DistributionSpec(
+    name="sequential", title="sequential PyTorch", settings=SequentialConfig,
+    trainer=sequential_trainer, epoch_terms=epoch_terms, memory_per_worker=memory_per_worker,
+    candidates=candidates, label=label)

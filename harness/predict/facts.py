@@ -41,47 +41,14 @@ from typing import Any
 
 import torch
 
-from harness.config import ConfigError, DistbenchConfig, DistributionName
+from harness.config import ConfigError, DistbenchConfig
+from harness.distributions.pipeline import profile_network
+from harness.distributions.registry import settings, spec_of
 from harness.metrics import BYTES_PER_MB
 from harness.partition import StagePlan
+from harness.predict.terms import CellFacts, LayerFacts
 
 _PROBE_WARMUP = 4  # a fresh process runs its first batches slower (allocator, kernel caches)
-
-
-@dataclass(frozen=True)
-class LayerFacts:
-    weights_mb: float
-    activation_mb_per_sample: float  # the layer's output, per sample
-    compute_share: float  # of the whole network's forward+backward+update time (pipelines)
-    # The same split by phase, as shares of one whole training step (forward + backward + one
-    # update of all weights); they sum to 1 over the layers. Pipelines need them apart: GPipe
-    # recomputes forwards and updates once per batch, not once per micro-batch.
-    forward_share: float = 0.0
-    backward_share: float = 0.0
-    update_share: float = 0.0
-    # What autograd saves for the backward pass (`predict.activations.LayerSaved`), measured;
-    # None where it was not (the memory model then counts the layer's output).
-    saved: Any = None
-
-
-@dataclass(frozen=True)
-class CellFacts:
-    """The inputs of a cell's prediction (see `harness.predict.cell`)."""
-
-    weights_mb: float
-    gradient_mb: float
-    input_mb_per_sample: float
-    layers: list[LayerFacts]
-    step_seconds: float  # one sequential training step at `step_batch` (probe median)
-    step_batch: int  # the batch the models scale from: micro-batch (GPipe), else the batch
-    gradient_tensors: int = 1  # parameter tensors with a gradient (Horovod's allreduce count)
-    plan: StagePlan | None = None  # pipelines: layers and replicas per stage
-    probe_seconds: float = 0.0  # how long measuring these facts took (0 when cached)
-    runtime_mb: float = 0.0  # a worker process's memory besides the model (`predict.runtime`)
-
-    @property
-    def activation_mb_per_sample(self) -> float:
-        return sum(layer.activation_mb_per_sample for layer in self.layers)
 
 
 @dataclass
@@ -139,14 +106,6 @@ def cache_for(probe_batches: int, *, probe: bool = True, facts_root: Path | None
                       reuse=reuse)
 
 
-def step_batch(config: DistbenchConfig) -> int:
-    """The batch a step of the model's unit of work trains: GPipe's micro-batch, else the
-    (per-worker) batch."""
-    if config.distribution.name is DistributionName.gpipe:
-        return config.batch_size // config.micro_batches
-    return config.batch_size
-
-
 def gather(config: DistbenchConfig, cache: FactsCache, *, timed: bool = True) -> CellFacts:
     """Facts for `config`, measuring on this machine what `cache` does not hold yet.
     `timed=False` skips the step time (NaN): what a memory-only prediction needs, e.g. for a
@@ -160,7 +119,7 @@ def gather(config: DistbenchConfig, cache: FactsCache, *, timed: bool = True) ->
     if workload not in cache.static:
         cache.static[workload] = describe(config.network.name.value, spec)
     static = cache.static[workload]
-    batch = step_batch(config)
+    batch = config.distribution.step_batch(config)
     seconds = _step_seconds(config, batch, cache) if timed else float("nan")
     shares, phases, plan = _pipeline_facts(config, static["num_layers"], cache)
     layers = [LayerFacts(weights_mb=layer["parameters"] * FLOAT32_BYTES / BYTES_PER_MB,
@@ -205,7 +164,7 @@ def _step_seconds(config: DistbenchConfig, batch: int, cache: FactsCache) -> flo
 
 def step_time_source(config: DistbenchConfig, cache: FactsCache) -> StepTime | None:
     """Where the step time of `config`'s prediction came from (after `gather`)."""
-    return cache.sources.get(_step_key(config, step_batch(config), cache))
+    return cache.sources.get(_step_key(config, config.distribution.step_batch(config), cache))
 
 
 def _kept_step(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepTime | None:
@@ -225,8 +184,7 @@ def _probe_step(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepT
     then read back from the file, as a later run reads it."""
     from harness.predict.sequential import measure_batch_seconds
 
-    sequential = replace(config.distribution, name=DistributionName.sequential,
-                         batch_size=batch, micro_batches=None, stages=None, balance=None)
+    sequential = settings("sequential", batch_size=batch, backend=config.distribution.backend)
     with _torch_threads(_threads(config)):
         timing = measure_batch_seconds(replace(config, distribution=sequential),
                                        batch_size=batch, probe_batches=cache.probe_batches,
@@ -267,8 +225,6 @@ def _pipeline_facts(config: DistbenchConfig, num_layers: int, cache: FactsCache
     if not config.distribution.pipeline:
         uniform = 1 / num_layers
         return [uniform] * num_layers, [(uniform / 3, 2 * uniform / 3, 0.0)] * num_layers, None
-    from harness.plan import stage_plan, updates_per_pass
-
     # Each layer's *share* of the compute barely moves with the batch size, so one profile
     # (at the first batch asked for) serves every candidate of a recommendation.
     key = (config.network.name.value, config.dataset.name.value, config.hardware.device.value,
@@ -276,12 +232,14 @@ def _pipeline_facts(config: DistbenchConfig, num_layers: int, cache: FactsCache
     if key not in cache.profiles:
         cache.profiles[key] = _layer_profile(config, key, cache)
     profile = cache.profiles[key]
-    costs = profile.compute_ms(updates_per_pass(config))
+    planner = spec_of(config).stage_planner
+    assert planner is not None, f"{config.distribution.name} is a pipeline without a planner"
+    costs = profile.compute_ms(planner.updates_per_pass(config))
     step_ms = sum(profile.compute_ms(1.0))  # one step: every layer's forward, backward, update
     phases = [(layer.forward_ms / step_ms, layer.backward_ms / step_ms,
                layer.update_ms / step_ms) for layer in profile.layers]
     return ([cost / sum(costs) for cost in costs], phases,
-            stage_plan(config, num_layers, profile))
+            planner.plan(config, num_layers, profile))
 
 
 def _saved_activations(config: DistbenchConfig, spec: Any, cache: FactsCache) -> Any:
@@ -358,7 +316,6 @@ def _layer_profile(config: DistbenchConfig, key: tuple[Any, ...], cache: FactsCa
     """The network's per-layer profile (a `NetworkProfile`): for a device that is not here the
     facts file's, if it holds one; else profiled here. The profile always runs on this
     machine's CPU (as `harness.plan` does), so a machine without the device can take it too."""
-    from harness.plan import profile_network
     from workloads.datasets import dataset_spec
     from workloads.networks import build_network, to_layer_list
 

@@ -67,7 +67,7 @@ def _cells(uri: str, config: DistbenchConfig) -> list[_Cell]:
     from mlflow.tracking import MlflowClient
 
     from harness.analysis.grid import recorded_config
-    from harness.predict.cell import batches_per_epoch
+    from harness.predict.terms import batches_per_epoch
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     client = MlflowClient(tracking_uri=uri)

@@ -41,7 +41,8 @@ def measure_batch_seconds(config: DistbenchConfig, *, batch_size: int, probe_bat
     """Time `probe_batches` training steps of the cell's network at `batch_size` on the
     configured device (one worker, the sequential trainer)."""
     # Imported here: harness.run and the trainers pull in much that the equations never need.
-    from harness.distributions import TrainingContext, trainer_factory
+    from harness.distributions.base import TrainingContext
+    from harness.distributions.sequential import sequential_trainer
     from harness.metrics import PhaseClock
     from harness.run import select_device
     from harness.workload import build_workload
@@ -59,7 +60,7 @@ def measure_batch_seconds(config: DistbenchConfig, *, batch_size: int, probe_bat
         config=probe_config, workload=build_workload(probe_config), device=device,
         clock=PhaseClock(device, enabled=False),
         session=WorkerSession(WorkerEnvironment(), backend=None), heartbeat=lambda: None)
-    trainer = trainer_factory("sequential")(context)
+    trainer = sequential_trainer(context)
     seconds = trainer.time_batches(warmup_batches + probe_batches)[warmup_batches:]
     return BatchTiming(batch_size=batch_size, median_s=statistics.median(seconds),
                        std_s=statistics.stdev(seconds) if len(seconds) > 1 else 0.0,

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 import pandas as pd
 
 from harness.config import ConfigError
+from harness.distributions.registry import setting_names
 
 # A cell's grid position: what the sweep files vary. `balance` is not in it: a profile-
 # balanced pipeline may split its layers differently from one measurement to the next.
 MATCH_ON = ["dataset", "network", "distribution", "hardware", "nodes", "workers", "batch_size",
-            "micro_batches", "stages", "recompute", "batch_division", "bucket_cap_mb",
-            "fusion_threshold_mb", "cycle_time_ms", "num_samples"]
+            *(name for name in setting_names() if name != "balance"), "num_samples"]
 SIDES = ("a", "b")
 _MEASURES = ["status", "seconds_per_epoch", "seconds_per_epoch_ci95_low",
              "seconds_per_epoch_ci95_high", "seconds_per_epoch_repeat_std", "repeats", "run_id"]

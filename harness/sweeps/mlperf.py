@@ -67,6 +67,7 @@ from mlperf_logging.mllog import constants
 from harness import compliance
 from harness.compliance import RULESET, USAGE
 from harness.config import ConfigError
+from harness.distributions.registry import setting_names
 from harness.eventlog import log_file_name
 from harness.results import RESULT_FILE
 
@@ -80,10 +81,14 @@ AVAILABILITY = {constants.ONPREM: "Available on-premise", constants.CLOUD: "Avai
                 "preview": "Preview"}
 NOT_RECORDED = "not recorded by distbench"
 # A model setting that splits a system where the selection varies it: (axis, its label).
-SETTINGS = [("batch_size", "b"), ("micro_batches", "mb"), ("stages", "s"),
-            ("recompute", "recompute-"), ("batch_division", "division-"),
-            ("bucket_cap_mb", "bucket"), ("fusion_threshold_mb", "fusion"),
-            ("cycle_time_ms", "cycle"), ("num_samples", "n"), ("epochs", "e"), ("seed", "seed")]
+# A model setting without a short label here is labelled by its name.
+_SHORT = {"micro_batches": "mb", "stages": "s", "recompute": "recompute-",
+          "batch_division": "division-", "bucket_cap_mb": "bucket",
+          "fusion_threshold_mb": "fusion", "cycle_time_ms": "cycle"}
+SETTINGS = [("batch_size", "b"),
+            *((name, _SHORT.get(name, f"{name}-")) for name in setting_names()
+              if name != "balance"),
+            ("num_samples", "n"), ("epochs", "e"), ("seed", "seed")]
 SYSTEM_OF = ["hardware", "distribution", "workers"]
 
 

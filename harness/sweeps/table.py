@@ -25,7 +25,8 @@ import pandas as pd
 
 from harness.analysis.grid import recorded_config
 from harness.cli import failure_reason
-from harness.config import ConfigError, DistbenchConfig, DistributionName
+from harness.config import ConfigError, DistbenchConfig
+from harness.distributions.registry import setting_names
 from harness.tracking import CELL_KEY_TAG, KIND_TAG, OUTPUT_DIR_TAG, SWEEP_KIND
 
 log = logging.getLogger(__name__)
@@ -38,10 +39,9 @@ _SERIES = re.compile(r"epoch_\w+|repeat_\w+")
 _PAGE = 1000  # runs per search request
 # Columns in the order a reader scans them; the other metrics follow, then the series.
 IDENTITY = ["experiment", "sweep", "run_name", "status"]
+# ... then every model's own settings (`registry.setting_names`), then the epoch's size
 AXES = ["dataset", "network", "distribution", "hardware", "device", "nodes", "workers",
-        "batch_size", "global_batch_size", "micro_batches", "stages", "balance", "recompute",
-        "batch_division", "bucket_cap_mb", "fusion_threshold_mb", "cycle_time_ms",
-        "num_samples", "epochs", "seed"]
+        "batch_size", "global_batch_size", *setting_names(), "num_samples", "epochs", "seed"]
 KEY_METRICS = ["seconds_per_epoch", "seconds_per_epoch_ci95_low", "seconds_per_epoch_ci95_high",
                "repeats", "images_per_second", "peak_memory_mb", "eval_accuracy",
                "reached_target", "time_to_target_s", "epochs_to_target"]
@@ -224,26 +224,15 @@ def _axes(client: Any, run: Any, scratch: Path) -> dict[str, Any]:
 def axes(config: DistbenchConfig) -> dict[str, Any]:
     """What a cell's grid position is; a model's own settings only for that model (None
     elsewhere, so that they do not split cells they do not apply to)."""
-    distribution, name = config.distribution, config.distribution.name
-    sequential = name is DistributionName.sequential
-    gpipe, pipedream = name is DistributionName.gpipe, name is DistributionName.pipedream
     return {
         "dataset": config.dataset.name.value, "network": config.network.name.value,
-        "distribution": name.value, "hardware": config.hardware.name,
+        "distribution": config.distribution.name, "hardware": config.hardware.name,
         "device": config.hardware.device.value,
-        "nodes": 1 if sequential else config.hardware.nodes, "workers": config.world_size,
+        "nodes": config.hardware.nodes if config.world_size > 1 else 1,
+        "workers": config.world_size,
         "batch_size": config.batch_size, "global_batch_size": config.global_batch_size,
-        "micro_batches": config.micro_batches if gpipe else None,
-        # the plan PipeDream trained (its planner's, when `stages` was null)
-        "stages": distribution.stages if pipedream else None,
-        "balance": "-".join(map(str, distribution.balance))
-        if distribution.pipeline and distribution.balance else None,
-        "recompute": distribution.recompute.value if gpipe else None,
-        "batch_division": distribution.batch_division.value if pipedream else None,
-        "bucket_cap_mb": distribution.bucket_cap_mb if name is DistributionName.ddp else None,
-        "fusion_threshold_mb": distribution.fusion_threshold_mb
-        if name is DistributionName.horovod else None,
-        "cycle_time_ms": distribution.cycle_time_ms if name is DistributionName.horovod else None,
+        # the model's own settings (a pipeline's planned plan is in its result, not here)
+        **config.distribution.own_settings(config),
         "num_samples": config.samples_per_epoch, "epochs": config.run.epochs,
         "seed": config.run.seed,
     }

@@ -1,0 +1,80 @@
+"""Every distribution model distbench has: the modules of `harness.distributions` that define
+a `SPEC` (`harness.distributions.spec`), found when first asked for, so that a new model is
+one new module and one config file."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import pkgutil
+from collections.abc import Mapping
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+import harness.distributions as package
+from harness.config import ConfigError, DistbenchConfig, DistributionConfig, validate
+from harness.distributions.spec import DistributionSpec
+
+
+@functools.cache
+def specs() -> dict[str, DistributionSpec]:
+    """name -> spec of every model, sorted by name, the one-worker baseline first."""
+    found = {}
+    for module in pkgutil.iter_modules(package.__path__):
+        spec = getattr(importlib.import_module(f"{package.__name__}.{module.name}"), "SPEC",
+                       None)
+        if isinstance(spec, DistributionSpec):
+            found[spec.name] = spec
+    return dict(sorted(found.items(), key=lambda item: (item[0] != "sequential", item[0])))
+
+
+def spec_named(name: str) -> DistributionSpec:
+    """The spec of model `name`; ConfigError names the models there are."""
+    try:
+        return specs()[name]
+    except KeyError:
+        raise ConfigError(f"distribution.name={name!r} is invalid: allowed: "
+                          f"{', '.join(specs())}") from None
+
+
+def spec_of(config: DistbenchConfig) -> DistributionSpec:
+    """The spec of the cell's model."""
+    return spec_named(config.distribution.name)
+
+
+def settings(name: str, **values: Any) -> DistributionConfig:
+    """Model `name`'s settings with `values` (the rest at their defaults)."""
+    return spec_named(name).settings(name=name, **values)
+
+
+def register_configs() -> None:
+    """Register the cell's schema (conf/config.yaml extends it: `defaults: [distbench_schema]`)
+    and every model's settings as the schema of its config file (`<name>_schema` in the
+    `distribution` group, which conf/distribution/<name>.yaml extends)."""
+    store = ConfigStore.instance()
+    store.store(name="distbench_schema", node=DistbenchConfig)
+    for spec in specs().values():
+        store.store(group="distribution", name=f"{spec.name}_schema", node=spec.settings)
+
+
+def recorded_config(data: Mapping[str, Any]) -> DistbenchConfig:
+    """A recorded cell's config (a result.json's or MLflow's plain `config`), checked and
+    typed with its model's settings."""
+    name = str(data.get("distribution", {}).get("name", ""))
+    schema = OmegaConf.structured(DistbenchConfig)
+    schema.distribution = OmegaConf.structured(spec_named(name).settings)
+    return validate(OmegaConf.merge(schema, OmegaConf.create(dict(data))))
+
+
+def setting_names() -> list[str]:
+    """Every model's own settings (their union, in the models' order, each once): the columns
+    a sweep's table has besides the common axes."""
+    names: dict[str, None] = {}
+    base = {f.name for f in dataclasses.fields(DistributionConfig)}
+    for spec in specs().values():
+        names.update((f.name, None) for f in dataclasses.fields(spec.settings)
+                     if f.name not in base)
+    return list(names)

@@ -1,0 +1,90 @@
+"""What a distribution model is, in one place (in the spirit of torchtitan's `TrainSpec`).
+
+Each model is one module of `harness.distributions` that ends with `SPEC =
+DistributionSpec(...)`, plus its config file `conf/distribution/<name>.yaml`; the registry
+(`harness.distributions.registry`) finds every such module, so adding a model touches no
+other file. The cell's config, the performance model, the recommender, the stage planner and
+the reports ask the spec, never the model's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+
+from harness.config import DistbenchConfig, DistributionConfig
+from harness.distributions.base import TrainerFactory
+from harness.hardware_profile import HardwareProfile
+from harness.partition import StagePlan
+from harness.predict.memory import WorkerMemory
+from harness.predict.terms import CellFacts, EpochTerms
+from harness.profiler import NetworkProfile
+
+# (nodes, workers per node) the recommender tries, fewest first
+WorkerCounts = Sequence[tuple[int, int]]
+
+
+def no_overrides(candidate: DistbenchConfig, plan: StagePlan | None) -> list[str]:
+    """A model with no settings of its own to pin in a recommended command."""
+    return []
+
+
+@dataclass(frozen=True)
+class StagePlanner:
+    """How a pipeline model splits the network into stages (`harness.plan` shows it)."""
+
+    # (cell, layer count, profile or None) -> the stages' layers and replicas; ValueError
+    # (naming the key) if the cell's settings cannot be planned
+    plan: Callable[[DistbenchConfig, int, NetworkProfile | None], StagePlan]
+    # whether `plan` needs a layer profile of the network for this cell's settings
+    needs_profile: Callable[[DistbenchConfig], bool]
+    # optimizer steps per forward+backward of a stage (a profile's update cost is scaled by it)
+    updates_per_pass: Callable[[DistbenchConfig], float] = field(default=lambda cell: 1.0)
+
+
+@dataclass(frozen=True)
+class DistributionSpec:
+    """One distribution model: how it trains, how it is configured, predicted and offered."""
+
+    name: str  # `distribution=<name>`: the config file, and `distribution.name`
+    title: str  # how a person names it ("GPipe")
+    # the typed settings: a subclass of DistributionConfig, the Hydra schema of its config file
+    settings: type[DistributionConfig]
+    trainer: TrainerFactory  # builds one worker's trainer
+    # the cell's epoch split by physical cause (`harness.predict.terms`); the profile is None
+    # only for a one-worker cell
+    epoch_terms: Callable[[DistbenchConfig, CellFacts, HardwareProfile | None], EpochTerms]
+    # every worker's predicted peak memory, term by term
+    memory_per_worker: Callable[[DistbenchConfig, CellFacts], list[WorkerMemory]]
+    # the configurations of this model the recommender ranks, for a cell asked about
+    # (its batch size, dataset, hardware) over the worker counts to try
+    candidates: Callable[[DistbenchConfig, WorkerCounts], Iterator[DistbenchConfig]]
+    # a configuration in a few characters (reports, tables): the model and its main settings,
+    # the plan where one was made
+    label: Callable[[DistbenchConfig, StagePlan | None], str]
+    # the overrides that pin a candidate's own settings and plan in a recommended command
+    pinned_overrides: Callable[[DistbenchConfig, StagePlan | None], list[str]] = no_overrides
+    stage_planner: StagePlanner | None = None  # pipelines only
+
+    def __post_init__(self) -> None:
+        own_name = self.settings.__dataclass_fields__["name"].default
+        if own_name != self.name:
+            raise TypeError(f"{self.settings.__name__}.name defaults to {own_name!r}, but the "
+                            f"spec is named {self.name!r}")
+
+
+def candidate_settings(asked: DistbenchConfig, settings: type[DistributionConfig],
+                       **values: object) -> DistributionConfig:
+    """A candidate's settings: the asked cell's batch size and backend, the asked cell's own
+    settings where it is of this model (else the model's defaults), then `values`."""
+    name = settings.__dataclass_fields__["name"].default
+    own = asked.distribution.own_settings_raw() if asked.distribution.name == name else {}
+    return settings(**{**own, "name": name, "batch_size": asked.distribution.batch_size,
+                       "backend": asked.distribution.backend, **values})
+
+
+def candidate(asked: DistbenchConfig, settings: DistributionConfig, nodes: int,
+              per_node: int) -> DistbenchConfig:
+    """The asked cell with another model's `settings` on `nodes` x `per_node` workers."""
+    hardware = replace(asked.hardware, nodes=nodes, workers_per_node=per_node)
+    return replace(asked, distribution=settings, hardware=hardware)

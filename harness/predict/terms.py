@@ -1,0 +1,204 @@
+"""What every distribution model's prediction is made of: the cell's measured facts, an
+epoch split by physical cause (`EpochTerms`), and the terms the models share.
+
+Every model's epoch is split by physical cause, so that one fitting procedure serves them all:
+
+    T = fixed + contention * compute + communication * (allreduce + transfer) + ...
+
+- `compute`: the workers' own forward, backward and update, from the sequential probe (the
+  thesis' statistical model), arranged as the model's schedule runs it (data parallel: one
+  step per batch; GPipe: fill, steady state and drain of the slowest stage, recomputation
+  included; PipeDream: pipeline depth, then one minibatch per bottleneck interval);
+- `allreduce`: gradient allreduces that do not hide behind the backward pass;
+- `transfer`: activations and their gradients sent between pipeline stages.
+
+The raw equation is every free parameter at its prior value (`RAW`): contention 1,
+communication 1. What the parameters mean, and which model uses which, is in
+`harness.analysis.fit.PARAMETERS`; they are fitted per hardware and shared between models,
+because the physics they stand for (workers sharing a node's cores and memory bandwidth, the
+share of the probed bandwidth achieved under load) is the hardware's, not the model's.
+
+Each model's own equations are in its module (`harness.distributions.<name>`, its
+`DistributionSpec`); `harness.predict.cell` dispatches to them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from harness.config import DistbenchConfig
+from harness.hardware_profile import HardwareProfile
+from harness.metrics import BYTES_PER_MB
+from harness.partition import StagePlan
+from harness.predict import activations, horovod, memory
+
+# Free parameters of the time equations at their raw (prior) values.
+RAW: dict[str, float] = {"contention": 1.0, "communication": 1.0, "horovod_background": 0.0}
+
+# Backward share of a training step when no layer profile says otherwise (data-parallel
+# cells): a backward pass costs about twice its forward, and the update little.
+BACKWARD_SHARE = 2 / 3
+
+
+@dataclass(frozen=True)
+class LayerFacts:
+    weights_mb: float
+    activation_mb_per_sample: float  # the layer's output, per sample
+    compute_share: float  # of the whole network's forward+backward+update time (pipelines)
+    # The same split by phase, as shares of one whole training step (forward + backward + one
+    # update of all weights); they sum to 1 over the layers. Pipelines need them apart: GPipe
+    # recomputes forwards and updates once per batch, not once per micro-batch.
+    forward_share: float = 0.0
+    backward_share: float = 0.0
+    update_share: float = 0.0
+    # What autograd saves for the backward pass (`predict.activations.LayerSaved`), measured;
+    # None where it was not (the memory model then counts the layer's output).
+    saved: Any = None
+
+
+@dataclass(frozen=True)
+class CellFacts:
+    """The inputs of a cell's prediction (measured by `harness.predict.facts.gather`)."""
+
+    weights_mb: float
+    gradient_mb: float
+    input_mb_per_sample: float
+    layers: list[LayerFacts]
+    step_seconds: float  # one sequential training step at `step_batch` (probe median)
+    step_batch: int  # the batch the models scale from: micro-batch (GPipe), else the batch
+    gradient_tensors: int = 1  # parameter tensors with a gradient (Horovod's allreduce count)
+    plan: StagePlan | None = None  # pipelines: layers and replicas per stage
+    probe_seconds: float = 0.0  # how long measuring these facts took (0 when cached)
+    runtime_mb: float = 0.0  # a worker process's memory besides the model (`predict.runtime`)
+
+    @property
+    def activation_mb_per_sample(self) -> float:
+        return sum(layer.activation_mb_per_sample for layer in self.layers)
+
+
+@dataclass(frozen=True)
+class EpochTerms:
+    """An epoch's prediction before the free parameters are applied (module docstring)."""
+
+    compute_s: float
+    allreduce_s: float = 0.0
+    transfer_s: float = 0.0
+    steps: int = 0
+    # Several workers compute at once (every multi-worker model): their compute is what the
+    # contention factor scales. A sequential cell's compute is the probe itself.
+    concurrent: bool = False
+    # Compute that shares its cores with Horovod's background thread, which wakes every
+    # cycle (`distribution.cycle_time_ms`) to negotiate and fuse whatever gradients are ready,
+    # all through the step, not only while it communicates. 0 where it has cores of its own.
+    background_s: float = 0.0
+
+    @property
+    def communication_s(self) -> float:
+        return self.allreduce_s + self.transfer_s
+
+    def coefficients(self) -> dict[str, float]:
+        """Seconds per unit of each free parameter: the row of a (linear) fit."""
+        if not self.concurrent:
+            return {}
+        return {"contention": self.compute_s, "communication": self.communication_s,
+                "horovod_background": self.background_s}
+
+    def fixed_s(self) -> float:
+        """The seconds no free parameter scales."""
+        return 0.0 if self.concurrent else self.compute_s
+
+    def seconds(self, params: dict[str, float] | None = None) -> float:
+        values = {**RAW, **(params or {})}
+        return self.fixed_s() + sum(values[name] * coefficient
+                                    for name, coefficient in self.coefficients().items())
+
+
+def batches_per_epoch(config: DistbenchConfig) -> int:
+    """Training steps of one worker in an epoch, as the harness trains them: full batches only,
+    each data-parallel worker on its 1/W shard (PipeDream's count is then made divisible by
+    its plan's replicas, in its own terms)."""
+    samples, batch = config.samples_per_epoch, config.batch_size
+    if config.distribution.data_parallel:
+        return samples // config.world_size // batch
+    return samples // batch
+
+
+def communication_overlaps(config: DistbenchConfig) -> bool:
+    """Whether gradient allreduces can run beside the backward pass (Eq. 5.1's premise).
+
+    On a GPU the collectives run on their own streams and links while the device computes. A
+    CPU worker's gloo allreduce is memory copies and additions on the same cores that compute
+    the backward pass, which every worker keeps busy: it cannot hide, it takes its turn."""
+    return config.hardware.device.value == "cuda"
+
+
+def allreduce_seconds(profile: HardwareProfile, workers: int, total_mb: float,
+                      messages: int) -> float:
+    """`messages` allreduces moving `total_mb` MB in all among `workers` workers: each pays
+    the latency, the bytes pay the bandwidth. The probe's measured allreduce among that many
+    workers when the profile has one, else the ring over the slowest link (Eq. 5.1's form:
+    2(W-1) steps of m/W MB)."""
+    if workers < 2 or total_mb <= 0:
+        return 0.0
+    try:
+        cost = profile.allreduce_cost(workers)
+    except KeyError:
+        per_message = horovod.ring_allreduce_seconds(profile, workers, total_mb / messages)
+        return messages * per_message
+    return messages * cost.latency_s + total_mb * BYTES_PER_MB / cost.bandwidth_bytes_per_s
+
+
+def data_parallel_terms(config: DistbenchConfig, facts: CellFacts, profile: HardwareProfile,
+                        *, exposed_threshold_mb: float, messages: int,
+                        background: bool = False) -> EpochTerms:
+    """Eq. 5.1 for a model with one whole replica per worker, with what the workers' hardware
+    lets hide: on dedicated devices only the last bucket or fused buffer (of
+    `exposed_threshold_mb`) is exposed, as the thesis assumes; on CPU workers sharing cores
+    every allreduce of the step is (`communication_overlaps`), each of the `messages` with
+    its latency. `background`: a thread shares the compute's cores (Horovod's cycle)."""
+    workers, steps = config.world_size, batches_per_epoch(config)
+    if communication_overlaps(config):
+        exposed = horovod.exposed_mb(facts.gradient_mb, exposed_threshold_mb)
+        allreduce = horovod.ring_allreduce_seconds(profile, workers, exposed)
+    else:
+        allreduce = allreduce_seconds(profile, workers, facts.gradient_mb, messages)
+    compute = steps * facts.step_seconds
+    hidden_background = background and not communication_overlaps(config)
+    return EpochTerms(compute, steps * allreduce, 0.0, steps, concurrent=True,
+                      background_s=compute if hidden_background else 0.0)
+
+
+def replica_memory(config: DistbenchConfig, facts: CellFacts, *,
+                   buffer_mb: float = 0.0) -> memory.WorkerMemory:
+    """One worker holding a whole replica that trains a whole (per-worker) batch, with a
+    communication buffer of `buffer_mb` (sequential, DDP, Horovod)."""
+    return memory.data_parallel_memory(
+        facts.weights_mb, facts.gradient_mb, memory_stage(facts, 0, len(facts.layers)),
+        config.batch_size, buffer_mb=buffer_mb, momentum=config.optimizer.momentum > 0,
+        runtime_mb=facts.runtime_mb)
+
+
+def memory_stage(facts: CellFacts, first: int, end: int) -> memory.StageFacts:
+    """Layers [first, end) as the memory terms see them: weights, what autograd saves (per
+    sample and constant, each storage once) and the boundary tensors a stage keeps. Without
+    measured saved bytes (`LayerFacts.saved`), each layer's output stands for them."""
+    layers = facts.layers[first:end]
+    entering = facts.input_mb_per_sample if first == 0 else \
+        facts.layers[first - 1].activation_mb_per_sample
+    weights = sum(layer.weights_mb for layer in layers)
+    saved = [layer.saved for layer in facts.layers]
+    if any(layer is None for layer in saved):
+        return memory.StageFacts(weights, sum(layer.activation_mb_per_sample for layer in layers),
+                                 0.0, entering, layers[-1].activation_mb_per_sample, 0.0)
+    constant = activations.stage_saved_mb(saved, first, end, 0)
+    per_sample = activations.stage_saved_mb(saved, first, end, 1) - constant
+    held_in, held_out = activations.stage_boundary_mb(saved, first, end,
+                                                      facts.input_mb_per_sample)
+    entries = [(activations.stage_saved_mb(saved, i, i + 1, 1)
+                - activations.stage_saved_mb(saved, i, i + 1, 0),
+                activations.stage_saved_mb(saved, i, i + 1, 0)) for i in range(first, end)]
+    largest = max(entries)
+    return memory.StageFacts(weights, per_sample, constant, entering,
+                             layers[-1].activation_mb_per_sample, held_in + held_out,
+                             largest[0], largest[1])
