@@ -142,8 +142,8 @@ def test_sequential_cells_recorded_in_mlflow_are_used_and_named(output_root: Pat
     facts = _kept_facts(output_root, {})  # a layer profile only: step times from MLflow
 
     done = _recommend(output_root, "dataset=mnist", "network=mobilenetv2",
-                      "hardware=titanrtx_cluster", "distribution.batch_size=32",
-                      "distribution.micro_batches=4")
+                      "hardware=titanrtx_cluster", "distribution=gpipe",
+                      "distribution.batch_size=32", "distribution.micro_batches=4")
     assert done.returncode == 0, done.stderr[-3000:]
     print(done.stdout)
     lines = done.stdout.splitlines()

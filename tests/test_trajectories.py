@@ -53,7 +53,7 @@ from torch.func import functional_call
 
 from harness.compose import compose_config
 from harness.config import DistbenchConfig, validate
-from harness.distributions import TRAINERS
+from harness.distributions.registry import spec_named
 from harness.distributions.base import TrainingContext
 from harness.distributions.onefoneb import Kind, worker_ops
 from harness.metrics import PhaseClock
@@ -125,7 +125,7 @@ def stage_fingerprint(network: nn.Module, stage: nn.Module) -> dict[str, list[fl
 def train_and_reset(context: TrainingContext, model: str, check_reset: bool) -> dict:
     """Build `model`'s trainer, train one epoch, evaluate; with `check_reset`, reset and
     train the epoch again."""
-    trainer = TRAINERS[model](context)
+    trainer = spec_named(model).trainer(context)
     initial = fingerprint(trainer.evaluation_model())
     first = trainer.train_epoch(0).batch_losses
     versions = [[r.minibatch, r.forward_version] for r in getattr(trainer, "version_log", [])]

@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from harness.config import ConfigError, DistbenchConfig
-from harness.distributions.registry import recorded_config
+from harness.distributions.registry import config_from_record
 from harness.results import RunStatus
 
 
@@ -49,7 +49,7 @@ class MeasuredCell:
 
 def config_from_dict(data: dict) -> DistbenchConfig:
     """A recorded resolved config, typed and validated against today's schema."""
-    return recorded_config(data)
+    return config_from_record(data)
 
 
 def recorded_config(client: Any, run_id: str, scratch: Path) -> DistbenchConfig:

@@ -60,7 +60,7 @@ def register_configs() -> None:
         store.store(group="distribution", name=f"{spec.name}_schema", node=spec.settings)
 
 
-def recorded_config(data: Mapping[str, Any]) -> DistbenchConfig:
+def config_from_record(data: Mapping[str, Any]) -> DistbenchConfig:
     """A recorded cell's config (a result.json's or MLflow's plain `config`), checked and
     typed with its model's settings."""
     name = str(data.get("distribution", {}).get("name", ""))
