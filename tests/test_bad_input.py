@@ -113,8 +113,10 @@ def test_teardown_lines_are_refused_before_any_job(table: list[dict]) -> None:
     (["distribution=gpipe", "hardware=local_2cpu", "distribution.batch_size=4",
       "distribution.micro_batches=8"], "distribution.micro_batches=8 is invalid: must divide"),
     (["distribution=gpipe", "hardware=local_cpu"], "GPipe needs 2 or more workers"),
-    (["distribution=gpipe", "hardware=local_2cpu", "distribution.stages=1-1"],
-     "GPipe runs one stage per worker; allowed: null"),
+    # another model's setting: GPipe runs one stage per worker, it has no `stages`
+    (["distribution=gpipe", "hardware=local_2cpu", "+distribution.stages=1-1"],
+     "distribution.stages: unknown key; allowed: name, batch_size, backend, balance, "
+     "micro_batches, recompute"),
     # fewer samples than one batch per worker
     (["distribution=ddp", "hardware=local_2cpu", "dataset.num_samples=16",
       "distribution.batch_size=16"], "batch size 16 x 2 workers = 32"),
@@ -233,11 +235,18 @@ BAD_INPUTS: list[Bad] = [
     Bad("harness", ("tracking.experiment='   '",), "allowed: a non-empty MLflow experiment name"),
     _bad("harness", "distribution.batch_size=0", "distribution.batch_size=0 is invalid"),
     _bad("harness", "distribution.backend=mpi", "distribution.backend='mpi' is invalid"),
-    _bad("harness", "distribution.bucket_cap_mb=0", "distribution.bucket_cap_mb=0"),
-    _bad("harness", "distribution.fusion_threshold_mb=-1", "distribution.fusion_threshold_mb"),
-    _bad("harness", "distribution.cycle_time_ms=0", "distribution.cycle_time_ms=0"),
-    _bad("harness", "distribution.balance=[0,15]", "distribution.balance=[0, 15] is invalid"),
+    _bad("harness", "distribution=ddp distribution.bucket_cap_mb=0", "distribution.bucket_cap_mb=0"),
+    _bad("harness", "distribution=horovod distribution.fusion_threshold_mb=-1",
+         "distribution.fusion_threshold_mb=-1.0 is invalid"),
+    _bad("harness", "distribution=horovod distribution.cycle_time_ms=0",
+         "distribution.cycle_time_ms=0"),
+    _bad("harness", "distribution=gpipe hardware=local_2cpu distribution.balance=[0,15]",
+         "distribution.balance=[0, 15] is invalid"),
     _bad("harness", "distribution=pipedream distribution.stages=a-b", "distribution.stages='a-b'"),
+    # another model's setting (each model's settings are the schema of its config file)
+    _bad("harness", "distribution=ddp distribution.micro_batches=8",
+         "distribution.micro_batches: unknown key; allowed: name, batch_size, backend, "
+         "bucket_cap_mb"),
     _bad("harness", "hardware.nodes=0", "hardware.nodes=0 is invalid"),
     _bad("harness", "hardware.workers_per_node=0", "hardware.workers_per_node=0 is invalid"),
     _bad("harness", "hardware.cpu_threads=0", "hardware.cpu_threads=0 is invalid"),

@@ -21,14 +21,14 @@ from harness.distributions.spec import DistributionSpec
 
 @functools.cache
 def specs() -> dict[str, DistributionSpec]:
-    """name -> spec of every model, sorted by name, the one-worker baseline first."""
+    """name -> spec of every model, sorted by name."""
     found = {}
     for module in pkgutil.iter_modules(package.__path__):
         spec = getattr(importlib.import_module(f"{package.__name__}.{module.name}"), "SPEC",
                        None)
         if isinstance(spec, DistributionSpec):
             found[spec.name] = spec
-    return dict(sorted(found.items(), key=lambda item: (item[0] != "sequential", item[0])))
+    return dict(sorted(found.items()))
 
 
 def spec_named(name: str) -> DistributionSpec:

@@ -1,0 +1,128 @@
+"""A distribution model is one module and one config file (`harness.distributions.spec`).
+
+The test lists every file of the code (harness/, launchers/, workloads/, hydra_plugins/, conf/,
+scripts/) that names each model: in a string of the code (not a comment or docstring) or a
+value of a config file. A model's own files are its module `harness/distributions/<name>.py`
+(and `<name>_*.py`), its config file `conf/distribution/<name>.yaml` (and variants
+`<name>_*.yaml`), and its options in the sweeps that take every model's
+(`conf/sweep/<group>/<name>[_*].yaml`). A model added the new way touches nothing else; the
+thesis' five models are also named where listed below, each for a reason given.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+
+from harness.compose import compose_config
+from harness.config import ConfigError, validate
+from harness.distributions.registry import specs
+
+ROOT = Path(__file__).resolve().parent.parent
+CODE_DIRS = ("harness", "launchers", "workloads", "hydra_plugins", "conf", "scripts")
+OWN = ("harness/distributions/{name}.py", "harness/distributions/{name}_*.py",
+       "conf/distribution/{name}.yaml", "conf/distribution/{name}_*.yaml",
+       "conf/sweep/*/{name}.yaml", "conf/sweep/*/{name}_*.yaml")
+
+# Where the thesis' models are named besides their own files, and why.
+NAMED_ELSEWHERE: dict[str, set[str]] = {
+    "sequential": {
+        "conf/config.yaml",  # the default model of a cell
+        "conf/sweep/calibrate_local_memory.yaml", "conf/sweep/local_data_parallel.yaml",
+        # the probe's step is a sequential step, recorded as a sequential cell
+        "harness/predict/facts.py", "harness/predict/recorded.py",
+        "harness/analysis/report.py",  # speedups are over the sequential baseline
+        "harness/recommend.py",  # its step times are sequential steps
+        "harness/distributions/gpipe.py",  # its error: one stage is distribution=sequential
+    },
+    "ddp": {"conf/sweep/calibrate_local_memory.yaml", "conf/sweep/local_data_parallel.yaml"},
+    "horovod": {
+        # the fit's free parameter for Horovod's background thread on shared cores
+        "harness/analysis/fit.py", "harness/predict/terms.py",
+        "harness/environment.py", "harness/sweeps/mlperf.py",  # its version, in the record
+        "scripts/build_horovod.sh", "scripts/setup.sh",  # it is built from source
+    },
+    "gpipe": {"conf/sweep/calibrate_local_memory.yaml"},
+    "pipedream": set(),
+}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def names(path: Path, name: str) -> bool:
+    """Whether the file's code names model `name` (a whole word, in any case)."""
+    word = re.compile(rf"(?<![A-Za-z0-9]){re.escape(name)}(?![A-Za-z0-9])", re.IGNORECASE)
+    if path.suffix == ".py":
+        tree = ast.parse(path.read_text())
+        docstrings = _docstrings(tree)
+        return any(isinstance(node, ast.Constant) and isinstance(node.value, str)
+                   and id(node) not in docstrings and word.search(node.value)
+                   for node in ast.walk(tree))
+    return bool(word.search("\n".join(line.split("#")[0]
+                                      for line in path.read_text().splitlines())))
+
+
+def files_naming(name: str) -> set[str]:
+    return {str(path.relative_to(ROOT)) for folder in CODE_DIRS
+            for path in (ROOT / folder).rglob("*")
+            if path.suffix in (".py", ".yaml", ".sh") and names(path, name)}
+
+
+def own(path: str, name: str) -> bool:
+    return any(fnmatch(path, pattern.format(name=name)) for pattern in OWN)
+
+
+@pytest.mark.parametrize("name", list(specs()))
+def test_every_file_a_model_touches(name: str) -> None:
+    named = files_naming(name)
+    elsewhere = {path for path in named if not own(path, name)}
+    assert elsewhere == NAMED_ELSEWHERE.get(name, set()), \
+        f"{name} is named outside its own files: {sorted(elsewhere)}"
+    assert (ROOT / "harness" / "distributions" / f"{name}.py").is_file()
+    assert (ROOT / "conf" / "distribution" / f"{name}.yaml").is_file()
+
+
+def test_the_thesis_models_are_there() -> None:
+    assert set(NAMED_ELSEWHERE) <= set(specs())
+
+
+@pytest.mark.parametrize("name", list(specs()))
+def test_a_models_settings_are_the_schema_of_its_config_file(name: str) -> None:
+    spec = specs()[name]
+    config = validate(compose_config([f"distribution={name}", "hardware=local_2cpu",
+                                      "dataset.num_samples=8192"]))
+    assert type(config.distribution) is spec.settings
+    assert config.distribution.name == name
+    # every other model's own keys are refused, in one line that names what is allowed
+    allowed = [field.name for field in dataclasses.fields(spec.settings)]
+    for other in specs().values():
+        for key in (field.name for field in dataclasses.fields(other.settings)):
+            if key in allowed:
+                continue
+            with pytest.raises(ConfigError) as refused:
+                validate(compose_config([f"distribution={name}", "hardware=local_2cpu",
+                                         f"+distribution.{key}=1"]))
+            message = str(refused.value)
+            assert "\n" not in message and f"distribution.{key}: unknown key" in message
+            assert message.endswith(f"allowed: {', '.join(allowed)}")
+
+
+def test_every_config_file_of_the_group_is_a_model() -> None:
+    """conf/distribution/ holds each model's file and variants of one (pipedream_straight)."""
+    for path in (ROOT / "conf" / "distribution").glob("*.yaml"):
+        config = validate(compose_config([f"distribution={path.stem}", "hardware=local_2cpu",
+                                          "dataset.num_samples=8192"]))
+        assert own(f"conf/distribution/{path.name}", config.distribution.name)
