@@ -14,14 +14,13 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.batch_sizes import default_batch_size
 from workloads.datasets.spec import DATASET_SPECS
-
 
 # torch.manual_seed's range (an unsigned 64-bit integer).
 MAX_SEED = 2**64 - 1
@@ -69,7 +68,7 @@ def require(condition: bool, key: str, value: Any, allowed: str) -> None:
         raise ConfigError(f"{key}={value!r} is invalid: {allowed}")
 
 
-def _check_positive(section: str, name: str, value: Optional[float], *, nullable: bool = False,
+def _check_positive(section: str, name: str, value: float | None, *, nullable: bool = False,
                     null_means: str = "") -> None:
     if value is None and nullable:
         return
@@ -84,14 +83,15 @@ class DatasetConfig:
     _section: ClassVar[str] = "dataset"
     name: DatasetName = DatasetName.mnist
     # synthetic: generated once from run.seed into cache_dir (keeps storage out of the measurement);
-    # real: torchvision formats under `root` (MNIST raw idx files, cifar-10-batches-py, ImageFolder).
+    # real: torchvision formats under `root` (MNIST raw idx files, cifar-10-batches-py,
+    # ImageFolder).
     source: DataSource = DataSource.synthetic
-    root: Optional[str] = None
+    root: str | None = None
     # Samples per epoch; null = the full dataset (Table 3.2 size, or what is on disk).
-    num_samples: Optional[int] = None
+    num_samples: int | None = None
     # Distinct synthetic images stored on disk (index i reads image i % this); null = the
     # per-dataset default of workloads.datasets (all of MNIST/CIFAR, a subset of ImageNet/Highres).
-    synthetic_unique_samples: Optional[int] = None
+    synthetic_unique_samples: int | None = None
     # Node-local directory for the synthetic cache.
     cache_dir: str = "${oc.env:DISTBENCH_CACHE_DIR,${oc.env:HOME}/.cache/distbench}"
     # DataLoader worker processes (0 = load in the training process; right for synthetic data).
@@ -100,7 +100,7 @@ class DatasetConfig:
     # real datasets' test split, or a synthetic split generated like the training data.
     # null = one tenth of the epoch's samples (at most the split), which
     # keeps evaluation under 5 % of a cell's wall time (BENCHMARKS.md).
-    eval_samples: Optional[int] = None
+    eval_samples: int | None = None
 
     def __post_init__(self) -> None:
         _check_positive(self._section, "num_samples", self.num_samples, nullable=True,
@@ -164,9 +164,9 @@ class DistributionConfig:
     models: ClassVar[dict[str, type[DistributionConfig]]] = {}
     name: str = ""
     # Batch size: per worker for data-parallel models, whole batch for GPipe; null = Table 3.3.
-    batch_size: Optional[int] = None
+    batch_size: int | None = None
     # torch.distributed backend: null = nccl on CUDA, gloo on CPU.
-    backend: Optional[str] = None
+    backend: str | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -248,19 +248,19 @@ class HardwareConfig:
     nodes: int = 1
     workers_per_node: int = 1
     # Threads torch may use per worker (torch.set_num_threads); null = torch's default.
-    cpu_threads: Optional[int] = None
+    cpu_threads: int | None = None
     # Memory of one device in GB (null = unknown; the recommender then cannot rule out OOM).
     # On a CPU it is also enforced on every worker (harness.memory_limit): a cell that does
     # not fit ends `oom`, as on a GPU; null = no limit.
-    device_memory_gb: Optional[float] = None
-    intra_node_bandwidth_mbps: Optional[float] = None
-    intra_node_latency_us: Optional[float] = None
-    inter_node_bandwidth_mbps: Optional[float] = None
-    inter_node_latency_us: Optional[float] = None
+    device_memory_gb: float | None = None
+    intra_node_bandwidth_mbps: float | None = None
+    intra_node_latency_us: float | None = None
+    inter_node_bandwidth_mbps: float | None = None
+    inter_node_latency_us: float | None = None
     # What one device costs per hour, in `currency` (e.g. USD, EUR, or "credits"); null =
     # unknown: the recommender shows no cost column and cannot rank by cost.
-    price_per_device_hour: Optional[float] = None
-    currency: Optional[str] = None
+    price_per_device_hour: float | None = None
+    currency: str | None = None
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -313,7 +313,7 @@ class RunConfig:
     eval: bool = True
     # End a repeat at the first evaluation whose accuracy (0..1) reaches this, and record the
     # time to it (MLPerf's score, run_stop - run_start); null = train run.epochs epochs.
-    target_accuracy: Optional[float] = None
+    target_accuracy: float | None = None
     # The organisation named in the MLPerf log (submission_org); not part of the cell's key.
     submission_org: str = "distbench"
 
@@ -368,9 +368,9 @@ class TrackingConfig:
 
     enabled: bool = True
     # null = $MLFLOW_TRACKING_URI if set, else sqlite:///<run.output_dir>/mlflow.db
-    uri: Optional[str] = None
+    uri: str | None = None
     experiment: str = "distbench"  # sweeps set this to their own name
-    run_name: Optional[str] = None  # null = built from the cell (DistbenchConfig.run_name)
+    run_name: str | None = None  # null = built from the cell (DistbenchConfig.run_name)
 
     def __post_init__(self) -> None:
         # MLflow refuses an empty experiment name, but only when the cell is synced, after
@@ -489,15 +489,15 @@ def _check_known_keys(node: Any, schema: type, prefix: str) -> None:
     fields = [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
     for key in node.keys():
         if key not in fields:
-            raise ConfigError(f"{prefix}{key}: unknown key; allowed: {', '.join(fields)}")
-        _check_known_keys(node._get_node(key), types[str(key)], f"{prefix}{key}.")
+            raise ConfigError(f"{prefix}{key!s}: unknown key; allowed: {', '.join(fields)}")
+        _check_known_keys(node._get_node(str(key)), types[str(key)], f"{prefix}{key}.")
 
 
 def resolved_container(cfg: DictConfig) -> dict[str, Any]:
     """The config as plain data with interpolations resolved and enums as strings."""
     container = OmegaConf.to_container(without_hydra(cfg), resolve=True, enum_to_str=True)
     assert isinstance(container, dict)
-    return container
+    return {str(key): value for key, value in container.items()}
 
 
 def without_hydra(cfg: DictConfig) -> DictConfig:

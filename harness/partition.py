@@ -189,7 +189,8 @@ def plan_pipedream(compute_ms: Sequence[float], parameter_mb: Sequence[float],
     best: dict[tuple[int, int], tuple[float, int, tuple[Stage, ...]]] = {}
     for j in range(1, n + 1):
         for w in range(1, workers + 1):
-            candidate = (stage_ms(0, j, w), 1, (Stage(0, j, w),))
+            candidate: tuple[float, int, tuple[Stage, ...]] = (stage_ms(0, j, w), 1,
+                                                               (Stage(0, j, w),))
             for i in range(1, j):
                 boundary = 2 * link.transfer_ms(activation_mb[i - 1])
                 for r in range(1, w):

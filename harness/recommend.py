@@ -45,11 +45,9 @@ from harness.cli import command
 from harness.compose import compose_config
 from harness.config import ConfigError, DistbenchConfig, validate
 from harness.distributions.registry import spec_of, specs
-from harness.preflight import check_writable_dir
 from harness.hardware_profile import profile_for
 from harness.partition import StagePlan
 from harness.predict.cell import cost_per_epoch, epoch_terms, memory_per_worker_mb
-from harness.predict.terms import RAW
 from harness.predict.facts import (
     FactsCache,
     MissingMeasurement,
@@ -60,6 +58,8 @@ from harness.predict.facts import (
     step_time_source,
 )
 from harness.predict.memory import fits
+from harness.predict.terms import RAW
+from harness.preflight import check_writable_dir
 
 OBJECTIVES = ("time", "cost")
 

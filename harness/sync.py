@@ -34,8 +34,15 @@ from harness.compose import compose_or_exit
 from harness.config import ConfigError
 from harness.record import staged_artifacts
 from harness.results import RESULT_FILE, CellResult, RepeatResult, RunStatus, write_json_atomic
-from harness.tracking import _client, close_stale_parent_runs, experiment_id, record_cell, \
-    recorded_run_id, tracking_failure, tracking_uri
+from harness.tracking import (
+    _client,
+    close_stale_parent_runs,
+    experiment_id,
+    record_cell,
+    recorded_run_id,
+    tracking_failure,
+    tracking_uri,
+)
 
 log = logging.getLogger(__name__)
 

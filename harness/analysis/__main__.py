@@ -36,10 +36,10 @@ from harness.analysis.report import setting_label, write_report
 from harness.cli import command
 from harness.compose import compose_config
 from harness.config import ConfigError, DistbenchConfig, validate
-from harness.preflight import check_writable_dir
 from harness.hardware_profile import profile_for
 from harness.predict.cell import epoch_terms, memory_per_worker_mb
 from harness.predict.facts import FactsCache, cache_for, command_parser, gather
+from harness.preflight import check_writable_dir
 from harness.results import write_json_atomic
 from harness.tracking import log_run, tracking_uri
 
@@ -88,7 +88,7 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache) -> P
     fit_path = folder / FIT_FILE
     write_json_atomic(fit_path, {
         "experiment": experiment, "tracking_uri": uri, "cells": len(cells),
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "parameters": {name: asdict(parameter) for name, parameter in PARAMETERS.items()},
         "hardware": {hardware: {
             "params": params[hardware], "runtime_mb": runtime[hardware],

@@ -56,7 +56,10 @@ def recorded_config(client: Any, run_id: str, scratch: Path) -> DistbenchConfig:
     """The resolved config a run recorded (its `config.yaml` artifact), downloaded into
     `scratch` and typed."""
     local = client.download_artifacts(run_id, "config.yaml", str(scratch / run_id))
-    return config_from_dict(OmegaConf.to_container(OmegaConf.load(local)))
+    data = OmegaConf.to_container(OmegaConf.load(local))
+    if not isinstance(data, dict):
+        raise ConfigError(f"run {run_id}: its config.yaml is not a mapping")
+    return config_from_dict(data)
 
 
 def load_grid(uri: str, experiment: str, *,

@@ -73,7 +73,7 @@ class TimedAllreduce:
     def hook(self, process_group, bucket):  # noqa: ANN001, ANN201
         with self._lock:
             self._last_launch = time.perf_counter()
-        averaged = default_hooks.allreduce_hook(process_group, bucket)  # type: ignore[arg-type]
+        averaged = default_hooks.allreduce_hook(process_group, bucket)
         return averaged.then(self._finished)
 
     def _finished(self, future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:

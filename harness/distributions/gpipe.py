@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -87,7 +87,7 @@ class GPipeConfig(PipelineConfig):
 
     name: str = "gpipe"
     # Micro-batches per batch (null = Table 3.3); must divide batch_size.
-    micro_batches: Optional[int] = None
+    micro_batches: int | None = None
     recompute: Recompute = Recompute.always
 
     def __post_init__(self) -> None:

@@ -12,8 +12,9 @@ Weight stashing: a forward runs on a snapshot of the weights at their current ve
 parameters in place, never the snapshot, so the backward computes its gradients with exactly
 the weights its forward used. A snapshot is shared by the forwards of one version and freed
 when their backwards are done. A minibatch whose backward follows with no update in between
-(every minibatch of the last stage) needs no copy and runs on the live parameters. `version_log` records, per minibatch, the version its forward
-used and the version of the snapshot its backward differentiated, so tests can check them.
+(every minibatch of the last stage) needs no copy and runs on the live parameters.
+`version_log` records, per minibatch, the version its forward used and the version of the
+snapshot its backward differentiated, so tests can check them.
 
 Replicated stages are data parallel: after each backward, the replicas of the stage average
 their gradients with an allreduce in their own process group (`dist.new_group`), so they step
@@ -33,7 +34,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -106,7 +107,7 @@ class PipeDreamConfig(PipelineConfig):
     # Replicas per stage joined by '-', e.g. "2-1-1" (sums to the worker count); "straight" =
     # one stage per worker, none replicated (the true 1F1B pipeline, whatever the worker
     # count); null = planned from the profile (harness.partition.plan_pipedream).
-    stages: Optional[str] = None
+    stages: str | None = None
     batch_division: BatchDivision = BatchDivision.drop
 
     def __post_init__(self) -> None:
@@ -231,6 +232,7 @@ class PipeDreamTrainer:
             if count > 1:
                 group = dist.new_group(self.plan.ranks_of(stage), timeout=timeout)
                 if stage == self.stage:
+                    assert isinstance(group, dist.ProcessGroup), group  # a member's group
                     mine = group
         return mine
 
@@ -377,6 +379,7 @@ class PipeDreamTrainer:
         with self.clock.phase("backward"):
             torch.autograd.backward(flight.output, gradient)
         if not self.is_first:
+            assert flight.inputs.grad is not None  # the stage's input requires grad
             self._send(flight.inputs.grad, self._rank(self.stage - 1, m), GRADIENT_TAG)
         self.version_log.append(VersionRecord(
             minibatch=m, forward_version=flight.snapshot.version,
@@ -384,7 +387,8 @@ class PipeDreamTrainer:
                 w.grad is not None for w in weights.values()) else -1,
             latest_version=self.version))
         with self.clock.phase("optimizer"):
-            self._step({name: w.grad for name, w in weights.items()})
+            # a weight without a gradient (none reached it) keeps its value, as with grad None
+            self._step({name: w.grad for name, w in weights.items() if w.grad is not None})
             for w in weights.values():
                 w.grad = None  # the snapshot may serve another in-flight minibatch
 
@@ -417,7 +421,9 @@ class PipeDreamTrainer:
     # -- point to point -----------------------------------------------------------------------
     def _send(self, tensor: torch.Tensor, rank: int, tag: int) -> None:
         tensor = tensor.contiguous()
-        self._sends.append((dist.isend(tensor, rank, tag=tag), tensor))
+        work = dist.isend(tensor, rank, tag=tag)
+        assert work is not None  # this rank is in the default group
+        self._sends.append((work, tensor))
 
     def _recv(self, shape: Any, dtype: torch.dtype, rank: int, tag: int) -> torch.Tensor:
         tensor = torch.empty(shape, dtype=dtype, device=self.device)

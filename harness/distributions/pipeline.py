@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ class PipelineConfig(DistributionConfig):
     pipeline = True
     # Layers of the network's layer list per stage, e.g. [10, 12]; null = balance the
     # profiled time per layer (forward, backward, updates; `python -m harness.plan`).
-    balance: Optional[list[int]] = None
+    balance: list[int] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -118,10 +118,11 @@ def stage_module(context: TrainingContext, plan: StagePlan, stage: int) -> nn.Se
     """This stage's layers, taken from the workload's model (seeded alike on every worker)."""
     layers = layer_list(context)
     part = plan.stages[stage]
-    if stage > 0 and getattr(layers[part.first], "inplace", False):
+    first = layers[part.first]
+    if stage > 0 and getattr(first, "inplace", False):
         # A stage's input arrives as a leaf tensor that requires grad, which autograd forbids
         # modifying in place; the out-of-place ReLU computes the same.
-        layers[part.first].inplace = False
+        first.inplace = False  # type: ignore[assignment]
     return nn.Sequential(*layers[part.first:part.end]).to(context.device)
 
 

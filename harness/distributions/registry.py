@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 import harness.distributions as package
 from harness.config import ConfigError, DistbenchConfig, DistributionConfig, validate
@@ -66,7 +66,9 @@ def config_from_record(data: Mapping[str, Any]) -> DistbenchConfig:
     name = str(data.get("distribution", {}).get("name", ""))
     schema = OmegaConf.structured(DistbenchConfig)
     schema.distribution = OmegaConf.structured(spec_named(name).settings)
-    return validate(OmegaConf.merge(schema, OmegaConf.create(dict(data))))
+    merged = OmegaConf.merge(schema, OmegaConf.create(dict(data)))
+    assert isinstance(merged, DictConfig)
+    return validate(merged)
 
 
 def setting_names() -> list[str]:

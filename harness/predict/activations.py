@@ -148,7 +148,7 @@ def _trace(model, layers, spec, batch: int) -> list[_LayerTrace]:  # noqa: ANN00
     excluded = {_storage_key(t)[0] for t in [*model.parameters(), *model.buffers()]}
     saved_by: dict[int, list[tuple[int, int]]] = {}  # layer -> [(storage key, bytes)]
     current = [0]
-    kept: list[torch.Tensor] = []  # keep saved tensors alive: storage keys stay unique
+    kept: list[object] = []  # keep saved tensors alive: storage keys stay unique
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         key, size = _storage_key(tensor)
@@ -182,7 +182,8 @@ def _trace(model, layers, spec, batch: int) -> list[_LayerTrace]:  # noqa: ANN00
         (out_key, _), out = outputs[index]
         traces.append(_LayerTrace(groups, out.numel() * out.element_size(),
                                   inputs[index] in mine, last_saver.get(out_key, NO_SAVER)))
-    del loss, kept
+    kept.clear()
+    del loss
     return traces
 
 

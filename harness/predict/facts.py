@@ -524,7 +524,7 @@ def _missing_message(config: DistbenchConfig, batch: int, looked: Sequence[str])
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 _STEP_KEY = ("network", "dataset", "device", "device_name", "threads", "batch")

@@ -16,7 +16,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from harness.config import DistbenchConfig
 from harness.predict.facts import MeasuredStep
 from harness.results import RunStatus

@@ -85,13 +85,14 @@ def _tiny_network(channels: int, classes: int):  # noqa: ANN202
 
 def _probe(request: dict[str, Any]) -> dict[str, float]:
     """In a fresh process: a worker's imports, its data, two steps of a tiny network."""
-    import harness.__main__  # noqa: F401 - what a worker imports (Hydra, the trainers, torch)
     import submitit  # noqa: F401 - the launcher's worker entry point
     import torch
 
-    from harness.workload import build_optimizer
+    import harness.__main__  # noqa: F401 - what a worker imports (Hydra, the trainers, torch)
     from harness.config import OptimizerConfig
+    from harness.workload import build_optimizer
     from workloads.datasets import EpochLoader, build_dataset, dataset_spec
+    from workloads.datasets.loader import dataset_length
 
     if request["threads"] is not None:
         torch.set_num_threads(request["threads"])
@@ -100,7 +101,8 @@ def _probe(request: dict[str, Any]) -> dict[str, float]:
     data = build_dataset(spec, source=request["source"], num_samples=request["num_samples"],
                          seed=request["seed"], cache_dir=request["cache_dir"],
                          root=request["root"], synthetic_unique_samples=request["unique"])
-    loader = EpochLoader(data, min(request["batch_size"], len(data)), seed=request["seed"],
+    batch = min(request["batch_size"], dataset_length(data))
+    loader = EpochLoader(data, batch, seed=request["seed"],
                          num_workers=request["num_workers"])
     device = torch.device("cuda" if cuda else "cpu")
     model = _tiny_network(spec.channels, spec.num_classes).to(device)

@@ -55,7 +55,8 @@ def parser() -> argparse.ArgumentParser:
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """(the command's own arguments, config overrides that say where the store is)."""
-    own, overrides = [], []
+    own: list[str] = []
+    overrides: list[str] = []
     for argument in argv:
         is_override = _OVERRIDE.match(argument) is not None
         (overrides if is_override else own).append(argument)
@@ -66,17 +67,19 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 def main(argv: Sequence[str] | None = None) -> None:
     own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
     options = parser().parse_args(own)
-    out = getattr(options, "out", None)
+    out: Path | None = getattr(options, "out", None)
     if out is not None:  # before reading anything: a wrong file name costs nothing
         _check_out(out, options.command)
     if options.command == "compare":
         on = check_on([column for column in options.on.split(",") if column])
     config = validate(compose_config(overrides))
     client = client_for(tracking_uri(config.tracking.uri, config.run.output_dir))
+    if options.command == "compare":
+        _compare(client, options.a, options.b, on, out)
+        return
+    assert out is not None  # required by every other command's parser
     if options.command == "export":
         _export(client, options.selections, out)
-    elif options.command == "compare":
-        _compare(client, options.a, options.b, on, out)
     elif options.command == "mlperf":
         _mlperf(client, options.selections, out)
     else:

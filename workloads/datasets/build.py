@@ -7,6 +7,7 @@ from pathlib import Path
 
 from torch.utils.data import Dataset, Subset
 
+from workloads.datasets.loader import dataset_length
 from workloads.datasets.real import build_real
 from workloads.datasets.spec import DatasetSpec
 from workloads.datasets.synthetic import SPLITS, build_synthetic
@@ -69,10 +70,11 @@ def _real_subset(spec: DatasetSpec, root: str | Path | None, num_samples: int | 
     dataset = build_real(spec, root, split)
     if num_samples is None:
         return dataset
-    if num_samples > len(dataset):
-        raise ValueError(f"num_samples={num_samples} exceeds the {len(dataset)} samples of the "
+    size = dataset_length(dataset)
+    if num_samples > size:
+        raise ValueError(f"num_samples={num_samples} exceeds the {size} samples of the "
                          f"real {spec.name} {split} split under {root}; use at most "
-                         f"{len(dataset)} or None")
+                         f"{size} or None")
     if split == "train":
         return Subset(dataset, range(num_samples))
-    return Subset(dataset, [index * len(dataset) // num_samples for index in range(num_samples)])
+    return Subset(dataset, [index * size // num_samples for index in range(num_samples)])

@@ -9,8 +9,8 @@ samples: the samples per epoch are exactly `len(loader) * batch_size` on every r
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence, Sized
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -33,8 +33,8 @@ class EpochLoader:
         _check_arguments(batch_size, seed, num_workers, rank, world_size)
         self.dataset = dataset
         self.num_workers = num_workers
-        self._schedule = ShardSchedule(len(dataset), batch_size, seed=seed, shuffle=shuffle,
-                                       rank=rank, world_size=world_size)
+        self._schedule = ShardSchedule(dataset_length(dataset), batch_size, seed=seed,
+                                       shuffle=shuffle, rank=rank, world_size=world_size)
         self._data_loader: DataLoader | None = None
 
     @property
@@ -81,7 +81,7 @@ class EpochLoader:
     def __iter__(self) -> Iterator[Batch]:
         if self.num_workers == 0 and _fetches_whole_batches(self.dataset):
             for indices in self.batch_indices():
-                yield self.dataset.__getitems__(indices.tolist())
+                yield cast(Any, self.dataset).__getitems__(indices.tolist())
         else:
             yield from self._workers_loader()
 
@@ -134,6 +134,11 @@ class ShardSchedule(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         return iter(self.batch_indices().tolist())
+
+
+def dataset_length(dataset: Dataset) -> int:
+    """len() of a map-style dataset (torch's `Dataset` type does not declare `__len__`)."""
+    return len(cast(Sized, dataset))
 
 
 def fetch_batch(dataset: Dataset, indices: Sequence[int]) -> Batch:

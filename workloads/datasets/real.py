@@ -26,6 +26,7 @@ from typing import Any
 from torch.utils.data import Dataset
 from torchvision import datasets, transforms
 
+from workloads.datasets.loader import dataset_length
 from workloads.datasets.spec import DatasetSpec
 
 logger = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ def build_real(spec: DatasetSpec, root: str | Path, split: str = "train") -> Dat
     dataset = _LOADERS[spec.name](root, split == "train")
     _check_class_count(spec, dataset)
     logger.info("loaded real %s (%s split) from %s: %d samples", spec.name, split, root,
-                len(dataset))
+                dataset_length(dataset))
     return dataset
 
 

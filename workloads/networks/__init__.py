@@ -59,7 +59,7 @@ def build_layer_list(name: str, dataset: DatasetSpec) -> list[nn.Module]:
     return to_layer_list(name, build_network(name, dataset))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def layer_count(name: str, dataset: DatasetSpec) -> int:
     """Length of the layer list of network `name` for `dataset` (what pipelines partition);
     built on the meta device, so it costs no memory and a few milliseconds."""
