@@ -106,12 +106,11 @@ def test_a_models_settings_are_the_schema_of_its_config_file(name: str) -> None:
                                       "dataset.num_samples=8192"]))
     assert type(config.distribution) is spec.settings
     assert config.distribution.name == name
-    # every other model's own keys are refused, in one line that names what is allowed
+    # another model's own key (one of each) is refused, in one line that names what is allowed
     allowed = [field.name for field in dataclasses.fields(spec.settings)]
     for other in specs().values():
-        for key in (field.name for field in dataclasses.fields(other.settings)):
-            if key in allowed:
-                continue
+        for key in [field.name for field in dataclasses.fields(other.settings)
+                    if field.name not in allowed][:1]:
             with pytest.raises(ConfigError) as refused:
                 validate(compose_config([f"distribution={name}", "hardware=local_2cpu",
                                          f"+distribution.{key}=1"]))
