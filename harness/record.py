@@ -26,16 +26,17 @@ import logging
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping
-from typing import Any, TextIO
 from pathlib import Path
+from typing import Any, TextIO
 
 from omegaconf import OmegaConf
 
 from harness.config import DistbenchConfig
 from harness.eventlog import MLLOG_GLOB
-from harness.results import RESULT_FILE, CellResult, RunStatus, write_result, write_text_atomic
+from harness.results import RESULT_FILE, CellResult, RunStatus, write_result
 from harness.resume import index_result
 from harness.tracking import record_cell, tracking_failure, tracking_uri
+from workloads.datasets.atomic import write_text_atomic
 
 log = logging.getLogger(__name__)
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
+
+from workloads.datasets.atomic import write_json_atomic
 
 RESULT_FILE = "result.json"
 
@@ -76,27 +76,6 @@ class CellResult:
         data = asdict(self)
         data["status"] = self.status.value
         return data
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so that readers see the old file or the whole new one, never a part."""
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` so that readers see the old file or the whole new one: on a full
-    or read-only disk the write fails with OSError and leaves no empty or partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as tmp:
-            tmp.write(text)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
 
 
 def write_result(result: CellResult) -> Path:

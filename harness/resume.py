@@ -30,7 +30,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from harness.config import resolved_container
-from harness.results import RESULT_FILE, RunStatus, write_json_atomic
+from harness.results import RESULT_FILE, RunStatus
+from workloads.datasets.atomic import write_json_atomic
 
 INDEX_DIR = "cells"
 # Bumped when the key's recipe changes, so old keys never alias new ones.

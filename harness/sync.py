@@ -33,7 +33,7 @@ from harness.cli import exit_on_bad_input
 from harness.compose import compose_or_exit
 from harness.config import ConfigError
 from harness.record import staged_artifacts
-from harness.results import RESULT_FILE, CellResult, RepeatResult, RunStatus, write_json_atomic
+from harness.results import RESULT_FILE, CellResult, RepeatResult, RunStatus
 from harness.tracking import (
     _client,
     close_stale_parent_runs,
@@ -43,6 +43,7 @@ from harness.tracking import (
     tracking_failure,
     tracking_uri,
 )
+from workloads.datasets.atomic import write_json_atomic
 
 log = logging.getLogger(__name__)
 

@@ -40,8 +40,8 @@ from harness.hardware_profile import profile_for
 from harness.predict.cell import epoch_terms, memory_per_worker_mb
 from harness.predict.facts import FactsCache, cache_for, command_parser, gather
 from harness.preflight import check_writable_dir
-from harness.results import write_json_atomic
 from harness.tracking import log_run, tracking_uri
+from workloads.datasets.atomic import write_json_atomic
 
 FIT_FILE = "fit.json"
 

@@ -578,7 +578,7 @@ per network. A new measurement replaces an older one of the
                                      f"move it away and measure again") from None
 
     def save(self) -> Path:
-        from harness.results import write_json_atomic
+        from workloads.datasets.atomic import write_json_atomic
 
         write_json_atomic(self.path, {"format": _FACTS_FORMAT, "hardware": self.hardware,
                                       "step_times": self.step_times,

@@ -6,6 +6,9 @@ directory, flushed and fsync'ed, and only then renamed into place with `os.repla
 atomic on POSIX file systems: readers see either no file or the complete file. Two processes
 writing the same file concurrently each use their own temporary file, so the loser of the race
 simply replaces the winner's file with identical content.
+
+This is the project's one atomic writer (the lowest layer: the harness's results, indexes and
+profiles use it too).
 """
 
 from __future__ import annotations
@@ -50,8 +53,10 @@ def npy_file_size(shape: tuple[int, ...], dtype: np.dtype) -> int:
 def _atomic_binary_file(path: Path) -> Iterator[io.BufferedWriter]:
     """Yield a temporary file next to `path`; on success fsync it and rename it to `path`.
 
-    On any exception the temporary file is removed and `path` is left untouched.
+    On any exception (a full or read-only disk raises OSError) the temporary file is removed and
+    `path` is left untouched: never an empty or partial file.
     """
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -101,10 +106,15 @@ def write_npy_chunks(path: Path, shape: tuple[int, ...], dtype: np.dtype,
     return digest.hexdigest()
 
 
-def write_json(path: Path, content: dict[str, Any]) -> None:
-    """Atomically write `content` as JSON to `path`."""
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Atomically write `data` as JSON (sorted keys; what JSON cannot hold as its str())."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Atomically write `text` to `path`: readers see the old file or the whole new one."""
     with _atomic_binary_file(path) as handle:
-        handle.write(json.dumps(content, indent=2, sort_keys=True).encode())
+        handle.write(text.encode())
 
 
 def sha256_file(path: Path) -> str:

@@ -34,7 +34,7 @@ from workloads.datasets.atomic import (
     TEMP_PREFIX,
     npy_file_size,
     sha256_file,
-    write_json,
+    write_json_atomic,
     write_npy_chunks,
 )
 
@@ -187,7 +187,7 @@ def _generate(directory: Path, params: dict[str, Any], specs: dict[str, ArraySpe
         sha256 = write_npy_chunks(directory / name, spec.shape, spec.dtype, make_chunks(name))
         files[name] = {**spec.describe(), "sha256": sha256}
     manifest = {"format": MANIFEST_FORMAT, "params": params, "files": files}
-    write_json(directory / MANIFEST_NAME, manifest)
+    write_json_atomic(directory / MANIFEST_NAME, manifest)
 
 
 def _remove_temp_files(directory: Path) -> None:
