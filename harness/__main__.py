@@ -10,9 +10,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from harness.cell import check_cell
 from harness.cli import noted, run_hydra_main
 from harness.compose import CONFIG_PATH
-from harness.config import validate
 from harness.distributions.registry import register_configs
 from harness.run import run_cell
 from launchers.distributed import worker_environment
@@ -24,7 +24,8 @@ register_launcher_names()
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
-    config = validate(cfg)  # bad input: one line, exit status 2 (run_hydra_main below)
+    cell = check_cell(cfg)  # bad input: one line, exit status 2 (run_hydra_main below)
+    config = cell.config
     if config.world_size > 1 and not worker_environment().is_distributed:
         # A multi-worker cell typed at the prompt: start its workers locally.
         from launchers.cells import single_node_workers
@@ -34,7 +35,7 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         return noted(run_local_cell(cfg, Path(hydra_config.runtime.output_dir),
                                     workers=single_node_workers(config),
                                     timeout_min=int(hydra_config.launcher.timeout_min)))
-    result = noted(run_cell(cfg))  # a cell that did not end ok: exit status 1 (harness.cli)
+    result = noted(run_cell(cell))  # a cell that did not end ok: exit status 1 (harness.cli)
     if result.get("storage_error"):
         sys.exit(1)  # its one line is printed: where the record went instead of its directory
     return result

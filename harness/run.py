@@ -8,6 +8,7 @@ a crash), the cell ends with a result.json and an MLflow run that say so.
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime as dt
 import hashlib
 import logging
@@ -20,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from tqdm import tqdm
 
-from harness.config import DistbenchConfig, RunConfig, resolved_container, validate
+from harness.cell import CheckedCell
+from harness.config import DistbenchConfig, RunConfig
 from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
 from harness.distributions.registry import spec_of
 from harness.environment import capture_environment
@@ -31,6 +32,7 @@ from harness.evaluation import Evaluation, evaluate
 from harness.eventlog import EventLog, RunFacts, precision_name
 from harness.memory_limit import MemoryLimit, device_memory_limit, lift_memory_limit, oom_error
 from harness.metrics import PeakMemory, PhaseClock, RepeatStatistics, Summary
+from harness.record import CONFIG_FILE, keep_logging_when_the_disk_fails, record
 from harness.results import (
     CellResult,
     RepeatResult,
@@ -38,13 +40,16 @@ from harness.results import (
     read_rank_reports,
     write_rank_report,
 )
-from harness.record import CONFIG_FILE, keep_logging_when_the_disk_fails, record
-from harness.resume import cell_key
 from harness.seeding import repeat_seed, seed_everything, set_deterministic
 from harness.watchdog import ProgressWatchdog
 from harness.workload import Workload, build_workload
+from launchers.distributed import (
+    WorkerEnvironment,
+    WorkerSession,
+    worker_environment,
+    worker_session,
+)
 from workloads.networks import build_network
-from launchers.distributed import WorkerEnvironment, WorkerSession, worker_environment, worker_session
 
 log = logging.getLogger(__name__)
 
@@ -451,14 +456,15 @@ def classify_failure(error: BaseException) -> RunStatus:
     return RunStatus.failed
 
 
-def run_cell(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
+def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any]:
     """Measure one grid cell on this worker and, on rank 0, record it; return the result.
 
-    Every worker of a cell calls this. Raises ConfigError (before anything is built) if the
-    config is invalid. Errors during the measurement do not raise: they end up in the result
-    with status `oom`, `failed` or `timeout`, and each worker that fails leaves a rank report.
+    Every worker of a cell calls this, with the config its entry point checked
+    (harness.cell.check_cell). Errors during the measurement do not raise: they end up in the
+    result with status `oom`, `failed` or `timeout`, and each worker that fails leaves a rank
+    report.
     """
-    config = validate(cfg)
+    config = cell.config
     env = worker_environment()
     output_dir = Path(output_dir or _hydra_output_dir() or _fresh_run_dir(config))
     started = now()
@@ -477,7 +483,7 @@ def run_cell(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
         # A cell of one worker is recorded by itself, also under no launcher (`python -m
         # harness` without -m). The stuck thread cannot lift its memory limit: lift it here.
         lift_memory_limit()
-        record_failure(cfg, output_dir, RunStatus.timeout, report, started=started)
+        record_failure(cell, output_dir, RunStatus.timeout, report, started=started)
 
     # Collectives give up after progress_timeout_s and the cell records itself; the watchdog
     # is the backstop for a worker stuck where no collective times out.
@@ -510,7 +516,7 @@ def run_cell(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     if status is not RunStatus.ok and env.is_distributed:
         status, error = merge_rank_reports(output_dir, env.world_size, status, error)
 
-    result = _new_result(cfg, config, output_dir, started, device, status, error)
+    result = _new_result(cell, output_dir, started, device, status, error)
     if measurement is not None:
         result.metrics = measurement.metrics()
         result.epoch_seconds = measurement.epoch_seconds()
@@ -562,24 +568,22 @@ def merge_rank_reports(output_dir: Path, world_size: int, status: RunStatus,
     return status, "\n".join(lines)
 
 
-def record_failure(cfg: DictConfig, output_dir: Path, status: RunStatus, error: str,
+def record_failure(cell: CheckedCell, output_dir: Path, status: RunStatus, error: str,
                    started: str | None = None) -> dict[str, Any]:
     """Record a cell whose process could not record itself (killed, timed out, crashed hard)."""
-    config = validate(cfg)
-    result = _new_result(cfg, config, output_dir, started or now(), torch.device("cpu"),
-                         status, error)
-    record(result, config)
+    result = _new_result(cell, output_dir, started or now(), torch.device("cpu"), status, error)
+    record(result, cell.config)
     return result.to_dict()
 
 
-def _new_result(cfg: DictConfig, config: DistbenchConfig, output_dir: Path, started: str,
-                device: torch.device, status: RunStatus, error: str | None) -> CellResult:
-    resolved = resolved_container(cfg)
-    resolved["distribution"]["batch_size"] = config.batch_size  # what Table 3.3 resolved to
+def _new_result(cell: CheckedCell, output_dir: Path, started: str, device: torch.device,
+                status: RunStatus, error: str | None) -> CellResult:
+    resolved = copy.deepcopy(cell.resolved)  # the record's own: the measurement adds to it
+    resolved["distribution"]["batch_size"] = cell.config.batch_size  # what Table 3.3 resolved to
     return CellResult(
-        status=status, run_name=config.run_name, output_dir=str(output_dir.resolve()),
+        status=status, run_name=cell.config.run_name, output_dir=str(output_dir.resolve()),
         started_at=started, finished_at=now(), config=resolved,
-        environment=capture_environment(device), error=error, cell_key=cell_key(cfg),
+        environment=capture_environment(device), error=error, cell_key=cell.key,
     )
 
 
@@ -596,4 +600,4 @@ def _fresh_run_dir(config: DistbenchConfig) -> Path:
 
 def now() -> str:
     # Milliseconds: MLflow shows the cell's run from started_at to finished_at (its Duration).
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")

@@ -16,13 +16,13 @@ from typing import Any, Generic, TypeVar
 import submitit
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from harness.cell import check_cell
 from harness.cli import exit_on_bad_input, failure_reason, note_cell_results
 from harness.config import ConfigError, DistbenchConfig, validate
-from harness.preflight import (check_launcher, check_runs_here, check_writable_dir,
-                               is_slurm_launcher)
+from harness.preflight import check_launcher, check_runs_here, check_writable_dir, is_slurm_launcher
+from harness.record import keep_logging_when_the_disk_fails
 from harness.results import RESULT_FILE, RunStatus, read_rank_reports, read_result
 from harness.resume import cell_key, finished_result
-from harness.record import keep_logging_when_the_disk_fails
 from harness.run import record_failure
 from harness.tracking import result_recorded_for, tracking_uri
 
@@ -147,10 +147,11 @@ def cell_outcome(config: DictConfig, output_dir: Path, *, ended_as: RunStatus | 
     if (output_dir / RESULT_FILE).exists():
         return read_result(output_dir)
     # Rank 0 may have recorded the cell where its directory could not take it (harness.record).
-    cell = validate(config)
+    checked = check_cell(config)
+    cell = checked.config
     if cell.tracking.enabled:
         elsewhere = result_recorded_for(tracking_uri(cell.tracking.uri, cell.run.output_dir),
-                                        cell.tracking.experiment, cell_key(config), output_dir)
+                                        cell.tracking.experiment, checked.key, output_dir)
         if elsewhere is not None:
             return elsewhere
     reports = read_rank_reports(output_dir)
@@ -160,7 +161,7 @@ def cell_outcome(config: DictConfig, output_dir: Path, *, ended_as: RunStatus | 
     lines = [_CAUSES.get(status, "the cell ended without a result")]
     lines += [f"--- rank {rank}: {r['status']}\n{r['error']}" for rank, r in sorted(reports.items())]
     lines.append(logs)
-    return record_failure(config, output_dir, status, "\n".join(lines), started=started)
+    return record_failure(checked, output_dir, status, "\n".join(lines), started=started)
 
 
 def worker_logs_tail(job: submitit.Job, tasks: int, characters: int = 2000) -> str:

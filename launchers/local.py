@@ -303,8 +303,9 @@ def run_local_cell(cfg: Any, output_dir: Path, *, workers: int, timeout_min: int
 def _logged_run_cell(cfg: Any, output_dir: Path) -> dict:
     """A worker of `run_local_cell`: Hydra's job logging is not set up in these processes, so
     log to stderr (submitit keeps it per worker in .submitit/<job>/<job>_<rank>_log.err)."""
+    from harness.cell import check_cell
     from harness.run import run_cell
 
     follow_launcher()
     log_to_stderr()
-    return run_cell(cfg, output_dir)
+    return run_cell(check_cell(cfg), output_dir)  # this worker's entry point: it checks once

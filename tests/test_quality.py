@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from harness.cell import check_cell
 from harness.compose import compose_config
 from harness.evaluation import Evaluation, default_eval_samples
 from harness.results import RepeatResult
@@ -24,7 +25,8 @@ from tests.helpers import tiny_overrides
 
 
 def _cell(output_root: Path, cell_dir: Path, *extra: str) -> dict:
-    result = run_cell(compose_config(tiny_overrides(output_root, *extra)), output_dir=cell_dir)
+    result = run_cell(check_cell(compose_config(tiny_overrides(output_root, *extra))),
+                      output_dir=cell_dir)
     assert result["status"] == "ok", result["error"]
     assert json.loads((cell_dir / "result.json").read_text()) == result
     return result

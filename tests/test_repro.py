@@ -12,6 +12,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from mlperf_logging.compliance_checker.mlp_parser import parse_file
 
+from harness.cell import check_cell
 from harness.compose import compose_config
 from harness.config import ConfigError, validate
 from harness.environment import capture_environment
@@ -201,7 +202,7 @@ def test_repeats_are_seeded_apart_summarised_and_recorded(output_root: Path) -> 
 def test_a_failed_cell_ends_its_event_log_as_aborted(output_root: Path, tmp_path: Path) -> None:
     cfg = compose_config(tiny_overrides(output_root, "dataset.source=real",
                                         f"dataset.root={tmp_path / 'missing'}"))
-    result = run_cell(cfg, output_dir=tmp_path / "cell")
+    result = run_cell(check_cell(cfg), output_dir=tmp_path / "cell")
     assert result["status"] == "failed"
     lines = read_mllog(tmp_path / "cell" / MLLOG_FILE)
     assert [line.key for line in lines] == ["init_start", "run_stop"]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from harness.cell import check_cell
 from harness.compose import compose_config
 from harness.run import run_cell
 from harness.tracking import DEFAULT_STORE_FILE
@@ -20,7 +21,7 @@ def _store(output_root: Path) -> MlflowClient:
 
 def test_a_cell_trains_measures_and_lands_in_mlflow(output_root: Path, tmp_path: Path) -> None:
     cell_dir = tmp_path / "cell"
-    result = run_cell(compose_config(tiny_overrides(output_root)), output_dir=cell_dir)
+    result = run_cell(check_cell(compose_config(tiny_overrides(output_root))), output_dir=cell_dir)
 
     assert result["status"] == "ok", result["error"]
     on_disk = json.loads((cell_dir / "result.json").read_text())
@@ -60,7 +61,7 @@ def test_a_failing_cell_is_recorded_not_raised(output_root: Path, tmp_path: Path
     missing = tmp_path / "no-such-dataset"
     cfg = compose_config(tiny_overrides(output_root, "dataset.source=real",
                                         f"dataset.root={missing}"))
-    result = run_cell(cfg, output_dir=tmp_path / "cell")
+    result = run_cell(check_cell(cfg), output_dir=tmp_path / "cell")
 
     assert result["status"] == "failed"
     assert str(missing) in result["error"]
@@ -74,7 +75,7 @@ def test_mlflow_tracking_uri_from_the_environment_is_honoured(
         output_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     elsewhere = tmp_path / "elsewhere.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{elsewhere}")
-    result = run_cell(compose_config(tiny_overrides(output_root, "run.epochs=1")),
+    result = run_cell(check_cell(compose_config(tiny_overrides(output_root, "run.epochs=1"))),
                       output_dir=tmp_path / "cell")
     assert elsewhere.exists() and not (output_root / DEFAULT_STORE_FILE).exists()
     run = MlflowClient(f"sqlite:///{elsewhere}").get_run(result["mlflow_run_id"])
@@ -87,7 +88,7 @@ def test_unreachable_mlflow_keeps_the_result_json(output_root: Path, tmp_path: P
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     cfg = compose_config(tiny_overrides(output_root, "run.epochs=1",
                                         "tracking.uri=http://127.0.0.1:9"))
-    result = run_cell(cfg, output_dir=tmp_path / "cell")
+    result = run_cell(check_cell(cfg), output_dir=tmp_path / "cell")
     assert result["status"] == "ok"
     assert result["mlflow_run_id"] is None and result["tracking_error"]
     assert json.loads((tmp_path / "cell" / "result.json").read_text())["status"] == "ok"

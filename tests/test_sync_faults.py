@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from harness.cell import check_cell
 from harness.compose import compose_config
 from harness.results import RunStatus
 from harness.tracking import (
@@ -161,7 +162,7 @@ def _pending_failure(output_root: Path, monkeypatch: pytest.MonkeyPatch) -> tupl
     cfg = compose_config([f'run.output_dir="{output_root}"', "network=mobilenetv2",
                           f"tracking.uri=http://127.0.0.1:{_closed_port()}"])
     cell_dir = output_root / "runs" / "cell"
-    result = record_failure(cfg, cell_dir, RunStatus.failed, "killed by a signal")
+    result = record_failure(check_cell(cfg), cell_dir, RunStatus.failed, "killed by a signal")
     assert result["pending_sync"], result
     return cell_dir / "result.json", result
 
