@@ -552,20 +552,29 @@ def merge_rank_reports(output_dir: Path, world_size: int, status: RunStatus,
     while len(reports) < world_size and time.monotonic() < deadline:
         time.sleep(0.5)
         reports = read_rank_reports(output_dir)
-    lines = []
-    for rank in range(world_size):
-        report = reports.get(rank)
-        lines.append(f"--- rank {rank}: " + (f"{report['status']}\n{report['error']}" if report
-                     else "no report (killed by a signal, or crashed outside Python)"))
-    statuses = {RunStatus(r["status"]) for r in reports.values()}
-    for candidate in (RunStatus.oom, RunStatus.timeout):
-        if candidate in statuses:
-            status = candidate
+    status, lines = summarize_rank_reports(reports, world_size, status)
     if status is RunStatus.oom:  # headed by the first line of the (first) rank that ran out
         first = next((r["error"] for _, r in sorted(reports.items())
                       if r["status"] == RunStatus.oom.value and r["error"]), None)
         lines.insert(0, (first or error or "out of memory").splitlines()[0])
     return status, "\n".join(lines)
+
+
+def summarize_rank_reports(reports: dict[int, dict[str, Any]], world_size: int,
+                           status: RunStatus) -> tuple[RunStatus, list[str]]:
+    """The cell's status from its workers' reports (a timeout, else an oom, outranks `status`:
+    the others' failures follow from it) and one section per rank, a missing report said so.
+    Rank 0 (merge_rank_reports) and a launcher whose cell left no result both summarise so."""
+    statuses = {RunStatus(report["status"]) for report in reports.values()}
+    for candidate in (RunStatus.oom, RunStatus.timeout):
+        if candidate in statuses:
+            status = candidate
+    lines = []
+    for rank in range(max([world_size, *(rank + 1 for rank in reports)])):
+        report = reports.get(rank)
+        lines.append(f"--- rank {rank}: " + (f"{report['status']}\n{report['error']}" if report
+                     else "no report (killed by a signal, or crashed outside Python)"))
+    return status, lines
 
 
 def record_failure(cell: CheckedCell, output_dir: Path, status: RunStatus, error: str,

@@ -23,7 +23,7 @@ from harness.preflight import check_launcher, check_runs_here, check_writable_di
 from harness.record import keep_logging_when_the_disk_fails
 from harness.results import RESULT_FILE, RunStatus, read_rank_reports, read_result
 from harness.resume import cell_key, finished_result
-from harness.run import record_failure
+from harness.run import record_failure, summarize_rank_reports
 from harness.tracking import result_recorded_for, tracking_uri
 
 Size = TypeVar("Size")
@@ -154,13 +154,10 @@ def cell_outcome(config: DictConfig, output_dir: Path, *, ended_as: RunStatus | 
                                         cell.tracking.experiment, checked.key, output_dir)
         if elsewhere is not None:
             return elsewhere
-    reports = read_rank_reports(output_dir)
-    statuses = {RunStatus(report["status"]) for report in reports.values()}
-    status = ended_as or (RunStatus.timeout if RunStatus.timeout in statuses else
-                          RunStatus.oom if RunStatus.oom in statuses else RunStatus.failed)
-    lines = [_CAUSES.get(status, "the cell ended without a result")]
-    lines += [f"--- rank {rank}: {r['status']}\n{r['error']}" for rank, r in sorted(reports.items())]
-    lines.append(logs)
+    summarized, ranks = summarize_rank_reports(read_rank_reports(output_dir), cell.world_size,
+                                               RunStatus.failed)
+    status = ended_as or summarized
+    lines = [_CAUSES.get(status, "the cell ended without a result"), *ranks, logs]
     return record_failure(checked, output_dir, status, "\n".join(lines), started=started)
 
 
