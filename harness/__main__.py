@@ -13,9 +13,9 @@ from omegaconf import DictConfig
 from harness.cell import check_cell
 from harness.cli import noted, run_hydra_main
 from harness.compose import CONFIG_PATH
+from harness.distributed import worker_environment
 from harness.distributions.registry import register_configs
 from harness.run import run_cell
-from launchers.distributed import worker_environment
 from launchers.hydra_names import register_launcher_names
 
 register_configs()

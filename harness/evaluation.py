@@ -21,8 +21,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from harness.distributed import WorkerSession
 from harness.metrics import synchronize
-from launchers.distributed import WorkerSession
 from workloads.datasets.loader import fetch_batch
 
 # Share of an epoch's samples evaluated when dataset.eval_samples is null: forward passes

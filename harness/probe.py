@@ -39,7 +39,12 @@ from omegaconf import DictConfig
 from harness.cli import exit_on_bad_input
 from harness.compose import compose_config
 from harness.config import ConfigError, DistbenchConfig, ProbeConfig, validate, without_hydra
-from harness.preflight import check_device_here, check_launcher, check_writable_dir
+from harness.distributed import (
+    WorkerSession,
+    log_to_stderr,
+    worker_environment,
+    worker_session,
+)
 from harness.hardware_profile import (
     PROFILE_FILE,
     AllreduceCost,
@@ -49,13 +54,8 @@ from harness.hardware_profile import (
     profile_path,
 )
 from harness.metrics import synchronize
+from harness.preflight import check_device_here, check_launcher, check_writable_dir
 from harness.tracking import log_run, tracking_uri
-from launchers.distributed import (
-    WorkerSession,
-    log_to_stderr,
-    worker_environment,
-    worker_session,
-)
 
 log = logging.getLogger(__name__)
 

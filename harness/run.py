@@ -25,6 +25,12 @@ from tqdm import tqdm
 
 from harness.cell import CheckedCell
 from harness.config import DistbenchConfig, RunConfig
+from harness.distributed import (
+    WorkerEnvironment,
+    WorkerSession,
+    worker_environment,
+    worker_session,
+)
 from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
 from harness.distributions.registry import spec_of
 from harness.environment import capture_environment
@@ -43,12 +49,6 @@ from harness.results import (
 from harness.seeding import repeat_seed, seed_everything, set_deterministic
 from harness.watchdog import ProgressWatchdog
 from harness.workload import Workload, build_workload
-from launchers.distributed import (
-    WorkerEnvironment,
-    WorkerSession,
-    worker_environment,
-    worker_session,
-)
 from workloads.networks import build_network
 
 log = logging.getLogger(__name__)

@@ -34,8 +34,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from harness.processes import start_time
 from harness.results import RESULT_FILE, CellResult, RunStatus
-from launchers.processes import start_time
 
 log = logging.getLogger(__name__)
 

@@ -38,9 +38,9 @@ from typing import Any, TextIO
 import submitit
 from tqdm import tqdm
 
+from harness.distributed import MASTER_PORT_ENV, free_port, log_to_stderr
+from harness.processes import ProcessId, children_with_environment, end_tree
 from harness.results import RESULT_FILE, RunStatus
-from launchers.distributed import MASTER_PORT_ENV, free_port, log_to_stderr
-from launchers.processes import ProcessId, children_with_environment, end_tree
 
 # After rank 0 recorded the cell, how long the other workers may take to exit by themselves.
 GRACE_AFTER_RESULT_S = 20.0
@@ -273,7 +273,7 @@ def end_cell(job: submitit.Job, step_s: float = END_STEP_S) -> None:
     """End every process of the cell and return once all are gone: SIGINT (what submitit's
     cancel sends, which its controller forwards to the workers), then SIGTERM (which the
     controller forwards; its workers only log it), then SIGKILL, each to the controller and
-    all its descendants with a SIGCONT (`launchers.processes.end_tree`)."""
+    all its descendants with a SIGCONT (`harness.processes.end_tree`)."""
     controller = _controller_pid(job)
     if controller is not None:
         end_tree(controller, step_s=step_s, reap=job.done)  # done() reaps the controller

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launchers.processes import descendants
+from harness.processes import descendants
 from tests.helpers import cell_worker_pids
 
 LOOPBACK = {"127.0.0.1", "::1"}

@@ -13,13 +13,13 @@ import pytest
 import submitit
 
 from harness.config import ConfigError, DistbenchConfig
-from launchers import slurm
-from launchers.distributed import (
+from harness.distributed import (
     WorkerEnvironment,
     _loopback_if_local,
     interface_of,
     listen_address,
 )
+from launchers import slurm
 from tests.helpers import REPO_ROOT
 
 SOURCE_DIRS = ["harness", "workloads", "launchers", "hydra_plugins", "scripts", "tests"]

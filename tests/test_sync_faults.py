@@ -26,6 +26,7 @@ from mlflow.tracking import MlflowClient
 
 from harness.cell import check_cell
 from harness.compose import compose_config
+from harness.processes import start_time
 from harness.results import RunStatus
 from harness.tracking import (
     DEFAULT_STORE_FILE,
@@ -38,7 +39,6 @@ from harness.tracking import (
     launcher_gone,
     sweep_parent_run,
 )
-from launchers.processes import start_time
 from tests.helpers import cell_worker_pids, run_module, starting_mlflow_server, tiny_overrides
 
 HELD_WAIT_S = 180  # until sync's request reaches the proxy (its imports take most of it)

@@ -12,8 +12,8 @@ from harness.metrics import PhaseClock
 
 if TYPE_CHECKING:
     from harness.config import DistbenchConfig
+    from harness.distributed import WorkerSession
     from harness.workload import Workload
-    from launchers.distributed import WorkerSession
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.config import DistbenchConfig, DistributionConfig, require
+from harness.distributed import (
+    WorkerEnvironment,
+    WorkerSession,
+    interface_of,
+    listen_address,
+)
 from harness.distributions.base import TrainingContext
 from harness.distributions.loop import BatchLoopTrainer
 from harness.distributions.spec import (
@@ -37,12 +43,6 @@ from harness.predict.terms import (
     EpochTerms,
     data_parallel_terms,
     replica_memory,
-)
-from launchers.distributed import (
-    WorkerEnvironment,
-    WorkerSession,
-    interface_of,
-    listen_address,
 )
 
 _BYTES_PER_MIB = 1024 * 1024  # Horovod reads its fusion threshold in bytes

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from launchers.distributed import WorkerSession
+from harness.distributed import WorkerSession
 
 
 @dataclass(frozen=True)

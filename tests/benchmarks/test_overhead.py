@@ -22,13 +22,12 @@ import torch
 from torch import nn
 
 from harness.compose import compose_config
-from harness.config import validate
-from harness.config import DistbenchConfig
+from harness.config import DistbenchConfig, validate
+from harness.distributed import WorkerEnvironment, WorkerSession
 from harness.distributions import TrainingContext
 from harness.distributions.loop import BatchLoopTrainer
 from harness.metrics import PhaseClock
 from harness.workload import Workload, build_workload
-from launchers.distributed import WorkerEnvironment, WorkerSession
 
 pytestmark = pytest.mark.perf
 
