@@ -1,13 +1,17 @@
-"""The performance models' equations against values computed by hand."""
+"""The performance models' equations against values computed by hand, through the path the
+analysis and the recommender take (`harness.predict.cell.epoch_terms`)."""
 
 from __future__ import annotations
 
 import pytest
 
 from harness.compose import compose_config
-from harness.config import validate
+from harness.config import DistbenchConfig, validate
 from harness.hardware_profile import Cost, HardwareProfile, Link
-from harness.predict import ddp, gpipe, horovod, memory, sequential
+from harness.partition import StagePlan
+from harness.predict import gpipe, horovod, memory, sequential
+from harness.predict.cell import epoch_terms
+from harness.predict.terms import CellFacts, LayerFacts
 
 
 def _ring() -> HardwareProfile:
@@ -18,37 +22,58 @@ def _ring() -> HardwareProfile:
         link(0, 1, 10, 1000), link(1, 2, 20, 500), link(2, 3, 10, 1000), link(0, 3, 50, 2000)])
 
 
+def _gpu_cell(distribution: str, *overrides: str, workers: int = 4) -> DistbenchConfig:
+    """A cell of `workers` GPUs on one node: their allreduces overlap the backward pass
+    (`predict.terms.communication_overlaps`), Eq. 5.1's premise."""
+    return validate(compose_config([
+        f"distribution={distribution}", "hardware=titanrtx_cluster", "hardware.nodes=1",
+        f"hardware.workers_per_node={workers}", "distribution.batch_size=32", *overrides]))
+
+
+def _replica_facts(gradient_mb: float, step_seconds: float = 0.5) -> CellFacts:
+    """A network whose whole gradient is `gradient_mb` MB and whose step takes `step_seconds`."""
+    layer = LayerFacts(weights_mb=gradient_mb, activation_mb_per_sample=0.1, compute_share=1.0)
+    return CellFacts(weights_mb=gradient_mb, gradient_mb=gradient_mb, input_mb_per_sample=0.01,
+                     layers=[layer], step_seconds=step_seconds, step_batch=32)
+
+
 def test_horovod_eq_5_1_takes_the_slowest_ring_link_and_the_last_fused_buffer() -> None:
     # min(G=100, th=64) = 64 MB; steps of 64/4 = 16 MB; slowest link 1-2: 20 us + 16/500 s
     assert horovod.ring_allreduce_seconds(_ring(), 4, 64) == pytest.approx(6 * 0.03202)
-    step = horovod.step_seconds(0.5, 4, 100, 64, _ring())
-    assert step == pytest.approx(0.5 + 6 * 0.03202)
-    # 1024 images, 32 per worker and step, 4 workers: 8 steps
-    assert horovod.epoch_seconds(0.5, 1024, 32, 4, 100, 64, _ring()) == pytest.approx(8 * step)
+    cell = _gpu_cell("horovod", "distribution.fusion_threshold_mb=64", "dataset.num_samples=1024")
+    terms = epoch_terms(cell, _replica_facts(100), _ring())
+    # 1024 images, 32 per worker and step, 4 workers: 8 steps of one sequential step each
+    assert terms.steps == 8
+    assert terms.seconds() == pytest.approx(8 * (0.5 + 6 * 0.03202))
     # a gradient smaller than th is sent whole; th = 0 (no fusion) is bounded by G as well
-    assert horovod.step_seconds(0.5, 4, 8, 64, _ring()) == pytest.approx(0.5 + 6 * (20e-6 + 2 / 500))
-    assert horovod.step_seconds(0.5, 4, 8, 0, _ring()) == pytest.approx(0.5 + 6 * (20e-6 + 2 / 500))
+    small = 8 * (0.5 + 6 * (20e-6 + 2 / 500))
+    assert epoch_terms(cell, _replica_facts(8), _ring()).seconds() == pytest.approx(small)
+    unfused = _gpu_cell("horovod", "distribution.fusion_threshold_mb=0", "dataset.num_samples=1024")
+    assert epoch_terms(unfused, _replica_facts(8), _ring()).seconds() == pytest.approx(small)
 
 
 def test_the_free_parameters_of_the_data_parallel_model() -> None:
-    raw = horovod.step_seconds(0.5, 4, 100, 64, _ring())
-    tuned = horovod.step_seconds(0.5, 4, 100, 64, _ring(), overhead_s=0.01, bandwidth_scale=0.5)
-    assert tuned == pytest.approx(0.5 + 0.01 + 6 * (20e-6 + 16 / 250))
+    cell = _gpu_cell("horovod", "distribution.fusion_threshold_mb=64", "dataset.num_samples=1024")
+    terms = epoch_terms(cell, _replica_facts(100), _ring())
+    raw = terms.seconds()
+    # contention scales the workers' compute, communication the allreduce
+    tuned = terms.seconds({"contention": 1.1, "communication": 2.0})
+    assert tuned == pytest.approx(8 * (1.1 * 0.5 + 2.0 * 6 * 0.03202))
     assert raw < tuned
-    # one worker has nothing to communicate
-    assert horovod.step_seconds(0.5, 1, 100, 64, _ring(), overhead_s=0.01) == 0.5
+    # one worker has nothing to communicate, and its step is the probe itself: no parameter
+    alone = _gpu_cell("horovod", "dataset.num_samples=1024", workers=1)
+    assert epoch_terms(alone, _replica_facts(100), None).seconds(
+        {"contention": 1.1, "communication": 2.0}) == pytest.approx(32 * 0.5)
 
 
 def test_ddp_is_eq_5_1_with_its_bucket_size() -> None:
-    assert ddp.epoch_seconds(0.5, 1024, 32, 4, 100, 25, _ring()) == pytest.approx(
-        horovod.epoch_seconds(0.5, 1024, 32, 4, 100, 25, _ring()))
-    assert ddp.epoch_seconds(0.5, 1024, 32, 4, 100, 25, _ring()) == pytest.approx(
-        8 * (0.5 + 6 * (20e-6 + 6.25 / 500)))
-
-
-def test_gpipe_eq_6_1_compute() -> None:
-    assert gpipe.compute_seconds(8.0, 4, 8) == pytest.approx(8.0 * 11 / 32)
-    assert gpipe.compute_seconds(8.0, 1, 8) == pytest.approx(8.0)  # one stage: no bubble
+    facts = _replica_facts(100)
+    ddp = epoch_terms(_gpu_cell("ddp", "distribution.bucket_cap_mb=25",
+                                "dataset.num_samples=1024"), facts, _ring())
+    horovod_25 = epoch_terms(_gpu_cell("horovod", "distribution.fusion_threshold_mb=25",
+                                       "dataset.num_samples=1024"), facts, _ring())
+    assert ddp.seconds() == pytest.approx(horovod_25.seconds())
+    assert ddp.seconds() == pytest.approx(8 * (0.5 + 6 * (20e-6 + 6.25 / 500)))
 
 
 def test_gpipe_eq_6_2_communication() -> None:
@@ -59,15 +84,26 @@ def test_gpipe_eq_6_2_communication() -> None:
     assert gpipe.communication_seconds([], 4) == 0
 
 
-def test_gpipe_link_costs_and_batch_time() -> None:
-    costs = gpipe.link_costs([0.5, 0.25, 0.1], 4, _ring())
+def test_gpipe_eq_6_1_and_6_2_over_an_epoch() -> None:
+    # 4 equal one-layer stages; a sequential step of one micro-batch (4 images) takes 1 s:
+    # forward 1/3, backward 2/3, no update. 320 images in batches of 32 = 8 micro-batches.
+    cell = _gpu_cell("gpipe", "distribution.micro_batches=8", "distribution.recompute=never",
+                     "dataset.num_samples=320")
+    out_mb = [0.5, 0.25, 0.1, 0.01]  # each stage's output per sample
+    layers = [LayerFacts(weights_mb=1.0, activation_mb_per_sample=mb, compute_share=0.25,
+                         forward_share=1 / 12, backward_share=1 / 6) for mb in out_mb]
+    facts = CellFacts(weights_mb=4.0, gradient_mb=4.0, input_mb_per_sample=0.01, layers=layers,
+                      step_seconds=1.0, step_batch=4, plan=StagePlan.of([1, 1, 1, 1]))
+    costs = gpipe.link_costs(out_mb[:-1], 4, _ring())
     assert costs == pytest.approx([10e-6 + 2 / 1000, 20e-6 + 1 / 500, 10e-6 + 0.4 / 1000])
-    whole = gpipe.batch_seconds(8.0, 8, 4, [0.5, 0.25, 0.1], _ring())
-    assert whole == pytest.approx(8.0 * 11 / 32 + gpipe.communication_seconds(costs, 8))
-    hidden = gpipe.batch_seconds(8.0, 8, 4, [0.5, 0.25, 0.1], _ring(), overlap=1.0)
-    assert hidden == pytest.approx(8.0 * 11 / 32)
-    assert gpipe.epoch_seconds(320, 32, 8.0, 8, [0.5, 0.25, 0.1], _ring()) == \
-        pytest.approx(10 * whole)
+    terms = epoch_terms(cell, facts, _ring())
+    # Eq. 6.1 with T_seq = 8 micro-batches x 1 s: 8 (4 + 8 - 1) / (4 x 8), per batch; 10 batches
+    assert terms.steps == 10
+    assert terms.compute_s == pytest.approx(10 * 8.0 * 11 / 32)
+    assert terms.transfer_s == pytest.approx(10 * gpipe.communication_seconds(costs, 8))
+    assert terms.seconds() == pytest.approx(terms.compute_s + terms.transfer_s)
+    # transfers hidden entirely behind compute leave Eq. 6.1 alone
+    assert terms.seconds({"communication": 0.0}) == pytest.approx(10 * 8.0 * 11 / 32)
 
 
 def test_memory_per_worker() -> None:
@@ -80,8 +116,18 @@ def test_memory_per_worker() -> None:
     assert memory.fits([10**9], None)
 
 
+def test_the_sequential_epoch_is_the_measured_step_once_per_full_batch() -> None:
+    # T_seq as the harness trains: the last, partial batch is never trained, so 1000 images in
+    # batches of 32 are 31 steps (one worker of any model is the same)
+    for distribution in ("sequential", "ddp"):
+        cell = validate(compose_config([f"distribution={distribution}", "dataset.num_samples=1000",
+                                        "distribution.batch_size=32"]))
+        assert cell.world_size == 1
+        terms = epoch_terms(cell, _replica_facts(10, step_seconds=0.5), None)
+        assert terms.steps == 31 and terms.seconds() == pytest.approx(0.5 * 31)
+
+
 def test_the_sequential_model_extrapolates_measured_batches(tmp_path) -> None:  # noqa: ANN001
-    assert sequential.epoch_seconds(0.5, 1000, 32) == pytest.approx(0.5 * 32)
     config = validate(compose_config([
         "dataset=mnist", "network=mobilenetv2", "hardware.cpu_threads=1",
         f"dataset.cache_dir={tmp_path}"]))

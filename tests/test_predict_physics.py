@@ -39,7 +39,7 @@ def test_gpipe_schedule_with_equal_stages_is_eq_6_1() -> None:
     # Eq. 6.1 with T_seq = 4 t = 24: 24 (2 + 4 - 1) / (2 x 4) = 15.
     stages = [gpipe.StageWork(1.0, 2.0, 0.0), gpipe.StageWork(1.0, 2.0, 0.0)]
     assert gpipe.schedule_seconds(stages, 4, recomputed=0.0) == pytest.approx(
-        gpipe.compute_seconds(24.0, 2, 4)) == pytest.approx(15.0)
+        24.0 * (2 + 4 - 1) / (2 * 4)) == pytest.approx(15.0)
 
 
 def test_recompute_share_per_policy() -> None:

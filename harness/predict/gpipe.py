@@ -1,4 +1,4 @@
-"""GPipe: Eq. 6.1 (compute) + Eq. 6.2 (communication) of the thesis, per batch and per epoch.
+"""GPipe: Eq. 6.1 (compute) + Eq. 6.2 (communication) of the thesis, per batch.
 
     T_comp = T_seq * (W + #mb - 1) / (W * #mb)
 
@@ -12,7 +12,8 @@ needs W + #mb - 1 steps of one stage's share of a micro-batch, t_mb / W.
 The workers move in lock-step, so each step costs its slowest active link: while the pipeline
 fills, the links up to i are active; in the full pipeline, all; while it drains, those from i
 on. Activations forward and gradients backward cost the same (the factor 2). A_j is the MB of
-activations per sample leaving stage j (the output of its last layer).
+activations per sample leaving stage j (the output of its last layer). The epoch, over the
+plan's real stages, is `harness.distributions.gpipe.epoch_terms`.
 """
 
 from __future__ import annotations
@@ -22,11 +23,6 @@ from dataclasses import dataclass
 
 from harness.hardware_profile import HardwareProfile
 from harness.metrics import BYTES_PER_MB
-
-
-def compute_seconds(t_seq_batch_s: float, stages: int, micro_batches: int) -> float:
-    """Eq. 6.1."""
-    return t_seq_batch_s * (stages + micro_batches - 1) / (stages * micro_batches)
 
 
 @dataclass(frozen=True)
@@ -46,9 +42,10 @@ def schedule_seconds(stages: Sequence[StageWork], micro_batches: int,
     phase the first micro-batch crosses every stage, and each further one leaves the pipeline
     one slowest-stage time later:  sum_s t_s + (#mb - 1) * max_s t_s. With activation
     recomputation a stage's backward of a micro-batch runs its forward again first
-    (`recomputed`: the share of micro-batches that do, `predict.cell.recompute_share`). Every stage then
-    updates its weights once, all at the same time. With W equal stages (t_s = t / W), no
-    recomputation and no update this is Eq. 6.1: t (W + #mb - 1) / W per micro-batch time t.
+    (`recomputed`: the share of micro-batches that do, `distributions.gpipe.recompute_share`).
+    Every stage then updates its weights once, all at the same time. With W equal stages
+    (t_s = t / W), no recomputation and no update this is Eq. 6.1: t (W + #mb - 1) / W per
+    micro-batch time t.
     """
     forward = [stage.forward_s for stage in stages]
     backward = [recomputed * stage.forward_s + stage.backward_s for stage in stages]
@@ -75,25 +72,3 @@ def communication_seconds(costs: Sequence[float], micro_batches: int) -> float:
     full = (micro_batches - (stages - 2)) * max(c[1:])
     draining = sum(max(c[i:stages]) for i in range(2, stages))
     return 2 * (filling + full + draining)
-
-
-def batch_seconds(t_seq_batch_s: float, micro_batches: int, micro_batch_size: int,
-                  boundary_activation_mb: Sequence[float], profile: HardwareProfile, *,
-                  bandwidth_scale: float = 1.0, overlap: float = 0.0) -> float:
-    """Eq. 6.1 + Eq. 6.2; `overlap` (a free parameter, 0 in the thesis) is the share of the
-    communication hidden behind compute by an implementation that overlaps them."""
-    stages = len(boundary_activation_mb) + 1
-    costs = link_costs(boundary_activation_mb, micro_batch_size, profile,
-                       bandwidth_scale=bandwidth_scale)
-    return compute_seconds(t_seq_batch_s, stages, micro_batches) + \
-        (1 - overlap) * communication_seconds(costs, micro_batches)
-
-
-def epoch_seconds(samples_per_epoch: int, batch_size: int, t_seq_batch_s: float,
-                  micro_batches: int, boundary_activation_mb: Sequence[float],
-                  profile: HardwareProfile, *, bandwidth_scale: float = 1.0,
-                  overlap: float = 0.0) -> float:
-    """An epoch of samples / batch pipeline batches (full batches only, as the harness trains)."""
-    return (samples_per_epoch // batch_size) * batch_seconds(
-        t_seq_batch_s, micro_batches, batch_size // micro_batches, boundary_activation_mb,
-        profile, bandwidth_scale=bandwidth_scale, overlap=overlap)

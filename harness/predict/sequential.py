@@ -1,5 +1,6 @@
 """The sequential model (thesis ch. 4): train a few batches on the target device and
-extrapolate the time per batch to the whole epoch.
+extrapolate the time per batch to the whole epoch (`harness.predict.cell.epoch_terms`: the
+measured step once per full batch, as the harness trains).
 
 `measure_batch_seconds` is the only part that runs anything: `probe_batches` timed training
 steps (after `warmup_batches` untimed ones) of the real network on one device, with the device
@@ -9,7 +10,6 @@ process); the spread is returned so that a caller can say how sure the number is
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, replace
 
@@ -27,13 +27,6 @@ class BatchTiming:
     std_s: float
     batches: int
     seconds: tuple[float, ...] = ()  # every timed step, for the spread (facts keep IQRs)
-
-
-def epoch_seconds(seconds_per_batch: float, samples_per_epoch: int, batch_size: int) -> float:
-    """T_seq: an epoch is ceil(samples / batch) steps of the measured step time (the harness
-    trains the last, partial batch only when it is full, so floor would under-count data it
-    never trains; ceil is the conservative reading for a user's full dataset)."""
-    return seconds_per_batch * math.ceil(samples_per_epoch / batch_size)
 
 
 def measure_batch_seconds(config: DistbenchConfig, *, batch_size: int, probe_batches: int,
