@@ -11,15 +11,14 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from harness.cell import check_cell
-from harness.cli import noted, run_hydra_main
+from harness.cli import noted
 from harness.compose import CONFIG_PATH
 from harness.distributed import worker_environment
 from harness.distributions.registry import register_configs
 from harness.run import run_cell
-from launchers.hydra_names import register_launcher_names
+from launchers.hydra_main import run_hydra_main
 
 register_configs()
-register_launcher_names()
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")

@@ -23,7 +23,8 @@ Use it in an entry point in one of two ways:
    or, around just the part that reads input, `with exit_on_bad_input(): ...`.
 
 2. A `@hydra.main` program (`python -m harness`): Hydra composes before the decorated function
-   runs and prints its own multi-line report, so call it through `run_hydra_main`::
+   runs and prints its own multi-line report, so call it through
+   `launchers.hydra_main.run_hydra_main`::
 
        if __name__ == "__main__":
            run_hydra_main(main)
@@ -42,7 +43,6 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -57,8 +57,6 @@ BAD_INPUT_EXIT_CODE = 2
 # Exceptions that mean "the user's input is wrong", never "the program is wrong".
 BAD_INPUT_ERRORS: tuple[type[Exception], ...] = (ConfigError, HydraException,
                                                  OmegaConfBaseException)
-# Hydra re-raises instead of printing its own report while this is set (its documented switch).
-_HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -136,40 +134,6 @@ def command(function: Callable[P, R]) -> Callable[P, R]:
     return guarded
 
 
-def run_hydra_main(main: Callable[[], object]) -> None:
-    """Call a `@hydra.main` function so that Hydra's composition errors, too, come out as one
-    line and exit status 2, and its cells' outcome becomes the exit status (1 when any cell
-    did not end `ok`). A user who set HYDRA_FULL_ERROR asked for Hydra's full report and
-    gets it unchanged.
-
-    The config (every cell's, for a sweep) is composed and checked before Hydra runs:
-    Hydra creates the run or sweep directory, and its callbacks open the MLflow store, before
-    the task function or the launcher sees the config (`harness.compose.check_hydra_main`)."""
-    from harness.compose import check_hydra_main
-    from harness.dryrun import DRY_RUN_FLAG
-
-    del _cell_statuses[:]
-    end_like_ctrl_c_on_sigterm()
-    before = os.environ.get(_HYDRA_FULL_ERROR)
-    if before == "1":
-        if DRY_RUN_FLAG in sys.argv[1:]:  # a flag of ours, not Hydra's: list the cells, exit
-            check_hydra_main(sys.argv[1:])
-        main()
-    else:
-        with exit_on_bad_input():
-            check_hydra_main(sys.argv[1:])
-        os.environ[_HYDRA_FULL_ERROR] = "1"
-        try:
-            with exit_on_bad_input():
-                main()
-        finally:
-            if before is None:
-                os.environ.pop(_HYDRA_FULL_ERROR, None)
-            else:
-                os.environ[_HYDRA_FULL_ERROR] = before
-    exit_on_failed_cells()
-
-
 def end_like_ctrl_c_on_sigterm() -> None:
     """SIGTERM (`kill`, `scancel`, a shutdown) ends this process as Ctrl-C does, through its
     `finally` blocks: a sweep closes its MLflow parent run (KILLED) and its cell's workers,
@@ -184,6 +148,11 @@ def end_like_ctrl_c_on_sigterm() -> None:
 # launcher runs inside hydra.main, which returns nothing, so the outcome travels here.
 _cell_statuses: list[tuple[str, str, str]] = []
 FAILED_CELLS_EXIT_CODE = 1
+
+
+def forget_cell_results() -> None:
+    """Start a command's count of cells afresh (`launchers.hydra_main.run_hydra_main`)."""
+    del _cell_statuses[:]
 
 
 def note_cell_results(results: Sequence[Mapping[str, Any]]) -> None:

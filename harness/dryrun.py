@@ -1,6 +1,6 @@
 """`python -m harness [overrides] --dry-run`: the cells a command would run, listed; none runs.
 
-The cells are those `harness.compose.check_hydra_main` composes before a real run (Hydra's
+The cells are those `launchers.hydra_main.check_hydra_main` composes before a real run (Hydra's
 basic sweeper lists them, `launchers.cells.cell_config` composes each as its own processes will
 see it, `harness.config.validate` checks it), so the list is exactly what would run. A cell
 that is invalid stops the dry run as it would stop the sweep (one line, exit status 2). A cell

@@ -81,7 +81,7 @@ def prepare_sweep(loader, master: DictConfig,  # noqa: ANN001
     """Compose, validate and size every cell before any starts, and check what a cell needs
     of the machine that will run it (this one, for the local launcher); on the first invalid
     one, print one line naming it and exit with status 2. (`python -m harness` has done this
-    once already, before Hydra wrote anything: `harness.compose.check_hydra_main`.)"""
+    once already, before Hydra wrote anything: `launchers.hydra_main.check_hydra_main`.)"""
     with exit_on_bad_input():
         check_launcher(master.hydra, sweep=True)
     runs_here = not is_slurm_launcher(master.hydra)

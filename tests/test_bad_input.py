@@ -501,7 +501,7 @@ def test_a_gpu_sweep_for_slurm_passes_the_checks_on_a_login_node(tmp_path: Path,
     """A login node submits GPU jobs without a GPU of its own; nothing is written by the check."""
     import shutil
 
-    from harness.compose import check_hydra_main
+    from launchers.hydra_main import check_hydra_main
 
     if shutil.which("sbatch") is None:
         pytest.skip("SLURM's sbatch is not installed here")

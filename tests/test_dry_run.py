@@ -17,11 +17,13 @@ import pytest
 from omegaconf import OmegaConf
 
 from harness.batch_sizes import default_batch_size
-from harness.distributions.gpipe import TABLE_3_3
-from harness.compose import CONF_DIR, check_hydra_main, compose_config
+from harness.compose import CONF_DIR, compose_config
 from harness.config import ConfigError
+from harness.distributions.gpipe import TABLE_3_3
 from harness.resume import cell_key
+from launchers.hydra_main import check_hydra_main
 from tests.helpers import run_module
+
 
 # (distribution, workers, nodes) of every network's cells in the thesis' grid, as it runs them.
 def _scaling_cells() -> list[tuple[str, int, int]]:

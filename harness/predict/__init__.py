@@ -1,8 +1,10 @@
 """Performance models: seconds per epoch and memory per worker, predicted without running the
 distributed job (SPEC chapters 4-6, symbols as in Table 5.1).
 
-One module per distribution model, each a plain function of the workload facts
-(`harness.describe`, the profiler), the hardware profile (`harness.hardware_profile`) and the
-distribution settings. The sequential statistical model (`sequential`) supplies T_seq, which
-the others divide and extend. Units: seconds, MB (10^6 bytes), MB/s.
+The thesis' equations as plain functions (`horovod`: Eq. 5.1's allreduce, `gpipe`: Eq. 6.1's
+schedule and Eq. 6.2's transfers, `pipedream`, `memory`), the probe that measures T_seq
+(`sequential`) and the terms every prediction is made of (`terms`). Each distribution model's
+spec (`harness.distributions.<name>`) puts them together for a cell; `cell.epoch_terms` and
+`cell.memory_per_worker_mb` are what the analysis, the recommender and the dry run call.
+Units: seconds, MB (10^6 bytes), MB/s.
 """

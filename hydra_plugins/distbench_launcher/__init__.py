@@ -1,4 +1,4 @@
 """Hydra launcher plugins of distbench (Hydra only instantiates launchers found in the
 `hydra_plugins` namespace): `serial_local` and `slurm_cells`. What they do around cells lives in
-`launchers/`; `launchers.hydra_names` also registers them as `submitit_local`/`submitit_slurm`.
+`launchers/`; `names` also stores them as `submitit_local`/`submitit_slurm`.
 """

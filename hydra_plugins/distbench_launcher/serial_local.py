@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn
+
 from hydra_plugins.hydra_submitit_launcher.config import LocalQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher
 

@@ -16,11 +16,11 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn
+
 from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 
@@ -37,12 +37,12 @@ class SlurmCellsConf(SlurmQueueConf):
     # null: sized per cell (hardware.nodes x hardware.workers_per_node, one task for the
     # sequential baseline). A value given here is a check: the cell's size, or its hardware
     # config's whole allocation.
-    nodes: Optional[int] = None
-    tasks_per_node: Optional[int] = None
+    nodes: int | None = None
+    tasks_per_node: int | None = None
     # null: one GPU per task on CUDA hardware, none on CPU hardware (a value: a check).
-    gpus_per_node: Optional[int] = None
+    gpus_per_node: int | None = None
     # null, or 1 on CUDA hardware: then the GPUs are asked per task (for cpus_per_gpu).
-    gpus_per_task: Optional[int] = None
+    gpus_per_task: int | None = None
     # Wall-clock limit of one try of a cell's job in minutes (sbatch --time); a job SLURM ends
     # for it on its last try is recorded as `timeout`.
     timeout_min: int = 120
@@ -59,14 +59,14 @@ class SlurmCellsConf(SlurmQueueConf):
     array_parallelism: int = 1
     # false: no limit on cells at once (they start as nodes come free); true: the same as
     # array_parallelism=1; null: array_parallelism decides.
-    one_cell_at_a_time: Optional[bool] = None
+    one_cell_at_a_time: bool | None = None
     # Accepted for configs of Hydra's plugin; distbench always waits for the cells' jobs (it
     # records a cell whose job ended without a result, and ends workers that linger).
     wait_for_completion: bool = True
     # A job still running this long after its rank 0 recorded the cell is cancelled.
     grace_after_result_s: float = 20.0
     # Extra arguments of the srun line that starts the workers.
-    srun_args: Optional[List[str]] = None
+    srun_args: list[str] | None = None
     # Run every cell, also those that already have a result with status ok under run.output_dir
     # (by default a re-run sweep skips them: see harness.resume), and cancel the cells' earlier
     # jobs still queued or running (by default a re-run follows them: launchers.slurm_resume).
@@ -80,13 +80,13 @@ ConfigStore.instance().store(group="hydra/launcher", name="slurm_cells", node=Sl
 class SlurmCellsLauncher(SlurmLauncher):
     """Submit every cell as its own SLURM job, then follow them until all have ended."""
 
-    def __call__(self, sweep_overrides: List[str], job_dir_key: str, job_num: int, job_id: str,
-                 singleton_state: Dict[type, Singleton]) -> JobReturn:
+    def __call__(self, sweep_overrides: list[str], job_dir_key: str, job_num: int, job_id: str,
+                 singleton_state: dict[type, Singleton]) -> JobReturn:
         """A task of a cell's job (runs on the cluster): the cell, as Hydra's plugin runs it.
         Its `checkpoint` (inherited) lets submitit re-queue a timed-out job; only the last
         try runs into the time limit itself."""
+        from hydra_plugins.distbench_launcher.names import register_launcher_names
         from launchers import slurm
-        from launchers.hydra_names import register_launcher_names
 
         # The plugin's __call__ restores Hydra's state (set_state), whose plugin scan stores
         # the plugin's own `submitit_slurm` config again; the cell's config is then composed
