@@ -51,13 +51,13 @@ from harness.predict.cell import cost_per_epoch, epoch_terms, memory_per_worker_
 from harness.predict.facts import (
     FactsCache,
     MissingMeasurement,
-    StepTime,
     cache_for,
     command_parser,
     gather,
     step_time_source,
 )
 from harness.predict.memory import fits
+from harness.predict.steps import StepTime
 from harness.predict.terms import RAW
 from harness.preflight import check_writable_dir
 

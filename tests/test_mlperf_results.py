@@ -25,7 +25,7 @@ from harness.compose import compose_config
 from harness.config import validate
 from harness.environment import capture_environment
 from harness.eventlog import log_file_name
-from harness.sweeps import main
+from harness.sweeps.cli import main
 from harness.sweeps.mlperf import Cell, log_facts, summarize, system_names, write_cell
 from harness.sweeps.table import axes
 from tests.test_mllog import write_cell_log

@@ -210,7 +210,7 @@ def test_a_probe_here_is_kept_in_the_facts_file_and_read_back_without_probing(
 
 
 def test_the_batch_rule_prefers_an_exact_batch_then_the_nearest_scaled_per_sample() -> None:
-    from harness.predict.facts import MeasuredStep, choose_step_time
+    from harness.predict.steps import MeasuredStep, choose_step_time
 
     facts = MeasuredStep(32, 0.2, "facts file", rank=0)
     mlflow = MeasuredStep(32, 0.3, "MLflow", rank=1)

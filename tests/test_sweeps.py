@@ -17,7 +17,7 @@ from PIL import Image
 from scipy import stats
 
 from harness.eventlog import log_file_name
-from harness.sweeps import main
+from harness.sweeps.cli import main
 from harness.sweeps.scaling import NO_SINGLE_WORKER, scaling
 from tests.helpers import run_module
 from tests.test_mlperf_results import BENCHMARK, run_minutes

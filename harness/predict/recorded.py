@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.config import DistbenchConfig
-from harness.predict.facts import MeasuredStep
+from harness.predict.steps import MeasuredStep
 from harness.results import RunStatus
 from harness.tracking import tracking_failure, tracking_uri
 

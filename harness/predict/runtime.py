@@ -85,15 +85,18 @@ def _tiny_network(channels: int, classes: int):  # noqa: ANN202
 
 def _probe(request: dict[str, Any]) -> dict[str, float]:
     """In a fresh process: a worker's imports, its data, two steps of a tiny network."""
+    import hydra  # noqa: F401 - what a worker imports: Hydra, torch, the engine
     import submitit  # noqa: F401 - the launcher's worker entry point
     import torch
 
-    import harness.__main__  # noqa: F401 - what a worker imports (Hydra, the trainers, torch)
+    import harness.run  # noqa: F401
     from harness.config import OptimizerConfig
+    from harness.distributions.registry import specs
     from harness.workload import build_optimizer
     from workloads.datasets import EpochLoader, build_dataset, dataset_spec
     from workloads.datasets.loader import dataset_length
 
+    specs()  # every model's module, trainers among them
     if request["threads"] is not None:
         torch.set_num_threads(request["threads"])
     cuda = request["device"] == "cuda"

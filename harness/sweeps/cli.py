@@ -1,4 +1,21 @@
-"""The command line of `python -m harness.sweeps` (see the package's docstring)."""
+"""`python -m harness.sweeps` (`distbench-sweeps`): measured cells out of MLflow, side by side.
+
+- `export SELECTION... --out FILE.csv|FILE.parquet`: one row per cell run (config axes, status,
+  every metric, run and sweep ids, start and end);
+- `compare A B`: two selections cell by cell, seconds per epoch B/A with its 95 % interval
+  where both cells have repeats, and the cells measured on one side only;
+- `scaling SELECTION... --out plot.png`: speedup and efficiency against workers, per
+  distribution model, one panel per network and dataset.
+- `mlperf SELECTION... --out DIR`: the cells as an MLPerf results folder (a system per
+  hardware, distribution model and workers; a log per repeat) and MLPerf's result summarizer's
+  scores of it.
+
+A SELECTION is an MLflow experiment (every cell run in it) or one sweep: its parent run id, its
+directory (`outputs/sweeps/<experiment>/<time>`), that directory's last part(s), or the parent
+run's name (`sweep-<time>`). Trailing `key=value` arguments are config overrides that say where
+the store is, as for the other commands: `run.output_dir=...` (the SQLite store in it) or
+`tracking.uri=...`.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +28,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness import sweeps
 from harness.cli import ArgumentParser, command
 from harness.compose import compose_config
 from harness.config import ConfigError, validate
@@ -29,7 +45,7 @@ _OVERRIDE = re.compile(r"[+~]{0,2}[A-Za-z_][\w.]*=")
 
 
 def parser() -> argparse.ArgumentParser:
-    top = ArgumentParser(prog=PROG, description=sweeps.__doc__,
+    top = ArgumentParser(prog=PROG, description=__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     export = commands.add_parser("export", help="cells to a CSV or Parquet file")

@@ -24,7 +24,7 @@ from torch import nn
 from harness.compose import compose_config
 from harness.config import DistbenchConfig, validate
 from harness.distributed import WorkerEnvironment, WorkerSession
-from harness.distributions import TrainingContext
+from harness.distributions.base import TrainingContext
 from harness.distributions.loop import BatchLoopTrainer
 from harness.metrics import PhaseClock
 from harness.workload import Workload, build_workload
