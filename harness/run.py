@@ -291,8 +291,7 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
                               clock=PhaseClock(device, enabled=config.run.phase_timing),
                               session=session, heartbeat=beat)
     trainer = spec_of(config).trainer(context)
-    # A trainer whose worker trains part of each epoch's batches says how many (PipeDream).
-    progress.batches = getattr(trainer, "worker_batches", progress.batches)
+    progress.batches = trainer.worker_batches(progress.batches)
     memory = PeakMemory(device)
     memory.reset()
     trainer.warm_up(config.run.warmup_batches)
@@ -304,13 +303,12 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
                                         progress)
         epochs += trained
         outcomes.append(outcome)
-    # Pipeline trainers say which replica group they are in and what else they measured.
     return WorkerMeasurement(epochs=epochs, seeds=seeds, peak_memory_mb=memory.peak_mb(),
                              memory_kind=memory.kind,
                              parameter_digest=parameter_digest(workload.model),
-                             replica_group=getattr(trainer, "replica_group", 0),
-                             extra_metrics=getattr(trainer, "extra_metrics", dict)(),
-                             resolved_config=getattr(trainer, "resolved_config", dict)(),
+                             replica_group=trainer.replica_group,
+                             extra_metrics=trainer.extra_metrics(),
+                             resolved_config=trainer.resolved_config(),
                              outcomes=outcomes)
 
 
@@ -321,7 +319,7 @@ def run_facts(config: DistbenchConfig, workload: Workload, trainer: Trainer) -> 
     return RunFacts(
         train_samples=len(workload.loader.dataset),  # type: ignore[arg-type]
         eval_samples=len(workload.eval_dataset) if workload.eval_dataset is not None else 0,  # type: ignore[arg-type]
-        resolved=getattr(trainer, "resolved_config", dict)(),
+        resolved=trainer.resolved_config(),
         precision=precision_name(dtype),
         config_file=CONFIG_FILE)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -43,33 +44,52 @@ class TrainingContext:
     heartbeat: Callable[[], None]  # call after every batch: the watchdog's proof of progress
 
 
-class Trainer(Protocol):
+class Trainer(ABC):
     """A distribution model's training loop for one worker.
 
     The harness owns what is common (seeding, warm-up policy, the epoch loop, memory and
-    recording); a trainer owns how a batch is trained under its distribution model.
-
-    Optional, read by `harness.run.measure` where present (the pipeline trainers have them):
-    `replica_group` (int: workers in one group hold replicas of the same parameters, which
-    must stay in sync), `extra_metrics()` (dict of floats added to the cell's metrics) and
-    `resolved_config()` (config values the trainer resolved, e.g. a planned balance).
+    recording); a trainer owns how a batch is trained under its distribution model. The four
+    abstract methods are what every model must say; the others have the defaults of a
+    data-parallel model, which the pipeline trainers override.
     """
 
+    # Workers in one replica group hold replicas of the same parameters, which must stay in
+    # sync (harness.run compares their digests): one group for data parallelism, a pipeline
+    # stage's replicas otherwise.
+    replica_group: int = 0
+
+    @abstractmethod
     def warm_up(self, batches: int) -> None:
         """Train `batches` batches untimed, so that lazy initialisation and caches settle."""
 
+    @abstractmethod
     def train_epoch(self, epoch: int) -> EpochMeasurement:
         """Train one whole epoch and time it, device synchronised at both ends."""
 
+    @abstractmethod
     def evaluation_model(self) -> torch.nn.Module:
         """The whole network with the weights trained so far, on this worker's device, for
         evaluation. A collective: every worker of the cell calls it (a pipeline worker holds
         one stage and gathers the others' weights)."""
 
+    @abstractmethod
     def reset(self) -> None:
         """Return the parameters, buffers and optimizer state (momentum, a pipeline's stashed
         weights) to what they were when the trainer was built, so that each repeat trains from
         the same start and warm-up trains nothing that is measured (MLPerf's rule)."""
+
+    def worker_batches(self, loader_batches: int) -> int:
+        """The batches this worker trains in an epoch, of the `loader_batches` its data loader
+        holds (the total of rank 0's progress bar): all of them unless a model divides them."""
+        return loader_batches
+
+    def extra_metrics(self) -> dict[str, float]:
+        """What this model measured besides the epoch times, added to the cell's metrics."""
+        return {}
+
+    def resolved_config(self) -> dict[str, Any]:
+        """Config values the trainer resolved (a planned balance), recorded with the cell."""
+        return {}
 
 
 TrainerFactory = Callable[[TrainingContext], Trainer]

@@ -31,7 +31,7 @@ from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 from torch.utils.checkpoint import checkpoint
 
 from harness.config import DistbenchConfig, require
-from harness.distributions.base import EpochMeasurement, TrainingContext
+from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
 from harness.distributions.pipeline import (
     LABEL_TAG,
     PipelineBatches,
@@ -180,7 +180,7 @@ class TimedStage(PipelineStage):
             return super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
 
 
-class GPipeTrainer:
+class GPipeTrainer(Trainer):
     """One GPipe stage on this worker."""
 
     def __init__(self, context: TrainingContext) -> None:
@@ -261,7 +261,7 @@ class GPipeTrainer:
     def reset(self) -> None:
         self.initial.restore(self.module, self.optimizer)
 
-    # -- what the harness records besides the protocol --------------------------------------
+    # -- what the harness records besides the epochs ----------------------------------------
     def extra_metrics(self) -> dict[str, float]:
         metrics = {"micro_batches": float(self.micro_batches),
                    "micro_batch_size": float(self.batch_size // self.micro_batches),

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from harness.distributions.base import EpochMeasurement, TrainingContext
+from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
 from harness.distributions.state import InitialState, epoch_losses
 from harness.metrics import synchronize
 
@@ -36,7 +36,7 @@ class GradientSync(Protocol):
         """The optimizer step, once `wait` has returned."""
 
 
-class BatchLoopTrainer:
+class BatchLoopTrainer(Trainer):
     """Forward, backward and optimizer step, one batch at a time, on this worker's device.
 
     Build it once the replicas agree (after DDP's or Horovod's broadcast): it captures the

@@ -42,7 +42,7 @@ from torch import nn
 from torch.func import functional_call
 
 from harness.config import ConfigError, DistbenchConfig, require
-from harness.distributions.base import EpochMeasurement, TrainingContext
+from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
 from harness.distributions.onefoneb import (
     Kind,
     Op,
@@ -172,7 +172,7 @@ class _Snapshot:
     live: bool = False  # the live parameters themselves (no update before the backward)
 
 
-class PipeDreamTrainer:
+class PipeDreamTrainer(Trainer):
     """One replica of one PipeDream stage on this worker."""
 
     def __init__(self, context: TrainingContext) -> None:
@@ -293,13 +293,12 @@ class PipeDreamTrainer:
         self._in_flight.clear()  # empty between epochs: 1F1B drains every backward
         self._losses.clear()
 
-    @property
-    def worker_batches(self) -> int:
-        """The minibatches this worker trains in an epoch (a replicated stage's replicas share
-        the epoch's): the total of rank 0's progress bar (harness.run.EpochProgress)."""
+    def worker_batches(self, loader_batches: int) -> int:
+        """The minibatches this worker trains in an epoch: a replicated stage's replicas share
+        the epoch's (the loader's batches, or as many as batch division asks for)."""
         return len(minibatches_of(self.replica, self.replicas[self.stage], self.epoch_batches))
 
-    # -- what the harness records besides the protocol ----------------------------------------
+    # -- what the harness records besides the epochs ----------------------------------------
     def extra_metrics(self) -> dict[str, float]:
         available = len(self.batches)
         metrics = {
