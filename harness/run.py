@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 from harness.cell import CheckedCell
@@ -432,10 +433,12 @@ class EpochProgress:
 
 
 def parameter_digest(model: torch.nn.Module) -> str:
-    """sha256 over the bytes of every parameter, in order (taken after the timed epochs)."""
+    """sha256 over the bytes of every parameter, in order (taken after the timed epochs); of
+    this worker's shard where a parameter is sharded over workers (a DTensor)."""
     digest = hashlib.sha256()
     for parameter in model.parameters():
-        digest.update(parameter.detach().cpu().contiguous().numpy().tobytes())
+        local = parameter.to_local() if isinstance(parameter, DTensor) else parameter
+        digest.update(local.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 
