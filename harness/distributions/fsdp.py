@@ -1,0 +1,312 @@
+"""`fsdp`: PyTorch's fully sharded data parallelism (FSDP2, `torch.distributed.fsdp.fully_shard`).
+
+Data parallel like DDP (every worker trains its own shard of each epoch, Table 3.3's batch
+per worker), but no worker holds the whole model between uses: each parameter, its gradient
+and its optimizer state are split evenly over the `shard_degree` workers of a shard group.
+Each entry of the network's layer list that has parameters is one FSDP unit (its
+`fully_shard`), the network itself the root, as torchtitan shards each transformer block:
+
+- forward: a unit's parameters are all-gathered just before it runs (the next unit's gather
+  is prefetched) and, with `reshard_after_forward`, freed again after it;
+- backward: a unit resharded after forward is all-gathered once more; its gradients are
+  reduce-scattered, so each worker keeps the averaged gradient of its own shard, and the
+  optimizer steps on the shards only;
+- with fewer shards than workers (HSDP, `shard_degree` < workers), the workers that hold the
+  same shard (one per shard group) also allreduce its gradient.
+
+Every collective goes through torch.distributed: gloo on CPU (torch 2.14 supports FSDP2's
+all-gather and reduce-scatter there: tests/test_fsdp.py trains it), NCCL on CUDA.
+Mixed precision (`mixed_precision: true`) gathers and computes in bfloat16 and reduces
+gradients in float32; BatchNorm layers keep float32 parameters (their own units, without the
+input cast: torch's BatchNorm takes a bfloat16 input with float32 statistics, not bfloat16
+parameters with float32 statistics).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from harness.config import DistbenchConfig, DistributionConfig, require
+from harness.distributions.base import TrainingContext
+from harness.distributions.loop import BatchLoopTrainer
+from harness.distributions.spec import (
+    DistributionSpec,
+    WorkerCounts,
+    candidate,
+    candidate_settings,
+)
+from harness.hardware_profile import HardwareProfile
+from harness.partition import StagePlan
+from harness.predict import memory
+from harness.predict.terms import (
+    CellFacts,
+    EpochTerms,
+    allreduce_seconds,
+    batches_per_epoch,
+    communication_overlaps,
+    memory_stage,
+)
+from workloads.networks import to_layer_list
+
+# An all-gather or a reduce-scatter of M bytes, as a multiple of an allreduce of M bytes among
+# the same workers (what the hardware probe measures). A ring allreduce is a reduce-scatter
+# followed by an all-gather, so on NCCL each is half of one. gloo's are not: measured on a
+# 2-core machine (2 and 4 workers, 4-16 MB, median of 12 after 3 warm-up), its all-gather took
+# 0.65-0.81 of an allreduce and its reduce-scatter 1.21-1.43
+# (tests/benchmarks/test_fsdp_collectives.py measures them again).
+CUDA_SHARE = {"all_gather": 0.5, "reduce_scatter": 0.5}
+GLOO_SHARE = {"all_gather": 0.75, "reduce_scatter": 1.3}
+_BFLOAT16_SHARE = 0.5  # bytes of a bfloat16 copy of float32 weights
+
+
+@dataclass
+class FSDPConfig(DistributionConfig):
+    """FSDP2's settings."""
+
+    data_parallel = True
+    name: str = "fsdp"
+    # Free each unit's gathered parameters after its forward (gather them again for its
+    # backward): less memory, one more all-gather per step. false: keep them until backward.
+    reshard_after_forward: bool = True
+    # Workers each parameter is split over; null = all the cell's workers. Fewer (it must
+    # divide the workers) is HSDP: the shard groups are replicas of each other, and allreduce
+    # their shards' gradients (e.g. the workers of one node, replicated across nodes).
+    shard_degree: int | None = None
+    # bfloat16 parameters for the all-gathers and the compute, float32 gradient reduction and
+    # float32 sharded weights and optimizer state (FSDP2's MixedPrecisionPolicy).
+    mixed_precision: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.shard_degree is None or self.shard_degree >= 1,
+                "distribution.shard_degree", self.shard_degree,
+                "must be a positive number of workers, or null (all the cell's workers)")
+
+    def shards(self, cell: DistbenchConfig) -> int:
+        """Workers each parameter is split over."""
+        return self.shard_degree if self.shard_degree is not None else cell.world_size
+
+    def check_cell(self, cell: DistbenchConfig) -> None:
+        super().check_cell(cell)
+        shards = self.shards(cell)
+        require(shards <= cell.world_size and cell.world_size % shards == 0,
+                "distribution.shard_degree", self.shard_degree,
+                f"must divide the cell's {cell.world_size} workers (hardware.nodes x "
+                f"hardware.workers_per_node), or be null (all of them)")
+
+    def run_name_parts(self, cell: DistbenchConfig) -> list[str]:
+        parts = [] if self.reshard_after_forward else ["keep"]
+        if self.shards(cell) != cell.world_size:
+            parts.append(f"shard{self.shards(cell)}")
+        return parts + (["bf16"] if self.mixed_precision else [])
+
+    def own_settings(self, cell: DistbenchConfig) -> dict[str, Any]:
+        return {**super().own_settings(cell), "shard_degree": self.shards(cell)}
+
+
+def fsdp_settings(config: DistbenchConfig) -> FSDPConfig:
+    assert isinstance(config.distribution, FSDPConfig), config.distribution
+    return config.distribution
+
+
+# -- training --------------------------------------------------------------------------------
+class FSDPTrainer(BatchLoopTrainer):
+    """The batch loop over a fully sharded network: FSDP's collectives run inside the forward
+    and backward passes (its hooks), so the loop itself is the sequential one."""
+
+    def __init__(self, context: TrainingContext, model: nn.Module, mesh: DeviceMesh,
+                 skeleton: nn.Module) -> None:
+        super().__init__(context, model)
+        self.skeleton = skeleton  # the network unsharded, on the meta device (no memory)
+        # Workers in the same position of their shard group hold the same shard: the
+        # replicas the harness compares (every worker is its own when there is one group).
+        self.replica_group = mesh.get_local_rank("shard") if mesh.ndim == 2 else \
+            context.session.env.rank
+
+    def evaluation_model(self) -> nn.Module:
+        """The whole network, unsharded, on this worker's device: every parameter's shards
+        gathered (a collective), and rank 0's buffers (BatchNorm's statistics, which each
+        worker updated with its own data), as the other data-parallel models evaluate."""
+        state = {}
+        for name, tensor in self.network.state_dict().items():  # the same order on every rank
+            if isinstance(tensor, DTensor):
+                state[name] = tensor.full_tensor()
+            else:
+                state[name] = tensor.detach().clone()
+                dist.broadcast(state[name], src=0)
+        whole = copy.deepcopy(self.skeleton).to_empty(device=self.device)
+        whole.load_state_dict(state)
+        return whole
+
+
+def fsdp_trainer(context: TrainingContext) -> BatchLoopTrainer:
+    model = context.workload.model.to(context.device)
+    if not context.session.env.is_distributed:
+        return BatchLoopTrainer(context, model)  # one worker: nothing to shard
+    settings = fsdp_settings(context.config)
+    # fully_shard keeps each worker's slice of its own initial values: rank 0's must be
+    # everyone's first (DDP's constructor broadcasts them too).
+    with torch.no_grad():
+        for tensor in model.state_dict().values():
+            dist.broadcast(tensor, src=0)
+    skeleton = copy.deepcopy(model).to("meta")  # before fully_shard changes the module
+    mesh = shard_mesh(context.config, context.device.type)
+    shard_network(model, to_layer_list(context.config.network.name.value, model), mesh,
+                  settings)
+    return FSDPTrainer(context, model, mesh, skeleton)
+
+
+def shard_mesh(config: DistbenchConfig, device_type: str) -> DeviceMesh:
+    """The workers as FSDP sees them: one dimension (every worker a shard), or HSDP's
+    (replicate, shard), the shard groups made of consecutive ranks (a node's workers)."""
+    shards = fsdp_settings(config).shards(config)
+    if shards == config.world_size:
+        return init_device_mesh(device_type, (shards,), mesh_dim_names=("shard",))
+    return init_device_mesh(device_type, (config.world_size // shards, shards),
+                            mesh_dim_names=("replicate", "shard"))
+
+
+def shard_network(network: nn.Module, layers: list[nn.Module], mesh: DeviceMesh,
+                  settings: FSDPConfig) -> None:
+    """`fully_shard` each layer-list entry that has parameters, then the root (innermost
+    first, as FSDP2 requires); with mixed precision, each BatchNorm first, in float32."""
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if settings.mixed_precision else MixedPrecisionPolicy()
+    common: dict[str, Any] = {"mesh": mesh,
+                              "reshard_after_forward": settings.reshard_after_forward}
+    if settings.mixed_precision:
+        for module in network.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                fully_shard(module, mp_policy=MixedPrecisionPolicy(cast_forward_inputs=False),
+                            **common)
+    for layer in layers:
+        # (a BatchNorm entry of the list is a unit already, with mixed precision)
+        if any(True for _ in layer.parameters()) and not isinstance(layer, FSDPModule):
+            fully_shard(layer, mp_policy=policy, **common)
+    fully_shard(network, mp_policy=policy, **common)
+
+
+# -- the performance model -------------------------------------------------------------------
+def _units(facts: CellFacts) -> list[float]:
+    """Each FSDP unit's weights (MB): the layer-list entries with parameters."""
+    return [layer.weights_mb for layer in facts.layers if layer.weights_mb > 0] or \
+        [facts.weights_mb]
+
+
+def _share(config: DistbenchConfig, collective: str) -> float:
+    shares = CUDA_SHARE if config.hardware.device.value == "cuda" else GLOO_SHARE
+    return shares[collective]
+
+
+def step_communication_seconds(config: DistbenchConfig, facts: CellFacts,
+                               profile: HardwareProfile) -> float:
+    """The collectives of one step that the compute does not hide.
+
+    Per unit: an all-gather of its weights (bfloat16 with mixed precision) before its
+    forward and, when resharded after forward, again before its backward; a reduce-scatter of
+    its float32 gradients after its backward; with HSDP, an allreduce of the gradient's shard
+    among the shard groups. On CPU workers every collective takes its turn on the cores the
+    compute uses (`communication_overlaps`). On GPUs FSDP prefetches each next unit's gather
+    and reduces while the backward goes on: what shows is the first unit's gather (nothing
+    runs before it) and the last reduce-scatter (and allreduce), which is the first unit's
+    too: the backward ends there."""
+    settings = fsdp_settings(config)
+    shards, replicas = settings.shards(config), config.world_size // settings.shards(config)
+    units = _units(facts)
+    if communication_overlaps(config):
+        units = units[:1]
+    gathers = 2 if settings.reshard_after_forward else 1
+    gathered_mb = sum(units) * (_BFLOAT16_SHARE if settings.mixed_precision else 1.0)
+    gradient_mb = sum(units) * facts.gradient_mb / max(facts.weights_mb, 1e-12)
+    seconds = _share(config, "all_gather") * allreduce_seconds(
+        profile, shards, gathers * gathered_mb, gathers * len(units))
+    seconds += _share(config, "reduce_scatter") * allreduce_seconds(
+        profile, shards, gradient_mb, len(units))
+    if replicas > 1:
+        seconds += allreduce_seconds(profile, replicas, gradient_mb / shards, len(units))
+    return seconds
+
+
+def epoch_terms(config: DistbenchConfig, facts: CellFacts,
+                profile: HardwareProfile | None) -> EpochTerms:
+    """The workers' own steps at the per-worker batch (DDP's compute term), and FSDP's
+    collectives (`step_communication_seconds`) once per step."""
+    steps = batches_per_epoch(config)
+    compute = steps * facts.step_seconds
+    if config.world_size < 2:
+        return EpochTerms(compute, steps=steps)
+    assert profile is not None
+    return EpochTerms(compute, steps * step_communication_seconds(config, facts, profile), 0.0,
+                      steps, concurrent=True)
+
+
+def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.WorkerMemory]:
+    """A worker's shard of the float32 weights, gradients and momentum (1/shards of each),
+    the gathered (unsharded) weights in use, and a whole per-worker batch's activations.
+
+    The peak is where the backward starts: with `reshard_after_forward` two units are
+    gathered then (the last one's, still in use, and the next one's, prefetched), and the
+    gradients of the unit being reduced are whole until the reduce-scatter; without it every
+    unit is still gathered from the forward. Activations are counted in float32 (with mixed
+    precision most are bfloat16: an upper bound)."""
+    settings = fsdp_settings(config)
+    shards = settings.shards(config) if config.world_size > 1 else 1
+    units = sorted(_units(facts), reverse=True)
+    precision = _BFLOAT16_SHARE if settings.mixed_precision else 1.0
+    gathered = sum(units) if not settings.reshard_after_forward else sum(units[:2])
+    stage = memory_stage(facts, 0, len(facts.layers))
+    batch = config.batch_size
+    one = memory.WorkerMemory(
+        weights=facts.weights_mb / shards,
+        gradients=memory.gradients_mb(facts.gradient_mb) / shards,
+        optimizer=memory.optimizer_state_mb(facts.weights_mb,
+                                            config.optimizer.momentum > 0) / shards,
+        buffers=(gathered * precision + units[0]) if shards > 1 else 0.0,
+        activations=memory.activations_mb(stage, batch),
+        backward=memory.backward_temporaries_mb(stage, batch),
+        runtime=facts.runtime_mb)
+    return [one] * config.world_size
+
+
+# -- the recommender and the reports ---------------------------------------------------------
+def candidates(asked: DistbenchConfig, counts: WorkerCounts) -> Iterator[DistbenchConfig]:
+    """Each worker count with and without resharding after forward (memory against one more
+    all-gather per step); on several nodes also HSDP with a node's workers as shard group."""
+    for nodes, per_node in counts:
+        if nodes * per_node < 2:
+            continue
+        for reshard in (True, False):
+            yield candidate(asked, candidate_settings(asked, FSDPConfig,
+                                                      reshard_after_forward=reshard,
+                                                      shard_degree=None), nodes, per_node)
+        if nodes > 1 and per_node > 1:
+            yield candidate(asked, candidate_settings(asked, FSDPConfig, shard_degree=per_node),
+                            nodes, per_node)
+
+
+def label(config: DistbenchConfig, plan: StagePlan | None) -> str:
+    settings = fsdp_settings(config)
+    parts = [f"fsdp x{config.world_size}"]
+    if not settings.reshard_after_forward:
+        parts.append("keep")
+    if settings.shards(config) != config.world_size:
+        parts.append(f"hsdp {settings.shards(config)}")
+    if settings.mixed_precision:
+        parts.append("bf16")
+    return " ".join(parts)
+
+
+SPEC = DistributionSpec(
+    name="fsdp", title="PyTorch FSDP2", settings=FSDPConfig, trainer=fsdp_trainer,
+    epoch_terms=epoch_terms, memory_per_worker=memory_per_worker, candidates=candidates,
+    label=label)
