@@ -13,7 +13,7 @@ import resource
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -31,6 +31,27 @@ def synchronize(device: torch.device) -> None:
     """Wait until every kernel queued on `device` has finished."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+# The one way distbench times work (the training loop, the sequential probe, the layer
+# profiler, the hardware probe): wall-clock marks taken once the device is idle. A GPU runs
+# what the host queues asynchronously, so an unsynchronised clock would time the queueing.
+def device_time(device: torch.device) -> float:
+    """`time.perf_counter()` once every kernel queued on `device` has finished."""
+    synchronize(device)
+    return time.perf_counter()
+
+
+def median_seconds(operation: Callable[[], object], device: torch.device, *, warmup: int,
+                   repeats: int) -> float:
+    """Median seconds of `operation()` over `repeats` calls, after `warmup` untimed ones."""
+    seconds = []
+    for call in range(warmup + repeats):
+        start = device_time(device)
+        operation()
+        if call >= warmup:
+            seconds.append(device_time(device) - start)
+    return statistics.median(seconds)
 
 
 class PhaseClock:

@@ -12,14 +12,13 @@ recorded too: they are the A_i and W_i of the performance models (SPEC Table 5.1
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 
-from harness.metrics import BYTES_PER_MB, synchronize
+from harness.metrics import BYTES_PER_MB, device_time, median_seconds
 
 MS_PER_S = 1000.0
 
@@ -76,15 +75,12 @@ def profile_layers(layers: Sequence[nn.Module], sample: torch.Tensor, *,
             # A copy: in-place layers (ReLU(inplace=True)) must not modify `activation`, nor a
             # leaf that requires grad, which autograd forbids.
             x = leaf.clone()
-            synchronize(device)
-            start = time.perf_counter()
+            start = device_time(device)
             y = layer(x)
-            synchronize(device)
-            middle = time.perf_counter()
+            middle = device_time(device)
             if y.requires_grad:
                 y.backward(torch.ones_like(y))
-            synchronize(device)
-            end = time.perf_counter()
+            end = device_time(device)
             if run >= warmup:
                 forward.append((middle - start) * MS_PER_S)
                 backward.append((end - middle) * MS_PER_S)
@@ -115,12 +111,4 @@ def _update_ms(layer: nn.Module, device: torch.device, warmup: int, repeats: int
     if not parameters:
         return 0.0
     optimizer = torch.optim.SGD(parameters, lr=0.0, momentum=0.9, weight_decay=5e-4)
-    times = []
-    for run in range(1 + warmup + repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        optimizer.step()
-        synchronize(device)
-        if run > warmup:
-            times.append((time.perf_counter() - start) * MS_PER_S)
-    return statistics.median(times)
+    return median_seconds(optimizer.step, device, warmup=1 + warmup, repeats=repeats) * MS_PER_S

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 import torch

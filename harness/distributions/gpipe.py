@@ -18,7 +18,6 @@ exact either way.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -50,7 +49,7 @@ from harness.distributions.spec import (
 )
 from harness.distributions.state import InitialState, assemble_network, epoch_losses
 from harness.hardware_profile import HardwareProfile
-from harness.metrics import PhaseClock, synchronize
+from harness.metrics import PhaseClock, device_time, synchronize
 from harness.partition import StagePlan, balanced_partition, check_balance
 from harness.predict import gpipe as equations
 from harness.predict import memory
@@ -233,16 +232,14 @@ class GPipeTrainer(Trainer):
     def train_epoch(self, epoch: int) -> EpochMeasurement:
         self.module.train()
         rows = self.batches.indices(epoch)
-        synchronize(self.device)
-        start = time.perf_counter()
+        start = device_time(self.device)
         losses: dict[int, torch.Tensor] = {}  # the last stage's, read after the epoch
         for batch, row in enumerate(rows):
             loss = self.train_batch(row)
             if loss is not None:
                 losses[batch] = loss
             self.heartbeat()
-        synchronize(self.device)
-        seconds = time.perf_counter() - start
+        seconds = device_time(self.device) - start
         phases = self.clock.reset()
         idle = bubble(seconds, phases)
         if idle is not None:

@@ -9,7 +9,6 @@ compute was done (the `comm_wait` phase).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
@@ -19,7 +18,7 @@ from torch import nn
 
 from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
 from harness.distributions.state import InitialState, epoch_losses
-from harness.metrics import synchronize
+from harness.metrics import device_time, synchronize
 
 
 class GradientSync(Protocol):
@@ -98,25 +97,21 @@ class BatchLoopTrainer(Trainer):
                 if len(seconds) == count:
                     break
                 images, labels = self._to_device(batch)
-                synchronize(self.device)
-                start = time.perf_counter()
+                start = device_time(self.device)
                 self._train_batch(images, labels)
-                synchronize(self.device)
-                seconds.append(time.perf_counter() - start)
+                seconds.append(device_time(self.device) - start)
             epoch += 1
         return seconds
 
     def train_epoch(self, epoch: int) -> EpochMeasurement:
         self.model.train()
         self.loader.set_epoch(epoch)
-        synchronize(self.device)
-        start = time.perf_counter()
+        start = device_time(self.device)
         losses: dict[int, torch.Tensor] = {}  # kept on the device, read after the epoch
         for batch, (images, labels) in enumerate(self._timed_batches()):
             losses[batch] = self._train_batch(images, labels)
             self.heartbeat()
-        synchronize(self.device)
-        seconds = time.perf_counter() - start
+        seconds = device_time(self.device) - start
         return EpochMeasurement(
             seconds=seconds,
             samples=len(losses) * self.loader.batch_size,

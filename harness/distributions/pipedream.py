@@ -30,7 +30,6 @@ runs (see onefoneb).
 from __future__ import annotations
 
 import datetime as dt
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -70,7 +69,7 @@ from harness.distributions.spec import (
 )
 from harness.distributions.state import InitialState, assemble_network, epoch_losses
 from harness.hardware_profile import HardwareProfile
-from harness.metrics import synchronize
+from harness.metrics import device_time, synchronize
 from harness.partition import (
     LinkModel,
     StagePlan,
@@ -260,11 +259,9 @@ class PipeDreamTrainer(Trainer):
         self.clock.reset()
 
     def train_epoch(self, epoch: int) -> EpochMeasurement:
-        synchronize(self.device)
-        start = time.perf_counter()
+        start = device_time(self.device)
         trained = self._run_epoch(epoch, self.epoch_batches)
-        synchronize(self.device)
-        seconds = time.perf_counter() - start
+        seconds = device_time(self.device) - start
         losses = epoch_losses(self._losses)
         phases = self.clock.reset()
         idle = bubble(seconds, phases)
