@@ -289,15 +289,29 @@ def run_local_cell(cfg: Any, output_dir: Path, *, workers: int, timeout_min: int
     """`python -m harness` for a cell with several workers: start them, wait (showing what
     rank 0 prints, as a cell of one worker shows it), return the result (rank 0's record, or
     the record of how the cell failed)."""
+    outcome, _ = run_cell_job(_logged_run_cell, cfg, output_dir, config=cfg,
+                              output_dir=output_dir, folder=output_dir / ".submitit" / "%j",
+                              workers=workers, timeout_min=timeout_min, name="distbench")
+    return outcome
+
+
+def run_cell_job(function: Callable[..., Any], *args: Any, config: Any, output_dir: Path,
+                 folder: Path, workers: int, timeout_min: int, name: str
+                 ) -> tuple[dict, submitit.Job]:
+    """One cell on this machine, as both a cell typed at the prompt and the serial sweep run
+    it: submit `function(*args)` as the cell's `workers` processes, wait until all have ended
+    (`wait_for_cell`, rank 0 shown), and return the cell's outcome (`launchers.cells.
+    cell_outcome`: rank 0's record, or the record of how the cell failed) and its job."""
     from harness.run import now
     from launchers.cells import cell_outcome, worker_logs_tail
 
     started = now()
-    job = submit_local(_logged_run_cell, cfg, output_dir, folder=output_dir / ".submitit" / "%j",
-                       tasks=workers, timeout_min=timeout_min, name="distbench")
+    job = submit_local(function, *args, folder=folder, tasks=workers, timeout_min=timeout_min,
+                       name=name)
     timed_out = wait_for_cell(job, output_dir, timeout_s=60 * timeout_min, show_rank0=True)
-    return cell_outcome(cfg, output_dir, ended_as=RunStatus.timeout if timed_out else None,
-                        logs=worker_logs_tail(job, workers), started=started)
+    outcome = cell_outcome(config, output_dir, ended_as=RunStatus.timeout if timed_out else None,
+                           logs=worker_logs_tail(job, workers), started=started)
+    return outcome, job
 
 
 def _logged_run_cell(cfg: Any, output_dir: Path) -> dict:

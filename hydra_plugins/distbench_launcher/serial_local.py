@@ -59,11 +59,9 @@ class SerialLocalLauncher(LocalLauncher):
         from hydra.core.singleton import Singleton
         from tqdm import tqdm
 
-        from harness.results import RunStatus
-        from harness.run import now
         from harness.tracking import sweep_parent_run
         from launchers import cells
-        from launchers.local import submit_local, wait_for_cell
+        from launchers.local import run_cell_job
 
         assert self.config is not None and self.hydra_context is not None
         prepared = cells.prepare_sweep(self.hydra_context.config_loader, self.config,
@@ -82,18 +80,13 @@ class SerialLocalLauncher(LocalLauncher):
                     results.append(done[index])
                     job_ids.append("skipped")
                     continue
-                started = now()
-                job = submit_local(
+                outcome, job = run_cell_job(
                     self, cell.overrides, "hydra.sweep.dir", cell.job_num,
-                    f"job_id_for_{cell.job_num}", Singleton.get_state(),
-                    folder=Path(self.params["submitit_folder"]), tasks=cell.size,
-                    timeout_min=timeout_min, name=str(cell.config.hydra.job.name))
-                timed_out = wait_for_cell(job, cell.output_dir, timeout_s=60 * timeout_min,
-                                          show_rank0=True)
-                results.append(cells.cell_outcome(
-                    cell.config, cell.output_dir,
-                    ended_as=RunStatus.timeout if timed_out else None,
-                    logs=cells.worker_logs_tail(job, cell.size), started=started))
+                    f"job_id_for_{cell.job_num}", Singleton.get_state(), config=cell.config,
+                    output_dir=cell.output_dir, folder=Path(self.params["submitit_folder"]),
+                    workers=cell.size, timeout_min=timeout_min,
+                    name=str(cell.config.hydra.job.name))
+                results.append(outcome)
                 job_ids.append(job.job_id)
                 bar.update()
         return cells.sweep_returns(prepared, results, job_ids)
