@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -27,14 +26,8 @@ from torch.nn.parallel import DistributedDataParallel
 from harness.config import DistbenchConfig, DistributionConfig, require
 from harness.distributions.base import TrainingContext
 from harness.distributions.loop import BatchLoopTrainer
-from harness.distributions.spec import (
-    DistributionSpec,
-    WorkerCounts,
-    candidate,
-    candidate_settings,
-)
+from harness.distributions.spec import DistributionSpec, at_every_count, workers_label
 from harness.hardware_profile import HardwareProfile
-from harness.partition import StagePlan
 from harness.predict import memory
 from harness.predict.terms import CellFacts, EpochTerms, data_parallel_terms, replica_memory
 
@@ -137,16 +130,7 @@ def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.
             ] * config.world_size
 
 
-def candidates(asked: DistbenchConfig, counts: WorkerCounts) -> Iterator[DistbenchConfig]:
-    for nodes, per_node in counts:
-        yield candidate(asked, candidate_settings(asked, DDPConfig), nodes, per_node)
-
-
-def label(config: DistbenchConfig, plan: StagePlan | None) -> str:
-    return f"ddp x{config.world_size}"
-
-
 SPEC = DistributionSpec(
     name="ddp", title="PyTorch DDP", settings=DDPConfig, trainer=ddp_trainer,
-    epoch_terms=epoch_terms, memory_per_worker=memory_per_worker, candidates=candidates,
-    label=label)
+    epoch_terms=epoch_terms, memory_per_worker=memory_per_worker,
+    candidates=at_every_count(DDPConfig), label=workers_label("ddp"))

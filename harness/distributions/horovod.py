@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,14 +27,8 @@ from harness.distributed import (
 )
 from harness.distributions.base import TrainingContext
 from harness.distributions.loop import BatchLoopTrainer
-from harness.distributions.spec import (
-    DistributionSpec,
-    WorkerCounts,
-    candidate,
-    candidate_settings,
-)
+from harness.distributions.spec import DistributionSpec, at_every_count, workers_label
 from harness.hardware_profile import HardwareProfile
-from harness.partition import StagePlan
 from harness.predict import memory
 from harness.predict.terms import (
     BACKWARD_SHARE,
@@ -230,16 +223,7 @@ def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.
     return [replica_memory(config, facts, buffer_mb=buffer)] * config.world_size
 
 
-def candidates(asked: DistbenchConfig, counts: WorkerCounts) -> Iterator[DistbenchConfig]:
-    for nodes, per_node in counts:
-        yield candidate(asked, candidate_settings(asked, HorovodConfig), nodes, per_node)
-
-
-def label(config: DistbenchConfig, plan: StagePlan | None) -> str:
-    return f"horovod x{config.world_size}"
-
-
 SPEC = DistributionSpec(
     name="horovod", title="Horovod", settings=HorovodConfig, trainer=horovod_trainer,
-    epoch_terms=epoch_terms, memory_per_worker=memory_per_worker, candidates=candidates,
-    label=label)
+    epoch_terms=epoch_terms, memory_per_worker=memory_per_worker,
+    candidates=at_every_count(HorovodConfig), label=workers_label("horovod"))

@@ -88,3 +88,20 @@ def candidate(asked: DistbenchConfig, settings: DistributionConfig, nodes: int,
     """The asked cell with another model's `settings` on `nodes` x `per_node` workers."""
     hardware = replace(asked.hardware, nodes=nodes, workers_per_node=per_node)
     return replace(asked, distribution=settings, hardware=hardware)
+
+
+def at_every_count(settings: type[DistributionConfig]
+                   ) -> Callable[[DistbenchConfig, WorkerCounts], Iterator[DistbenchConfig]]:
+    """`DistributionSpec.candidates` of a data-parallel model the recommender offers with one
+    setting each (the asked cell's own, else the defaults) at every worker count."""
+    def candidates(asked: DistbenchConfig, counts: WorkerCounts) -> Iterator[DistbenchConfig]:
+        for nodes, per_node in counts:
+            yield candidate(asked, candidate_settings(asked, settings), nodes, per_node)
+    return candidates
+
+
+def workers_label(name: str) -> Callable[[DistbenchConfig, StagePlan | None], str]:
+    """`DistributionSpec.label` of a model whose label is its name and worker count."""
+    def label(config: DistbenchConfig, plan: StagePlan | None) -> str:
+        return f"{name} x{config.world_size}"
+    return label
