@@ -20,6 +20,7 @@ to MLflow (experiment `hardware_probe`).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import itertools
 import logging
 import os
@@ -62,8 +63,9 @@ log = logging.getLogger(__name__)
 EXPERIMENT = "hardware_probe"
 
 
-def _timed(operation: Callable[[], None], device: torch.device, probe: ProbeConfig) -> float:
-    """Median seconds of `operation` over the timed repetitions."""
+def _timed(operation: Callable[[], object], device: torch.device, probe: ProbeConfig) -> float:
+    """Median seconds of `operation` over the timed repetitions (its return value, such as
+    a collective's work handle, is ignored: the device is synchronized after each call)."""
     seconds = []
     for repetition in range(probe.warmup + probe.repeats):
         synchronize(device)
@@ -115,15 +117,23 @@ def measure_allreduce(session: WorkerSession, device: torch.device,
     for workers in range(2, session.env.world_size + 1):
         group = dist.new_group(list(range(workers)))  # every rank takes part in creating it
         if session.env.rank < workers:
-            seconds = []
-            for nbytes in probe.message_bytes:
-                tensor = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
-                dist.barrier(group=group)
-                seconds.append(_timed(lambda t=tensor: dist.all_reduce(t, group=group),
-                                      device, probe))
-            measured[workers] = seconds
+            # a member gets the group itself; only non-members get torch's NON_GROUP_MEMBER
+            assert isinstance(group, dist.ProcessGroup)
+            measured[workers] = _allreduce_seconds(group, device, probe)
         dist.barrier()
     return measured
+
+
+def _allreduce_seconds(group: dist.ProcessGroup, device: torch.device,
+                       probe: ProbeConfig) -> list[float]:
+    """Seconds of an allreduce within `group` at each message size (a member's view)."""
+    seconds = []
+    for nbytes in probe.message_bytes:
+        tensor = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
+        dist.barrier(group=group)
+        seconds.append(_timed(functools.partial(dist.all_reduce, tensor, group=group),
+                              device, probe))
+    return seconds
 
 
 def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
@@ -165,7 +175,7 @@ def assemble_profile(config: DistbenchConfig, device: torch.device, session: Wor
                                         {"bytes": sizes, "seconds": seconds})
                           for k, seconds in sorted(allreduce.items())]
     facts = {"device": device.type, "backend": session.backend, "hosts": hosts,
-             "measured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+             "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
              "repeats": config.probe.repeats}
     return HardwareProfile(config.hardware.name, "measured", session.env.world_size,
                            config.hardware.nodes, measured_links, measured_allreduce, facts)
@@ -280,8 +290,9 @@ def slurm_launcher_settings(cfg: DictConfig) -> dict[str, Any] | None:
     launcher = cfg.hydra.launcher
     if not str(launcher.get("_target_", "")).endswith("SlurmCellsLauncher"):
         return None
-    settings = OmegaConf.to_container(launcher, resolve=False)
-    assert isinstance(settings, dict)
+    container = OmegaConf.to_container(launcher, resolve=False)
+    assert isinstance(container, dict)
+    settings = {str(key): value for key, value in container.items()}
     settings["name"] = "distbench-probe"
     return settings
 

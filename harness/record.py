@@ -64,7 +64,8 @@ def record(result: CellResult, config: DistbenchConfig, event_logs: EventLogs | 
     if unsaved is None:
         try:  # again, now with the run id or the reason MLflow could not take it
             write_result(result)
-            index_result(config.run.output_dir, result.cell_key, result.to_dict())
+            if result.cell_key is not None:  # a keyless result has no index entry to point at
+                index_result(config.run.output_dir, result.cell_key, result.to_dict())
         except OSError as err:
             unsaved = err
             result.storage_error = _one_line(err)

@@ -286,9 +286,9 @@ def recorded_run_id(client: Any, experiment_id_: str, result: CellResult) -> str
 def result_recorded_for(uri: str, experiment: str, key: str,
                         output_dir: Path) -> dict[str, Any] | None:
     """The result.json that MLflow holds for the cell `key` measured in `output_dir`, if its
-    run is there and complete: the record of a cell whose own directory refused it (a full or read-only disk,
-    harness.record). None if there is none, or no store to ask (a SQLite store that does not
-    exist is not created)."""
+    run is there and complete: the record of a cell whose own directory refused it (a full or
+    read-only disk, harness.record). None if there is none, or no store to ask (a SQLite store
+    that does not exist is not created)."""
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         return None
     try:

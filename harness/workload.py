@@ -14,6 +14,7 @@ from harness.config import DistbenchConfig, OptimizerConfig
 from harness.evaluation import default_eval_samples
 from harness.seeding import seed_everything
 from workloads.datasets import DatasetSpec, EpochLoader, build_dataset, dataset_spec
+from workloads.datasets.loader import dataset_length
 from workloads.networks import build_network
 
 
@@ -47,14 +48,14 @@ def build_workload(config: DistbenchConfig, *, rank: int = 0, world_size: int = 
     )
     if len(loader) == 0:
         raise ValueError(
-            f"dataset.num_samples={len(dataset)} gives no full batch of "
+            f"dataset.num_samples={dataset_length(dataset)} gives no full batch of "
             f"distribution.batch_size={config.batch_size} per worker "
             f"(world size {world_size}); use at least {config.batch_size * world_size} samples"
         )
     model = build_network(config.network.name.value, spec)
     return Workload(spec=spec, model=model, loader=loader,
                     make_optimizer=lambda params: build_optimizer(params, config.optimizer),
-                    eval_dataset=build_eval_dataset(config, spec, len(dataset))
+                    eval_dataset=build_eval_dataset(config, spec, dataset_length(dataset))
                     if config.run.eval else None)
 
 
@@ -62,16 +63,18 @@ def build_eval_dataset(config: DistbenchConfig, spec: DatasetSpec, train_samples
     """The held-out split: `dataset.eval_samples` of it, else a tenth of the epoch's samples
     (`harness.evaluation.default_eval_samples`). Synthetic data generates it like the training
     data from the same run.seed (the same classes), real data reads its test split."""
-    common = {"source": config.dataset.source.value, "seed": config.run.seed,
-              "cache_dir": Path(config.dataset.cache_dir).expanduser(),
-              "root": config.dataset.root}
+    def eval_split(num_samples: int | None) -> Dataset:
+        return build_dataset(spec, split="eval", num_samples=num_samples,
+                             source=config.dataset.source.value, seed=config.run.seed,
+                             cache_dir=Path(config.dataset.cache_dir).expanduser(),
+                             root=config.dataset.root)
+
     samples = config.dataset.eval_samples
     if samples is None:
-        whole = build_dataset(spec, split="eval", num_samples=None, **common) \
-            if config.dataset.source.value == "real" else None
-        split_size = len(whole) if whole is not None else spec.num_eval_images  # type: ignore[arg-type]
+        split_size = dataset_length(eval_split(None)) if config.dataset.source.value == "real" \
+            else spec.num_eval_images
         samples = default_eval_samples(train_samples, split_size)
-    return build_dataset(spec, split="eval", num_samples=samples, **common)
+    return eval_split(samples)
 
 
 def build_optimizer(params: Iterable[nn.Parameter],

@@ -107,9 +107,9 @@ def cell_sizer(master: DictConfig) -> Callable[[DistbenchConfig], Any]:
         return single_node_workers
     from launchers import slurm
 
-    params = OmegaConf.to_container(master.hydra.launcher, resolve=True)
-    assert isinstance(params, dict)
-    params.pop("_target_", None)
+    container = OmegaConf.to_container(master.hydra.launcher, resolve=True)
+    assert isinstance(container, dict)
+    params = {str(key): value for key, value in container.items() if key != "_target_"}
     return lambda cell: slurm.cell_job_size(cell, params)
 
 

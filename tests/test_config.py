@@ -8,9 +8,9 @@ import pytest
 from hydra.types import RunMode
 
 from harness.batch_sizes import default_batch_size
-from harness.distributions.gpipe import TABLE_3_3
 from harness.compose import CONF_DIR, compose_config, compose_or_exit
 from harness.config import ConfigError, DistbenchConfig, validate
+from harness.distributions.gpipe import TABLE_3_3
 
 DATASETS = ["mnist", "cifar10", "imagenet", "highres"]
 NETWORKS = ["resnet18", "resnet50", "resnet152", "vgg11", "vgg16", "mobilenetv2"]

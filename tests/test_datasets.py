@@ -22,8 +22,8 @@ from workloads.datasets import (
     SyntheticDataset,
     build_dataset,
     dataset_spec,
+    synthetic,
 )
-from workloads.datasets import synthetic
 from workloads.datasets.buffers import BufferPool
 from workloads.datasets.cache import MANIFEST_NAME
 
@@ -124,7 +124,7 @@ def test_values_are_the_stored_bytes_divided_by_255(tmp_path: Path) -> None:
     assert torch.allclose(images, torch.from_numpy(stored[[2, 0]]).float() / 255)
 
 
-# ---------------------------------------------------------------------------- eval split, class signal
+# ------------------------------------------------------------------ eval split, class signal
 
 MNIST = dataset_spec("mnist")
 

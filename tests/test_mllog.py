@@ -16,10 +16,16 @@ from pathlib import Path
 import pytest
 
 from harness.compliance import RULESET, check, log_files, main, mlperf_command, write_rules
-from harness.config import DistbenchConfig, validate
 from harness.compose import compose_config
-from harness.eventlog import MLLOG_FILE, EventLog, Parallelism, RunFacts, benchmark_name, \
-    precision_name
+from harness.config import DistbenchConfig, validate
+from harness.eventlog import (
+    MLLOG_FILE,
+    EventLog,
+    Parallelism,
+    RunFacts,
+    benchmark_name,
+    precision_name,
+)
 from harness.record import staged_artifacts, write_record_files
 
 # Every distribution model, with the parallelism its log must state.

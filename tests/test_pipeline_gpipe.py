@@ -97,8 +97,9 @@ def _compare(context: TrainingContext, gathered: list, images: torch.Tensor,
         reference = dict(nn.Sequential(*layers[first:end]).named_parameters())
         assert len(stage_grads) == len(reference) > 0
         for name, grad in stage_grads:
+            where = f"stage [{first}:{end}] {name}"
             torch.testing.assert_close(grad, reference[name].grad, rtol=1e-4, atol=1e-5,
-                                       msg=lambda m, n=name: f"stage [{first}:{end}] {n}: {m}")
+                                       msg=lambda m, where=where: f"{where}: {m}")
             checked += 1
     assert checked == len(list(model.parameters()))
 

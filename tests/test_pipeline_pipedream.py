@@ -45,13 +45,20 @@ def _compositions(total: int) -> list[list[int]]:
 
 
 # -- the schedule as data -----------------------------------------------------------------------
+def fwd(minibatch: int) -> Op:
+    return Op(Kind.forward, minibatch)
+
+
+def bwd(minibatch: int) -> Op:
+    return Op(Kind.backward, minibatch)
+
+
 def test_one_f_one_b_warms_up_then_alternates_without_a_flush() -> None:
-    F, B = (lambda m: Op(Kind.forward, m)), (lambda m: Op(Kind.backward, m))
-    assert worker_ops([1, 1, 1], 0, 0, 6) == [F(0), F(1), F(2), B(0), F(3), B(1), F(4), B(2),
-                                               F(5), B(3), B(4), B(5)]
-    assert worker_ops([1, 1, 1], 2, 0, 3) == [F(0), B(0), F(1), B(1), F(2), B(2)]
+    assert worker_ops([1, 1, 1], 0, 0, 6) == [fwd(0), fwd(1), fwd(2), bwd(0), fwd(3), bwd(1),
+                                               fwd(4), bwd(2), fwd(5), bwd(3), bwd(4), bwd(5)]
+    assert worker_ops([1, 1, 1], 2, 0, 3) == [fwd(0), bwd(0), fwd(1), bwd(1), fwd(2), bwd(2)]
     # Replica 1 of a 2-replica first stage of 2-1: minibatches 1, 3, 5; 2 in flight.
-    assert worker_ops([2, 1], 0, 1, 6) == [F(1), F(3), B(1), F(5), B(3), B(5)]
+    assert worker_ops([2, 1], 0, 1, 6) == [fwd(1), fwd(3), bwd(1), fwd(5), bwd(3), bwd(5)]
 
 
 def test_only_minibatches_with_an_update_before_their_backward_stash_weights() -> None:
@@ -69,7 +76,7 @@ def test_batch_division_lowers_or_raises_to_what_every_replica_shares(
     assert divisible_batches(batches, replicas, oversample=False) == drop
     assert divisible_batches(batches, replicas, oversample=True) == oversample
     for count in (drop, oversample):
-        for stage, r in enumerate(replicas):  # every replica of every stage: the same count
+        for r in replicas:  # every replica of every stage: the same count
             assert {len(onefoneb.minibatches_of(j, r, count)) for j in range(r)} == {count // r}
 
 

@@ -7,16 +7,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
-import pytest
 from mlflow.tracking import MlflowClient
 
 from harness.config import Device, DistbenchConfig, HardwareConfig
@@ -24,26 +22,11 @@ from harness.distributions.registry import settings
 from harness.resume import job_note_path
 from harness.tracking import CELL_KEY_TAG, DEFAULT_STORE_FILE
 from launchers import slurm
-from tests.helpers import REPO_ROOT, cell_worker_pids
-
-SLURM_SCRIPT = REPO_ROOT / "scripts" / "slurm_local.sh"
+from tests.helpers import cell_worker_pids
 
 SLURM_SWEEP = ["+sweep=smoke", "hydra/launcher=submitit_slurm", "hardware=slurm_local_2nodes",
                "hydra.launcher.timeout_min=10", "network=mobilenetv2", "dataset=mnist",
                "distribution.batch_size=8", "run.warmup_batches=1", "run.progress=false"]
-
-
-@pytest.fixture(scope="module")
-def slurm_cluster() -> Iterator[None]:
-    installed = shutil.which("slurmctld") is not None
-    if not installed and (os.geteuid() != 0 or shutil.which("apt-get") is None):
-        pytest.skip("SLURM is not installed and this machine cannot install it (needs root "
-                    "and apt-get)")
-    started = subprocess.run(["bash", str(SLURM_SCRIPT), "start"], capture_output=True,
-                             text=True, timeout=600)
-    assert started.returncode == 0, started.stdout + started.stderr
-    yield
-    subprocess.run(["bash", str(SLURM_SCRIPT), "stop"], capture_output=True, timeout=60)
 
 
 def _sweep(output_root: Path, *overrides: str) -> subprocess.Popen[str]:

@@ -22,7 +22,7 @@ import pytest
 from harness.config import ConfigError, Device, DistbenchConfig, HardwareConfig
 from harness.distributions.registry import settings
 from launchers import slurm
-from tests.test_slurm import _job_ids, slurm_cluster  # noqa: F401 - the cluster fixture
+from tests.test_slurm import _job_ids
 
 # As a user of the plugin writes it (its keys, its layout); `defaults: [submitit_slurm]`
 # builds on the launcher of that name, which is distbench's.

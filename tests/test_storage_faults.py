@@ -3,9 +3,10 @@ reaches a store that takes it (MLflow, else a rescue directory), the command say
 line and exits 1, and no empty or partial file is left (harness.record).
 
 The disk is real: a small tmpfs mounted for the test, filled, or covered by a read-only bind
-mount of itself, from inside the cell's own process after its third training step (a sitecustomize hook, as in
-tests/test_distributed.py). Mounting needs root or CAP_SYS_ADMIN; where the test may not mount,
-it is skipped and says why (no other way to make a real full or read-only file system).
+mount of itself, from inside the cell's own process after its third training step (a
+sitecustomize hook, as in tests/test_distributed.py). Mounting needs root or CAP_SYS_ADMIN;
+where the test may not mount, it is skipped and says why (no other way to make a real full or
+read-only file system).
 """
 
 from __future__ import annotations

@@ -85,7 +85,8 @@ class HoldingProxy:
                 self.wfile.write(data)
                 upstream.close()
 
-            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
+            # http.server dispatches a request to the method named do_<HTTP verb>
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _forward  # noqa: N815
 
             def log_message(self, *args: object) -> None:  # quiet
                 pass

@@ -145,7 +145,8 @@ def test_evaluation_share_of_a_larger_epoch(benchmark, tmp_path: Path) -> None: 
                                 seconds_per_epoch=metrics["seconds_per_epoch"],
                                 eval_share_of_epoch_pct=100 * share,
                                 eval_share_of_wall_pct=100 * evaluations / wall, wall_s=wall)
-    print(f"\n[8192 images] evaluation {metrics['eval_seconds']:.2f} s ({metrics['eval_samples']:.0f}"
-          f" images) after an epoch of {metrics['seconds_per_epoch']:.2f} s: "
+    print(f"\n[8192 images] evaluation {metrics['eval_seconds']:.2f} s "
+          f"({metrics['eval_samples']:.0f} images) after an epoch of "
+          f"{metrics['seconds_per_epoch']:.2f} s: "
           f"{100 * share:.1f} % of the epoch, {100 * evaluations / wall:.1f} % of the cell's "
           f"{wall:.1f} s wall time")
