@@ -25,12 +25,9 @@ from mlflow.tracking import MlflowClient
 
 from harness.compose import compose_config
 from harness.config import ConfigError, DistbenchConfig, validate
-from harness.distributed import WorkerEnvironment, WorkerSession
-from harness.distributions.base import TrainingContext
 from harness.distributions.fsdp import FSDPConfig, memory_per_worker, step_communication_seconds
 from harness.distributions.registry import spec_named
 from harness.hardware_profile import AllreduceCost, Cost, HardwareProfile
-from harness.metrics import PhaseClock
 from harness.predict.terms import CellFacts, LayerFacts
 from harness.recommend import worker_counts
 from harness.tracking import DEFAULT_STORE_FILE
@@ -51,6 +48,7 @@ from tests.test_trajectories import (
     strip_batchnorm,
     train_and_reset,
     trajectory,
+    worker_context,
 )
 
 # bfloat16 keeps 8 bits of mantissa: a relative error of ~4e-3 per rounding, carried through
@@ -86,12 +84,7 @@ def _worker(rank: int, world_size: int, port: int, out: str) -> None:
         reports = {}
         for case, (settings, batchnorm, check_reset) in CASES.items():
             config, built = fsdp_workload(settings, batchnorm, rank)
-            cpu = torch.device("cpu")
-            context = TrainingContext(
-                config=config, workload=built, device=cpu, clock=PhaseClock(cpu),
-                session=WorkerSession(WorkerEnvironment(rank=rank, local_rank=rank,
-                                                        world_size=world_size),
-                                      backend="gloo"), heartbeat=lambda: None)
+            context = worker_context(config, built, rank, world_size)
             report = train_and_reset(context, "fsdp", check_reset)  # shards built.model
             sharded = {type(parameter).__name__ for parameter in built.model.parameters()}
             reports[case] = {**report, "parameter_types": sorted(sharded)}

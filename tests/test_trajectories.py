@@ -143,6 +143,17 @@ def train_and_reset(context: TrainingContext, model: str, check_reset: bool) -> 
     return json.loads(json.dumps(report))  # batch indices become strings, as the workers' do
 
 
+def worker_context(config: DistbenchConfig, built: Workload, rank: int,
+                   world_size: int) -> TrainingContext:
+    """What the harness gives a CPU worker of a gloo group that is already initialised."""
+    cpu = torch.device("cpu")
+    return TrainingContext(
+        config=config, workload=built, device=cpu, clock=PhaseClock(cpu),
+        session=WorkerSession(WorkerEnvironment(rank=rank, local_rank=rank,
+                                                world_size=world_size), backend="gloo"),
+        heartbeat=lambda: None)
+
+
 def _worker(rank: int, world_size: int, port: int, out: str,
             cases: list[tuple[str, bool, bool]]) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -152,12 +163,7 @@ def _worker(rank: int, world_size: int, port: int, out: str,
         reports = {}
         for model, batchnorm, check_reset in cases:
             config, built = workload(model, batchnorm, rank)
-            cpu = torch.device("cpu")
-            context = TrainingContext(
-                config=config, workload=built, device=cpu, clock=PhaseClock(cpu),
-                session=WorkerSession(WorkerEnvironment(rank=rank, local_rank=rank,
-                                                        world_size=world_size),
-                                      backend="gloo"), heartbeat=lambda: None)
+            context = worker_context(config, built, rank, world_size)
             reports[f"{model}/{batchnorm}"] = {
                 **train_and_reset(context, model, check_reset),
                 "shard": built.loader.batch_indices().tolist()}
