@@ -25,9 +25,7 @@ import itertools
 import logging
 import os
 import socket
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -54,7 +52,7 @@ from harness.hardware_profile import (
     fit_cost,
     profile_path,
 )
-from harness.metrics import synchronize
+from harness.metrics import median_seconds
 from harness.preflight import check_device_here, check_launcher, check_writable_dir
 from harness.tracking import log_run, tracking_uri
 
@@ -64,17 +62,9 @@ EXPERIMENT = "hardware_probe"
 
 
 def _timed(operation: Callable[[], object], device: torch.device, probe: ProbeConfig) -> float:
-    """Median seconds of `operation` over the timed repetitions (its return value, such as
-    a collective's work handle, is ignored: the device is synchronized after each call)."""
-    seconds = []
-    for repetition in range(probe.warmup + probe.repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        operation()
-        synchronize(device)
-        if repetition >= probe.warmup:
-            seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
+    """Median seconds of `operation` over the probe's timed repetitions (its return value,
+    such as a collective's work handle, is ignored: the device is synchronised after each)."""
+    return median_seconds(operation, device, warmup=probe.warmup, repeats=probe.repeats)
 
 
 def measure_pair(peer: int, initiator: bool, device: torch.device,

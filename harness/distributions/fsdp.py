@@ -221,7 +221,8 @@ def step_communication_seconds(config: DistbenchConfig, facts: CellFacts,
     runs before it) and the last reduce-scatter (and allreduce), which is the first unit's
     too: the backward ends there."""
     settings = fsdp_settings(config)
-    shards, replicas = settings.shards(config), config.world_size // settings.shards(config)
+    shards = settings.shards(config)
+    replicas = config.world_size // shards
     units = _units(facts)
     if communication_overlaps(config):
         units = units[:1]
@@ -295,15 +296,9 @@ def candidates(asked: DistbenchConfig, counts: WorkerCounts) -> Iterator[Distben
 
 
 def label(config: DistbenchConfig, plan: StagePlan | None) -> str:
-    settings = fsdp_settings(config)
-    parts = [f"fsdp x{config.world_size}"]
-    if not settings.reshard_after_forward:
-        parts.append("keep")
-    if settings.shards(config) != config.world_size:
-        parts.append(f"hsdp {settings.shards(config)}")
-    if settings.mixed_precision:
-        parts.append("bf16")
-    return " ".join(parts)
+    """The workers and, where they are not the defaults, the settings the cell's name shows."""
+    return " ".join([f"fsdp x{config.world_size}",
+                     *fsdp_settings(config).run_name_parts(config)])
 
 
 SPEC = DistributionSpec(
