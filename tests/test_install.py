@@ -26,7 +26,7 @@ COMMANDS = {  # console command -> the module it runs as `python -m module` does
     "distbench": "harness.__main__", "distbench-analysis": "harness.analysis.__main__",
     "distbench-describe": "harness.describe", "distbench-plan": "harness.plan",
     "distbench-probe": "harness.probe", "distbench-recommend": "harness.recommend",
-    "distbench-sweeps": "harness.sweeps", "distbench-sync": "harness.sync",
+    "distbench-sweeps": "harness.sweeps.__main__", "distbench-sync": "harness.sync",
 }
 TINY_CELL = ["dataset=mnist", "network=mobilenetv2", "distribution.batch_size=8",
              "dataset.num_samples=8", "run.epochs=1", "run.warmup_batches=0",
