@@ -19,6 +19,10 @@ from typing import Any
 
 import pytest
 
+from harness.compose import compose_config
+from harness.config import DistbenchConfig, validate
+from harness.distributions.registry import specs
+from harness.recommend import candidates
 from tests.helpers import run_module
 
 PRICE, CURRENCY = 0.5, "EUR"
@@ -49,6 +53,11 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> TwoRuns:
     second = run_module("harness.recommend", args, cwd=root.parent, timeout=300)
     return TwoRuns(root, first, second, after_first,
                    facts.read_bytes() if facts.exists() else b"")
+
+
+def _asked() -> DistbenchConfig:
+    """The cell the module's recommender commands ask about (its flags left out)."""
+    return validate(compose_config([arg for arg in WORKLOAD if not arg.startswith("--")]))
 
 
 def _recommend_here(root: Path, capsys: pytest.CaptureFixture[str], *args: str) -> dict:
@@ -103,7 +112,9 @@ def test_the_table_says_what_its_numbers_are_for(two_runs: TwoRuns) -> None:
     title = next(line for line in lines if line.lstrip().startswith("#"))
     assert "range" in title and f"{CURRENCY}/epoch" in title
     rows = _rows(two_runs.first.stdout)
-    assert len(rows) == 8  # sequential, ddp, horovod, 3 gpipe, 2 pipedream
+    # one row per candidate of every model (here: sequential, ddp, horovod, 3 gpipe,
+    # 2 pipedream, 2 fsdp), none skipped
+    assert len(rows) == len(list(candidates(_asked())))
     for row in rows:
         found = ROW.match(row)
         assert float(found["low"]) <= float(found["seconds"]) <= float(found["high"]), row
@@ -191,8 +202,7 @@ def assert_overrides_train(options: Sequence[dict]) -> None:
 def test_every_option_carries_the_overrides_that_train_it(
         two_runs: TwoRuns, capsys: pytest.CaptureFixture[str]) -> None:
     answer = _recommend_here(two_runs.root, capsys, *PRICED)
-    assert {option["distribution"] for option in answer["options"]} == {
-        "sequential", "ddp", "horovod", "gpipe", "pipedream"}
+    assert {option["distribution"] for option in answer["options"]} == set(specs())
     assert_overrides_train(answer["options"])
     # Worker counts the user set are restated by the options that keep them: 2 nodes of 2
     two_nodes = _recommend_here(two_runs.root, capsys, "hardware.nodes=2",

@@ -19,6 +19,7 @@ from harness.distributed import (
     interface_of,
     listen_address,
 )
+from harness.distributions.sequential import SequentialConfig
 from launchers import slurm
 from tests.helpers import REPO_ROOT
 
@@ -44,7 +45,7 @@ def srun_on_path(tmp_path_factory: pytest.TempPathFactory,
 def _job_script(launcher: dict, folder: Path) -> str:
     """The sbatch script submitit would submit for a sequential cell with these launcher
     settings (generated, not submitted)."""
-    cell = DistbenchConfig()
+    cell = DistbenchConfig(distribution=SequentialConfig())
     size = slurm.job_size(cell.hardware, cell.world_size, launcher)
     executor = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
     executor.update_parameters(**slurm.executor_parameters(size, launcher, cell))
@@ -83,7 +84,7 @@ def test_payloads_in_launcher_settings_stay_data_in_the_job_script(tmp_path: Pat
 ])
 def test_settings_that_would_become_shell_lines_are_refused(launcher: dict,
                                                             fragment: str) -> None:
-    cell = DistbenchConfig()
+    cell = DistbenchConfig(distribution=SequentialConfig())
     with pytest.raises(ConfigError) as error:
         slurm.job_size(cell.hardware, cell.world_size, {"name": "n", **launcher})
     assert fragment in str(error.value)
@@ -98,7 +99,7 @@ def test_teardown_lines_are_refused(tmp_path: Path) -> None:
     """submitit writes `teardown` into the job script as shell lines after srun: refused, so
     `setup` stays the one setting that is shell code."""
     marker = tmp_path / "pwned"
-    cell = DistbenchConfig()
+    cell = DistbenchConfig(distribution=SequentialConfig())
     with pytest.raises(ConfigError) as error:
         slurm.job_size(cell.hardware, cell.world_size,
                        {"name": "n", "teardown": [f"touch {marker}"]})
