@@ -1,9 +1,14 @@
-"""The six benchmark networks, as whole models and as ordered layer lists.
+"""The benchmark networks, as whole models and as ordered layer lists.
 
-Which variant is built follows the dataset: torchvision's architectures for ImageNet and
-Highres, small-image variants for MNIST and CIFAR-10 (SPEC "The grid"). The layer list of a
-model shares its modules (no copies), and `nn.Sequential(*layers)` computes what the model
-computes; the pipeline models partition that list across workers.
+A network is named by a `NetworkRef` (or, for the six built-in CNNs of the thesis, by its
+name): a built-in (`resnet18/50/152`, `vgg11/16`, `mobilenetv2`, whose variant follows the
+dataset, SPEC "The grid"), a user's own module, a torchvision or timm model by name, or a
+Hugging Face `transformers` model built from its config class (`workloads.networks.zoo`,
+`workloads.networks.lm`). The layer list of a model shares its modules (no copies), and
+`nn.Sequential(*layers)` computes what the model computes; the pipeline models partition that
+list across workers and FSDP shards each entry. A network that has no layer list (it is not an
+`nn.Sequential`, defines no `pipeline_layers()`, and could not be split by tracing) raises
+`NetworkError` where a layer list is asked for.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from torch import nn
 
 from workloads.datasets.spec import DatasetSpec
 from workloads.networks.mobilenetv2 import build_mobilenetv2, mobilenetv2_layers
+from workloads.networks.ref import BUILTIN, HF, NetworkError, NetworkRef, as_ref
 from workloads.networks.resnet import build_resnet, resnet_layers
 from workloads.networks.vgg import build_vgg, vgg_layers
 
@@ -45,26 +51,66 @@ def _family(name: str) -> _Family:
         raise KeyError(f"unknown network {name!r}; allowed: {', '.join(NETWORK_NAMES)}") from None
 
 
-def build_network(name: str, dataset: DatasetSpec) -> nn.Module:
-    """Network `name` in the variant that fits `dataset` (channels, resolution, classes)."""
-    return _family(name).build(name, dataset)
+def build_network(network: str | NetworkRef, dataset: DatasetSpec) -> nn.Module:
+    """The network in the variant that fits `dataset` (channels, resolution, classes; for
+    token data the vocabulary and sequence length)."""
+    ref = as_ref(network)
+    if ref.source == BUILTIN:
+        if dataset.tokens:
+            raise NetworkError(f"network={ref.name} is an image network and dataset="
+                               f"{dataset.name} holds tokens; choose a language model "
+                               f"(network=llama_tiny, network=gpt2_small, network=hf ...) or "
+                               f"an image dataset")
+        return _family(ref.name).build(ref.name, dataset)
+    if ref.source == HF:
+        from workloads.networks.lm import build_hf  # transformers loads only when asked for
+        return build_hf(ref, dataset)
+    from workloads.networks.zoo import build_zoo
+    return build_zoo(ref, dataset)
 
 
-def to_layer_list(name: str, model: nn.Module) -> list[nn.Module]:
-    """The ordered layers of `model` (built by `build_network(name, ...)`), sharing its modules."""
-    return _family(name).layers(model)
+def to_layer_list(network: str | NetworkRef, model: nn.Module) -> list[nn.Module]:
+    """The ordered layers of `model` (built by `build_network(network, ...)`), sharing its
+    modules. Raises NetworkError when the model has none."""
+    ref = as_ref(network)
+    if ref.source == BUILTIN:
+        return _family(ref.name).layers(model)
+    pipeline_layers = getattr(model, "pipeline_layers", None)
+    if callable(pipeline_layers):
+        return list(pipeline_layers())
+    if isinstance(model, nn.Sequential):
+        return list(model.children())
+    raise NetworkError(
+        f"network {ref.name} ({type(model).__name__}) has no layer list, which pipelines "
+        f"(gpipe, pipedream) and FSDP's per-layer sharding need: return an nn.Sequential, "
+        f"define pipeline_layers() returning its layers in order, or set network.blocks=<path "
+        f"of its repeated block container>")
 
 
-def build_layer_list(name: str, dataset: DatasetSpec) -> list[nn.Module]:
-    return to_layer_list(name, build_network(name, dataset))
+def has_layer_list(network: str | NetworkRef, dataset: DatasetSpec) -> bool:
+    """Whether the network can be split into a layer list (built on the meta device)."""
+    try:
+        layer_count(as_ref(network), dataset)
+    except NetworkError:
+        return False
+    return True
+
+
+def build_layer_list(network: str | NetworkRef, dataset: DatasetSpec) -> list[nn.Module]:
+    return to_layer_list(network, build_network(network, dataset))
 
 
 @functools.cache
-def layer_count(name: str, dataset: DatasetSpec) -> int:
-    """Length of the layer list of network `name` for `dataset` (what pipelines partition);
-    built on the meta device, so it costs no memory and a few milliseconds."""
+def _layer_count(ref: NetworkRef, dataset: DatasetSpec) -> int:
     with torch.device("meta"):
-        return len(build_layer_list(name, dataset))
+        return len(build_layer_list(ref, dataset))
 
 
-__all__ = ["NETWORK_NAMES", "build_layer_list", "build_network", "layer_count", "to_layer_list"]
+def layer_count(network: str | NetworkRef, dataset: DatasetSpec) -> int:
+    """Length of the layer list of `network` for `dataset` (what pipelines partition);
+    built on the meta device, so it costs no memory and a few milliseconds."""
+    return _layer_count(as_ref(network), dataset)
+
+
+__all__ = ["NETWORK_NAMES", "NetworkError", "NetworkRef", "as_ref", "build_layer_list",
+           "build_network", "has_layer_list", "layer_count", "to_layer_list"]
