@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
@@ -20,12 +21,17 @@ from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.batch_sizes import default_batch_size
-from workloads.datasets.spec import DATASET_SPECS
+from workloads.datasets.spec import BYTE_VOCAB, DATASET_SPECS, DatasetSpec
+from workloads.networks.ref import NetworkRef, canonical_json
 
 # torch.manual_seed's range (an unsigned 64-bit integer).
 MAX_SEED = 2**64 - 1
 # Longest run.progress_timeout_s: long enough for any step, short enough for a timedelta.
 MAX_PROGRESS_TIMEOUT_S = 7 * 24 * 3600.0
+# Longest dataset.seq_len / largest dataset.vocab_size (Llama 3's vocabulary is 128,256).
+MAX_TOKEN_SETTING = 1_048_576
+# A network's label names files, directories and MLflow runs.
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
 
 class ConfigError(ValueError):
@@ -37,6 +43,8 @@ class DatasetName(str, Enum):
     cifar10 = "cifar10"
     imagenet = "imagenet"
     highres = "highres"
+    tokens = "tokens"  # synthetic token sequences (language models)
+    text = "text"  # local text files, byte-level tokens (language models)
 
 
 class DataSource(str, Enum):
@@ -45,6 +53,8 @@ class DataSource(str, Enum):
 
 
 class NetworkName(str, Enum):
+    """The six built-in networks of the thesis (network.source=builtin)."""
+
     resnet18 = "resnet18"
     resnet50 = "resnet50"
     resnet152 = "resnet152"
@@ -53,13 +63,22 @@ class NetworkName(str, Enum):
     mobilenetv2 = "mobilenetv2"
 
 
+class NetworkSource(str, Enum):
+    builtin = "builtin"  # one of NetworkName, by network.name
+    module = "module"  # a user's factory or class: network.target, network.kwargs
+    torchvision = "torchvision"  # torchvision.models by network.arch, network.kwargs
+    timm = "timm"  # timm.create_model(network.arch, **network.kwargs)
+    hf = "hf"  # transformers: config class of model type network.arch, fields network.config
+
+
 class Device(str, Enum):
     cpu = "cpu"
     cuda = "cuda"
 
 
 class OptimizerName(str, Enum):
-    sgd = "sgd"
+    sgd = "sgd"  # with momentum: what the thesis trained its CNNs with
+    adamw = "adamw"  # two states per weight: how language models are trained
 
 
 def require(condition: bool, key: str, value: Any, allowed: str) -> None:
@@ -101,6 +120,10 @@ class DatasetConfig:
     # null = one tenth of the epoch's samples (at most the split), which
     # keeps evaluation under 5 % of a cell's wall time (BENCHMARKS.md).
     eval_samples: int | None = None
+    # Token datasets (tokens, text): tokens per sample and the vocabulary; null = the
+    # dataset's default (128 and 256, the byte-level tokenizer's ids). Refused for images.
+    seq_len: int | None = None
+    vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         _check_positive(self._section, "num_samples", self.num_samples, nullable=True,
@@ -117,30 +140,144 @@ class DatasetConfig:
                    f"dataset {spec.name} exists only as synthetic data; allowed: synthetic")
             require(bool(self.root), "dataset.root", self.root,
                    "source=real needs the directory that holds the dataset")
+        else:
+            require(not spec.real_only, "dataset.source", self.source.value,
+                    f"dataset {spec.name} is read from local files; allowed: real (with "
+                    f"dataset.root), or dataset=tokens for synthetic tokens")
+        for key in ("seq_len", "vocab_size"):
+            value = getattr(self, key)
+            if not spec.tokens:
+                require(value is None, f"dataset.{key}", value,
+                        f"is a setting of token datasets (tokens, text), not of {spec.name}")
+                continue
+            _check_positive(self._section, key, value, nullable=True,
+                            null_means=f"{getattr(spec, key)}")
+            require(value is None or value <= MAX_TOKEN_SETTING, f"dataset.{key}", value,
+                    f"allowed: at most {MAX_TOKEN_SETTING:,}")
+        if spec.real_only and self.vocab_size is not None:
+            require(self.vocab_size >= BYTE_VOCAB, "dataset.vocab_size", self.vocab_size,
+                    f"the byte-level tokenizer of dataset={spec.name} has {BYTE_VOCAB} token "
+                    f"ids; allowed: {BYTE_VOCAB} or more")
+
+    @property
+    def spec(self) -> DatasetSpec:
+        """The dataset's shape as the cell trains it (a token dataset's seq_len and
+        vocab_size applied)."""
+        return DATASET_SPECS[self.name.value].with_tokens(self.seq_len, self.vocab_size)
+
+    @property
+    def key(self) -> str:
+        """The dataset's identity where facts are cached: its name, and for tokens the
+        sequence length and vocabulary (they change every shape)."""
+        spec = self.spec
+        if not spec.tokens:
+            return spec.name
+        return f"{spec.name}-t{spec.seq_len}-v{spec.vocab_size}"
 
 
 @dataclass
 class NetworkConfig:
-    """Which network is trained; the variant (small-image or ImageNet) follows the dataset."""
+    """Which network is trained: a built-in CNN by name (its variant, small-image or ImageNet,
+    follows the dataset), a user's own module, a torchvision or timm model by name, or a
+    Hugging Face `transformers` model from its config class (random weights, nothing is
+    downloaded). conf/network/ holds one file per built-in and preset, and `module`,
+    `torchvision`, `timm`, `hf` to name any other."""
 
-    name: NetworkName = NetworkName.resnet18
+    _section: ClassVar[str] = "network"
+    # The network's label (tables, run names, MLflow); a built-in's name. Empty for another
+    # source = derived from network.arch or network.target.
+    name: str = "resnet18"
+    source: NetworkSource = NetworkSource.builtin
+    # source=module: "package.module:factory" (or a class), importable where the cell runs.
+    target: str | None = None
+    # source=torchvision/timm: the model's name in the zoo; source=hf: the transformers model
+    # type (gpt2, llama, bert, ...).
+    arch: str | None = None
+    # source=module/torchvision/timm: keyword arguments of the factory (network.kwargs.depth=12;
+    # add a key with +network.kwargs.<key>=...). torchvision/timm get num_classes (and timm
+    # in_chans) from the dataset unless given here.
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    # source=hf: fields of the config class (network.config.n_layer=6); vocab_size and the
+    # positions follow dataset.vocab_size / dataset.seq_len unless given here.
+    config: dict[str, Any] = field(default_factory=dict)
+    # Dotted path of the repeated block container (e.g. "blocks" or "transformer.h") for a
+    # module that is not an nn.Sequential and has no pipeline_layers(): pipelines split there.
+    blocks: str | None = None
+
+    def __post_init__(self) -> None:
+        source = self.source
+        if source is NetworkSource.builtin:
+            require(self.name in NetworkName.__members__, "network.name", self.name,
+                    f"allowed built-in networks: {', '.join(NetworkName.__members__)}; any "
+                    f"other network: network=module, torchvision, timm or hf")
+        need = {NetworkSource.module: "target", NetworkSource.torchvision: "arch",
+                NetworkSource.timm: "arch", NetworkSource.hf: "arch"}.get(source)
+        if need is not None:
+            require(bool(getattr(self, need)), f"network.{need}", getattr(self, need),
+                    f"network.source={source.value} needs network.{need}")
+        for key, used_by in (("target", (NetworkSource.module,)),
+                             ("arch", (NetworkSource.torchvision, NetworkSource.timm,
+                                       NetworkSource.hf)),
+                             ("config", (NetworkSource.hf,)),
+                             ("kwargs", (NetworkSource.module, NetworkSource.torchvision,
+                                         NetworkSource.timm)),
+                             ("blocks", (NetworkSource.module, NetworkSource.torchvision,
+                                         NetworkSource.timm))):
+            require(not getattr(self, key) or source in used_by, f"network.{key}",
+                    getattr(self, key), f"is a setting of network.source="
+                    f"{', '.join(s.value for s in used_by)}, not of {source.value}")
+        if not self.name:
+            self.name = (self.arch or str(self.target)).replace(":", ".").split(".")[-1]
+        require(_SAFE_NAME.fullmatch(self.name) is not None, "network.name", self.name,
+                "allowed: 1-64 letters, digits, '_', '-', '.' (it names files and runs)")
+
+    @property
+    def ref(self) -> NetworkRef:
+        """The network as workloads.networks builds it (hashable)."""
+        return NetworkRef(name=self.name, source=self.source.value, target=self.target,
+                          arch=self.arch,
+                          options_json=canonical_json(dict(self.config or self.kwargs)),
+                          blocks=self.blocks)
+
+    @property
+    def label(self) -> str:
+        """What tables and run names call the network."""
+        return self.name
+
+    @property
+    def key(self) -> str:
+        """The network's identity where facts are cached (NetworkRef.key)."""
+        return self.ref.key
 
 
 @dataclass
 class OptimizerConfig:
-    """The optimizer every distribution model uses, so that their timings compare."""
+    """The optimizer every distribution model uses, so that their timings compare: SGD with
+    momentum (the thesis' CNNs) or AdamW (language models), optimizer=adamw."""
 
     _section: ClassVar[str] = "optimizer"
     name: OptimizerName = OptimizerName.sgd
     lr: float = 0.01
+    # SGD's momentum; AdamW's first-moment decay (beta1).
     momentum: float = 0.9
+    # AdamW's second-moment decay (beta2); SGD has none.
+    beta2: float = 0.999
     weight_decay: float = 5e-4
 
     def __post_init__(self) -> None:
         _check_positive(self._section, "lr", self.lr)
         require(0 <= self.momentum < 1, "optimizer.momentum", self.momentum, "must be in [0, 1)")
+        require(0 <= self.beta2 < 1, "optimizer.beta2", self.beta2, "must be in [0, 1)")
         require(self.weight_decay >= 0, "optimizer.weight_decay", self.weight_decay,
                "must be 0 or more")
+
+    @property
+    def state_buffers(self) -> int:
+        """Buffers the optimizer keeps per weight (what the memory model counts): AdamW two
+        moments, SGD one momentum buffer, or none without momentum."""
+        if self.name is OptimizerName.adamw:
+            return 2
+        return 1 if self.momentum > 0 else 0
 
 
 @dataclass
@@ -405,7 +542,7 @@ class DistbenchConfig:
         """dataset.num_samples, or the full dataset's size (Table 3.2) when it is null."""
         if self.dataset.num_samples is not None:
             return self.dataset.num_samples
-        return DATASET_SPECS[self.dataset.name.value].num_images
+        return self.dataset.spec.num_images
 
     def check_epoch_holds(self, needed: int, allowed: str) -> None:
         """An epoch of samples_per_epoch must hold `needed` samples; a batch larger than the
@@ -452,7 +589,7 @@ class DistbenchConfig:
         nodes, per_node = ((1, 1) if self.world_size == 1
                            else (self.hardware.nodes, self.hardware.workers_per_node))
         parts = [distribution.name, f"{nodes}x{per_node}", *distribution.run_name_parts(self),
-                 f"b{self.batch_size}", f"{self.network.name.value}-{self.dataset.name.value}"]
+                 f"b{self.batch_size}", f"{self.network.label}-{self.dataset.key}"]
         return " ".join(parts)
 
 

@@ -18,18 +18,18 @@ from torch import nn
 
 from harness.compose import compose_or_exit
 from harness.metrics import BYTES_PER_MB
-from workloads.datasets import DatasetSpec, dataset_spec
-from workloads.networks import build_network, to_layer_list
+from workloads.datasets import DatasetSpec
+from workloads.networks import NetworkRef, build_network, to_layer_list
 
 FLOAT32_BYTES = 4
 
 
-def describe(network: str, spec: DatasetSpec) -> dict[str, Any]:
+def describe(network: str | NetworkRef, spec: DatasetSpec) -> dict[str, Any]:
     """Parameter counts, gradient size and per-layer output sizes (per sample, float32)."""
     with torch.device("meta"):
         model = build_network(network, spec)
         layers = to_layer_list(network, model)
-        activation = torch.empty((1, *spec.input_shape))
+        activation = torch.zeros((1, *spec.input_shape), dtype=spec.input_dtype)
     names = {id(module): name for name, module in model.named_modules()}
     parameters = sum(p.numel() for p in model.parameters())
     layer_facts = []
@@ -38,10 +38,10 @@ def describe(network: str, spec: DatasetSpec) -> dict[str, Any]:
         layer_facts.append(_layer_fact(index, layer, names, tuple(activation.shape[1:])))
     return {
         "dataset": spec.name,
-        "network": network,
-        "variant": "small-image" if spec.small_images else "imagenet",
+        "network": str(network),
+        "variant": "tokens" if spec.tokens else "small-image" if spec.small_images else "imagenet",
         "input_shape": list(spec.input_shape),
-        "num_classes": spec.num_classes,
+        "num_classes": spec.output_classes,
         "parameters": parameters,
         "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "weights_mb": parameters * FLOAT32_BYTES / BYTES_PER_MB,
@@ -70,7 +70,7 @@ def _layer_fact(index: int, layer: nn.Module, names: dict[int, str],
 
 def main(argv: list[str] | None = None) -> None:
     config = compose_or_exit(sys.argv[1:] if argv is None else argv)
-    facts = describe(config.network.name.value, dataset_spec(config.dataset.name.value))
+    facts = describe(config.network.ref, config.dataset.spec)
     facts["distribution"] = config.distribution.name
     facts["batch_size"] = config.batch_size
     json.dump(facts, sys.stdout, indent=2)

@@ -153,13 +153,13 @@ def _unpredictable(config: DistbenchConfig) -> str | None:
     path = facts_path(config.run.output_dir, config.hardware.name)
     try:
         store = FactsStore.load(path, config.hardware.name)
-        profile = store.profile(config.network.name.value, config.dataset.name.value,
+        profile = store.profile(config.network.key, config.dataset.key,
                                 config.hardware.device.value, threads)
     except ConfigError as err:
         return " ".join(str(err).split())
     if profile is None:
-        return (f"pipelines: no layer profile of {config.network.name.value}/"
-                f"{config.dataset.name.value} kept in {path} (python -m harness.recommend "
+        return (f"pipelines: no layer profile of {config.network.label}/"
+                f"{config.dataset.key} kept in {path} (python -m harness.recommend "
                 f"keeps one)")
     return None
 

@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 from harness.distributed import WorkerSession
 from harness.metrics import synchronize
 from workloads.datasets.loader import fetch_batch
+from workloads.task import correct_predictions, prediction_count, task_loss
 
 # Share of an epoch's samples evaluated when dataset.eval_samples is null: forward passes
 # only, so about 1/30 of an epoch's compute, which keeps evaluation under 5 % of a cell's wall
@@ -35,8 +36,10 @@ DEFAULT_EVAL_SHARE = 0.1
 class Evaluation:
     """One evaluation of the network on the held-out split, summed over every worker."""
 
-    loss: float  # mean cross-entropy over the evaluated samples
-    accuracy: float  # share of samples whose top-1 prediction is their label, 0..1
+    # Mean cross entropy per prediction (an image's label, or a token position: then it is
+    # the log perplexity, and exp(loss) the perplexity).
+    loss: float
+    accuracy: float  # share of predictions whose top-1 is the target, 0..1
     samples: int  # samples evaluated (all workers together)
     seconds: float  # wall time of the evaluation on this worker, gathering the weights included
 
@@ -57,25 +60,25 @@ def evaluate(model: nn.Module, dataset: Dataset, *, batch_size: int, session: Wo
     seconds include that; the model is left in training mode.
     """
     started = time.perf_counter() if started is None else started
-    loss_sum, correct, count = 0.0, 0, 0
-    criterion = nn.CrossEntropyLoss(reduction="sum")
+    loss_sum, correct, predictions, count = 0.0, 0, 0, 0
     model.eval()
     try:
         with torch.no_grad():
             for images, labels in _shard_batches(dataset, batch_size, session):
                 images, labels = images.to(device), labels.to(device)
                 logits = model(images)
-                loss_sum += float(criterion(logits, labels))
-                correct += int((logits.argmax(dim=1) == labels).sum())
+                loss_sum += float(task_loss(logits, labels, reduction="sum"))
+                correct += correct_predictions(logits, labels)
+                predictions += prediction_count(labels)
                 count += len(labels)
                 heartbeat()
     finally:
         model.train()
     synchronize(device)
-    totals = np.sum(session.all_gather((loss_sum, correct, count)), axis=0)
-    samples = int(totals[2])
-    return Evaluation(loss=float(totals[0]) / max(samples, 1),
-                      accuracy=float(totals[1]) / max(samples, 1), samples=samples,
+    totals = np.sum(session.all_gather((loss_sum, correct, predictions, count)), axis=0)
+    predicted = max(int(totals[2]), 1)
+    return Evaluation(loss=float(totals[0]) / predicted, accuracy=float(totals[1]) / predicted,
+                      samples=int(totals[3]),
                       seconds=time.perf_counter() - started)
 
 

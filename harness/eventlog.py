@@ -82,7 +82,7 @@ def benchmark_name(config: DistbenchConfig) -> str:
     `_synthetic` when the images are generated (dataset.source=synthetic): a quality reached on
     synthetic data says nothing about the real dataset. None of MLPerf's benchmark names fits
     (MLPerf Training 6.1 has no image classification), so the name is distbench's own."""
-    name = f"{config.network.name.value}_{config.dataset.name.value}"
+    name = f"{config.network.label}_{config.dataset.name.value}"
     return name if config.dataset.source.value == "real" else f"{name}_synthetic"
 
 

@@ -23,7 +23,6 @@ from harness.compose import compose_config
 from harness.config import ConfigError, validate
 from harness.distributions.pipeline import profile_network
 from harness.distributions.registry import spec_of, specs
-from workloads.datasets import dataset_spec
 from workloads.networks import build_network, to_layer_list
 
 
@@ -36,9 +35,8 @@ def main(argv: list[str] | None = None) -> None:
         raise ConfigError(f"distribution={config.distribution.name} is invalid for "
                           f"harness.plan: allowed: {', '.join(pipelines)}")
     torch.manual_seed(config.run.seed)
-    spec = dataset_spec(config.dataset.name.value)
-    layers = to_layer_list(config.network.name.value,
-                           build_network(config.network.name.value, spec))
+    spec = config.dataset.spec
+    layers = to_layer_list(config.network.ref, build_network(config.network.ref, spec))
     if config.hardware.cpu_threads is not None:
         torch.set_num_threads(config.hardware.cpu_threads)
     profile = profile_network(config, layers, torch.device("cpu")) \
@@ -48,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:  # the partitioner's checks name the key and what is allowed
         raise ConfigError(str(err)) from None
     report: dict[str, object] = {
-        "network": config.network.name.value, "dataset": config.dataset.name.value,
+        "network": config.network.label, "dataset": config.dataset.key,
         "distribution": config.distribution.name, "workers": config.world_size,
         "num_layers": len(layers), "profile_batch_size": config.distribution.step_batch(config),
         **plan.to_dict(),

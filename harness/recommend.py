@@ -266,7 +266,7 @@ def common_overrides(config: DistbenchConfig, given: Sequence[str]) -> list[str]
     (`run.output_dir`, `dataset.num_samples`, ...), less the keys an option sets itself."""
     parsed = _parsed(given)
     keys = {override.key_or_group for override in parsed}
-    chosen = [f"dataset={config.dataset.name.value}", f"network={config.network.name.value}"]
+    chosen = [f"dataset={config.dataset.key}", f"network={config.network.label}"]
     if "hardware.name" not in keys:
         chosen.append(f"hardware={config.hardware.name}")
     chosen = [choice for choice in chosen if choice.split("=")[0] not in keys]
@@ -354,8 +354,8 @@ def header_lines(config: DistbenchConfig, fitted: Fitted) -> list[str]:
     hardware = config.hardware
     samples = config.samples_per_epoch
     whole = ("all of " if config.dataset.num_samples is None else "dataset.num_samples of ") \
-        + config.dataset.name.value
-    lines = [f"{config.network.name.value} on {config.dataset.name.value}, hardware "
+        + config.dataset.key
+    lines = [f"{config.network.label} on {config.dataset.key}, hardware "
              f"{hardware.name} ({hardware.world_size} workers); parameters: {fitted.source}",
              f"s/epoch: seconds per epoch of {samples} images ({whole})"]
     if fitted.errors:
@@ -477,7 +477,7 @@ def print_json(config: DistbenchConfig, options: Sequence[Option], skipped: Sequ
                fitted: Fitted, cache: FactsCache, objective: str, elapsed: float) -> None:
     best, fastest, cheapest = (recommendation(options), best_by(options, "time"),
                                best_by(options, "cost"))
-    json.dump({"dataset": config.dataset.name.value, "network": config.network.name.value,
+    json.dump({"dataset": config.dataset.key, "network": config.network.label,
                "hardware": config.hardware.name, "parameters": fitted.source,
                "model_errors_percent": fitted.errors,
                "images_per_epoch": config.samples_per_epoch, "objective": objective,

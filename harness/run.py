@@ -376,7 +376,7 @@ def initialise_weights(workload: Workload, config: DistbenchConfig, seed: int) -
     the same weights from the same seed; the values are copied into the trainer's own tensors
     (a pipeline's stages share the workload model's modules), so nothing is rebuilt."""
     seed_everything(seed)
-    fresh = build_network(config.network.name.value, workload.spec)
+    fresh = build_network(config.network.ref, workload.spec)
     with torch.no_grad():
         workload.model.load_state_dict(fresh.state_dict())
 

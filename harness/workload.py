@@ -10,10 +10,10 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from harness.config import DistbenchConfig, OptimizerConfig
+from harness.config import DistbenchConfig, OptimizerConfig, OptimizerName
 from harness.evaluation import default_eval_samples
 from harness.seeding import seed_everything
-from workloads.datasets import DatasetSpec, EpochLoader, build_dataset, dataset_spec
+from workloads.datasets import DatasetSpec, EpochLoader, build_dataset
 from workloads.datasets.loader import dataset_length
 from workloads.networks import build_network
 
@@ -32,7 +32,7 @@ def build_workload(config: DistbenchConfig, *, rank: int = 0, world_size: int = 
     """Build the cell's data (this worker's shard) and network, seeded from run.seed (the
     synthetic data, the data order and, through every RNG, the initial parameters)."""
     seed_everything(config.run.seed)
-    spec = dataset_spec(config.dataset.name.value)
+    spec = config.dataset.spec
     dataset = build_dataset(
         spec,
         source=config.dataset.source.value,
@@ -52,7 +52,7 @@ def build_workload(config: DistbenchConfig, *, rank: int = 0, world_size: int = 
             f"distribution.batch_size={config.batch_size} per worker "
             f"(world size {world_size}); use at least {config.batch_size * world_size} samples"
         )
-    model = build_network(config.network.name.value, spec)
+    model = build_network(config.network.ref, spec)
     return Workload(spec=spec, model=model, loader=loader,
                     make_optimizer=lambda params: build_optimizer(params, config.optimizer),
                     eval_dataset=build_eval_dataset(config, spec, dataset_length(dataset))
@@ -79,6 +79,10 @@ def build_eval_dataset(config: DistbenchConfig, spec: DatasetSpec, train_samples
 
 def build_optimizer(params: Iterable[nn.Parameter],
                     config: OptimizerConfig) -> torch.optim.Optimizer:
-    """SGD with momentum and weight decay, the optimizer of the thesis' benchmarks."""
+    """SGD with momentum and weight decay (the thesis' benchmarks), or AdamW (language
+    models; decoupled weight decay, betas = (momentum, beta2))."""
+    if config.name is OptimizerName.adamw:
+        return torch.optim.AdamW(params, lr=config.lr, betas=(config.momentum, config.beta2),
+                                 weight_decay=config.weight_decay)
     return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
                            weight_decay=config.weight_decay)

@@ -39,12 +39,12 @@ class MeasuredCell:
 
     @property
     def network(self) -> str:
-        return self.config.network.name.value
+        return self.config.network.key
 
     @property
     def workload(self) -> tuple[str, str]:
         """What a user asks the recommender about: (dataset, network)."""
-        return self.config.dataset.name.value, self.config.network.name.value
+        return self.config.dataset.key, self.config.network.key
 
 
 def config_from_dict(data: dict) -> DistbenchConfig:

@@ -161,7 +161,7 @@ def fsdp_trainer(context: TrainingContext) -> BatchLoopTrainer:
             dist.broadcast(tensor, src=0)
     skeleton = copy.deepcopy(model).to("meta")  # before fully_shard changes the module
     mesh = shard_mesh(context.config, context.device.type)
-    shard_network(model, to_layer_list(context.config.network.name.value, model), mesh,
+    shard_network(model, to_layer_list(context.config.network.ref, model), mesh,
                   settings)
     return FSDPTrainer(context, model, mesh, skeleton)
 
@@ -271,7 +271,7 @@ def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.
         weights=facts.weights_mb / shards,
         gradients=memory.gradients_mb(facts.gradient_mb) / shards,
         optimizer=memory.optimizer_state_mb(facts.weights_mb,
-                                            config.optimizer.momentum > 0) / shards,
+                                            config.optimizer.state_buffers) / shards,
         buffers=(gathered * precision + units[0]) if shards > 1 else 0.0,
         activations=memory.activations_mb(stage, batch),
         backward=memory.backward_temporaries_mb(stage, batch),

@@ -55,6 +55,7 @@ from harness.predict import gpipe as equations
 from harness.predict import memory
 from harness.predict.terms import CellFacts, EpochTerms, batches_per_epoch, memory_stage
 from harness.profiler import NetworkProfile
+from workloads.task import TaskLoss
 
 
 class Recompute(str, Enum):
@@ -205,7 +206,8 @@ class GPipeTrainer(Trainer):
             RecomputingStage(self.module, settings.recompute, self.micro_batches),
             self.clock, stage_index=self.stage_index, num_stages=self.num_stages,
             device=self.device)
-        self.criterion = nn.CrossEntropyLoss()
+        self.criterion = TaskLoss()
+        self.target_shape = context.workload.spec.target_shape  # () for a label, (T,) for tokens
         # Every stage gets the loss (only the last computes it; without one the schedule runs
         # no backward). scale_grads: the micro-batches' mean losses are averaged, so the
         # gradient is that of the whole batch's mean loss, as the sequential model computes it.
@@ -308,7 +310,8 @@ class GPipeTrainer(Trainer):
             dist.send(labels, self.last_rank, tag=LABEL_TAG)
             return images, None
         if self.is_last:
-            labels = torch.empty(self.batch_size, dtype=torch.int64, device=self.device)
+            labels = torch.empty((self.batch_size, *self.target_shape), dtype=torch.int64,
+                                 device=self.device)
             dist.recv(labels, 0, tag=LABEL_TAG)
             return None, labels
         return None, None
@@ -379,7 +382,7 @@ def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.
     return [memory.gpipe_stage_memory(
         memory_stage(facts, stage.first, stage.end), facts.step_batch,
         settings.micro_batch_count(config), settings.recompute.value,
-        momentum=config.optimizer.momentum > 0, runtime_mb=facts.runtime_mb)
+        optimizer_states=config.optimizer.state_buffers, runtime_mb=facts.runtime_mb)
         for stage in facts.plan.stages]
 
 

@@ -19,6 +19,7 @@ from torch import nn
 from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
 from harness.distributions.state import InitialState, epoch_losses
 from harness.metrics import device_time, synchronize
+from workloads.task import TaskLoss
 
 
 class GradientSync(Protocol):
@@ -53,7 +54,7 @@ class BatchLoopTrainer(Trainer):
         if wrap_optimizer is not None:  # e.g. Horovod's DistributedOptimizer
             self.optimizer = wrap_optimizer(self.optimizer)
         self.gradient_sync = gradient_sync
-        self.criterion = nn.CrossEntropyLoss()
+        self.criterion = TaskLoss()
         self.device = context.device
         self.clock = context.clock
         self.heartbeat = context.heartbeat

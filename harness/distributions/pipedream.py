@@ -83,6 +83,7 @@ from harness.predict import pipedream as equations
 from harness.predict.terms import CellFacts, EpochTerms, memory_stage
 from harness.profiler import NetworkProfile
 from workloads.networks import build_network, to_layer_list
+from workloads.task import TaskLoss
 
 ACTIVATION_TAG, GRADIENT_TAG = 1, 2
 # `distribution.stages` shorthand for one unreplicated stage per worker.
@@ -190,7 +191,8 @@ class PipeDreamTrainer(Trainer):
         self.is_first, self.is_last = self.stage == 0, self.stage == self.num_stages - 1
         self.module = stage_module(context, self.plan, self.stage)
         self.optimizer = context.workload.make_optimizer(self.module.parameters())
-        self.criterion = nn.CrossEntropyLoss()
+        self.criterion = TaskLoss()
+        self.target_shape = context.workload.spec.target_shape  # () for a label, (T,) for tokens
         self.batches = PipelineBatches(context)
         self.oversample = distribution.batch_division is BatchDivision.oversample
         self.group = self._replica_groups(dt.timedelta(seconds=config.run.progress_timeout_s))
@@ -237,11 +239,12 @@ class PipeDreamTrainer(Trainer):
 
     def _boundary_shapes(self, context: TrainingContext) -> tuple[torch.Size, torch.Size]:
         """Shapes of this stage's input and output for one minibatch (traced on 'meta')."""
-        name = context.config.network.name.value
+        network = context.config.network.ref
         spec = context.workload.spec
         with torch.device("meta"):
-            layers = to_layer_list(name, build_network(name, spec))
-            activation = torch.empty((self.batch_size, *spec.input_shape))
+            layers = to_layer_list(network, build_network(network, spec))
+            activation = torch.zeros((self.batch_size, *spec.input_shape),
+                                     dtype=spec.input_dtype)
             part = self.plan.stages[self.stage]
             for layer in layers[:part.first]:
                 activation = layer(activation)
@@ -349,7 +352,8 @@ class PipeDreamTrainer(Trainer):
             inputs = self._recv(self.input_shape, torch.float32, self._rank(self.stage - 1, m),
                                 ACTIVATION_TAG).requires_grad_()
         if self.is_last and not self.is_first:
-            labels = self._recv((self.batch_size,), torch.int64, self._rank(0, m), LABEL_TAG)
+            labels = self._recv((self.batch_size, *self.target_shape), torch.int64,
+                                self._rank(0, m), LABEL_TAG)
         with self.clock.phase("forward"):
             snapshot = self._current_snapshot() if stash else _Snapshot(
                 self.version, dict(self.module.named_parameters()), live=True)
@@ -538,7 +542,7 @@ def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.
         one = memory.pipedream_stage_memory(
             memory_stage(facts, stage.first, stage.end), config.batch_size, replicas, index,
             held_sends=held_sends(config, replicas, index),
-            momentum=config.optimizer.momentum > 0, runtime_mb=facts.runtime_mb)
+            optimizer_states=config.optimizer.state_buffers, runtime_mb=facts.runtime_mb)
         workers.extend([one] * stage.replicas)
     return workers
 

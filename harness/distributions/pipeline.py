@@ -18,14 +18,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from harness.config import DistbenchConfig, DistributionConfig, require
+from harness.config import ConfigError, DistbenchConfig, DistributionConfig, require
 from harness.distributions.base import TrainingContext
 from harness.distributions.spec import StagePlanner
 from harness.partition import StagePlan
 from harness.profiler import NetworkProfile, profile_layers
-from workloads.datasets import dataset_spec
 from workloads.datasets.loader import fetch_batch
-from workloads.networks import layer_count, to_layer_list
+from workloads.networks import NetworkError, layer_count, to_layer_list
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +53,8 @@ class PipelineConfig(DistributionConfig):
         covers the layer list, and an epoch holds a whole pipeline batch: a plan that cannot
         be built fails here rather than in a started cell's workers. `stage_key` and
         `stage_value` name what set the stage count (None: planned later)."""
-        network, dataset = cell.network.name.value, cell.dataset.name.value
-        layers = layer_count(network, dataset_spec(dataset))
+        network, dataset = cell.network.label, cell.dataset.key
+        layers = pipeline_layer_count(cell)
         if stage_count is not None:
             require(stage_count <= layers, stage_key, stage_value,
                     f"{stage_count} pipeline stages for network={network}, which has {layers} "
@@ -78,14 +77,23 @@ class PipelineConfig(DistributionConfig):
         return 1, stages
 
 
+def pipeline_layer_count(cell: DistbenchConfig) -> int:
+    """Length of the cell's layer list (built on the meta device); a network without one is
+    refused here, at validation, with what to set."""
+    try:
+        return layer_count(cell.network.ref, cell.dataset.spec)
+    except NetworkError as err:
+        raise ConfigError(f"distribution={cell.distribution.name} is invalid for this "
+                          f"network: {err}") from None
+
+
 def profile_network(config: DistbenchConfig, layers: Sequence[nn.Module],
                     device: torch.device) -> NetworkProfile:
     """Each layer's forward, backward and update time, at the batch one stage processes at a
     time (the model's step batch)."""
-    spec = dataset_spec(config.dataset.name.value)
     generator = torch.Generator().manual_seed(config.run.seed)
-    sample = torch.randn((config.distribution.step_batch(config), *spec.input_shape),
-                         generator=generator)
+    sample, _ = config.dataset.spec.example_batch(config.distribution.step_batch(config),
+                                                  generator)
     return profile_layers(layers, sample.to(device))
 
 
@@ -128,7 +136,7 @@ def stage_module(context: TrainingContext, plan: StagePlan, stage: int) -> nn.Se
 
 def layer_list(context: TrainingContext) -> list[nn.Module]:
     """The network's layer list, sharing the workload model's modules."""
-    return to_layer_list(context.config.network.name.value, context.workload.model)
+    return to_layer_list(context.config.network.ref, context.workload.model)
 
 
 class PipelineBatches:

@@ -112,13 +112,12 @@ def gather(config: DistbenchConfig, cache: FactsCache, *, timed: bool = True) ->
     `timed=False` skips the step time (NaN): what a memory-only prediction needs, e.g. for a
     cell that did not fit, whose batch may not fit this machine either."""
     from harness.describe import FLOAT32_BYTES, describe
-    from workloads.datasets import dataset_spec
 
     started = time.perf_counter()
-    spec = dataset_spec(config.dataset.name.value)
-    workload = (config.network.name.value, config.dataset.name.value)
+    spec = config.dataset.spec
+    workload = (config.network.key, config.dataset.key)
     if workload not in cache.static:
-        cache.static[workload] = describe(config.network.name.value, spec)
+        cache.static[workload] = describe(config.network.ref, spec)
     static = cache.static[workload]
     batch = config.distribution.step_batch(config)
     seconds = _step_seconds(config, batch, cache) if timed else float("nan")
@@ -146,7 +145,7 @@ def _threads(config: DistbenchConfig) -> int | None:
 
 
 def _step_key(config: DistbenchConfig, batch: int, cache: FactsCache) -> tuple[Any, ...]:
-    return (config.network.name.value, config.dataset.name.value, config.hardware.device.value,
+    return (config.network.key, config.dataset.key, config.hardware.device.value,
             _threads(config), batch, cache.probe_batches)
 
 
@@ -173,7 +172,7 @@ def _kept_step(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepTi
     at least `cache.probe_batches` batches; None if it holds none."""
     path = facts_path(_facts_root(config, cache), config.hardware.name)
     kept = FactsStore.load(path, config.hardware.name).steps(
-        config.network.name.value, config.dataset.name.value, config.hardware.device.value,
+        config.network.key, config.dataset.key, config.hardware.device.value,
         _threads(config), device_name=_device_name(config))
     found = [step for step in kept
              if step.batch == batch and (step.probe_batches or 0) >= cache.probe_batches]
@@ -194,7 +193,7 @@ def _probe_step(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepT
     low, high = quartiles(timing.seconds or (timing.median_s,))
     cache.measured.append(f"the step time at batch {batch}")
     kept = _keep(config, cache, lambda store: store.record_step(
-        network=config.network.name.value, dataset=config.dataset.name.value,
+        network=config.network.key, dataset=config.dataset.key,
         device=config.hardware.device.value, threads=_threads(config), device_name=name,
         batch=batch, seconds=timing.median_s, std_seconds=timing.std_s,
         probe_batches=timing.batches, q1_seconds=low, q3_seconds=high,
@@ -228,7 +227,7 @@ def _pipeline_facts(config: DistbenchConfig, num_layers: int, cache: FactsCache
         return [uniform] * num_layers, [(uniform / 3, 2 * uniform / 3, 0.0)] * num_layers, None
     # Each layer's *share* of the compute barely moves with the batch size, so one profile
     # (at the first batch asked for) serves every candidate of a recommendation.
-    key = (config.network.name.value, config.dataset.name.value, config.hardware.device.value,
+    key = (config.network.key, config.dataset.key, config.hardware.device.value,
            _threads(config))
     if key not in cache.profiles:
         cache.profiles[key] = _layer_profile(config, key, cache)
@@ -250,14 +249,14 @@ def _saved_activations(config: DistbenchConfig, spec: Any, cache: FactsCache) ->
         return None
     from harness.predict import activations
 
-    key = (config.network.name.value, config.dataset.name.value)
+    key = (config.network.key, config.dataset.key)
     if key in cache.saved_activations:
         return cache.saved_activations[key]
     path = facts_path(_facts_root(config, cache), config.hardware.name)
     kept = FactsStore.load(path, config.hardware.name).saved(*key) if cache.reuse else None
     if kept is None:
         with _torch_threads(2):  # sizes, not times: the thread count only changes how long
-            kept = activations.measure(key[0], spec, seed=config.run.seed)
+            kept = activations.measure(config.network.ref, spec, seed=config.run.seed)
         cache.measured.append(f"the saved activations of {key[0]}")
         if probes_here(config, cache):  # a machine without the device keeps nothing
             _keep(config, cache, lambda store: store.record_saved(*key, kept))
@@ -317,7 +316,6 @@ def _layer_profile(config: DistbenchConfig, key: tuple[Any, ...], cache: FactsCa
     """The network's per-layer profile (a `NetworkProfile`): for a device that is not here the
     facts file's, if it holds one; else profiled here. The profile always runs on this
     machine's CPU (as `harness.plan` does), so a machine without the device can take it too."""
-    from workloads.datasets import dataset_spec
     from workloads.networks import build_network, to_layer_list
 
     network, dataset, device, threads = key
@@ -333,8 +331,8 @@ def _layer_profile(config: DistbenchConfig, key: tuple[Any, ...], cache: FactsCa
         cache.profile_sources[key] = f"facts file {path}"
         return stored
     torch.manual_seed(config.run.seed)
-    spec = dataset_spec(dataset)
-    layers = to_layer_list(network, build_network(network, spec))
+    spec = config.dataset.spec
+    layers = to_layer_list(config.network.ref, build_network(config.network.ref, spec))
     with _torch_threads(threads):
         profile = profile_network(config, layers, torch.device("cpu"))
     cache.measured.append(f"the layer profile of {network}")
@@ -413,7 +411,7 @@ def _keep(config: DistbenchConfig, cache: FactsCache,
 def recorded_step_time(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepTime:
     """The step time at `batch` from the facts file and MLflow's sequential cells (not timed
     here); MissingMeasurement if neither holds any for the workload on the device."""
-    workload = (config.network.name.value, config.dataset.name.value,
+    workload = (config.network.key, config.dataset.key,
                 config.hardware.device.value, _threads(config))
     if workload not in cache.recorded:
         path = facts_path(_facts_root(config, cache), config.hardware.name)
@@ -428,7 +426,7 @@ def recorded_step_time(config: DistbenchConfig, batch: int, cache: FactsCache) -
 
 
 def _missing_message(config: DistbenchConfig, batch: int, looked: Sequence[str]) -> str:
-    hardware, network, dataset = (config.hardware.name, config.network.name.value,
+    hardware, network, dataset = (config.hardware.name, config.network.label,
                                   config.dataset.name.value)
     device = config.hardware.device.value
     threads = _threads(config)

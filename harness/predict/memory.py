@@ -6,7 +6,7 @@ function (float32, MB = 10^6 bytes):
 
 - weights P, their gradients G (= P for trainable parameters; produced during the backward
   pass, on top of the activations not yet freed), and the optimizer's state (SGD with
-  momentum: one buffer, P);
+  momentum: one buffer, P; AdamW: two, 2P);
 - communication buffers: DDP's gradient buckets (a second copy of the gradients, G), Horovod's
   fusion buffer (min(th, G): only what a fusion fills is touched), a replicated PipeDream
   stage's flattened gradients (G of the stage, for its allreduce);
@@ -84,9 +84,10 @@ def gradients_mb(trainable_mb: float) -> float:
     return trainable_mb
 
 
-def optimizer_state_mb(weights_mb: float, momentum: bool) -> float:
-    """SGD keeps one momentum buffer per parameter (none without momentum)."""
-    return weights_mb if momentum else 0.0
+def optimizer_state_mb(weights_mb: float, states: int) -> float:
+    """The optimizer's buffers, each the size of the weights: SGD's momentum (one, none
+    without momentum), AdamW's first and second moments (two)."""
+    return weights_mb * states
 
 
 def ddp_buffer_mb(gradient_mb: float) -> float:
@@ -186,22 +187,22 @@ def stashed_versions(replicas: Sequence[int], stage: int, batches: int = 64) -> 
 
 
 def data_parallel_memory(weights_mb: float, trainable_mb: float, stage: StageFacts,
-                         batch_size: int, *, buffer_mb: float, momentum: bool = True,
+                         batch_size: int, *, buffer_mb: float, optimizer_states: int = 1,
                          runtime_mb: float = 0.0) -> WorkerMemory:
     """Sequential (no buffer), Horovod and DDP: a whole replica trains a whole batch."""
     return WorkerMemory(weights_mb, gradients_mb(trainable_mb),
-                        optimizer_state_mb(weights_mb, momentum), buffer_mb,
+                        optimizer_state_mb(weights_mb, optimizer_states), buffer_mb,
                         activations_mb(stage, batch_size),
                         backward=backward_temporaries_mb(stage, batch_size), runtime=runtime_mb)
 
 
 def gpipe_stage_memory(stage: StageFacts, micro_batch_size: int, micro_batches: int,
-                       recompute: str, *, momentum: bool = True,
+                       recompute: str, *, optimizer_states: int = 1,
                        runtime_mb: float = 0.0) -> WorkerMemory:
     """A GPipe stage: its weights, the gradients it accumulates over the micro-batches, its
     momentum, and the micro-batches' activations (`gpipe_activations_mb`)."""
     return WorkerMemory(stage.weights_mb, gradients_mb(stage.weights_mb),
-                        optimizer_state_mb(stage.weights_mb, momentum), 0.0,
+                        optimizer_state_mb(stage.weights_mb, optimizer_states), 0.0,
                         gpipe_activations_mb(stage, micro_batch_size, micro_batches,
                                              recompute),
                         backward=backward_temporaries_mb(stage, micro_batch_size),
@@ -209,7 +210,7 @@ def gpipe_stage_memory(stage: StageFacts, micro_batch_size: int, micro_batches: 
 
 
 def pipedream_stage_memory(stage: StageFacts, batch_size: int, replicas: Sequence[int],
-                           index: int, *, held_sends: int = 0, momentum: bool = True,
+                           index: int, *, held_sends: int = 0, optimizer_states: int = 1,
                            runtime_mb: float = 0.0) -> WorkerMemory:
     """A PipeDream stage replica: one batch's activations per minibatch in flight, one copy
     of the stage's weights per stashed version, a replicated stage's allreduce buffer, and
@@ -218,7 +219,7 @@ def pipedream_stage_memory(stage: StageFacts, batch_size: int, replicas: Sequenc
     sent = held_sends_mb(stage, batch_size, held_sends, first=index == 0,
                          last=index == len(replicas) - 1)
     return WorkerMemory(stage.weights_mb, gradients_mb(stage.weights_mb),
-                        optimizer_state_mb(stage.weights_mb, momentum),
+                        optimizer_state_mb(stage.weights_mb, optimizer_states),
                         replica_allreduce_buffer_mb(stage.weights_mb, replicas[index]) + sent,
                         in_flight * activations_mb(stage, batch_size),
                         backward=backward_temporaries_mb(stage, batch_size),

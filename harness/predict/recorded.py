@@ -73,7 +73,7 @@ def _cells(uri: str, config: DistbenchConfig) -> list[_Cell]:
     experiments = [experiment.experiment_id for experiment in client.search_experiments()]
     if not experiments:
         return []
-    wanted = {"distribution.name": "sequential", "network.name": config.network.name.value,
+    wanted = {"distribution.name": "sequential", "network.name": config.network.label,
               "dataset.name": config.dataset.name.value,
               "hardware.device": config.hardware.device.value}
     runs = client.search_runs(experiments, filter_string=f"tags.status = '{RunStatus.ok.value}'",
@@ -89,6 +89,9 @@ def _cells(uri: str, config: DistbenchConfig) -> list[_Cell]:
                 cell = recorded_config(client, run.info.run_id, Path(scratch))
             except Exception:  # noqa: BLE001, S112 - a run without a readable config: not one
                 continue
+            if cell.network.key != config.network.key or \
+                    cell.dataset.key != config.dataset.key:
+                continue  # the same label, other settings (a zoo model's options, seq_len)
             if config.hardware.device.value == "cpu" and \
                     cell.hardware.cpu_threads != config.hardware.cpu_threads:
                 continue

@@ -175,7 +175,7 @@ def replica_memory(config: DistbenchConfig, facts: CellFacts, *,
     communication buffer of `buffer_mb` (sequential, DDP, Horovod)."""
     return memory.data_parallel_memory(
         facts.weights_mb, facts.gradient_mb, memory_stage(facts, 0, len(facts.layers)),
-        config.batch_size, buffer_mb=buffer_mb, momentum=config.optimizer.momentum > 0,
+        config.batch_size, buffer_mb=buffer_mb, optimizer_states=config.optimizer.state_buffers,
         runtime_mb=facts.runtime_mb)
 
 

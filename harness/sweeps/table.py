@@ -225,7 +225,7 @@ def axes(config: DistbenchConfig) -> dict[str, Any]:
     """What a cell's grid position is; a model's own settings only for that model (None
     elsewhere, so that they do not split cells they do not apply to)."""
     return {
-        "dataset": config.dataset.name.value, "network": config.network.name.value,
+        "dataset": config.dataset.key, "network": config.network.label,
         "distribution": config.distribution.name, "hardware": config.hardware.name,
         "device": config.hardware.device.value,
         "nodes": config.hardware.nodes if config.world_size > 1 else 1,
