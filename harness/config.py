@@ -532,10 +532,30 @@ class DistbenchConfig:
     probe: ProbeConfig = field(default_factory=ProbeConfig)
 
     def __post_init__(self) -> None:
+        self.check_network()
         self.distribution.check_cell(self)
         require(not (self.distribution.backend == "nccl" and self.hardware.device is Device.cpu),
                "distribution.backend", self.distribution.backend,
                "NCCL needs hardware.device=cuda; allowed on CPU: gloo, or null")
+
+    def check_network(self) -> None:
+        """The network takes the dataset's input: an image network on token data (or the
+        reverse) is refused by name; another source's network is built and run on the meta
+        device (workloads.networks.check), once per (network, dataset shape)."""
+        spec = self.dataset.spec
+        if self.network.source is NetworkSource.builtin:
+            require(not spec.tokens, "network", self.network.name,
+                    f"an image network; dataset={spec.name} holds tokens: choose a language "
+                    f"model (network=llama_tiny, gpt2_small, ..., or network=hf) or an image "
+                    f"dataset")
+            return
+        from workloads.networks import NetworkError
+        from workloads.networks.check import check_network
+
+        try:
+            check_network(self.network.ref, spec)
+        except NetworkError as err:
+            raise ConfigError(str(err)) from None
 
     @property
     def samples_per_epoch(self) -> int:

@@ -86,6 +86,24 @@ def benchmark_name(config: DistbenchConfig) -> str:
     return name if config.dataset.source.value == "real" else f"{name}_synthetic"
 
 
+def _task_keys(config: DistbenchConfig) -> dict[str, Any]:
+    """The keys MLPerf's language-model benchmarks log (the sequence length; AdamW's betas and
+    weight decay), and the optimizer's weight decay for SGD; `eval_accuracy` stays the share
+    of correct top-1 predictions (per token for a language model), and the log perplexity is
+    recorded beside it in result.json and MLflow (eval_loss)."""
+    optimizer = config.optimizer
+    keys: dict[str, Any] = {}
+    if config.dataset.spec.tokens:
+        keys[constants.MAX_SEQUENCE_LENGTH] = config.dataset.spec.seq_len
+    if optimizer.name.value == constants.ADAMW:
+        keys.update({constants.OPT_ADAMW_BETA_1: optimizer.momentum,
+                     constants.OPT_ADAMW_BETA_2: optimizer.beta2,
+                     constants.OPT_ADAMW_WEIGHT_DECAY: optimizer.weight_decay})
+    else:
+        keys[constants.OPT_WEIGHT_DECAY] = optimizer.weight_decay
+    return keys
+
+
 @dataclass(frozen=True)
 class RunFacts:
     """What the cell learnt while initialising, for the log's facts."""
@@ -204,6 +222,7 @@ class EventLog:
             "distribution": config.distribution.name,
             "world_size": config.world_size,
             "data_parallelism": parallelism.data,
+            **_task_keys(config),
         }
         for key, value in values.items():
             self._log("event", key, value)

@@ -220,11 +220,15 @@ def _log_quality(result: CellResult) -> None:
 
 def _log_summary(result: CellResult, uri: str | None) -> None:
     if result.status is RunStatus.ok:
-        log.info("%s: %.3f s/epoch (median %.3f, std %.3f), %.1f images/s, peak memory %.0f MB",
-                 result.run_name, result.metrics["seconds_per_epoch"],
-                 result.metrics["seconds_per_epoch_median"],
-                 result.metrics["seconds_per_epoch_std"], result.metrics["images_per_second"],
-                 result.metrics["peak_memory_mb"])
+        metrics = result.metrics
+        tokens = metrics.get("tokens_per_second", metrics["images_per_second"])
+        throughput = (f"{metrics['images_per_second']:.1f} images/s"
+                      if tokens == metrics["images_per_second"]  # images: one per sample
+                      else f"{metrics['images_per_second']:.1f} samples/s, {tokens:.0f} tokens/s")
+        log.info("%s: %.3f s/epoch (median %.3f, std %.3f), %s, peak memory %.0f MB",
+                 result.run_name, metrics["seconds_per_epoch"],
+                 metrics["seconds_per_epoch_median"], metrics["seconds_per_epoch_std"],
+                 throughput, metrics["peak_memory_mb"])
         _log_quality(result)
     where = ("pending sync" if result.pending_sync else f"{result.mlflow_run_id} at {uri}") \
         if uri is not None else "off (tracking.enabled=false)"

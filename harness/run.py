@@ -93,6 +93,8 @@ class Measurement:
     """A cell's measurement over all its workers, as the job sees it."""
 
     workers: list[WorkerMeasurement]  # in rank order
+    # Predictions one sample adds to the loss: 1 for an image, seq_len for a token sequence.
+    tokens_per_sample: int = 1
 
     @property
     def seeds(self) -> list[int]:
@@ -186,6 +188,10 @@ class Measurement:
             "seconds_per_epoch_min": seconds.min,
             "seconds_per_epoch_max": seconds.max,
             "images_per_second": samples_per_epoch * len(epoch_seconds) / sum(epoch_seconds),
+            # Language models are compared in tokens/s: samples/s x tokens per sample (an
+            # image counts 1, so for images it equals images_per_second).
+            "tokens_per_second": samples_per_epoch * len(epoch_seconds) / sum(epoch_seconds)
+            * self.tokens_per_sample,
             "samples_per_epoch": float(samples_per_epoch),
             "batches_per_epoch": float(self.workers[0].epochs[0].batches),
             "world_size": float(len(self.workers)),
@@ -502,7 +508,8 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
                 events = EventLog.for_worker(output_dir, env.is_main)
                 with events:
                     worker = measure(config, device, session, watchdog.beat, events)
-                measurement = Measurement(session.all_gather(worker))
+                measurement = Measurement(session.all_gather(worker),
+                                          tokens_per_sample=config.dataset.spec.tokens_per_sample)
         except Exception as err:  # noqa: BLE001 - a failing cell is a result, not a crash
             status, error = classify_failure(err), traceback.format_exc()
             if status is RunStatus.oom and config.hardware.device.value == "cpu":

@@ -200,18 +200,27 @@ def quality_columns(metrics: dict[str, float]) -> str:
     return f"{accuracy} {target:>11}"
 
 
+def tokens_column(metrics: dict[str, float]) -> str:
+    """A language model's tokens/s; '-' for an image cell (one prediction per sample, so
+    images/s says it all) and for a cell recorded before tokens/s was."""
+    tokens = metrics.get("tokens_per_second")
+    if tokens is None or tokens == metrics.get("images_per_second"):
+        return "-"
+    return f"{tokens:.0f}"
+
+
 def summary_table(results: Sequence[dict]) -> str:
     """A plain-text table of a sweep's cells, printed when the sweep ends; under each cell
     that did not end ok, the one line that says why (its record holds the whole error)."""
     header = f"{'#':>3}  {'cell':<44} {'status':<8} {'s/epoch':>9} {'std':>7} " \
-             f"{'images/s':>9} {'peak MB':>8} {'eval acc':>8} {'to target':>11}"
+             f"{'images/s':>9} {'tokens/s':>9} {'peak MB':>8} {'eval acc':>8} {'to target':>11}"
     rows = [header]
     for number, result in enumerate(results):
         metrics = result.get("metrics", {})
         figures = (f"{metrics['seconds_per_epoch']:>9.3f} {metrics['seconds_per_epoch_std']:>7.3f} "
-                   f"{metrics['images_per_second']:>9.1f} {metrics['peak_memory_mb']:>8.0f} "
-                   f"{quality_columns(metrics)}"
-                   if metrics else f"{'-':>9} {'-':>7} {'-':>9} {'-':>8}")
+                   f"{metrics['images_per_second']:>9.1f} {tokens_column(metrics):>9} "
+                   f"{metrics['peak_memory_mb']:>8.0f} {quality_columns(metrics)}"
+                   if metrics else f"{'-':>9} {'-':>7} {'-':>9} {'-':>9} {'-':>8}")
         rows.append(f"{number:>3}  {result['run_name']:<44} {result['status']:<8} {figures}")
         if result["status"] != RunStatus.ok.value:
             rows.append(f"{'':>5}why: {failure_reason(result.get('error'), width=90)}")

@@ -43,7 +43,8 @@ IDENTITY = ["experiment", "sweep", "run_name", "status"]
 AXES = ["dataset", "network", "distribution", "hardware", "device", "nodes", "workers",
         "batch_size", "global_batch_size", *setting_names(), "num_samples", "epochs", "seed"]
 KEY_METRICS = ["seconds_per_epoch", "seconds_per_epoch_ci95_low", "seconds_per_epoch_ci95_high",
-               "repeats", "images_per_second", "peak_memory_mb", "eval_accuracy",
+               "repeats", "images_per_second", "tokens_per_second", "peak_memory_mb",
+               "eval_accuracy",
                "reached_target", "time_to_target_s", "epochs_to_target"]
 TRAILER = ["error", "run_id", "parent_run_id", "cell_key", "output_dir", "started", "ended",
            "duration_s"]

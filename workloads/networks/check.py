@@ -1,0 +1,50 @@
+"""Does a network run on a dataset's input? Checked on PyTorch's meta device, before any cell
+starts: a wrong shape, a model that cannot take token ids, or logits of the wrong width fail
+here in one line that names both shapes, instead of inside a started cell's workers."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from workloads.datasets.spec import DatasetSpec
+from workloads.networks.ref import NetworkError, NetworkRef
+
+# A forward of two samples: BatchNorm in training mode needs more than one value per channel.
+_CHECK_BATCH = 2
+
+
+@functools.cache
+def check_network(ref: NetworkRef, spec: DatasetSpec) -> None:
+    """Raise NetworkError unless `ref` builds for `spec` and maps a batch of its input to
+    logits of the expected shape ((N, classes) for images, (N, T, vocab) for tokens)."""
+    from workloads.networks import build_network
+
+    inputs, _ = spec.example_batch(_CHECK_BATCH)
+    expected = (_CHECK_BATCH, *spec.target_shape, spec.output_classes)
+    with torch.device("meta"):
+        model = build_network(ref, spec)
+        try:
+            output = model(inputs.to("meta"))
+        except Exception as err:  # noqa: BLE001 - the user's forward may raise anything
+            raise NetworkError(
+                f"network {ref.name}: its forward fails on dataset={spec.name}'s input of shape "
+                f"{_shape(inputs.shape)} ({inputs.dtype}): {type(err).__name__}: "
+                f"{_first_line(err)}") from None
+    if not isinstance(output, torch.Tensor) or tuple(output.shape) != expected:
+        got = _shape(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+        raise NetworkError(
+            f"network {ref.name} maps dataset={spec.name}'s input {_shape(inputs.shape)} to "
+            f"{got}, expected logits of shape {_shape(expected)} (batch, "
+            f"{'positions, vocabulary' if spec.tokens else 'classes'}); return one tensor of "
+            f"logits" + ("" if spec.tokens else f" with {spec.output_classes} classes"))
+
+
+def _shape(shape: tuple[int, ...] | torch.Size) -> str:
+    return "(" + ", ".join(str(size) for size in shape) + ")"
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0][:300] if text else "(no message)"
