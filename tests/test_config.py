@@ -14,12 +14,19 @@ from harness.distributions.gpipe import TABLE_3_3
 
 DATASETS = ["mnist", "cifar10", "imagenet", "highres"]
 NETWORKS = ["resnet18", "resnet50", "resnet152", "vgg11", "vgg16", "mobilenetv2"]
+TOKEN_DATASETS = ["tokens", "text"]
+# Any other network by source, and the language-model presets (workloads/networks/lm.py).
+OPEN_NETWORKS = ["module", "torchvision", "timm", "hf"]
+LM_PRESETS = ["llama_tiny", "llama3_8b", "gpt2_tiny", "gpt2_small", "gpt2_medium", "gpt2_large",
+              "gpt2_xl", "bert_large"]
 
 
 def test_config_groups_on_disk_match_the_schema() -> None:
     conf = CONF_DIR
-    assert sorted(p.stem for p in (conf / "dataset").glob("*.yaml")) == sorted(DATASETS)
-    assert sorted(p.stem for p in (conf / "network").glob("*.yaml")) == sorted(NETWORKS)
+    assert sorted(p.stem for p in (conf / "dataset").glob("*.yaml")) == \
+        sorted(DATASETS + TOKEN_DATASETS)
+    assert sorted(p.stem for p in (conf / "network").glob("*.yaml")) == \
+        sorted(NETWORKS + OPEN_NETWORKS + LM_PRESETS)
     assert (conf / "distribution" / "sequential.yaml").exists()
     assert {"local_cpu", "titanrtx_cluster"} <= {p.stem for p in (conf / "hardware").glob("*.yaml")}
 
@@ -29,7 +36,7 @@ def test_every_dataset_network_pair_composes(dataset: str, network: str) -> None
     config = validate(compose_config([f"dataset={dataset}", f"network={network}"]))
     assert isinstance(config, DistbenchConfig)
     assert config.dataset.name.value == dataset
-    assert config.network.name.value == network
+    assert config.network.name == network
     assert config.batch_size == default_batch_size(dataset)
 
 

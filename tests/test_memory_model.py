@@ -19,8 +19,9 @@ STAGE = memory.StageFacts(weights_mb=10, saved_mb_per_sample=2.0, saved_mb_const
 
 def test_model_state_and_communication_buffers() -> None:
     assert memory.gradients_mb(100) == 100
-    assert memory.optimizer_state_mb(100, momentum=True) == 100  # one momentum buffer
-    assert memory.optimizer_state_mb(100, momentum=False) == 0
+    assert memory.optimizer_state_mb(100, 1) == 100  # one momentum buffer
+    assert memory.optimizer_state_mb(100, 2) == 200  # AdamW's two moments
+    assert memory.optimizer_state_mb(100, 0) == 0
     assert memory.ddp_buffer_mb(44.7) == 44.7  # the buckets: a copy of the gradients
     assert memory.horovod_buffer_mb(44.7, 64) == 44.7  # a fusion touches at most G
     assert memory.horovod_buffer_mb(100, 64) == 64

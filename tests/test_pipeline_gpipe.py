@@ -84,8 +84,8 @@ def _compare(context: TrainingContext, gathered: list, images: torch.Tensor,
     """The sequential model, fresh from the same seed, over the same micro-batches."""
     config = context.config
     torch.manual_seed(config.run.seed)
-    model = build_network(config.network.name.value, context.workload.spec)
-    layers = to_layer_list(config.network.name.value, model)
+    model = build_network(config.network.name, context.workload.spec)
+    layers = to_layer_list(config.network.name, model)
     sequential = nn.Sequential(*layers)
     criterion = nn.CrossEntropyLoss()
     # GPipe's gradient is the mean over micro-batches of each micro-batch's mean loss (each

@@ -214,7 +214,7 @@ def _stage_of_parameter(config: DistbenchConfig, network: nn.Module) -> dict[str
     from workloads.networks import to_layer_list
 
     first_of_second = json.loads(BALANCE)[0]
-    layers = to_layer_list(config.network.name.value, network)
+    layers = to_layer_list(config.network.name, network)
     owner = {id(p): int(i >= first_of_second) for i, layer in enumerate(layers)
              for p in layer.parameters()}
     return {name: owner[id(p)] for name, p in network.named_parameters()}

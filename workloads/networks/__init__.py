@@ -81,8 +81,8 @@ def to_layer_list(network: str | NetworkRef, model: nn.Module) -> list[nn.Module
     if isinstance(model, nn.Sequential):
         return list(model.children())
     raise NetworkError(
-        f"network {ref.name} ({type(model).__name__}) has no layer list, which pipelines "
-        f"(gpipe, pipedream) and FSDP's per-layer sharding need: return an nn.Sequential, "
+        f"network {ref.name} ({type(model).__name__}) has no layer list, which the pipeline "
+        f"models and per-layer sharding need: return a torch.nn.{nn.Sequential.__name__}, "
         f"define pipeline_layers() returning its layers in order, or set network.blocks=<path "
         f"of its repeated block container>")
 
