@@ -6,12 +6,16 @@
         loader.set_epoch(epoch)
         for images, labels in loader:   # float32 (N, C, H, W), int64 (N,)
             ...
+
+Token datasets (`tokens`, `text`) give int64 (N, seq_len) inputs and next-token targets instead;
+build them from the spec with the cell's seq_len and vocab_size (`DatasetSpec.with_tokens`).
 """
 
 from workloads.datasets.build import SOURCES, build_dataset
 from workloads.datasets.loader import EpochLoader
 from workloads.datasets.spec import DATASET_SPECS, DatasetSpec, dataset_spec
 from workloads.datasets.synthetic import DEFAULT_UNIQUE_SAMPLES, SyntheticDataset
+from workloads.datasets.tokens import TokenDataset, best_next_token_accuracy, markov_chain
 
 __all__ = [
     "DATASET_SPECS",
@@ -20,6 +24,9 @@ __all__ = [
     "DatasetSpec",
     "EpochLoader",
     "SyntheticDataset",
+    "TokenDataset",
+    "best_next_token_accuracy",
     "build_dataset",
     "dataset_spec",
+    "markov_chain",
 ]

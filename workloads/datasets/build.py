@@ -11,6 +11,7 @@ from workloads.datasets.loader import dataset_length
 from workloads.datasets.real import build_real
 from workloads.datasets.spec import DatasetSpec
 from workloads.datasets.synthetic import SPLITS, build_synthetic
+from workloads.datasets.tokens import TokenDataset, build_synthetic_tokens, build_text
 
 logger = logging.getLogger(__name__)
 
@@ -25,12 +26,13 @@ def build_dataset(spec: DatasetSpec, *, split: str = "train", source: str = "syn
     the held-out evaluation split.
 
     Args:
-        spec: which dataset (shape, classes, size).
+        spec: which dataset (shape, classes, size; a token dataset's seq_len and vocab_size).
         split: "train", or "eval": the real test split (MNIST t10k, CIFAR-10 test_batch, ImageNet
             val), or for synthetic data a split generated like the training data (the same class
             templates, its own noise and labels, its own cache entry).
-        source: "synthetic" (generated once into `cache_dir`, see `synthetic`) or "real"
-            (torchvision formats under `root`, see `real`).
+        source: "synthetic" (generated once into `cache_dir`, see `synthetic`; token
+            sequences of a Markov chain, see `tokens`) or "real" (torchvision formats under
+            `root`, see `real`; for `text`, the .txt files under `root`, see `tokens`).
         num_samples: samples of the split; None = all of it (`spec.num_images` or
             `spec.num_eval_images` for synthetic data, everything on disk for real data).
             Training takes the first ones; evaluation takes evenly spaced ones, so that a
@@ -41,8 +43,9 @@ def build_dataset(spec: DatasetSpec, *, split: str = "train", source: str = "syn
         synthetic_unique_samples: distinct synthetic images stored (None = per-dataset default).
 
     Raises:
-        ValueError: unknown split or source, highres with source="real", "real" without `root`
-            or with files missing under it, or `num_samples` larger than the real split.
+        ValueError: unknown split or source, highres or tokens with source="real", text with
+            source="synthetic", "real" without `root` or with files missing under it (or too
+            little text), or `num_samples` larger than the real split.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; allowed: {', '.join(SPLITS)}")
@@ -51,23 +54,30 @@ def build_dataset(spec: DatasetSpec, *, split: str = "train", source: str = "syn
                          f"got {num_samples}")
     if source == "synthetic":
         whole = spec.num_images if split == "train" else spec.num_eval_images
+        if spec.tokens:
+            return build_synthetic_tokens(spec, length=num_samples or whole, seed=seed,
+                                          cache_dir=cache_dir,
+                                          unique_samples=synthetic_unique_samples, split=split)
         return build_synthetic(spec, length=num_samples or whole, seed=seed, cache_dir=cache_dir,
                                unique_samples=synthetic_unique_samples, split=split)
     if source == "real":
-        return _real_subset(spec, root, num_samples, split)
+        return _real_subset(spec, root, num_samples, split, cache_dir)
     raise ValueError(f"unknown dataset source {source!r}; allowed: {', '.join(SOURCES)}")
 
 
 def _real_subset(spec: DatasetSpec, root: str | Path | None, num_samples: int | None,
-                 split: str) -> Dataset:
-    """The real split, cut to `num_samples` samples (the first, or evenly spaced for eval)."""
+                 split: str, cache_dir: str | Path) -> Dataset:
+    """The real split, cut to `num_samples` samples (the first, or evenly spaced for eval).
+    Text is read as byte-level tokens (`tokens.build_text`, its concatenation cached in
+    `cache_dir`), images in their torchvision formats."""
     if spec.synthetic_only:
         raise ValueError(f"dataset {spec.name!r} exists only as synthetic data; "
                          f"allowed source for it: synthetic")
     if root is None:
         raise ValueError(f"source='real' needs root, the directory holding the {spec.name} data "
                          f"(or use source='synthetic'); allowed sources: {', '.join(SOURCES)}")
-    dataset = build_real(spec, root, split)
+    dataset = (build_text(spec, root, split, cache_dir=cache_dir) if spec.tokens
+               else build_real(spec, root, split))
     if num_samples is None:
         return dataset
     size = dataset_length(dataset)
@@ -75,6 +85,8 @@ def _real_subset(spec: DatasetSpec, root: str | Path | None, num_samples: int | 
         raise ValueError(f"num_samples={num_samples} exceeds the {size} samples of the "
                          f"real {spec.name} {split} split under {root}; use at most "
                          f"{size} or None")
-    if split == "train":
-        return Subset(dataset, range(num_samples))
-    return Subset(dataset, [index * size // num_samples for index in range(num_samples)])
+    indices = range(num_samples) if split == "train" else \
+        [index * size // num_samples for index in range(num_samples)]
+    if isinstance(dataset, TokenDataset):
+        return dataset.select(indices)  # keeps its whole-batch reads, which a Subset hides
+    return Subset(dataset, indices)
