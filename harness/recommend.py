@@ -183,18 +183,36 @@ def rank(config: DistbenchConfig, fitted: Fitted, cache: FactsCache, output_root
     from, which every option's `python -m harness` command builds on (`common_overrides`)."""
     options, skipped = [], []
     commands = Commands(common_overrides(config, given), frozenset(_keys(given)))
+    timed = True
     for candidate in candidates(config):
         label = setting_label(candidate)
         try:
-            options.append(_predict(candidate, config, fitted, cache, output_root, commands))
-        except MissingMeasurement:  # no candidate can be predicted: say what to measure
-            raise
+            options.append(_predict(candidate, config, fitted, cache, output_root, commands,
+                                    timed=timed))
+        except MissingMeasurement as missing:
+            # No step time on the device yet: the times cannot be ranked, but the memory
+            # question can still be answered for every option (`rank_by_memory`).
+            if not timed:
+                raise
+            timed, cache.missing_step_time = False, str(missing)
+            options.append(_predict(candidate, config, fitted, cache, output_root, commands,
+                                    timed=False))
         # e.g. more stages than layers; a measured profile without links among this many
         # workers (KeyError: it was probed on fewer)
         except (ConfigError, ValueError, KeyError) as err:
             skipped.append(f"{label}: {err.args[0] if isinstance(err, KeyError) else err}")
+    if not timed:  # options predicted before the step time was found missing have times
+        options = [replace(option, seconds_per_epoch=math.nan, seconds_low=math.nan,
+                           seconds_high=math.nan, cost_per_epoch=None) for option in options]
+        options.sort(key=_memory_ranking)
+        return options, skipped
     options.sort(key=_ranking(objective))
     return options, skipped
+
+
+def _memory_ranking(option: Option) -> tuple[int, float]:
+    """Without step times: the options that fit first, then by memory per worker."""
+    return ({True: 0, None: 1, False: 2}[option.fits_memory], option.memory_mb)
 
 
 def _ranking(objective: str) -> Any:
@@ -213,14 +231,18 @@ class Commands:
 
 
 def _predict(candidate: DistbenchConfig, asked: DistbenchConfig, fitted: Fitted,
-             cache: FactsCache, output_root: Path, commands: Commands) -> Option:
-    facts = gather(candidate, cache)
-    profile = profile_for(candidate.hardware, output_root)
+             cache: FactsCache, output_root: Path, commands: Commands,
+             timed: bool = True) -> Option:
+    facts = gather(candidate, cache, timed=timed)
     model = candidate.distribution.name
-    seconds = epoch_terms(candidate, facts, profile).seconds(fitted.params)
-    step = step_time_source(candidate, cache)
-    low, high = (_epoch_seconds_at(candidate, facts, profile, fitted, spread)
-                 for spread in _step_spread(step, facts.step_seconds))
+    step = step_time_source(candidate, cache) if timed else None
+    if timed:
+        profile = profile_for(candidate.hardware, output_root)
+        seconds = epoch_terms(candidate, facts, profile).seconds(fitted.params)
+        low, high = (_epoch_seconds_at(candidate, facts, profile, fitted, spread)
+                     for spread in _step_spread(step, facts.step_seconds))
+    else:
+        seconds = low = high = math.nan
     error = fitted.errors.get(model, 0.0) / 100
     memory = memory_per_worker_mb(candidate, facts, runtime_mb=fitted.runtime_mb)
     memory_gb = candidate.hardware.device_memory_gb
@@ -230,7 +252,7 @@ def _predict(candidate: DistbenchConfig, asked: DistbenchConfig, fitted: Fitted,
         setting_label(candidate, plan=plan), model, candidate.world_size, seconds,
         min(low, seconds) * (1 - error), max(high, seconds) * (1 + error), max(memory),
         None if memory_gb is None else fits(memory, memory_gb),
-        cost_per_epoch(candidate, seconds), [*commands.common, *own], own,
+        cost_per_epoch(candidate, seconds) if timed else None, [*commands.common, *own], own,
         candidate.batch_size, candidate.distribution.own_settings(candidate),
         plan.stage_string() if plan is not None else None,
         list(plan.balance) if plan is not None else None,
@@ -380,9 +402,13 @@ def currency(config: DistbenchConfig) -> str:
 
 def print_table(config: DistbenchConfig, options: Sequence[Option], skipped: Sequence[str],
                 fitted: Fitted, sources: Sequence[str] = (), objective: str = "time",
-                common: Sequence[str] = ()) -> None:
+                common: Sequence[str] = (), missing_step_time: str | None = None) -> None:
     for line in [*header_lines(config, fitted), *sources]:
         print(line)
+    if missing_step_time is not None:
+        print(f"s/epoch: not predicted: no step time of {config.network.label} has been "
+              f"measured on {config.hardware.device.value} yet; memory per worker is "
+              f"predicted for every option (ranked: fits first, then least memory)")
     priced = config.hardware.price_per_device_hour is not None
     print(f"ranked by {objective} (--objective {objective}); every option trains with: "
           f"python -m harness {shlex.join(common)} + its overrides")
@@ -391,21 +417,30 @@ def print_table(config: DistbenchConfig, options: Sequence[Option], skipped: Seq
           f"{'fits':>9}{cost_title:>12}  overrides")
     for index, option in enumerate(options, 1):
         scaled = "*" if option.step_time_scaled_from is not None else " "
-        spread = f"{option.seconds_low:.3f}-{option.seconds_high:.3f}"
+        timed = not math.isnan(option.seconds_per_epoch)
+        spread = f"{option.seconds_low:.3f}-{option.seconds_high:.3f}" if timed else "-"
         fit = {True: "yes", False: "NO", None: "unknown"}[option.fits_memory]
-        cost = f"{option.cost_per_epoch:>12.4f}" if priced else ""
-        print(f"{index:>3}  {option.label:<24}{option.seconds_per_epoch:>10.3f}{scaled}"
+        cost = (f"{option.cost_per_epoch:>12.4f}" if option.cost_per_epoch is not None
+                else f"{'-':>12}") if priced else ""
+        seconds = f"{option.seconds_per_epoch:>10.3f}" if timed else f"{'-':>10}"
+        print(f"{index:>3}  {option.label:<24}{seconds}{scaled}"
               f"{spread:>19}{option.memory_mb:>11.0f}{fit:>9}{cost}  "
               f"{shlex.join(option.own_overrides)}")
     for reason in skipped:
         print(f"     skipped {reason}")
-    for line in verdict_lines(options, objective):
+    for line in verdict_lines(options, objective, missing_step_time):
         print(line)
 
 
-def verdict_lines(options: Sequence[Option], objective: str) -> list[str]:
+def verdict_lines(options: Sequence[Option], objective: str,
+                  missing_step_time: str | None = None) -> list[str]:
     """The fastest and the cheapest where they differ, then the recommendation with its
-    command (last)."""
+    command (last). Without a step time on the device: which options fit, and the command
+    that measures what ranks them."""
+    if missing_step_time is not None:
+        fitting = [option.label for option in options if option.fits_memory is not False]
+        return [f"fits in memory: {', '.join(fitting) if fitting else 'none of the options'}",
+                f"not ranked by {objective}: {missing_step_time}"]
     fastest, cheapest = best_by(options, "time"), best_by(options, "cost")
     lines = []
     if fastest is not None and cheapest is not None:
@@ -467,7 +502,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print_json(config, options, skipped, fitted, cache, flags.objective, elapsed)
     else:
         print_table(config, options, skipped, fitted, source_lines(cache), flags.objective,
-                    common_overrides(config, overrides))
+                    common_overrides(config, overrides), cache.missing_step_time)
     # Not on stdout, which a later run repeats exactly.
     measured = ", ".join(cache.measured) or "nothing (all facts were kept from earlier runs)"
     print(f"measured here: {measured}; prediction took {elapsed:.1f} s", file=sys.stderr)
@@ -483,7 +518,9 @@ def print_json(config: DistbenchConfig, options: Sequence[Option], skipped: Sequ
                "images_per_epoch": config.samples_per_epoch, "objective": objective,
                "price_per_device_hour": config.hardware.price_per_device_hour,
                "currency": config.hardware.currency,
-               "recommended": best.label if best else None,
+               "recommended": best.label if best and cache.missing_step_time is None
+               else None,
+               "missing_step_time": cache.missing_step_time,
                "fastest": fastest.label if fastest else None,
                "cheapest": cheapest.label if cheapest else None,
                "prediction_seconds": elapsed, "measured_here": cache.measured,

@@ -393,12 +393,18 @@ def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.
 def candidates(asked: DistbenchConfig, counts: WorkerCounts) -> Iterator[DistbenchConfig]:
     """The asked (else Table 3.3's) micro-batch count, half and double it, where it divides
     the batch; the plans are the candidates' own."""
+    table = TABLE_3_3[asked.dataset.name.value]
+    batch = asked.distribution.batch_size or table.batch_size
+    asked_count = asked.distribution.micro_batches \
+        if isinstance(asked.distribution, GPipeConfig) else None
+    # Table 3.3's count where it divides the batch asked for, else its largest divisor below
+    # that: a batch the table did not plan for (distribution.batch_size=1 of a large language
+    # model) still gets GPipe candidates.
+    default = asked_count or max(count for count in range(1, table.micro_batches + 1)
+                                 if batch % count == 0)
     for nodes, per_node in counts:
-        settings = candidate_settings(asked, GPipeConfig, balance=None)
-        base = candidate(asked, settings, nodes, per_node)
-        default = gpipe_settings(base).micro_batch_count(base)
         for micro_batches in sorted({max(1, default // 2), default, default * 2}):
-            if base.batch_size % micro_batches == 0:
+            if batch % micro_batches == 0:
                 yield candidate(asked, candidate_settings(asked, GPipeConfig, balance=None,
                                                           micro_batches=micro_batches),
                                 nodes, per_node)

@@ -74,6 +74,9 @@ class FactsCache:
     measure_memory: bool = True
     saved_activations: dict[tuple[str, str], Any] = field(default_factory=dict)
     runtime: dict[tuple[Any, ...], float] = field(default_factory=dict)
+    # Why no step time could be had (MissingMeasurement's message: what to measure, where),
+    # once a recommendation fell back to memory only; None while times are known.
+    missing_step_time: str | None = None
     # True: a step time, layer profile or runtime share the facts file holds for this
     # machine's device is used as it is (the recommender, unless `--remeasure`); False: what
     # is needed is measured here again (and replaces the file's). Step times from another
@@ -131,7 +134,7 @@ def gather(config: DistbenchConfig, cache: FactsCache, *, timed: bool = True) ->
     saved = _saved_activations(config, spec, cache)
     if saved is not None:
         layers = [replace(layer, saved=kept) for layer, kept in zip(layers, saved.layers)]
-    input_mb = torch.Size(spec.input_shape).numel() * FLOAT32_BYTES / BYTES_PER_MB
+    input_mb = torch.Size(spec.input_shape).numel() * spec.input_dtype.itemsize / BYTES_PER_MB
     runtime_mb = _runtime_mb(config, cache)
     return CellFacts(weights_mb=static["weights_mb"], gradient_mb=static["gradient_mb"],
                      gradient_tensors=static["gradient_tensors"],
@@ -312,6 +315,35 @@ class _torch_threads:  # noqa: N801 - used as a context manager, like torch's ow
         torch.set_num_threads(self.before)
 
 
+# A network whose float32 weights exceed this is not built on the CPU to profile its layers
+# (Llama 3 8B would take 32 GB of this machine's 24): `parameter_profile` stands in.
+CPU_PROFILE_LIMIT_BYTES = 4 * 1024**3
+
+
+def describe_network(config: DistbenchConfig) -> dict[str, Any]:
+    """`harness.describe`'s facts of the cell's network (traced on the meta device)."""
+    from harness.describe import describe
+
+    return describe(config.network.ref, config.dataset.spec)
+
+
+def parameter_profile(static: dict[str, Any], batch: int, device: str) -> Any:
+    """A layer profile whose compute is proportional to each layer's parameters (a transformer
+    block's forward and backward are about 2 and 4 FLOPs per parameter and token), with a
+    floor for layers without any: what balances stages, and sizes their memory, where the
+    network cannot be profiled here. Times are relative (1 ms per million parameters)."""
+    from harness.describe import FLOAT32_BYTES
+    from harness.profiler import LayerProfile, NetworkProfile
+
+    layers = [LayerProfile(index=fact["index"], type=fact["type"],
+                           forward_ms=max(fact["parameters"], 1) / 1e6,
+                           backward_ms=2 * max(fact["parameters"], 1) / 1e6,
+                           update_ms=0.0, activation_mb=fact["activation_mb"] * batch,
+                           parameter_mb=fact["parameters"] * FLOAT32_BYTES / BYTES_PER_MB)
+              for fact in static["layers"]]
+    return NetworkProfile(batch_size=batch, device=device, layers=layers)
+
+
 def _layer_profile(config: DistbenchConfig, key: tuple[Any, ...], cache: FactsCache) -> Any:
     """The network's per-layer profile (a `NetworkProfile`): for a device that is not here the
     facts file's, if it holds one; else profiled here. The profile always runs on this
@@ -330,8 +362,16 @@ def _layer_profile(config: DistbenchConfig, key: tuple[Any, ...], cache: FactsCa
     if stored is not None:
         cache.profile_sources[key] = f"facts file {path}"
         return stored
-    torch.manual_seed(config.run.seed)
     spec = config.dataset.spec
+    static = cache.static.get((network, dataset)) or describe_network(config)
+    cache.static[(network, dataset)] = static
+    if static["weights_mb"] * BYTES_PER_MB > CPU_PROFILE_LIMIT_BYTES:
+        cache.profile_sources[key] = (
+            f"estimated from each layer's parameters: {network}'s weights "
+            f"({static['weights_mb'] / 1024:.0f} GB) are too large to profile on this CPU; "
+            f"on the device, `python -m harness.plan` with this cell's overrides profiles them")
+        return parameter_profile(static, config.distribution.step_batch(config), device)
+    torch.manual_seed(config.run.seed)
     layers = to_layer_list(config.network.ref, build_network(config.network.ref, spec))
     with _torch_threads(threads):
         profile = profile_network(config, layers, torch.device("cpu"))
