@@ -358,7 +358,7 @@ def train_repeat(config: DistbenchConfig, context: TrainingContext, trainer: Tra
         with progress.epoch(label):
             epochs.append(trainer.train_epoch(epoch))
         events.epoch_stop(repeat, epoch)
-        log.info("%s: %.3f s (%d images)", label, epochs[-1].seconds, epochs[-1].samples)
+        log.info("%s: %.3f s (%d samples)", label, epochs[-1].seconds, epochs[-1].samples)
         if context.workload.eval_dataset is None:
             continue
         evaluations.append(evaluate_epoch(context, trainer, events, repeat, epoch))
@@ -397,7 +397,7 @@ def evaluate_epoch(context: TrainingContext, trainer: Trainer, events: EventLog,
                           batch_size=context.config.batch_size, session=context.session,
                           device=context.device, heartbeat=context.heartbeat, started=started)
     events.eval_stop(repeat, epoch, accuracy=evaluation.accuracy, loss=evaluation.loss)
-    log.info("%s: eval accuracy %.4f, loss %.4f (%d images, %.2f s)",
+    log.info("%s: eval accuracy %.4f, loss %.4f (%d samples, %.2f s)",
              epoch_label(context.config.run, repeat, epoch), evaluation.accuracy,
              evaluation.loss, evaluation.samples, evaluation.seconds)
     return evaluation
