@@ -48,6 +48,13 @@ def check_data_here(config: DistbenchConfig) -> None:
         require(root.is_dir(), "dataset.root", dataset.root,
                f"no such directory; source=real needs the directory that holds "
                f"{dataset.name.value}")
+        if dataset.spec.tokens:  # text: .txt files holding enough bytes for seq_len
+            from workloads.datasets.tokens import check_text_root
+
+            try:
+                check_text_root(dataset.spec, root)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
     else:
         check_writable_dir("dataset.cache_dir", dataset.cache_dir)
 

@@ -14,7 +14,9 @@ from harness.compose import compose_config
 from harness.config import ConfigError, validate
 from tests.helpers import REPO_ROOT
 
-NETWORKS = "mobilenetv2, resnet152, resnet18, resnet50, vgg11, vgg16"
+NETWORKS = ("bert_large, gpt2_large, gpt2_medium, gpt2_small, gpt2_tiny, gpt2_xl, hf, llama3_8b, "
+            "llama_tiny, mobilenetv2, module, resnet152, resnet18, resnet50, timm, torchvision, "
+            "vgg11, vgg16")
 
 # Commands that take config overrides. analysis/recommend are checked once they exist.
 COMMANDS = ["harness", "harness.describe", "harness.probe", "harness.plan",
@@ -364,6 +366,47 @@ BAD_INPUTS: list[Bad] = [
     _bad("harness.sync", "run.output_dir=[x", "run.output_dir=[x: malformed override"),
     _bad("harness.sync", "run.output_dir={file}",
          "run.output_dir='{file}' is invalid: it is a file"),
+    # networks from elsewhere, token data, and a network that does not take the dataset
+    _bad("harness", "network=module network.target=nopkg.models:build",
+         "network.target=nopkg.models:build: module nopkg.models does not import"),
+    _bad("harness", "network=module network.target=torch.nn:Linear",  # the factory raises
+         "network.target=torch.nn:Linear"),
+    _bad("harness", "network=module network.target=builtins:dict", "network.target=builtins:dict"),
+    _bad("harness", "network=module network.target=torch.nn:Identity",
+         "to (2, 1, 28, 28), expected logits of shape (2, 10)"),
+    _bad("harness", "network=module network.target=torch.nn:Linear "
+         "+network.kwargs.in_features=7 +network.kwargs.out_features=10",
+         "its forward fails on dataset=mnist's input of shape (2, 1, 28, 28)"),
+    _bad("harness", "network=torchvision network.arch=nosuchnet", "network.arch"),
+    _bad("harness", "network=timm network.arch=nosuchnet", "network.arch"),
+    _bad("harness", "network=hf network.arch=nosuchmodel dataset=tokens", "network.arch"),
+    _bad("harness", "network=hf network.arch=gpt2 +network.config.n_layers=2 dataset=tokens",
+         "network.config.n_layers"),
+    _bad("harness", "network=resnet18 network.arch=gpt2",
+         "network.arch='gpt2' is invalid: is a setting of network.source="),
+    _bad("harness", "dataset=tokens network=resnet18", "an image network; dataset=tokens holds"),
+    _bad("harness", "dataset=mnist network=gpt2_tiny",
+         "is a language model and dataset=mnist holds images"),
+    _bad("harness", "dataset=tokens network=gpt2_small dataset.seq_len=2048",
+         "dataset.seq_len=2048 is beyond network gpt2_small's 1024 positions"),
+    _bad("harness", "dataset=tokens network=llama_tiny dataset.seq_len=0",
+         "dataset.seq_len=0 is invalid"),
+    _bad("harness", "dataset=mnist dataset.seq_len=64",
+         "dataset.seq_len=64 is invalid: is a setting of token datasets"),
+    _bad("harness", "dataset=text network=llama_tiny dataset.root={work} dataset.vocab_size=100",
+         "dataset.vocab_size=100 is invalid"),
+    _bad("harness", "dataset=text network=llama_tiny dataset.root={work} "
+         "run.output_dir={work}/outputs", "holds no .txt file"),
+    _bad("harness", "dataset=tokens dataset.source=real dataset.root={work}",
+         "dataset tokens exists only as synthetic data"),
+    _bad("harness", "dataset=text network=llama_tiny dataset.source=synthetic",
+         "dataset text is read from local files"),
+    _bad("harness", "network=torchvision network.arch=resnet18 network.blocks=no.such.path "
+         "distribution=gpipe hardware=local_2cpu", "network.blocks"),
+    _bad("harness.recommend", "dataset=tokens network=resnet18", "an image network"),
+    _bad("harness.describe", "network=module network.target=nopkg:build", "network.target"),
+    _bad("harness.plan", "network=module network.target=torch.nn:Identity distribution=gpipe "
+         "hardware=local_2cpu", "expected logits of shape"),
     # the cases the tests above name
     *UNKNOWN_NETWORK.values(), *IMPOSSIBLE_PIPELINE.values(), SWEEP_WITH_UNKNOWN_OPTION,
     *([] if torch_cuda_available() else [GPU_SWEEP]), WRONG_FLAG_VALUE, MISSPELLED_APPENDED_KEY,

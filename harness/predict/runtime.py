@@ -22,6 +22,7 @@ settings, threads, device); `measure_runtime_mb` runs it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -40,8 +41,11 @@ def probe_key(config: DistbenchConfig) -> tuple[Any, ...]:
     5 MB (measured on the calibration machine: 954, 955 and 959 MB for a sequential, a
     distributed and a Horovod worker of MNIST), so one probe per data set serves them all."""
     dataset = config.dataset
-    return (dataset.name.value, dataset.source.value, dataset.num_samples, dataset.num_workers,
-            config.hardware.device.value, config.hardware.cpu_threads)
+    # A network from another source brings its library's imports (transformers, timm, the
+    # user's package): its own share; the built-in networks share one.
+    key = (dataset.key, dataset.source.value, dataset.num_samples, dataset.num_workers,
+           config.hardware.device.value, config.hardware.cpu_threads)
+    return key if config.network.ref.is_builtin else (*key, config.network.key)
 
 
 def measure_runtime_mb(config: DistbenchConfig, *, timeout_s: float = 300.0) -> float:
@@ -54,6 +58,9 @@ def measure_runtime_mb(config: DistbenchConfig, *, timeout_s: float = 300.0) -> 
         "unique": dataset.synthetic_unique_samples, "seed": config.run.seed,
         "batch_size": config.batch_size, "threads": config.hardware.cpu_threads,
         "device": config.hardware.device.value,
+        "seq_len": dataset.seq_len, "vocab_size": dataset.vocab_size,
+        "network": None if config.network.ref.is_builtin else dataclasses.asdict(
+            config.network.ref),
     }
     done = subprocess.run([sys.executable, "-m", "harness.predict.runtime", json.dumps(request)],
                           capture_output=True, text=True, timeout=timeout_s, check=False)
@@ -69,6 +76,29 @@ def _resident_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / BYTES_PER_MB
+
+
+def _tiny_language_model(vocab_size: int):  # noqa: ANN202
+    """A few dimensions wide: embedding, normalisation, causal attention, a projection, the
+    kinds of kernels a transformer's step touches."""
+    import torch
+    from torch import nn
+
+    class TinyLanguageModel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab_size, 8)
+            self.norm = nn.RMSNorm(8)
+            self.qkv = nn.Linear(8, 24)
+            self.head = nn.Linear(8, vocab_size)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            x = self.norm(self.embed(tokens))
+            q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)
+            attended = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.head(nn.functional.silu(x + attended.squeeze(1)))
+
+    return TinyLanguageModel()
 
 
 def _tiny_network(channels: int, classes: int):  # noqa: ANN202
@@ -95,12 +125,21 @@ def _probe(request: dict[str, Any]) -> dict[str, float]:
     from harness.workload import build_optimizer
     from workloads.datasets import EpochLoader, build_dataset, dataset_spec
     from workloads.datasets.loader import dataset_length
+    from workloads.task import task_loss
 
     specs()  # every model's module, trainers among them
     if request["threads"] is not None:
         torch.set_num_threads(request["threads"])
     cuda = request["device"] == "cuda"
-    spec = dataset_spec(request["dataset"])
+    spec = dataset_spec(request["dataset"]).with_tokens(request.get("seq_len"),
+                                                        request.get("vocab_size"))
+    if request.get("network"):  # its library's imports, nothing allocated (meta device)
+        from workloads.networks import NetworkRef, build_network
+
+        fields = {key: value for key, value in request["network"].items()
+                  if not key.startswith("_")}
+        with torch.device("meta"):
+            build_network(NetworkRef(**fields), spec)
     data = build_dataset(spec, source=request["source"], num_samples=request["num_samples"],
                          seed=request["seed"], cache_dir=request["cache_dir"],
                          root=request["root"], synthetic_unique_samples=request["unique"])
@@ -108,12 +147,13 @@ def _probe(request: dict[str, Any]) -> dict[str, float]:
     loader = EpochLoader(data, batch, seed=request["seed"],
                          num_workers=request["num_workers"])
     device = torch.device("cuda" if cuda else "cpu")
-    model = _tiny_network(spec.channels, spec.num_classes).to(device)
+    model = (_tiny_language_model(spec.vocab_size) if spec.tokens
+             else _tiny_network(spec.channels, spec.num_classes)).to(device)
     optimizer = build_optimizer(model.parameters(), OptimizerConfig())
     images, labels = next(iter(loader))
     images, labels = images[:_PROBE_BATCH].to(device), labels[:_PROBE_BATCH].to(device)
     for _ in range(2):
-        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss = task_loss(model(images), labels)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()

@@ -360,19 +360,8 @@ def build_text(spec: DatasetSpec, root: str | Path, split: str, *,
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; allowed: {', '.join(SPLITS)}")
-    if spec.vocab_size < BYTE_VOCAB:
-        raise ValueError(f"dataset.vocab_size={spec.vocab_size} is below the {BYTE_VOCAB} ids "
-                         f"of the byte-level tokenizer of dataset={spec.name}; allowed: "
-                         f"{BYTE_VOCAB} or more")
-    directory = Path(root).expanduser().resolve()
-    files = _text_files(directory, root)
-    total = sum(size for _, size, _ in files) + len(files) - 1
+    directory, files, total = check_text_root(spec, root)
     seq_len = spec.seq_len
-    needed = 2 * (seq_len + 1)
-    if total < needed:
-        raise ValueError(f"dataset.root={root} holds {total} bytes of text in {len(files)} .txt "
-                         f"file(s); dataset.seq_len={seq_len} needs at least {needed} (one "
-                         f"training and one eval sample): add text or lower dataset.seq_len")
     entry = _cached_concatenation(directory, files, total, cache_dir, verify=verify)
     eval_bytes = max(math.ceil(total * EVAL_FRACTION), seq_len + 1)
     start, size = (0, total - eval_bytes) if split == "train" else (total - eval_bytes,
@@ -383,6 +372,26 @@ def build_text(spec: DatasetSpec, root: str | Path, split: str, *,
 
 
 FileListing = list[tuple[str, int, int]]  # (path relative to root, size, mtime_ns) per file
+
+
+def check_text_root(spec: DatasetSpec, root: str | Path) -> tuple[Path, FileListing, int]:
+    """The directory, its .txt files and the bytes they join to; ValueError (one line naming
+    the setting) if the vocabulary is below 256, `root` is not a directory, holds no .txt file,
+    or too few bytes for one training and one eval window of spec.seq_len. Cheap (it lists
+    and stats the files): commands run it before anything starts."""
+    if spec.vocab_size < BYTE_VOCAB:
+        raise ValueError(f"dataset.vocab_size={spec.vocab_size} is below the {BYTE_VOCAB} ids "
+                         f"of the byte-level tokenizer of dataset={spec.name}; allowed: "
+                         f"{BYTE_VOCAB} or more")
+    directory = Path(root).expanduser().resolve()
+    files = _text_files(directory, root)
+    total = sum(size for _, size, _ in files) + len(files) - 1
+    needed = 2 * (spec.seq_len + 1)
+    if total < needed:
+        raise ValueError(f"dataset.root={root} holds {total} bytes of text in {len(files)} .txt "
+                         f"file(s); dataset.seq_len={spec.seq_len} needs at least {needed} (one "
+                         f"training and one eval sample): add text or lower dataset.seq_len")
+    return directory, files, total
 
 
 def _text_files(directory: Path, root: str | Path) -> FileListing:
