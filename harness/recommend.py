@@ -361,7 +361,7 @@ def step_times(cache: FactsCache) -> list[StepTime]:
 
 def source_lines(cache: FactsCache) -> list[str]:
     """Where the measured inputs of the predictions come from, for the user to judge."""
-    lines = ["step times (one sequential training step):"]
+    lines = ["step times (one sequential training step):"] if step_times(cache) else []
     lines += [f"  {step.describe()}" for step in step_times(cache)]
     lines += [f"layer profile (pipelines): {source}"
               for source in cache.profile_sources.values()]
@@ -379,7 +379,8 @@ def header_lines(config: DistbenchConfig, fitted: Fitted) -> list[str]:
         + config.dataset.key
     lines = [f"{config.network.label} on {config.dataset.key}, hardware "
              f"{hardware.name} ({hardware.world_size} workers); parameters: {fitted.source}",
-             f"s/epoch: seconds per epoch of {samples} images ({whole})"]
+             f"s/epoch: seconds per epoch of {samples} "
+             f"{'sequences' if config.dataset.spec.tokens else 'images'} ({whole})"]
     if fitted.errors:
         errors = ", ".join(f"{model} {error:.1f}%" for model, error in
                            sorted(fitted.errors.items()))

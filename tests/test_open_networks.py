@@ -135,3 +135,29 @@ def test_every_cells_mlperf_log_passes_the_checker(user_sweep: dict[str, dict]) 
         log = (Path(result["output_dir"]) / "mllog.txt").read_text()
         assert f'"key": "max_sequence_length", "value": {SEQ_LEN}' in log
         assert '"key": "opt_adamw_beta_2"' in log
+
+
+def test_the_memory_model_predicts_a_transformer_cells_peak(tmp_path: Path) -> None:
+    """A Llama-style decoder with AdamW, whose weights, two moment buffers, attention and
+    4,096-wide logits are a third of the peak: predicted from the meta-device facts and the
+    saved activations within 10 % of the peak the cell measured (-2.9 % when written)."""
+    from harness.analysis.grid import config_from_dict
+    from harness.predict.cell import memory_per_worker_mb
+    from harness.predict.facts import cache_for, gather
+    from tests.helpers import run_module
+
+    output = tmp_path / "outputs"
+    done = run_module("harness", [
+        "network=llama_tiny", "dataset=tokens", "dataset.seq_len=128", "dataset.vocab_size=4096",
+        "distribution.batch_size=16", "dataset.num_samples=32", "run.epochs=1",
+        "run.warmup_batches=1", "optimizer.name=adamw", "run.progress=false",
+        "tracking.enabled=false", f"run.output_dir={output}"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = (output / "runs").glob("*/result.json")
+    result = json.loads(path.read_text())
+    config = config_from_dict(result["config"])
+    facts = gather(config, cache_for(5, probe=False, facts_root=tmp_path / "facts"),
+                   timed=False)
+    predicted, measured = max(memory_per_worker_mb(config, facts)), \
+        result["metrics"]["peak_memory_mb"]
+    assert predicted == pytest.approx(measured, rel=0.10), (predicted, measured)
