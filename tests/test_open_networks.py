@@ -161,3 +161,25 @@ def test_the_memory_model_predicts_a_transformer_cells_peak(tmp_path: Path) -> N
     predicted, measured = max(memory_per_worker_mb(config, facts)), \
         result["metrics"]["peak_memory_mb"]
     assert predicted == pytest.approx(measured, rel=0.10), (predicted, measured)
+
+
+def test_planning_an_8b_model_on_h100s_answers_the_memory_question(tmp_path: Path) -> None:
+    """From this CPU-only machine: Llama 3 8B with AdamW (about 122 GB of weights, gradients
+    and moments in float32) does not fit a data-parallel worker of an 80 GB H100, sharded or
+    pipelined it does; with no step time measured on the GPU yet, the options are not ranked
+    by time and the output names the command that measures one there."""
+    from tests.helpers import run_module
+
+    done = run_module("harness.recommend", [
+        "dataset=tokens", "network=llama3_8b", "dataset.seq_len=2048", "optimizer.name=adamw",
+        "hardware=h100_node", "distribution.batch_size=1", f"run.output_dir={tmp_path}",
+        "--json"], cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout)
+    fits = {option["label"]: option["fits_memory"] for option in answer["options"]}
+    assert not any(fit for label, fit in fits.items() if label.startswith(("ddp", "horovod")))
+    assert fits["sequential"] is False
+    assert fits["fsdp x8"] is True and fits["gpipe x8 mb1"] is True
+    assert answer["recommended"] is None  # nothing ranks without a step time
+    assert "python -m harness network=llama3_8b dataset=tokens distribution=sequential " \
+           "hardware=h100_node" in answer["missing_step_time"]
