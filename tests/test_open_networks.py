@@ -183,3 +183,21 @@ def test_planning_an_8b_model_on_h100s_answers_the_memory_question(tmp_path: Pat
     assert answer["recommended"] is None  # nothing ranks without a step time
     assert "python -m harness network=llama3_8b dataset=tokens distribution=sequential " \
            "hardware=h100_node" in answer["missing_step_time"]
+
+
+def test_a_fit_holds_out_a_whole_family_only_when_there_are_two() -> None:
+    """Cells of token data are language models, the others image networks; with one family
+    there is nothing to hold out (no family errors), with both every cell gets one."""
+    from harness.analysis.fit import CellPrediction, family_held_out
+    from harness.analysis.grid import IMAGE_NETWORKS, LANGUAGE_MODELS, MeasuredCell
+    from harness.compose import compose_config
+    from harness.config import validate
+
+    def cell(*overrides: str) -> MeasuredCell:
+        return MeasuredCell(run_id="-".join(overrides), run_name="cell",
+                            config=validate(compose_config(list(overrides))),
+                            seconds_per_epoch=1.0, peak_memory_mb=1.0)
+
+    image, language = cell("network=resnet18"), cell("network=llama_tiny", "dataset=tokens")
+    assert (image.family, language.family) == (IMAGE_NETWORKS, LANGUAGE_MODELS)
+    assert family_held_out([CellPrediction(image, None, 1.0)]) == []  # type: ignore[arg-type]

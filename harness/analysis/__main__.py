@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -26,9 +27,11 @@ from harness.analysis.fit import (
     PARAMETERS,
     CellPrediction,
     accuracy,
+    family_held_out,
     held_out,
     params_per_hardware,
     runtime_per_hardware,
+    signed_error,
 )
 from harness.analysis.grid import MeasuredCell, load_grid
 from harness.analysis.recommendations import judge, memory_verdicts
@@ -76,7 +79,8 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache) -> P
     probe_seconds = time.perf_counter() - started
     by_cell = held_out(predictions, group=lambda cell: cell.run_id)
     by_network = held_out(predictions, group=lambda cell: cell.network)
-    table, verdicts = accuracy(by_cell, by_network), judge(by_network)
+    by_family = family_held_out(predictions)
+    table, verdicts = accuracy(by_cell, by_network, by_family), judge(by_network)
     fit_verdicts = memory_verdicts(measured, lambda cell: max(memory_per_worker_mb(
         cell.config, gather(cell.config, cache, timed=False))), predictions)
     params, runtime = params_per_hardware(predictions), runtime_per_hardware(predictions)
@@ -102,6 +106,7 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache) -> P
             v.fastest.cell.config), "recommended": setting_label(v.recommended.cell.config),
             "correct": v.correct, "time_lost_percent": v.time_lost_percent}
             for v in verdicts],
+        "residuals": residuals(by_cell, by_network, by_family),
         "fit_in_memory": [{"run": v.cell.run_name, "status": v.cell.status,
                            "predicted_mb": v.predicted_mb, "limit_mb": v.limit_mb,
                            "predicted_fit": v.predicted_fit, "right": v.right}
@@ -110,6 +115,21 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache) -> P
     _log(uri, experiment, table, verdicts, [*files, fit_path])
     _print_summary(table, verdicts, fit_verdicts, folder)
     return folder
+
+
+def residuals(by_cell: Sequence[CellPrediction], by_network: Sequence[CellPrediction],
+              by_family: Sequence[CellPrediction]) -> list[dict[str, Any]]:
+    """Every cell's measured seconds per epoch and its signed error (percent, + = predicted
+    slower) by the raw equations, with its network held out, and with its family held out
+    (null with one family): what a MAPE hides."""
+    network_error = {p.cell.run_id: signed_error(p.fitted_s, p.measured_s) for p in by_network}
+    family_error = {p.cell.run_id: signed_error(p.fitted_s, p.measured_s) for p in by_family}
+    return [{"run": p.cell.run_name, "model": p.cell.model, "network": p.cell.network,
+             "family": p.cell.family, "measured_s": p.measured_s,
+             "raw_error_percent": signed_error(p.raw_s, p.measured_s),
+             "network_held_out_error_percent": network_error.get(p.cell.run_id),
+             "family_held_out_error_percent": family_error.get(p.cell.run_id)}
+            for p in by_cell]
 
 
 def _log(uri: str, experiment: str, table, verdicts, files: list[Path]) -> None:  # noqa: ANN001
@@ -121,6 +141,9 @@ def _log(uri: str, experiment: str, table, verdicts, files: list[Path]) -> None:
         metrics[f"worst_held_out_network_{row.model}"] = row.network_worst
         if row.memory_mape == row.memory_mape:
             metrics[f"memory_mape_held_out_network_{row.model}"] = row.memory_mape
+        if row.family_mape == row.family_mape:
+            metrics[f"mape_held_out_family_{row.model}"] = row.family_mape
+            metrics[f"worst_held_out_family_{row.model}"] = row.family_worst
     if verdicts:
         metrics["recommendations_correct"] = sum(v.correct for v in verdicts) / len(verdicts)
     try:
@@ -140,6 +163,13 @@ def _print_summary(table, verdicts, fit_verdicts, folder: Path) -> None:  # noqa
         print(f"{row.model:<12}{row.cells:>6}{row.network_mape:>8.1f}{row.network_worst:>9.1f}"
               f"{row.network_bias:>+8.1f}{row.memory_mape:>10.1f}{row.cell_mape:>14.1f}"
               f"{row.raw_mape:>12.1f}")
+    if any(row.family_mape == row.family_mape for row in table):
+        print("held out by family (fitted on image networks only, predicting language models, "
+              "and the reverse):")
+        print(f"{'model':<12}{'MAPE %':>8}{'worst %':>9}{'bias %':>8}")
+        for row in table:
+            print(f"{row.model:<12}{row.family_mape:>8.1f}{row.family_worst:>9.1f}"
+                  f"{row.family_bias:>+8.1f}")
     if verdicts:
         lost = max(v.time_lost_percent for v in verdicts)
         print(f"recommendations right for {sum(v.correct for v in verdicts)} of "

@@ -158,6 +158,11 @@ class Accuracy:
     network_worst: float
     network_bias: float  # mean signed error, leave one network out
     memory_mape: float  # peak MB per worker, runtime share learnt without the network
+    # Leave one family out (fitted on image networks only, predicting language models, and
+    # the reverse): NaN when the cells hold one family.
+    family_mape: float = float("nan")
+    family_worst: float = float("nan")
+    family_bias: float = float("nan")
 
 
 def percent_error(predicted: float, measured: float) -> float:
@@ -169,13 +174,18 @@ def signed_error(predicted: float, measured: float) -> float:
 
 
 def accuracy(by_cell: Sequence[CellPrediction],
-             by_network: Sequence[CellPrediction]) -> list[Accuracy]:
+             by_network: Sequence[CellPrediction],
+             by_family: Sequence[CellPrediction] = ()) -> list[Accuracy]:
     """MAPE and worst case per model: raw equations, leave one cell out, leave one network
-    out (time and memory)."""
+    out (time and memory), and with `by_family` leave one family out."""
     table = []
     for model in sorted({p.cell.model for p in by_cell}):
         cells = [p for p in by_cell if p.cell.model == model]
         networks = [p for p in by_network if p.cell.model == model]
+        families = [percent_error(p.fitted_s, p.measured_s) for p in by_family
+                    if p.cell.model == model]
+        family_bias = [signed_error(p.fitted_s, p.measured_s) for p in by_family
+                       if p.cell.model == model]
         raw = [percent_error(p.raw_s, p.measured_s) for p in cells]
         unseen = [percent_error(p.fitted_s, p.measured_s) for p in networks]
         memory = [percent_error(p.memory_fitted_mb, p.cell.peak_memory_mb) for p in networks
@@ -185,5 +195,16 @@ def accuracy(by_cell: Sequence[CellPrediction],
             statistics.fmean(percent_error(p.fitted_s, p.measured_s) for p in cells),
             statistics.fmean(unseen), max(unseen),
             statistics.fmean(signed_error(p.fitted_s, p.measured_s) for p in networks),
-            statistics.fmean(memory) if memory else float("nan")))
+            statistics.fmean(memory) if memory else float("nan"),
+            statistics.fmean(families) if families else float("nan"),
+            max(families) if families else float("nan"),
+            statistics.fmean(family_bias) if family_bias else float("nan")))
     return table
+
+
+def family_held_out(predictions: Sequence[CellPrediction]) -> list[CellPrediction]:
+    """Every cell predicted from the parameters fitted on the other families' cells (of its
+    hardware); empty when the cells hold one family, where nothing can be held out."""
+    if len({p.cell.family for p in predictions}) < 2:
+        return []
+    return held_out(predictions, group=lambda cell: cell.family)

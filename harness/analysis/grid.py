@@ -42,9 +42,19 @@ class MeasuredCell:
         return self.config.network.key
 
     @property
+    def family(self) -> str:
+        """The kind of network, for holding a whole family out of a fit: language models
+        (token data) or image networks."""
+        return LANGUAGE_MODELS if self.config.dataset.spec.tokens else IMAGE_NETWORKS
+
+    @property
     def workload(self) -> tuple[str, str]:
         """What a user asks the recommender about: (dataset, network)."""
         return self.config.dataset.key, self.config.network.key
+
+
+IMAGE_NETWORKS = "image networks"
+LANGUAGE_MODELS = "language models"
 
 
 def config_from_dict(data: dict) -> DistbenchConfig:

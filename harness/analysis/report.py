@@ -42,6 +42,20 @@ def workload_label(workload: tuple[str, str]) -> str:
     return f"{workload[1]} / {workload[0]}"
 
 
+def _family_section(table: Sequence[Accuracy]) -> list[str]:
+    """Leave one family out, where the cells hold both image networks and language models."""
+    rows = [a for a in table if a.family_mape == a.family_mape]
+    if not rows:
+        return []
+    return ["", "## Accuracy per distribution model, family held out", "",
+            "Every cell predicted from parameters fitted on the other family's cells only "
+            "(image networks predicting language models, and the reverse); per-cell residuals "
+            "are in fit.json (`residuals`).", "",
+            "| model | MAPE | worst | bias |", "|---|---:|---:|---:|",
+            *(f"| {a.model} | {a.family_mape:.1f} | {a.family_worst:.1f} | "
+              f"{a.family_bias:+.1f} |" for a in rows)]
+
+
 def write_report(folder: Path, *, experiment: str, uri: str,
                  by_cell: Sequence[CellPrediction], by_network: Sequence[CellPrediction],
                  table: Sequence[Accuracy], verdicts: Sequence[WorkloadVerdict],
@@ -72,6 +86,7 @@ def write_report(folder: Path, *, experiment: str, uri: str,
         *(f"| {a.model} | {a.cells} | {a.network_mape:.1f} | {a.network_worst:.1f} | "
           f"{a.network_bias:+.1f} | {a.memory_mape:.1f} | {a.cell_mape:.1f} | "
           f"{a.raw_mape:.1f} | {a.raw_worst:.1f} |" for a in table),
+        *_family_section(table),
         "", "## Recommendations, network held out, against the measured fastest", "",
         "| workload | configurations | measured fastest | recommended | right | time lost % "
         "| raw equations recommend | raw time lost % |",
