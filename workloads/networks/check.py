@@ -4,18 +4,14 @@ here in one line that names both shapes, instead of inside a started cell's work
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import logging
-from collections.abc import Iterator
 
 import torch
 
 from workloads.datasets.spec import DatasetSpec
 from workloads.networks.ref import NetworkError, NetworkRef
+from workloads.networks.split import FAKE_TENSOR_LOG, quiet_logger
 
-# Where PyTorch's meta kernels log a shape error before raising it.
-_META_KERNEL_LOGGER = "torch._subclasses.fake_tensor"
 # A forward of two samples: BatchNorm in training mode needs more than one value per channel.
 _CHECK_BATCH = 2
 
@@ -29,7 +25,7 @@ def check_network(ref: NetworkRef, spec: DatasetSpec) -> None:
 
     inputs, _ = spec.example_batch(_CHECK_BATCH)
     expected = (_CHECK_BATCH, *spec.target_shape, spec.output_classes)
-    with torch.device("meta"), _quiet(_META_KERNEL_LOGGER):
+    with torch.device("meta"), quiet_logger(FAKE_TENSOR_LOG):
         model = build_network(ref, spec)
         try:
             output = model(inputs.to("meta"))
@@ -50,19 +46,6 @@ def check_network(ref: NetworkRef, spec: DatasetSpec) -> None:
             f"{got}, expected logits of shape {_shape(expected)} (batch, "
             f"{'positions, vocabulary' if spec.tokens else 'classes'}); return one tensor of "
             f"logits" + ("" if spec.tokens else f" with {spec.output_classes} classes"))
-
-
-@contextlib.contextmanager
-def _quiet(name: str) -> Iterator[None]:
-    """Hold back a logger's records below CRITICAL: a meta kernel logs the error it raises,
-    which the check reports itself in one line."""
-    logger = logging.getLogger(name)
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def _shape(shape: tuple[int, ...] | torch.Size) -> str:

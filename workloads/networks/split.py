@@ -38,7 +38,7 @@ _PRE = "<before the blocks>"
 _POST = "<after the blocks>"
 # Retraces with modules that branch on self.training kept whole, at most.
 _MAX_RETRACES = 8
-_FAKE_TENSOR_LOG = "torch._subclasses.fake_tensor"
+FAKE_TENSOR_LOG = "torch._subclasses.fake_tensor"
 
 
 class LayerSequence(nn.Sequential):
@@ -300,7 +300,7 @@ def _tensor_values(traced: fx.GraphModule, spec: DatasetSpec
     try:
         # In eval mode: in training mode BatchNorm would count the fake batch in the real
         # num_batches_tracked.
-        with _mode(traced, training=False), torch.no_grad(), _quiet(_FAKE_TENSOR_LOG):
+        with _mode(traced, training=False), torch.no_grad(), quiet_logger(FAKE_TENSOR_LOG):
             FakeTensorProp(traced, mode).propagate(mode.from_tensor(example))
     except Exception:  # noqa: BLE001 - unknown to fake tensors: fall back on the graph's form
         return lambda node: not all(user.op == "call_function" and user.target is
@@ -309,9 +309,9 @@ def _tensor_values(traced: fx.GraphModule, spec: DatasetSpec
 
 
 @contextlib.contextmanager
-def _quiet(name: str) -> Iterator[None]:
-    """Logger `name` silent: fake tensors log a traceback for an op they cannot run, which
-    here only means the fallback is used."""
+def quiet_logger(name: str) -> Iterator[None]:
+    """Logger `name` silent below CRITICAL: fake (and meta) tensors log a traceback for an op
+    they cannot run, which the callers report, or fall back on, themselves."""
     logger = logging.getLogger(name)
     level = logger.level
     logger.setLevel(logging.CRITICAL)
