@@ -358,7 +358,8 @@ def train_repeat(config: DistbenchConfig, context: TrainingContext, trainer: Tra
         with progress.epoch(label):
             epochs.append(trainer.train_epoch(epoch))
         events.epoch_stop(repeat, epoch)
-        log.info("%s: %.3f s (%d samples)", label, epochs[-1].seconds, epochs[-1].samples)
+        log.info("%s: %.3f s (%d %s)", label, epochs[-1].seconds, epochs[-1].samples,
+                 sample_unit(context.config))
         if context.workload.eval_dataset is None:
             continue
         evaluations.append(evaluate_epoch(context, trainer, events, repeat, epoch))
@@ -397,9 +398,10 @@ def evaluate_epoch(context: TrainingContext, trainer: Trainer, events: EventLog,
                           batch_size=context.config.batch_size, session=context.session,
                           device=context.device, heartbeat=context.heartbeat, started=started)
     events.eval_stop(repeat, epoch, accuracy=evaluation.accuracy, loss=evaluation.loss)
-    log.info("%s: eval accuracy %.4f, loss %.4f (%d samples, %.2f s)",
+    log.info("%s: eval accuracy %.4f, loss %.4f (%d %s, %.2f s)",
              epoch_label(context.config.run, repeat, epoch), evaluation.accuracy,
-             evaluation.loss, evaluation.samples, evaluation.seconds)
+             evaluation.loss, evaluation.samples, sample_unit(context.config),
+             evaluation.seconds)
     return evaluation
 
 
@@ -408,6 +410,11 @@ def epoch_label(run: RunConfig, repeat: int, epoch: int) -> str:
     or "repeat 2/3, epoch 1/2" in a cell of several repeats."""
     of_repeats = f"repeat {repeat + 1}/{run.repeats}, " if run.repeats > 1 else ""
     return f"{of_repeats}epoch {epoch + 1}/{run.epochs}"
+
+
+def sample_unit(config: DistbenchConfig) -> str:
+    """What a sample of the cell is, for the log lines: images, or token sequences."""
+    return "sequences" if config.dataset.spec.tokens else "images"
 
 
 class EpochProgress:

@@ -365,11 +365,15 @@ def _layer_profile(config: DistbenchConfig, key: tuple[Any, ...], cache: FactsCa
     spec = config.dataset.spec
     static = cache.static.get((network, dataset)) or describe_network(config)
     cache.static[(network, dataset)] = static
-    if static["weights_mb"] * BYTES_PER_MB > CPU_PROFILE_LIMIT_BYTES:
+    too_large = static["weights_mb"] * BYTES_PER_MB > CPU_PROFILE_LIMIT_BYTES
+    if too_large or cache.missing_step_time is not None:
+        # No time is predicted without a step time: the plan only sizes the stages' memory,
+        # and profiling a large network here would take minutes for that.
+        why = (f"{network}'s weights ({static['weights_mb'] / 1024:.0f} GB) are too large to "
+               f"profile on this CPU" if too_large else "no step time to rank by on the device")
         cache.profile_sources[key] = (
-            f"estimated from each layer's parameters: {network}'s weights "
-            f"({static['weights_mb'] / 1024:.0f} GB) are too large to profile on this CPU; "
-            f"on the device, `python -m harness.plan` with this cell's overrides profiles them")
+            f"estimated from each layer's parameters ({why}); on the device, "
+            f"`python -m harness.plan` with this cell's overrides profiles them")
         return parameter_profile(static, config.distribution.step_batch(config), device)
     torch.manual_seed(config.run.seed)
     layers = to_layer_list(config.network.ref, build_network(config.network.ref, spec))

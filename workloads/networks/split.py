@@ -466,8 +466,8 @@ def _check_block_container(model: nn.Module, blocks: str) -> None:
                            f"(e.g. blocks, layers, transformer.h)") from None
     if not isinstance(container, _CONTAINERS) or not list(container.children()):
         raise NetworkError(f"network.blocks={blocks}: is a {type(container).__name__}, not an "
-                           f"nn.ModuleList or nn.Sequential of blocks; name the container of "
-                           f"the repeated blocks")
+                           f"nn.ModuleList or nn.{nn.Sequential.__name__} of blocks; name the "
+                           f"container of the repeated blocks")
 
 
 def _block_keys(paths: list[str], blocks: str) -> list[str]:
