@@ -8,7 +8,8 @@ every distribution model, locally and as jobs of the 2-node SLURM cluster on thi
 - a timm model (`resnet10t`, CIFAR-10),
 - Hugging Face GPT-2 from its config class (`gpt2_tiny`, synthetic tokens).
 
-Each sweep is one `python -m harness -m distribution=<all six>` as a user types it; the table
+Each sweep is one `python -m harness -m +sweep/calibrate_local=<all six>` (every model with
+the calibration's settings) as a user types it; the table
 of cells (status, s/epoch, throughput) is printed and written to
 `outputs/benchmarks/open_networks.json`. Run on a quiet machine:
 
@@ -54,11 +55,15 @@ def _sweep(root: Path, where: str, network: str) -> list[dict]:
     env = dict(os.environ, PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join([str(root / "packages"), str(REPO_ROOT)]))
     done = subprocess.run(
-        [sys.executable, "-m", "harness", "-m", f"distribution={MODELS}", *NETWORKS[network],
+        # each model with the calibration's settings (GPipe's 4 micro-batches divide batch 8)
+        [sys.executable, "-m", "harness", "-m", f"+sweep/calibrate_local={MODELS}",
+         *NETWORKS[network],
          *SMALL, *WHERE[where], f"run.output_dir={output}"],
         cwd=root, env=env, capture_output=True, text=True, timeout=3600)
     assert done.returncode == 0, done.stderr[-4000:]
-    return [json.loads(path.read_text()) for path in sorted(output.rglob("result.json"))]
+    # the cells' own directories (MLflow's artifact store under output holds copies)
+    return [json.loads(path.read_text())
+            for path in sorted((output / "sweeps").glob("*/*/*/result.json"))]
 
 
 @pytest.mark.parametrize("where", list(WHERE))
