@@ -114,13 +114,13 @@ def gather(config: DistbenchConfig, cache: FactsCache, *, timed: bool = True) ->
     """Facts for `config`, measuring on this machine what `cache` does not hold yet.
     `timed=False` skips the step time (NaN): what a memory-only prediction needs, e.g. for a
     cell that did not fit, whose batch may not fit this machine either."""
-    from harness.describe import FLOAT32_BYTES, describe
+    from harness.describe import FLOAT32_BYTES
 
     started = time.perf_counter()
     spec = config.dataset.spec
     workload = (config.network.key, config.dataset.key)
     if workload not in cache.static:
-        cache.static[workload] = describe(config.network.ref, spec)
+        cache.static[workload] = describe_network(config)
     static = cache.static[workload]
     batch = config.distribution.step_batch(config)
     seconds = _step_seconds(config, batch, cache) if timed else float("nan")
