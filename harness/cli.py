@@ -51,7 +51,7 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from harness.config import ConfigError, one_line
+from harness.config import ConfigError, one_line, unknown_key
 
 BAD_INPUT_EXIT_CODE = 2
 # Exceptions that mean "the user's input is wrong", never "the program is wrong".
@@ -75,15 +75,24 @@ def bad_input_message(err: Exception) -> str:
 
 def _unknown_key(err: Exception) -> str | None:
     """"dataset.bogus: unknown key; allowed: name, source, ..." for a misspelled key of a
-    typed (dataclass) section, else None."""
+    typed (dataclass) section, else None; another model's distribution setting also says
+    which models have it and the per-model form (harness.config.unknown_key)."""
     cause = err.__cause__
     if not isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
         return None
     section = getattr(cause, "object_type", None)
     if not (isinstance(section, type) and dataclasses.is_dataclass(section)):
         return None
-    allowed = [f.name for f in dataclasses.fields(section) if not f.name.startswith("_")]
-    return f"{cause.full_key}: unknown key; allowed: {', '.join(allowed)}"
+    return unknown_key(str(cause.full_key), section, _given_value(str(cause.full_key)))
+
+
+def _given_value(key: str) -> str | None:
+    """The value the command line gave `key` (`key=value`, `+key=value`), if it did."""
+    for argument in sys.argv[1:]:
+        name, equals, value = argument.lstrip("+~").partition("=")
+        if equals and name == key:
+            return value
+    return None
 
 
 def _malformed_override(err: Exception) -> str | None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
 
-from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf, ValueNode, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.batch_sizes import default_batch_size
@@ -333,9 +333,9 @@ class DistributionConfig:
         """Checks of this model's settings against the rest of the cell (ConfigError): an
         epoch needs at least one full batch per worker."""
         needed = cell.batch_size * cell.world_size
-        cell.check_epoch_holds(needed, f"an epoch needs at least one full batch per worker "
-                                       f"(batch size {cell.batch_size} x {cell.world_size} "
-                                       f"workers = {needed})")
+        cell.check_epoch_holds(cell.world_size,
+                               f"an epoch needs at least one full batch per worker (batch size "
+                               f"{cell.batch_size} x {cell.world_size} workers = {needed})")
 
     def step_batch(self, cell: DistbenchConfig) -> int:
         """The samples one forward pass of one worker takes (what the sequential step time is
@@ -530,6 +530,12 @@ class DistbenchConfig:
     run: RunConfig = field(default_factory=RunConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
+    # One model's settings in a sweep over models: `+per_model.gpipe.micro_batches=4` sets
+    # distribution.micro_batches in the cells whose model is gpipe only (it wins over
+    # distribution.<key> there). Every entry is checked against its model's settings in every
+    # cell; validate() merges the cell's own entry into `distribution` and empties this, so the
+    # typed cell, its record and its key hold the effective settings only.
+    per_model: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.check_network()
@@ -564,18 +570,26 @@ class DistbenchConfig:
             return self.dataset.num_samples
         return self.dataset.spec.num_images
 
-    def check_epoch_holds(self, needed: int, allowed: str) -> None:
-        """An epoch of samples_per_epoch must hold `needed` samples; a batch larger than the
-        whole dataset (num_samples null) names the batch size, which is what is wrong."""
-        samples = self.samples_per_epoch
+    def check_epoch_holds(self, batches: int, why: str, multiple: int = 1) -> None:
+        """An epoch of samples_per_epoch must hold `batches` batches of the cell's batch size
+        (one per data-parallel worker, or one pipeline batch). The refusal says the fix: the
+        largest distribution.batch_size that fits (a multiple of `multiple`, e.g. GPipe's
+        micro-batches) and the smallest dataset.num_samples; a batch larger than the whole
+        dataset (num_samples null) names the batch size, which is what is wrong."""
+        samples, needed = self.samples_per_epoch, self.batch_size * batches
         if samples >= needed:
             return
+        largest = samples // batches // multiple * multiple
+        batch_fix = (f"largest distribution.batch_size that works: {largest}" if largest
+                     else "no batch size fits")
         if self.dataset.num_samples is None:
             raise ConfigError(
-                f"distribution.batch_size={self.batch_size} is invalid: {allowed}, but "
+                f"distribution.batch_size={self.batch_size} is invalid: {why}, but "
                 f"dataset={self.dataset.name.value} has {samples} samples "
-                f"(dataset.num_samples=null); allowed: a batch size that fits it")
-        require(False, "dataset.num_samples", samples, allowed)
+                f"(dataset.num_samples=null); {batch_fix}")
+        require(False, "dataset.num_samples", samples,
+                f"{why}; allowed: dataset.num_samples={needed} or more"
+                + (f", or the {batch_fix}" if largest else ""))
 
     @property
     def world_size(self) -> int:
@@ -617,6 +631,7 @@ def validate(cfg: DictConfig) -> DistbenchConfig:
     """Check a composed config and return it as typed objects; raise ConfigError if invalid."""
     cfg = without_hydra(cfg)
     _check_known_keys(cfg, DistbenchConfig, "")
+    cfg = with_per_model_settings(cfg)
     try:
         config = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:
@@ -646,13 +661,104 @@ def _check_known_keys(node: Any, schema: type, prefix: str) -> None:
     fields = [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
     for key in node.keys():
         if key not in fields:
-            raise ConfigError(f"{prefix}{key!s}: unknown key; allowed: {', '.join(fields)}")
+            raise ConfigError(unknown_key(f"{prefix}{key!s}", schema,
+                                          override_value(node._get_node(str(key)))))
         _check_known_keys(node._get_node(str(key)), types[str(key)], f"{prefix}{key}.")
 
 
+def unknown_key(full_key: str, schema: type, value: str | None = None) -> str:
+    """The one line for a key that the typed section `schema` does not have: the keys it has,
+    and for a distribution setting that other models have, which models and the per-model
+    form that sets it in a sweep over models (`value`: as given, where known)."""
+    allowed = [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
+    message = f"{full_key}: unknown key; allowed: {', '.join(allowed)}"
+    key = full_key.rpartition(".")[2]
+    if not (issubclass(schema, DistributionConfig) and full_key == f"distribution.{key}"):
+        return message
+    owners = [name for name, settings in sorted(DistributionConfig.models.items())
+              if key in per_model_keys(settings)]
+    if not owners:
+        return message
+    model = schema.__dataclass_fields__["name"].default
+    return (f"{message}; {key} is a setting of distribution={', '.join(owners)}"
+            f"{f', not {model}' if model else ''}: in a sweep over models use "
+            f"+per_model.{owners[0]}.{key}={value if value is not None else '...'}")
+
+
+def override_value(node: Any) -> str:
+    """A config value as a command-line override writes it (`[10,5]`, `4`)."""
+    value = node
+    if isinstance(node, (ListConfig, DictConfig)):
+        value = OmegaConf.to_container(node)
+    elif isinstance(node, ValueNode):
+        value = node._value()
+    if isinstance(value, list):
+        return f"[{','.join(map(str, value))}]"
+    return str(value)
+
+
+def per_model_keys(settings: type[DistributionConfig]) -> list[str]:
+    """What `per_model.<model>` may set: every setting of the model but its name."""
+    return [f.name for f in dataclasses.fields(settings)
+            if not f.name.startswith("_") and f.name != "name"]
+
+
+def with_per_model_settings(cfg: DictConfig) -> DictConfig:
+    """`cfg` with `per_model` applied (DistbenchConfig.per_model): every entry checked against
+    its model's settings, whether or not the cell runs that model (an unknown model or key, a
+    wrong type or value is refused in every cell of a sweep), the cell's own model's entry
+    merged into `distribution`, and `per_model` removed."""
+    if "per_model" not in cfg:
+        return cfg
+    entries = cfg.per_model  # removed even when empty: a cell's key is as it was before
+    for model, values in entries.items():
+        _check_per_model_entry(str(model), values)
+    cfg = copy.deepcopy(cfg)
+    own = entries.get(OmegaConf.select(cfg, "distribution.name"))
+    with open_dict(cfg):
+        if own:
+            cfg.distribution.merge_with(own)
+        del cfg["per_model"]
+    return cfg
+
+
+def _check_per_model_entry(model: str, values: Any) -> None:
+    """`per_model.<model>` names a model, and its keys and values are that model's settings
+    (typed and checked by the model's own settings class)."""
+    models = DistributionConfig.models
+    if model not in models:
+        raise ConfigError(f"per_model.{model}: unknown distribution model; allowed: "
+                          f"{', '.join(sorted(models))}")
+    allowed = per_model_keys(models[model])
+    if not isinstance(values, DictConfig):
+        raise ConfigError(f"per_model.{model}={values!r} is invalid: allowed: settings of "
+                          f"distribution={model} by name, e.g. "
+                          f"+per_model.{model}.{allowed[-1]}=...")
+    for key in values.keys():
+        if key not in allowed:
+            raise ConfigError(f"per_model.{model}.{key!s}: unknown key; allowed: "
+                              f"{', '.join(allowed)}")
+    settings = OmegaConf.structured(models[model])
+    try:
+        settings.merge_with(values)
+        OmegaConf.to_object(settings)  # the model's own value checks (__post_init__)
+    except (ConfigError, OmegaConfBaseException) as err:
+        cause = err if isinstance(err, ConfigError) else err.__cause__
+        if isinstance(cause, ConfigError):  # "distribution.<key>=... is invalid: ..."
+            raise ConfigError(str(cause).replace("distribution.", f"per_model.{model}.", 1)) \
+                from None
+        assert isinstance(err, OmegaConfBaseException)
+        key = str(err.key)
+        given = override_value(values._get_node(key)) if key in values else "?"
+        raise ConfigError(f"per_model.{model}.{key}={given} is invalid: "
+                          f"{str(err).splitlines()[0]}") from None
+
+
 def resolved_container(cfg: DictConfig) -> dict[str, Any]:
-    """The config as plain data with interpolations resolved and enums as strings."""
-    container = OmegaConf.to_container(without_hydra(cfg), resolve=True, enum_to_str=True)
+    """The config as plain data with interpolations resolved and enums as strings: the
+    effective settings (`per_model` applied, with_per_model_settings)."""
+    container = OmegaConf.to_container(with_per_model_settings(without_hydra(cfg)),
+                                       resolve=True, enum_to_str=True)
     assert isinstance(container, dict)
     return {str(key): value for key, value in container.items()}
 

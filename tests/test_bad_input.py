@@ -249,7 +249,26 @@ BAD_INPUTS: list[Bad] = [
     # another model's setting (each model's settings are the schema of its config file)
     _bad("harness", "distribution=ddp distribution.micro_batches=8",
          "distribution.micro_batches: unknown key; allowed: name, batch_size, backend, "
-         "bucket_cap_mb"),
+         "bucket_cap_mb; micro_batches is a setting of distribution=gpipe, not ddp: in a sweep "
+         "over models use +per_model.gpipe.micro_batches=8"),
+    # the issue's sweep over models with one model's setting, then the per-model form's errors
+    _bad("harness", "-m distribution=sequential,ddp,gpipe distribution.batch_size=32 "
+                    "distribution.micro_batches=4",
+         "not sequential: in a sweep over models use +per_model.gpipe.micro_batches=4"),
+    _bad("harness", f"{SWEEP} distribution=sequential,gpipe hardware=local_2cpu "
+                    "+per_model.gpip.micro_batches=4",
+         "per_model.gpip: unknown distribution model; allowed: ddp, fsdp, gpipe, horovod, "
+         "pipedream, sequential"),
+    _bad("harness", "+per_model.gpipe.bogus=1", "per_model.gpipe.bogus: unknown key; allowed: "
+                                                "batch_size, backend, balance, micro_batches, "
+                                                "recompute"),
+    _bad("harness", "+per_model.gpipe.micro_batches=abc",
+         "per_model.gpipe.micro_batches=abc is invalid: Value 'abc' of type 'str'"),
+    _bad("harness", "+per_model.pipedream.stages=a-b", "per_model.pipedream.stages='a-b' is "
+                                                       "invalid"),
+    # a model's internal schema is no option of the group
+    _bad("harness", "distribution=ddp_schema", "distribution=ddp_schema: unknown; choose one of "
+         "ddp, fsdp, gpipe, horovod, pipedream, pipedream_straight, sequential"),
     _bad("harness", "hardware.nodes=0", "hardware.nodes=0 is invalid"),
     _bad("harness", "hardware.workers_per_node=0", "hardware.workers_per_node=0 is invalid"),
     _bad("harness", "hardware.cpu_threads=0", "hardware.cpu_threads=0 is invalid"),
@@ -270,6 +289,19 @@ BAD_INPUTS: list[Bad] = [
          "dataset.num_samples=32 is invalid"),
     _bad("harness", "distribution=ddp hardware=local_2cpu distribution.batch_size=16 "
                     "dataset.num_samples=16", "batch size 16 x 2 workers = 32"),
+    # a refused size names the value that works
+    _bad("harness", "distribution=ddp hardware=local_2cpu dataset.num_samples=128 run.epochs=1",
+         "(batch size 128 x 2 workers = 256); allowed: dataset.num_samples=256 or more, or the "
+         "largest distribution.batch_size that works: 64"),
+    _bad("harness", "distribution=gpipe hardware=local_2cpu distribution.batch_size=32 "
+                    "distribution.micro_batches=5",
+         "distribution.micro_batches=5 is invalid: must divide the GPipe batch "
+         "(distribution.batch_size=32) into equal micro-batches of 1 sample or more; allowed: "
+         "divisors of 32: 1, 2, 4, 8, 16, 32, or null (the largest divisor up to 24)"),
+    _bad("harness", "distribution=pipedream hardware=local_4cpu distribution.stages=4 "
+                    "distribution.batch_size=64 dataset.num_samples=200",
+         "allowed: dataset.num_samples=256 or more, or the largest distribution.batch_size that "
+         "works: 50"),
     _bad("harness", "distribution=ddp distribution.backend=nccl", "NCCL needs hardware.device"),
     _bad("harness", "distribution=gpipe hardware=local_cpu", "GPipe needs 2 or more workers"),
     _bad("harness", "distribution=gpipe hardware=local_2cpu distribution.batch_size=4 "
@@ -355,6 +387,11 @@ BAD_INPUTS: list[Bad] = [
     _bad("harness.analysis", "network=resnet19", "network=resnet19: unknown"),
     # harness.recommend
     _bad("harness.recommend", "--fit={work}/missing.json", "--fit={work}/missing.json is invalid"),
+    _bad("harness.recommend", "--fit={file}", "--fit={file} is invalid: not a fit.json"),
+    # a candidate invalid for the settings asked (GPipe's Table 3.3 batch of 3072 in an epoch
+    # of 512): refused before anything is probed or a facts file written (issue 23)
+    _bad("harness.recommend", "network=mobilenetv2 hardware=local_2cpu dataset.num_samples=512",
+         "dataset.num_samples=512 is invalid: an epoch needs at least one full pipeline batch"),
     _bad("harness.recommend", "--probe-batches=x", "--probe-batches: invalid int value"),
     _bad("harness.recommend", "--json=1", "--json: ignored explicit argument"),
     _bad("harness.recommend", "run.output_dir={file}", "run.output_dir='{file}' is invalid"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -54,6 +55,28 @@ def test_describe_rejects_an_unknown_network_with_exit_2(tmp_path: Path) -> None
     done = run_module("harness.describe", ["network=resnet19"], cwd=tmp_path)
     assert done.returncode == 2
     assert "resnet18" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_help_names_the_commands_and_dry_run_and_no_internal_schema(tmp_path: Path) -> None:
+    """`python -m harness --help`: what to type besides overrides (--dry-run, per-model
+    settings, the other commands, each of which exists), still Hydra's lists of the config
+    groups with their options and the config; no model's internal `<name>_schema`."""
+    done = run_module("harness", ["--help"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = done.stdout
+    assert "--dry-run" in text and "+per_model.<model>.<key>=value" in text
+    commands = ["describe", "plan", "probe", "analysis", "recommend", "sweeps", "compliance",
+                "sync"]
+    for command in commands:
+        assert f"python -m harness.{command} " in text, command
+        assert importlib.util.find_spec(f"harness.{command}") is not None, command
+    listed = text.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    groups = dict(line.split(": ", 1) for line in listed.splitlines() if ": " in line)
+    assert {"dataset", "distribution", "hardware", "network", "sweep"} <= set(groups)
+    assert groups["distribution"].split(", ")[:3] == ["ddp", "fsdp", "gpipe"]
+    assert "resnet18" in groups["network"].split(", ")
+    assert "per_model: {}" in text  # the config
+    assert "_schema" not in text and list(tmp_path.iterdir()) == []
 
 
 def test_a_sweep_records_every_cell_nested_under_a_parent_run(output_root: Path) -> None:

@@ -116,7 +116,10 @@ def test_a_models_settings_are_the_schema_of_its_config_file(name: str) -> None:
                                          f"+distribution.{key}=1"]))
             message = str(refused.value)
             assert "\n" not in message and f"distribution.{key}: unknown key" in message
-            assert message.endswith(f"allowed: {', '.join(allowed)}")
+            # ... and which models have it, with the form that sets it in a sweep over models
+            assert f"unknown key; allowed: {', '.join(allowed)}; {key} is a setting of " \
+                   "distribution=" in message
+            assert ": in a sweep over models use +per_model." in message
 
 
 def test_every_config_file_of_the_group_is_a_model() -> None:

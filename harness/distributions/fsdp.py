@@ -36,6 +36,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from harness.batch_sizes import nearest_divisors
 from harness.config import DistbenchConfig, DistributionConfig, require
 from harness.distributions.base import TrainingContext
 from harness.distributions.loop import BatchLoopTrainer
@@ -102,7 +103,8 @@ class FSDPConfig(DistributionConfig):
         require(shards <= cell.world_size and cell.world_size % shards == 0,
                 "distribution.shard_degree", self.shard_degree,
                 f"must divide the cell's {cell.world_size} workers (hardware.nodes x "
-                f"hardware.workers_per_node), or be null (all of them)")
+                f"hardware.workers_per_node); allowed: "
+                f"{nearest_divisors(cell.world_size, shards)}, or null (all of them)")
 
     def run_name_parts(self, cell: DistbenchConfig) -> list[str]:
         parts = [] if self.reshard_after_forward else ["keep"]

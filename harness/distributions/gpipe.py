@@ -29,6 +29,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 from torch.utils.checkpoint import checkpoint
 
+from harness.batch_sizes import largest_divisor, nearest_divisors
 from harness.config import DistbenchConfig, require
 from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
 from harness.distributions.pipeline import (
@@ -90,7 +91,8 @@ class GPipeConfig(PipelineConfig):
     the pipeline; one synchronous weight update per batch."""
 
     name: str = "gpipe"
-    # Micro-batches per batch (null = Table 3.3); must divide batch_size.
+    # Micro-batches per batch; must divide batch_size. null = Table 3.3's count, or with a
+    # batch_size given, its largest divisor not above that count (32 on mnist: 16).
     micro_batches: int | None = None
     recompute: Recompute = Recompute.always
 
@@ -105,10 +107,12 @@ class GPipeConfig(PipelineConfig):
         return TABLE_3_3[dataset].batch_size
 
     def micro_batch_count(self, cell: DistbenchConfig) -> int:
-        """Micro-batches per batch: the setting, else Table 3.3's."""
+        """Micro-batches per batch: the setting, else Table 3.3's count for the dataset, lowered
+        to the largest divisor of the batch asked for (a batch the table did not plan for,
+        `distribution.batch_size=32`, still splits evenly without a micro-batch setting)."""
         if self.micro_batches is not None:
             return self.micro_batches
-        return TABLE_3_3[cell.dataset.name.value].micro_batches
+        return largest_divisor(cell.batch_size, TABLE_3_3[cell.dataset.name.value].micro_batches)
 
     def step_batch(self, cell: DistbenchConfig) -> int:
         return cell.batch_size // self.micro_batch_count(cell)
@@ -122,9 +126,15 @@ class GPipeConfig(PipelineConfig):
         require(cell.batch_size >= micro and cell.batch_size % micro == 0,
                 "distribution.micro_batches", micro,
                 f"must divide the GPipe batch (distribution.batch_size={cell.batch_size}) "
-                f"into equal micro-batches of 1 sample or more")
+                f"into equal micro-batches of 1 sample or more; allowed: "
+                f"{nearest_divisors(cell.batch_size, micro)}, or null (the largest divisor "
+                f"up to {TABLE_3_3[cell.dataset.name.value].micro_batches})")
         self.check_stages(cell, cell.world_size, "hardware.workers_per_node",
                           cell.hardware.workers_per_node)
+
+    def batch_multiple(self, cell: DistbenchConfig) -> int:
+        """A set micro-batch count must divide the batch; null follows any batch."""
+        return self.micro_batches or 1
 
     def run_name_parts(self, cell: DistbenchConfig) -> list[str]:
         return [f"mb{self.micro_batch_count(cell)}"]

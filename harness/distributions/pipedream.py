@@ -30,6 +30,7 @@ runs (see onefoneb).
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -131,6 +132,15 @@ class PipeDreamConfig(PipelineConfig):
                     f"{'-'.join(['1'] * cell.world_size)})")
             stage_count = len(replicas)
         self.check_stages(cell, stage_count, "distribution.stages", self.stages)
+        if self.stages is not None and self.batch_division is BatchDivision.drop:
+            # The trainer would drop every batch of an epoch shorter than the batch count the
+            # replicas share evenly; refused here, before any worker starts.
+            step = math.lcm(*parse_stages(self.stages))
+            cell.check_epoch_holds(step, f"distribution.stages={self.stages} shares batches "
+                                         f"evenly in multiples of {step}, and "
+                                         f"batch_division=drop needs {step} or more batches of "
+                                         f"{cell.batch_size} per epoch (or "
+                                         f"distribution.batch_division=oversample)")
 
     def run_name_parts(self, cell: DistbenchConfig) -> list[str]:
         return [f"st{self.stages}"] if self.stages else []

@@ -61,20 +61,36 @@ class PipelineConfig(DistributionConfig):
                     f"layers; allowed: at most {layers} stages")
             if self.balance is not None:
                 require(len(self.balance) == stage_count, "distribution.balance",
-                        self.balance, f"needs one layer count per stage ({stage_count})")
+                        self.balance, f"needs one layer count per stage ({stage_count}); "
+                                      f"allowed: e.g. {even_balance(layers, stage_count)}, or "
+                                      f"null (balanced on the profile)")
         if self.balance is not None:
             require(sum(self.balance) == layers, "distribution.balance", self.balance,
                     f"the layer counts must sum to the {layers} layers of network={network} "
-                    f"(dataset={dataset})")
+                    f"(dataset={dataset}); allowed: e.g. "
+                    f"{even_balance(layers, len(self.balance))}, or null (balanced on the "
+                    f"profile)")
         # Every batch enters the pipeline whole; PipeDream's batch division may drop some, but
         # an epoch needs at least one.
-        cell.check_epoch_holds(cell.batch_size, f"an epoch needs at least one full pipeline "
-                                                f"batch (batch size {cell.batch_size})")
+        cell.check_epoch_holds(1, f"an epoch needs at least one full pipeline batch (batch "
+                                  f"size {cell.batch_size})", self.batch_multiple(cell))
+
+    def batch_multiple(self, cell: DistbenchConfig) -> int:
+        """What every pipeline batch size must be a multiple of (GPipe: its micro-batches
+        when set); what a refused size's suggestion rounds to."""
+        return 1
 
     def parallelism(self, cell: DistbenchConfig,
                     resolved: dict[str, Any]) -> tuple[int | list[int], int]:
         stages = len(resolved.get("balance") or []) or cell.world_size
         return 1, stages
+
+
+def even_balance(layers: int, stages: int) -> str:
+    """`layers` split as evenly as can be over `stages` (the first stages one more), in the
+    override's form: what a refused balance suggests, e.g. "[8,7]"."""
+    share, extra = divmod(layers, stages)
+    return f"[{','.join(str(share + (stage < extra)) for stage in range(stages))}]"
 
 
 def pipeline_layer_count(cell: DistbenchConfig) -> int:

@@ -52,12 +52,15 @@ def settings(name: str, **values: Any) -> DistributionConfig:
 
 def register_configs() -> None:
     """Register the cell's schema (conf/config.yaml extends it: `defaults: [distbench_schema]`)
-    and every model's settings as the schema of its config file (`<name>_schema` in the
-    `distribution` group, which conf/distribution/<name>.yaml extends)."""
+    and every model's settings as the schema of its config file: `<name>_schema` at the top of
+    the config tree, which conf/distribution/<name>.yaml extends (`defaults: [/<name>_schema]`,
+    merged at the file's package, `distribution`). Not in the `distribution` group: Hydra's
+    --help and shell completion offer a group's every option, and `distribution=ddp_schema`
+    would run the bare schema as a model."""
     store = ConfigStore.instance()
     store.store(name="distbench_schema", node=DistbenchConfig)
     for spec in specs().values():
-        store.store(group="distribution", name=f"{spec.name}_schema", node=spec.settings)
+        store.store(name=f"{spec.name}_schema", node=spec.settings)
 
 
 def config_from_record(data: Mapping[str, Any]) -> DistbenchConfig:
