@@ -57,6 +57,7 @@ import functools
 import io
 import re
 import shlex
+import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -246,7 +247,7 @@ class Outcome:
 def call(function: Callable[[], object], argv0: str, args: Sequence[str]) -> Outcome:
     """`function()` as the command `argv0 args` (sys.argv), its stdout, stderr and exit status."""
     out, err = io.StringIO(), io.StringIO()
-    saved = sys.argv
+    saved, on_sigterm = sys.argv, signal.getsignal(signal.SIGTERM)  # `distbench` sets its own
     sys.argv = [argv0, *args]
     status = 0
     try:
@@ -257,6 +258,7 @@ def call(function: Callable[[], object], argv0: str, args: Sequence[str]) -> Out
         status = ended.code if isinstance(ended.code, int) else 1
     finally:
         sys.argv = saved
+        signal.signal(signal.SIGTERM, on_sigterm)
     return Outcome(status, out.getvalue(), err.getvalue())
 
 
