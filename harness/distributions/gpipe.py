@@ -408,10 +408,9 @@ def candidates(asked: DistbenchConfig, counts: WorkerCounts) -> Iterator[Distben
     asked_count = asked.distribution.micro_batches \
         if isinstance(asked.distribution, GPipeConfig) else None
     # Table 3.3's count where it divides the batch asked for, else its largest divisor below
-    # that: a batch the table did not plan for (distribution.batch_size=1 of a large language
-    # model) still gets GPipe candidates.
-    default = asked_count or max(count for count in range(1, table.micro_batches + 1)
-                                 if batch % count == 0)
+    # that (GPipeConfig.micro_batch_count's rule for null): a batch the table did not plan for
+    # (distribution.batch_size=1 of a large language model) still gets GPipe candidates.
+    default = asked_count or largest_divisor(batch, table.micro_batches)
     for nodes, per_node in counts:
         for micro_batches in sorted({max(1, default // 2), default, default * 2}):
             if batch % micro_batches == 0:
