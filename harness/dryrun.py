@@ -8,12 +8,12 @@ that is valid but cannot run where it would go (a CUDA cell on this machine with
 multi-node cell with the local launcher) is listed all the same, with the reason: listing a
 cluster's grid from a laptop or a login node is what a dry run is for.
 
-Where an analysis fitted the cells' hardware (`harness.recommend.newest_fit`), each cell gets
-its predicted seconds per epoch, and the sweep its total (seconds per epoch x `run.epochs` x
-`run.repeats`, summed); nothing is timed for it: the step times and layer profiles are those
-measured earlier (`<run.output_dir>/facts/<hardware>.json`, sequential cells in MLflow), as
-`harness.recommend --no-probe` uses them. Nothing is launched, and nothing is written: no
-output directory, no MLflow store.
+Where an analysis fitted the cells' hardware (`harness.predict.calibration.choose_fit`), each
+cell gets its predicted seconds per epoch, and the sweep its total (seconds per epoch x
+`run.epochs` x `run.repeats`, summed); nothing is timed for it: the step times and layer
+profiles are those measured earlier (`<run.output_dir>/facts/<hardware>.json`, sequential
+cells in MLflow), as `harness.recommend --no-probe` uses them. Nothing is launched, and
+nothing is written: no output directory, no MLflow store.
 """
 
 from __future__ import annotations
@@ -104,10 +104,11 @@ def plan_cell(number: int, cfg: DictConfig, launcher: DictConfig,
 def predict(cells: Sequence[PlannedCell]) -> Predictions:
     """Each cell's predicted seconds per epoch where an analysis fitted its hardware, from
     facts measured earlier (module docstring); nothing is timed or written."""
+    from harness.distributions.registry import specs
     from harness.hardware_profile import profile_for
+    from harness.predict.calibration import Fitted, choose_fit
     from harness.predict.cell import epoch_terms
     from harness.predict.facts import FactsCache, gather
-    from harness.recommend import Fitted, newest_fit
 
     predictions = Predictions()
     fits: dict[tuple[str, str], Fitted | None] = {}
@@ -116,7 +117,7 @@ def predict(cells: Sequence[PlannedCell]) -> Predictions:
         config = planned.config
         root, hardware = config.run.output_dir, config.hardware.name
         if (root, hardware) not in fits:
-            path = newest_fit(Path(root), hardware)
+            path = choose_fit(Path(root), hardware, list(specs()))
             fitted = None if path is None else Fitted.load(path, hardware)
             if fitted is not None:
                 predictions.sources.append(fitted.source)

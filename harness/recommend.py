@@ -13,9 +13,14 @@ predicted not to fit in a device's memory are marked and never recommended ("unk
 Nothing is trained: the sequential probe times a few batches on one device of this machine
 (so run it where such a device is), and the rest comes from the equations, the hardware
 profile (`harness.probe`'s if measured, else the config's speeds) and, when an analysis was
-run, the parameters it fitted for hardware H (`--fit`, default the newest
-`<run.output_dir>/analysis/*/fit.json` that fitted cells of H; none: the raw equations).
-That is why it works for networks and hardware the measured grid never saw. What the probe
+run, the parameters it fitted for hardware H (`--fit`, default the
+`<run.output_dir>/analysis/*/fit.json` with cells of H that covers the most of the ranked
+models, then networks, cells, recency; none: the raw equations). A model that fit calibrated
+(its cells on H, its error on an unseen network measured) gets a range widened by that error;
+any other is marked uncalibrated, its range is the raw equations' error, and the output names
+the commands that calibrate (`harness.predict.calibration`). That is why it works for
+networks and hardware the measured grid never saw. Every candidate is composed and validated
+before anything is measured or written. What the probe
 measures is kept in `<run.output_dir>/facts/<hardware>.json` and used again by the next run
 on the same device (`--remeasure` times it again), so the same command gives the same numbers.
 
@@ -32,21 +37,28 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import shlex
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from harness.analysis.report import setting_label
-from harness.cli import command
+from harness.cli import BAD_INPUT_ERRORS, bad_input_message, command
 from harness.compose import compose_config
 from harness.config import ConfigError, DistbenchConfig, validate
 from harness.distributions.registry import spec_of, specs
 from harness.hardware_profile import profile_for
 from harness.partition import StagePlan
+from harness.predict.calibration import (
+    RAW_ERROR_FACTOR,
+    Fitted,
+    calibrate_commands,
+    choose_fit,
+)
 from harness.predict.cell import cost_per_epoch, epoch_terms, memory_per_worker_mb
 from harness.predict.facts import (
     FactsCache,
@@ -58,60 +70,9 @@ from harness.predict.facts import (
 )
 from harness.predict.memory import fits
 from harness.predict.steps import StepTime
-from harness.predict.terms import RAW
 from harness.preflight import check_writable_dir
 
 OBJECTIVES = ("time", "cost")
-
-
-@dataclass(frozen=True)
-class Fitted:
-    """The parameters an analysis learnt for one hardware (`harness.analysis`'s fit.json holds
-    them per hardware), or the raw equations."""
-
-    params: dict[str, float]
-    runtime_mb: float
-    source: str
-    # Per distribution model, the fit's error on a network it was not fitted on, in percent
-    # (fit.json's `accuracy`, leave one network out): how far a prediction for a new network
-    # is off, typically. Empty for the raw equations: their error is unknown here.
-    errors: dict[str, float] = field(default_factory=dict)
-
-    @classmethod
-    def raw(cls, why: str) -> Fitted:
-        return cls(dict(RAW), 0.0, f"raw equations ({why})")
-
-    @classmethod
-    def load(cls, path: Path | None, hardware: str) -> Fitted:
-        """`hardware`'s parameters in `path`; the raw equations when there are none."""
-        if path is None:
-            return cls.raw(f"no analysis of hardware={hardware} found")
-        fitted = _fitted_hardware(path).get(hardware)
-        if fitted is None:
-            return cls.raw(f"{path} fitted no cell of hardware={hardware}")
-        return cls({**RAW, **fitted["params"]}, float(fitted.get("runtime_mb", 0.0)),
-                   f"{path} (hardware={hardware}, {fitted.get('cells', '?')} cells)",
-                   _held_out_errors(path))
-
-
-def _held_out_errors(path: Path) -> dict[str, float]:
-    """fit.json's leave-one-network-out error per model (percent), where finite."""
-    rows = json.loads(path.read_text()).get("accuracy") or []
-    return {str(row["model"]): float(row["network_mape"]) for row in rows
-            if isinstance(row, dict) and math.isfinite(float(row.get("network_mape", "nan")))}
-
-
-def _fitted_hardware(path: Path) -> dict[str, Any]:
-    """fit.json's per-hardware entries; a file that is not a fit says so in one line."""
-    try:
-        data = json.loads(path.read_text())
-        entries = data["hardware"]
-        if not isinstance(entries, dict):  # a fit.json from before fits were per hardware
-            raise TypeError("hardware is not a per-hardware table")
-        return entries
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"--fit={path} is invalid: not a fit.json of harness.analysis "
-                          f"({type(err).__name__}: {err}); run the analysis again") from None
 
 
 @dataclass(frozen=True)
@@ -121,7 +82,8 @@ class Option:
     workers: int
     seconds_per_epoch: float
     # The likely range of seconds_per_epoch: the step time's quartiles over the probe's
-    # batches, widened by the fit's held-out error of the model (`Fitted.errors`).
+    # batches, widened by the fit's held-out error of the model where a fit calibrated it,
+    # else by the raw equations' error (`predict.calibration.ModelCalibration`).
     seconds_low: float
     seconds_high: float
     memory_mb: float  # the largest worker's
@@ -137,20 +99,10 @@ class Option:
     balance: list[int] | None  # pipelines: layers per stage
     # The batch its step time was scaled from (per sample), when not measured at its own.
     step_time_scaled_from: int | None = None
-
-
-def newest_fit(output_root: Path, hardware: str) -> Path | None:
-    """The newest `<output_root>/analysis/*/fit.json` that fitted cells of `hardware`: the
-    parameters belong to the hardware they were measured on."""
-    found = sorted((output_root / "analysis").glob("*/fit.json"),
-                   key=lambda path: path.stat().st_mtime)
-    for path in reversed(found):
-        try:
-            if hardware in _fitted_hardware(path):
-                return path
-        except ConfigError:
-            continue  # an older or damaged fit: look further back
-    return None
+    # Whether a fit of this hardware calibrated the model (its range then holds the fit's
+    # error), and what the range is made of.
+    calibrated: bool = False
+    range_source: str = ""
 
 
 def worker_counts(config: DistbenchConfig) -> list[tuple[int, int]]:
@@ -166,25 +118,107 @@ def _powers_of_two(limit: int) -> list[int]:
     return sorted(set(values + [limit]))
 
 
-def candidates(config: DistbenchConfig) -> Iterator[DistbenchConfig]:
+@dataclass(frozen=True)
+class Candidates:
+    """What the recommender will rank, known before anything is measured or written: every
+    candidate whose `python -m harness` command composes and validates as a cell would, and
+    why the others cannot exist for this ask (`skipped`, one line each)."""
+
+    configs: list[DistbenchConfig]
+    skipped: list[str]
+
+    @property
+    def models(self) -> set[str]:
+        return {config.distribution.name for config in self.configs}
+
+
+def check_candidates(config: DistbenchConfig, given: Sequence[str] = ()) -> Candidates:
     """Every configuration the recommender ranks (module docstring): each model's own
-    (`DistributionSpec.candidates`) over the worker counts to try. The user's batch size holds
-    for every candidate, and the user's model's settings for its candidates."""
-    counts = worker_counts(config)
+    (`DistributionSpec.candidates`) over the worker counts to try, each composed from the
+    command that would train it and validated, as `python -m harness` would. The user's batch
+    size holds for every candidate, and the user's model's settings for its candidates.
+
+    A candidate that fails on a setting the user asked for (a key of `given` the recommender
+    does not vary: `dataset.num_samples`, `distribution.batch_size`, ...) refuses the whole
+    ask in one line (ConfigError): a table without it would hide that the ask is wrong. One
+    that fails on what the recommender chose (a worker count, a model's own setting) cannot
+    exist for this ask: skipped, and listed with why."""
+    commands = Commands(common_overrides(config, given), frozenset(_keys(given)))
+    built, skipped = _built_candidates(config, commands.given)
+    configs = []
+    # Commands that choose the same groups and set the same keys compose alike (Hydra's part:
+    # config files, keys, types); what their values must satisfy was checked as each candidate
+    # was built. So one command of each shape is composed (a few a second: a cluster has
+    # dozens of candidates).
+    composed: set[tuple[str, ...]] = set()
+    for candidate in built:
+        command = [*commands.common, *option_overrides(candidate, config, None, commands.given)]
+        shape = tuple(_shape(override) for override in command)
+        if shape not in composed:
+            try:
+                validate(compose_config(command))
+            except BAD_INPUT_ERRORS as err:
+                skipped.append(_refuse_or_skip(err, setting_label(candidate), commands.given))
+                continue
+            composed.add(shape)
+        configs.append(candidate)
+    return Candidates(configs, skipped)
+
+
+def _shape(override: str) -> str:
+    """What of an override decides how it composes: a key's name; a group's choice
+    (`distribution=gpipe` composes another schema than `distribution=ddp`)."""
+    key = override.split("=")[0]
+    return key if "." in key else override
+
+
+def _built_candidates(config: DistbenchConfig, given: frozenset[str]
+                      ) -> tuple[list[DistbenchConfig], list[str]]:
+    """Each model's candidates at each worker count (one count at a time, so that a count a
+    model cannot use skips only that count), and why the counts that failed did."""
+    built: list[DistbenchConfig] = []
+    skipped = []
     for spec in specs().values():
-        yield from spec.candidates(config, counts)
+        # one count at a time; none where the hardware has one worker (sequential only)
+        for counts in [[count] for count in worker_counts(config)] or [[]]:
+            try:
+                found = list(spec.candidates(config, counts))
+            except BAD_INPUT_ERRORS as err:
+                where = "".join(f" on {nodes}x{per_node} workers" for nodes, per_node in counts)
+                skipped.append(_refuse_or_skip(err, f"{spec.name}{where}", given))
+                continue
+            built += [candidate for candidate in found if candidate not in built]
+    return built, skipped
+
+
+def _refuse_or_skip(err: Exception, label: str, given: frozenset[str]) -> str:
+    """The skipped line for a candidate that failed with `err`; raises ConfigError instead
+    where `err` names a setting the user asked for (`check_candidates`)."""
+    message = bad_input_message(err)
+    key = re.match(r"[+~]*([\w.]+)\s*[=:]", message)
+    if key is not None and key[1] in given and key[1] not in _OPTION_KEYS:
+        raise ConfigError(f"{message} (for the recommender's candidate {label}, built from "
+                          f"the settings asked for)") from None
+    return f"{label}: {message}"
+
+
+def candidates(config: DistbenchConfig) -> list[DistbenchConfig]:
+    """The configurations the recommender ranks for `config` (`check_candidates`)."""
+    return check_candidates(config).configs
 
 
 def rank(config: DistbenchConfig, fitted: Fitted, cache: FactsCache, output_root: Path,
-         given: Sequence[str] = (), objective: str = "time"
-         ) -> tuple[list[Option], list[str]]:
+         given: Sequence[str] = (), objective: str = "time",
+         checked: Candidates | None = None) -> tuple[list[Option], list[str]]:
     """Options sorted best first by `objective` (time, or cost then time), and why the
-    candidates that could not be built failed. `given`: the overrides `config` was composed
-    from, which every option's `python -m harness` command builds on (`common_overrides`)."""
-    options, skipped = [], []
+    candidates that could not be built or predicted failed. `given`: the overrides `config`
+    was composed from, which every option's `python -m harness` command builds on
+    (`common_overrides`); `checked`: the candidates, checked (`check_candidates`)."""
+    checked = check_candidates(config, given) if checked is None else checked
+    options, skipped = [], list(checked.skipped)
     commands = Commands(common_overrides(config, given), frozenset(_keys(given)))
     timed = True
-    for candidate in candidates(config):
+    for candidate in checked.configs:
         label = setting_label(candidate)
         try:
             options.append(_predict(candidate, config, fitted, cache, output_root, commands,
@@ -243,20 +277,22 @@ def _predict(candidate: DistbenchConfig, asked: DistbenchConfig, fitted: Fitted,
                      for spread in _step_spread(step, facts.step_seconds))
     else:
         seconds = low = high = math.nan
-    error = fitted.errors.get(model, 0.0) / 100
+    calibration = fitted.calibration(model)
+    low, high = calibration.widen(low, seconds, high)
     memory = memory_per_worker_mb(candidate, facts, runtime_mb=fitted.runtime_mb)
     memory_gb = candidate.hardware.device_memory_gb
     plan = facts.plan
     own = option_overrides(candidate, asked, plan, commands.given)
     return Option(
         setting_label(candidate, plan=plan), model, candidate.world_size, seconds,
-        min(low, seconds) * (1 - error), max(high, seconds) * (1 + error), max(memory),
+        low, high, max(memory),
         None if memory_gb is None else fits(memory, memory_gb),
         cost_per_epoch(candidate, seconds) if timed else None, [*commands.common, *own], own,
         candidate.batch_size, candidate.distribution.own_settings(candidate),
         plan.stage_string() if plan is not None else None,
         list(plan.balance) if plan is not None else None,
-        step.measured_batch if step is not None and step.scaled else None)
+        step.measured_batch if step is not None and step.scaled else None,
+        calibration.calibrated, calibration.why)
 
 
 def _step_spread(step: StepTime | None, median: float) -> tuple[float, float]:
@@ -371,8 +407,10 @@ def source_lines(cache: FactsCache) -> list[str]:
     return lines
 
 
-def header_lines(config: DistbenchConfig, fitted: Fitted) -> list[str]:
-    """What the table's numbers are: epoch size, range, memory, cost."""
+def header_lines(config: DistbenchConfig, fitted: Fitted,
+                 models: Sequence[str] = ()) -> list[str]:
+    """What the table's numbers are: which fit, epoch size, range (for the options' `models`),
+    memory, cost."""
     hardware = config.hardware
     samples = config.samples_per_epoch
     whole = ("all of " if config.dataset.num_samples is None else "dataset.num_samples of ") \
@@ -381,19 +419,33 @@ def header_lines(config: DistbenchConfig, fitted: Fitted) -> list[str]:
              f"{hardware.name} ({hardware.world_size} workers); parameters: {fitted.source}",
              f"s/epoch: seconds per epoch of {samples} "
              f"{'sequences' if config.dataset.spec.tokens else 'images'} ({whole})"]
-    if fitted.errors:
-        errors = ", ".join(f"{model} {error:.1f}%" for model, error in
-                           sorted(fitted.errors.items()))
-        lines.append(f"range: the step times' quartiles over the probe's batches, widened by "
-                     f"the fit's error on a network it was not fitted on ({errors})")
-    else:
-        lines.append("range: the step times' quartiles over the probe's batches only (the "
-                     "raw equations' own error is unknown: fit them with harness.analysis)")
+    lines += range_lines(config, fitted, models)
     if hardware.device_memory_gb is None:
         lines.append("fits: unknown for all (hardware.device_memory_gb is not set)")
     if hardware.price_per_device_hour is not None:
         lines.append(f"cost: {hardware.price_per_device_hour:g} {currency(config)} per "
                      f"device-hour (hardware.price_per_device_hour), for the devices in use")
+    return lines
+
+
+def range_lines(config: DistbenchConfig, fitted: Fitted, models: Sequence[str]) -> list[str]:
+    """How the range column is made, for the calibrated models (`cal yes`) and for the others
+    (`cal no`), and the commands that calibrate these."""
+    calibrated = [model for model in sorted(set(models)) if fitted.calibration(model).calibrated]
+    lines = []
+    if calibrated:
+        errors = ", ".join(f"{model} {fitted.errors[model]:.1f}%" for model in calibrated)
+        lines.append(f"range (cal yes): the step times' quartiles over the probe's batches, "
+                     f"widened by the fit's error on a network it was not fitted on ({errors})")
+    uncalibrated: dict[str, list[str]] = {}
+    for model in sorted(set(models) - set(calibrated)):
+        why = fitted.calibration(model).why
+        uncalibrated.setdefault(why, []).append(model)
+    for why, names in uncalibrated.items():
+        lines.append(f"range (cal no: {', '.join(names)}): {why} (docs/recommend.md)")
+    if uncalibrated:
+        lines.append(f"to calibrate hardware={config.hardware.name}: "
+                     f"{calibrate_commands(config.hardware)}")
     return lines
 
 
@@ -404,7 +456,8 @@ def currency(config: DistbenchConfig) -> str:
 def print_table(config: DistbenchConfig, options: Sequence[Option], skipped: Sequence[str],
                 fitted: Fitted, sources: Sequence[str] = (), objective: str = "time",
                 common: Sequence[str] = (), missing_step_time: str | None = None) -> None:
-    for line in [*header_lines(config, fitted), *sources]:
+    models = [option.distribution for option in options]
+    for line in [*header_lines(config, fitted, models), *sources]:
         print(line)
     if missing_step_time is not None:
         print(f"s/epoch: not predicted: no step time of {config.network.label} has been "
@@ -414,8 +467,8 @@ def print_table(config: DistbenchConfig, options: Sequence[Option], skipped: Seq
     print(f"ranked by {objective} (--objective {objective}); every option trains with: "
           f"python -m harness {shlex.join(common)} + its overrides")
     cost_title = f"{config.hardware.currency or 'cost'}/epoch" if priced else ""
-    print(f"{'#':>3}  {'configuration':<24}{'s/epoch':>10} {'range':>19}{'MB/worker':>11}"
-          f"{'fits':>9}{cost_title:>12}  overrides")
+    print(f"{'#':>3}  {'configuration':<24}{'s/epoch':>10} {'range':>19}{'cal':>4}"
+          f"{'MB/worker':>11}{'fits':>9}{cost_title:>12}  overrides")
     for index, option in enumerate(options, 1):
         scaled = "*" if option.step_time_scaled_from is not None else " "
         timed = not math.isnan(option.seconds_per_epoch)
@@ -424,8 +477,9 @@ def print_table(config: DistbenchConfig, options: Sequence[Option], skipped: Seq
         cost = (f"{option.cost_per_epoch:>12.4f}" if option.cost_per_epoch is not None
                 else f"{'-':>12}") if priced else ""
         seconds = f"{option.seconds_per_epoch:>10.3f}" if timed else f"{'-':>10}"
+        calibrated = "yes" if option.calibrated else "no"
         print(f"{index:>3}  {option.label:<24}{seconds}{scaled}"
-              f"{spread:>19}{option.memory_mb:>11.0f}{fit:>9}{cost}  "
+              f"{spread:>19}{calibrated:>4}{option.memory_mb:>11.0f}{fit:>9}{cost}  "
               f"{shlex.join(option.own_overrides)}")
     for reason in skipped:
         print(f"     skipped {reason}")
@@ -451,7 +505,8 @@ def verdict_lines(options: Sequence[Option], objective: str,
     if best is None:
         lines.append("recommended: nothing fits in memory")
     else:
-        lines.append(f"recommended: {best.label} (by {objective}): python -m harness "
+        sure = "" if best.calibrated else ", uncalibrated"
+        lines.append(f"recommended: {best.label} (by {objective}{sure}): python -m harness "
                      f"{shlex.join(best.overrides)}")
     return lines
 
@@ -487,17 +542,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     flags, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     config = validate(compose_config(overrides))
     _check_flags(flags, config)
-    check_writable_dir("run.output_dir", config.run.output_dir)  # facts measured here go there
     output_root = Path(config.run.output_dir)
-    started = time.perf_counter()
-    fit_path = flags.fit if flags.fit is not None \
-        else newest_fit(output_root, config.hardware.name)
-    if fit_path is not None and not fit_path.exists():
-        raise ConfigError(f"--fit={fit_path} is invalid: no such file")
     cache = cache_for(flags.probe_batches, probe=not flags.no_probe, facts_root=output_root,
                       reuse=not flags.remeasure)
+    started = time.perf_counter()
+    # Everything is checked before anything is measured or written: every candidate, the fit.
+    checked = check_candidates(config, overrides)
+    fit_path = flags.fit if flags.fit is not None \
+        else choose_fit(output_root, config.hardware.name, checked.models)
+    if fit_path is not None and not fit_path.exists():
+        raise ConfigError(f"--fit={fit_path} is invalid: no such file")
     fitted = Fitted.load(fit_path, config.hardware.name)
-    options, skipped = rank(config, fitted, cache, output_root, overrides, flags.objective)
+    check_writable_dir("run.output_dir", config.run.output_dir)  # facts measured here go there
+    options, skipped = rank(config, fitted, cache, output_root, overrides, flags.objective,
+                            checked)
     elapsed = time.perf_counter() - started
     if flags.json:
         print_json(config, options, skipped, fitted, cache, flags.objective, elapsed)
@@ -515,7 +573,13 @@ def print_json(config: DistbenchConfig, options: Sequence[Option], skipped: Sequ
                                best_by(options, "cost"))
     json.dump({"dataset": config.dataset.key, "network": config.network.label,
                "hardware": config.hardware.name, "parameters": fitted.source,
-               "model_errors_percent": fitted.errors,
+               "fit": fitted.summary(), "model_errors_percent": fitted.errors,
+               "calibrated_models": sorted({o.distribution for o in options if o.calibrated}),
+               "uncalibrated_models": sorted({o.distribution for o in options
+                                              if not o.calibrated}),
+               "raw_error_factor": RAW_ERROR_FACTOR,
+               "calibrate": calibrate_commands(config.hardware)
+               if any(not o.calibrated for o in options) else None,
                "images_per_epoch": config.samples_per_epoch, "objective": objective,
                "price_per_device_hour": config.hardware.price_per_device_hour,
                "currency": config.hardware.currency,

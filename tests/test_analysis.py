@@ -184,12 +184,23 @@ def test_analysis_and_recommend_reject_bad_input_in_one_line(output_root: Path) 
     assert "--fit" in bad_fit.stderr and "Traceback" not in bad_fit.stderr
 
 
-def _write_fit(folder: Path, hardware: dict[str, dict[str, float]]) -> Path:
+def _write_fit(folder: Path, hardware: dict[str, dict[str, float]], *,
+               networks: tuple[str, ...] = ("mobilenetv2", "resnet18"),
+               models: dict[str, int] | None = None,
+               errors: dict[str, float] | None = None) -> Path:
+    """A fit.json as `harness.analysis` writes it, by hand: `hardware`'s parameters, fitted on
+    cells of `networks` and `models` (cells per model), with `errors` (leave one network out,
+    percent) per model."""
+    models = {"ddp": 2, "sequential": 2} if models is None else models
+    errors = {model: 5.0 for model in models} if errors is None else errors
     folder.mkdir(parents=True)
     path = folder / "fit.json"
-    path.write_text(json.dumps({"hardware": {
-        name: {"params": params, "runtime_mb": 100.0, "cells": 4}
-        for name, params in hardware.items()}}))
+    path.write_text(json.dumps({
+        "hardware": {name: {"params": params, "runtime_mb": 100.0,
+                            "cells": sum(models.values()), "networks": list(networks),
+                            "models": models} for name, params in hardware.items()},
+        "accuracy": [{"model": model, "network_mape": error} for model, error in
+                     errors.items()]}))
     return path
 
 
@@ -197,22 +208,111 @@ def test_recommend_takes_the_parameters_fitted_for_the_hardware_asked_about(
         output_root: Path) -> None:
     import os
 
-    from harness.recommend import Fitted, newest_fit
+    from harness.predict.calibration import Fitted, choose_fit
 
     older = _write_fit(output_root / "analysis" / "cluster", {
         "titanrtx_cluster": {"contention": 1.01, "communication": 1.2}})
     newer = _write_fit(output_root / "analysis" / "local", {
         "local_2cpu": {"contention": 1.3, "communication": 2.0, "horovod_background": 0.25}})
     os.utime(older, (1, 1))  # the cluster's fit is the older file
-    # The newest fit.json is the local one; asked about the cluster, the cluster's is taken.
-    assert newest_fit(output_root, "local_2cpu") == newer
-    assert newest_fit(output_root, "titanrtx_cluster") == older
-    assert newest_fit(output_root, "local_4cpu") is None
+    # Asked about the cluster, the cluster's is taken, however old.
+    assert choose_fit(output_root, "local_2cpu", ["ddp"]) == newer
+    assert choose_fit(output_root, "titanrtx_cluster", ["ddp"]) == older
+    assert choose_fit(output_root, "local_4cpu", ["ddp"]) is None
     cluster = Fitted.load(older, "titanrtx_cluster")
     assert cluster.params == {**RAW, "contention": 1.01, "communication": 1.2}
-    assert "hardware=titanrtx_cluster" in cluster.source
+    assert cluster.source == (f"{older} (hardware=titanrtx_cluster, 4 cells; networks "
+                              f"mobilenetv2, resnet18; models ddp, sequential)")
     local = Fitted.load(newer, "local_2cpu")
     assert local.params["horovod_background"] == 0.25 and local.runtime_mb == 100.0
     # A fit of other hardware is never borrowed: the raw equations, and the header says why.
     other = Fitted.load(newer, "titanrtx_cluster")
     assert other.params == RAW and "fitted no cell of hardware=titanrtx_cluster" in other.source
+    assert not other.calibration("ddp").calibrated
+
+
+def test_the_fit_that_covers_the_most_models_wins_over_a_newer_narrower_one(
+        output_root: Path) -> None:
+    """Issue 23: an analysis of three cells of one network, run last, became the recommender's
+    source and flipped its answer. The fit is chosen by coverage of the hardware and the
+    models asked about, then networks, cells and recency, never by recency alone."""
+    import os
+
+    from harness.predict.calibration import choose_fit
+
+    params = {"local_2cpu": {"contention": 1.1}}
+    broad = _write_fit(output_root / "analysis" / "calibrate_local", params,
+                       networks=("mobilenetv2", "resnet18", "vgg11"),
+                       models={"ddp": 6, "gpipe": 6, "horovod": 6, "sequential": 6})
+    narrow = _write_fit(output_root / "analysis" / "b", params, networks=("vgg11",),
+                        models={"ddp": 1, "sequential": 2})
+    os.utime(broad, (1, 1))  # the narrow one is newer
+    asked = ["ddp", "gpipe", "horovod", "pipedream", "sequential"]
+    assert choose_fit(output_root, "local_2cpu", asked) == broad
+    # Equal coverage of what is asked: more networks, then more cells, then the newer.
+    assert choose_fit(output_root, "local_2cpu", ["ddp"]) == broad
+    same = _write_fit(output_root / "analysis" / "c", params,
+                      networks=("mobilenetv2", "resnet18", "vgg11"),
+                      models={"ddp": 6, "gpipe": 6, "horovod": 6, "sequential": 6})
+    assert choose_fit(output_root, "local_2cpu", asked) == same
+    os.utime(same, (0, 0))
+    assert choose_fit(output_root, "local_2cpu", asked) == broad
+    assert narrow.exists()
+
+
+def test_a_fit_calibrates_only_the_models_it_measured_with_two_networks(
+        output_root: Path) -> None:
+    """A model without cells in the fit, and every model of a fit of one network (its error on
+    an unseen network could not be measured), is uncalibrated: its range is the raw equations'
+    error, far wider than a fit's."""
+    from harness.predict.calibration import RAW_ERROR_FACTOR, Fitted
+
+    params = {"local_2cpu": {"contention": 1.1}}
+    two = Fitted.load(_write_fit(output_root / "analysis" / "two", params,
+                                 errors={"ddp": 8.0, "sequential": 4.0}), "local_2cpu")
+    ddp, horovod = two.calibration("ddp"), two.calibration("horovod")
+    assert ddp.calibrated and ddp.widen(0.9, 1.0, 1.1) == pytest.approx((0.9 * 0.92, 1.1 * 1.08))
+    assert not horovod.calibrated and "has no cell of the model" in horovod.why
+    assert horovod.widen(0.9, 1.0, 1.1) == pytest.approx((0.9 / RAW_ERROR_FACTOR,
+                                                          1.1 * RAW_ERROR_FACTOR))
+    one = Fitted.load(_write_fit(output_root / "analysis" / "one", params,
+                                 networks=("vgg11",)), "local_2cpu")
+    assert one.errors == {} and not one.calibration("ddp").calibrated
+    assert "hold one network" in one.calibration("ddp").why
+    assert one.summary()["leave_one_network_out_measured"] is False
+    assert one.summary()["networks"] == ["vgg11"]
+
+
+def test_an_analysis_of_one_network_says_leave_one_network_out_cannot_be_measured(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 23: three cells of one network printed "held out by network" errors with no
+    second network to hold out (they were the raw equations' errors)."""
+    from harness.analysis.__main__ import _print_summary
+    from harness.analysis.fit import leave_one_network_out_note
+    from harness.analysis.report import write_report
+
+    cells = [_cell(f"c{i}", 2.0 + i, "network=vgg11", "hardware=local_2cpu", distribution)
+             for i, distribution in enumerate(["distribution=sequential", "distribution=ddp",
+                                                "distribution=horovod"])]
+    predictions = [CellPrediction(cell, _concurrent(1.5, 0.2), 50.0) for cell in cells]
+    by_cell = held_out(predictions, group=lambda cell: cell.run_id)
+    by_network = held_out(predictions, group=lambda cell: cell.network)
+    assert {p.fitted_from for p in by_network} == {0}  # nothing to fit on
+    table = accuracy(by_cell, by_network)
+    assert all(row.network_mape != row.network_mape for row in table)  # NaN: not measured
+    assert all(row.raw_mape == row.raw_mape for row in table)
+    note = leave_one_network_out_note(predictions)
+    assert note is not None and "cannot be measured (hardware=local_2cpu: vgg11 only)" in note
+    _print_summary(table, [], [], tmp_path, note)
+    out = capsys.readouterr().out
+    assert "held out by network" not in out and "cannot be measured" in out
+    files = write_report(tmp_path / "report", experiment="b", uri="sqlite://", by_cell=by_cell,
+                         by_network=by_network, table=table, verdicts=[], params={},
+                         runtime_mb={}, probe_seconds=0.0, single_network=note)
+    report = files[0].read_text()
+    assert "Leave one network out cannot be measured" in report
+    assert "| ddp | 1 | n/a | n/a | n/a |" in report
+    # Two networks: measured, no note.
+    other = _cell("d", 3.0, "network=resnet18", "hardware=local_2cpu", "distribution=ddp")
+    assert leave_one_network_out_note(
+        [*predictions, CellPrediction(other, _concurrent(1.5, 0.2), 50.0)]) is None

@@ -365,7 +365,9 @@ def run_recommend(args: Sequence[str]) -> None:
     from harness import recommend
 
     flags, overrides = recommend.parse_args(args)
-    recommend._check_flags(flags, checked_config(overrides))
+    config = checked_config(overrides)
+    recommend._check_flags(flags, config)
+    recommend.check_candidates(config, overrides)  # every candidate, before any probe
 
 
 def run_sweeps(args: Sequence[str]) -> None:

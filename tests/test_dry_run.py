@@ -199,7 +199,8 @@ def test_a_dry_run_predicts_each_cell_and_the_sweep_from_the_hardware_fit(
     # 2 batches per worker x 0.25 s x contention 1.5, and the allreduces
     assert float(seconds["ddp"]) > 0.75
     assert seconds["pipedream"] == "-"  # no layer profile kept, and none is taken
-    assert f"s/epoch predicted with {fit} (hardware=local_2cpu, 3 cells)" in listing.notes
+    assert f"s/epoch predicted with {fit} (hardware=local_2cpu, 3 cells; networks not " \
+           f"recorded; models not recorded)" in listing.notes
     assert any(note.startswith("no prediction for cell 2: pipelines: no layer profile")
                for note in listing.notes)
     total = (1.0 + float(seconds["ddp"])) * 2

@@ -42,8 +42,9 @@ def test_nothing_measured_for_the_device_answers_memory_and_says_what_to_run_whe
     assert "Traceback" not in done.stderr
     assert "s/epoch: not predicted: no step time of resnet152 has been measured on cuda yet" \
         in done.stdout
-    # every option a row: no seconds, no range, its memory per worker and whether it fits
-    assert re.search(r"^ +1 +\S.* +- +- +\d+ +(yes|NO) ", done.stdout, re.MULTILINE), \
+    # every option a row: no seconds, no range, uncalibrated, its memory per worker and
+    # whether it fits
+    assert re.search(r"^ +1 +\S.* +- +- +no +\d+ +(yes|NO) ", done.stdout, re.MULTILINE), \
         done.stdout
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("not ranked")]
     print(line)
@@ -231,3 +232,114 @@ def test_the_batch_rule_prefers_an_exact_batch_then_the_nearest_scaled_per_sampl
     assert nearest.seconds == pytest.approx(0.4 * 96 / 128)
     tie = choose_step_time([MeasuredStep(16, 0.1, "a"), MeasuredStep(64, 0.4, "b")], 32)
     assert tie.measured_batch == 64  # equally near: the larger batch
+
+
+def _recommend_here(output_root: Path, capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """The recommender in this process (its stdout): no interpreter to start."""
+    from harness.recommend import main
+
+    capsys.readouterr()
+    main(["dataset=mnist", "network=mobilenetv2", "hardware=titanrtx_cluster",
+          "hardware.nodes=1", *args, f"run.output_dir={output_root}"])
+    return capsys.readouterr().out
+
+
+def test_the_fit_is_chosen_by_coverage_or_named_and_models_it_did_not_calibrate_say_so(
+        output_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 23: the newest fit.json won, however little it covered, and models it never saw
+    kept ranges as narrow as calibrated ones. Now: the fit covering the most models asked
+    about is used (or `--fit`), the header names it, and every option says whether it is
+    calibrated; an uncalibrated one has the raw equations' range and the calibrating command."""
+    import os
+
+    from harness.predict.calibration import RAW_ERROR_FACTOR
+    from tests.test_analysis import _write_fit
+
+    _kept_facts(output_root, {128: 0.010, 64: 0.006})
+    params = {"titanrtx_cluster": {"contention": 1.0, "communication": 1.0}}
+    broad = _write_fit(output_root / "analysis" / "grid", params,
+                       models={"ddp": 4, "gpipe": 4, "sequential": 4},
+                       errors={"ddp": 8.0, "gpipe": 10.0, "sequential": 4.0})
+    narrow = _write_fit(output_root / "analysis" / "b", params, networks=("vgg11",),
+                        models={"ddp": 1, "sequential": 2})
+    os.utime(broad, (1, 1))  # the narrow fit is the newer file
+
+    answer = json.loads(_recommend_here(output_root, capsys, "--json"))
+    assert answer["fit"] == {"path": str(broad), "hardware": "titanrtx_cluster", "cells": 12,
+                             "networks": ["mobilenetv2", "resnet18"],
+                             "models": {"ddp": 4, "gpipe": 4, "sequential": 4},
+                             "leave_one_network_out_measured": True}
+    assert answer["calibrated_models"] == ["ddp", "gpipe", "sequential"]
+    assert answer["uncalibrated_models"] == ["fsdp", "horovod", "pipedream"]
+    assert answer["calibrate"] == (
+        "python -m harness +sweep=calibrate_local hydra.sweeper.params.hardware="
+        "titanrtx_cluster hardware.nodes=1, then python -m harness.analysis "
+        "tracking.experiment=calibrate_local")
+    errors = {"ddp": 8.0, "gpipe": 10.0, "sequential": 4.0}
+    for option in answer["options"]:  # the kept step times have no spread: only the error
+        seconds, model = option["seconds_per_epoch"], option["distribution"]
+        if model in errors:
+            assert option["calibrated"], option["label"]
+            assert option["seconds_high"] == pytest.approx(seconds * (1 + errors[model] / 100))
+        else:
+            assert not option["calibrated"], option["label"]
+            assert "the fit has no cell of the model" in option["range_source"]
+            assert option["seconds_high"] == pytest.approx(seconds * RAW_ERROR_FACTOR)
+            assert option["seconds_low"] == pytest.approx(seconds / RAW_ERROR_FACTOR)
+
+    named = json.loads(_recommend_here(output_root, capsys, "--json", f"--fit={narrow}"))
+    assert named["fit"]["path"] == str(narrow) and named["fit"]["networks"] == ["vgg11"]
+    assert not named["fit"]["leave_one_network_out_measured"]
+    assert named["calibrated_models"] == []  # one network: its error is unknown
+    (ddp,) = [o for o in named["options"] if o["label"] == "ddp x2"]
+    assert "hold one network" in ddp["range_source"]
+
+    lines = _recommend_here(output_root, capsys).splitlines()
+    assert lines[-1].startswith("recommended: ")
+    assert lines[0].endswith(
+        f"parameters: {broad} (hardware=titanrtx_cluster, 12 cells; networks mobilenetv2, "
+        f"resnet18; models ddp, gpipe, sequential)")
+    assert ("range (cal yes): the step times' quartiles over the probe's batches, widened by "
+            "the fit's error on a network it was not fitted on (ddp 8.0%, gpipe 10.0%, "
+            "sequential 4.0%)") in lines
+    assert ("range (cal no: fsdp, horovod, pipedream): uncalibrated (the fit has no cell of "
+            "the model on hardware=titanrtx_cluster): the raw equations' error, x/3 to x3 "
+            "(docs/recommend.md)") in lines
+    assert f"to calibrate hardware=titanrtx_cluster: {answer['calibrate']}" in lines
+
+
+def test_a_bad_ask_is_refused_before_anything_is_measured_or_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 23: the recommender probed, rewrote facts/<hardware>.json, and only then found a
+    candidate invalid. Every candidate is composed and validated first: here GPipe's Table 3.3
+    batch (3072) cannot fit the 512 samples asked for, which DDP's 2 x 128 can."""
+    from harness.recommend import main
+
+    root = tmp_path / "outputs"
+    with pytest.raises(SystemExit) as exit_:
+        main(["dataset=mnist", "network=mobilenetv2", "hardware=local_2cpu",
+              "dataset.num_samples=512", f"run.output_dir={root}", "--probe-batches=1"])
+    assert exit_.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("distbench: invalid config: dataset.num_samples=512 is invalid: "
+                           "an epoch needs at least one full pipeline batch (batch size 3072)")
+    assert "the recommender's candidate gpipe" in line
+    assert not root.exists()  # nothing measured, no facts file written
+
+
+def test_a_candidate_that_cannot_exist_for_the_ask_is_skipped_with_why() -> None:
+    """Worker counts the recommender tries that a model cannot use (more pipeline stages than
+    the network has layers) are listed as skipped, before anything is measured."""
+    from harness.compose import compose_config
+    from harness.config import validate
+    from harness.recommend import check_candidates
+
+    asked = ["dataset=mnist", "network=resnet18", "hardware=local_2cpu",
+             "hardware.workers_per_node=16", "dataset.num_samples=4096",
+             "distribution.batch_size=32"]
+    checked = check_candidates(validate(compose_config(asked)), asked)
+    skipped = [line for line in checked.skipped if line.startswith(("gpipe", "pipedream"))]
+    assert skipped and all("16 pipeline stages for network=resnet18, which has 15 layers"
+                           in line for line in skipped), checked.skipped
+    assert "ddp x16" in {config.distribution.name + f" x{config.world_size}"
+                         for config in checked.configs}

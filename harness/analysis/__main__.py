@@ -21,14 +21,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from harness.analysis.fit import (
     PARAMETERS,
     CellPrediction,
     accuracy,
     family_held_out,
     held_out,
+    leave_one_network_out_note,
     params_per_hardware,
     runtime_per_hardware,
     signed_error,
@@ -45,6 +44,7 @@ from harness.predict.facts import FactsCache, cache_for, command_parser, gather
 from harness.preflight import check_writable_dir
 from harness.tracking import log_run, tracking_uri
 from workloads.datasets.atomic import write_json_atomic
+from workloads.progress import track
 
 FIT_FILE = "fit.json"
 
@@ -53,7 +53,7 @@ def predict_cells(cells: Sequence[MeasuredCell], output_root: Path,
                   cache: FactsCache) -> list[CellPrediction]:
     """The raw equations' terms and memory for every measured cell."""
     predictions, profiles = [], {}
-    for cell in tqdm(cells, desc="predicting cells", unit="cell", file=sys.stderr):
+    for cell in track(cells, len(cells), "predicting cells", "cell(s)"):
         facts = gather(cell.config, cache)
         hardware = cell.config.hardware
         if hardware.name not in profiles:  # one file read per hardware, not per cell
@@ -80,7 +80,11 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache) -> P
     by_cell = held_out(predictions, group=lambda cell: cell.run_id)
     by_network = held_out(predictions, group=lambda cell: cell.network)
     by_family = family_held_out(predictions)
-    table, verdicts = accuracy(by_cell, by_network, by_family), judge(by_network)
+    # Recommendations are judged where a network could be held out (another network of its
+    # hardware to fit on); with one network there is nothing to judge them by.
+    note = leave_one_network_out_note(predictions)
+    table = accuracy(by_cell, by_network, by_family)
+    verdicts = judge([p for p in by_network if p.fitted_from > 0])
     fit_verdicts = memory_verdicts(measured, lambda cell: max(memory_per_worker_mb(
         cell.config, gather(cell.config, cache, timed=False))), predictions)
     params, runtime = params_per_hardware(predictions), runtime_per_hardware(predictions)
@@ -88,18 +92,16 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache) -> P
     files = write_report(folder, experiment=experiment, uri=uri, by_cell=by_cell,
                          by_network=by_network, table=table, verdicts=verdicts,
                          params=params, runtime_mb=runtime, probe_seconds=probe_seconds,
-                         fit_verdicts=fit_verdicts)
+                         fit_verdicts=fit_verdicts, single_network=note)
     fit_path = folder / FIT_FILE
     write_json_atomic(fit_path, {
         "experiment": experiment, "tracking_uri": uri, "cells": len(cells),
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "parameters": {name: asdict(parameter) for name, parameter in PARAMETERS.items()},
-        "hardware": {hardware: {
-            "params": params[hardware], "runtime_mb": runtime[hardware],
-            "cells": sum(cell.config.hardware.name == hardware for cell in cells),
-            "networks": sorted({cell.network for cell in cells
-                                if cell.config.hardware.name == hardware})}
-            for hardware in params},
+        "hardware": {hardware: _hardware_entry(hardware, cells, params, runtime)
+                     for hardware in params},
+        # Whether the accuracy's `network_*` errors (NaN where not) could be measured.
+        "leave_one_network_out": {"measured": note is None, "why": note},
         "probe_batches": cache.probe_batches,
         "accuracy": [asdict(row) for row in table],
         "recommendations": [{"workload": list(v.workload), "fastest": setting_label(
@@ -113,8 +115,22 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache) -> P
                           for v in fit_verdicts],
     })
     _log(uri, experiment, table, verdicts, [*files, fit_path])
-    _print_summary(table, verdicts, fit_verdicts, folder)
+    _print_summary(table, verdicts, fit_verdicts, folder, note)
     return folder
+
+
+def _hardware_entry(hardware: str, cells: Sequence[MeasuredCell],
+                    params: dict[str, dict[str, float]],
+                    runtime: dict[str, float]) -> dict[str, Any]:
+    """fit.json's entry of one hardware: its parameters, and what they were fitted on (cells,
+    networks, cells per model: what `harness.recommend` counts as calibrated)."""
+    own = [cell for cell in cells if cell.config.hardware.name == hardware]
+    models: dict[str, int] = {}
+    for cell in own:
+        models[cell.model] = models.get(cell.model, 0) + 1
+    return {"params": params[hardware], "runtime_mb": runtime[hardware], "cells": len(own),
+            "networks": sorted({cell.network for cell in own}),
+            "models": dict(sorted(models.items()))}
 
 
 def residuals(by_cell: Sequence[CellPrediction], by_network: Sequence[CellPrediction],
@@ -122,7 +138,8 @@ def residuals(by_cell: Sequence[CellPrediction], by_network: Sequence[CellPredic
     """Every cell's measured seconds per epoch and its signed error (percent, + = predicted
     slower) by the raw equations, with its network held out, and with its family held out
     (null with one family): what a MAPE hides."""
-    network_error = {p.cell.run_id: signed_error(p.fitted_s, p.measured_s) for p in by_network}
+    network_error = {p.cell.run_id: signed_error(p.fitted_s, p.measured_s) for p in by_network
+                     if p.fitted_from > 0}  # none where no other network could be fitted on
     family_error = {p.cell.run_id: signed_error(p.fitted_s, p.measured_s) for p in by_family}
     return [{"run": p.cell.run_name, "model": p.cell.model, "network": p.cell.network,
              "family": p.cell.family, "measured_s": p.measured_s,
@@ -137,8 +154,9 @@ def _log(uri: str, experiment: str, table, verdicts, files: list[Path]) -> None:
     for row in table:
         metrics[f"mape_raw_{row.model}"] = row.raw_mape
         metrics[f"mape_held_out_cell_{row.model}"] = row.cell_mape
-        metrics[f"mape_held_out_network_{row.model}"] = row.network_mape
-        metrics[f"worst_held_out_network_{row.model}"] = row.network_worst
+        if row.network_mape == row.network_mape:  # NaN: no network could be held out
+            metrics[f"mape_held_out_network_{row.model}"] = row.network_mape
+            metrics[f"worst_held_out_network_{row.model}"] = row.network_worst
         if row.memory_mape == row.memory_mape:
             metrics[f"memory_mape_held_out_network_{row.model}"] = row.memory_mape
         if row.family_mape == row.family_mape:
@@ -155,14 +173,25 @@ def _log(uri: str, experiment: str, table, verdicts, files: list[Path]) -> None:
               f"{err}); the report is on disk", file=sys.stderr)
 
 
-def _print_summary(table, verdicts, fit_verdicts, folder: Path) -> None:  # noqa: ANN001
-    print("held out by network (what a recommendation for a new network relies on):")
-    print(f"{'model':<12}{'cells':>6}{'MAPE %':>8}{'worst %':>9}{'bias %':>8}{'memory %':>10}"
-          f"{'| cell MAPE %':>14}{'raw MAPE %':>12}")
-    for row in table:
-        print(f"{row.model:<12}{row.cells:>6}{row.network_mape:>8.1f}{row.network_worst:>9.1f}"
-              f"{row.network_bias:>+8.1f}{row.memory_mape:>10.1f}{row.cell_mape:>14.1f}"
-              f"{row.raw_mape:>12.1f}")
+def _print_summary(table, verdicts, fit_verdicts, folder: Path,  # noqa: ANN001
+                   single_network: str | None = None) -> None:
+    if single_network is not None:
+        print(f"{single_network}; the recommender counts this fit's error as unknown")
+    if all(row.network_mape != row.network_mape for row in table):  # none measured (NaN)
+        print("held out by cell, and the raw equations (no network could be held out):")
+        print(f"{'model':<12}{'cells':>6}{'cell MAPE %':>13}{'raw MAPE %':>12}"
+              f"{'raw worst %':>13}")
+        for row in table:
+            print(f"{row.model:<12}{row.cells:>6}{row.cell_mape:>13.1f}{row.raw_mape:>12.1f}"
+                  f"{row.raw_worst:>13.1f}")
+    else:
+        print("held out by network (what a recommendation for a new network relies on):")
+        print(f"{'model':<12}{'cells':>6}{'MAPE %':>8}{'worst %':>9}{'bias %':>8}"
+              f"{'memory %':>10}{'| cell MAPE %':>14}{'raw MAPE %':>12}")
+        for row in table:
+            print(f"{row.model:<12}{row.cells:>6}{row.network_mape:>8.1f}"
+                  f"{row.network_worst:>9.1f}{row.network_bias:>+8.1f}{row.memory_mape:>10.1f}"
+                  f"{row.cell_mape:>14.1f}{row.raw_mape:>12.1f}")
     if any(row.family_mape == row.family_mape for row in table):
         print("held out by family (fitted on image networks only, predicting language models, "
               "and the reverse):")

@@ -187,19 +187,49 @@ def accuracy(by_cell: Sequence[CellPrediction],
         family_bias = [signed_error(p.fitted_s, p.measured_s) for p in by_family
                        if p.cell.model == model]
         raw = [percent_error(p.raw_s, p.measured_s) for p in cells]
+        # A network held out where its hardware has no other network was predicted by the
+        # raw equations (nothing to fit on): that is no leave-one-network-out error.
+        networks = [p for p in networks if p.fitted_from > 0]
         unseen = [percent_error(p.fitted_s, p.measured_s) for p in networks]
+        bias = [signed_error(p.fitted_s, p.measured_s) for p in networks]
         memory = [percent_error(p.memory_fitted_mb, p.cell.peak_memory_mb) for p in networks
                   if p.cell.peak_memory_mb == p.cell.peak_memory_mb]
         table.append(Accuracy(
             model, len(cells), statistics.fmean(raw), max(raw),
             statistics.fmean(percent_error(p.fitted_s, p.measured_s) for p in cells),
-            statistics.fmean(unseen), max(unseen),
-            statistics.fmean(signed_error(p.fitted_s, p.measured_s) for p in networks),
-            statistics.fmean(memory) if memory else float("nan"),
+            _mean(unseen), max(unseen, default=float("nan")), _mean(bias),
+            _mean(memory),
             statistics.fmean(families) if families else float("nan"),
             max(families) if families else float("nan"),
             statistics.fmean(family_bias) if family_bias else float("nan")))
     return table
+
+
+def _mean(values: Sequence[float]) -> float:
+    """The mean, NaN for none (what could not be measured)."""
+    return statistics.fmean(values) if values else float("nan")
+
+
+def single_network_hardware(predictions: Sequence[CellPrediction]) -> dict[str, str]:
+    """Hardware whose cells hold one network, with that network: leave one network out
+    cannot be measured there (it needs a second network to fit on)."""
+    networks: dict[str, set[str]] = {}
+    for p in predictions:
+        networks.setdefault(_hardware(p.cell), set()).add(p.cell.network)
+    return {hardware: next(iter(names)) for hardware, names in sorted(networks.items())
+            if len(names) == 1}
+
+
+def leave_one_network_out_note(predictions: Sequence[CellPrediction]) -> str | None:
+    """Why leave one network out was not measured for some hardware, in one sentence; None
+    where it was measured everywhere."""
+    single = single_network_hardware(predictions)
+    if not single:
+        return None
+    where = "; ".join(f"hardware={hardware}: {network} only" for hardware, network
+                      in single.items())
+    return (f"leave one network out cannot be measured ({where}): it needs cells of two "
+            f"networks or more on the same hardware, one held out and one to fit on")
 
 
 def family_held_out(predictions: Sequence[CellPrediction]) -> list[CellPrediction]:

@@ -61,8 +61,11 @@ def write_report(folder: Path, *, experiment: str, uri: str,
                  table: Sequence[Accuracy], verdicts: Sequence[WorkloadVerdict],
                  params: dict[str, dict[str, float]], runtime_mb: dict[str, float],
                  probe_seconds: float,
-                 fit_verdicts: Sequence[MemoryVerdict] = ()) -> list[Path]:
-    """Write the plots and report.md into `folder`; return the files written."""
+                 fit_verdicts: Sequence[MemoryVerdict] = (),
+                 single_network: str | None = None) -> list[Path]:
+    """Write the plots and report.md into `folder`; return the files written.
+    `single_network`: why leave one network out could not be measured (`fit.
+    leave_one_network_out_note`), said first; its columns then read n/a."""
     folder.mkdir(parents=True, exist_ok=True)
     plots = [plot_speedup(folder / "speedup.png", by_network),
              plot_predicted_vs_measured(folder / "predicted_vs_measured.png", by_network),
@@ -77,14 +80,16 @@ def write_report(folder: Path, *, experiment: str, uri: str,
         "other networks' cells only, as for a network never measured; that is what a "
         "recommendation relies on. Leave one cell out is given beside it. Measuring the facts "
         f"took {probe_seconds:.1f} s.",
+        *_single_network_section(single_network),
         "", "## Accuracy per distribution model, network held out", "",
         "Percent error of seconds per epoch (bias: mean signed error, + = predicted slower "
         "than measured) and of peak memory per worker.", "",
         "| model | cells | MAPE | worst | bias | memory MAPE | leave one cell out MAPE | raw "
         "equations MAPE | raw worst |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        *(f"| {a.model} | {a.cells} | {a.network_mape:.1f} | {a.network_worst:.1f} | "
-          f"{a.network_bias:+.1f} | {a.memory_mape:.1f} | {a.cell_mape:.1f} | "
+        *(f"| {a.model} | {a.cells} | {_percent(a.network_mape)} | "
+          f"{_percent(a.network_worst)} | {_percent(a.network_bias, '+.1f')} | "
+          f"{_percent(a.memory_mape)} | {a.cell_mape:.1f} | "
           f"{a.raw_mape:.1f} | {a.raw_worst:.1f} |" for a in table),
         *_family_section(table),
         "", "## Recommendations, network held out, against the measured fastest", "",
@@ -116,6 +121,22 @@ def write_report(folder: Path, *, experiment: str, uri: str,
     report = folder / "report.md"
     report.write_text("\n".join(lines))
     return [report, *plots]
+
+
+def _percent(value: float, spec: str = ".1f") -> str:
+    """A percentage, or n/a where it could not be measured (NaN)."""
+    return "n/a" if value != value else format(value, spec)
+
+
+def _single_network_section(note: str | None) -> list[str]:
+    """Said first where some hardware's cells hold one network: no error below is a
+    leave-one-network-out error there."""
+    if note is None:
+        return []
+    return ["", f"**{note[0].upper()}{note[1:]}.** The network-held-out columns read n/a "
+            "for those cells, no recommendation is judged on them, and `harness.recommend` "
+            "counts this fit's error as unknown (uncalibrated ranges). Measure a second "
+            "network on the same hardware to measure it."]
 
 
 def _fit_section(verdicts: Sequence[MemoryVerdict]) -> list[str]:

@@ -1,0 +1,222 @@
+"""How sure a prediction is: which analysis' fit a recommendation takes its parameters from,
+which distribution models that fit covers, and how wide a model's range is with and without one.
+
+An analysis (`harness.analysis`) writes `<run.output_dir>/analysis/<experiment>/fit.json`:
+parameters per hardware, fitted on that hardware's cells, and each model's error on a network
+the fit never saw (leave one network out). A model is *calibrated* for a hardware when the fit
+holds cells of that model on that hardware and its leave-one-network-out error was measured
+(two networks or more); its range is then widened by that error. Any other model, and every
+model without a fit, is *uncalibrated*: the raw equations' error holds for it, which is far
+larger than a fit's (`RAW_ERROR_FACTOR`), and the output names the command that calibrates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.config import ConfigError, HardwareConfig
+from harness.predict.terms import RAW
+
+# How far the raw (uncalibrated) equations have missed measured cells, as a factor either way:
+# an uncalibrated option's range is its prediction / RAW_ERROR_FACTOR to its prediction x
+# RAW_ERROR_FACTOR. Measured (docs/recommend.md, "How sure a range is"): issue 23's first-day
+# cells on local_2cpu ran 1.8-2.8x (DDP, ResNet-18/MNIST: 2.97 s predicted, 5.44-8.35 s
+# measured) and 2.9x (GPipe: 3.53 s, 10.27 s) the raw prediction; BENCHMARKS.md section 7's
+# raw equations were up to 63 % off, section 12's up to 31 %. 3 covers every recorded miss.
+RAW_ERROR_FACTOR = 3.0
+
+# The sweep and analysis that calibrate a hardware (conf/sweep/calibrate_local.yaml: every
+# model on four networks, two datasets; its experiment is `calibrate_local`).
+CALIBRATION_SWEEP = "calibrate_local"
+
+
+def calibrate_commands(hardware: HardwareConfig) -> str:
+    """The commands that fit the models for `hardware`, as one line for the user: the
+    calibration sweep (made for local_2cpu) on it, on one node (the sweep's pipelines have a
+    stage per worker, and its smallest network 15 layers: a 4 x 4 cluster's 16 are too many),
+    then the analysis."""
+    on = ("" if hardware.name == "local_2cpu"
+          else f" hydra.sweeper.params.hardware={hardware.name} hardware.nodes=1")
+    return (f"python -m harness +sweep={CALIBRATION_SWEEP}{on}, then python -m harness.analysis "
+            f"tracking.experiment={CALIBRATION_SWEEP}")
+
+
+@dataclass(frozen=True)
+class FitCoverage:
+    """What one fit.json holds for one hardware: its cells, networks and models."""
+
+    path: Path
+    hardware: str
+    cells: int
+    networks: tuple[str, ...]
+    models: dict[str, int]  # cells per distribution model on this hardware
+    modified: float  # the file's mtime: the last tie-break
+
+    @property
+    def leave_one_network_out(self) -> bool:
+        """Whether the fit's error on an unseen network could be measured: it needs two
+        networks (one held out, one to fit on)."""
+        return len(self.networks) >= 2
+
+    def describe(self) -> str:
+        networks, models = ", ".join(self.networks), ", ".join(sorted(self.models))
+        return (f"{self.path} (hardware={self.hardware}, {self.cells} cells; networks "
+                f"{networks or 'not recorded'}; models {models or 'not recorded'})")
+
+
+def read_fit(path: Path) -> dict[str, Any]:
+    """A fit.json as written by `harness.analysis`; anything else is one line naming it."""
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data.get("hardware"), dict):  # before fits were per hardware
+            raise TypeError("hardware is not a per-hardware table")
+        return data
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ConfigError(f"--fit={path} is invalid: not a fit.json of harness.analysis "
+                          f"({type(err).__name__}: {err}); run the analysis again") from None
+
+
+def coverage(path: Path, hardware: str, data: dict[str, Any] | None = None
+             ) -> FitCoverage | None:
+    """What `path` fitted for `hardware`; None where it fitted no cell of it."""
+    data = read_fit(path) if data is None else data
+    entry = data["hardware"].get(hardware)
+    if entry is None:
+        return None
+    return FitCoverage(path, hardware, int(entry.get("cells", 0)),
+                       tuple(entry.get("networks") or ()), _models(data, hardware),
+                       path.stat().st_mtime)
+
+
+def _models(data: dict[str, Any], hardware: str) -> dict[str, int]:
+    """Cells per model on `hardware`: the entry's own count (analyses since issue 23); an
+    older fit of one hardware, from its residuals (every cell's model); else none is known."""
+    entry = data["hardware"][hardware]
+    if isinstance(entry.get("models"), dict):
+        return {str(model): int(cells) for model, cells in entry["models"].items()}
+    if len(data["hardware"]) != 1:
+        return {}  # residuals do not say their hardware: no model counts as covered
+    counts: dict[str, int] = {}
+    for row in data.get("residuals") or []:
+        counts[str(row["model"])] = counts.get(str(row["model"]), 0) + 1
+    return counts
+
+
+def choose_fit(output_root: Path, hardware: str, models: Collection[str]) -> Path | None:
+    """The `<output_root>/analysis/*/fit.json` that best covers what is asked: cells of
+    `hardware` (required), then the most of `models`, then the most networks, then the most
+    cells, then the newest. A damaged or older-format file is passed over."""
+    best: tuple[tuple[int, int, int, float], Path] | None = None
+    for path in sorted((output_root / "analysis").glob("*/fit.json")):
+        try:
+            found = coverage(path, hardware)
+        except ConfigError:
+            continue
+        if found is None:
+            continue
+        key = (len(set(models) & set(found.models)), len(found.networks), found.cells,
+               found.modified)
+        if best is None or key > best[0]:
+            best = (key, path)
+    return None if best is None else best[1]
+
+
+@dataclass(frozen=True)
+class ModelCalibration:
+    """How sure one model's prediction is."""
+
+    calibrated: bool
+    error_percent: float | None  # the fit's leave-one-network-out error; None: uncalibrated
+    why: str  # what the range is made of, for the user
+
+    def widen(self, low: float, seconds: float, high: float) -> tuple[float, float]:
+        """The range: the step times' spread put through the equations, widened by the fit's
+        error, or by the raw equations' where uncalibrated."""
+        low, high = min(low, seconds), max(high, seconds)
+        if self.error_percent is None:
+            return low / RAW_ERROR_FACTOR, high * RAW_ERROR_FACTOR
+        return low * (1 - self.error_percent / 100), high * (1 + self.error_percent / 100)
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """The parameters an analysis learnt for one hardware, or the raw equations, and how
+    sure each model's prediction is with them."""
+
+    params: dict[str, float]
+    runtime_mb: float
+    source: str
+    # Per calibrated model, the fit's error on a network it was not fitted on, in percent
+    # (fit.json's `accuracy[].network_mape`, leave one network out).
+    errors: dict[str, float] = field(default_factory=dict)
+    fit: FitCoverage | None = None
+    hardware: str = ""
+
+    @classmethod
+    def raw(cls, why: str, hardware: str = "") -> Fitted:
+        return cls(dict(RAW), 0.0, f"raw equations ({why})", hardware=hardware)
+
+    @classmethod
+    def load(cls, path: Path | None, hardware: str) -> Fitted:
+        """`hardware`'s parameters in `path`; the raw equations when there are none."""
+        if path is None:
+            return cls.raw(f"no analysis of hardware={hardware} found", hardware)
+        data = read_fit(path)
+        found = coverage(path, hardware, data)
+        if found is None:
+            return cls.raw(f"{path} fitted no cell of hardware={hardware}", hardware)
+        entry = data["hardware"][hardware]
+        errors = _held_out_errors(data, found) if found.leave_one_network_out else {}
+        return cls({**RAW, **entry["params"]}, float(entry.get("runtime_mb", 0.0)),
+                   found.describe(), errors, found, hardware)
+
+    @property
+    def calibrated_models(self) -> list[str]:
+        return sorted(self.errors)
+
+    def calibration(self, model: str) -> ModelCalibration:
+        """How sure `model`'s prediction is with these parameters (module docstring)."""
+        if model in self.errors:
+            return ModelCalibration(True, self.errors[model],
+                                    f"the fit's error on an unseen network, "
+                                    f"{self.errors[model]:.1f}%")
+        if self.fit is None:
+            why = "no fit of this hardware"
+        elif model not in self.fit.models:
+            why = f"the fit has no cell of the model on hardware={self.hardware}"
+        elif not self.fit.leave_one_network_out:
+            why = ("the fit's cells hold one network: its error on another network cannot "
+                   "be measured")
+        else:
+            why = f"the fit measured no error of {model} on an unseen network"
+        return ModelCalibration(False, None, f"uncalibrated ({why}): the raw equations' "
+                                             f"error, x/{RAW_ERROR_FACTOR:g} to "
+                                             f"x{RAW_ERROR_FACTOR:g}")
+
+    def summary(self) -> dict[str, Any]:
+        """The fit's facts for `--json`."""
+        if self.fit is None:
+            return {"path": None, "why": self.source}
+        return {"path": str(self.fit.path), "hardware": self.fit.hardware,
+                "cells": self.fit.cells, "networks": list(self.fit.networks),
+                "models": dict(sorted(self.fit.models.items())),
+                "leave_one_network_out_measured": self.fit.leave_one_network_out}
+
+
+def _held_out_errors(data: dict[str, Any], found: FitCoverage) -> dict[str, float]:
+    """fit.json's leave-one-network-out error per model (percent), where finite, for the
+    models the fit holds cells of on this hardware."""
+    rows = data.get("accuracy") or []
+    errors = {}
+    for row in rows:
+        if not isinstance(row, dict) or row.get("model") not in found.models:
+            continue
+        value = row.get("network_mape")
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            errors[str(row["model"])] = float(value)
+    return errors
