@@ -143,7 +143,9 @@ def _attention_mask(config: PreTrainedConfig, hidden: torch.Tensor, kind: str) -
         return create_bidirectional_mask(config=config, inputs_embeds=hidden,
                                          attention_mask=None)
     build = create_sliding_window_causal_mask if kind == SLIDING else create_causal_mask
-    return build(config=config, inputs_embeds=hidden, attention_mask=None, cache=None)
+    # The cache is passed by position: transformers renamed it (`past_key_values` until 5.17
+    # at least, `cache` in 5.24), and transformers>=5.0 is what distbench asks for.
+    return build(config, hidden, None, None)
 
 
 # -- the supported architectures ----------------------------------------------------------------
