@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -60,7 +61,7 @@ def submit_local(function: Callable[..., Any], *args: Any, folder: Path, tasks: 
     executor = submitit.LocalExecutor(folder=str(folder))
     # submitit's own time limit is a backstop only: wait_for_cell ends the cell first.
     executor.update_parameters(tasks_per_node=tasks, nodes=1, timeout_min=timeout_min + 5,
-                               name=name)
+                               name=name, **gpu_parameters(os.environ.get("CUDA_VISIBLE_DEVICES")))
     handed = {MASTER_PORT_ENV: str(free_port()), LAUNCHER_PID_ENV: str(os.getpid())}
     previous = {name: os.environ.get(name) for name in handed}
     os.environ.update(handed)  # submitit copies os.environ to the tasks
@@ -72,6 +73,27 @@ def submit_local(function: Callable[..., Any], *args: Any, folder: Path, tasks: 
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def gpu_parameters(declared: str | None) -> dict[str, Any]:
+    """submitit's settings that give a local cell's workers the GPUs this process sees.
+
+    submitit sets the tasks' CUDA_VISIBLE_DEVICES to the GPUs it is given, none unless told:
+    a CUDA cell's workers would see no GPU (seen on an H100, BENCHMARKS.md section 13).
+    `declared` is this process's CUDA_VISIBLE_DEVICES (None: unset, then every GPU torch
+    counts). submitit takes GPU indices only; GPU UUIDs or MIG names are exported by its
+    `setup` lines instead. No GPU here: nothing (submitit's default, none)."""
+    if declared is None:
+        import torch
+
+        return {"gpus_per_node": count, "visible_gpus": tuple(range(count))} \
+            if (count := torch.cuda.device_count()) else {}
+    ids = [part.strip() for part in declared.split(",") if part.strip()]
+    if not ids:
+        return {}
+    if all(part.isdigit() for part in ids):
+        return {"gpus_per_node": len(ids), "visible_gpus": tuple(int(part) for part in ids)}
+    return {"setup": [f"export CUDA_VISIBLE_DEVICES={shlex.quote(declared)}"]}
 
 
 def follow_launcher() -> None:

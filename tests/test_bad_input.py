@@ -303,6 +303,10 @@ BAD_INPUTS: list[Bad] = [
          "allowed: dataset.num_samples=256 or more, or the largest distribution.batch_size that "
          "works: 50"),
     _bad("harness", "distribution=ddp distribution.backend=nccl", "NCCL needs hardware.device"),
+    _bad("harness", "distribution=gpipe hardware=h100_1gpu hardware.workers_per_node=2 "
+                    "distribution.backend=gloo",
+         "distribution.backend='gloo' is invalid: gloo cannot send CUDA tensors between "
+         "pipeline stages"),
     _bad("harness", "distribution=gpipe hardware=local_cpu", "GPipe needs 2 or more workers"),
     _bad("harness", "distribution=gpipe hardware=local_2cpu distribution.batch_size=4 "
                     "distribution.micro_batches=8", "distribution.micro_batches=8 is invalid"),

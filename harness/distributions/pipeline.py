@@ -52,7 +52,13 @@ class PipelineConfig(DistributionConfig):
         """Every stage needs one layer or more, a given balance has one count per stage and
         covers the layer list, and an epoch holds a whole pipeline batch: a plan that cannot
         be built fails here rather than in a started cell's workers. `stage_key` and
-        `stage_value` name what set the stage count (None: planned later)."""
+        `stage_value` name what set the stage count (None: planned later). The stages' sends
+        need a backend that carries the device's tensors: gloo sends from host memory only
+        (on an H100 its send of a CUDA tensor failed, "writev: Bad address")."""
+        require(not (self.backend == "gloo" and cell.hardware.device.value == "cuda"),
+                "distribution.backend", self.backend,
+                "gloo cannot send CUDA tensors between pipeline stages; allowed with "
+                "hardware.device=cuda: nccl, or null (one GPU per worker)")
         network, dataset = cell.network.label, cell.dataset.key
         layers = pipeline_layer_count(cell)
         if stage_count is not None:
@@ -106,11 +112,21 @@ def pipeline_layer_count(cell: DistbenchConfig) -> int:
 def profile_network(config: DistbenchConfig, layers: Sequence[nn.Module],
                     device: torch.device) -> NetworkProfile:
     """Each layer's forward, backward and update time, at the batch one stage processes at a
-    time (the model's step batch)."""
+    time (the model's step batch), on `device`. A worker's layers are built on the CPU: on a
+    GPU they are profiled there and put back, so that this worker's GPU holds only its own
+    stage once the stages are built (a CUDA sample against CPU weights failed on an H100)."""
     generator = torch.Generator().manual_seed(config.run.seed)
     sample, _ = config.dataset.spec.example_batch(config.distribution.step_batch(config),
                                                   generator)
-    return profile_layers(layers, sample.to(device))
+    home = next((tensor.device for layer in layers
+                 for tensor in (*layer.parameters(), *layer.buffers())), device)
+    for layer in layers:
+        layer.to(device)
+    try:
+        return profile_layers(layers, sample.to(device))
+    finally:
+        for layer in layers:
+            layer.to(home)
 
 
 def shared_plan(context: TrainingContext, layers: Sequence[nn.Module],
