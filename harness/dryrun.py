@@ -19,7 +19,6 @@ nothing is written: no output directory, no MLflow store.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,12 +68,12 @@ class Predictions:
 
 
 def composing(job_overrides: Sequence[list[str]]) -> Iterator[list[str]]:
-    """The cells' overrides, with a progress bar on a terminal (Hydra composes a few cells a
-    second: a grid of hundreds takes minutes)."""
-    from tqdm import tqdm
+    """The cells' overrides, with progress over them (Hydra composes a few cells a second: a
+    grid of hundreds takes minutes): a bar on a terminal, lines in a file."""
+    from workloads.progress import track
 
-    yield from tqdm(job_overrides, desc="composing cells", unit="cell", leave=False,
-                    disable=None if len(job_overrides) > 1 else True, file=sys.stderr)
+    yield from track(job_overrides, len(job_overrides), "composing cells", "cell(s)",
+                     enabled=len(job_overrides) > 1)
 
 
 def plan_cell(number: int, cfg: DictConfig, launcher: DictConfig,

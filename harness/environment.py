@@ -1,4 +1,5 @@
-"""What a run needs to be reproduced and compared: versions, devices, host, code revision."""
+"""What a run needs to be reproduced and compared: versions, devices, host, code revision, and
+how busy and how clocked the machine was as the cell started (`start_conditions`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import torch
 from harness.seeding import determinism_facts
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+CPU_SYSFS = Path("/sys/devices/system/cpu")
+UNAVAILABLE = "unavailable"
 
 
 def capture_environment(device: torch.device) -> dict[str, str]:
@@ -49,6 +52,29 @@ def capture_environment(device: torch.device) -> dict[str, str]:
         "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST", socket.gethostname()),
     }
     return {**facts, **determinism_facts()}
+
+
+def start_conditions() -> dict[str, str]:
+    """The machine as a cell starts, as strings (MLflow tags): its load average over 1, 5 and
+    15 minutes (other jobs slow a cell down), the CPU frequency governors in use (`powersave`
+    clocks down), and its CPU count. Kept for telling a slow cell from a busy machine; the
+    analysis does not use them yet."""
+    one, five, fifteen = os.getloadavg()
+    return {"load_average_1min": f"{one:.2f}", "load_average_5min": f"{five:.2f}",
+            "load_average_15min": f"{fifteen:.2f}", "cpu_governor": cpu_governor(),
+            "cpu_count": str(os.cpu_count())}
+
+
+def cpu_governor(sysfs: Path = CPU_SYSFS) -> str:
+    """The cpufreq scaling governors of the CPUs, distinct ones comma-separated
+    ("performance"), or "unavailable" where the kernel exposes none (a VM, a container)."""
+    governors = set()
+    for path in sysfs.glob("cpu[0-9]*/cpufreq/scaling_governor"):
+        try:
+            governors.add(path.read_text().strip())
+        except OSError:
+            continue
+    return ",".join(sorted(governors - {""})) or UNAVAILABLE
 
 
 def accelerator_libraries() -> dict[str, str]:

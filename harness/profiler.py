@@ -7,6 +7,9 @@ minibatch, and an update costs in proportion to the weights, not to the compute.
 backward of a layer is timed with its input requiring grad, as inside a pipeline, where every
 stage but the first sends gradients upstream. Output activation and parameter sizes are
 recorded too: they are the A_i and W_i of the performance models (SPEC Table 5.1).
+
+Profiling a large network takes tens of seconds: it says so when it starts and shows its
+progress over the layers (`workloads.progress`: a bar on a terminal, lines in a file).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 from torch import nn
 
 from harness.metrics import BYTES_PER_MB, device_time, median_seconds
+from workloads.progress import say, steps
 
 MS_PER_S = 1000.0
 
@@ -63,42 +67,54 @@ def profile_layers(layers: Sequence[nn.Module], sample: torch.Tensor, *,
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
     device = sample.device
+    say(f"profiling {len(layers)} layers at batch {sample.shape[0]} on {device} "
+        f"({warmup + repeats} passes each)")
     profiles = []
     activation = sample.detach()
-    for index, layer in enumerate(layers):
-        needs_input_grad = index > 0  # stage inputs after the first carry gradients back
-        forward, backward = [], []
-        saved_buffers = [buffer.detach().clone() for buffer in layer.buffers()]
-        for run in range(warmup + repeats):
-            leaf = activation.detach().requires_grad_(needs_input_grad and
-                                                      activation.is_floating_point())
-            # A copy: in-place layers (ReLU(inplace=True)) must not modify `activation`, nor a
-            # leaf that requires grad, which autograd forbids.
-            x = leaf.clone()
-            start = device_time(device)
-            y = layer(x)
-            middle = device_time(device)
-            if y.requires_grad:
-                y.backward(torch.ones_like(y))
-            end = device_time(device)
-            if run >= warmup:
-                forward.append((middle - start) * MS_PER_S)
-                backward.append((end - middle) * MS_PER_S)
-        update = _update_ms(layer, device, warmup, repeats)
-        layer.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for buffer, saved in zip(layer.buffers(), saved_buffers):
-                buffer.copy_(saved)
-        activation = y.detach()
-        profiles.append(LayerProfile(
-            index=index, type=type(layer).__name__,
-            forward_ms=statistics.median(forward), backward_ms=statistics.median(backward),
-            update_ms=update,
-            activation_mb=activation.numel() * activation.element_size() / BYTES_PER_MB,
-            parameter_mb=sum(p.numel() * p.element_size() for p in layer.parameters())
-            / BYTES_PER_MB,
-        ))
+    with steps(len(layers), "profiling layers", "layer(s)") as shown:
+        for index, layer in enumerate(layers):
+            profile, activation = _profile_layer(index, layer, activation, warmup, repeats)
+            profiles.append(profile)
+            shown.update()
     return NetworkProfile(batch_size=sample.shape[0], device=str(device), layers=profiles)
+
+
+def _profile_layer(index: int, layer: nn.Module, activation: torch.Tensor, warmup: int,
+                   repeats: int) -> tuple[LayerProfile, torch.Tensor]:
+    """One layer's profile on `activation` (the previous layer's output), and its output."""
+    device = activation.device
+    needs_input_grad = index > 0  # stage inputs after the first carry gradients back
+    forward, backward = [], []
+    saved_buffers = [buffer.detach().clone() for buffer in layer.buffers()]
+    for run in range(warmup + repeats):
+        leaf = activation.detach().requires_grad_(needs_input_grad and
+                                                  activation.is_floating_point())
+        # A copy: in-place layers (ReLU(inplace=True)) must not modify `activation`, nor a
+        # leaf that requires grad, which autograd forbids.
+        x = leaf.clone()
+        start = device_time(device)
+        y = layer(x)
+        middle = device_time(device)
+        if y.requires_grad:
+            y.backward(torch.ones_like(y))
+        end = device_time(device)
+        if run >= warmup:
+            forward.append((middle - start) * MS_PER_S)
+            backward.append((end - middle) * MS_PER_S)
+    update = _update_ms(layer, device, warmup, repeats)
+    layer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for buffer, saved in zip(layer.buffers(), saved_buffers):
+            buffer.copy_(saved)
+    output = y.detach()
+    return LayerProfile(
+        index=index, type=type(layer).__name__,
+        forward_ms=statistics.median(forward), backward_ms=statistics.median(backward),
+        update_ms=update,
+        activation_mb=output.numel() * output.element_size() / BYTES_PER_MB,
+        parameter_mb=sum(p.numel() * p.element_size() for p in layer.parameters())
+        / BYTES_PER_MB,
+    ), output
 
 
 def _update_ms(layer: nn.Module, device: torch.device, warmup: int, repeats: int) -> float:

@@ -35,6 +35,7 @@ from harness.config import DistbenchConfig
 from harness.eventlog import MLLOG_GLOB
 from harness.results import RESULT_FILE, CellResult, RunStatus, write_result
 from harness.resume import index_result
+from harness.spread import spread_text
 from harness.tracking import record_cell, tracking_failure, tracking_uri
 from workloads.datasets.atomic import write_text_atomic
 
@@ -59,7 +60,8 @@ def record(result: CellResult, config: DistbenchConfig, event_logs: EventLogs | 
     if unsaved is not None:  # said in MLflow's copy too: a launcher finds the record there
         result.storage_error = _one_line(unsaved)
     uri = tracking_uri(config.tracking.uri, config.run.output_dir) if tracked else None
-    if uri is not None:
+    if uri is not None:  # seconds, more for a store that is created now
+        log.info("recording the cell in MLflow at %s", uri)
         _upload(result, uri, config.tracking.experiment, event_logs)
     if unsaved is None:
         try:  # again, now with the run id or the reason MLflow could not take it
@@ -225,10 +227,9 @@ def _log_summary(result: CellResult, uri: str | None) -> None:
         throughput = (f"{metrics['images_per_second']:.1f} images/s"
                       if tokens == metrics["images_per_second"]  # images: one per sample
                       else f"{metrics['images_per_second']:.1f} samples/s, {tokens:.0f} tokens/s")
-        log.info("%s: %.3f s/epoch (median %.3f, std %.3f), %s, peak memory %.0f MB",
-                 result.run_name, metrics["seconds_per_epoch"],
-                 metrics["seconds_per_epoch_median"], metrics["seconds_per_epoch_std"],
-                 throughput, metrics["peak_memory_mb"])
+        log.info("%s: %.3f s/epoch (%s), %s, peak memory %.0f MB", result.run_name,
+                 metrics["seconds_per_epoch"], spread_text(metrics), throughput,
+                 metrics["peak_memory_mb"])
         _log_quality(result)
     where = ("pending sync" if result.pending_sync else f"{result.mlflow_run_id} at {uri}") \
         if uri is not None else "off (tracking.enabled=false)"

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
-from tqdm import tqdm
 
 from harness.cell import CheckedCell
 from harness.config import DistbenchConfig, RunConfig
@@ -34,7 +33,7 @@ from harness.distributed import (
 )
 from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
 from harness.distributions.registry import spec_of
-from harness.environment import capture_environment
+from harness.environment import capture_environment, start_conditions
 from harness.evaluation import Evaluation, evaluate
 from harness.eventlog import EventLog, RunFacts, precision_name
 from harness.memory_limit import MemoryLimit, device_memory_limit, lift_memory_limit, oom_error
@@ -51,6 +50,7 @@ from harness.seeding import repeat_seed, seed_everything, set_deterministic
 from harness.watchdog import ProgressWatchdog
 from harness.workload import Workload, build_workload
 from workloads.networks import build_network
+from workloads.progress import Progress, steps
 
 log = logging.getLogger(__name__)
 
@@ -301,6 +301,8 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
     progress.batches = trainer.worker_batches(progress.batches)
     memory = PeakMemory(device)
     memory.reset()
+    if config.run.warmup_batches:  # a phase of its own before the first timed epoch
+        log.info("warm-up: %d batch(es), not timed", config.run.warmup_batches)
     trainer.warm_up(config.run.warmup_batches)
     events.init_stop(config, run_facts(config, workload, trainer))
     epochs, seeds, outcomes = [], [], []
@@ -418,7 +420,8 @@ def sample_unit(config: DistbenchConfig) -> str:
 
 
 class EpochProgress:
-    """Rank 0's progress bar over the batches of the epoch being timed (`run.progress`).
+    """Rank 0's progress over the batches of the epoch being timed (`run.progress`): a bar on
+    a terminal, else a line every half minute of a long epoch (`workloads.progress`).
 
     Driven by the trainer's heartbeat, which every distribution model calls after each batch
     (each minibatch a PipeDream worker finishes), so every model shows the same bar; the
@@ -428,13 +431,14 @@ class EpochProgress:
     def __init__(self, *, enabled: bool, batches: int) -> None:
         self.enabled = enabled
         self.batches = batches
-        self._bar: tqdm | None = None
+        self._bar: Progress | None = None
 
     @contextlib.contextmanager
     def epoch(self, label: str) -> Iterator[None]:
-        # leave=False: the epoch's log line takes the bar's place once the epoch is timed.
-        with tqdm(total=self.batches, desc=label, unit="batch", disable=not self.enabled,
-                  leave=False, mininterval=1.0) as self._bar:
+        # leave=False: the epoch's log line takes the bar's place once the epoch is timed; in
+        # a file that line follows the epoch, so a line of progress only for a long one.
+        with steps(self.batches, label, "batch", enabled=self.enabled, mininterval=1.0,
+                   first_line_s=30.0, every_s=30.0) as self._bar:
             try:
                 yield
             finally:
@@ -482,6 +486,7 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
     env = worker_environment()
     output_dir = Path(output_dir or _hydra_output_dir() or _fresh_run_dir(config))
     started = now()
+    machine_at_start = start_conditions()  # before this cell loads the machine itself
     device = torch.device("cpu")
     status, error, measurement = RunStatus.ok, None, None
     memory_limit: MemoryLimit | None = None
@@ -532,6 +537,7 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
         status, error = merge_rank_reports(output_dir, env.world_size, status, error)
 
     result = _new_result(cell, output_dir, started, device, status, error)
+    result.environment.update(machine_at_start)
     if measurement is not None:
         result.metrics = measurement.metrics()
         result.epoch_seconds = measurement.epoch_seconds()

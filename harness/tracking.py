@@ -12,7 +12,8 @@ sync that can prove the launcher is gone.
 
 For a person comparing cells in the MLflow UI: a cell's run spans the cell's own training (its
 result's started_at to finished_at), the parent run ends with a summary of its cells (ok,
-failed, fastest), and every experiment carries a view of its runs table listing the cells with
+failed, reused, fastest: `harness.sweep_summary`, of the same records as the launcher's table),
+and every experiment carries a view of its runs table listing the cells with
 the columns to compare, which the link the launcher logs at the end of a sweep opens.
 """
 
@@ -27,8 +28,7 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from omegaconf import DictConfig
 
 from harness.processes import start_time
 from harness.results import RESULT_FILE, CellResult, RunStatus
+from harness.sweep_summary import SweepSummary
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +91,12 @@ VIEW_STATE = {
     "columnWidths": {RUN_NAME_COLUMN: 300, **VIEW_COLUMNS}}
 # Where `mlflow ui` serves by default: the link's base for a store that is not a server.
 DEFAULT_UI_URL = "http://127.0.0.1:5000"
-# A sweep's parent run, once its cells have run: how many ended ok and how many did not, and
-# the fastest (its run name as a tag, its seconds per epoch as a metric).
+# A sweep's parent run, once its cells have run: how many ended ok (reused ones included) and
+# how many did not, how many were reused from earlier runs, and the fastest (its run name as a
+# tag, its seconds per epoch as a metric).
 CELLS_OK_METRIC = "cells_ok"
 CELLS_FAILED_METRIC = "cells_failed"
+CELLS_REUSED_METRIC = "cells_reused"
 FASTEST_CELL_TAG = "fastest_cell"
 FASTEST_SECONDS_METRIC = "fastest_seconds_per_epoch"
 # MLflow's HTTP client retries a failed request 7 times with exponential back-off (minutes in
@@ -126,6 +129,19 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return flat
 
 
+# Loggers of the libraries under MLflow's SQLite store that log at INFO when a store is opened
+# or created ("Creating initial MLflow database tables...", alembic's migrations): not news to
+# a distbench user, and lines in every cell's log. Their warnings and errors still show.
+_STORE_CHATTER = ("alembic", "mlflow.store.db.utils")
+
+
+def quiet_store_logs() -> None:
+    """Raise the store's chatty loggers to WARNING; call it after importing MLflow (whose
+    import configures its loggers afresh)."""
+    for name in _STORE_CHATTER:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def _client(uri: str):  # noqa: ANN202 - MlflowClient imported lazily (slow import)
     from mlflow.tracking import MlflowClient
 
@@ -133,8 +149,7 @@ def _client(uri: str):  # noqa: ANN202 - MlflowClient imported lazily (slow impo
         os.environ.setdefault(name, value)
     # urllib3 logs every retry as a warning; the caller reports the failure once.
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
-    # The SQLite store logs its schema migrations at INFO on first use; they are not news.
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    quiet_store_logs()
     return MlflowClient(tracking_uri=uri)
 
 
@@ -358,10 +373,16 @@ def log_run(*, uri: str, experiment: str, run_name: str, tags: Mapping[str, str]
 
 
 @contextlib.contextmanager
-def sweep_parent_run(config: DictConfig, *, cells_to_run: int) -> Iterator[str | None]:
+def sweep_parent_run(config: DictConfig, *, cells_to_run: int,
+                     results: Collection[Mapping[str, Any]] = ()) -> Iterator[str | None]:
     """The sweep's parent run, open while its cells run (they nest under it through
     PARENT_RUN_ENV, which submitit's local and SLURM executors pass on to the jobs), closed
     when the block ends: FINISHED, FAILED on an exception, KILLED on Ctrl-C or an exit.
+
+    `results` is the collection of cell records the launcher fills meanwhile, reused cells
+    included, and prints its summary table from: the run's summary is made of it when the run
+    closes (`SweepSummary`), so the two agree. (The cells nested under the run are only those
+    that ran in this launch.)
 
     Opened by a launcher after every cell was validated and only if `cells_to_run` > 0, so a
     rejected sweep, or a re-run whose every cell finished earlier, leaves no empty run (and no
@@ -392,16 +413,16 @@ def sweep_parent_run(config: DictConfig, *, cells_to_run: int) -> Iterator[str |
             os.environ.pop(PARENT_RUN_ENV, None)
         else:
             os.environ[PARENT_RUN_ENV] = previous
-        _close_parent_run(uri, run_id, status)
+        _close_parent_run(uri, run_id, status, SweepSummary.of(results))
 
 
-def _close_parent_run(uri: str, run_id: str, status: str) -> None:
+def _close_parent_run(uri: str, run_id: str, status: str, summary: SweepSummary) -> None:
     """End the sweep's parent run with its outcome and the summary of its cells, and say
     where to compare them. A summary that fails is logged; the run is closed all the same."""
-    summary = None
+    experiment = None
     try:
         client = _client(uri)
-        summary = summarize_sweep(client, run_id)
+        experiment = client.get_run(run_id).info.experiment_id
         _log_summary(client, run_id, summary)
     except Exception as err:  # noqa: BLE001 - the cells' runs hold it all anyway
         log.warning("could not summarize the sweep in its MLflow run %s (%s)", run_id,
@@ -412,48 +433,11 @@ def _close_parent_run(uri: str, run_id: str, status: str) -> None:
         log.warning("could not close the sweep's MLflow run %s (%s)", run_id,
                     tracking_failure(err))
         return
-    if summary is not None:
+    if experiment is not None:
         serve = ("" if uri.startswith(("http://", "https://"))
                  else f"`mlflow ui --backend-store-uri {uri} --host 127.0.0.1`, then ")
         log.info("MLflow: sweep run %s %s: %s. Compare the cells: %s%s", run_id, status,
-                 summary.line(), serve, experiment_link(uri, summary.experiment_id))
-
-
-@dataclass(frozen=True)
-class SweepSummary:
-    """What a sweep's cells came to, as recorded in MLflow (the cells nested under its parent
-    run: those that ran in this launch, not those skipped as finished earlier)."""
-
-    experiment_id: str
-    cells_ok: int
-    cells_failed: int  # every other status: oom, failed, timeout
-    fastest: tuple[str, float] | None  # (run name, seconds per epoch) of the fastest ok cell
-
-    def line(self) -> str:
-        fastest = (f"; fastest {self.fastest[0]!r} at {self.fastest[1]:.3f} s/epoch"
-                   if self.fastest is not None else "")
-        return f"{self.cells_ok} cell(s) ok, {self.cells_failed} failed{fastest}"
-
-
-def summarize_sweep(client: Any, parent_run_id: str) -> SweepSummary:
-    """The summary of the cells nested under the sweep's parent run."""
-    experiment_id_ = client.get_run(parent_run_id).info.experiment_id
-    ok, failed, fastest = 0, 0, None
-    token = None
-    while True:
-        page = client.search_runs([experiment_id_], max_results=1000, page_token=token,
-                                  filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}'")
-        for run in page:
-            if run.data.tags.get("status") != RunStatus.ok.value:
-                failed += 1
-                continue
-            ok += 1
-            seconds = run.data.metrics.get("seconds_per_epoch")
-            if seconds is not None and (fastest is None or seconds < fastest[1]):
-                fastest = (run.info.run_name, seconds)
-        token = page.token
-        if not token:
-            return SweepSummary(experiment_id_, ok, failed, fastest)
+                 summary.line(), serve, experiment_link(uri, experiment))
 
 
 def _log_summary(client: Any, run_id: str, summary: SweepSummary) -> None:
@@ -463,7 +447,8 @@ def _log_summary(client: Any, run_id: str, summary: SweepSummary) -> None:
 
     timestamp = int(time.time() * 1000)
     metrics = [Metric(CELLS_OK_METRIC, summary.cells_ok, timestamp, 0),
-               Metric(CELLS_FAILED_METRIC, summary.cells_failed, timestamp, 0)]
+               Metric(CELLS_FAILED_METRIC, summary.cells_failed, timestamp, 0),
+               Metric(CELLS_REUSED_METRIC, summary.cells_reused, timestamp, 0)]
     tags = [RunTag("mlflow.note.content", f"Sweep: {summary.line()}.")]
     if summary.fastest is not None:
         metrics.append(Metric(FASTEST_SECONDS_METRIC, summary.fastest[1], timestamp, 0))

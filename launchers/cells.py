@@ -24,6 +24,8 @@ from harness.record import keep_logging_when_the_disk_fails
 from harness.results import RESULT_FILE, RunStatus, read_rank_reports, read_result
 from harness.resume import cell_key, finished_result
 from harness.run import record_failure, summarize_rank_reports
+from harness.spread import STD_FOOTNOTE, std_column
+from harness.sweep_summary import SweepSummary, is_reused, mark_reused
 from harness.tracking import result_recorded_for, tracking_uri
 
 Size = TypeVar("Size")
@@ -116,15 +118,15 @@ def cell_sizer(master: DictConfig) -> Callable[[DistbenchConfig], Any]:
 def finished_earlier(prepared: Sequence[PreparedCell[Any]], *,
                      force: bool) -> dict[int, dict[str, Any]]:
     """The results of the cells that already finished (status ok) in an earlier run of the same
-    sweep, by position in `prepared`; those cells are skipped, and said so. With `force`, none:
-    every cell runs again."""
+    sweep, by position in `prepared`, marked as reused (`harness.sweep_summary`); those cells
+    are skipped, and said so. With `force`, none: every cell runs again."""
     if force:
         return {}
     done = {}
     for index, cell in enumerate(prepared):
         result = finished_result(cell.cell.run.output_dir, cell_key(cell.config))
         if result is not None:
-            done[index] = result
+            done[index] = mark_reused(result)
     if done and len(done) == len(prepared):  # one line, not one per cell
         print(f"[distbench] {len(done)} cell(s) already measured, nothing to run; "
               f"hydra.launcher.force=true measures them again", flush=True)
@@ -176,10 +178,11 @@ def worker_logs_tail(job: submitit.Job, tasks: int, characters: int = 2000) -> s
 def sweep_returns(prepared: Sequence[PreparedCell[Any]], results: Sequence[dict[str, Any]],
                   job_ids: Sequence[str]) -> list[Any]:
     """What a launcher hands back to Hydra: one JobReturn per cell, in cell order; the sweep's
-    summary table is printed on the way."""
+    summary table, and the summary line made of the same records, are printed on the way."""
     from hydra.core.utils import JobReturn, JobStatus
 
     print(summary_table(results), flush=True)
+    print(f"sweep: {SweepSummary.of(results).line()}", flush=True)
     note_cell_results(results)  # the command's exit status: 1 unless every cell ended ok
     return [JobReturn(overrides=cell.overrides, cfg=cell.config,
                       working_dir=str(result.get("output_dir", cell.output_dir)),
@@ -211,17 +214,25 @@ def tokens_column(metrics: dict[str, float]) -> str:
 
 def summary_table(results: Sequence[dict]) -> str:
     """A plain-text table of a sweep's cells, printed when the sweep ends; under each cell
-    that did not end ok, the one line that says why (its record holds the whole error)."""
+    that did not end ok, the one line that says why (its record holds the whole error), and
+    under each cell reused from an earlier run, where that run is. `std` is the spread over
+    the cell's repeats, '-' for a cell of one repeat (a footnote says so)."""
     header = f"{'#':>3}  {'cell':<44} {'status':<8} {'s/epoch':>9} {'std':>7} " \
              f"{'images/s':>9} {'tokens/s':>9} {'peak MB':>8} {'eval acc':>8} {'to target':>11}"
     rows = [header]
+    no_spread = False
     for number, result in enumerate(results):
         metrics = result.get("metrics", {})
-        figures = (f"{metrics['seconds_per_epoch']:>9.3f} {metrics['seconds_per_epoch_std']:>7.3f} "
+        no_spread |= bool(metrics) and std_column(metrics) == "-"
+        figures = (f"{metrics['seconds_per_epoch']:>9.3f} {std_column(metrics):>7} "
                    f"{metrics['images_per_second']:>9.1f} {tokens_column(metrics):>9} "
                    f"{metrics['peak_memory_mb']:>8.0f} {quality_columns(metrics)}"
                    if metrics else f"{'-':>9} {'-':>7} {'-':>9} {'-':>9} {'-':>8}")
         rows.append(f"{number:>3}  {result['run_name']:<44} {result['status']:<8} {figures}")
         if result["status"] != RunStatus.ok.value:
             rows.append(f"{'':>5}why: {failure_reason(result.get('error'), width=90)}")
+        if is_reused(result):
+            rows.append(f"{'':>5}reused: measured earlier, in {result.get('output_dir')}")
+    if no_spread:
+        rows.append(STD_FOOTNOTE)
     return "\n".join(rows)

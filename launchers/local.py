@@ -42,6 +42,7 @@ from tqdm import tqdm
 from harness.distributed import MASTER_PORT_ENV, free_port, log_to_stderr
 from harness.processes import ProcessId, children_with_environment, end_tree
 from harness.results import RESULT_FILE, RunStatus
+from workloads.progress import BARS, PROGRESS_ENV, mode
 
 # After rank 0 recorded the cell, how long the other workers may take to exit by themselves.
 GRACE_AFTER_RESULT_S = 20.0
@@ -56,13 +57,15 @@ def submit_local(function: Callable[..., Any], *args: Any, folder: Path, tasks: 
 
     The workers' rendezvous port is a port free right now, handed to them in their
     environment: a port derived from the local job id (a process id) could be one that another
-    cell on this machine is using.
+    cell on this machine is using. So is how this process shows progress (`workloads.progress`):
+    the workers write to files; rank 0's bar reaches a terminal only through this process.
     """
     executor = submitit.LocalExecutor(folder=str(folder))
     # submitit's own time limit is a backstop only: wait_for_cell ends the cell first.
     executor.update_parameters(tasks_per_node=tasks, nodes=1, timeout_min=timeout_min + 5,
                                name=name, **gpu_parameters(os.environ.get("CUDA_VISIBLE_DEVICES")))
-    handed = {MASTER_PORT_ENV: str(free_port()), LAUNCHER_PID_ENV: str(os.getpid())}
+    handed = {MASTER_PORT_ENV: str(free_port()), LAUNCHER_PID_ENV: str(os.getpid()),
+              PROGRESS_ENV: mode()}
     previous = {name: os.environ.get(name) for name in handed}
     os.environ.update(handed)  # submitit copies os.environ to the tasks
     try:
@@ -187,7 +190,8 @@ class Rank0Terminal:
     result summary) goes to the launcher's stdout or stderr as it went to rank 0's, and the
     line rank 0 keeps redrawing (text after a carriage return and no newline yet: the
     frame of its progress bar) is shown on a status line of the launcher's own, a tqdm bar,
-    which stays below the finished lines and under a sweep's own bar. submitit's
+    which stays below the finished lines and under a sweep's own bar; rank 0 draws a bar only
+    when this process's stderr is a terminal (`submit_local` hands it the choice). submitit's
     bookkeeping lines are left out. Ordering between rank 0's stdout and stderr is that of
     the polls (every `_POLL_S`).
     """
@@ -223,7 +227,7 @@ class Rank0Terminal:
                         output.stream.write(line + "\n")
                         output.stream.flush()
         frame = next((output.frame for output in self._outputs if output.frame), "")
-        if self._status is None and frame:
+        if self._status is None and frame and mode() == BARS:
             self._status = tqdm(bar_format="{desc}", leave=False, file=sys.stderr)
         if self._status is not None and frame != self._status.desc:
             self._status.set_description_str(frame)
@@ -311,22 +315,30 @@ def run_local_cell(cfg: Any, output_dir: Path, *, workers: int, timeout_min: int
     """`python -m harness` for a cell with several workers: start them, wait (showing what
     rank 0 prints, as a cell of one worker shows it), return the result (rank 0's record, or
     the record of how the cell failed)."""
+    from harness.config import validate
+
     outcome, _ = run_cell_job(_logged_run_cell, cfg, output_dir, config=cfg,
                               output_dir=output_dir, folder=output_dir / ".submitit" / "%j",
-                              workers=workers, timeout_min=timeout_min, name="distbench")
+                              workers=workers, timeout_min=timeout_min, name="distbench",
+                              label=validate(cfg).run_name)
     return outcome
 
 
 def run_cell_job(function: Callable[..., Any], *args: Any, config: Any, output_dir: Path,
-                 folder: Path, workers: int, timeout_min: int, name: str
+                 folder: Path, workers: int, timeout_min: int, name: str, label: str
                  ) -> tuple[dict, submitit.Job]:
     """One cell on this machine, as both a cell typed at the prompt and the serial sweep run
     it: submit `function(*args)` as the cell's `workers` processes, wait until all have ended
     (`wait_for_cell`, rank 0 shown), and return the cell's outcome (`launchers.cells.
-    cell_outcome`: rank 0's record, or the record of how the cell failed) and its job."""
+    cell_outcome`: rank 0's record, or the record of how the cell failed) and its job.
+    `label` names the cell in the line that says its workers are starting: they take seconds
+    (a Python and torch each) before rank 0 says anything."""
     from harness.run import now
     from launchers.cells import cell_outcome, worker_logs_tail
 
+    with tqdm.external_write_mode(file=sys.stdout):  # above a sweep's bar, on a terminal
+        print(f"[distbench] {label}: starting {workers} worker process(es) in {output_dir}",
+              flush=True)
     started = now()
     job = submit_local(function, *args, folder=folder, tasks=workers, timeout_min=timeout_min,
                        name=name)

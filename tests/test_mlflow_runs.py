@@ -1,7 +1,8 @@
 """What a sweep leaves in MLflow for a person to compare, checked on a real SQLite store without
 a browser (tests/test_mlflow_ui.py looks at the same through the UI): cell names that tell the
 cells apart, each cell's run spanning its own training, the sweep's parent run ending with a
-summary, experiments tagged to open on their training runs in distbench's view.
+summary of the cells its table shows (reused ones included), experiments tagged to open on
+their training runs in distbench's view.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from mlflow.tracking import MlflowClient
 from harness.compose import compose_config
 from harness.config import validate
 from harness.results import CellResult, RunStatus
+from harness.sweep_summary import SweepSummary, mark_reused
 from harness.tracking import (
     DEFAULT_STORE_FILE,
     EXPERIMENT_KIND_TAG,
@@ -104,6 +106,9 @@ def test_an_existing_experiment_gets_the_tags_it_lacks(store: str) -> None:
 
 def test_the_sweeps_run_ends_with_its_outcome_and_summary(
         output_root: Path, store: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The summary is made of the records the launcher gathered, as its table is: a cell
+    reused from an earlier run (not nested under this sweep's run) counts, and is the fastest
+    here, marked so."""
     uri = store
     config = compose_config([f"run.output_dir={output_root}", f"tracking.uri={uri}",
                              "tracking.experiment=sweep"], with_hydra=True)
@@ -111,19 +116,24 @@ def test_the_sweeps_run_ends_with_its_outcome_and_summary(
     cells = [("gpipe 1x2 mb2 b8 mobilenetv2-mnist", RunStatus.ok, 2.5),
              ("gpipe 1x2 mb4 b8 mobilenetv2-mnist", RunStatus.ok, 1.5),
              ("gpipe 1x2 mb8 b8 mobilenetv2-mnist", RunStatus.oom, None)]
+    reused = mark_reused(_result(output_root, "ddp 1x2 b8 mobilenetv2-mnist", RunStatus.ok,
+                                 1.25, *times).to_dict())
+    results: list[dict] = [reused]  # as the launcher gathers them
     with caplog.at_level(logging.INFO, logger="harness.tracking"), \
-            sweep_parent_run(config, cells_to_run=len(cells)) as parent_id:
+            sweep_parent_run(config, cells_to_run=len(cells), results=results) as parent_id:
         for name, status, seconds in cells:
-            record_cell(_result(output_root, name, status, seconds, *times), uri=uri,
-                        experiment="sweep", artifacts=[])
+            result = _result(output_root, name, status, seconds, *times)
+            record_cell(result, uri=uri, experiment="sweep", artifacts=[])
+            results.append(result.to_dict())
 
     parent = MlflowClient(uri).get_run(parent_id)
     assert parent.info.status == "FINISHED"
-    assert parent.data.metrics == {"cells_ok": 2, "cells_failed": 1,
-                                   "fastest_seconds_per_epoch": 1.5}
-    assert parent.data.tags["fastest_cell"] == "gpipe 1x2 mb4 b8 mobilenetv2-mnist"
-    summary = ("2 cell(s) ok, 1 failed; fastest 'gpipe 1x2 mb4 b8 mobilenetv2-mnist' at "
-               "1.500 s/epoch")
+    assert parent.data.metrics == {"cells_ok": 3, "cells_failed": 1, "cells_reused": 1,
+                                   "fastest_seconds_per_epoch": 1.25}
+    assert parent.data.tags["fastest_cell"] == "ddp 1x2 b8 mobilenetv2-mnist"
+    summary = ("3 cell(s) ok (1 reused), 1 failed; fastest 'ddp 1x2 b8 mobilenetv2-mnist' at "
+               "1.250 s/epoch (reused)")
+    assert SweepSummary.of(results).line() == summary  # the line under the launcher's table
     assert summary in parent.data.tags["mlflow.note.content"]  # the run page's description
     # The launcher says where to compare them: the store's runs table in distbench's view.
     assert summary in caplog.text

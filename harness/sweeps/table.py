@@ -27,7 +27,7 @@ from harness.analysis.grid import recorded_config
 from harness.cli import failure_reason
 from harness.config import ConfigError, DistbenchConfig
 from harness.distributions.registry import setting_names
-from harness.tracking import CELL_KEY_TAG, KIND_TAG, OUTPUT_DIR_TAG, SWEEP_KIND
+from harness.tracking import CELL_KEY_TAG, KIND_TAG, OUTPUT_DIR_TAG, SWEEP_KIND, quiet_store_logs
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def client_for(uri: str) -> Any:
 
     # One tiny config file per run: MLflow's per-download progress bar would only be noise.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    quiet_store_logs()
     return MlflowClient(tracking_uri=uri)
 
 

@@ -57,11 +57,11 @@ class SerialLocalLauncher(LocalLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
         from hydra.core.singleton import Singleton
-        from tqdm import tqdm
 
         from harness.tracking import sweep_parent_run
         from launchers import cells
         from launchers.local import run_cell_job
+        from workloads.progress import steps
 
         assert self.config is not None and self.hydra_context is not None
         prepared = cells.prepare_sweep(self.hydra_context.config_loader, self.config,
@@ -69,12 +69,16 @@ class SerialLocalLauncher(LocalLauncher):
                                        size_cell=cells.single_node_workers)
         done = cells.finished_earlier(prepared, force=bool(self.params["force"]))
         timeout_min = int(self.params["timeout_min"])
-        results, job_ids = [], []
-        # The sweep's MLflow parent run, only once every cell is valid and some cell runs.
-        with (sweep_parent_run(self.config, cells_to_run=len(prepared) - len(done)),
+        results: list[dict] = []  # reused cells' and run cells', in cell order
+        job_ids = []
+        # The sweep's MLflow parent run, only once every cell is valid and some cell runs; its
+        # summary is made of `results`, as the summary table is.
+        with (sweep_parent_run(self.config, cells_to_run=len(prepared) - len(done),
+                               results=results),
               # Over the cells that run: skipped ones would make its rate thousands of cells/s.
-              tqdm(total=len(prepared) - len(done), desc="sweep", unit="cell",
-                   disable=len(done) == len(prepared)) as bar):
+              # In a file: a line as each cell ends.
+              steps(len(prepared) - len(done), "sweep", "cell(s)",
+                    enabled=len(done) < len(prepared), first_line_s=0, every_s=0) as bar):
             for index, cell in enumerate(prepared):
                 if index in done:
                     results.append(done[index])
@@ -85,7 +89,8 @@ class SerialLocalLauncher(LocalLauncher):
                     f"job_id_for_{cell.job_num}", Singleton.get_state(), config=cell.config,
                     output_dir=cell.output_dir, folder=Path(self.params["submitit_folder"]),
                     workers=cell.size, timeout_min=timeout_min,
-                    name=str(cell.config.hydra.job.name))
+                    name=str(cell.config.hydra.job.name),
+                    label=f"cell {cell.job_num} ({cell.cell.run_name})")
                 results.append(outcome)
                 job_ids.append(job.job_id)
                 bar.update()

@@ -106,12 +106,12 @@ class SlurmCellsLauncher(SlurmLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
-        from tqdm import tqdm
-
         from harness.resume import cell_key
         from harness.run import now
+        from harness.sweep_summary import mark_reused
         from harness.tracking import sweep_parent_run
         from launchers import cells, slurm, slurm_resume
+        from workloads.progress import steps
 
         assert self.config is not None and self.hydra_context is not None
         prepared = cells.prepare_sweep(
@@ -124,14 +124,18 @@ class SlurmCellsLauncher(SlurmLauncher):
         force = bool(self.params["force"])
         done = cells.finished_earlier(prepared, force=force)
         earlier = slurm_resume.take_over_earlier_jobs(prepared, done, force=force)
-        done.update(earlier.finished)
+        done.update({index: mark_reused(result) for index, result in earlier.finished.items()})
         # Cells whose earlier job still runs are followed, not submitted again.
         followed = sorted(earlier.following)
         submitted = [earlier.following[index] for index in followed]
         positions = list(followed)  # each followed or submitted cell's position in `prepared`
+        results: dict[int, dict] = dict(done)  # by position in `prepared`, filled as cells end
+        job_ids = {index: "skipped" for index in done}
         # The sweep's MLflow parent run, only once every cell is valid and some cell runs
-        # (cells followed from an earlier sweep included); its id reaches the jobs it submits.
-        with sweep_parent_run(self.config, cells_to_run=len(prepared) - len(done)):
+        # (cells followed from an earlier sweep included); its id reaches the jobs it submits;
+        # its summary is made of `results`, as the summary table is.
+        with sweep_parent_run(self.config, cells_to_run=len(prepared) - len(done),
+                              results=results.values()):
             started = now()
             for index, cell in enumerate(prepared):
                 if index in done or index in earlier.following:
@@ -154,9 +158,7 @@ class SlurmCellsLauncher(SlurmLauncher):
                 submitted.append(slurm.SubmittedCell(job, cell.output_dir, cell.size.tasks))
                 positions.append(index)
 
-            results: dict[int, dict] = dict(done)
-            job_ids = {index: "skipped" for index in done}
-            with tqdm(total=len(submitted), desc="sweep", unit="cell") as bar:
+            with steps(len(submitted), "sweep", "cell(s)", first_line_s=0, every_s=0) as bar:
                 def record(ended: slurm.SubmittedCell) -> None:
                     index = positions[submitted.index(ended)]
                     job_ids[index] = ended.job.job_id

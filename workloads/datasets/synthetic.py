@@ -54,11 +54,11 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import Dataset
-from tqdm import tqdm
 
 from workloads.datasets.buffers import BufferPool
 from workloads.datasets.cache import ArraySpec, load_or_generate
 from workloads.datasets.spec import DatasetSpec
+from workloads.progress import steps
 
 logger = logging.getLogger(__name__)
 
@@ -196,8 +196,8 @@ def _image_chunks(spec: DatasetSpec, labels: np.ndarray, seed: int,
     per_chunk = max(1, _CHUNK_BYTES // spec.bytes_per_image)
     templates = class_templates(spec, seed)
     show_progress = unique * spec.bytes_per_image >= _PROGRESS_BAR_BYTES
-    with tqdm(total=unique, unit="img", desc=f"generating synthetic {spec.name} ({split})",
-              disable=not show_progress) as progress:
+    with steps(unique, f"generating synthetic {spec.name} ({split})", "img",
+               enabled=show_progress) as progress:
         for index, start in enumerate(range(0, unique, per_chunk)):
             count = min(per_chunk, unique - start)
             # Drawn as uint16: numpy draws a range that is not a power of two 6x faster so.
