@@ -5,6 +5,7 @@ cell measured again under another experiment), measured once for the module."""
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ from PIL import Image
 from scipy import stats
 
 from harness.eventlog import log_file_name
-from harness.sweeps.cli import main
+from harness.sweeps.cli import comparison_text, main
+from harness.sweeps.compare import FASTER, NOISE, SLOWER, compare
 from harness.sweeps.scaling import NO_SINGLE_WORKER, scaling
 from tests.helpers import run_module
 from tests.test_mlperf_results import BENCHMARK, run_minutes
@@ -35,6 +37,7 @@ class Store:
     root: Path  # run.output_dir: the SQLite store is in it
     sweep_dir: Path  # sweep A's directory (experiment sweeps_a)
     client: MlflowClient
+    sweep_output: str  # what sweep A printed (stdout, then stderr)
 
     @property
     def override(self) -> str:
@@ -69,7 +72,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
                                        "tracking.experiment=sweeps_b"], cwd=root.parent)
         assert again.returncode == 0, again.stderr[-3000:]
         (sweep_dir,) = (root / "sweeps" / "sweeps_a").iterdir()
-        yield Store(root, sweep_dir, MlflowClient(f"sqlite:///{root / 'mlflow.db'}"))
+        yield Store(root, sweep_dir, MlflowClient(f"sqlite:///{root / 'mlflow.db'}"),
+                    sweep.stdout + sweep.stderr)
 
 
 def test_export_writes_one_row_per_cell_with_its_axes_status_and_every_metric(
@@ -140,6 +144,52 @@ def test_compare_gives_the_ratio_and_its_interval_computed_from_the_store(
     assert ddp["side"] == "only A" and math.isnan(ddp["ratio"])
     assert f"{ratio:.3f} [{low:.3f}, {high:.3f}]" in printed
     assert "1 cells on both sides, 1 only in A, 0 only in B" in printed
+    # The verdict: B/A differs from 1 only where its 95 % interval excludes 1.
+    verdict = FASTER if high < 1 else SLOWER if low > 1 else NOISE
+    assert both["verdict"] == verdict and pd.isna(ddp["verdict"])
+    (row,) = [line for line in printed.splitlines() if line.split()[:1] == ["both"]]
+    assert row.endswith(verdict)
+    assert (f"verdict: B faster in {int(verdict == FASTER)} of 1 cells, slower in "
+            f"{int(verdict == SLOWER)}, no difference beyond noise in {int(verdict == NOISE)} "
+            f"(where B/A's 95 % interval excludes 1 or not)") in printed.splitlines()
+
+
+def test_compare_gives_no_verdict_where_a_side_ran_one_repeat(
+        store: Store, tmp_path: Path) -> None:
+    """A cell of one repeat measured no spread: no interval, no verdict, and the output says
+    so, instead of treating its time as exact. (Sweep A's sequential cell as a cell of one
+    repeat records it: `repeats` 1, no spread over repeats, no interval.)"""
+    a = pd.read_csv(exported(store, tmp_path, store.sweep_dir.name))
+    once = a["distribution"] == "sequential"
+    a.loc[once, "repeats"] = 1.0
+    a.loc[once, ["seconds_per_epoch_repeat_std", "seconds_per_epoch_ci95_low",
+                 "seconds_per_epoch_ci95_high"]] = math.nan
+    b = pd.read_csv(exported(store, tmp_path, "sweeps_b"))
+    result = compare(a, b)
+    row = result.table.set_index("distribution").loc["sequential"]
+    assert row["verdict"] == "no verdict: 1 repeat in A, no spread"
+    assert not math.isnan(row["ratio"]) and math.isnan(row["ratio_ci95_low"])
+    text = comparison_text(result)
+    assert "no verdict: 1 repeat in A, no spread" in text
+    assert text.splitlines()[-1] == (
+        "verdict: B faster in 0 of 1 cells, slower in 0, no difference beyond noise in 0 "
+        "(where B/A's 95 % interval excludes 1 or not); 1 without a verdict: a side ran 1 "
+        "repeat and measured no spread (run.repeats=3 or more measures one)")
+
+
+def test_the_sweep_prints_each_cells_spread_over_its_repeats(store: Store) -> None:
+    """Sweep A's cells ran 3 repeats: the record's line gives their spread and interval, and
+    the summary table's std is the spread over the repeats."""
+    for run in store.cell_runs("sweeps_a").values():
+        metrics = run.data.metrics
+        std = metrics["seconds_per_epoch_repeat_std"]
+        assert (f"{run.info.run_name}: {metrics['seconds_per_epoch']:.3f} s/epoch (3 repeats: "
+                f"std {std:.3f}, 95 % interval [{metrics['seconds_per_epoch_ci95_low']:.3f}, "
+                f"{metrics['seconds_per_epoch_ci95_high']:.3f}])") in store.sweep_output
+        (row,) = [line for line in store.sweep_output.splitlines()
+                  if re.match(rf" +\d+  {re.escape(run.info.run_name)} ", line)]
+        assert row.split()[row.split().index("ok") + 2] == f"{std:.3f}"
+    assert "1 repeat, no spread measured" not in store.sweep_output  # no footnote needed
 
 
 def _ratio_interval(a: list[float], b: list[float]) -> tuple[float, float]:

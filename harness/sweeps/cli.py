@@ -3,7 +3,9 @@
 - `export SELECTION... --out FILE.csv|FILE.parquet`: one row per cell run (config axes, status,
   every metric, run and sweep ids, start and end);
 - `compare A B`: two selections cell by cell, seconds per epoch B/A with its 95 % interval
-  where both cells have repeats, and the cells measured on one side only;
+  where both cells have repeats, a verdict per cell and overall (B faster or slower where the
+  interval excludes 1, else no difference beyond noise; none where a side ran one repeat), and
+  the cells measured on one side only;
 - `scaling SELECTION... --out plot.png`: speedup and efficiency against workers, per
   distribution model, one panel per network and dataset.
 - `mlperf SELECTION... --out DIR`: the cells as an MLPerf results folder (a system per
@@ -32,7 +34,16 @@ from harness.cli import ArgumentParser, command
 from harness.compose import compose_config
 from harness.config import ConfigError, validate
 from harness.preflight import check_writable_dir
-from harness.sweeps.compare import MATCH_ON, Comparison, check_on, compare
+from harness.sweeps.compare import (
+    FASTER,
+    MATCH_ON,
+    NO_VERDICT,
+    NOISE,
+    SLOWER,
+    Comparison,
+    check_on,
+    compare,
+)
 from harness.sweeps.table import Selection, cells_table, client_for, select
 from harness.tracking import tracking_uri
 
@@ -158,7 +169,8 @@ def _compare(client: object, a: str, b: str, on: list[str], out: Path | None) ->
 
 def comparison_text(result: Comparison) -> str:
     """The comparison as a reader scans it: the axes that differ between cells, each side's
-    seconds per epoch (with its 95 % interval), B/A with its own."""
+    seconds per epoch (with its 95 % interval), B/A with its own and its verdict; then the
+    verdict over every cell (`overall_verdict`)."""
     table = result.table
     # A model's own setting (None for the other models) is shown where it takes two values.
     varying = [c for c in result.on if table[c].nunique() > 1]
@@ -174,6 +186,7 @@ def comparison_text(result: Comparison) -> str:
             table[f"{side}_seconds_per_epoch_ci95_high"])]
     shown["B/A"] = [_ratio(*row) for row in zip(table["ratio"], table["ratio_ci95_low"],
                                                   table["ratio_ci95_high"])]
+    shown["verdict"] = table["verdict"].replace("", "-")
     lines = [f"matched on: {', '.join(result.on)}"]
     if constant:
         lines.append(f"the same wherever set: {' '.join(constant)}")
@@ -182,11 +195,29 @@ def comparison_text(result: Comparison) -> str:
     lines.append(f"{len(both)} cells on both sides, {int((table['side'] == 'only A').sum())} "
                  f"only in A, {int((table['side'] == 'only B').sum())} only in B; B/A < 1: "
                  "B is faster; [95% interval] where both cells have 2 or more repeats")
+    lines.append(overall_verdict(list(table["verdict"])))
     for side, count in result.set_aside.items():
         if count:
             lines.append(f"{side.upper()}: {count} earlier run(s) of a cell set aside (the "
                          f"latest ok run stands for each cell)")
     return "\n".join(lines)
+
+
+def overall_verdict(verdicts: Sequence[str]) -> str:
+    """'verdict: B faster in 1 of 3 cells, slower in 0, no difference beyond noise in 1; 1
+    without a verdict (...)', over the cells both sides measured."""
+    judged = [v for v in verdicts if v]
+    if not judged:
+        return "verdict: none, no cell ended ok on both sides"
+    count = {kind: sum(v == kind for v in judged) for kind in (FASTER, SLOWER, NOISE)}
+    unjudged = sum(v.startswith(NO_VERDICT) for v in judged)
+    text = (f"verdict: B faster in {count[FASTER]} of {len(judged)} cells, slower in "
+            f"{count[SLOWER]}, no difference beyond noise in {count[NOISE]} (where B/A's 95 % "
+            f"interval excludes 1 or not)")
+    if unjudged:
+        text += (f"; {unjudged} without a verdict: a side ran 1 repeat and measured no spread "
+                 f"(run.repeats=3 or more measures one)")
+    return text
 
 
 def _seconds(status: object, mean: float, low: float, high: float) -> str:

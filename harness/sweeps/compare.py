@@ -1,5 +1,5 @@
-"""Two selections cell by cell: seconds per epoch B/A, its 95 % interval, and the cells that
-only one side measured.
+"""Two selections cell by cell: seconds per epoch B/A, its 95 % interval, a verdict on whether
+B differs from A beyond noise (`verdict`), and the cells that only one side measured.
 
 Cells are matched on their config axes (`MATCH_ON`, or the columns the user names), not on
 the cell key runs carry (`distbench.cell_key`): that key hashes the whole config, the MLflow
@@ -55,6 +55,9 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, on: Sequence[str] | None = None) -
     table["ratio"] = [ratio for ratio, _, _ in intervals]
     table["ratio_ci95_low"] = [low for _, low, _ in intervals]
     table["ratio_ci95_high"] = [high for _, _, high in intervals]
+    table["verdict"] = [verdict(*row) for row in zip(
+        table["ratio"], table["ratio_ci95_low"], table["ratio_ci95_high"], table["a_repeats"],
+        table["b_repeats"])]
     order = {"both": 0, "only A": 1, "only B": 2}
     table = table.sort_values(["side", *on], key=lambda c: c.map(order) if c.name == "side"
                               else c, na_position="first").reset_index(drop=True)
@@ -106,3 +109,28 @@ def ratio_interval(a_mean: float, a_std: float, a_n: float, b_mean: float, b_std
 
     half = float(stats.t.ppf(0.975, freedom)) * math.sqrt(var_a + var_b)
     return ratio, ratio * math.exp(-half), ratio * math.exp(half)
+
+
+# A row's verdict on B/A (`verdict`): its 95 % interval lies below 1, above 1, or contains it;
+# or no interval could be taken, because a side ran one repeat and so measured no spread.
+FASTER = "B faster (interval excludes 1)"
+SLOWER = "B slower (interval excludes 1)"
+NOISE = "no difference beyond noise"
+NO_VERDICT = "no verdict"
+
+
+def verdict(ratio: float, low: float, high: float, a_repeats: float, b_repeats: float) -> str:
+    """Whether B/A differs from 1 by more than its 95 % interval; '' where there is no ratio
+    (a side lacks the cell, or it did not end ok)."""
+    if math.isnan(ratio):
+        return ""
+    single = [side for side, n in (("A", a_repeats), ("B", b_repeats)) if not n >= 2]
+    if single:
+        return f"{NO_VERDICT}: 1 repeat in {' and '.join(single)}, no spread"
+    if math.isnan(low) or math.isnan(high):
+        return f"{NO_VERDICT}: no spread recorded"
+    if high < 1:
+        return FASTER
+    if low > 1:
+        return SLOWER
+    return NOISE
