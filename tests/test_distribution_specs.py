@@ -40,14 +40,17 @@ NAMED_ELSEWHERE: dict[str, set[str]] = {
         "harness/recommend.py",  # its step times are sequential steps
         "harness/distributions/gpipe.py",  # its error: one stage is distribution=sequential
     },
-    "ddp": {"conf/sweep/calibrate_local_memory.yaml", "conf/sweep/local_data_parallel.yaml"},
+    # the CUDA check runs each model that can train on one GPU (BENCHMARKS.md section 13)
+    "ddp": {"conf/sweep/calibrate_local_memory.yaml", "conf/sweep/local_data_parallel.yaml",
+            "scripts/gpu_check.sh"},
+    "fsdp": {"scripts/gpu_check.sh"},
     "horovod": {
         # the fit's free parameter for Horovod's background thread on shared cores
         "harness/analysis/fit.py", "harness/predict/terms.py",
         "harness/environment.py", "harness/sweeps/mlperf.py",  # its version, in the record
         "scripts/build_horovod.sh", "scripts/setup.sh",  # it is built from source
     },
-    "gpipe": {"conf/sweep/calibrate_local_memory.yaml"},
+    "gpipe": {"conf/sweep/calibrate_local_memory.yaml", "scripts/gpu_check.sh"},
     "pipedream": set(),
 }
 
