@@ -24,6 +24,7 @@ class RunStatus(str, Enum):
     oom = "oom"  # did not fit in memory: a result, not a crash
     failed = "failed"  # any other error; `error` holds the text
     timeout = "timeout"  # ended by the cell time limit
+    diverged = "diverged"  # the loss became NaN or infinite; `error` says where
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ A launcher whose cells outlive it (SLURM) also notes each cell's job beside the 
 (`<key>.job.json`, see `launchers.slurm.JobNote`), so that a re-run can tell a cell whose job
 still runs from one whose job ended without a result while nobody watched.
 
-Only a result with status `ok` counts as finished: `failed`, `timeout` and `oom` cells are
-run again on resume (a crash or a hang may have been transient; an `oom` costs one more try).
+Only a result with status `ok` counts as finished: `failed`, `timeout`, `oom`, `diverged` and
+`interrupted` cells are run again on resume (a crash or a hang may have been transient; an
+`oom` costs one more try; a diverged loss may have been an unlucky seed).
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from harness.distributed import (
 )
 from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
 from harness.distributions.registry import spec_of
+from harness.divergence import DivergedError, check_finite_eval_loss, check_finite_losses
 from harness.environment import capture_environment, start_conditions
 from harness.evaluation import Evaluation, evaluate
 from harness.eventlog import EventLog, RunFacts, precision_name
@@ -362,9 +363,11 @@ def train_repeat(config: DistbenchConfig, context: TrainingContext, trainer: Tra
         events.epoch_stop(repeat, epoch)
         log.info("%s: %.3f s (%d %s)", label, epochs[-1].seconds, epochs[-1].samples,
                  sample_unit(context.config))
+        check_finite_losses(epochs[-1].batch_losses, label)
         if context.workload.eval_dataset is None:
             continue
         evaluations.append(evaluate_epoch(context, trainer, events, repeat, epoch))
+        check_finite_eval_loss(evaluations[-1].loss, label)
         if run.target_accuracy is not None and evaluations[-1].accuracy >= run.target_accuracy:
             reached = True
             break
@@ -462,7 +465,9 @@ def parameter_digest(model: torch.nn.Module) -> str:
 def classify_failure(error: BaseException) -> RunStatus:
     """Out-of-memory errors (CUDA's, the CPU allocator's, Python's, a failed mmap's ENOMEM,
     C++'s bad_alloc) are `oom`; a collective that timed out is `timeout`; anything else
-    `failed`."""
+    `failed`; a loss that stopped being finite is `diverged`."""
+    if isinstance(error, DivergedError):
+        return RunStatus.diverged
     if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
         return RunStatus.oom
     text = str(error).lower()
@@ -524,6 +529,8 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
                                           tokens_per_sample=config.dataset.spec.tokens_per_sample)
         except Exception as err:  # noqa: BLE001 - a failing cell is a result, not a crash
             status, error = classify_failure(err), traceback.format_exc()
+            if status is RunStatus.diverged:
+                error = str(err)  # where and the value: not a bug, no traceback
             if status is RunStatus.oom and config.hardware.device.value == "cpu":
                 # One line says it all; the traceback stays in this worker's log.
                 log.error("rank %d: out of memory at\n%s", env.rank, error)
@@ -583,11 +590,13 @@ def merge_rank_reports(output_dir: Path, world_size: int, status: RunStatus,
 
 def summarize_rank_reports(reports: dict[int, dict[str, Any]], world_size: int,
                            status: RunStatus) -> tuple[RunStatus, list[str]]:
-    """The cell's status from its workers' reports (a timeout, else an oom, outranks `status`:
-    the others' failures follow from it) and one section per rank, a missing report said so.
-    Rank 0 (merge_rank_reports) and a launcher whose cell left no result both summarise so."""
+    """The cell's status from its workers' reports (a diverged loss, else a timeout, else an
+    oom, outranks `status`: the others' failures follow from it) and one section per rank, a
+    missing report said so. Rank 0 (merge_rank_reports) and a launcher whose cell left no
+    result both summarise so."""
     statuses = {RunStatus(report["status"]) for report in reports.values()}
-    for candidate in (RunStatus.oom, RunStatus.timeout):
+    # diverged last: a worker whose loss diverged stops, and its peers' failures follow.
+    for candidate in (RunStatus.oom, RunStatus.timeout, RunStatus.diverged):
         if candidate in statuses:
             status = candidate
     lines = []
