@@ -11,7 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from harness.cell import check_cell
-from harness.cli import noted
+from harness.cli import noted, one_door
 from harness.compose import CONFIG_PATH
 from harness.distributed import worker_environment
 from harness.distributions.registry import register_configs
@@ -42,8 +42,10 @@ def main(cfg: DictConfig) -> dict[str, Any]:
 
 def cli() -> None:
     """The `distbench` console command: `python -m harness` under its own name, which bash can
-    complete (`eval "$(distbench -sc install=bash)"`; it cannot complete `python -m`)."""
-    run_hydra_main(main)
+    complete (`eval "$(distbench -sc install=bash)"`; it cannot complete `python -m`). Any
+    exception that escapes leaves as one line (harness.cli.one_door)."""
+    with one_door():
+        run_hydra_main(main)
 
 
 if __name__ == "__main__":

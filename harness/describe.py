@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from harness.cli import command
 from harness.compose import compose_or_exit
 from harness.metrics import BYTES_PER_MB
 from workloads.datasets import DatasetSpec
@@ -68,6 +69,7 @@ def _layer_fact(index: int, layer: nn.Module, names: dict[int, str],
     }
 
 
+@command
 def main(argv: list[str] | None = None) -> None:
     config = compose_or_exit(sys.argv[1:] if argv is None else argv)
     facts = describe(config.network.ref, config.dataset.spec)

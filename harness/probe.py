@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from harness.cli import exit_on_bad_input
+from harness.cli import command, exit_on_bad_input
 from harness.compose import compose_config
 from harness.config import ConfigError, DistbenchConfig, ProbeConfig, validate, without_hydra
 from harness.distributed import (
@@ -248,6 +248,7 @@ def summary(profile: HardwareProfile) -> str:
     return "\n".join(lines)
 
 
+@command
 def main(argv: list[str] | None = None) -> None:
     overrides = sys.argv[1:] if argv is None else argv
     with exit_on_bad_input():

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.cli import exit_on_bad_input
+from harness.cli import command, exit_on_bad_input
 from harness.compose import compose_or_exit
 from harness.config import ConfigError
 from harness.record import staged_artifacts
@@ -141,15 +141,26 @@ def sync(output_root: Path, uri: str) -> int:
     return failures
 
 
+@command
+def check_reachable(uri: str) -> None:
+    """Fail (one line naming tracking.uri, exit 3: harness.cli.one_door) when the store cannot
+    be opened or answer a query, even with nothing pending: "synced to" must mean it could."""
+    client = _client(uri)
+    client.search_experiments(max_results=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     config = compose_or_exit(sys.argv[1:] if argv is None else argv)
     with exit_on_bad_input():
         root = Path(config.run.output_dir).expanduser()
-        if root.exists() and not root.is_dir():
-            raise ConfigError(f"run.output_dir={config.run.output_dir!r} is invalid: it is a "
-                              f"file; allowed: the output root of earlier runs, whose pending "
+        if not root.is_dir():
+            # Nothing to sync from: "synced" would claim results were looked for.
+            what = "it is a file" if root.exists() else "no such directory"
+            raise ConfigError(f"run.output_dir={config.run.output_dir!r} is invalid: {what}; "
+                              f"allowed: the output root of earlier runs, whose pending "
                               f"results are synced")
     uri = tracking_uri(config.tracking.uri, config.run.output_dir)
+    check_reachable(uri)
     failures = sync(Path(config.run.output_dir), uri)
     print(f"synced to {uri}" + (f"; {failures} result(s) not synced" if failures else ""))
     return 1 if failures else 0

@@ -34,6 +34,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from harness.cli import StateError, note_setting
 from harness.processes import start_time
 from harness.results import RESULT_FILE, CellResult, RunStatus
 from harness.sweep_summary import SweepSummary
@@ -109,12 +110,66 @@ _HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
 
 
 def tracking_uri(configured_uri: str | None, output_root: str | Path) -> str:
-    """`tracking.uri` if set, else $MLFLOW_TRACKING_URI, else a SQLite file in the output root."""
+    """`tracking.uri` if set, else $MLFLOW_TRACKING_URI, else a SQLite file in the output root
+    (noted as the setting in use, so that a store's error names it: harness.cli)."""
     if configured_uri:
-        return configured_uri
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    return f"sqlite:///{Path(output_root).resolve() / DEFAULT_STORE_FILE}"
+        uri = configured_uri
+    elif os.environ.get("MLFLOW_TRACKING_URI"):
+        uri = os.environ["MLFLOW_TRACKING_URI"]
+    else:
+        uri = f"sqlite:///{Path(output_root).resolve() / DEFAULT_STORE_FILE}"
+    note_setting("tracking.uri", uri)
+    return uri
+
+
+# The first bytes of every SQLite database file.
+_SQLITE_HEADER = b"SQLite format 3\x00"
+# Schemes MLflow's tracking client can open (its registry; plugins may add more, which a user
+# of a plugin names in tracking.uri and this check lets through when the plugin is installed).
+_BUILTIN_SCHEMES = ("sqlite", "mysql", "postgresql", "mssql", "http", "https", "file",
+                    "databricks", "databricks-uc", "uc")
+
+
+def check_store(uri: str) -> None:
+    """StateError (one line: which file, how to recover) for a store that cannot work: a
+    SQLite store that is a directory or not a database, or a scheme no MLflow store has.
+    Checked before MLflow opens it: SQLAlchemy would retry a locked or foreign file for
+    minutes, then print a long traceback."""
+    scheme = uri.partition("://")[0] if "://" in uri else "file"
+    if scheme == "sqlite":
+        _check_sqlite_file(uri, Path(uri.removeprefix("sqlite:///")))
+    elif scheme not in _BUILTIN_SCHEMES and not _plugin_scheme(scheme):
+        raise StateError(f"tracking.uri={uri}: unsupported store scheme {scheme!r}; allowed: "
+                         f"http(s)://host:port, sqlite:///path/mlflow.db, a directory path, "
+                         f"or a database URI (postgresql://, mysql://)")
+
+
+def _check_sqlite_file(uri: str, path: Path) -> None:
+    aside = f"mv {path} {path}.broken"
+    recover = (f"move it aside ({aside}) and run again: a new store is created, and "
+               f"harness.sync uploads the results still pending")
+    if path.is_dir():
+        raise StateError(f"tracking.uri={uri}: {path} is a directory, not an SQLite "
+                         f"database; {recover}")
+    try:
+        with path.open("rb") as file:
+            head = file.read(len(_SQLITE_HEADER))
+    except FileNotFoundError:
+        return  # created on first use
+    except OSError as err:
+        raise StateError(f"tracking.uri={uri}: {path} cannot be read ({err.strerror}); "
+                         f"fix its permissions or {recover}") from err
+    if head and head != _SQLITE_HEADER:
+        raise StateError(f"tracking.uri={uri}: {path} is not an SQLite database (corrupt or "
+                         f"another file); {recover}")
+
+
+def _plugin_scheme(scheme: str) -> bool:
+    """Whether an installed MLflow plugin registers a tracking store for `scheme`."""
+    from importlib.metadata import entry_points
+
+    return any(entry.name == scheme
+               for entry in entry_points(group="mlflow.tracking_store"))
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -143,8 +198,11 @@ def quiet_store_logs() -> None:
 
 
 def _client(uri: str):  # noqa: ANN202 - MlflowClient imported lazily (slow import)
+    """The one way distbench opens a store: checked (check_store), and bounded in its waits
+    (_HTTP_DEFAULTS), for cells, sync, analysis and the sweeps command alike."""
     from mlflow.tracking import MlflowClient
 
+    check_store(uri)
     for name, value in _HTTP_DEFAULTS.items():
         os.environ.setdefault(name, value)
     # urllib3 logs every retry as a warning; the caller reports the failure once.

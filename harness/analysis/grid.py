@@ -77,11 +77,11 @@ def load_grid(uri: str, experiment: str, *,
     """The experiment's cells with one of `statuses` (`ok`: finished; `oom`: did not fit),
     oldest first (a sweep's parent run, the probe and analysis runs carry no cell status and
     are skipped)."""
-    from mlflow.tracking import MlflowClient
+    from harness.tracking import _client
 
     # One tiny config file per run: MLflow's per-download progress bar would only be noise.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    client = MlflowClient(tracking_uri=uri)
+    client = _client(uri)  # checked, and bounded like a cell's (2 retries)
     found = client.get_experiment_by_name(experiment)
     if found is None:
         raise ConfigError(f"tracking.experiment={experiment} is invalid: no such MLflow "

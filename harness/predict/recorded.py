@@ -63,13 +63,12 @@ def sequential_steps(config: DistbenchConfig) -> tuple[list[MeasuredStep], str]:
 
 
 def _cells(uri: str, config: DistbenchConfig) -> list[_Cell]:
-    from mlflow.tracking import MlflowClient
-
     from harness.analysis.grid import recorded_config
     from harness.predict.terms import batches_per_epoch
+    from harness.tracking import _client
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    client = MlflowClient(tracking_uri=uri)
+    client = _client(uri)  # checked, and bounded like a cell's (2 retries)
     experiments = [experiment.experiment_id for experiment in client.search_experiments()]
     if not experiments:
         return []

@@ -73,12 +73,12 @@ def client_for(uri: str) -> Any:
         raise ConfigError(f"tracking.uri={uri} is invalid: no MLflow store there (nothing "
                           f"measured under run.output_dir); allowed: the store a sweep "
                           f"recorded to (run.output_dir=... or tracking.uri=...)")
-    from mlflow.tracking import MlflowClient
+    from harness.tracking import _client
 
     # One tiny config file per run: MLflow's per-download progress bar would only be noise.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     quiet_store_logs()
-    return MlflowClient(tracking_uri=uri)
+    return _client(uri)  # checked, and bounded like a cell's (2 retries)
 
 
 def select(client: Any, text: str) -> Selection:
