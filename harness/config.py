@@ -20,6 +20,17 @@ from typing import Any, ClassVar
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf, ValueNode, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from harness.accepts import (
+    MAX_COUNT,
+    MLFLOW_NAME_CHARS,
+    allowed,
+    component,
+    declared,
+    integer,
+    number,
+    path,
+    text,
+)
 from harness.batch_sizes import default_batch_size
 from workloads.datasets.spec import BYTE_VOCAB, DATASET_SPECS, DatasetSpec
 from workloads.networks.ref import NetworkRef, canonical_json
@@ -32,6 +43,21 @@ MAX_PROGRESS_TIMEOUT_S = 7 * 24 * 3600.0
 MAX_TOKEN_SETTING = 1_048_576
 # A network's label names files, directories and MLflow runs.
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+# Physical bounds of the settings (docs/config.md, "What a setting accepts"): beyond any real
+# machine or run, and small enough that the arithmetic on them stays finite and exact.
+MAX_LR = 1e3
+MAX_WEIGHT_DECAY = 1e3
+MAX_DEVICE_MEMORY_GB = 1e5  # 100 TB per device; today's largest hold 0.2 TB (GPU), 32 TB (CPU)
+MAX_THREADS = 65_536  # Linux's NR_CPUS tops out at 8,192; oversubscribing 8x is the limit
+MAX_NODES = 1_000_000
+MAX_BANDWIDTH_MBPS = 1e9  # 1 PB/s: 1,000x today's fastest link
+MAX_LATENCY_US = 1e9  # 1,000 s
+MAX_PRICE_PER_HOUR = 1e6
+MAX_EPOCHS = 1_000_000
+MAX_REPEATS = 100_000
+MAX_MESSAGE_BYTES = 2**34  # 16 GiB: more than one device holds
+NAME_CHARS = 255
+MAX_BUFFER_MB = 1e5  # a gradient bucket or fusion buffer: at most a device's memory
 
 
 class ConfigError(ValueError):
@@ -105,25 +131,28 @@ class DatasetConfig:
     # real: torchvision formats under `root` (MNIST raw idx files, cifar-10-batches-py,
     # ImageFolder).
     source: DataSource = DataSource.synthetic
-    root: str | None = None
+    root: str | None = field(default=None, metadata=path("read"))
     # Samples per epoch; null = the full dataset (Table 3.2 size, or what is on disk).
-    num_samples: int | None = None
+    num_samples: int | None = field(default=None, metadata=integer(1, MAX_COUNT, "samples"))
     # Distinct synthetic images stored on disk (index i reads image i % this); null = the
     # per-dataset default of workloads.datasets (all of MNIST/CIFAR, a subset of ImageNet/Highres).
-    synthetic_unique_samples: int | None = None
+    synthetic_unique_samples: int | None = field(default=None,
+                                                 metadata=integer(1, MAX_COUNT, "samples"))
     # Node-local directory for the synthetic cache.
-    cache_dir: str = "${oc.env:DISTBENCH_CACHE_DIR,${oc.env:HOME}/.cache/distbench}"
+    cache_dir: str = field(default="${oc.env:DISTBENCH_CACHE_DIR,${oc.env:HOME}/.cache/distbench}",
+                           metadata=path("create"))
     # DataLoader worker processes (0 = load in the training process; right for synthetic data).
-    num_workers: int = 0
+    num_workers: int = field(default=0, metadata=integer(0, 1024, "processes"))
     # Samples of the held-out evaluation split evaluated after every epoch (run.eval): the
     # real datasets' test split, or a synthetic split generated like the training data.
     # null = one tenth of the epoch's samples (at most the split), which
     # keeps evaluation under 5 % of a cell's wall time (BENCHMARKS.md).
-    eval_samples: int | None = None
+    eval_samples: int | None = field(default=None, metadata=integer(1, MAX_COUNT, "samples"))
     # Token datasets (tokens, text): tokens per sample and the vocabulary; null = the
     # dataset's default (128 and 256, the byte-level tokenizer's ids). Refused for images.
-    seq_len: int | None = None
-    vocab_size: int | None = None
+    seq_len: int | None = field(default=None, metadata=integer(1, MAX_TOKEN_SETTING, "tokens"))
+    vocab_size: int | None = field(default=None,
+                                   metadata=integer(1, MAX_TOKEN_SETTING, "token ids"))
 
     def __post_init__(self) -> None:
         _check_positive(self._section, "num_samples", self.num_samples, nullable=True,
@@ -257,12 +286,13 @@ class OptimizerConfig:
 
     _section: ClassVar[str] = "optimizer"
     name: OptimizerName = OptimizerName.sgd
-    lr: float = 0.01
+    # Bounds: finite (inf trains to nan), at most 1e3 (no optimizer converges above it).
+    lr: float = field(default=0.01, metadata=number(0, MAX_LR, low_open=True))
     # SGD's momentum; AdamW's first-moment decay (beta1).
-    momentum: float = 0.9
+    momentum: float = field(default=0.9, metadata=number(0, 1))
     # AdamW's second-moment decay (beta2); SGD has none.
-    beta2: float = 0.999
-    weight_decay: float = 5e-4
+    beta2: float = field(default=0.999, metadata=number(0, 1))
+    weight_decay: float = field(default=5e-4, metadata=number(0, MAX_WEIGHT_DECAY))
 
     def __post_init__(self) -> None:
         _check_positive(self._section, "lr", self.lr)
@@ -301,7 +331,7 @@ class DistributionConfig:
     models: ClassVar[dict[str, type[DistributionConfig]]] = {}
     name: str = ""
     # Batch size: per worker for data-parallel models, whole batch for GPipe; null = Table 3.3.
-    batch_size: int | None = None
+    batch_size: int | None = field(default=None, metadata=integer(1, 2**31 - 1, "samples"))
     # torch.distributed backend: null = nccl on CUDA, gloo on CPU.
     backend: str | None = None
 
@@ -380,25 +410,32 @@ class HardwareConfig:
     """Where a cell runs. Bandwidths and latencies feed the performance models (Table 4.1)."""
 
     _section: ClassVar[str] = "hardware"
-    name: str = "local_cpu"
+    # It names the hardware's facts and fit files (harness.recommend).
+    name: str = field(default="local_cpu", metadata=component())
     device: Device = Device.cpu
-    nodes: int = 1
-    workers_per_node: int = 1
+    nodes: int = field(default=1, metadata=integer(1, MAX_NODES, "nodes"))
+    workers_per_node: int = field(default=1, metadata=integer(1, MAX_THREADS, "workers"))
     # Threads torch may use per worker (torch.set_num_threads); null = torch's default.
-    cpu_threads: int | None = None
+    cpu_threads: int | None = field(default=None, metadata=integer(1, MAX_THREADS, "threads"))
     # Memory of one device in GB (null = unknown; the recommender then cannot rule out OOM).
     # On a CPU it is also enforced on every worker (harness.memory_limit): a cell that does
     # not fit ends `oom`, as on a GPU; null = no limit.
-    device_memory_gb: float | None = None
-    intra_node_bandwidth_mbps: float | None = None
-    intra_node_latency_us: float | None = None
-    inter_node_bandwidth_mbps: float | None = None
-    inter_node_latency_us: float | None = None
+    device_memory_gb: float | None = field(
+        default=None, metadata=number(0, MAX_DEVICE_MEMORY_GB, "GB", low_open=True))
+    intra_node_bandwidth_mbps: float | None = field(
+        default=None, metadata=number(0, MAX_BANDWIDTH_MBPS, "MB/s", low_open=True))
+    intra_node_latency_us: float | None = field(
+        default=None, metadata=number(0, MAX_LATENCY_US, "us", low_open=True))
+    inter_node_bandwidth_mbps: float | None = field(
+        default=None, metadata=number(0, MAX_BANDWIDTH_MBPS, "MB/s", low_open=True))
+    inter_node_latency_us: float | None = field(
+        default=None, metadata=number(0, MAX_LATENCY_US, "us", low_open=True))
     # What one device costs per hour, in `currency` (e.g. USD, EUR, or "credits"); null =
     # unknown: the recommender shows no cost column and cannot rank by cost.
-    price_per_device_hour: float | None = None
-    currency: str | None = None
-    description: str = ""
+    price_per_device_hour: float | None = field(
+        default=None, metadata=number(0, MAX_PRICE_PER_HOUR, low_open=True))
+    currency: str | None = field(default=None, metadata=text(32))
+    description: str = field(default="", metadata=text())
 
     def __post_init__(self) -> None:
         for name in ("nodes", "workers_per_node"):
@@ -422,20 +459,23 @@ class RunConfig:
     """How one cell is measured."""
 
     _section: ClassVar[str] = "run"
-    epochs: int = 3  # timed epochs per repeat; seconds_per_epoch is their mean
-    warmup_batches: int = 5  # untimed batches before the first timed epoch
+    # Timed epochs per repeat; seconds_per_epoch is their mean.
+    epochs: int = field(default=3, metadata=integer(1, MAX_EPOCHS, "epochs"))
+    # Untimed batches before the first timed epoch.
+    warmup_batches: int = field(default=5, metadata=integer(0, MAX_COUNT, "batches"))
     # Seeds Python's random, NumPy, torch (CPU and CUDA), the synthetic data and the data
     # order; repeat k runs with seed + k (harness.seeding.repeat_seed).
     seed: int = 0
     # Measurements of the cell: each trains and times `epochs` epochs with its own seed, in
     # the same workers on the same built network (harness.run.measure says why); the cell
     # reports their mean, spread and 95% confidence interval.
-    repeats: int = 1
+    repeats: int = field(default=1, metadata=integer(1, MAX_REPEATS, "repeats"))
     # torch.use_deterministic_algorithms, cuDNN's deterministic kernels without autotuning,
     # and CUBLAS_WORKSPACE_CONFIG: bit-reproducible training, possibly slower; an operation
     # without a deterministic kernel then fails the cell.
     deterministic: bool = False
-    output_dir: str = "outputs"  # root of run dirs, sweep dirs and the default MLflow store
+    # Root of run dirs, sweep dirs and the default MLflow store.
+    output_dir: str = field(default="outputs", metadata=path("create"))
     # Time data/forward/backward/optimizer separately. On CUDA this synchronises the device at
     # each phase boundary, which removes some overlap; turn off for the purest epoch time.
     phase_timing: bool = True
@@ -443,16 +483,17 @@ class RunConfig:
     # Bounds every collective, so a peer that died or hangs turns into a `timeout` record
     # instead of a wait forever; a worker that finishes no batch for 1.25x this (+5 s) is ended
     # by its watchdog.
-    progress_timeout_s: float = 600.0
+    progress_timeout_s: float = field(
+        default=600.0, metadata=number(0, MAX_PROGRESS_TIMEOUT_S, "s", low_open=True))
     # Evaluate the trained network on the held-out split (dataset.eval_samples) after every
     # epoch, outside the timed epoch as MLPerf times it; eval loss and accuracy are recorded
     # per epoch. Every repeat then trains from the same initial weights.
     eval: bool = True
     # End a repeat at the first evaluation whose accuracy (0..1) reaches this, and record the
     # time to it (MLPerf's score, run_stop - run_start); null = train run.epochs epochs.
-    target_accuracy: float | None = None
+    target_accuracy: float | None = field(default=None, metadata=number(0, 1, low_open=True))
     # The organisation named in the MLPerf log (submission_org); not part of the cell's key.
-    submission_org: str = "distbench"
+    submission_org: str = field(default="distbench", metadata=text(NAME_CHARS))
 
     def __post_init__(self) -> None:
         require(self.epochs >= 1, "run.epochs", self.epochs, "must be 1 or more")
@@ -487,9 +528,12 @@ class ProbeConfig:
     # for allreduces: latency is read at the smallest, bandwidth fitted over all of them
     # (t = latency + bytes / bandwidth).
     message_bytes: list[int] = field(
-        default_factory=lambda: [8, 65_536, 1_048_576, 8_388_608, 33_554_432])
-    repeats: int = 10  # timed repetitions per size; the median is kept
-    warmup: int = 2  # untimed repetitions first (connection set-up, allocator)
+        default_factory=lambda: [8, 65_536, 1_048_576, 8_388_608, 33_554_432],
+        metadata=integer(1, MAX_MESSAGE_BYTES, "bytes"))
+    # Timed repetitions per size; the median is kept.
+    repeats: int = field(default=10, metadata=integer(1, MAX_REPEATS, "repetitions"))
+    # Untimed repetitions first (connection set-up, allocator).
+    warmup: int = field(default=2, metadata=integer(0, MAX_REPEATS, "repetitions"))
 
     def __post_init__(self) -> None:
         require(len(self.message_bytes) >= 2 and all(size > 0 for size in self.message_bytes),
@@ -505,9 +549,12 @@ class TrackingConfig:
 
     enabled: bool = True
     # null = $MLFLOW_TRACKING_URI if set, else sqlite:///<run.output_dir>/mlflow.db
-    uri: str | None = None
-    experiment: str = "distbench"  # sweeps set this to their own name
-    run_name: str | None = None  # null = built from the cell (DistbenchConfig.run_name)
+    uri: str | None = field(default=None, metadata=text())
+    # Sweeps set this to their own name. It names a directory of artifacts, and MLflow keeps
+    # at most 500 characters: a name that could leave its root is refused before training.
+    experiment: str = field(default="distbench", metadata=component(MLFLOW_NAME_CHARS))
+    # null = built from the cell (DistbenchConfig.run_name).
+    run_name: str | None = field(default=None, metadata=text(MLFLOW_NAME_CHARS))
 
     def __post_init__(self) -> None:
         # MLflow refuses an empty experiment name, but only when the cell is synced, after
@@ -644,7 +691,34 @@ def validate(cfg: DictConfig) -> DistbenchConfig:
     if not isinstance(config, DistbenchConfig):
         raise ConfigError("the config is not built on distbench_schema "
                           "(conf/config.yaml must list it first in its defaults)")
+    check_declared(config)
     return config
+
+
+def check_declared(node: Any, prefix: str = "") -> None:
+    """Every field of every config group against what it declares it accepts
+    (harness.accepts: range and finiteness of numbers, paths, names that become file names),
+    the first one that is refused as "key=value is invalid: allowed: ...". The groups'
+    `__post_init__` ran first: their own messages (and cross-field checks) win where they
+    cover a value; this catches what they do not (inf, 1e15 GB, '../..' in a name)."""
+    for item in dataclasses.fields(node):
+        value = getattr(node, item.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            check_declared(value, f"{prefix}{item.name}.")
+            continue
+        accepts = declared(item.metadata)
+        refused = allowed(accepts, value) if accepts is not None else None
+        if refused is not None:
+            raise ConfigError(f"{prefix}{item.name}={_shown(value)} is invalid: {refused}")
+
+
+def _shown(value: Any) -> str:
+    """A refused value as the error line shows it: its repr, a long one cut (a 10,000-character
+    name would bury what is allowed)."""
+    shown = repr(value.value if isinstance(value, Enum) else value)
+    if len(shown) <= 80:
+        return shown
+    return f"{shown[:60]}...' ({len(str(value))} characters)"
 
 
 def _check_known_keys(node: Any, schema: type, prefix: str) -> None:
@@ -741,7 +815,8 @@ def _check_per_model_entry(model: str, values: Any) -> None:
     settings = OmegaConf.structured(models[model])
     try:
         settings.merge_with(values)
-        OmegaConf.to_object(settings)  # the model's own value checks (__post_init__)
+        # The model's own value checks (__post_init__), then what its fields declare.
+        check_declared(OmegaConf.to_object(settings), "distribution.")
     except (ConfigError, OmegaConfBaseException) as err:
         cause = err if isinstance(err, ConfigError) else err.__cause__
         if isinstance(cause, ConfigError):  # "distribution.<key>=... is invalid: ..."

@@ -278,6 +278,38 @@ BAD_INPUTS: list[Bad] = [
     _bad("harness", "optimizer.lr=0", "optimizer.lr=0"),
     _bad("harness", "optimizer.momentum=1", "optimizer.momentum=1"),
     _bad("harness", "optimizer.weight_decay=-1", "optimizer.weight_decay=-1"),
+    # what the fields declare (harness.accepts, issue 24): finite numbers within physical
+    # bounds, names that cannot leave their root, paths the file system can hold
+    _bad("harness", "optimizer.weight_decay=inf", "optimizer.weight_decay=inf is invalid: "
+         "allowed: a finite number in [0, 1,000]"),
+    _bad("harness", "optimizer.lr=inf", "optimizer.lr=inf is invalid"),
+    _bad("harness", "optimizer.lr=nan", "optimizer.lr=nan is invalid"),
+    _bad("harness", "hardware.device_memory_gb=inf", "hardware.device_memory_gb=inf is invalid"),
+    _bad("harness", "hardware.device_memory_gb=1e15",
+         "hardware.device_memory_gb=1000000000000000.0 is invalid: allowed: a finite number in "
+         "(0, 100,000] GB"),
+    _bad("harness", "hardware.cpu_threads=1099511627776",
+         "hardware.cpu_threads=1099511627776 is invalid: allowed: a whole number in "
+         "[1, 65,536] threads"),
+    _bad("harness.plan", "distribution=gpipe hardware=local_2cpu "
+         "hardware.cpu_threads=1099511627776", "hardware.cpu_threads=1099511627776 is invalid"),
+    _bad("harness", "distribution=ddp distribution.bucket_cap_mb=inf",
+         "distribution.bucket_cap_mb=inf is invalid"),
+    _bad("harness", "distribution=horovod distribution.fusion_threshold_mb=inf",
+         "distribution.fusion_threshold_mb=inf is invalid"),
+    _bad("harness", "+per_model.ddp.bucket_cap_mb=inf", "per_model.ddp.bucket_cap_mb=inf is "
+         "invalid"),
+    _bad("harness.probe", "hardware=local_2cpu probe.message_bytes=[8,1099511627776000]",
+         "probe.message_bytes=[8, 1099511627776000] is invalid"),
+    _bad("harness", "tracking.experiment=../../escaped", "tracking.experiment='../../escaped' "
+         "is invalid: allowed: a name that becomes a file or directory name"),
+    _bad("harness", f"tracking.experiment={'x' * 300}", "tracking.experiment='xxx"),
+    _bad("harness", f"tracking.experiment={'x' * 10_000}", "(10000 characters) is invalid"),
+    _bad("harness", "run.output_dir=", "run.output_dir='' is invalid: allowed: a path to "
+         "create"),
+    _bad("harness", f"run.output_dir={{work}}/{'d' * 300}", "run.output_dir='"),
+    _bad("harness", f"run.output_dir={{work}}/{'d/' * 2100}", "at most 4096 bytes"),
+    _bad("harness.recommend", f"hardware.name={'h' * 300}", "hardware.name='hhh"),
     _bad("harness", "probe.repeats=0", "probe.repeats=0 is invalid"),
     _bad("harness", "probe.message_bytes=[8]", "probe.message_bytes=[8] is invalid"),
     _bad("harness", "hydra.launcher.timeout_min=0", "hydra.launcher.timeout_min=0 is invalid"),

@@ -17,13 +17,14 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from harness.config import DistbenchConfig, DistributionConfig, require
+from harness.accepts import number
+from harness.config import MAX_BUFFER_MB, DistbenchConfig, DistributionConfig, require
 from harness.distributions.base import TrainingContext
 from harness.distributions.loop import BatchLoopTrainer
 from harness.distributions.spec import DistributionSpec, at_every_count, workers_label
@@ -43,7 +44,8 @@ class DDPConfig(DistributionConfig):
     data_parallel = True
     name: str = "ddp"
     # Gradient bucket size in MB (torch's default 25); its counterpart of Horovod's `th`.
-    bucket_cap_mb: float = 25.0
+    bucket_cap_mb: float = field(default=25.0,
+                                 metadata=number(0, MAX_BUFFER_MB, "MB", low_open=True))
 
     def __post_init__(self) -> None:
         super().__post_init__()

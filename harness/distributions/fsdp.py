@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,6 +36,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from harness.accepts import integer
 from harness.batch_sizes import nearest_divisors
 from harness.config import DistbenchConfig, DistributionConfig, require
 from harness.distributions.base import TrainingContext
@@ -82,7 +83,7 @@ class FSDPConfig(DistributionConfig):
     # Workers each parameter is split over; null = all the cell's workers. Fewer (it must
     # divide the workers) is HSDP: the shard groups are replicas of each other, and allreduce
     # their shards' gradients (e.g. the workers of one node, replicated across nodes).
-    shard_degree: int | None = None
+    shard_degree: int | None = field(default=None, metadata=integer(1, 2**31 - 1, "workers"))
     # bfloat16 parameters for the all-gathers and the compute, float32 gradient reduction and
     # float32 sharded weights and optimizer state (FSDP2's MixedPrecisionPolicy).
     mixed_precision: bool = False

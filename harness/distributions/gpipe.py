@@ -19,7 +19,7 @@ exact either way.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
 
@@ -29,6 +29,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 from torch.utils.checkpoint import checkpoint
 
+from harness.accepts import integer
 from harness.batch_sizes import largest_divisor, nearest_divisors
 from harness.config import DistbenchConfig, require
 from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
@@ -93,7 +94,8 @@ class GPipeConfig(PipelineConfig):
     name: str = "gpipe"
     # Micro-batches per batch; must divide batch_size. null = Table 3.3's count, or with a
     # batch_size given, its largest divisor not above that count (32 on mnist: 16).
-    micro_batches: int | None = None
+    micro_batches: int | None = field(default=None,
+                                      metadata=integer(1, 2**31 - 1, "micro-batches"))
     recompute: Recompute = Recompute.always
 
     def __post_init__(self) -> None:

@@ -15,10 +15,11 @@ from __future__ import annotations
 import math
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from harness.config import DistbenchConfig, DistributionConfig, require
+from harness.accepts import number
+from harness.config import MAX_BUFFER_MB, DistbenchConfig, DistributionConfig, require
 from harness.distributed import (
     WorkerEnvironment,
     WorkerSession,
@@ -39,6 +40,7 @@ from harness.predict.terms import (
 )
 
 _BYTES_PER_MIB = 1024 * 1024  # Horovod reads its fusion threshold in bytes
+MAX_CYCLE_TIME_MS = 1e6  # 1,000 s between fusion cycles: a cell would never finish
 
 
 @dataclass
@@ -49,9 +51,10 @@ class HorovodConfig(DistributionConfig):
     name: str = "horovod"
     # Fusion threshold `th` in MB (Eq. 5.1; Horovod's default 64): gradients are fused into
     # buffers of up to this many MB (0: no fusion).
-    fusion_threshold_mb: float = 64.0
+    fusion_threshold_mb: float = field(default=64.0, metadata=number(0, MAX_BUFFER_MB, "MB"))
     # How often, in ms, Horovod's background thread fuses and sends what is ready.
-    cycle_time_ms: float = 1.0
+    cycle_time_ms: float = field(default=1.0,
+                                 metadata=number(0, MAX_CYCLE_TIME_MS, "ms", low_open=True))
 
     def __post_init__(self) -> None:
         super().__post_init__()

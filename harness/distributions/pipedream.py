@@ -32,7 +32,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.func import functional_call
 
+from harness.accepts import text
 from harness.config import ConfigError, DistbenchConfig, require
 from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
 from harness.distributions.onefoneb import (
@@ -108,7 +109,7 @@ class PipeDreamConfig(PipelineConfig):
     # Replicas per stage joined by '-', e.g. "2-1-1" (sums to the worker count); "straight" =
     # one stage per worker, none replicated (the true 1F1B pipeline, whatever the worker
     # count); null = planned from the profile (harness.partition.plan_pipedream).
-    stages: str | None = None
+    stages: str | None = field(default=None, metadata=text(255))
     batch_division: BatchDivision = BatchDivision.drop
 
     def __post_init__(self) -> None:

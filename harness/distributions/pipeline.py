@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from harness.accepts import integer
 from harness.config import ConfigError, DistbenchConfig, DistributionConfig, require
 from harness.distributions.base import TrainingContext
 from harness.distributions.spec import StagePlanner
@@ -38,7 +39,7 @@ class PipelineConfig(DistributionConfig):
     pipeline = True
     # Layers of the network's layer list per stage, e.g. [10, 12]; null = balance the
     # profiled time per layer (forward, backward, updates; `python -m harness.plan`).
-    balance: list[int] | None = None
+    balance: list[int] | None = field(default=None, metadata=integer(0, 1_000_000, "layers"))
 
     def __post_init__(self) -> None:
         super().__post_init__()
