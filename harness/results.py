@@ -25,6 +25,7 @@ class RunStatus(str, Enum):
     failed = "failed"  # any other error; `error` holds the text
     timeout = "timeout"  # ended by the cell time limit
     diverged = "diverged"  # the loss became NaN or infinite; `error` says where
+    interrupted = "interrupted"  # ended by SIGINT/SIGTERM; keeps the epochs it finished
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,13 @@ import datetime as dt
 import hashlib
 import logging
 import statistics
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -37,10 +38,12 @@ from harness.divergence import DivergedError, check_finite_eval_loss, check_fini
 from harness.environment import capture_environment, start_conditions
 from harness.evaluation import Evaluation, evaluate
 from harness.eventlog import EventLog, RunFacts, precision_name
+from harness.interruption import add_measured_epochs, interrupted_error, signal_exit_code
 from harness.memory_limit import MemoryLimit, device_memory_limit, lift_memory_limit, oom_error
 from harness.metrics import PeakMemory, PhaseClock, RepeatStatistics, Summary
 from harness.record import CONFIG_FILE, keep_logging_when_the_disk_fails, record
 from harness.results import (
+    RESULT_FILE,
     CellResult,
     RepeatResult,
     RunStatus,
@@ -268,7 +271,8 @@ def select_device(config: DistbenchConfig, local_rank: int = 0) -> torch.device:
 
 
 def measure(config: DistbenchConfig, device: torch.device, session: WorkerSession,
-            heartbeat: Callable[[], None], events: EventLog) -> WorkerMeasurement:
+            heartbeat: Callable[[], None], events: EventLog,
+            measured: list[EpochMeasurement] | None = None) -> WorkerMeasurement:
     """Build this worker's workload, warm up, then train and time `run.repeats` repeats of
     `run.epochs` epochs, evaluating after each epoch (`run.eval`).
 
@@ -280,6 +284,8 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
     (`Trainer.reset`, which also undoes what warm-up trained, as MLPerf requires) and from the
     initial weights of its seed (`initialise_weights`), and its seed controls everything random
     during training: the data order and the RNGs of Python, NumPy and torch.
+
+    `measured`, if given, receives each timed epoch as it ends: what an interrupted cell keeps.
     """
     if config.hardware.cpu_threads is not None:
         torch.set_num_threads(config.hardware.cpu_threads)
@@ -310,7 +316,7 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
     for repeat in range(config.run.repeats):
         seeds.append(repeat_seed(config.run.seed, repeat))
         trained, outcome = train_repeat(config, context, trainer, repeat, seeds[-1], events,
-                                        progress)
+                                        progress, measured)
         epochs += trained
         outcomes.append(outcome)
     return WorkerMeasurement(epochs=epochs, seeds=seeds, peak_memory_mb=memory.peak_mb(),
@@ -337,6 +343,7 @@ def run_facts(config: DistbenchConfig, workload: Workload, trainer: Trainer) -> 
 def train_repeat(config: DistbenchConfig, context: TrainingContext, trainer: Trainer,
                  repeat: int, seed: int, events: EventLog,
                  progress: EpochProgress | None = None,
+                 measured: list[EpochMeasurement] | None = None,
                  ) -> tuple[list[EpochMeasurement], RepeatOutcome]:
     """One repeat, MLPerf's run: from the trainer's initial weights, seed every RNG and the data
     order with `seed`, then train and time up to `run.epochs` epochs (numbered from 0 in each
@@ -360,6 +367,8 @@ def train_repeat(config: DistbenchConfig, context: TrainingContext, trainer: Tra
         events.epoch_start(repeat, epoch)
         with progress.epoch(label):
             epochs.append(trainer.train_epoch(epoch))
+        if measured is not None:
+            measured.append(epochs[-1])
         events.epoch_stop(repeat, epoch)
         log.info("%s: %.3f s (%d %s)", label, epochs[-1].seconds, epochs[-1].samples,
                  sample_unit(context.config))
@@ -496,6 +505,8 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
     status, error, measurement = RunStatus.ok, None, None
     memory_limit: MemoryLimit | None = None
     events: EventLog | None = None
+    measured: list[EpochMeasurement] = []  # the timed epochs so far, kept if interrupted
+    interrupted: int | None = None  # the exit status of the signal that ended the cell
     keep_logging_when_the_disk_fails()
 
     def report_stall(report: str) -> None:
@@ -524,7 +535,8 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
                                  timeout_s=config.run.progress_timeout_s) as session):
                 events = EventLog.for_worker(output_dir, env.is_main)
                 with events:
-                    worker = measure(config, device, session, watchdog.beat, events)
+                    worker = measure(config, device, session, watchdog.beat, events,
+                                     measured)
                 measurement = Measurement(session.all_gather(worker),
                                           tokens_per_sample=config.dataset.spec.tokens_per_sample)
         except Exception as err:  # noqa: BLE001 - a failing cell is a result, not a crash
@@ -538,6 +550,12 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
             log.error("rank %d of cell %s ended with status %s: %s", env.rank,
                       config.run_name, status.value, err)
             write_rank_report(output_dir, env.rank, status, error)
+        except (KeyboardInterrupt, SystemExit) as err:
+            interrupted = signal_exit_code(err)
+            if interrupted is None or env.is_distributed:
+                raise  # a multi-worker cell is recorded by its launcher (launchers.local)
+    if interrupted is not None:
+        record_interruption(cell, output_dir, started, device, measured, interrupted)
     if not env.is_main:
         return {"rank": env.rank, "status": status.value}
     if status is not RunStatus.ok and env.is_distributed:
@@ -605,6 +623,20 @@ def summarize_rank_reports(reports: dict[int, dict[str, Any]], world_size: int,
         lines.append(f"--- rank {rank}: " + (f"{report['status']}\n{report['error']}" if report
                      else "no report (killed by a signal, or crashed outside Python)"))
     return status, lines
+
+
+def record_interruption(cell: CheckedCell, output_dir: Path, started: str,
+                        device: torch.device, measured: list[EpochMeasurement],
+                        exit_code: int) -> NoReturn:
+    """Record a single-process cell ended by a signal as `interrupted`, with the epochs it
+    measured; print one line and exit with the signal's status (harness.interruption)."""
+    error = interrupted_error(exit_code, len(measured))
+    result = _new_result(cell, output_dir, started, device, RunStatus.interrupted, error)
+    add_measured_epochs(result, measured)
+    record(result, cell.config)
+    print(f"distbench: cell {cell.config.run_name} {error}; recorded as interrupted in "
+          f"{output_dir / RESULT_FILE}", file=sys.stderr, flush=True)
+    raise SystemExit(exit_code)
 
 
 def record_failure(cell: CheckedCell, output_dir: Path, status: RunStatus, error: str,

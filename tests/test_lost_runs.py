@@ -5,8 +5,15 @@ signals, as tests/test_faults.py does."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import psutil
+import pytest
 from mlflow.tracking import MlflowClient
 
 from harness.resume import finished_result
@@ -32,4 +39,43 @@ def test_a_diverged_loss_is_recorded_diverged_and_run_again(output_root: Path) -
     run = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}").get_run(
         result["mlflow_run_id"])
     assert run.data.tags["status"] == "diverged"
+    assert finished_result(output_root, result["cell_key"]) is None
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_single_process_cell_keeps_its_measured_epochs(
+        output_root: Path, tmp_path: Path, signum: int, status: int) -> None:
+    """Ctrl-C or `kill` after the first timed epoch: the cell is recorded `interrupted` with
+    that epoch (result.json and an MLflow run), one line says so (no traceback), no child
+    process is left, and the exit status is the signal's (130, 143)."""
+    log = tmp_path / "cell.log"
+    with log.open("w") as out:
+        cell = subprocess.Popen(
+            [sys.executable, "-m", "harness",
+             *tiny_overrides(output_root, "run.epochs=40", "run.warmup_batches=0")],
+            cwd=output_root.parent, stdout=out, stderr=subprocess.STDOUT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        try:
+            deadline = time.monotonic() + 120
+            while "epoch 1/40:" not in log.read_text() and time.monotonic() < deadline:
+                assert cell.poll() is None, log.read_text()[-3000:]
+                time.sleep(0.05)
+            children = psutil.Process(cell.pid).children(recursive=True)
+            cell.send_signal(signum)
+            assert cell.wait(timeout=60) == status, log.read_text()[-3000:]
+        finally:
+            cell.kill()
+    text = log.read_text()
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    (line,) = [line for line in text.splitlines() if line.startswith("distbench: ")]
+    assert f"interrupted by {signal.Signals(signum).name}" in line
+    result = _only_result(output_root)
+    assert result["status"] == "interrupted" and not result["pending_sync"]
+    assert 1 <= len(result["epoch_seconds"]) < 40
+    assert result["metrics"]["seconds_per_epoch"] > 0
+    run = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}").get_run(
+        result["mlflow_run_id"])
+    assert run.data.tags["status"] == "interrupted"
+    assert not [child for child in children if child.is_running()]
     assert finished_result(output_root, result["cell_key"]) is None

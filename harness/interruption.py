@@ -1,0 +1,55 @@
+"""A single-process cell ended by SIGINT (Ctrl-C) or SIGTERM (`kill`, a shutdown) keeps what it
+measured: `harness.run.run_cell` records it `interrupted`, with the epochs it finished, prints
+one line and exits with the shell's status for the signal (130, 143), instead of a traceback
+(SIGINT) or nothing at all (SIGTERM).
+
+SIGTERM reaches Python as `SystemExit(143)` (`harness.cli.end_like_ctrl_c_on_sigterm`), SIGINT
+as `KeyboardInterrupt`; both unwind the measurement through its `finally` blocks (the memory
+limit is lifted, the watchdog stopped, data-loader workers ended) before the cell is recorded.
+"""
+
+from __future__ import annotations
+
+import signal
+import statistics
+
+from harness.distributions.base import EpochMeasurement
+from harness.results import CellResult
+
+_SIGNAL_EXIT_BASE = 128  # the shell's status for "ended by signal n" is 128 + n
+
+
+def signal_exit_code(error: BaseException) -> int | None:
+    """The exit status of the signal that `error` stands for (130 for KeyboardInterrupt, the
+    code of a SystemExit raised by a signal handler), or None when it is no signal."""
+    if isinstance(error, KeyboardInterrupt):
+        return _SIGNAL_EXIT_BASE + signal.SIGINT
+    if isinstance(error, SystemExit) and isinstance(error.code, int) \
+            and error.code > _SIGNAL_EXIT_BASE:
+        return error.code
+    return None
+
+
+def signal_name(exit_code: int) -> str:
+    """"SIGTERM" for 143."""
+    try:
+        return signal.Signals(exit_code - _SIGNAL_EXIT_BASE).name
+    except ValueError:
+        return f"signal {exit_code - _SIGNAL_EXIT_BASE}"
+
+
+def add_measured_epochs(result: CellResult, measured: list[EpochMeasurement]) -> None:
+    """Put the epochs a cell finished before it was interrupted into its record: their times
+    and mean training losses, and their mean as `seconds_per_epoch` (no repeat statistics:
+    the cell did not finish its repeats)."""
+    result.epoch_seconds = [epoch.seconds for epoch in measured]
+    result.train_loss = [statistics.fmean(epoch.batch_losses.values())
+                         for epoch in measured if epoch.batch_losses]
+    result.metrics["epochs_measured"] = float(len(measured))
+    if measured:
+        result.metrics["seconds_per_epoch"] = statistics.fmean(result.epoch_seconds)
+
+
+def interrupted_error(exit_code: int, measured: int) -> str:
+    """The record's one-line `error` for a cell ended by a signal."""
+    return f"interrupted by {signal_name(exit_code)} after {measured} timed epoch(s)"
