@@ -113,3 +113,27 @@ def end_tree(root: int, *, step_s: float, reap: Callable[[], object] = lambda: N
     left = alive()
     if left:  # only a process stuck in the kernel (state D) outlives SIGKILL for long
         log.warning("processes still exist after SIGKILL: %s", sorted(p.pid for p in left))
+
+
+
+def ends_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A `preexec_fn` for `subprocess` that has the kernel send the child `signum` when this
+    process ends (Linux's PR_SET_PDEATHSIG), for a helper child that must not outlive the
+    command that started it: a command ended by SIGTERM or SIGKILL runs no code that could end
+    it. Set between fork and exec, so no moment of the child's life escapes it. None (no
+    preexec_fn) where the kernel has no such call."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the child
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def set_parent_death_signal() -> None:
+        prctl(pr_set_pdeathsig, signum, 0, 0, 0)
+
+    return set_parent_death_signal

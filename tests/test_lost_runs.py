@@ -79,3 +79,50 @@ def test_an_interrupted_single_process_cell_keeps_its_measured_epochs(
     assert run.data.tags["status"] == "interrupted"
     assert not [child for child in children if child.is_running()]
     assert finished_result(output_root, result["cell_key"]) is None
+
+
+def _ends_within(process: psutil.Process, seconds: float) -> bool:
+    """Whether `process` ends (a zombie counts: whoever adopted it may reap it late) within
+    `seconds`; the probe itself runs for several seconds."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+_PROBING_COMMAND = """
+import sys
+from harness.compose import compose_config
+from harness.config import validate
+from harness.predict.runtime import measure_runtime_mb
+measure_runtime_mb(validate(compose_config(sys.argv[1:])))
+"""
+
+
+def test_a_command_ended_by_sigterm_leaves_no_memory_probe_running(output_root: Path) -> None:
+    """harness.recommend and harness.analysis measure a worker's runtime memory in a child
+    process (harness.predict.runtime); SIGTERM of the command must end that child too."""
+    command = subprocess.Popen([sys.executable, "-c", _PROBING_COMMAND,
+                                *tiny_overrides(output_root)], cwd=output_root.parent,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    probe = None
+    try:
+        deadline = time.monotonic() + 120
+        while probe is None and time.monotonic() < deadline:
+            assert command.poll() is None, "the command ended before its probe started"
+            probe = next((child for child in psutil.Process(command.pid).children()
+                          if "harness.predict.runtime" in " ".join(child.cmdline())), None)
+            time.sleep(0.05)
+        assert probe is not None
+        command.send_signal(signal.SIGTERM)
+        command.wait(timeout=30)
+        assert _ends_within(probe, 1.0), f"the probe {probe.pid} outlived its command"
+    finally:
+        command.kill()
+        if probe is not None and probe.is_running():
+            probe.kill()

@@ -31,6 +31,7 @@ from typing import Any
 
 from harness.config import DistbenchConfig
 from harness.metrics import BYTES_PER_MB
+from harness.processes import ends_with_parent
 
 _PROBE_BATCH = 2
 
@@ -63,7 +64,9 @@ def measure_runtime_mb(config: DistbenchConfig, *, timeout_s: float = 300.0) -> 
             config.network.ref),
     }
     done = subprocess.run([sys.executable, "-m", "harness.predict.runtime", json.dumps(request)],
-                          capture_output=True, text=True, timeout=timeout_s, check=False)
+                          capture_output=True, text=True, timeout=timeout_s, check=False,
+                          # a command ended by SIGTERM or SIGKILL leaves no probe running
+                          preexec_fn=ends_with_parent())
     if done.returncode != 0:
         raise RuntimeError(f"the runtime memory probe failed: {done.stderr[-2000:]}")
     return float(json.loads(done.stdout.strip().splitlines()[-1])["runtime_mb"])
