@@ -35,6 +35,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from harness.cli import StateError, note_setting
+from harness.filelock import held
 from harness.processes import start_time
 from harness.results import RESULT_FILE, CellResult, RunStatus
 from harness.sweep_summary import SweepSummary
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 # and SLURM executors pass on to the jobs they start.
 PARENT_RUN_ENV = "DISTBENCH_PARENT_RUN_ID"
 DEFAULT_STORE_FILE = "mlflow.db"
+# How long a process waits for another to finish creating a new SQLite store (a migration
+# takes seconds); after it, it goes on (a hung holder must not stop it).
+STORE_LOCK_WAIT_S = 120.0
 _MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
 # A cell's run carries its cell key (harness.resume), its result's directory and its result's
 # identity, which is what `harness.sync` looks for before uploading a result, so nothing is
@@ -208,7 +212,13 @@ def _client(uri: str):  # noqa: ANN202 - MlflowClient imported lazily (slow impo
     # urllib3 logs every retry as a warning; the caller reports the failure once.
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     quiet_store_logs()
-    return MlflowClient(tracking_uri=uri)
+    if not uri.startswith("sqlite:///"):
+        return MlflowClient(tracking_uri=uri)
+    # The client creates (and migrates) a new SQLite store on first use: two processes doing
+    # so at once fail ("duplicate column name"). One at a time, through a lock beside it.
+    store = Path(uri.removeprefix("sqlite:///"))
+    with held(store.with_name(store.name + ".lock"), wait_s=STORE_LOCK_WAIT_S):
+        return MlflowClient(tracking_uri=uri)
 
 
 def experiment_id(client: Any, name: str, uri: str) -> str:

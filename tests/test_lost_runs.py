@@ -126,3 +126,33 @@ def test_a_command_ended_by_sigterm_leaves_no_memory_probe_running(output_root: 
         command.kill()
         if probe is not None and probe.is_running():
             probe.kill()
+
+
+_FIRST_STORE_USE = """
+import sys, time
+from pathlib import Path
+from harness.tracking import _client, experiment_id
+from mlflow.tracking import MlflowClient  # imported before the barrier: its import is slow
+barrier, me, uri = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+(barrier / me).touch()
+while len(list(barrier.iterdir())) < 2:
+    time.sleep(0.001)
+client = _client(uri)
+client.create_run(experiment_id(client, "race", uri), run_name=me)
+"""
+
+
+def test_two_processes_creating_one_new_mlflow_store_both_record(tmp_path: Path) -> None:
+    """Two processes that open the same new SQLite store at the same moment (two runs into
+    one fresh run.output_dir): its creation and migration happen once, both runs land."""
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    uri = f"sqlite:///{tmp_path / DEFAULT_STORE_FILE}"
+    processes = [subprocess.Popen([sys.executable, "-c", _FIRST_STORE_USE, str(barrier),
+                                   f"p{n}", uri], stderr=subprocess.PIPE, text=True)
+                 for n in range(2)]
+    errors = [process.communicate(timeout=120)[1] for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], errors
+    experiment = MlflowClient(uri).get_experiment_by_name("race")
+    runs = MlflowClient(uri).search_runs([experiment.experiment_id])
+    assert sorted(run.info.run_name for run in runs) == ["p0", "p1"]
