@@ -156,3 +156,23 @@ def test_two_processes_creating_one_new_mlflow_store_both_record(tmp_path: Path)
     experiment = MlflowClient(uri).get_experiment_by_name("race")
     runs = MlflowClient(uri).search_runs([experiment.experiment_id])
     assert sorted(run.info.run_name for run in runs) == ["p0", "p1"]
+
+
+def test_runs_started_in_the_same_second_get_their_own_directories() -> None:
+    """Every run composes its own directory name from the time it starts, to the
+    microsecond (conf/config.yaml `hydra.run.dir`): two runs started in the same second by
+    two processes (two seeds into one run.output_dir) do not share one, and the names still
+    sort by start time."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from harness.compose import CONFIG_MODULE
+    from harness.distributions.registry import register_configs
+
+    register_configs()
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+        first, second = (OmegaConf.select(compose("config", return_hydra_config=True,
+                                                  overrides=[f"run.seed={seed}"]),
+                                          "hydra.run.dir") for seed in (1, 2))
+    assert first != second and first < second
+    assert Path(first).name.startswith(Path(second).name[:10])  # the date leads
