@@ -120,13 +120,37 @@ def check(log: Path, ruleset: str = RULESET, *, stock: bool = False) -> Verdict:
 def log_files(paths: list[Path]) -> list[Path]:
     """The logs named: a file as it is, a directory's mllog*.txt (a cell's repeats)."""
     files: list[Path] = []
+    allowed = f"allowed: an MLPerf log file, or a cell directory holding {MLLOG_GLOB}"
     for path in paths:
-        found = sorted(path.glob(MLLOG_GLOB)) if path.is_dir() else [path]
-        if not found or not all(file.is_file() for file in found):
-            raise ConfigError(f"{path} is invalid: allowed: an MLPerf log file, or a cell "
-                              f"directory holding {MLLOG_GLOB}")
+        try:
+            found = sorted(path.glob(MLLOG_GLOB)) if path.is_dir() else [path]
+            readable = bool(found) and all(file.is_file() for file in found)
+        except OSError as err:  # e.g. a name longer than the file system allows
+            raise ConfigError(f"{_short(path)} is invalid: {err.strerror or err}; "
+                              f"{allowed}") from None
+        if not readable:
+            raise ConfigError(f"{_short(path)} is invalid: {allowed}")
         files += found
     return files
+
+
+def _short(path: Path, width: int = 120) -> str:
+    """`path` as a line can hold it: a very long one cut in the middle."""
+    text = str(path)
+    return text if len(text) <= width else f"{text[:width // 2]}...{text[-width // 2:]}"
+
+
+def _rules_dir(path: Path) -> Path:
+    """--write-rules DIR checked before anything is written: a directory this user can
+    write in (or create), one line otherwise (a file, /proc, a name too long)."""
+    from harness.preflight import check_writable_dir
+
+    try:
+        check_writable_dir("--write-rules", str(path))
+        return path.resolve()
+    except OSError as err:
+        raise ConfigError(f"--write-rules={_short(path)} is invalid: {err.strerror or err}; "
+                          f"allowed: a directory this user can write in") from None
 
 
 @command
@@ -143,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                              "checks a log with them")
     args = parser.parse_args(argv)
     if args.write_rules is not None:
-        rules = write_rules(args.write_rules.resolve())
+        rules = write_rules(_rules_dir(args.write_rules))
         print(" ".join(mlperf_command(Path("FILE"), rules)).replace(sys.executable, "python"))
     elif not args.paths:
         parser.error("name a log or a cell directory (PATH), or --write-rules DIR")

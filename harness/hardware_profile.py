@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.cli import StateError
 from harness.config import ConfigError, HardwareConfig
 from harness.metrics import BYTES_PER_MB
 from workloads.datasets.atomic import write_json_atomic
@@ -135,7 +136,19 @@ class HardwareProfile:
 
     @classmethod
     def load(cls, path: Path) -> HardwareProfile:
-        return cls.from_json(json.loads(Path(path).read_text()))
+        """The profile `harness.probe` wrote at `path`; StateError (one line: the file, what
+        is wrong, how to recover) for one that is truncated or not a profile, instead of a
+        JSON or KeyError far from it."""
+        try:
+            profile = cls.from_json(json.loads(Path(path).read_text()))
+            if not (profile.links or profile.allreduce):
+                raise ValueError("it holds no measured link")
+            return profile
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            what = f"missing {err}" if isinstance(err, KeyError) else str(err)
+            raise StateError(f"{path}: not a hardware profile of harness.probe ({what}); move "
+                             f"it aside (mv {path} {path}.broken) to use the config's speeds, "
+                             f"or measure again with python -m harness.probe") from err
 
     @classmethod
     def from_config(cls, hardware: HardwareConfig) -> HardwareProfile:

@@ -553,6 +553,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if fit_path is not None and not fit_path.exists():
         raise ConfigError(f"--fit={fit_path} is invalid: no such file")
     fitted = Fitted.load(fit_path, config.hardware.name)
+    # A damaged measured profile stops here, in one line, before minutes of probing would end
+    # in every option skipped (harness.hardware_profile.HardwareProfile.load).
+    profile_for(config.hardware, output_root)
     check_writable_dir("run.output_dir", config.run.output_dir)  # facts measured here go there
     options, skipped = rank(config, fitted, cache, output_root, overrides, flags.objective,
                             checked)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +73,32 @@ def index_result(output_root: str | Path, key: str, result: dict[str, Any]) -> N
 
 def latest_result(output_root: str | Path, key: str) -> dict[str, Any] | None:
     """The cell's latest result, or None if it has none (or the index points nowhere valid)."""
+    path = index_path(output_root, key)
     try:
-        entry = json.loads(index_path(output_root, key).read_text())
+        entry = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None  # never run here
+    except (OSError, ValueError) as err:
+        _damaged(path, f"unreadable ({err})")
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("result"), str):
+        _damaged(path, f"a JSON {type(entry).__name__} without the path of a result")
+        return None
+    try:
         result = json.loads(Path(entry["result"]).read_text())
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError):
+        return None  # the result it points to is gone or was cut short: run the cell again
+    if not isinstance(result, dict) or not isinstance(result.get("status"), str):
+        _damaged(Path(entry["result"]), "not a cell's record (no status)")
         return None
     return result if result.get("cell_key") == key else None
+
+
+def _damaged(path: Path, what: str) -> None:
+    """Say, in one line, that a state file of a resumed sweep is damaged and what happens:
+    the cell counts as unfinished and runs again, which rewrites the index entry."""
+    print(f"distbench: {path}: {what}; the cell runs again and its index entry is rewritten "
+          f"(delete the file to silence this)", file=sys.stderr, flush=True)
 
 
 def finished_result(output_root: str | Path, key: str) -> dict[str, Any] | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,10 +76,31 @@ def read_fit(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text())
         if not isinstance(data.get("hardware"), dict):  # before fits were per hardware
             raise TypeError("hardware is not a per-hardware table")
+        for name, entry in data["hardware"].items():
+            _check_fit_entry(name, entry)
+        for key in ("accuracy", "residuals"):
+            if not isinstance(data.get(key) or [], list):
+                raise TypeError(f"{key} is not a list")
         return data
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise ConfigError(f"--fit={path} is invalid: not a fit.json of harness.analysis "
                           f"({type(err).__name__}: {err}); run the analysis again") from None
+
+
+def _check_fit_entry(hardware: str, entry: object) -> None:
+    """TypeError naming the field of fit.json's entry for `hardware` that is not what
+    `harness.analysis` writes (read far from the file otherwise, as a bare KeyError)."""
+    where = f"hardware.{hardware}"
+    if not isinstance(entry, dict):
+        raise TypeError(f"{where} is a JSON {type(entry).__name__}, not an object")
+    params = entry.get("params")
+    if not isinstance(params, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in params.values()):
+        raise TypeError(f"{where}.params is not an object of numbers")
+    for key, kind in (("cells", int), ("runtime_mb", (int, float)), ("networks", list),
+                      ("models", dict)):
+        if entry.get(key) is not None and not isinstance(entry[key], kind):
+            raise TypeError(f"{where}.{key} is a JSON {type(entry[key]).__name__}")
 
 
 def coverage(path: Path, hardware: str, data: dict[str, Any] | None = None
@@ -115,7 +137,9 @@ def choose_fit(output_root: Path, hardware: str, models: Collection[str]) -> Pat
     for path in sorted((output_root / "analysis").glob("*/fit.json")):
         try:
             found = coverage(path, hardware)
-        except ConfigError:
+        except ConfigError as err:  # said once, in one line: the file, and how to recover
+            print(f"distbench: passing over {path}: {str(err).split(': ', 1)[-1]}",
+                  file=sys.stderr)
             continue
         if found is None:
             continue

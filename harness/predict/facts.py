@@ -407,6 +407,19 @@ class MissingMeasurement(ConfigError):
     run where. No candidate of a recommendation can be predicted without it."""
 
 
+# The lists of a facts file, in FactsStore's field order.
+_FACTS_LISTS = ("step_times", "layer_profiles", "runtimes", "saved_activations")
+
+
+def _entries(data: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """The facts file's list `name` (absent: empty); TypeError naming it if it is not a list
+    of objects (a hand-edited or foreign file), which would fail later, far from the file."""
+    entries = data.get(name, [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise TypeError(f"{name} is a JSON {type(entries).__name__}, not a list of objects")
+    return entries
+
+
 def facts_path(output_root: Path | str, hardware: str) -> Path:
     """The facts measured for hardware configuration `hardware`:
     `<run.output_dir>/facts/<hardware>.json`."""
@@ -531,11 +544,11 @@ per network. A new measurement replaces an older one of the
             return cls(path, hardware or path.stem)
         try:
             data = json.loads(path.read_text())
+            if not isinstance(data, dict):
+                raise TypeError(f"a JSON {type(data).__name__}, not an object")
             return cls(path, str(data.get("hardware") or hardware or path.stem),
-                       list(data.get("step_times", [])), list(data.get("layer_profiles", [])),
-                       list(data.get("runtimes", [])),
-                       list(data.get("saved_activations", [])))
-        except (OSError, ValueError, AttributeError) as err:
+                       *(_entries(data, name) for name in _FACTS_LISTS))
+        except (OSError, ValueError, AttributeError, TypeError) as err:
             raise MissingMeasurement(f"{path}: not a readable distbench facts file ({err}); "
                                      f"move it away and measure again") from None
 

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from harness.cli import StateError, failure_reason
 from harness.config import DistbenchConfig
 from harness.metrics import BYTES_PER_MB
 from harness.processes import ends_with_parent
@@ -63,13 +64,32 @@ def measure_runtime_mb(config: DistbenchConfig, *, timeout_s: float = 300.0) -> 
         "network": None if config.network.ref.is_builtin else dataclasses.asdict(
             config.network.ref),
     }
-    done = subprocess.run([sys.executable, "-m", "harness.predict.runtime", json.dumps(request)],
-                          capture_output=True, text=True, timeout=timeout_s, check=False,
-                          # a command ended by SIGTERM or SIGKILL leaves no probe running
-                          preexec_fn=ends_with_parent())
+    try:
+        done = subprocess.run([sys.executable, "-m", "harness.predict.runtime",
+                               json.dumps(request)], capture_output=True, text=True,
+                              timeout=timeout_s, check=False,
+                              # a command ended by SIGTERM or SIGKILL leaves no probe running
+                              preexec_fn=ends_with_parent())
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise ProbeFailed(f"the runtime memory probe failed: {err}") from err
     if done.returncode != 0:
-        raise RuntimeError(f"the runtime memory probe failed: {done.stderr[-2000:]}")
+        raise ProbeFailed(f"the runtime memory probe failed ({_ending(done.returncode)}): "
+                          f"{failure_reason(done.stderr, width=300)}")
     return float(json.loads(done.stdout.strip().splitlines()[-1])["runtime_mb"])
+
+
+class ProbeFailed(StateError):
+    """The probe's process failed: this machine (memory, a library) could not run a worker's
+    start; one line with its exit and its last error line (harness.cli.one_door)."""
+
+
+def _ending(returncode: int) -> str:
+    """"exit status 1", or "killed by SIGKILL" for a negative return code."""
+    if returncode < 0:
+        import signal
+
+        return f"killed by {signal.Signals(-returncode).name}"
+    return f"exit status {returncode}"
 
 
 def _resident_mb() -> float:
