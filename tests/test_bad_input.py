@@ -441,6 +441,11 @@ BAD_INPUTS: list[Bad] = [
          "run.output_dir='{file}' is invalid: it is a file"),
     _bad("harness.sync", "run.output_dir={work}/missing",  # printed "synced", exit 0
          "run.output_dir='{work}/missing' is invalid: no such directory"),
+    # harness.compliance: a directory it cannot write, a path longer than a name may be
+    _bad("harness.compliance", "--write-rules /proc/x", "--write-rules='/proc/x' is invalid"),
+    _bad("harness.compliance", "--write-rules {file}", "--write-rules='{file}' is invalid: it "
+         "is a file"),
+    _bad("harness.compliance", "{work}/" + "a" * 330, "is invalid: File name too long"),
     # networks from elsewhere, token data, and a network that does not take the dataset
     _bad("harness", "network=module network.target=nopkg.models:build",
          "network.target=nopkg.models:build: module nopkg.models does not import"),
