@@ -39,6 +39,7 @@ from harness.distributions.registry import register_configs
 from harness.dryrun import DRY_RUN_FLAG
 from harness.preflight import check_launcher, check_runs_here
 from launchers import cells
+from launchers.sweep_lock import claim_output_root
 
 # Hydra re-raises instead of printing its own report while this is set (its documented switch).
 _HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"
@@ -136,6 +137,7 @@ def _check_sweep(hydra, overrides: list[str]) -> None:  # noqa: ANN001 - Hydra's
         return  # another sweeper lists its cells its own way; the launcher checks them
     cells.prepare_sweep(hydra.config_loader, master, job_overrides, 0,
                         size_cell=cells.cell_sizer(master))
+    claim_output_root(master.run.output_dir)  # last: held until this sweep's process ends
 
 
 def _sweep_cells(hydra, overrides: list[str]  # noqa: ANN001 - Hydra's internal class

@@ -18,6 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from harness.resume import finished_result
 from harness.tracking import DEFAULT_STORE_FILE
+from launchers.sweep_lock import SWEEP_LOCK_FILE
 from tests.helpers import run_module, tiny_overrides
 
 
@@ -176,3 +177,31 @@ def test_runs_started_in_the_same_second_get_their_own_directories() -> None:
                                           "hydra.run.dir") for seed in (1, 2))
     assert first != second and first < second
     assert Path(first).name.startswith(Path(second).name[:10])  # the date leads
+
+
+def test_a_second_sweep_into_the_directory_of_a_live_sweep_is_refused(output_root: Path,
+                                                                      tmp_path: Path) -> None:
+    """Two copies of one `-m` sweep into one run.output_dir would share its cell index and time
+    each other's cells: while the first lives, the second is refused in one line naming it,
+    exit status 2, before it starts anything."""
+    sweep = [sys.executable, "-m", "harness", "-m", "run.seed=1,2",
+             *tiny_overrides(output_root, "run.epochs=40")]
+    with (tmp_path / "first.log").open("w") as out:
+        first = subprocess.Popen(sweep, cwd=output_root.parent, stdout=out,
+                                 stderr=subprocess.STDOUT)
+    try:
+        lock = output_root / SWEEP_LOCK_FILE
+        deadline = time.monotonic() + 120
+        while not (lock.exists() and str(first.pid) in lock.read_text()):
+            assert first.poll() is None and time.monotonic() < deadline, \
+                (tmp_path / "first.log").read_text()[-3000:]
+            time.sleep(0.05)
+        second = subprocess.run(sweep, cwd=output_root.parent, capture_output=True, text=True,
+                                timeout=120)
+        assert second.returncode == 2, second.stderr[-3000:]
+        (line,) = second.stderr.splitlines()
+        assert "a live sweep is using it" in line and f"pid {first.pid}" in line
+        assert first.poll() is None  # the first goes on
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=60)
