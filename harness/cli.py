@@ -4,7 +4,9 @@ what is allowed, exit status 2, no traceback; before anything is trained, submit
 Bad input is a `ConfigError` (our validation: `harness.config`, the launchers' sizing, a
 command's own checks), or Hydra/OmegaConf rejecting an override (an unknown group option such as
 `network=resnet19`, a misspelled key, a wrong type, a malformed override). Any other exception
-is a bug and keeps its traceback.
+(a store that cannot be used, a damaged state file, a library's error, a bug) leaves through
+`one_door`: one line naming the setting involved, exit status 3, the traceback kept in a file
+(DISTBENCH_DEBUG=1 prints it instead).
 
 Use it in an entry point in one of two ways:
 

@@ -141,3 +141,32 @@ def test_a_cell_whose_store_is_a_directory_keeps_its_result_and_says_so(tmp_path
     assert "is a directory" in result["tracking_error"] and "move it aside" in (
         result["tracking_error"])
     assert took < BOUNDED_S, f"{took:.0f} s"
+
+
+def test_any_escaping_exception_is_one_line_and_its_traceback_is_kept(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The door itself (harness.cli.one_door, behind @command): a library's exception is one
+    line, status 3, the traceback in the file the line names; DISTBENCH_DEBUG=1 lets it out."""
+    from harness.cli import DEBUG_ENV, command
+
+    @command
+    def broken() -> None:
+        json.loads("{")  # a library's error, not ours
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR read afresh
+    with pytest.raises(SystemExit) as stopped:
+        broken()
+    err = capsys.readouterr().err
+    assert stopped.value.code == ENVIRONMENT_EXIT_CODE and err.count("\n") == 1, err
+    assert "JSONDecodeError: Expecting property name" in err, err
+    [saved] = (tmp_path / "distbench-errors").iterdir()
+    assert f"[traceback: {saved}]" in err and "Traceback" in saved.read_text()
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    with pytest.raises(json.JSONDecodeError):
+        broken()
