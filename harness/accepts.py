@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Literal
 
 # Linux's limits (PATH_MAX, NAME_MAX): a longer path or name fails in open()/mkdir().
@@ -98,6 +99,15 @@ def component(max_chars: int = NAME_MAX_BYTES) -> dict[str, Any]:
 def text(max_chars: int = TEXT_CHARS, *, empty: bool = True) -> dict[str, Any]:
     """Metadata of one line of free text."""
     return {"accepts": Accepts("text", max_chars=max_chars, empty=empty)}
+
+
+def shown(value: Any) -> str:
+    """A refused value as an error line shows it: its repr, a long one cut (a 10,000-character
+    name would bury what is allowed)."""
+    text = repr(value.value if isinstance(value, Enum) else value)
+    if len(text) <= 80:
+        return text
+    return f"{text[:60]}...' ({len(str(value))} characters)"
 
 
 def declared(metadata: Any) -> Accepts | None:

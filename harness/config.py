@@ -29,6 +29,7 @@ from harness.accepts import (
     integer,
     number,
     path,
+    shown,
     text,
 )
 from harness.batch_sizes import default_batch_size
@@ -709,16 +710,7 @@ def check_declared(node: Any, prefix: str = "") -> None:
         accepts = declared(item.metadata)
         refused = allowed(accepts, value) if accepts is not None else None
         if refused is not None:
-            raise ConfigError(f"{prefix}{item.name}={_shown(value)} is invalid: {refused}")
-
-
-def _shown(value: Any) -> str:
-    """A refused value as the error line shows it: its repr, a long one cut (a 10,000-character
-    name would bury what is allowed)."""
-    shown = repr(value.value if isinstance(value, Enum) else value)
-    if len(shown) <= 80:
-        return shown
-    return f"{shown[:60]}...' ({len(str(value))} characters)"
+            raise ConfigError(f"{prefix}{item.name}={shown(value)} is invalid: {refused}")
 
 
 def _check_known_keys(node: Any, schema: type, prefix: str) -> None:

@@ -15,8 +15,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from harness.accepts import Accepts, allowed, shown
 from harness.config import ConfigError, DataSource, Device, DistbenchConfig, require
 
 
@@ -81,6 +82,18 @@ def check_writable_dir(key: str, value: str) -> None:
         where = "" if existing == path else f" (in {existing}, to create it)"
         raise ConfigError(f"{key}={value!r} is invalid: cannot write there{where}: "
                           f"{err.strerror or err}; {allowed}") from None
+
+
+def check_hydra_dir(hydra: DictConfig, *, sweep: bool) -> None:
+    """The directory Hydra creates for a single run (`hydra.run.dir`) or a sweep
+    (`hydra.sweep.dir`) is a path the file system can hold and this user can create: Hydra
+    makes it before any of distbench's code runs, and a failure there is a traceback."""
+    key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
+    value = str(OmegaConf.select(hydra, key.removeprefix("hydra.")))
+    refused = allowed(Accepts("path", path="create"), value)
+    if refused is not None:
+        raise ConfigError(f"{key}={shown(value)} is invalid: {refused}")
+    check_writable_dir(key, value)
 
 
 def check_launcher(hydra: DictConfig, *, sweep: bool) -> None:

@@ -37,7 +37,7 @@ from harness.compose import CONFIG_MODULE
 from harness.config import ConfigError, validate
 from harness.distributions.registry import register_configs
 from harness.dryrun import DRY_RUN_FLAG
-from harness.preflight import check_launcher, check_runs_here
+from harness.preflight import check_hydra_dir, check_launcher, check_runs_here
 from launchers import cells
 from launchers.sweep_lock import claim_output_root
 
@@ -124,6 +124,7 @@ def check_hydra_main(argv: Sequence[str]) -> None:
             config = validate(cfg)
             check_launcher(cfg.hydra, sweep=False)
             check_runs_here(config)
+            check_hydra_dir(cfg.hydra, sweep=False)
             if config.world_size > 1:  # its workers start here, on this one machine
                 cells.single_node_workers(config)
 
@@ -137,6 +138,7 @@ def _check_sweep(hydra, overrides: list[str]) -> None:  # noqa: ANN001 - Hydra's
         return  # another sweeper lists its cells its own way; the launcher checks them
     cells.prepare_sweep(hydra.config_loader, master, job_overrides, 0,
                         size_cell=cells.cell_sizer(master))
+    check_hydra_dir(master.hydra, sweep=True)  # after the cells: their run.output_dir first
     claim_output_root(master.run.output_dir)  # last: held until this sweep's process ends
 
 

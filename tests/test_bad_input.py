@@ -310,6 +310,10 @@ BAD_INPUTS: list[Bad] = [
     _bad("harness", f"run.output_dir={{work}}/{'d' * 300}", "run.output_dir='"),
     _bad("harness", f"run.output_dir={{work}}/{'d/' * 2100}", "at most 4096 bytes"),
     _bad("harness.recommend", f"hardware.name={'h' * 300}", "hardware.name='hhh"),
+    _bad("harness", "hydra.run.dir=/proc/x", "hydra.run.dir='/proc/x' is invalid: cannot write "
+         "there"),
+    _bad("harness", f"hydra.run.dir={{work}}/{'d' * 300}", "each part at most 255 bytes"),
+    _bad("harness", f"{SWEEP} hydra.sweep.dir=/proc/x", "hydra.sweep.dir='/proc/x' is invalid"),
     _bad("harness", "probe.repeats=0", "probe.repeats=0 is invalid"),
     _bad("harness", "probe.message_bytes=[8]", "probe.message_bytes=[8] is invalid"),
     _bad("harness", "hydra.launcher.timeout_min=0", "hydra.launcher.timeout_min=0 is invalid"),
