@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 from harness.resume import finished_result
 from harness.tracking import DEFAULT_STORE_FILE
 from launchers.sweep_lock import SWEEP_LOCK_FILE
-from tests.helpers import run_module, tiny_overrides
+from tests.helpers import tiny_overrides
 
 
 def _only_result(output_root: Path) -> dict:
@@ -27,11 +27,33 @@ def _only_result(output_root: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def test_a_diverged_loss_is_recorded_diverged_and_run_again(output_root: Path) -> None:
-    """A learning rate that makes the loss NaN stops the cell at the first epoch that shows it:
-    recorded `diverged` (where, and the value), exit status 1, and not skipped on resume."""
-    done = run_module("harness", tiny_overrides(output_root, "optimizer.lr=1e30"),
-                      cwd=output_root.parent)
+# Loaded at start-up by every Python process whose PYTHONPATH holds it (as tests/test_faults.py
+# injects its faults): from the 3rd training step on, the loss is NaN, as a diverging training's
+# becomes (its gradients, then its weights, turn NaN with it).
+_NAN_LOSS_HOOK = """
+import torch.nn.functional as functional
+real_cross_entropy, calls = functional.cross_entropy, []
+
+def cross_entropy(*args, **kwargs):
+    calls.append(1)
+    loss = real_cross_entropy(*args, **kwargs)
+    return loss * float("nan") if len(calls) > 2 else loss
+
+functional.cross_entropy = cross_entropy
+"""
+
+
+def test_a_diverged_loss_is_recorded_diverged_and_run_again(output_root: Path,
+                                                           tmp_path: Path) -> None:
+    """A loss that turns NaN stops the cell at the first epoch that shows it: recorded
+    `diverged` (where, and the value), exit status 1, and not skipped on resume."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_NAN_LOSS_HOOK)
+    done = subprocess.run([sys.executable, "-m", "harness", *tiny_overrides(output_root)],
+                          cwd=output_root.parent, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                              [str(hooks), *filter(None, [os.environ.get("PYTHONPATH")])])))
     assert done.returncode == 1, done.stderr[-3000:]
     assert "diverged" in done.stderr and "Traceback" not in done.stderr
     result = _only_result(output_root)
