@@ -1,7 +1,8 @@
-"""A single-process cell ended by SIGINT (Ctrl-C) or SIGTERM (`kill`, a shutdown) keeps what it
-measured: `harness.run.run_cell` records it `interrupted`, with the epochs it finished, prints
-one line and exits with the shell's status for the signal (130, 143), instead of a traceback
-(SIGINT) or nothing at all (SIGTERM).
+"""A single-process cell (`python -m harness` without `-m`) ended by SIGINT (Ctrl-C) or
+SIGTERM (`kill`, a shutdown) keeps what it measured: `harness.run.run_cell` records it
+`interrupted`, with the epochs it finished, prints one line and exits with the shell's status
+for the signal (130, 143), instead of a traceback (SIGINT) or nothing at all (SIGTERM). A cell
+of a sweep is its launcher's to record, as before.
 
 SIGTERM reaches Python as `SystemExit(143)` (`harness.cli.end_like_ctrl_c_on_sigterm`), SIGINT
 as `KeyboardInterrupt`; both unwind the measurement through its `finally` blocks (the memory
@@ -10,6 +11,7 @@ limit is lifted, the watchdog stopped, data-loader workers ended) before the cel
 
 from __future__ import annotations
 
+import os
 import signal
 import statistics
 
@@ -28,6 +30,13 @@ def signal_exit_code(error: BaseException) -> int | None:
             and error.code > _SIGNAL_EXIT_BASE:
         return error.code
     return None
+
+
+def under_launcher() -> bool:
+    """Whether a launcher (submitit's local or SLURM executor, in a sweep) runs this cell: it
+    records a cell it ended itself (`launchers.cells.cell_outcome`), as `timeout` when its
+    time limit ended it, which a record of the cell's own would hide."""
+    return "SUBMITIT_EXECUTOR" in os.environ
 
 
 def signal_name(exit_code: int) -> str:

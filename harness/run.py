@@ -38,7 +38,12 @@ from harness.divergence import DivergedError, check_finite_eval_loss, check_fini
 from harness.environment import capture_environment, start_conditions
 from harness.evaluation import Evaluation, evaluate
 from harness.eventlog import EventLog, RunFacts, precision_name
-from harness.interruption import add_measured_epochs, interrupted_error, signal_exit_code
+from harness.interruption import (
+    add_measured_epochs,
+    interrupted_error,
+    signal_exit_code,
+    under_launcher,
+)
 from harness.memory_limit import MemoryLimit, device_memory_limit, lift_memory_limit, oom_error
 from harness.metrics import PeakMemory, PhaseClock, RepeatStatistics, Summary
 from harness.record import CONFIG_FILE, keep_logging_when_the_disk_fails, record
@@ -552,8 +557,8 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
             write_rank_report(output_dir, env.rank, status, error)
         except (KeyboardInterrupt, SystemExit) as err:
             interrupted = signal_exit_code(err)
-            if interrupted is None or env.is_distributed:
-                raise  # a multi-worker cell is recorded by its launcher (launchers.local)
+            if interrupted is None or env.is_distributed or under_launcher():
+                raise  # a launcher's cell is recorded by it (launchers.cells.cell_outcome)
     if interrupted is not None:
         record_interruption(cell, output_dir, started, device, measured, interrupted)
     if not env.is_main:
