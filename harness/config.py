@@ -540,8 +540,6 @@ class ProbeConfig:
         require(len(self.message_bytes) >= 2 and all(size > 0 for size in self.message_bytes),
                "probe.message_bytes", self.message_bytes,
                "needs two or more positive sizes (a bandwidth fit needs two points)")
-        require(self.repeats >= 1, "probe.repeats", self.repeats, "must be 1 or more")
-        require(self.warmup >= 0, "probe.warmup", self.warmup, "must be 0 or more")
 
 
 @dataclass

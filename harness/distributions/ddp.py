@@ -24,7 +24,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from harness.accepts import number
-from harness.config import MAX_BUFFER_MB, DistbenchConfig, DistributionConfig, require
+from harness.config import MAX_BUFFER_MB, DistbenchConfig, DistributionConfig
 from harness.distributions.base import TrainingContext
 from harness.distributions.loop import BatchLoopTrainer
 from harness.distributions.spec import DistributionSpec, at_every_count, workers_label
@@ -46,11 +46,6 @@ class DDPConfig(DistributionConfig):
     # Gradient bucket size in MB (torch's default 25); its counterpart of Horovod's `th`.
     bucket_cap_mb: float = field(default=25.0,
                                  metadata=number(0, MAX_BUFFER_MB, "MB", low_open=True))
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(self.bucket_cap_mb > 0, "distribution.bucket_cap_mb", self.bucket_cap_mb,
-                "must be a positive number")
 
 
 class TimedAllreduce:

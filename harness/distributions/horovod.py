@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.accepts import number
-from harness.config import MAX_BUFFER_MB, DistbenchConfig, DistributionConfig, require
+from harness.config import MAX_BUFFER_MB, DistbenchConfig, DistributionConfig
 from harness.distributed import (
     WorkerEnvironment,
     WorkerSession,
@@ -55,13 +55,6 @@ class HorovodConfig(DistributionConfig):
     # How often, in ms, Horovod's background thread fuses and sends what is ready.
     cycle_time_ms: float = field(default=1.0,
                                  metadata=number(0, MAX_CYCLE_TIME_MS, "ms", low_open=True))
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(self.fusion_threshold_mb >= 0, "distribution.fusion_threshold_mb",
-                self.fusion_threshold_mb, "must be 0 (no fusion) or more")
-        require(self.cycle_time_ms > 0, "distribution.cycle_time_ms", self.cycle_time_ms,
-                "must be a positive number")
 
 
 def horovod_settings(config: DistbenchConfig) -> HorovodConfig:
