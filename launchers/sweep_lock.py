@@ -3,24 +3,28 @@ sweep is using is refused in one line naming it, before anything is written.
 
 Two sweeps into one output root would share its cell index (each re-runs, or overwrites, what
 the other measures) and run their cells at the same time on one machine's cores, timing each
-other instead of the cells. The live sweep holds an advisory lock on `<run.output_dir>/
-.sweep.lock` (`harness.filelock`) for as long as its process lives, and writes who it is into
-the file; the kernel drops the lock when that process ends, however it ends, so a killed
-sweep never blocks the next one.
+other instead of the cells. The live sweep holds an advisory lock (`harness.filelock`) for as
+long as its process lives, and writes who it is into the lock's file; the kernel drops the
+lock when that process ends, however it ends, so a killed sweep never blocks the next one.
+The file is this machine's, under the temporary directory (`distbench-sweeps/<hash of the
+resolved run.output_dir>.lock`): what it guards is this machine's cores, and the check before
+a sweep writes nothing into its output directory.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from harness.config import ConfigError
 from harness.filelock import try_lock
 
-SWEEP_LOCK_FILE = ".sweep.lock"
+_LOCK_DIR = "distbench-sweeps"
 # The descriptors of the locks this process holds: open until it ends.
 _held: dict[Path, int] = {}
 
@@ -31,9 +35,12 @@ def claim_output_root(output_dir: str | Path) -> None:
     root = Path(output_dir).expanduser().resolve()
     if root in _held:
         return
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / SWEEP_LOCK_FILE
-    fd = try_lock(path)
+    path = lock_path(root)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = try_lock(path)
+    except OSError:  # no lock to be had here (a read-only or foreign temporary directory)
+        return
     if fd is None:
         raise ConfigError(
             f"run.output_dir={output_dir} is invalid: a live sweep is using it "
@@ -44,6 +51,13 @@ def claim_output_root(output_dir: str | Path) -> None:
                              "since": dt.datetime.now().isoformat(timespec="seconds")}
                             ).encode())
     _held[root] = fd
+
+
+def lock_path(output_dir: str | Path) -> Path:
+    """The file whose lock the live sweep into `output_dir` holds."""
+    root = str(Path(output_dir).expanduser().resolve())
+    name = hashlib.sha256(root.encode()).hexdigest()[:20]
+    return Path(tempfile.gettempdir()) / _LOCK_DIR / f"{name}.lock"
 
 
 def _holder(path: Path) -> str:

@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from harness.resume import finished_result
 from harness.tracking import DEFAULT_STORE_FILE
-from launchers.sweep_lock import SWEEP_LOCK_FILE
+from launchers.sweep_lock import lock_path
 from tests.helpers import tiny_overrides
 
 
@@ -212,7 +212,7 @@ def test_a_second_sweep_into_the_directory_of_a_live_sweep_is_refused(output_roo
         first = subprocess.Popen(sweep, cwd=output_root.parent, stdout=out,
                                  stderr=subprocess.STDOUT)
     try:
-        lock = output_root / SWEEP_LOCK_FILE
+        lock = lock_path(output_root)
         deadline = time.monotonic() + 120
         while not (lock.exists() and str(first.pid) in lock.read_text()):
             assert first.poll() is None and time.monotonic() < deadline, \
