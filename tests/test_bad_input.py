@@ -649,3 +649,11 @@ def test_the_writability_check_leaves_nothing_behind(tmp_path: Path) -> None:
     check_writable_dir("run.output_dir", str(tmp_path))
     check_writable_dir("run.output_dir", str(tmp_path / "not" / "yet"))
     assert _listing(tmp_path) == []
+
+
+def test_the_reliability_doc_counts_the_tables_rows() -> None:
+    """docs/reliability.md says how many bad inputs the table holds: the number it says is the
+    table's (a row added here must not leave the doc's count stale)."""
+    text = (REPO_ROOT / "docs" / "reliability.md").read_text()
+    assert f"a table of {len(BAD_INPUTS)} bad inputs" in text
+    assert f"all {len(BAD_INPUTS)} are refused as promised" in text
