@@ -20,6 +20,8 @@ from typing import ClassVar
 
 import torch
 
+from harness.spread import student_t_975
+
 BYTES_PER_MB = 1_000_000  # distbench reports decimal megabytes everywhere (MB, MB/s)
 
 # `comm_wait`: time a data-parallel worker is blocked on gradient communication after its own
@@ -147,12 +149,6 @@ class RepeatStatistics:
         return cls(mean=mean, std=std, ci95_low=low, ci95_high=high, trimmed_mean=trimmed, n=n)
 
 
-def student_t_975(degrees_of_freedom: int) -> float:
-    """The 97.5 % quantile of Student's t: a two-sided 95 % interval's half-width in standard
-    errors (12.706 for 1 degree of freedom, 2.776 for 4, 1.96 in the limit)."""
-    from scipy import stats  # imported here: only cells with repeats need it
-
-    return float(stats.t.ppf(0.975, degrees_of_freedom))
 
 
 class PeakMemory:

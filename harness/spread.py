@@ -42,3 +42,13 @@ def std_column(metrics: Mapping[str, float]) -> str:
     """A table's std: the repeats' standard deviation, or '-' (then print STD_FOOTNOTE)."""
     std = repeat_std(metrics)
     return "-" if std is None else f"{std:.3f}"
+
+
+def student_t_975(degrees_of_freedom: float) -> float:
+    """The 97.5 % quantile of Student's t: a two-sided 95 % interval's half-width in standard
+    errors (12.706 for 1 degree of freedom, 2.776 for 4, 1.96 in the limit); fractional
+    degrees of freedom (Welch's) are allowed. The one place either interval takes it from:
+    a cell's repeats (harness.metrics) and a ratio of two cells (harness.sweeps.compare)."""
+    from scipy import stats  # imported here: only cells with repeats need it
+
+    return float(stats.t.ppf(0.975, degrees_of_freedom))

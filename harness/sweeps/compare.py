@@ -20,6 +20,7 @@ import pandas as pd
 
 from harness.config import ConfigError
 from harness.distributions.registry import setting_names
+from harness.spread import student_t_975
 
 # A cell's grid position: what the sweep files vary. `balance` is not in it: a profile-
 # balanced pipeline may split its layers differently from one measurement to the next.
@@ -105,9 +106,7 @@ def ratio_interval(a_mean: float, a_std: float, a_n: float, b_mean: float, b_std
     if var_a + var_b == 0:
         return ratio, ratio, ratio
     freedom = (var_a + var_b) ** 2 / (var_a ** 2 / (a_n - 1) + var_b ** 2 / (b_n - 1))
-    from scipy import stats
-
-    half = float(stats.t.ppf(0.975, freedom)) * math.sqrt(var_a + var_b)
+    half = student_t_975(freedom) * math.sqrt(var_a + var_b)
     return ratio, ratio * math.exp(-half), ratio * math.exp(half)
 
 
