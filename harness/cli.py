@@ -66,15 +66,28 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+# Where str.splitlines() ends a line: a value typed with one of these (an argument holding a
+# newline) would make a message of several lines.
+_LINE_BREAKS = {ord(char): char.encode("unicode_escape").decode()
+                for char in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def single_line(text: str) -> str:
+    """`text` with every line break escaped as Python writes it (`\\n`): a message quoting
+    what was typed stays one line, and still shows where the break was."""
+    return text.translate(_LINE_BREAKS)
+
+
 def bad_input_message(err: Exception) -> str:
     """The one line that explains `err` (no newline)."""
     if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
         # "network/resnet19" -> "network=resnet19", as the user typed it.
         group, _, option = err.missing_cfg_file.rpartition("/")
-        return f"{group}={option}: unknown; choose one of {', '.join(sorted(err.options))}"
+        return single_line(f"{group}={option}: unknown; choose one of "
+                           f"{', '.join(sorted(err.options))}")
     if isinstance(err, ConfigError):
         return " ".join(str(err).split())
-    return _unknown_key(err) or _malformed_override(err) or one_line(err)
+    return single_line(_unknown_key(err) or _malformed_override(err) or one_line(err))
 
 
 def _unknown_key(err: Exception) -> str | None:
@@ -235,11 +248,12 @@ def one_door() -> Iterator[None]:
         if os.environ.get(DEBUG_ENV) == "1" or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise  # asked for: the traceback as Python prints it
         if isinstance(err, StateError):  # the line says all there is: no traceback to keep
-            print(f"distbench: error: {failure_line(err)}", file=sys.stderr, flush=True)
+            print(f"distbench: error: {single_line(failure_line(err))}", file=sys.stderr,
+                  flush=True)
             sys.exit(ENVIRONMENT_EXIT_CODE)
         kind = "" if is_store_error(err) else " (a bug?)"
-        print(f"distbench: error{kind}: {failure_line(err)} [traceback: {_save_traceback(err)}]",
-              file=sys.stderr, flush=True)
+        print(f"distbench: error{kind}: {single_line(failure_line(err))} "
+              f"[traceback: {_save_traceback(err)}]", file=sys.stderr, flush=True)
         sys.exit(ENVIRONMENT_EXIT_CODE)
 
 
@@ -308,6 +322,20 @@ class ArgumentParser(argparse.ArgumentParser):
     other, one line and exit status 2 (argparse's own report adds the usage lines)."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"distbench: invalid argument: {message}; see {self.prog} --help",
+        print(f"distbench: invalid argument: {single_line(message)}; see {self.prog} --help",
               file=sys.stderr, flush=True)
         sys.exit(BAD_INPUT_EXIT_CODE)
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        return refuse_dashes_as_value(self, action, arg_strings)
+
+
+def refuse_dashes_as_value(parser: argparse.ArgumentParser, action: argparse.Action,
+                           arg_strings: list[str]) -> Any:
+    """argparse's own `_get_values`, but a flag given '--' as its value (`--out=--`) is a
+    wrong flag: argparse (Python 3.11) drops the '--' and hands the flag an empty list, which
+    no command expects (it crashed as an error of the command)."""
+    if arg_strings == ["--"] and action.option_strings and action.nargs in (None, "?"):
+        parser.error(f"argument {'/'.join(action.option_strings)}: expected one argument, not "
+                     f"'--' (argparse's end of the flags; a file named -- is ./--)")
+    return argparse.ArgumentParser._get_values(parser, action, arg_strings)

@@ -153,8 +153,9 @@ def _rules_dir(path: Path) -> Path:
                           f"allowed: a directory this user can write in") from None
 
 
-@command
-def main(argv: list[str] | None = None) -> int:
+def parser() -> ArgumentParser:
+    """The command's arguments: a function of its own so that tests can list them
+    (tests/test_fuzz_commands.py fuzzes every flag)."""
     parser = ArgumentParser(prog="python -m harness.compliance", description=__doc__.split(
         "\n\n")[0])
     parser.add_argument("paths", nargs="*", type=Path, metavar="PATH",
@@ -165,12 +166,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-rules", type=Path, metavar="DIR",
                         help="write the rules to DIR and print MLPerf's own command that "
                              "checks a log with them")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    arguments = parser()
+    args = arguments.parse_args(argv)
     if args.write_rules is not None:
         rules = write_rules(_rules_dir(args.write_rules))
         print(" ".join(mlperf_command(Path("FILE"), rules)).replace(sys.executable, "python"))
     elif not args.paths:
-        parser.error("name a log or a cell directory (PATH), or --write-rules DIR")
+        arguments.error("name a log or a cell directory (PATH), or --write-rules DIR")
     failed = 0
     for log in log_files(args.paths):
         with _quiet_checker():

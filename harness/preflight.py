@@ -45,7 +45,7 @@ def check_data_here(config: DistbenchConfig) -> None:
     """Real data must be where `dataset.root` says; synthetic data needs a writable cache."""
     dataset = config.dataset
     if dataset.source is DataSource.real:
-        root = Path(str(dataset.root)).expanduser()
+        root = expand_user("dataset.root", str(dataset.root))
         require(root.is_dir(), "dataset.root", dataset.root,
                f"no such directory; source=real needs the directory that holds "
                f"{dataset.name.value}")
@@ -60,16 +60,31 @@ def check_data_here(config: DistbenchConfig) -> None:
         check_writable_dir("dataset.cache_dir", dataset.cache_dir)
 
 
+def expand_user(key: str, value: str) -> Path:
+    """`value` as a path, a leading `~` or `~user` expanded; ConfigError where that user does
+    not exist (pathlib raises RuntimeError, which would leave as an error of the command)."""
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:
+        raise ConfigError(f"{key}={value!r} is invalid: {value.split('/')[0]!r} names no user "
+                          f"of this machine; allowed: ~/..., ~USER/... for an existing USER, or a "
+                          f"path without ~") from None
+
+
 def check_writable_dir(key: str, value: str) -> None:
     """`value` is a directory this process can write in, or can be created (its nearest
     existing ancestor is a writable directory). Tried, not guessed from permission bits (root
     passes those on a read-only mount): an anonymous temporary file is created there and
     removed at once, so nothing is left behind."""
-    path = Path(value).expanduser()
-    existing = path
-    while not existing.exists() and existing.parent != existing:
-        existing = existing.parent
+    path = expand_user(key, value)
     allowed = "allowed: a directory this user can write in (created if missing)"
+    existing = path
+    try:
+        while not existing.exists() and existing.parent != existing:
+            existing = existing.parent
+    except OSError as err:  # a name longer than the file system holds: not even looked at
+        raise ConfigError(f"{key}={value!r} is invalid: {err.strerror or err}; {allowed}") \
+            from None
     if not existing.is_dir():
         what = "is a file" if existing == path else f"is under the file {existing}"
         raise ConfigError(f"{key}={value!r} is invalid: it {what}; {allowed}")

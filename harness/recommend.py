@@ -511,7 +511,9 @@ def verdict_lines(options: Sequence[Option], objective: str,
     return lines
 
 
-def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+def parser() -> argparse.ArgumentParser:
+    """The command's flags (the rest of its arguments are config overrides): a function of
+    its own so that tests can list them (tests/test_fuzz_commands.py fuzzes every flag)."""
     parser = command_parser("python -m harness.recommend", __doc__)
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
     parser.add_argument("--fit", type=Path, default=None,
@@ -524,7 +526,21 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="time the step times, layer profile and runtime memory again "
                              "instead of using those kept in <run.output_dir>/facts/"
                              "<hardware>.json for this machine's device")
-    return parser.parse_known_args(list(argv))
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    return parser().parse_known_args(list(argv))
+
+
+def _exists(fit: Path) -> bool:
+    """Whether --fit names something; a name the file system cannot hold (longer than
+    NAME_MAX) is bad input, not an error of the command."""
+    try:
+        return fit.exists()
+    except OSError as err:
+        raise ConfigError(f"--fit={fit} is invalid: {err.strerror or err}; allowed: a fit.json "
+                          f"of harness.analysis") from None
 
 
 def _check_flags(flags: argparse.Namespace, config: DistbenchConfig) -> None:
@@ -550,7 +566,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     checked = check_candidates(config, overrides)
     fit_path = flags.fit if flags.fit is not None \
         else choose_fit(output_root, config.hardware.name, checked.models)
-    if fit_path is not None and not fit_path.exists():
+    if fit_path is not None and not _exists(fit_path):
         raise ConfigError(f"--fit={fit_path} is invalid: no such file")
     fitted = Fitted.load(fit_path, config.hardware.name)
     # A damaged measured profile stops here, in one line, before minutes of probing would end

@@ -32,6 +32,7 @@ from typing import Any
 from harness.cli import command, exit_on_bad_input
 from harness.compose import compose_or_exit
 from harness.config import ConfigError
+from harness.preflight import expand_user
 from harness.record import staged_artifacts
 from harness.results import RESULT_FILE, CellResult, RepeatResult, RunStatus
 from harness.tracking import (
@@ -152,7 +153,7 @@ def check_reachable(uri: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     config = compose_or_exit(sys.argv[1:] if argv is None else argv)
     with exit_on_bad_input():
-        root = Path(config.run.output_dir).expanduser()
+        root = expand_user("run.output_dir", config.run.output_dir)
         if not root.is_dir():
             # Nothing to sync from: "synced" would claim results were looked for.
             what = "it is a file" if root.exists() else "no such directory"

@@ -11,6 +11,7 @@ is `harness.compose.compose_config`.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -26,12 +27,14 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from harness import dryrun
+from harness.accepts import Accepts, allowed, shown
 from harness.cli import (
     ArgumentParser,
     end_like_ctrl_c_on_sigterm,
     exit_on_bad_input,
     exit_on_failed_cells,
     forget_cell_results,
+    refuse_dashes_as_value,
 )
 from harness.compose import CONFIG_MODULE
 from harness.config import ConfigError, validate
@@ -88,16 +91,24 @@ def check_hydra_main(argv: Sequence[str]) -> None:
     listed instead, and the process exits with status 0 (`harness.dryrun`)."""
     parser = get_args_parser()
     parser.error = ArgumentParser.error.__get__(parser)  # type: ignore[method-assign]
+    parser._get_values = functools.partial(refuse_dashes_as_value, parser)  # type: ignore[method-assign]
     # `distbench` (the console command) or `python -m harness`, named as Hydra names it
     parser.prog = "python -m harness" if sys.argv[0].endswith(".py") else Path(sys.argv[0]).name
     # Wherever it is typed: argparse takes no flag after the overrides have begun.
     dry_run = DRY_RUN_FLAG in argv
     args = parser.parse_args([argument for argument in argv if argument != DRY_RUN_FLAG])
     args.dry_run = dry_run
-    if (args.help or args.hydra_help or args.info or args.shell_completion
-            or args.config_path or args.config_name or args.config_dir
-            or args.experimental_rerun):
+    _check_hydra_flags(args)
+    _check_config_source(args)
+    # `is not None`, as Hydra tells them: an empty --config-dir= is the working directory
+    if (args.help or args.hydra_help or args.info is not None or args.shell_completion
+            or args.config_path is not None or args.config_name is not None
+            or args.config_dir is not None or args.experimental_rerun is not None):
         _refuse_dry_run_with(args, "--help, --info, --config-*, --experimental-rerun")
+        if args.experimental_rerun is not None:
+            _check_rerun_file(args.experimental_rerun)
+        elif args.shell_completion and not (args.help or args.hydra_help):
+            _check_shell_completion(args.overrides)
         return
     register_configs()
     overrides = list(args.overrides)
@@ -108,6 +119,8 @@ def check_hydra_main(argv: Sequence[str]) -> None:
         sweep = args.multirun or mode == RunMode.MULTIRUN
         if args.cfg:
             _refuse_dry_run_with(args, "--cfg")
+            if args.package is not None:
+                _check_package(hydra, overrides, args.cfg, args.package)
             if sweep and args.cfg != "hydra":  # Hydra prints the config before the sweep
                 print(f"distbench: --cfg {args.cfg} shows the sweep's base config, without "
                       f"any cell's overrides; {DRY_RUN_FLAG} lists the cells", file=sys.stderr,
@@ -127,6 +140,96 @@ def check_hydra_main(argv: Sequence[str]) -> None:
             check_hydra_dir(cfg.hydra, sweep=False)
             if config.world_size > 1:  # its workers start here, on this one machine
                 cells.single_node_workers(config)
+
+
+def _check_hydra_flags(args) -> None:  # noqa: ANN001 - argparse's Namespace
+    """The combinations of Hydra's flags that Hydra refuses only once it runs, with a
+    ValueError (an error of the command, exit 3): refused here as bad input, in Hydra's order
+    (--help wins; --resolve needs --cfg or --help; one of --run, --multirun, --cfg, --info,
+    --shell-completion)."""
+    if args.help:
+        return
+    if args.resolve and args.cfg is None:
+        raise ConfigError("--resolve is invalid without --cfg or --help: it resolves the config "
+                          "they show; allowed: --cfg job|hydra|all --resolve, --help --resolve")
+    if args.hydra_help:
+        return
+    given = [flag for flag, on in (("--run", args.run), ("--multirun", args.multirun),
+                                   ("--cfg", args.cfg is not None),
+                                   ("--shell-completion", args.shell_completion),
+                                   ("--info", args.info is not None)) if on]
+    if len(given) > 1:
+        raise ConfigError(f"{' with '.join(given)} is invalid: allowed: one of --run, --multirun, "
+                          f"--cfg, --info and --shell-completion")
+
+
+def _check_config_source(args) -> None:  # noqa: ANN001 - argparse's Namespace
+    """--config-dir, --config-path and --config-name name files Hydra looks up; a name longer
+    than the file system holds makes that lookup raise OSError (an error of the command), so
+    it is refused here, as Hydra will resolve it (an empty one is Hydra's to judge)."""
+    declaration = Accepts("path", path="read")
+    named = (("--config-dir", args.config_dir, os.path.abspath(args.config_dir or ".")),
+             # relative to the directory of the module that declares `@hydra.main`: harness/
+             ("--config-path", args.config_path,
+              os.path.join(Path(dryrun.__file__).parent, args.config_path or "")),
+             ("--config-name", args.config_name, f"{args.config_name}.yaml"))
+    for flag, value, looked_up in named:
+        if value and allowed(declaration, looked_up) is not None:
+            raise ConfigError(f"{flag}={shown(value)} is invalid: "
+                              f"{allowed(declaration, looked_up)}")
+
+
+def _check_package(hydra, overrides: list[str], shows: str,  # noqa: ANN001 - Hydra's class
+                   package: str) -> None:
+    """--cfg TYPE --package KEY shows KEY of the config TYPE shows: Hydra exits with status 1
+    for a KEY that is not there (or is null), an exit of a failed cell; bad input here."""
+    if package == "_global_":  # Hydra's name for the whole config
+        return
+    first = package.split(".")[0]
+    cfg = hydra.compose_config(config_name="config", overrides=overrides, run_mode=RunMode.RUN)
+    hidden = (first == "hydra") if shows == "job" else (first != "hydra") if shows == "hydra" \
+        else False
+    hidden = hidden or (shows == "hydra" and package.split(".")[:2] in (["hydra", "help"],
+                                                                        ["hydra", "hydra_help"]))
+    if hidden or OmegaConf.select(cfg, package, throw_on_resolution_failure=False) is None:
+        raise ConfigError(f"--package={shown(package)} is invalid: no such key (or it is null) in "
+                          f"the config --cfg {shows} shows; allowed: a key of it, e.g. run, "
+                          f"dataset.name")
+
+
+def _check_rerun_file(path: str) -> None:
+    """--experimental-rerun FILE (Hydra's) runs the config pickled in FILE, a run's
+    `.hydra/config.pickle`; anything else is bad input (Hydra raises ValueError, OSError or an
+    unpickling error, an error of the command). Hydra unpickles the file again to run it."""
+    import pickle
+
+    wanted = "allowed: a run's .hydra/config.pickle"
+    try:
+        with open(path, "rb") as stream:
+            config = pickle.load(stream)  # the user's own file, as Hydra reads it
+    except OSError as err:
+        raise ConfigError(f"--experimental-rerun={shown(path)} is invalid: "
+                          f"{err.strerror or err}; {wanted}") from None
+    except Exception as err:  # noqa: BLE001 - whatever a file that is no pickle raises
+        raise ConfigError(f"--experimental-rerun={shown(path)} is invalid: not a pickled "
+                          f"config ({type(err).__name__}); {wanted}") from None
+    if not isinstance(config, DictConfig) or "hydra" not in config:
+        raise ConfigError(f"--experimental-rerun={shown(path)} is invalid: not a run's config; "
+                          f"{wanted}")
+
+
+def _check_shell_completion(overrides: Sequence[str]) -> None:
+    """--shell-completion (Hydra's) needs one of install=SHELL, uninstall=SHELL or
+    query=SHELL, for a SHELL Hydra has a plugin for; Hydra raises ValueError otherwise."""
+    from hydra._internal.hydra import Hydra
+
+    shells = sorted(Hydra.get_shell_to_plugin_map(None))  # type: ignore[arg-type]
+    arguments = OmegaConf.from_dotlist(list(overrides))
+    given = [key for key in ("install", "uninstall", "query") if key in arguments]
+    if len(given) != 1 or str(arguments[given[0]]) not in shells:
+        raise ConfigError(f"--shell-completion {' '.join(overrides)} is invalid: allowed: one "
+                          f"of install=SHELL, uninstall=SHELL, query=SHELL with SHELL one of "
+                          f"{', '.join(shells)}")
 
 
 def _check_sweep(hydra, overrides: list[str]) -> None:  # noqa: ANN001 - Hydra's internal class
