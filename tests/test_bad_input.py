@@ -13,6 +13,7 @@ import pytest
 from harness.compose import compose_config
 from harness.config import ConfigError, validate
 from tests.helpers import REPO_ROOT
+from tests.in_process import listing, refusal_broken, run_in_process
 
 NETWORKS = ("bert_large, gpt2_large, gpt2_medium, gpt2_small, gpt2_tiny, gpt2_xl, hf, llama3_8b, "
             "llama_tiny, mobilenetv2, module, resnet152, resnet18, resnet50, timm, torchvision, "
@@ -498,86 +499,27 @@ BAD_INPUTS: list[Bad] = [
 ]
 
 
-# A refused case takes well under a second; one that is not refused starts work (a cell, a
-# probe), which this bounds.
-CASE_TIMEOUT_S = 60
-
-
 def _expand(text: str, work: Path) -> str:
     return text.replace("{work}", str(work)).replace("{file}", str(work / "a_file"))
 
 
-def _listing(root: Path) -> list[str]:
-    return sorted(str(path.relative_to(root)) for path in root.rglob("*"))
-
-
 def _run_in_process(case: Bad, work: Path, capture: Path) -> dict:
-    """Run one case's real entry point (`python -m <command>`, through runpy) in this process,
-    its stdout and stderr (file descriptors 1 and 2, so C-level output too) in `capture`."""
-    import os
-    import runpy
-    import signal
-
-    from hydra.core.global_hydra import GlobalHydra
-
-    environ, cwd, argv = dict(os.environ), os.getcwd(), sys.argv
-    saved = {fd: os.dup(fd) for fd in (1, 2)}
-    code: object = 0
-
-    def too_long(*_: object) -> None:
-        raise TimeoutError(f"not refused within {CASE_TIMEOUT_S} s")
-
-    before = _listing(work)
-    with open(capture / "stderr", "w+") as err, open(capture / "stdout", "w") as out:
-        sys.stdout.flush(), sys.stderr.flush()
-        os.dup2(out.fileno(), 1)
-        os.dup2(err.fileno(), 2)
-        os.environ.update(dict(case.env))
-        os.chdir(work)
-        sys.argv = [case.command, *(_expand(arg, work) for arg in case.args)]
-        if case.command != "harness":  # imported by an earlier case: runpy would warn
-            sys.modules.pop(case.command, None)
-        signal.signal(signal.SIGALRM, too_long)
-        signal.alarm(CASE_TIMEOUT_S)
-        try:
-            runpy.run_module(case.command, run_name="__main__", alter_sys=True)
-        except SystemExit as exit_:
-            code = exit_.code
-        except BaseException:  # noqa: BLE001 - a crash is a finding of the table
-            import traceback
-
-            traceback.print_exc()
-            code = "raised"
-        finally:
-            signal.alarm(0)
-            sys.stdout.flush(), sys.stderr.flush()
-            os.dup2(saved[1], 1), os.dup2(saved[2], 2)
-            os.chdir(cwd)
-            sys.argv = argv
-            os.environ.clear(), os.environ.update(environ)
-            GlobalHydra.instance().clear()
-        err.seek(0)
-        stderr = err.read()
-    for fd in saved.values():
-        os.close(fd)
-    return {"code": code, "stderr": stderr, "written": sorted(set(_listing(work)) - set(before))
-            + [f"(removed) {p}" for p in sorted(set(before) - set(_listing(work)))]}
+    """Run one case's real entry point (`python -m <command>`, through runpy) in this process
+    (tests.in_process.run_in_process)."""
+    return run_in_process(case.command, [_expand(arg, work) for arg in case.args], work,
+                          capture, case.env)
 
 
 def _verdict(case: Bad, outcome: dict, work: Path) -> str | None:
-    """Why `outcome` breaks the promise, or None when the case was refused as promised."""
-    lines = outcome["stderr"].strip().splitlines()
+    """Why `outcome` breaks the promise, or None when the case was refused as promised: the
+    promise for any bad input (tests.in_process.refusal_broken), and a line that says what
+    the case's `says` quotes."""
+    broken = refusal_broken(outcome)
+    if broken is not None:
+        return broken
     says = _expand(case.says, work)
-    if outcome["code"] != 2:
-        return f"exit status {outcome['code']}, not 2"
-    if "Traceback" in outcome["stderr"]:
-        return "printed a traceback"
-    if len(lines) != 1 or not lines[0].startswith("distbench: "):
-        return f"{len(lines)} lines on stderr, not one starting 'distbench: '"
-    if says not in lines[0]:
+    if says not in outcome["stderr"].strip():
         return f"the line does not say {says!r}"
-    if outcome["written"]:
-        return f"wrote {outcome['written'][:5]}"
     return None
 
 
@@ -640,7 +582,7 @@ def test_a_gpu_sweep_for_slurm_passes_the_checks_on_a_login_node(tmp_path: Path,
     check_hydra_main(["+sweep=imagenet_resnet", "hydra/launcher=submitit_slurm",
                       f"run.output_dir={tmp_path / 'outputs'}"])
     check_hydra_main(["dataset.num_samples=16", "distribution.batch_size=8"])  # a single run
-    assert _listing(tmp_path) == []
+    assert listing(tmp_path) == []
 
 
 def test_the_writability_check_leaves_nothing_behind(tmp_path: Path) -> None:
@@ -648,7 +590,7 @@ def test_the_writability_check_leaves_nothing_behind(tmp_path: Path) -> None:
 
     check_writable_dir("run.output_dir", str(tmp_path))
     check_writable_dir("run.output_dir", str(tmp_path / "not" / "yet"))
-    assert _listing(tmp_path) == []
+    assert listing(tmp_path) == []
 
 
 def test_the_reliability_doc_counts_the_tables_rows() -> None:
