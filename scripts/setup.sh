@@ -20,7 +20,9 @@ fi
 
 wanted="$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] \
-    && "$venv/bin/python" -c "import harness.conf, workloads, launchers, horovod.torch" 2>/dev/null; then
+    && "$venv/bin/python" -c "import harness.conf, workloads, launchers" 2>/dev/null; then
+    # Idempotent too: builds only when Horovod is missing or was built without a patch it needs.
+    bash "$repo_root/scripts/build_horovod.sh"
     echo "[setup] .venv is up to date"
     exit 0
 fi

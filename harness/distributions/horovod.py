@@ -151,7 +151,11 @@ class RendezvousServer:
 
 
 def _host_names(env: WorkerEnvironment) -> list[str]:
-    """The names the host plan uses, one per node (node<k>: they only need to be distinct)."""
+    """The names the host plan uses, one per node: the job's node names, which resolve to the
+    nodes' addresses (Horovod's gloo may look a host name up: a made-up name could resolve to
+    another host, or to loopback)."""
+    if len(env.hostnames) == env.num_nodes:
+        return list(env.hostnames)
     return [f"node{k}" for k in range(env.num_nodes)]
 
 
