@@ -406,6 +406,42 @@ def _plain(value: Any) -> Any:
     return value
 
 
+# The bounds of an emulated link (launchers.emulated): tc's token bucket takes rates from
+# 8 kbit/s; above 100 Gbit/s this machine could not fill the link anyway.
+MIN_LINK_MBIT = 0.008
+MAX_LINK_MBIT = 100_000.0
+MAX_LINK_BURST_KB = 1_048_576.0
+MAX_LINK_QUEUE_MS = 10_000.0
+
+
+@dataclass
+class LinkEmulation:
+    """How every node's link is emulated when the nodes are network namespaces on one machine
+    (`python -m launchers.emulated up hardware=H`): tc's token-bucket filter (`tbf`) where the
+    traffic leaves each node, so every byte between two nodes crosses one link shaped to
+    `rate_mbit`. A cell on such hardware (re)applies it on every node before it starts and
+    records it (the link is a property of the cell, like its cores)."""
+
+    # The link's rate in Mbit/s (1000 = 1 Gbit/s = 125 MB/s).
+    rate_mbit: float = field(default=1000.0, metadata=number(MIN_LINK_MBIT, MAX_LINK_MBIT,
+                                                             "Mbit/s"))
+    # Bytes that may leave at once above the rate (tbf's bucket), in KB: at least one large
+    # (GSO) packet, 64 KB; more lets short bursts through faster.
+    burst_kb: float = field(default=256.0, metadata=number(64, MAX_LINK_BURST_KB, "KB"))
+    # The longest a packet may queue before tbf drops it (its `latency`): bounds the queue.
+    queue_ms: float = field(default=50.0, metadata=number(0, MAX_LINK_QUEUE_MS, "ms",
+                                                          low_open=True))
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.rate_mbit * 1e6 / 8
+
+    def tbf_arguments(self) -> list[str]:
+        """The arguments of `tc qdisc replace dev IF root` that shape a link to this."""
+        return ["tbf", "rate", f"{self.rate_mbit:g}mbit", "burst", f"{self.burst_kb:g}kb",
+                "latency", f"{self.queue_ms:g}ms"]
+
+
 @dataclass
 class HardwareConfig:
     """Where a cell runs. Bandwidths and latencies feed the performance models (Table 4.1)."""
@@ -437,6 +473,10 @@ class HardwareConfig:
         default=None, metadata=number(0, MAX_PRICE_PER_HOUR, low_open=True))
     currency: str | None = field(default=None, metadata=text(32))
     description: str = field(default="", metadata=text())
+    # null: real nodes (or one machine). Set: the nodes are emulated on one machine, each a
+    # network namespace with its own address, cores and a link shaped as this says
+    # (launchers.emulated; docs/launchers.md).
+    link: LinkEmulation | None = None
 
     def __post_init__(self) -> None:
         for name in ("nodes", "workers_per_node"):
@@ -495,6 +535,11 @@ class RunConfig:
     target_accuracy: float | None = field(default=None, metadata=number(0, 1, low_open=True))
     # The organisation named in the MLPerf log (submission_org); not part of the cell's key.
     submission_org: str = field(default="distbench", metadata=text(NAME_CHARS))
+    # A cell is recorded *unsteady* when the machine's speed changed while it ran by more than
+    # this fraction: a reference kernel timed before and after it, or its epochs' coefficient
+    # of variation (harness.steadiness). Not part of the cell's key: it judges, never changes,
+    # the measurement.
+    steadiness_threshold: float = field(default=0.10, metadata=number(0, 10, low_open=True))
 
     def __post_init__(self) -> None:
         require(self.epochs >= 1, "run.epochs", self.epochs, "must be 1 or more")

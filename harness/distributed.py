@@ -24,6 +24,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.config import LinkEmulation
+from harness.links import (
+    LOOPBACK_INTERFACE,
+    InterfaceBytes,
+    LinkError,
+    describe,
+    interface_bytes,
+    shape,
+)
+
 log = logging.getLogger(__name__)
 
 # Ports for the process group's rendezvous: a local launcher picks a free one and hands it to
@@ -149,11 +159,37 @@ def default_backend(device: torch.device) -> str:
 
 
 @dataclass(frozen=True)
+class NodeLink:
+    """The link this worker's node talks to the other nodes through, from the session's start:
+    its interface and address, its shaping (emulated nodes: `hardware.link`), and the byte
+    counters of that interface and of loopback when the session opened."""
+
+    interface: str
+    address: str
+    shaping: str | None
+    at_start: dict[str, InterfaceBytes]
+
+    def traffic(self) -> dict[str, float]:
+        """Megabytes this node's link and its loopback carried since the session opened (the
+        node's namespace on emulated hardware, else this machine's interfaces)."""
+        now = interface_bytes()
+        moved = {}
+        for name, label in ((self.interface, "link"), (LOOPBACK_INTERFACE, "loopback")):
+            if name in now and name in self.at_start:
+                delta = now[name].since(self.at_start[name])
+                moved[f"{label}_sent_mb"] = delta.sent / 1e6
+                moved[f"{label}_received_mb"] = delta.received / 1e6
+        return moved
+
+
+@dataclass(frozen=True)
 class WorkerSession:
     """A worker inside an open process group (or alone, when world_size is 1)."""
 
     env: WorkerEnvironment
     backend: str | None  # None when there is no process group
+    # The link to the other nodes, for a worker whose cell spans nodes (else None).
+    link: NodeLink | None = None
 
     def broadcast_from_main(self, value: Any) -> Any:
         """Rank 0's `value`, on every rank."""
@@ -174,11 +210,12 @@ class WorkerSession:
 
 @contextlib.contextmanager
 def worker_session(env: WorkerEnvironment, device: torch.device, *, backend: str | None,
-                   timeout_s: float) -> Iterator[WorkerSession]:
+                   timeout_s: float, link: LinkEmulation | None = None) -> Iterator[WorkerSession]:
     """Open the process group for `env` (if it has more than one worker) and always close it.
 
     `timeout_s` bounds every collective: a peer that died or hangs turns into an error here
-    instead of a wait forever.
+    instead of a wait forever. `link` (hardware.link: nodes emulated on one machine) is
+    applied to this node's link by its first worker before the group opens.
     """
     if not env.is_distributed:
         yield WorkerSession(env, backend=None)
@@ -188,6 +225,7 @@ def worker_session(env: WorkerEnvironment, device: torch.device, *, backend: str
         torch.cuda.set_device(device)
     address = listen_address(env)
     timeout = dt.timedelta(seconds=timeout_s)
+    node_link = _node_link(env, address, link)
     # Set for the whole session: later groups (PipeDream's stages) open sockets of their own.
     with _sockets_bound_to(interface_of(address)):
         dist.init_process_group(backend=backend, store=_rendezvous_store(env, address, timeout),
@@ -195,10 +233,26 @@ def worker_session(env: WorkerEnvironment, device: torch.device, *, backend: str
         log.info("rank %d/%d joined the %s process group at %s:%d (listening on %s)", env.rank,
                  env.world_size, backend, env.master_addr, env.master_port, address)
         try:
-            yield WorkerSession(env, backend=backend)
+            yield WorkerSession(env, backend=backend, link=node_link)
         finally:
             with contextlib.suppress(Exception):  # a broken group must not mask the real error
                 dist.destroy_process_group()
+
+
+def _node_link(env: WorkerEnvironment, address: str,
+               link: LinkEmulation | None) -> NodeLink | None:
+    """The link of this worker's node when its cell spans nodes, shaped as `link` says by the
+    node's first worker (the others share its interface); None on one machine."""
+    if env.num_nodes == 1:
+        if link is not None:
+            raise LinkError("hardware.link is set for a cell on one node: an emulated link "
+                            "joins nodes (hardware.nodes >= 2)")
+        return None
+    interface = interface_of(address) or LOOPBACK_INTERFACE
+    shaping = None
+    if link is not None:
+        shaping = shape(interface, link) if env.local_rank == 0 else describe(interface, link)
+    return NodeLink(interface, address, shaping, interface_bytes())
 
 
 def _rendezvous_store(env: WorkerEnvironment, address: str,

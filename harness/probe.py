@@ -135,7 +135,8 @@ def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
     env = worker_environment()
     device = select_device(config, env.local_rank)
     with worker_session(env, device, backend=config.distribution.backend,
-                        timeout_s=config.run.progress_timeout_s) as session:
+                        timeout_s=config.run.progress_timeout_s,
+                        link=config.hardware.link) as session:
         if not env.is_distributed:
             raise RuntimeError(f"hardware={config.hardware.name} has one worker: there is "
                                f"nothing to probe between workers")
@@ -145,9 +146,12 @@ def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
         allreduce = measure_allreduce(session, device, config.probe)
         # The node as the scheduler names it (SLURM's test cluster runs its nodes on one host).
         hosts = session.all_gather(os.environ.get("SLURMD_NODENAME", socket.gethostname()))
+        shaping = session.all_gather(None if session.link is None else session.link.shaping)
     if not env.is_main:
         return None
     profile = assemble_profile(config, device, session, links, allreduce, hosts)
+    if any(shaping):  # emulated nodes: how each node's link was shaped (hardware.link)
+        profile.facts["link_shaping"] = shaping
     profile.save(output_dir / PROFILE_FILE)
     return profile.to_json()
 

@@ -42,7 +42,12 @@ _KEY_FORMAT = 1
 # hardware.currency came after cells were keyed: leaving it out keeps their keys.
 _VOLATILE_KEYS = (("run", "output_dir"), ("run", "progress"), ("dataset", "cache_dir"),
                   ("tracking", "uri"), ("tracking", "enabled"), ("hardware", "currency"),
-                  ("run", "submission_org"))
+                  ("run", "submission_org"), ("run", "steadiness_threshold"))
+
+
+# Settings added after cells were recorded whose null means what their absence meant: left out
+# of the key while null, so that those cells keep their keys (hardware.link: real nodes).
+_ABSENT_WHEN_NULL = (("hardware", "link"),)
 
 
 def cell_key(cfg: DictConfig | dict[str, Any]) -> str:
@@ -50,6 +55,9 @@ def cell_key(cfg: DictConfig | dict[str, Any]) -> str:
     config = copy.deepcopy(cfg) if isinstance(cfg, dict) else resolved_container(cfg)
     for section, key in _VOLATILE_KEYS:
         config.get(section, {}).pop(key, None)
+    for section, key in _ABSENT_WHEN_NULL:
+        if config.get(section, {}).get(key, "set") is None:
+            config[section].pop(key)
     text = json.dumps({"format": _KEY_FORMAT, "config": config}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 

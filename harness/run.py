@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import datetime as dt
 import hashlib
 import logging
@@ -56,6 +57,7 @@ from harness.results import (
     write_rank_report,
 )
 from harness.seeding import repeat_seed, seed_everything, set_deterministic
+from harness.steadiness import Steadiness, reference_seconds
 from harness.watchdog import ProgressWatchdog
 from harness.workload import Workload, build_workload
 from workloads.networks import build_network
@@ -95,6 +97,12 @@ class WorkerMeasurement:
     # result's config, as the batch size from Table 3.3 is.
     resolved_config: dict[str, Any] = field(default_factory=dict)
     outcomes: list[RepeatOutcome] = field(default_factory=list)  # one per repeat
+    # MB the node's link and its loopback carried during the session (harness.distributed.
+    # NodeLink.traffic), reported by the first worker of each node of a cell spanning nodes.
+    link_traffic: dict[str, float] = field(default_factory=dict)
+    # The reference kernel's seconds right before the first timed epoch and right after the
+    # last (harness.steadiness): how much this worker's machine changed speed meanwhile.
+    reference_seconds: tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,13 @@ class Measurement:
     workers: list[WorkerMeasurement]  # in rank order
     # Predictions one sample adds to the loss: 1 for an image, seq_len for a token sequence.
     tokens_per_sample: int = 1
+    steadiness_threshold: float = 0.10  # run.steadiness_threshold
+
+    def steadiness(self) -> Steadiness:
+        return Steadiness(reference_before=[w.reference_seconds[0] for w in self.workers],
+                          reference_after=[w.reference_seconds[1] for w in self.workers],
+                          repeat_epochs=self.repeat_epoch_seconds(),
+                          threshold=self.steadiness_threshold)
 
     @property
     def seeds(self) -> list[int]:
@@ -186,6 +201,15 @@ class Measurement:
                 values.setdefault(key, []).append(value)
         return {key: statistics.fmean(reported) for key, reported in values.items()}
 
+    def link_traffic(self) -> dict[str, float]:
+        """MB over the nodes' links and their loopbacks, summed over the nodes (a cell spanning
+        nodes; empty otherwise): what shows which network the cell's traffic took."""
+        totals: dict[str, float] = {}
+        for worker in self.workers:
+            for key, megabytes in worker.link_traffic.items():
+                totals[key] = totals.get(key, 0.0) + megabytes
+        return totals
+
     def metrics(self) -> dict[str, float]:
         epoch_seconds = self.epoch_seconds()
         seconds = Summary.of(epoch_seconds)
@@ -214,6 +238,8 @@ class Measurement:
             metrics["replicas_in_sync"] = float(all(
                 len(digests) == 1 for digests in self.replica_digests().values()))
         metrics.update(self.extra_metrics())
+        metrics.update(self.link_traffic())
+        metrics.update(self.steadiness().metrics())
         for phase, per_epoch in self.phase_seconds().items():
             metrics[f"{phase}_seconds_per_epoch"] = statistics.fmean(per_epoch)
         metrics.update(quality_metrics(self.repeats(), self.evaluations(), self.train_losses()))
@@ -318,19 +344,22 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
     trainer.warm_up(config.run.warmup_batches)
     events.init_stop(config, run_facts(config, workload, trainer))
     epochs, seeds, outcomes = [], [], []
+    reference_before = reference_seconds(device)  # the machine's speed as the timing starts
     for repeat in range(config.run.repeats):
         seeds.append(repeat_seed(config.run.seed, repeat))
         trained, outcome = train_repeat(config, context, trainer, repeat, seeds[-1], events,
                                         progress, measured)
         epochs += trained
         outcomes.append(outcome)
+    reference_after = reference_seconds(device)
     return WorkerMeasurement(epochs=epochs, seeds=seeds, peak_memory_mb=memory.peak_mb(),
                              memory_kind=memory.kind,
                              parameter_digest=parameter_digest(workload.model),
                              replica_group=trainer.replica_group,
                              extra_metrics=trainer.extra_metrics(),
                              resolved_config=trainer.resolved_config(),
-                             outcomes=outcomes)
+                             outcomes=outcomes,
+                             reference_seconds=(reference_before, reference_after))
 
 
 def run_facts(config: DistbenchConfig, workload: Workload, trainer: Trainer) -> RunFacts:
@@ -512,6 +541,7 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
     events: EventLog | None = None
     measured: list[EpochMeasurement] = []  # the timed epochs so far, kept if interrupted
     interrupted: int | None = None  # the exit status of the signal that ended the cell
+    link_shaping: str | None = None  # how an emulated node's link was shaped (hardware.link)
     keep_logging_when_the_disk_fails()
 
     def report_stall(report: str) -> None:
@@ -537,13 +567,18 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
             # (harness.memory_limit), and lifted before anything is recorded.
             with (device_memory_limit(config.hardware) as memory_limit,
                   worker_session(env, device, backend=config.distribution.backend,
-                                 timeout_s=config.run.progress_timeout_s) as session):
+                                 timeout_s=config.run.progress_timeout_s,
+                                 link=config.hardware.link) as session):
                 events = EventLog.for_worker(output_dir, env.is_main)
                 with events:
                     worker = measure(config, device, session, watchdog.beat, events,
                                      measured)
+                if session.link is not None and env.local_rank == 0:
+                    worker = dataclasses.replace(worker, link_traffic=session.link.traffic())
+                    link_shaping = session.link.shaping
                 measurement = Measurement(session.all_gather(worker),
-                                          tokens_per_sample=config.dataset.spec.tokens_per_sample)
+                                          tokens_per_sample=config.dataset.spec.tokens_per_sample,
+                                          steadiness_threshold=config.run.steadiness_threshold)
         except Exception as err:  # noqa: BLE001 - a failing cell is a result, not a crash
             status, error = classify_failure(err), traceback.format_exc()
             if status is RunStatus.diverged:
@@ -568,6 +603,8 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
 
     result = _new_result(cell, output_dir, started, device, status, error)
     result.environment.update(machine_at_start)
+    if link_shaping is not None:
+        result.environment["link"] = link_shaping
     if measurement is not None:
         result.metrics = measurement.metrics()
         result.epoch_seconds = measurement.epoch_seconds()
@@ -577,6 +614,7 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
         result.eval_loss = [evaluation.loss for evaluation in measurement.evaluations()]
         result.eval_accuracy = [evaluation.accuracy for evaluation in measurement.evaluations()]
         result.environment["memory_kind"] = measurement.workers[0].memory_kind
+        result.environment["steadiness"] = measurement.steadiness().text()
         result.config["distribution"].update(measurement.workers[0].resolved_config)
     record(result, config, events.text() if events is not None else None)
     return result.to_dict()

@@ -260,7 +260,8 @@ def _check_one_line(key: str, value: Any) -> None:
 _GENERIC_KEYS = {"timeout_min", "cpus_per_task", "mem_gb", "stderr_to_stdout"}
 _OWN_KEYS = {"submitit_folder", "nodes", "tasks_per_node", "gpus_per_node", "gpus_per_task",
              "name", "exclusive", "one_cell_at_a_time", "grace_after_result_s", "max_num_timeout",
-             "array_parallelism", "wait_for_completion", "force", "_target_"}
+             "array_parallelism", "wait_for_completion", "force", "_target_",
+             "remeasure_unsteady", "unavailable_nodes_timeout_s"}
 
 
 def executor_parameters(size: CellJobSize, launcher: Mapping[str, Any],
@@ -380,25 +381,73 @@ def read_job_note(output_root: str | Path, key: str) -> JobNote | None:
 
 def job_states(job_ids: Sequence[str]) -> dict[str, str]:
     """SLURM's state of each job (squeue's long name, e.g. RUNNING, TIMEOUT), or GONE."""
+    return {job_id: state for job_id, (state, _) in job_table(job_ids).items()}
+
+
+def job_table(job_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """SLURM's state of each job, or GONE, and squeue's reason (why a pending job waits)."""
     if not job_ids:
         return {}
-    done = subprocess.run(["squeue", "--states=all", "--noheader", "--format=%i|%T",
+    done = subprocess.run(["squeue", "--states=all", "--noheader", "--format=%i|%T|%r",
                            f"--jobs={','.join(job_ids)}"],
                           capture_output=True, text=True, timeout=60)
-    states = {job_id: GONE for job_id in job_ids}
+    table = {job_id: (GONE, "") for job_id in job_ids}
     if done.returncode != 0:
         if "Invalid job id" in done.stderr:  # every id already purged
-            return states
+            return table
         raise RuntimeError(f"squeue failed: {done.stderr.strip()}")
     for line in done.stdout.splitlines():
-        job_id, _, state = line.strip().partition("|")
-        if job_id in states:
-            states[job_id] = state.split()[0] if state else GONE
-    return states
+        job_id, _, rest = line.strip().partition("|")
+        state, _, reason = rest.partition("|")
+        if job_id in table:
+            table[job_id] = (state.split()[0] if state else GONE, reason.strip())
+    return table
+
+
+# squeue's reasons for a pending job whose nodes cannot run it (down, drained, not responding,
+# fewer than it asks for), as opposed to nodes that are busy (Resources) or a job waiting for
+# an earlier cell (Dependency).
+_UNAVAILABLE_NODES = re.compile(r"ReqNodeNotAvail|NodeDown|Nodes required for job are DOWN|"
+                                r"PartitionNodeLimit|PartitionDown|PartitionInactive")
+
+
+def waits_for_unavailable_nodes(state: str, reason: str) -> bool:
+    return state == "PENDING" and _UNAVAILABLE_NODES.search(reason) is not None
+
+
+def _give_up_on_unavailable_nodes(cell: SubmittedCell, reason: str, now: float,
+                                  limit_s: float) -> None:
+    """Cancel `cell`'s job once it has waited `limit_s` for nodes that cannot run it."""
+    if not waits_for_unavailable_nodes(cell.state, reason):
+        cell.unavailable_since = None
+        return
+    if cell.unavailable_since is None:
+        cell.unavailable_since = now
+        print(f"[distbench] SLURM job {cell.job.job_id} waits for nodes that cannot run it "
+              f"({reason}); cancelled if still so in {limit_s:.0f} s", flush=True)
+    elif now - cell.unavailable_since > limit_s and not cell.cancelled:
+        cell.never_started = (f"SLURM could not start the job: it waited {limit_s:.0f} s for "
+                              f"nodes that cannot run it ({reason}); cancelled")
+        log.warning("job %s: %s", cell.job.job_id, cell.never_started)
+        cell.job.cancel(check=False)
+        cell.cancelled = True
 
 
 def has_ended(state: str) -> bool:
     return state not in _RUNNING_STATES
+
+
+# What a job's final state says of why it left no result, where the state says more than
+# "it ended" (the record's first line).
+_CAUSE_OF_STATE = {
+    "NODE_FAIL": "the cell ended without a result: SLURM ended its job because a node of it "
+                 "failed (its slurmd stopped answering: the node died, or lost its network)",
+    "BOOT_FAIL": "the cell ended without a result: a node of its job failed to boot",
+}
+
+
+def cause_of_state(state: str) -> str | None:
+    return _CAUSE_OF_STATE.get(state)
 
 
 def status_of_state(state: str) -> RunStatus | None:
@@ -418,21 +467,30 @@ class SubmittedCell:
     result_seen_at: float | None = None
     cancelled: bool = False
     requeues: int = 0  # times the launcher saw SLURM put the running job back in the queue
+    # Since when the job has waited for nodes that cannot run it (down, drained), if it does.
+    unavailable_since: float | None = None
+    # Why the launcher cancelled a job that could not start (recorded as the cell's error).
+    never_started: str | None = None
 
 
 def wait_for_cells(cells: Sequence[SubmittedCell], *, grace_s: float,
-                   on_end: Callable[[SubmittedCell], None]) -> None:
+                   on_end: Callable[[SubmittedCell], None],
+                   unavailable_limit_s: float = 600.0) -> None:
     """Follow the jobs until all have ended, calling `on_end` for each as it ends.
 
     A job whose rank 0 has recorded the cell but which still runs `grace_s` later (a worker
-    that hangs after the measurement) is cancelled, so it does not hold its nodes.
+    that hangs after the measurement) is cancelled, so it does not hold its nodes. A job that
+    has waited `unavailable_limit_s` for nodes that cannot run it (a node down or drained:
+    its slurmd died, the node is gone) is cancelled, its reason kept for its record
+    (`SubmittedCell.never_started`), so that the sweep goes on instead of waiting for ever.
     """
     pending = list(cells)
     last_answer = time.monotonic()
     while pending:
         now = time.monotonic()
         try:
-            states = job_states([cell.job.job_id for cell in pending])
+            table = job_table([cell.job.job_id for cell in pending])
+            states = {job_id: state for job_id, (state, _) in table.items()}
             last_answer = now
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
             # slurmctld restarting or briefly unreachable: the jobs run on; ask again later.
@@ -453,6 +511,8 @@ def wait_for_cells(cells: Sequence[SubmittedCell], *, grace_s: float,
                 pending.remove(cell)
                 on_end(cell)
                 continue
+            _give_up_on_unavailable_nodes(cell, table[cell.job.job_id][1], now,
+                                          unavailable_limit_s)
             if cell.result_seen_at is None and (cell.output_dir / cell.result_file).exists():
                 cell.result_seen_at = now
             if (cell.result_seen_at is not None and not cell.cancelled

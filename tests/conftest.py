@@ -46,3 +46,48 @@ def slurm_cluster() -> Iterator[None]:
     assert started.returncode == 0, started.stdout + started.stderr
     yield
     subprocess.run(["bash", str(SLURM_SCRIPT), "stop"], capture_output=True, timeout=60)
+
+
+def emulation_unavailable() -> str | None:
+    """Why this machine cannot emulate nodes (None if it can): root, iproute2 and a network
+    namespace that can really be created."""
+    if os.geteuid() != 0:
+        return "emulated nodes need root (network namespaces, tc)"
+    missing = [tool for tool in ("ip", "tc", "nsenter", "taskset") if shutil.which(tool) is None]
+    if missing:
+        return f"emulated nodes need {', '.join(missing)}"
+    probe = "distbench-nscheck"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    if made.returncode != 0:
+        return f"this machine cannot create a network namespace: {made.stderr.strip()}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def emulated_nodes(request: pytest.FixtureRequest) -> Iterator[object]:
+    """A 2-node emulated SLURM cluster (launchers.emulated) for a module's tests, up before
+    them and down after them, leaving nothing behind. Its hardware is the module's
+    EMULATED_HARDWARE (default emulated_2nodes_200mbit)."""
+    reason = emulation_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    if shutil.which("slurmctld") is None:
+        if shutil.which("apt-get") is None:
+            pytest.skip("SLURM is not installed and this machine cannot install it (apt-get)")
+        installed = subprocess.run(["bash", str(SLURM_SCRIPT), "install"], capture_output=True,
+                                   text=True, timeout=600)
+        assert installed.returncode == 0, installed.stdout + installed.stderr
+    # One SLURM cluster at a time: the loopback one of another module may still run.
+    subprocess.run(["bash", str(SLURM_SCRIPT), "stop"], capture_output=True, timeout=120)
+    from harness.compose import compose_config
+    from harness.config import validate
+    from launchers import emulated
+
+    hardware = getattr(request.module, "EMULATED_HARDWARE", "emulated_2nodes_200mbit")
+    config = validate(compose_config([f"hardware={hardware}"]))
+    cluster = emulated.up(emulated.Cluster.for_hardware(config.hardware))
+    try:
+        yield cluster
+    finally:
+        emulated.down()

@@ -65,12 +65,19 @@ class SlurmCellsConf(SlurmQueueConf):
     wait_for_completion: bool = True
     # A job still running this long after its rank 0 recorded the cell is cancelled.
     grace_after_result_s: float = 20.0
+    # A job that waits this long for nodes that cannot run it (down, drained: squeue's
+    # ReqNodeNotAvail, NodeDown, ...) is cancelled and its cell recorded failed with the
+    # reason; the sweep goes on and a re-run measures the cell again.
+    unavailable_nodes_timeout_s: float = 600.0
     # Extra arguments of the srun line that starts the workers.
     srun_args: list[str] | None = None
     # Run every cell, also those that already have a result with status ok under run.output_dir
     # (by default a re-run sweep skips them: see harness.resume), and cancel the cells' earlier
     # jobs still queued or running (by default a re-run follows them: launchers.slurm_resume).
     force: bool = False
+    # Run again the cells that finished ok but were measured while the machine was unsteady
+    # (harness.steadiness; the summary table marks them '~'); the others are still skipped.
+    remeasure_unsteady: bool = False
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="slurm_cells", node=SlurmCellsConf,
@@ -122,8 +129,10 @@ class SlurmCellsLauncher(SlurmLauncher):
                   "waits for every cell's job (it records a cell that ends without a result "
                   "and ends workers that linger)", file=sys.stderr, flush=True)
         force = bool(self.params["force"])
-        done = cells.finished_earlier(prepared, force=force)
-        earlier = slurm_resume.take_over_earlier_jobs(prepared, done, force=force)
+        remeasure = bool(self.params.get("remeasure_unsteady", False))
+        done = cells.finished_earlier(prepared, force=force, remeasure_unsteady=remeasure)
+        earlier = slurm_resume.take_over_earlier_jobs(prepared, done, force=force,
+                                                      remeasure_unsteady=remeasure)
         done.update({index: mark_reused(result) for index, result in earlier.finished.items()})
         # Cells whose earlier job still runs are followed, not submitted again.
         followed = sorted(earlier.following)
@@ -166,10 +175,13 @@ class SlurmCellsLauncher(SlurmLauncher):
                         cells.worker_logs_tail(ended.job, ended.tasks)
                     results[index] = cells.cell_outcome(
                         prepared[index].config, ended.output_dir,
-                        ended_as=slurm.status_of_state(ended.state), logs=logs, started=started)
+                        ended_as=slurm.status_of_state(ended.state), logs=logs, started=started,
+                        cause=ended.never_started or slurm.cause_of_state(ended.state))
                     bar.update()
 
                 slurm.wait_for_cells(submitted, grace_s=float(self.params["grace_after_result_s"]),
+                                     unavailable_limit_s=float(
+                                         self.params["unavailable_nodes_timeout_s"]),
                                      on_end=record)
         return cells.sweep_returns(prepared, [results[i] for i in range(len(prepared))],
                                    [job_ids[i] for i in range(len(prepared))])
