@@ -44,7 +44,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from harness.analysis.report import setting_label
 from harness.cli import BAD_INPUT_ERRORS, bad_input_message, command
@@ -70,6 +70,7 @@ from harness.predict.facts import (
 )
 from harness.predict.memory import fits
 from harness.predict.steps import StepTime
+from harness.predict.ties import Tie, tie_with_fastest
 from harness.preflight import check_writable_dir
 
 OBJECTIVES = ("time", "cost")
@@ -103,6 +104,8 @@ class Option:
     # error), and what the range is made of.
     calibrated: bool = False
     range_source: str = ""
+    # The fit's error of the model on an unseen network, percent (None: uncalibrated).
+    error_percent: float | None = None
 
 
 def worker_counts(config: DistbenchConfig) -> list[tuple[int, int]]:
@@ -292,7 +295,7 @@ def _predict(candidate: DistbenchConfig, asked: DistbenchConfig, fitted: Fitted,
         plan.stage_string() if plan is not None else None,
         list(plan.balance) if plan is not None else None,
         step.measured_batch if step is not None and step.scaled else None,
-        calibration.calibrated, calibration.why)
+        calibration.calibrated, calibration.why, calibration.error_percent)
 
 
 def _step_spread(step: StepTime | None, median: float) -> tuple[float, float]:
@@ -378,9 +381,23 @@ def _override_value(value: Any) -> str:
     return str(getattr(value, "value", value))
 
 
-def recommendation(options: Sequence[Option]) -> Option | None:
-    """The best-ranked option not predicted to run out of memory (unknown counts as fit)."""
+def recommendation(options: Sequence[Option], objective: str = "time",
+                   noise_percent: float = 0.0) -> Option | None:
+    """The best-ranked option not predicted to run out of memory (unknown counts as fit); by
+    time, where the fastest ones are tied within the models' error and the noise, the one the
+    tie-break takes (`tie`)."""
+    found = tie(options, objective, noise_percent)
+    if found is not None:
+        return cast(Option, found.chosen)
     return next((option for option in options if option.fits_memory is not False), None)
+
+
+def tie(options: Sequence[Option], objective: str, noise_percent: float) -> Tie | None:
+    """The tie among the fastest options that may fit (harness.predict.ties), by time only."""
+    if objective != "time":
+        return None
+    return tie_with_fastest([option for option in options if option.fits_memory is not False
+                             and not math.isnan(option.seconds_per_epoch)], noise_percent)
 
 
 def best_by(options: Sequence[Option], objective: str) -> Option | None:
@@ -483,12 +500,13 @@ def print_table(config: DistbenchConfig, options: Sequence[Option], skipped: Seq
               f"{shlex.join(option.own_overrides)}")
     for reason in skipped:
         print(f"     skipped {reason}")
-    for line in verdict_lines(options, objective, missing_step_time):
+    for line in verdict_lines(options, objective, missing_step_time, fitted.noise_percent):
         print(line)
 
 
 def verdict_lines(options: Sequence[Option], objective: str,
-                  missing_step_time: str | None = None) -> list[str]:
+                  missing_step_time: str | None = None,
+                  noise_percent: float = 0.0) -> list[str]:
     """The fastest and the cheapest where they differ, then the recommendation with its
     command (last). Without a step time on the device: which options fit, and the command
     that measures what ranks them."""
@@ -501,7 +519,10 @@ def verdict_lines(options: Sequence[Option], objective: str,
     if fastest is not None and cheapest is not None:
         lines.append(f"fastest and cheapest: {fastest.label}" if fastest is cheapest else
                      f"fastest: {fastest.label}; cheapest: {cheapest.label}")
-    best = recommendation(options)
+    found = tie(options, objective, noise_percent)
+    if found is not None:
+        lines.append(found.line())
+    best = recommendation(options, objective, noise_percent)
     if best is None:
         lines.append("recommended: nothing fits in memory")
     else:
@@ -588,8 +609,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def print_json(config: DistbenchConfig, options: Sequence[Option], skipped: Sequence[str],
                fitted: Fitted, cache: FactsCache, objective: str, elapsed: float) -> None:
-    best, fastest, cheapest = (recommendation(options), best_by(options, "time"),
-                               best_by(options, "cost"))
+    best, fastest, cheapest = (recommendation(options, objective, fitted.noise_percent),
+                               best_by(options, "time"), best_by(options, "cost"))
+    found = tie(options, objective, fitted.noise_percent)
     json.dump({"dataset": config.dataset.key, "network": config.network.label,
                "hardware": config.hardware.name, "parameters": fitted.source,
                "fit": fitted.summary(), "model_errors_percent": fitted.errors,
@@ -605,6 +627,11 @@ def print_json(config: DistbenchConfig, options: Sequence[Option], skipped: Sequ
                "recommended": best.label if best and cache.missing_step_time is None
                else None,
                "missing_step_time": cache.missing_step_time,
+               "tie": None if found is None else {
+                   "tied": [option.label for option in found.tied],
+                   "chosen": found.chosen.label, "decided_by": found.decided_by,
+                   "margin_percent": found.margin_percent},
+               "noise_floor_percent": fitted.noise_percent,
                "fastest": fastest.label if fastest else None,
                "cheapest": cheapest.label if cheapest else None,
                "prediction_seconds": elapsed, "measured_here": cache.measured,

@@ -25,6 +25,7 @@ from harness.results import RESULT_FILE, RunStatus, read_rank_reports, read_resu
 from harness.resume import cell_key, finished_result
 from harness.run import record_failure, summarize_rank_reports
 from harness.spread import STD_FOOTNOTE, std_column
+from harness.steadiness import UNSTEADY_FOOTNOTE, UNSTEADY_MARK, is_unsteady
 from harness.sweep_summary import SweepSummary, is_reused, mark_reused
 from harness.tracking import result_recorded_for, tracking_uri
 
@@ -115,18 +116,25 @@ def cell_sizer(master: DictConfig) -> Callable[[DistbenchConfig], Any]:
     return lambda cell: slurm.cell_job_size(cell, params)
 
 
-def finished_earlier(prepared: Sequence[PreparedCell[Any]], *,
-                     force: bool) -> dict[int, dict[str, Any]]:
+def finished_earlier(prepared: Sequence[PreparedCell[Any]], *, force: bool,
+                     remeasure_unsteady: bool = False) -> dict[int, dict[str, Any]]:
     """The results of the cells that already finished (status ok) in an earlier run of the same
     sweep, by position in `prepared`, marked as reused (`harness.sweep_summary`); those cells
-    are skipped, and said so. With `force`, none: every cell runs again."""
+    are skipped, and said so. With `force`, none: every cell runs again; with
+    `remeasure_unsteady`, those measured while the machine was unsteady run again."""
     if force:
         return {}
-    done = {}
+    done, unsteady = {}, 0
     for index, cell in enumerate(prepared):
         result = finished_result(cell.cell.run.output_dir, cell_key(cell.config))
+        if result is not None and remeasure_unsteady and is_unsteady(result.get("metrics", {})):
+            unsteady += 1
+            continue
         if result is not None:
             done[index] = mark_reused(result)
+    if unsteady:
+        print(f"[distbench] {unsteady} cell(s) measured earlier while the machine was unsteady "
+              f"run again (hydra.launcher.remeasure_unsteady=true)", flush=True)
     if done and len(done) == len(prepared):  # one line, not one per cell
         print(f"[distbench] {len(done)} cell(s) already measured, nothing to run; "
               f"hydra.launcher.force=true measures them again", flush=True)
@@ -140,11 +148,13 @@ def finished_earlier(prepared: Sequence[PreparedCell[Any]], *,
 
 
 def cell_outcome(config: DictConfig, output_dir: Path, *, ended_as: RunStatus | None,
-                 logs: str, started: str) -> dict[str, Any]:
+                 logs: str, started: str, cause: str | None = None) -> dict[str, Any]:
     """The cell's result: what rank 0 recorded, or else a record made from what is left.
 
     `ended_as` is the launcher's own view of how the cell ended (`timeout` when it ran out of
-    time, `oom` when the scheduler killed it for memory), or None when it only saw it end.
+    time, `oom` when the scheduler killed it for memory), or None when it only saw it end;
+    `cause`, what the launcher knows of why (e.g. the job never started), the record's first
+    line.
     """
     if (output_dir / RESULT_FILE).exists():
         return read_result(output_dir)
@@ -159,7 +169,7 @@ def cell_outcome(config: DictConfig, output_dir: Path, *, ended_as: RunStatus | 
     summarized, ranks = summarize_rank_reports(read_rank_reports(output_dir), cell.world_size,
                                                RunStatus.failed)
     status = ended_as or summarized
-    lines = [_CAUSES.get(status, "the cell ended without a result"), *ranks, logs]
+    lines = [cause or _CAUSES.get(status, "the cell ended without a result"), *ranks, logs]
     return record_failure(checked, output_dir, status, "\n".join(lines), started=started)
 
 
@@ -220,11 +230,13 @@ def summary_table(results: Sequence[dict]) -> str:
     header = f"{'#':>3}  {'cell':<44} {'status':<8} {'s/epoch':>9} {'std':>7} " \
              f"{'images/s':>9} {'tokens/s':>9} {'peak MB':>8} {'eval acc':>8} {'to target':>11}"
     rows = [header]
-    no_spread = False
+    no_spread = unsteady = False
     for number, result in enumerate(results):
         metrics = result.get("metrics", {})
         no_spread |= bool(metrics) and std_column(metrics) == "-"
-        figures = (f"{metrics['seconds_per_epoch']:>9.3f} {std_column(metrics):>7} "
+        mark = UNSTEADY_MARK if is_unsteady(metrics) else " "
+        unsteady |= mark != " "
+        figures = (f"{metrics['seconds_per_epoch']:>8.3f}{mark} {std_column(metrics):>7} "
                    f"{metrics['images_per_second']:>9.1f} {tokens_column(metrics):>9} "
                    f"{metrics['peak_memory_mb']:>8.0f} {quality_columns(metrics)}"
                    if metrics else f"{'-':>9} {'-':>7} {'-':>9} {'-':>9} {'-':>8}")
@@ -233,6 +245,11 @@ def summary_table(results: Sequence[dict]) -> str:
             rows.append(f"{'':>5}why: {failure_reason(result.get('error'), width=90)}")
         if is_reused(result):
             rows.append(f"{'':>5}reused: measured earlier, in {result.get('output_dir')}")
+        if mark != " ":
+            steadiness = result.get("environment", {}).get("steadiness", "unsteady")
+            rows.append(f"{'':>5}{failure_reason(steadiness, width=120)}")
     if no_spread:
         rows.append(STD_FOOTNOTE)
+    if unsteady:
+        rows.append(UNSTEADY_FOOTNOTE)
     return "\n".join(rows)

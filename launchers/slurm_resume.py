@@ -26,6 +26,7 @@ from typing import Any
 
 from harness.results import RESULT_FILE, RunStatus
 from harness.resume import cell_key, index_result
+from harness.steadiness import is_unsteady
 from launchers import cells, slurm
 from launchers.cells import PreparedCell
 
@@ -56,8 +57,10 @@ def noted_jobs(prepared: Sequence[PreparedCell[Any]],
 
 
 def take_over_earlier_jobs(prepared: Sequence[PreparedCell[Any]], skipped: Collection[int], *,
-                           force: bool) -> EarlierJobs:
-    """Follow, record or (with `force`) cancel the earlier jobs of the cells to be run."""
+                           force: bool, remeasure_unsteady: bool = False) -> EarlierJobs:
+    """Follow, record or (with `force`) cancel the earlier jobs of the cells to be run; an
+    earlier job's ok result measured while the machine was unsteady is not reused with
+    `remeasure_unsteady`."""
     notes = noted_jobs(prepared, skipped)
     states = slurm.job_states(sorted({note.job_id for note in notes.values()}))
     if force:
@@ -70,7 +73,8 @@ def take_over_earlier_jobs(prepared: Sequence[PreparedCell[Any]], skipped: Colle
             earlier.following[index] = follow(cell, note, state)
             continue
         outcome = record_earlier_attempt(cell, note, state)
-        if outcome["status"] == RunStatus.ok.value:
+        remeasure = remeasure_unsteady and is_unsteady(outcome.get("metrics", {}))
+        if outcome["status"] == RunStatus.ok.value and not remeasure:
             earlier.finished[index] = outcome
     return earlier
 

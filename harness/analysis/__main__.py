@@ -33,6 +33,7 @@ from harness.analysis.fit import (
     signed_error,
 )
 from harness.analysis.grid import MeasuredCell, load_grid
+from harness.analysis.noise import NoiseFloor, noise_floor, noise_floor_per_model
 from harness.analysis.recommendations import judge, memory_verdicts
 from harness.analysis.report import setting_label, write_report
 from harness.cli import command
@@ -65,15 +66,28 @@ def predict_cells(cells: Sequence[MeasuredCell], output_root: Path,
     return predictions
 
 
-def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache) -> Path:
-    """Everything the module docstring says; returns the report's folder."""
+def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
+            exclude_unsteady: bool = False) -> Path:
+    """Everything the module docstring says; returns the report's folder. `exclude_unsteady`
+    leaves out of the fit the cells measured while the machine was unsteady."""
     output_root = Path(config.run.output_dir)
     uri = tracking_uri(config.tracking.uri, output_root)
     measured = load_grid(uri, experiment, statuses=("ok", "oom"))
     cells = [cell for cell in measured if cell.status == "ok"]
+    unsteady = [cell for cell in cells if not cell.steady]
+    if exclude_unsteady and unsteady:
+        cells = [cell for cell in cells if cell.steady]
+        print(f"left out {len(unsteady)} cell(s) measured while the machine was unsteady "
+              f"(--exclude-unsteady): {', '.join(cell.run_name for cell in unsteady[:5])}"
+              + (", ..." if len(unsteady) > 5 else ""))
+    elif unsteady:
+        print(f"{len(unsteady)} of {len(cells)} cells were measured while the machine was "
+              f"unsteady; --exclude-unsteady leaves them out of the fit")
     if not cells:
         raise ConfigError(f"tracking.experiment={experiment!r}: no finished (status ok) cells "
                           f"at {uri}; measure a grid first")
+    noise = noise_floor_per_model(cells)
+    overall = noise_floor(cells)
     started = time.perf_counter()
     predictions = predict_cells(cells, output_root, cache)
     probe_seconds = time.perf_counter() - started
@@ -92,7 +106,8 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache) -> P
     files = write_report(folder, experiment=experiment, uri=uri, by_cell=by_cell,
                          by_network=by_network, table=table, verdicts=verdicts,
                          params=params, runtime_mb=runtime, probe_seconds=probe_seconds,
-                         fit_verdicts=fit_verdicts, single_network=note)
+                         fit_verdicts=fit_verdicts, single_network=note, noise=noise,
+                         overall_noise=overall)
     fit_path = folder / FIT_FILE
     write_json_atomic(fit_path, {
         "experiment": experiment, "tracking_uri": uri, "cells": len(cells),
@@ -100,6 +115,13 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache) -> P
         "parameters": {name: asdict(parameter) for name, parameter in PARAMETERS.items()},
         "hardware": {hardware: _hardware_entry(hardware, cells, params, runtime)
                      for hardware in params},
+        # The typical difference between two measurements of one cell (percent; null where no
+        # cell was measured twice), per model and over the grid: the floor under any error.
+        "noise_floor_percent": {
+            "all": overall.percent if overall.measured else None,
+            **{model: floor.percent if floor.measured else None
+               for model, floor in noise.items()}},
+        "cells_left_out_unsteady": len(unsteady) if exclude_unsteady else 0,
         # Whether the accuracy's `network_*` errors (NaN where not) could be measured.
         "leave_one_network_out": {"measured": note is None, "why": note},
         "probe_batches": cache.probe_batches,
@@ -115,7 +137,7 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache) -> P
                           for v in fit_verdicts],
     })
     _log(uri, experiment, table, verdicts, [*files, fit_path])
-    _print_summary(table, verdicts, fit_verdicts, folder, note)
+    _print_summary(table, verdicts, fit_verdicts, folder, note, noise, overall)
     return folder
 
 
@@ -173,24 +195,35 @@ def _log(uri: str, experiment: str, table, verdicts, files: list[Path]) -> None:
               f"{err}); the report is on disk", file=sys.stderr)
 
 
+def _noise_column(noise: dict[str, NoiseFloor], model: str) -> str:
+    floor = noise.get(model)
+    return f"{floor.percent:>8.1f}" if floor is not None and floor.measured else f"{'-':>8}"
+
+
 def _print_summary(table, verdicts, fit_verdicts, folder: Path,  # noqa: ANN001
-                   single_network: str | None = None) -> None:
+                   single_network: str | None = None,
+                   noise: dict[str, NoiseFloor] | None = None,
+                   overall: NoiseFloor | None = None) -> None:
+    noise = noise or {}
+    if overall is not None:
+        print(overall.text() + "; an error below it cannot be told from the cells' noise")
     if single_network is not None:
         print(f"{single_network}; the recommender counts this fit's error as unknown")
     if all(row.network_mape != row.network_mape for row in table):  # none measured (NaN)
         print("held out by cell, and the raw equations (no network could be held out):")
         print(f"{'model':<12}{'cells':>6}{'cell MAPE %':>13}{'raw MAPE %':>12}"
-              f"{'raw worst %':>13}")
+              f"{'raw worst %':>13}{'noise %':>8}")
         for row in table:
             print(f"{row.model:<12}{row.cells:>6}{row.cell_mape:>13.1f}{row.raw_mape:>12.1f}"
-                  f"{row.raw_worst:>13.1f}")
+                  f"{row.raw_worst:>13.1f}{_noise_column(noise, row.model)}")
     else:
         print("held out by network (what a recommendation for a new network relies on):")
         print(f"{'model':<12}{'cells':>6}{'MAPE %':>8}{'worst %':>9}{'bias %':>8}"
-              f"{'memory %':>10}{'| cell MAPE %':>14}{'raw MAPE %':>12}")
+              f"{'noise %':>8}{'memory %':>10}{'| cell MAPE %':>14}{'raw MAPE %':>12}")
         for row in table:
             print(f"{row.model:<12}{row.cells:>6}{row.network_mape:>8.1f}"
-                  f"{row.network_worst:>9.1f}{row.network_bias:>+8.1f}{row.memory_mape:>10.1f}"
+                  f"{row.network_worst:>9.1f}{row.network_bias:>+8.1f}"
+                  f"{_noise_column(noise, row.model)}{row.memory_mape:>10.1f}"
                   f"{row.cell_mape:>14.1f}{row.raw_mape:>12.1f}")
     if any(row.family_mape == row.family_mape for row in table):
         print("held out by family (fitted on image networks only, predicting language models, "
@@ -214,6 +247,9 @@ def _print_summary(table, verdicts, fit_verdicts, folder: Path,  # noqa: ANN001
 @command
 def main(argv: Sequence[str] | None = None) -> None:
     parser = command_parser("python -m harness.analysis", __doc__)
+    parser.add_argument("--exclude-unsteady", action="store_true",
+                        help="leave out of the fit the cells measured while the machine was "
+                             "unsteady (harness.steadiness; the sweep table marks them '~')")
     options, overrides = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     config = validate(compose_config(overrides))
     cache = cache_for(options.probe_batches, probe=not options.no_probe,
@@ -221,8 +257,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     check_writable_dir("run.output_dir", config.run.output_dir)  # the report goes there
     _check_store_exists(tracking_uri(config.tracking.uri, config.run.output_dir),
                         config.tracking.experiment)
-    analyse(config, experiment=config.tracking.experiment,
-            cache=cache)
+    analyse(config, experiment=config.tracking.experiment, cache=cache,
+            exclude_unsteady=options.exclude_unsteady)
 
 
 def _check_store_exists(uri: str, experiment: str) -> None:

@@ -18,6 +18,8 @@ from omegaconf import OmegaConf
 from harness.config import ConfigError, DistbenchConfig
 from harness.distributions.registry import config_from_record
 from harness.results import RunStatus
+from harness.spread import repeat_std
+from harness.tracking import CELL_KEY_TAG
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,13 @@ class MeasuredCell:
     seconds_per_epoch: float  # NaN for a cell that did not fit (status oom)
     peak_memory_mb: float
     status: str = "ok"  # `ok`, or `oom`: a cell that ran out of its device's memory
+    # Measured while the machine held still (harness.steadiness; cells recorded before it
+    # was measured count as steady).
+    steady: bool = True
+    # The standard deviation of seconds per epoch over the cell's repeats (None: one repeat).
+    repeat_std: float | None = None
+    # The cell's identity (harness.resume.cell_key): the same cell measured in several runs.
+    cell_key: str = ""
 
     @property
     def fitted_in_memory(self) -> bool:
@@ -98,5 +107,8 @@ def load_grid(uri: str, experiment: str, *,
             cells.append(MeasuredCell(run.info.run_id, run.info.run_name or run.info.run_id,
                                       config, metrics.get("seconds_per_epoch", float("nan")),
                                       metrics.get("peak_memory_mb", float("nan")),
-                                      run.data.tags["status"]))
+                                      run.data.tags["status"],
+                                      steady=metrics.get("steady", 1.0) != 0.0,
+                                      repeat_std=repeat_std(metrics),
+                                      cell_key=run.data.tags.get(CELL_KEY_TAG, "")))
     return cells

@@ -26,6 +26,7 @@ from harness.analysis.fit import (  # noqa: E402
     CellPrediction,
     signed_error,
 )
+from harness.analysis.noise import NoiseFloor
 from harness.analysis.recommendations import MemoryVerdict, WorkloadVerdict  # noqa: E402
 from harness.config import DistbenchConfig  # noqa: E402
 from harness.distributions.registry import spec_of  # noqa: E402
@@ -56,16 +57,24 @@ def _family_section(table: Sequence[Accuracy]) -> list[str]:
               f"{a.family_bias:+.1f} |" for a in rows)]
 
 
+def _noise(floor: NoiseFloor | None) -> str:
+    return f"{floor.percent:.1f}" if floor is not None and floor.measured else "-"
+
+
 def write_report(folder: Path, *, experiment: str, uri: str,
                  by_cell: Sequence[CellPrediction], by_network: Sequence[CellPrediction],
                  table: Sequence[Accuracy], verdicts: Sequence[WorkloadVerdict],
                  params: dict[str, dict[str, float]], runtime_mb: dict[str, float],
                  probe_seconds: float,
                  fit_verdicts: Sequence[MemoryVerdict] = (),
-                 single_network: str | None = None) -> list[Path]:
+                 single_network: str | None = None,
+                 noise: dict[str, NoiseFloor] | None = None,
+                 overall_noise: NoiseFloor | None = None) -> list[Path]:
     """Write the plots and report.md into `folder`; return the files written.
     `single_network`: why leave one network out could not be measured (`fit.
-    leave_one_network_out_note`), said first; its columns then read n/a."""
+    leave_one_network_out_note`), said first; its columns then read n/a. `noise`: each
+    model's measurement noise floor (harness.analysis.noise), beside its errors."""
+    noise = noise or {}
     folder.mkdir(parents=True, exist_ok=True)
     plots = [plot_speedup(folder / "speedup.png", by_network),
              plot_predicted_vs_measured(folder / "predicted_vs_measured.png", by_network),
@@ -83,12 +92,16 @@ def write_report(folder: Path, *, experiment: str, uri: str,
         *_single_network_section(single_network),
         "", "## Accuracy per distribution model, network held out", "",
         "Percent error of seconds per epoch (bias: mean signed error, + = predicted slower "
-        "than measured) and of peak memory per worker.", "",
-        "| model | cells | MAPE | worst | bias | memory MAPE | leave one cell out MAPE | raw "
-        "equations MAPE | raw worst |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "than measured) and of peak memory per worker; noise: the measurement noise floor, "
+        "the typical difference between two measurements of the same cell (an error below it "
+        "cannot be told from noise; '-': no cell of the model was measured twice).",
+        *(["", f"Over the grid, {overall_noise.text()}."] if overall_noise else []), "",
+        "| model | cells | MAPE | worst | bias | noise | memory MAPE | leave one cell out MAPE "
+        "| raw equations MAPE | raw worst |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *(f"| {a.model} | {a.cells} | {_percent(a.network_mape)} | "
           f"{_percent(a.network_worst)} | {_percent(a.network_bias, '+.1f')} | "
+          f"{_noise(noise.get(a.model))} | "
           f"{_percent(a.memory_mape)} | {a.cell_mape:.1f} | "
           f"{a.raw_mape:.1f} | {a.raw_worst:.1f} |" for a in table),
         *_family_section(table),

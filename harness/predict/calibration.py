@@ -180,6 +180,9 @@ class Fitted:
     errors: dict[str, float] = field(default_factory=dict)
     fit: FitCoverage | None = None
     hardware: str = ""
+    # The measurement noise floor of the fit's cells, percent (harness.analysis.noise; 0 where
+    # the fit measured none): with the models' errors, what ties two options.
+    noise_percent: float = 0.0
 
     @classmethod
     def raw(cls, why: str, hardware: str = "") -> Fitted:
@@ -197,7 +200,7 @@ class Fitted:
         entry = data["hardware"][hardware]
         errors = _held_out_errors(data, found) if found.leave_one_network_out else {}
         return cls({**RAW, **entry["params"]}, float(entry.get("runtime_mb", 0.0)),
-                   found.describe(), errors, found, hardware)
+                   found.describe(), errors, found, hardware, _noise_floor(data))
 
     @property
     def calibrated_models(self) -> list[str]:
@@ -230,6 +233,13 @@ class Fitted:
                 "cells": self.fit.cells, "networks": list(self.fit.networks),
                 "models": dict(sorted(self.fit.models.items())),
                 "leave_one_network_out_measured": self.fit.leave_one_network_out}
+
+
+def _noise_floor(data: dict[str, Any]) -> float:
+    """fit.json's noise floor over its grid (percent), 0 where it measured none."""
+    floors = data.get("noise_floor_percent")
+    value = floors.get("all") if isinstance(floors, dict) else None
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0.0
 
 
 def _held_out_errors(data: dict[str, Any], found: FitCoverage) -> dict[str, float]:

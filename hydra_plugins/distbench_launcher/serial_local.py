@@ -32,6 +32,9 @@ class SerialLocalConf(LocalQueueConf):
     # Run every cell, also those that already have a result with status ok under run.output_dir
     # (by default a re-run sweep skips them: see harness.resume).
     force: bool = False
+    # Run again the cells that finished ok but were measured while the machine was unsteady
+    # (harness.steadiness; the summary table marks them '~'); the others are still skipped.
+    remeasure_unsteady: bool = False
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="serial_local",
@@ -67,7 +70,9 @@ class SerialLocalLauncher(LocalLauncher):
         prepared = cells.prepare_sweep(self.hydra_context.config_loader, self.config,
                                        job_overrides, initial_job_idx,
                                        size_cell=cells.single_node_workers)
-        done = cells.finished_earlier(prepared, force=bool(self.params["force"]))
+        done = cells.finished_earlier(
+            prepared, force=bool(self.params["force"]),
+            remeasure_unsteady=bool(self.params.get("remeasure_unsteady", False)))
         timeout_min = int(self.params["timeout_min"])
         results: list[dict] = []  # reused cells' and run cells', in cell order
         job_ids = []

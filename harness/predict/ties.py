@@ -1,0 +1,103 @@
+"""When the best options cannot be told apart, and which one to take then.
+
+Two options' predicted seconds per epoch differ by less than the predictions can be trusted to:
+each model's error on a network its fit never saw (the fit's leave-one-network-out MAPE) and
+the measurement noise floor of the cells it was fitted on (harness.analysis.noise). Ranking by
+the predicted time alone would then pick one at random, so the recommender says that the best
+options are tied and breaks the tie by what is certain: fewer workers, then less memory per
+worker, then lower cost, and says which decided.
+
+Only calibrated options can tie: an uncalibrated one carries the raw equations' error (a factor
+of 3 either way), within which every option would tie with every other; it is ranked by its
+prediction and marked uncalibrated instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class Ranked(Protocol):
+    """What the tie rule reads of an option (harness.recommend.Option)."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def workers(self) -> int: ...
+    @property
+    def seconds_per_epoch(self) -> float: ...
+    @property
+    def memory_mb(self) -> float: ...
+    @property
+    def cost_per_epoch(self) -> float | None: ...
+    @property
+    def calibrated(self) -> bool: ...
+    @property
+    def error_percent(self) -> float | None: ...
+
+
+def tie_margin_percent(a: Ranked, b: Ranked, noise_percent: float) -> float:
+    """How far apart (percent of the faster) two options may be predicted and still be tied:
+    the two models' errors and the noise of each measurement, added in quadrature (independent
+    errors)."""
+    errors = [option.error_percent or 0.0 for option in (a, b)]
+    return math.sqrt(errors[0] ** 2 + errors[1] ** 2 + 2 * noise_percent ** 2)
+
+
+@dataclass(frozen=True)
+class Tie:
+    """The options tied with the fastest (the fastest first), the one chosen and why."""
+
+    tied: list[Ranked]
+    chosen: Ranked
+    decided_by: str  # "fewer workers", "less memory per worker", "lower cost", "time"
+    margin_percent: float  # the widest margin that tied an option with the fastest
+
+    def line(self) -> str:
+        times = ", ".join(f"{option.label} {option.seconds_per_epoch:.3f} s"
+                          for option in self.tied)
+        return (f"tied within the models' error and the measurement noise (up to "
+                f"{self.margin_percent:.1f} %): {times}; taking {self.chosen.label}, the one "
+                f"with {self.decided_by}")
+
+
+def tie_with_fastest(options: Sequence[Ranked], noise_percent: float) -> Tie | None:
+    """The tie among the fastest options that may fit (`options` best first, by time), or None
+    when the fastest stands apart or is uncalibrated."""
+    if not options or not options[0].calibrated:
+        return None
+    fastest = options[0]
+    tied, widest = [fastest], 0.0
+    for option in options[1:]:
+        if not option.calibrated:
+            continue
+        margin = tie_margin_percent(fastest, option, noise_percent)
+        gap = (option.seconds_per_epoch / fastest.seconds_per_epoch - 1) * 100
+        if gap <= margin:
+            tied.append(option)
+            widest = max(widest, margin)
+    if len(tied) < 2:
+        return None
+    chosen, decided_by = break_tie(tied)
+    return Tie(tied, chosen, decided_by, widest)
+
+
+def break_tie(tied: Sequence[Ranked]) -> tuple[Ranked, str]:
+    """The tied option with the fewest workers, then the least memory per worker, then the
+    lowest cost (where priced), then the fastest prediction; and which of them decided."""
+    keys = (("fewer workers", lambda option: option.workers),
+            ("less memory per worker", lambda option: round(option.memory_mb)),
+            ("lower cost", lambda option: option.cost_per_epoch
+             if option.cost_per_epoch is not None else math.inf))
+    remaining = list(tied)
+    for reason, key in keys:
+        best = min(key(option) for option in remaining)
+        kept = [option for option in remaining if key(option) == best]
+        if len(kept) < len(remaining) and kept:
+            if len(kept) == 1:
+                return kept[0], reason
+            remaining = kept
+    return remaining[0], "the shortest predicted time (the tie-breaks left them equal)"

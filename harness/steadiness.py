@@ -1,0 +1,143 @@
+"""Whether the machine held still while a cell was measured.
+
+A cell's seconds per epoch mean something only if nothing else changed the machine's speed while
+it ran: another job on the cores, a host that throttles or steals time from this VM. Two
+witnesses, both recorded with every cell:
+
+- a fixed reference kernel (the same matrix products, on one thread of the cell's device),
+  timed on every worker right before the first timed epoch and right after the last: a machine
+  that slowed down or sped up during the cell shows as a drift between the two. One thread,
+  because the kernel must measure the machine, not OpenMP: on this 2-core VM the same products
+  on two threads took 42-184 ms from one trial to the next on an idle machine, on one thread
+  17.1-17.2 ms;
+- the spread of the cell's own epochs (their coefficient of variation within each repeat): a
+  disturbance that came and went between the two timings shows there.
+
+A cell whose drift or epoch spread exceeds `run.steadiness_threshold` is recorded ok but
+*unsteady* (metric `steady` = 0, with the reason): the sweep's table marks it, MLflow tags it,
+the analysis can leave it out of a fit, and a re-run with `hydra.launcher.remeasure_unsteady=
+true` measures it again. pyperf warns about unstable benchmarks the same way; here the noise is
+also set against the predictions (`harness.analysis` reports the noise floor beside every
+error).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# The reference kernel: 24 products of two 384 x 384 float32 matrices, about 17 ms on one core
+# of this VM (AVX-512); timed REFERENCE_TRIALS times, the median kept (one trial caught by a
+# timer tick or a page fault does not move it): about 0.1 s a timing.
+_SIZE = 384
+_PRODUCTS = 24
+REFERENCE_TRIALS = 5
+
+
+def reference_seconds(device: object = "cpu") -> float:
+    """Median seconds of the reference kernel on `device`, on one CPU thread (restored after)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        left = torch.ones(_SIZE, _SIZE, device=device)  # type: ignore[call-overload]
+        right = torch.full((_SIZE, _SIZE), 0.5, device=device)  # type: ignore[call-overload]
+        trials = []
+        for trial in range(REFERENCE_TRIALS + 1):  # the first warms the allocator and caches
+            _synchronize(device)
+            started = time.perf_counter()
+            for _ in range(_PRODUCTS):
+                torch.mm(left, right)
+            _synchronize(device)
+            if trial:
+                trials.append(time.perf_counter() - started)
+        return statistics.median(trials)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _synchronize(device: object) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":  # type: ignore[call-overload]
+        torch.cuda.synchronize(device)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Steadiness:
+    """How steady the machine was during one cell."""
+
+    # Per worker: the reference kernel's seconds before the first timed epoch and after the last.
+    reference_before: Sequence[float]
+    reference_after: Sequence[float]
+    # The epochs' seconds of each repeat (the cell's, i.e. its slowest worker's).
+    repeat_epochs: Sequence[Sequence[float]]
+    threshold: float
+
+    @property
+    def drift(self) -> float:
+        """The largest relative change of the reference kernel over the cell, on any worker
+        (+0.25: 25 % slower after the cell than before)."""
+        changes = [after / before - 1 for before, after in
+                   zip(self.reference_before, self.reference_after) if before > 0]
+        return max(changes, key=abs, default=0.0)
+
+    @property
+    def epoch_cv(self) -> float | None:
+        """The largest coefficient of variation of the epochs within a repeat; None when no
+        repeat has two epochs."""
+        spreads = [statistics.stdev(epochs) / statistics.fmean(epochs)
+                   for epochs in self.repeat_epochs if len(epochs) >= 2 and min(epochs) > 0]
+        return max(spreads, default=None)
+
+    @property
+    def reasons(self) -> list[str]:
+        """Why the cell counts as unsteady (empty: steady)."""
+        reasons = []
+        if abs(self.drift) > self.threshold:
+            direction = "slower" if self.drift > 0 else "faster"
+            reasons.append(f"the reference kernel ran {abs(self.drift):.0%} {direction} after "
+                           f"the cell than before it")
+        cv = self.epoch_cv
+        if cv is not None and cv > self.threshold:
+            reasons.append(f"its epochs varied by {cv:.0%} (coefficient of variation)")
+        return reasons
+
+    @property
+    def steady(self) -> bool:
+        return not self.reasons
+
+    def metrics(self) -> dict[str, float]:
+        measured = {
+            "steady": float(self.steady),
+            "reference_kernel_ms_before": 1e3 * max(self.reference_before, default=0.0),
+            "reference_kernel_ms_after": 1e3 * max(self.reference_after, default=0.0),
+            "reference_kernel_drift": self.drift,
+        }
+        if self.epoch_cv is not None:
+            measured["epoch_cv"] = self.epoch_cv
+        return measured
+
+    def text(self) -> str:
+        """One line for the record: 'steady (...)' or 'unsteady: why; why'."""
+        cv = self.epoch_cv
+        figures = (f"reference kernel {self.drift:+.1%} over the cell"
+                   + (f", epochs cv {cv:.1%}" if cv is not None else "")
+                   + f"; threshold {self.threshold:.0%}")
+        if self.steady:
+            return f"steady ({figures})"
+        return f"unsteady: {'; '.join(self.reasons)} ({figures})"
+
+
+UNSTEADY_MARK = "~"
+UNSTEADY_FOOTNOTE = ("~: measured while the machine was unsteady (run.steadiness_threshold); "
+                     "hydra.launcher.remeasure_unsteady=true measures such cells again")
+
+
+def is_unsteady(metrics: dict[str, float]) -> bool:
+    """A result measured while the machine was unsteady (a result recorded before steadiness
+    was measured counts as steady: nothing says otherwise)."""
+    return metrics.get("steady", 1.0) == 0.0

@@ -1,0 +1,170 @@
+"""Results that know their noise (issue 25, item 7): every cell records how steady the machine
+was while it ran; a disturbed cell is flagged in its record, the sweep table and MLflow, and can
+be measured again; the analysis states the noise floor beside every error; the recommender
+calls options tied within the models' error and the noise, and says how it broke the tie."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from harness.analysis.grid import MeasuredCell
+from harness.analysis.noise import EXPECTED_DIFFERENCE_PER_STD, noise_floor
+from harness.compose import compose_config
+from harness.config import validate
+from harness.predict.ties import break_tie, tie_with_fastest
+from harness.steadiness import UNSTEADY_FOOTNOTE, Steadiness, reference_seconds
+from harness.tracking import DEFAULT_STORE_FILE
+from launchers.cells import summary_table
+from tests.helpers import run_module
+
+TINY = ["dataset=mnist", "network=mobilenetv2", "distribution.batch_size=8",
+        "run.warmup_batches=1", "run.progress=false", "run.eval=false"]
+
+
+def test_drift_or_spread_beyond_the_threshold_makes_a_cell_unsteady() -> None:
+    steady = Steadiness([0.010, 0.011], [0.0104, 0.0112], [[2.0, 2.05, 1.98]], threshold=0.10)
+    assert steady.steady and steady.reasons == []
+    assert steady.metrics()["steady"] == 1.0
+    assert steady.drift == pytest.approx(0.04)
+    slowed = Steadiness([0.010], [0.0125], [[2.0, 2.05]], threshold=0.10)
+    assert not slowed.steady
+    assert slowed.reasons == ["the reference kernel ran 25% slower after the cell than before it"]
+    varied = Steadiness([0.010], [0.010], [[2.0, 3.0, 2.0]], threshold=0.10)
+    assert varied.reasons == ["its epochs varied by 25% (coefficient of variation)"]
+    assert varied.text().startswith("unsteady: its epochs varied by 25%")
+    one_epoch = Steadiness([0.010], [0.010], [[2.0]], threshold=0.10)
+    assert one_epoch.epoch_cv is None and one_epoch.steady
+
+
+def test_the_reference_kernel_is_timed_on_the_device() -> None:
+    assert reference_seconds("cpu") > 0
+
+
+def test_the_sweep_table_marks_an_unsteady_cell_and_says_why() -> None:
+    metrics = {"seconds_per_epoch": 2.5, "images_per_second": 100.0, "peak_memory_mb": 900.0,
+               "repeats": 1.0}
+    rows = [{"run_name": "ddp 1x2 b8", "status": "ok", "metrics": {**metrics, "steady": 1.0}},
+            {"run_name": "gpipe 1x2 b8", "status": "ok", "metrics": {**metrics, "steady": 0.0},
+             "environment": {"steadiness": "unsteady: its epochs varied by 30% (coefficient "
+                                           "of variation)"}}]
+    table = summary_table(rows).splitlines()
+    assert "2.500~" not in table[1] and "2.500~" in table[2]
+    assert table[3].strip().startswith("unsteady: its epochs varied by 30%")
+    assert table[-1] == UNSTEADY_FOOTNOTE
+
+
+@pytest.mark.slow
+def test_a_cell_disturbed_mid_run_is_flagged_unsteady(output_root: Path) -> None:
+    """A competing process started on every core after the cell's first epoch: the cell is
+    recorded ok but unsteady, with the reason, in result.json and MLflow."""
+    cell = subprocess.Popen(
+        [sys.executable, "-m", "harness", *TINY, "dataset.num_samples=256", "run.epochs=4",
+         f"run.output_dir={output_root}"], cwd=output_root.parent, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    burners: list[subprocess.Popen[bytes]] = []
+    try:
+        assert cell.stdout is not None
+        for line in cell.stdout:
+            if "epoch 2/" in line:  # the first timed epoch is over: disturb the rest
+                burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                           for _ in range(2 * (os.cpu_count() or 1))]
+                break
+        cell.wait(timeout=600)
+    finally:
+        for burner in burners:
+            burner.kill()
+        cell.kill()
+    assert burners, "the cell never reached its second epoch"
+    (path,) = (output_root / "runs").glob("*/result.json")
+    result = json.loads(path.read_text())
+    assert result["status"] == "ok", result["error"]
+    assert result["metrics"]["steady"] == 0.0, result["environment"]["steadiness"]
+    assert result["environment"]["steadiness"].startswith("unsteady: ")
+    client = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
+    run = client.get_run(result["mlflow_run_id"])
+    assert run.data.metrics["steady"] == 0.0
+    assert run.data.tags["steadiness"].startswith("unsteady: ")
+
+
+@pytest.mark.slow
+def test_a_rerun_measures_unsteady_cells_again_only_when_asked(output_root: Path) -> None:
+    """A threshold no real machine meets makes the cell unsteady every time: a plain re-run
+    reuses it, hydra.launcher.remeasure_unsteady=true measures it again."""
+    sweep = ["-m", *TINY, "dataset.num_samples=16", "run.epochs=2",
+             "run.steadiness_threshold=1e-9", f"run.output_dir={output_root}"]
+    first = run_module("harness", sweep, cwd=output_root.parent)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "~" in first.stdout and UNSTEADY_FOOTNOTE in first.stdout
+    again = run_module("harness", sweep, cwd=output_root.parent)
+    assert "already measured, nothing to run" in again.stdout, again.stdout
+    remeasured = run_module("harness", [*sweep, "hydra.launcher.remeasure_unsteady=true"],
+                            cwd=output_root.parent)
+    assert remeasured.returncode == 0, remeasured.stderr[-3000:]
+    assert "1 cell(s) measured earlier while the machine was unsteady run again" in \
+        remeasured.stdout
+    assert len(list((output_root / "sweeps").glob("*/*/*/result.json"))) == 2
+
+
+def _cell(seconds: float, *, key: str, repeat_std: float | None = None,
+          model: str = "ddp") -> MeasuredCell:
+    config = validate(compose_config([f"distribution={model}", "hardware=local_2cpu"]))
+    return MeasuredCell(f"run-{key}-{seconds}", key, config, seconds, 100.0,
+                        repeat_std=repeat_std, cell_key=key)
+
+
+def test_the_noise_floor_comes_from_repeats_and_from_cells_measured_twice() -> None:
+    repeated = _cell(10.0, key="a", repeat_std=0.2)  # 2 % std: 2.26 % expected difference
+    twice = [_cell(4.0, key="b"), _cell(4.4, key="b")]  # 0.4 s apart: 9.5 %
+    once = _cell(3.0, key="c")  # measured once, one repeat: no noise figure
+    floor = noise_floor([repeated, *twice, once])
+    assert floor.cells == 2
+    expected = sorted([EXPECTED_DIFFERENCE_PER_STD * 2.0, 0.4 / 4.2 * 100])
+    assert floor.percent == pytest.approx(sum(expected) / 2)
+    assert not noise_floor([once]).measured and math.isnan(noise_floor([once]).percent)
+
+
+@dataclass(frozen=True)
+class _Option:
+    label: str
+    workers: int
+    seconds_per_epoch: float
+    memory_mb: float
+    cost_per_epoch: float | None = None
+    calibrated: bool = True
+    error_percent: float | None = 3.0
+
+
+def test_options_within_the_error_and_noise_are_tied_and_fewer_workers_win() -> None:
+    options = [_Option("ddp x4", 4, 10.0, 800), _Option("ddp x2", 2, 10.3, 900),
+               _Option("gpipe x2", 2, 10.4, 700), _Option("sequential", 1, 14.0, 600)]
+    found = tie_with_fastest(options, noise_percent=2.0)
+    assert found is not None
+    assert [o.label for o in found.tied] == ["ddp x4", "ddp x2", "gpipe x2"]
+    # Two of them have 2 workers; of those, the one with less memory per worker.
+    assert (found.chosen.label, found.decided_by) == ("gpipe x2", "less memory per worker")
+    assert found.margin_percent == pytest.approx(math.sqrt(3**2 + 3**2 + 2 * 2**2))
+    assert "tied within the models' error and the measurement noise" in found.line()
+
+
+def test_a_clear_winner_or_an_uncalibrated_one_is_no_tie() -> None:
+    apart = [_Option("ddp x2", 2, 10.0, 800), _Option("gpipe x2", 2, 12.0, 700)]
+    assert tie_with_fastest(apart, noise_percent=2.0) is None
+    uncalibrated = [_Option("ddp x2", 2, 10.0, 800, calibrated=False, error_percent=None),
+                    _Option("gpipe x2", 2, 10.1, 700, calibrated=False, error_percent=None)]
+    assert tie_with_fastest(uncalibrated, noise_percent=2.0) is None
+
+
+def test_a_tie_of_equal_workers_and_memory_goes_to_the_cheaper() -> None:
+    tied = [_Option("a", 2, 10.0, 800, cost_per_epoch=0.02),
+            _Option("b", 2, 10.1, 800, cost_per_epoch=0.01)]
+    assert break_tie(tied)[0].label == "b"
+    assert break_tie(tied)[1] == "lower cost"
