@@ -108,12 +108,31 @@ def job_size(hardware: HardwareConfig, workers: int, launcher: Mapping[str, Any]
     before any submission."""
     check_script_safe(launcher)
     check_sweep_settings(launcher)
+    if hardware.link is not None:
+        check_emulated_nodes(hardware)
     nodes = hardware.nodes if workers > 1 else 1
     tasks_per_node = workers // nodes
     size = CellJobSize(nodes=nodes, tasks_per_node=tasks_per_node,
                        gpus_per_node=tasks_per_node if hardware.device.value == "cuda" else None)
     check_sizing_keys(size, hardware, launcher, what)
     return size
+
+
+def check_emulated_nodes(hardware: HardwareConfig) -> None:
+    """Hardware whose nodes are emulated on this machine (`hardware.link`) needs them up, and
+    as many as it has: else one line says how, before any job is submitted."""
+    from launchers import emulated
+
+    cluster = emulated.current()
+    if cluster is None:
+        raise ConfigError(f"hardware={hardware.name} is invalid here: its nodes are emulated "
+                          f"(hardware.link) and none are up; allowed: after python -m "
+                          f"launchers.emulated up hardware={hardware.name}")
+    if len(cluster.nodes) < hardware.nodes:
+        raise ConfigError(f"hardware.nodes={hardware.nodes} is invalid here: the emulated "
+                          f"cluster that is up has {len(cluster.nodes)} nodes; allowed: at most "
+                          f"{len(cluster.nodes)}, or python -m launchers.emulated up "
+                          f"hardware={hardware.name}")
 
 
 def check_sizing_keys(size: CellJobSize, hardware: HardwareConfig,

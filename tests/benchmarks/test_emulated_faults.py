@@ -57,31 +57,36 @@ def _wait_for_training(output_root: Path, timeout: float = 180) -> None:
     raise AssertionError("cell 0 never started training")
 
 
-def _cell_processes(namespace: str) -> list[int]:
-    """Processes of a cell left in a node's namespace (its slurmd does not count)."""
+def _processes_in(namespace: str) -> dict[int, str]:
+    """pid -> name of every process in a node's namespace (none once the node is gone)."""
     pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
                           text=True).stdout.split()
-    left = []
+    found = {}
     for pid in map(int, pids):
         try:
-            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            found[pid] = Path(f"/proc/{pid}/comm").read_text().strip()
         except OSError:
             continue
-        if name != "slurmd":
-            left.append(pid)
-    return left
+    return found
 
 
-def _no_cell_process_left(limit_s: float = 60) -> list[int]:
+def _left(keep: frozenset[str]) -> dict[int, str]:
+    return {pid: name for namespace in ("distbench-node1", "distbench-node2")
+            for pid, name in _processes_in(namespace).items() if name not in keep}
+
+
+def _wait_until_gone(keep: frozenset[str], limit_s: float) -> dict[int, str]:
+    """The processes (besides `keep`) still in the nodes after `limit_s` (empty: all gone)."""
     deadline = time.monotonic() + limit_s
-    left: list[int] = []
-    while time.monotonic() < deadline:
-        left = [pid for ns in ("distbench-node1", "distbench-node2")
-                for pid in _cell_processes(ns)]
-        if not left:
-            return []
+    while (left := _left(keep)) and time.monotonic() < deadline:
         time.sleep(1)
     return left
+
+
+# While a node is cut off, SLURM's own step daemon there (slurmstepd) cannot learn that its job
+# ended, and the job's srun on the other node waits for it: SLURM ends both once the node
+# answers again. The cell's own processes, its workers, must end by themselves.
+SLURM_DAEMONS = frozenset({"slurmd", "slurmstepd", "srun"})
 
 
 def cut_link() -> None:
@@ -109,11 +114,19 @@ def tear_down_node() -> None:
     subprocess.run(["ip", "netns", "del", "distbench-node2"], check=True)
 
 
+def reconnect() -> None:
+    """The link back up and at its rate (a cut or throttled link heals)."""
+    subprocess.run(["ip", "link", "set", "distbench-v2", "up"], capture_output=True)
+    subprocess.run(["nsenter", "--net=/run/netns/distbench-node2", "tc", "qdisc", "replace",
+                    "dev", "eth0", "root", "tbf", "rate", "200mbit", "burst", "256kb",
+                    "latency", "50ms"], capture_output=True)
+
+
 def restore(cluster: object) -> None:
-    """Bring the emulated cluster back as it was (up() rebuilds what is broken)."""
+    """Bring the emulated cluster back as it was: up() rebuilds what is still broken (a node
+    SLURM set DOWN, a namespace that is gone, a slurmd that was killed)."""
     from launchers import emulated
 
-    subprocess.run(["ip", "link", "set", "distbench-v2", "up"], capture_output=True)
     emulated.up(cluster)  # type: ignore[arg-type]
 
 
@@ -128,17 +141,31 @@ def test_a_cross_node_fault_is_recorded_and_the_sweep_goes_on(
         fault()
         out, _ = sweep.communicate(timeout=900)
         took = time.monotonic() - faulted_at
+        workers_left = _wait_until_gone(SLURM_DAEMONS, limit_s=60)
     finally:
         sweep.kill()
+        reconnect()
+        # The node answering again: SLURM's own daemons of the faulted job end too.
+        slurm_left = _wait_until_gone(frozenset({"slurmd"}), limit_s=90)
+        restore(emulated_nodes)
     print(f"{fault.__name__}: the sweep ended {took:.0f} s after the fault")
     faulted, *rest = _results(output_root)
-    assert faulted["status"] in ("failed", "timeout"), faulted["status"]
-    assert faulted["error"], "recorded without its reason"
-    print(f"  cell 0: {faulted['status']}: {faulted['error'].splitlines()[0]}")
+    print(f"  cell 0: {faulted['status']}: {(faulted['error'] or '').splitlines()[:1]}")
     assert rest, "the sweep did not go on to its second cell: " + out[-2000:]
     print(f"  cell 1: {rest[0]['status']}: {(rest[0]['error'] or '').splitlines()[:1]}")
-    assert _no_cell_process_left() == [], "a cell's process was left on a node"
-    restore(emulated_nodes)
+    # Within the collectives' timeout, SLURM's node timeout (30 s) and the launcher's wait for
+    # unavailable nodes (30 s), with room for the cells' start-up.
+    assert took < PROGRESS_TIMEOUT_S + 30 + 30 + 90, took
+    if fault is kill_slurmd:
+        # The cell's workers need no slurmd: cell 0 may finish and be recorded ok; the node
+        # then goes DOWN (no slurmd answers), so cell 1 cannot start.
+        assert faulted["status"] in ("ok", "failed", "timeout"), faulted["status"]
+        assert rest[0]["status"] == "failed" and "nodes that cannot run it" in rest[0]["error"]
+    else:
+        assert faulted["status"] in ("failed", "timeout"), faulted["status"]
+        assert faulted["error"], "recorded without its reason"
+    assert workers_left == {}, f"a cell's process was left on a node: {workers_left}"
+    assert slurm_left == {}, f"SLURM left processes of the job on a node: {slurm_left}"
     again = subprocess.run([sys.executable, "-m", "harness", *SWEEP,
                             f"run.output_dir={output_root}"], cwd=output_root.parent,
                            capture_output=True, text=True, timeout=900)
