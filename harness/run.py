@@ -431,9 +431,20 @@ def initialise_weights(workload: Workload, config: DistbenchConfig, seed: int) -
     the same weights from the same seed; the values are copied into the trainer's own tensors
     (a pipeline's stages share the workload model's modules), so nothing is rebuilt."""
     seed_everything(seed)
-    fresh = build_network(config.network.ref, workload.spec)
+    fresh = build_network(config.network.ref, workload.spec).state_dict()
     with torch.no_grad():
-        workload.model.load_state_dict(fresh.state_dict())
+        workload.model.load_state_dict({name: _placed_like(target, fresh[name]) for name, target
+                                        in workload.model.state_dict().items()})
+
+
+def _placed_like(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """`value` laid out as `target` is: a sharded parameter (FSDP2's DTensor) gets its own
+    shard of the whole value every worker built alike; a plain tensor stays as it is."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(target, DTensor):
+        return value
+    return distribute_tensor(value.to(target.device), target.device_mesh, target.placements)
 
 
 def evaluate_epoch(context: TrainingContext, trainer: Trainer, events: EventLog, repeat: int,

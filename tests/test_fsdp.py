@@ -162,11 +162,14 @@ def test_mixed_precision_trains_close_to_float32(worker_reports: list[dict],
 
 # -- a recorded cell --------------------------------------------------------------------------
 def test_a_two_worker_fsdp_cell_is_recorded_like_the_others(output_root: Path) -> None:
+    """Two repeats: each starts from its seed's initial weights, which every worker builds
+    whole and each must take its shard of (they once failed to load into the sharded
+    parameters: 'mixed torch.Tensor and DTensor')."""
     done = subprocess.run(
         [sys.executable, "-m", "harness", "distribution=fsdp", "hardware=local_2cpu",
          "network=mobilenetv2", "dataset=mnist", "distribution.batch_size=8",
-         "dataset.num_samples=64", "run.epochs=2", "run.warmup_batches=1", "run.progress=false",
-         f"run.output_dir={output_root}"],
+         "dataset.num_samples=64", "run.epochs=1", "run.repeats=2", "run.warmup_batches=1",
+         "run.progress=false", f"run.output_dir={output_root}"],
         cwd=output_root.parent, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     (path,) = (output_root / "runs").glob("*/result.json")
@@ -174,6 +177,7 @@ def test_a_two_worker_fsdp_cell_is_recorded_like_the_others(output_root: Path) -
     assert result["status"] == "ok", result["error"]
     metrics = result["metrics"]
     assert metrics["world_size"] == 2 and metrics["samples_per_epoch"] == 64
+    assert metrics["repeats"] == 2 and len(result["epoch_seconds"]) == 2
     assert metrics["replicas_in_sync"] == 1.0
     assert metrics["peak_memory_mb_rank0"] > 0 and metrics["peak_memory_mb_rank1"] > 0
     assert result["config"]["distribution"]["name"] == "fsdp"
