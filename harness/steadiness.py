@@ -28,11 +28,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# The reference kernel: 24 products of two 384 x 384 float32 matrices, about 17 ms on one core
-# of this VM (AVX-512); timed REFERENCE_TRIALS times, the median kept (one trial caught by a
-# timer tick or a page fault does not move it): about 0.1 s a timing.
-_SIZE = 384
-_PRODUCTS = 24
+# The reference kernel, per device type: (matrix size, products). On a CPU 24 products of two
+# 384 x 384 float32 matrices, about 17 ms on one core of this VM (AVX-512). On a GPU the same
+# work is half a millisecond of launches and clock ramps (measured on an H200: 0.4-0.8 ms,
+# "drifting" by -37 % to +82 % over quiet cells), so it gets 8 products of 4096 x 4096 matrices,
+# tens of milliseconds. Each is timed REFERENCE_TRIALS times after one untimed trial, the median
+# kept (one trial caught by a timer tick or a page fault does not move it).
+_KERNEL = {"cpu": (384, 24), "cuda": (4096, 8)}
 REFERENCE_TRIALS = 5
 
 
@@ -42,14 +44,15 @@ def reference_seconds(device: object = "cpu") -> float:
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    size, products = _KERNEL.get(torch.device(device).type, _KERNEL["cpu"])  # type: ignore[call-overload]
     try:
-        left = torch.ones(_SIZE, _SIZE, device=device)  # type: ignore[call-overload]
-        right = torch.full((_SIZE, _SIZE), 0.5, device=device)  # type: ignore[call-overload]
+        left = torch.ones(size, size, device=device)  # type: ignore[call-overload]
+        right = torch.full((size, size), 0.5, device=device)  # type: ignore[call-overload]
         trials = []
         for trial in range(REFERENCE_TRIALS + 1):  # the first warms the allocator and caches
             _synchronize(device)
             started = time.perf_counter()
-            for _ in range(_PRODUCTS):
+            for _ in range(products):
                 torch.mm(left, right)
             _synchronize(device)
             if trial:
