@@ -92,6 +92,31 @@ def test_leave_one_network_out_fits_each_network_on_the_other_networks_only() ->
     assert row.network_worst == pytest.approx(max(abs(e) for e in errors.values()))
 
 
+def test_a_small_calibration_fits_on_its_networks_only_and_predicts_the_rest() -> None:
+    """`--fit-on resnet18,vgg11`: the networks of the small calibration are held out from one
+    another, every other network is predicted from all of their cells and teaches nothing."""
+    contention = {"resnet18": 1.2, "vgg11": 1.4, "mobilenetv2": 3.0}
+    terms = _concurrent(10.0, 0.5)
+    predictions = []
+    for network, kappa in contention.items():
+        config = validate(compose_config(["dataset=cifar10", f"network={network}",
+                                          "distribution=ddp", "hardware=local_2cpu"]))
+        cell = MeasuredCell(network, network, config, terms.seconds({"contention": kappa}),
+                            100.0)
+        predictions.append(CellPrediction(cell, terms, 50.0))
+    small = {"resnet18", "vgg11"}
+    by_network = {p.cell.network: p for p in held_out(
+        predictions, group=lambda c: c.network, fit_on=lambda c: c.network in small)}
+    both = fit_params([(q.terms, q.measured_s) for q in predictions if q.cell.network in small])
+    assert by_network["mobilenetv2"].fitted_from == 2
+    assert by_network["mobilenetv2"].fitted_s == pytest.approx(terms.seconds(both))
+    # within the small calibration, each network is fitted on the other one only (never on
+    # mobilenetv2, whose contention of 3.0 would drag it up)
+    assert by_network["resnet18"].fitted_from == 1
+    assert by_network["resnet18"].fitted_s == pytest.approx(terms.seconds(fit_params(
+        [(predictions[1].terms, predictions[1].measured_s)])))
+
+
 def test_a_recommendation_miss_reports_the_time_lost() -> None:
     fast = _cell("fast", 2.0, "distribution=ddp", "hardware=local_2cpu")
     slow = _cell("slow", 3.0, "distribution=sequential")

@@ -76,31 +76,10 @@ def _hydra_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _ParserBuilt(BaseException):
-    """Carries the parser a command's main built out of it (not an Exception: harness.cli's
-    door lets it through)."""
-
-    def __init__(self, parser: argparse.ArgumentParser) -> None:
-        super().__init__()
-        self.parser = parser
-
-
 def _analysis_parser() -> argparse.ArgumentParser:
-    """harness.analysis builds its parser inside its main: the one main builds, caught as it
-    starts to parse (nothing else of main runs)."""
-    from unittest import mock
+    from harness.analysis.__main__ import parser
 
-    import harness.analysis.__main__ as analysis
-
-    def caught(self: argparse.ArgumentParser, *_: object, **__: object) -> None:
-        raise _ParserBuilt(self)
-
-    with mock.patch.object(argparse.ArgumentParser, "parse_known_args", caught):
-        try:
-            analysis.main([])
-        except _ParserBuilt as built:
-            return built.parser
-    raise AssertionError("harness.analysis's main parsed no arguments")
+    return parser()
 
 
 def _recommend_parser() -> argparse.ArgumentParser:

@@ -13,10 +13,11 @@ shared machine's speed drifts over the hours. `--no-probe` reuses the facts meas
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -67,9 +68,11 @@ def predict_cells(cells: Sequence[MeasuredCell], output_root: Path,
 
 
 def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
-            exclude_unsteady: bool = False) -> Path:
+            exclude_unsteady: bool = False, fit_on_networks: Sequence[str] = ()) -> Path:
     """Everything the module docstring says; returns the report's folder. `exclude_unsteady`
-    leaves out of the fit the cells measured while the machine was unsteady."""
+    leaves out of the fit the cells measured while the machine was unsteady;
+    `fit_on_networks` fits on those networks' cells only (a small calibration) and predicts
+    every other network's cells from that fit."""
     output_root = Path(config.run.output_dir)
     uri = tracking_uri(config.tracking.uri, output_root)
     measured = load_grid(uri, experiment, statuses=("ok", "oom"))
@@ -86,14 +89,15 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
     if not cells:
         raise ConfigError(f"tracking.experiment={experiment!r}: no finished (status ok) cells "
                           f"at {uri}; measure a grid first")
+    fit_on = _fit_on(cells, fit_on_networks)
     noise = noise_floor_per_model(cells)
     overall = noise_floor(cells)
     started = time.perf_counter()
     predictions = predict_cells(cells, output_root, cache)
     probe_seconds = time.perf_counter() - started
-    by_cell = held_out(predictions, group=lambda cell: cell.run_id)
-    by_network = held_out(predictions, group=lambda cell: cell.network)
-    by_family = family_held_out(predictions)
+    by_cell = held_out(predictions, group=lambda cell: cell.run_id, fit_on=fit_on)
+    by_network = held_out(predictions, group=lambda cell: cell.network, fit_on=fit_on)
+    by_family = family_held_out(predictions, fit_on=fit_on)
     # Recommendations are judged where a network could be held out (another network of its
     # hardware to fit on); with one network there is nothing to judge them by.
     note = leave_one_network_out_note(predictions)
@@ -101,7 +105,8 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
     verdicts = judge([p for p in by_network if p.fitted_from > 0])
     fit_verdicts = memory_verdicts(measured, lambda cell: max(memory_per_worker_mb(
         cell.config, gather(cell.config, cache, timed=False))), predictions)
-    params, runtime = params_per_hardware(predictions), runtime_per_hardware(predictions)
+    fitted = [p for p in predictions if fit_on(p.cell)]
+    params, runtime = params_per_hardware(fitted), runtime_per_hardware(fitted)
     folder = output_root / "analysis" / experiment
     files = write_report(folder, experiment=experiment, uri=uri, by_cell=by_cell,
                          by_network=by_network, table=table, verdicts=verdicts,
@@ -113,8 +118,12 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
         "experiment": experiment, "tracking_uri": uri, "cells": len(cells),
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "parameters": {name: asdict(parameter) for name, parameter in PARAMETERS.items()},
-        "hardware": {hardware: _hardware_entry(hardware, cells, params, runtime)
+        "hardware": {hardware: _hardware_entry(hardware, [p.cell for p in fitted], params,
+                                               runtime)
                      for hardware in params},
+        # The networks fitted on (null: every network of the grid); the others were only
+        # predicted, which is how a small calibration is judged against a larger grid.
+        "fitted_on_networks": sorted(fit_on_networks) or None,
         # The typical difference between two measurements of one cell (percent; null where no
         # cell was measured twice), per model and over the grid: the floor under any error.
         "noise_floor_percent": {
@@ -139,6 +148,24 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
     _log(uri, experiment, table, verdicts, [*files, fit_path])
     _print_summary(table, verdicts, fit_verdicts, folder, note, noise, overall)
     return folder
+
+
+def _fit_on(cells: Sequence[MeasuredCell],
+            networks: Sequence[str]) -> Callable[[MeasuredCell], bool]:
+    """Which cells the fit may learn from: every cell, or those of `networks` (each must have
+    finished cells, else the fit would silently be the raw equations)."""
+    if not networks:
+        return lambda cell: True
+    measured = sorted({cell.network for cell in cells})
+    missing = sorted(set(networks) - set(measured))
+    if missing:
+        raise ConfigError(f"--fit-on {','.join(networks)} is invalid: no finished cells of "
+                          f"{', '.join(missing)}; the grid measured {', '.join(measured)}")
+    print(f"fitting on {', '.join(sorted(networks))} only; the other networks "
+          f"({', '.join(n for n in measured if n not in networks) or 'none'}) are predicted "
+          f"from that fit")
+    chosen = frozenset(networks)
+    return lambda cell: cell.network in chosen
 
 
 def _hardware_entry(hardware: str, cells: Sequence[MeasuredCell],
@@ -244,13 +271,31 @@ def _print_summary(table, verdicts, fit_verdicts, folder: Path,  # noqa: ANN001
     print(f"report: {folder / 'report.md'}")
 
 
+def parser() -> argparse.ArgumentParser:
+    """The command's flags (the rest of its arguments are config overrides)."""
+    flags = command_parser("python -m harness.analysis", __doc__)
+    flags.add_argument("--exclude-unsteady", action="store_true",
+                       help="leave out of the fit the cells measured while the machine was "
+                            "unsteady (harness.steadiness; the sweep table marks them '~')")
+    flags.add_argument("--fit-on", metavar="NETWORK[,NETWORK...]", type=_network_list,
+                       default=(),
+                       help="fit on these networks' cells only, as a small calibration "
+                            "would, and predict every other network's cells from that fit "
+                            "(their errors are then errors on networks never fitted on)")
+    return flags
+
+
+def _network_list(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("expected network names separated by commas, "
+                                         "for example resnet18,vgg11")
+    return names
+
+
 @command
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = command_parser("python -m harness.analysis", __doc__)
-    parser.add_argument("--exclude-unsteady", action="store_true",
-                        help="leave out of the fit the cells measured while the machine was "
-                             "unsteady (harness.steadiness; the sweep table marks them '~')")
-    options, overrides = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    options, overrides = parser().parse_known_args(sys.argv[1:] if argv is None else argv)
     config = validate(compose_config(overrides))
     cache = cache_for(options.probe_batches, probe=not options.no_probe,
                       facts_root=Path(config.run.output_dir))
@@ -258,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     _check_store_exists(tracking_uri(config.tracking.uri, config.run.output_dir),
                         config.tracking.experiment)
     analyse(config, experiment=config.tracking.experiment, cache=cache,
-            exclude_unsteady=options.exclude_unsteady)
+            exclude_unsteady=options.exclude_unsteady, fit_on_networks=options.fit_on)
 
 
 def _check_store_exists(uri: str, experiment: str) -> None:

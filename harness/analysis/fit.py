@@ -104,15 +104,22 @@ def _hardware(cell: MeasuredCell) -> str:
     return cell.config.hardware.name
 
 
+def _every_cell(cell: MeasuredCell) -> bool:
+    return True
+
+
 def held_out(predictions: Sequence[CellPrediction],
-             group: Callable[[MeasuredCell], Hashable]) -> list[CellPrediction]:
+             group: Callable[[MeasuredCell], Hashable],
+             fit_on: Callable[[MeasuredCell], bool] = _every_cell) -> list[CellPrediction]:
     """Each prediction with `fitted_s` from the parameters fitted on the cells of its hardware
-    in other groups, and memory with the runtime share learnt the same way."""
+    in other groups, and memory with the runtime share learnt the same way. `fit_on` limits
+    the cells fitted on (a small calibration inside a larger grid): the others are only
+    predicted."""
     result = []
     for prediction in predictions:
         key, hardware = group(prediction.cell), _hardware(prediction.cell)
-        training = [p for p in predictions
-                    if group(p.cell) != key and _hardware(p.cell) == hardware]
+        training = [p for p in predictions if group(p.cell) != key
+                    and _hardware(p.cell) == hardware and fit_on(p.cell)]
         params = fit_params([(p.terms, p.measured_s) for p in training])
         runtime = runtime_mb(training)
         result.append(CellPrediction(
@@ -232,9 +239,11 @@ def leave_one_network_out_note(predictions: Sequence[CellPrediction]) -> str | N
             f"networks or more on the same hardware, one held out and one to fit on")
 
 
-def family_held_out(predictions: Sequence[CellPrediction]) -> list[CellPrediction]:
+def family_held_out(predictions: Sequence[CellPrediction],
+                    fit_on: Callable[[MeasuredCell], bool] = _every_cell,
+                    ) -> list[CellPrediction]:
     """Every cell predicted from the parameters fitted on the other families' cells (of its
     hardware); empty when the cells hold one family, where nothing can be held out."""
     if len({p.cell.family for p in predictions}) < 2:
         return []
-    return held_out(predictions, group=lambda cell: cell.family)
+    return held_out(predictions, group=lambda cell: cell.family, fit_on=fit_on)
