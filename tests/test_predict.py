@@ -44,7 +44,17 @@ def test_horovod_eq_5_1_takes_the_slowest_ring_link_and_the_last_fused_buffer() 
     terms = epoch_terms(cell, _replica_facts(100), _ring())
     # 1024 images, 32 per worker and step, 4 workers: 8 steps of one sequential step each
     assert terms.steps == 8
-    assert terms.seconds() == pytest.approx(8 * (0.5 + 6 * 0.03202))
+    # One layer: its 100 MB are ready only when the backward ends, one tensor above th sent
+    # whole (predict.overlap): nothing hides it. Steps of 100/4 = 25 MB.
+    assert terms.seconds() == pytest.approx(8 * (0.5 + 6 * (20e-6 + 25 / 500)))
+    # Ten layers of 10 MB and a backward long enough: the first fused buffer (70 MB, filled by
+    # the last seven layers) hides behind the backward of the first three; only the last
+    # buffer (30 MB) is exposed, as Eq. 5.1 assumes.
+    layers = [LayerFacts(weights_mb=10, activation_mb_per_sample=0.01, compute_share=0.1)] * 10
+    deep = CellFacts(weights_mb=100, gradient_mb=100, input_mb_per_sample=0.01, layers=layers,
+                     step_seconds=10.0, step_batch=32)
+    assert epoch_terms(cell, deep, _ring()).seconds() == pytest.approx(
+        8 * (10.0 + 6 * (20e-6 + 7.5 / 500)))
     # a gradient smaller than th is sent whole; th = 0 (no fusion) is bounded by G as well
     small = 8 * (0.5 + 6 * (20e-6 + 2 / 500))
     assert epoch_terms(cell, _replica_facts(8), _ring()).seconds() == pytest.approx(small)
@@ -58,7 +68,7 @@ def test_the_free_parameters_of_the_data_parallel_model() -> None:
     raw = terms.seconds()
     # contention scales the workers' compute, communication the allreduce
     tuned = terms.seconds({"contention": 1.1, "communication": 2.0})
-    assert tuned == pytest.approx(8 * (1.1 * 0.5 + 2.0 * 6 * 0.03202))
+    assert tuned == pytest.approx(8 * (1.1 * 0.5 + 2.0 * 6 * (20e-6 + 25 / 500)))
     assert raw < tuned
     # one worker has nothing to communicate, and its step is the probe itself: no parameter
     alone = _gpu_cell("horovod", "dataset.num_samples=1024", workers=1)
@@ -67,13 +77,17 @@ def test_the_free_parameters_of_the_data_parallel_model() -> None:
 
 
 def test_ddp_is_eq_5_1_with_its_bucket_size() -> None:
-    facts = _replica_facts(100)
+    # Ten 10 MB layers, a backward long enough to hide every bucket but the last (the thesis'
+    # regime): DDP's 25 MB buckets fill every three layers, the last one holds 10 MB.
+    layers = [LayerFacts(weights_mb=10, activation_mb_per_sample=0.01, compute_share=0.1)] * 10
+    facts = CellFacts(weights_mb=100, gradient_mb=100, input_mb_per_sample=0.01, layers=layers,
+                      step_seconds=10.0, step_batch=32)
     ddp = epoch_terms(_gpu_cell("ddp", "distribution.bucket_cap_mb=25",
                                 "dataset.num_samples=1024"), facts, _ring())
     horovod_25 = epoch_terms(_gpu_cell("horovod", "distribution.fusion_threshold_mb=25",
                                        "dataset.num_samples=1024"), facts, _ring())
     assert ddp.seconds() == pytest.approx(horovod_25.seconds())
-    assert ddp.seconds() == pytest.approx(8 * (0.5 + 6 * (20e-6 + 6.25 / 500)))
+    assert ddp.seconds() == pytest.approx(8 * (10.0 + 6 * (20e-6 + 2.5 / 500)))
 
 
 def test_gpipe_eq_6_2_communication() -> None:

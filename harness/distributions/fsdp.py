@@ -50,12 +50,16 @@ from harness.distributions.spec import (
 from harness.hardware_profile import HardwareProfile
 from harness.partition import StagePlan
 from harness.predict import memory
+from harness.predict.overlap import COMPUTE, LINK, Timeline
 from harness.predict.terms import (
     CellFacts,
     EpochTerms,
+    LayerFacts,
     allreduce_seconds,
     batches_per_epoch,
     communication_overlaps,
+    layer_backward_share,
+    layer_forward_share,
     memory_stage,
 )
 from workloads.networks import to_layer_list
@@ -219,16 +223,17 @@ def step_communication_seconds(config: DistbenchConfig, facts: CellFacts,
     forward and, when resharded after forward, again before its backward; a reduce-scatter of
     its float32 gradients after its backward; with HSDP, an allreduce of the gradient's shard
     among the shard groups. On CPU workers every collective takes its turn on the cores the
-    compute uses (`communication_overlaps`). On GPUs FSDP prefetches each next unit's gather
-    and reduces while the backward goes on: what shows is the first unit's gather (nothing
-    runs before it) and the last reduce-scatter (and allreduce), which is the first unit's
-    too: the backward ends there."""
+    compute uses (`communication_overlaps`). Where the collectives can run beside the
+    compute (GPUs), FSDP prefetches each next unit's
+    gather while the current unit computes and reduces each unit's gradients while the
+    backward goes on, each hidden only as far as the compute it runs beside lasts
+    (`_exposed_on_a_timeline`)."""
+    if communication_overlaps(config):
+        return _exposed_on_a_timeline(config, facts, profile)
     settings = fsdp_settings(config)
     shards = settings.shards(config)
     replicas = config.world_size // shards
     units = _units(facts)
-    if communication_overlaps(config):
-        units = units[:1]
     gathers = 2 if settings.reshard_after_forward else 1
     gathered_mb = sum(units) * (_BFLOAT16_SHARE if settings.mixed_precision else 1.0)
     gradient_mb = sum(units) * facts.gradient_mb / max(facts.weights_mb, 1e-12)
@@ -239,6 +244,76 @@ def step_communication_seconds(config: DistbenchConfig, facts: CellFacts,
     if replicas > 1:
         seconds += allreduce_seconds(profile, replicas, gradient_mb / shards, len(units))
     return seconds
+
+
+@dataclass(frozen=True)
+class UnitWork:
+    """One FSDP unit's step: its compute (seconds) and its collectives (seconds)."""
+
+    forward_s: float
+    backward_s: float
+    gather_s: float
+    reduce_s: float  # reduce-scatter, and with HSDP the shard's allreduce among the replicas
+
+
+def unit_work(config: DistbenchConfig, facts: CellFacts,
+              profile: HardwareProfile) -> list[UnitWork]:
+    """Each unit (a layer-list entry with parameters, with the parameterless entries after it
+    up to the next one) with its forward, backward and collectives."""
+    settings = fsdp_settings(config)
+    shards = settings.shards(config)
+    replicas = config.world_size // shards
+    precision = _BFLOAT16_SHARE if settings.mixed_precision else 1.0
+    gradient_scale = facts.gradient_mb / max(facts.weights_mb, 1e-12)
+    groups: list[list[LayerFacts]] = []
+    for layer in facts.layers:
+        if layer.weights_mb > 0 or not groups:
+            groups.append([])
+        groups[-1].append(layer)
+    units = []
+    for group in groups:
+        weights = sum(layer.weights_mb for layer in group)
+        gradient = weights * gradient_scale
+        reduce = _share(config, "reduce_scatter") * allreduce_seconds(profile, shards, gradient, 1)
+        if replicas > 1:
+            reduce += allreduce_seconds(profile, replicas, gradient / shards, 1)
+        units.append(UnitWork(
+            forward_s=sum(layer_forward_share(facts, layer) for layer in group)
+            * facts.step_seconds,
+            backward_s=sum(layer_backward_share(facts, layer) for layer in group)
+            * facts.step_seconds,
+            gather_s=_share(config, "all_gather") * allreduce_seconds(
+                profile, shards, weights * precision, 1),
+            reduce_s=reduce))
+    return units
+
+
+def _exposed_on_a_timeline(config: DistbenchConfig, facts: CellFacts,
+                           profile: HardwareProfile) -> float:
+    """FSDP2's step on a timeline (`predict.overlap`): the forward gathers each unit's weights
+    before it computes, the next unit's prefetched as the current one starts; the backward,
+    from the last unit back, gathers again where resharded (prefetched one ahead) and issues
+    each unit's reduce-scatter as its backward ends; the update waits for every reduction.
+    One link carries them in the order issued."""
+    units = unit_work(config, facts, profile)
+    reshard = fsdp_settings(config).reshard_after_forward
+    timeline = Timeline(overlaps=True)
+    ended, starts = 0.0, list[float]()
+    for i, unit in enumerate(units):
+        issued = starts[i - 1] if i else 0.0
+        fetched = timeline.run(LINK, unit.gather_s, not_before=issued)[1]
+        start, ended = timeline.run(COMPUTE, unit.forward_s, after=[fetched, ended])
+        starts.append(start)
+    backward = list(reversed(units))
+    fetched, reduced = ended, []
+    for i, unit in enumerate(backward):
+        start, ended = timeline.run(COMPUTE, unit.backward_s, after=[fetched, ended])
+        if reshard and i + 1 < len(backward):  # the next unit's weights, prefetched now
+            fetched = timeline.run(LINK, backward[i + 1].gather_s, not_before=start)[1]
+        reduced.append(timeline.run(LINK, unit.reduce_s, after=[ended])[1])
+    update = max(facts.step_seconds - sum(u.forward_s + u.backward_s for u in units), 0.0)
+    timeline.run(COMPUTE, update, after=reduced)
+    return timeline.exposed_s
 
 
 def epoch_terms(config: DistbenchConfig, facts: CellFacts,

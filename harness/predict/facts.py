@@ -47,7 +47,7 @@ from harness.metrics import BYTES_PER_MB
 from harness.partition import StagePlan
 from harness.predict.recorded import sequential_steps
 from harness.predict.steps import MeasuredStep, StepTime, choose_step_time
-from harness.predict.terms import CellFacts, LayerFacts
+from harness.predict.terms import CellFacts, LayerFacts, communication_overlaps
 
 _PROBE_WARMUP = 4  # a fresh process runs its first batches slower (allocator, kernel caches)
 
@@ -222,10 +222,13 @@ PhaseShares = tuple[float, float, float]  # a layer's forward, backward, update 
 
 def _pipeline_facts(config: DistbenchConfig, num_layers: int, cache: FactsCache
                     ) -> tuple[list[float], list[PhaseShares], StagePlan | None]:
-    """Each layer's share of the compute, the same by phase (uniform for non-pipelines, which
-    never split the network) and the stage plan a pipeline cell trains, or trained (its
-    recorded balance)."""
-    if not config.distribution.pipeline:
+    """Each layer's share of the compute, the same by phase, and the stage plan a pipeline cell
+    trains, or trained (its recorded balance). Uniform for a model that never splits the
+    network and whose collectives cannot hide behind its compute; where they can, how far
+    depends on which layers compute while which gradients move (`predict.overlap`), so the
+    layers are profiled as for a pipeline."""
+    pipeline = config.distribution.pipeline
+    if not pipeline and not (config.world_size > 1 and communication_overlaps(config)):
         uniform = 1 / num_layers
         return [uniform] * num_layers, [(uniform / 3, 2 * uniform / 3, 0.0)] * num_layers, None
     # Each layer's *share* of the compute barely moves with the batch size, so one profile
@@ -235,12 +238,14 @@ def _pipeline_facts(config: DistbenchConfig, num_layers: int, cache: FactsCache
     if key not in cache.profiles:
         cache.profiles[key] = _layer_profile(config, key, cache)
     profile = cache.profiles[key]
-    planner = spec_of(config).stage_planner
-    assert planner is not None, f"{config.distribution.name} is a pipeline without a planner"
-    costs = profile.compute_ms(planner.updates_per_pass(config))
     step_ms = sum(profile.compute_ms(1.0))  # one step: every layer's forward, backward, update
     phases = [(layer.forward_ms / step_ms, layer.backward_ms / step_ms,
                layer.update_ms / step_ms) for layer in profile.layers]
+    if not pipeline:
+        return [sum(phase) for phase in phases], phases, None
+    planner = spec_of(config).stage_planner
+    assert planner is not None, f"{config.distribution.name} is a pipeline without a planner"
+    costs = profile.compute_ms(planner.updates_per_pass(config))
     return ([cost / sum(costs) for cost in costs], phases,
             planner.plan(config, num_layers, profile))
 
