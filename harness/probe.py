@@ -37,7 +37,14 @@ from omegaconf import DictConfig
 
 from harness.cli import command, exit_on_bad_input
 from harness.compose import compose_config
-from harness.config import ConfigError, DistbenchConfig, ProbeConfig, validate, without_hydra
+from harness.config import (
+    ConfigError,
+    DistbenchConfig,
+    LinkEmulation,
+    ProbeConfig,
+    validate,
+    without_hydra,
+)
 from harness.distributed import (
     WorkerSession,
     log_to_stderr,
@@ -275,7 +282,22 @@ def main(argv: list[str] | None = None) -> None:
     profile = launch_probe(without_hydra(cfg), config, output_dir, launcher)
     latest = record_profile(profile, config, output_dir)
     print(summary(profile))
+    if config.hardware.link is not None:
+        print(link_check(profile, config.hardware.link))
     print(f"profile: {output_dir / PROFILE_FILE} (latest for {profile.hardware}: {latest})")
+
+
+def link_check(profile: HardwareProfile, link: LinkEmulation) -> str:
+    """The links between nodes as measured, against the rate they are shaped to."""
+    rate = link.bytes_per_s / 1e6
+    measured = [entry.cost.bandwidth_bytes_per_s / 1e6 for entry in profile.links
+                if not entry.same_node]
+    if not measured:
+        return f"links shaped to {link.rate_mbit:g} Mbit/s ({rate:.1f} MB/s): none probed"
+    worst = min(measured, key=lambda value: -abs(value / rate - 1))
+    return (f"links shaped to {link.rate_mbit:g} Mbit/s ({rate:.1f} MB/s): measured "
+            f"{min(measured):.1f}-{max(measured):.1f} MB/s (at most {worst / rate - 1:+.1%} "
+            f"off the rate)")
 
 
 def slurm_launcher_settings(cfg: DictConfig) -> dict[str, Any] | None:

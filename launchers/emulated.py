@@ -307,6 +307,7 @@ def slurm_conf(cluster: Cluster, hostname: str) -> str:
     names = ",".join(node.name for node in cluster.nodes)
     return f"""# Written by python -m launchers.emulated up (distbench); removed by `down`.
 ClusterName=distbench
+FirstJobId={first_job_id()}
 SlurmctldHost={hostname}({cluster.bridge_address})
 AuthType=auth/munge
 SlurmUser=root
@@ -326,6 +327,15 @@ SlurmdTimeout=30
 {nodes}
 PartitionName=local Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """
+
+
+def first_job_id(now: float | None = None) -> int:
+    """The first job id of a cluster brought up now. `slurmctld -c` (no jobs of an earlier
+    cluster resumed) would start the ids again from 1, and a re-run sweep follows the job its
+    note names (launchers.slurm_resume): ids from the clock (100 a second, repeating after a
+    week) keep a new cluster's jobs apart from an earlier one's."""
+    seconds = int(time.time() if now is None else now)
+    return (seconds % 600_000) * 100 + 1
 
 
 def _daemon_running(name: str) -> bool:

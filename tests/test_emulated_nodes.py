@@ -79,6 +79,7 @@ def test_the_probe_measures_the_shaped_rate(emulated_nodes: object, output_root:
     assert profile.facts["hosts"] == ["enode1", "enode2"]
     assert profile.facts["link_shaping"] == \
         ["tbf rate 200mbit burst 256kb latency 50ms on eth0"] * 2
+    assert "links shaped to 200 Mbit/s (25.0 MB/s): measured" in done.stdout
 
 
 def _listening(namespace: str) -> dict[int, set[str]]:
@@ -126,6 +127,14 @@ def _wait_for_workers(output_root: Path, timeout: float = 120) -> dict[int, int]
                 return workers
         time.sleep(0.3)
     raise AssertionError("the cell never started training")
+
+
+def test_a_new_clusters_job_ids_follow_the_clock_and_stay_below_slurms_limit() -> None:
+    """A cluster brought up again must not reuse the job ids a re-run sweep's notes name."""
+    from launchers.emulated import first_job_id
+
+    assert first_job_id(1_000_000.0) < first_job_id(1_000_060.0)  # a minute later: higher
+    assert all(1 <= first_job_id(t) < 67_043_328 for t in (0.0, 599_999.0, time.time()))
 
 
 def test_tear_down_and_bring_up_leave_nothing_and_take_under_30_s(
