@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -119,13 +120,36 @@ def test_a_small_calibration_fits_on_its_networks_only_and_predicts_the_rest() -
 
 def test_a_recommendation_miss_reports_the_time_lost() -> None:
     fast = _cell("fast", 2.0, "distribution=ddp", "hardware=local_2cpu")
-    slow = _cell("slow", 3.0, "distribution=sequential")
+    slow = _cell("slow", 3.0, "distribution=sequential", "hardware=local_2cpu")
     predictions = [CellPrediction(fast, EpochTerms(1.0, steps=1), 1.0, fitted_s=5.0),
                    CellPrediction(slow, EpochTerms(1.0, steps=1), 1.0, fitted_s=1.0)]
     (verdict,) = judge(predictions)
     assert verdict.fastest.cell.run_id == "fast"
     assert verdict.recommended.cell.run_id == "slow"
     assert not verdict.correct and verdict.time_lost_percent == pytest.approx(50.0)
+    assert verdict.hardware == "local_2cpu"
+
+
+def test_each_hardware_is_judged_apart_and_a_cell_measured_twice_is_one_candidate() -> None:
+    """Over two link rates the fastest model may change: each rate gets its own verdict. A
+    configuration measured in two runs counts once, at the median of its runs, so that the
+    slower run of the recommended configuration is no miss against its faster run."""
+    def prediction(run_id: str, seconds: float, fitted: float, model: str, hardware: str,
+                   key: str) -> CellPrediction:
+        cell = replace(_cell(run_id, seconds, f"distribution={model}", f"hardware={hardware}"),
+                       cell_key=key)
+        return CellPrediction(cell, EpochTerms(1.0, steps=1), 1.0, fitted_s=fitted)
+
+    fast_link = [prediction("d1", 3.0, 3.0, "ddp", "emulated_2nodes_1gbit", "ddp-1g"),
+                 prediction("s1", 5.0, 5.0, "sequential", "emulated_2nodes_1gbit", "seq-1g")]
+    slow_link = [prediction("d2", 9.0, 9.0, "ddp", "emulated_2nodes_100mbit", "ddp-100m"),
+                 prediction("s2", 5.1, 5.0, "sequential", "emulated_2nodes_100mbit", "seq-100m"),
+                 prediction("s3", 4.9, 5.0, "sequential", "emulated_2nodes_100mbit", "seq-100m")]
+    verdicts = {v.hardware: v for v in judge(fast_link + slow_link)}
+    assert verdicts["emulated_2nodes_1gbit"].recommended.cell.run_id == "d1"
+    slow = verdicts["emulated_2nodes_100mbit"]
+    assert slow.candidates == 2 and slow.correct
+    assert slow.recommended.measured_s == pytest.approx(5.0)  # the median of 5.1 and 4.9
 
 
 # Every model with the calibration sweep's own settings (GPipe: 4 micro-batches): a model's

@@ -135,8 +135,10 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
         "leave_one_network_out": {"measured": note is None, "why": note},
         "probe_batches": cache.probe_batches,
         "accuracy": [asdict(row) for row in table],
-        "recommendations": [{"workload": list(v.workload), "fastest": setting_label(
-            v.fastest.cell.config), "recommended": setting_label(v.recommended.cell.config),
+        "recommendations": [{
+            "workload": list(v.workload), "hardware": v.hardware,
+            "fastest": setting_label(v.fastest.cell.config),
+            "recommended": setting_label(v.recommended.cell.config),
             "correct": v.correct, "time_lost_percent": v.time_lost_percent}
             for v in verdicts],
         "residuals": residuals(by_cell, by_network, by_family),

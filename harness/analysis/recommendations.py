@@ -8,8 +8,9 @@ the recommended configuration measured than the fastest.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.analysis.fit import CellPrediction, runtime_mb
 from harness.analysis.grid import MeasuredCell
@@ -23,6 +24,7 @@ class WorkloadVerdict:
     fastest: CellPrediction  # measured
     recommended: CellPrediction  # held-out fitted equations
     raw_recommended: CellPrediction  # raw equations
+    hardware: str = ""  # the hardware they were measured on: a workload is judged per hardware
 
     @property
     def correct(self) -> bool:
@@ -43,18 +45,38 @@ def _fits_memory(prediction: CellPrediction) -> bool:
 
 
 def judge(predictions: Sequence[CellPrediction]) -> list[WorkloadVerdict]:
-    """One verdict per workload with two or more measured configurations."""
+    """One verdict per workload and hardware with two or more measured configurations: the
+    recommender answers for the hardware it is asked about, so a grid over two link rates
+    judges each rate's answer (the fastest may change with the rate)."""
     verdicts = []
-    for workload in sorted({p.cell.workload for p in predictions}):
-        cells = [p for p in predictions if p.cell.workload == workload]
+    for workload, hardware in sorted({(p.cell.workload, _hardware(p)) for p in predictions}):
+        cells = _one_per_cell([p for p in predictions
+                               if p.cell.workload == workload and _hardware(p) == hardware])
         if len(cells) < 2:
             continue
         allowed = [p for p in cells if _fits_memory(p)] or cells
         verdicts.append(WorkloadVerdict(
             workload, len(cells), fastest=min(cells, key=lambda p: p.measured_s),
             recommended=min(allowed, key=lambda p: p.fitted_s),
-            raw_recommended=min(allowed, key=lambda p: p.raw_s)))
+            raw_recommended=min(allowed, key=lambda p: p.raw_s), hardware=hardware))
     return verdicts
+
+
+def _one_per_cell(predictions: Sequence[CellPrediction]) -> list[CellPrediction]:
+    """A configuration measured in several runs (a re-run of an unsteady cell, a sweep
+    repeated) is one candidate, measured at the median of its runs: else a run of the
+    recommended configuration a little slower than another run of the same would count as a
+    miss."""
+    runs: dict[str, list[CellPrediction]] = {}
+    for prediction in predictions:
+        runs.setdefault(prediction.cell.cell_key or prediction.cell.run_id, []).append(prediction)
+    return [group[0] if len(group) == 1 else replace(group[0], cell=replace(
+        group[0].cell, seconds_per_epoch=statistics.median(p.measured_s for p in group)))
+        for group in runs.values()]
+
+
+def _hardware(prediction: CellPrediction) -> str:
+    return prediction.cell.config.hardware.name
 
 
 @dataclass(frozen=True)

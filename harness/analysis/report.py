@@ -43,6 +43,11 @@ def workload_label(workload: tuple[str, str]) -> str:
     return f"{workload[1]} / {workload[0]}"
 
 
+def _on_hardware(verdict: WorkloadVerdict, verdicts: Sequence[WorkloadVerdict]) -> str:
+    """' on <hardware>' where the verdicts span several hardware, else nothing."""
+    return f" on {verdict.hardware}" if len({v.hardware for v in verdicts}) > 1 else ""
+
+
 def _family_section(table: Sequence[Accuracy]) -> list[str]:
     """Leave one family out, where the cells hold both image networks and language models."""
     rows = [a for a in table if a.family_mape == a.family_mape]
@@ -109,7 +114,7 @@ def write_report(folder: Path, *, experiment: str, uri: str,
         "| workload | configurations | measured fastest | recommended | right | time lost % "
         "| raw equations recommend | raw time lost % |",
         "|---|---:|---|---|---|---:|---|---:|",
-        *(f"| {workload_label(v.workload)} | {v.candidates} | "
+        *(f"| {workload_label(v.workload)}{_on_hardware(v, verdicts)} | {v.candidates} | "
           f"{setting_label(v.fastest.cell.config)} ({v.fastest.measured_s:.3f} s) | "
           f"{setting_label(v.recommended.cell.config)} | {'yes' if v.correct else 'no'} | "
           f"{v.time_lost_percent:.1f} | {setting_label(v.raw_recommended.cell.config)} | "

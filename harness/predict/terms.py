@@ -132,8 +132,8 @@ def communication_overlaps(config: DistbenchConfig) -> bool:
     CPU worker's gloo collective is memory copies and additions, and socket writes, on the
     cores that compute the backward pass: it takes its turn, on one machine and across nodes
     alike. Measured across emulated nodes (BENCHMARKS.md section 15): letting the link carry
-    the bytes beside the compute predicted DDP 9 % too fast and picked a model 61 % slower for
-    one held-out workload; every allreduce taking its turn is within 2.5 % on average."""
+    the bytes beside the compute predicted DDP 9 % too fast on networks held out and got more
+    recommendations wrong; every allreduce taking its turn is 2.5 % off on average."""
     return config.hardware.device.value == "cuda"
 
 
