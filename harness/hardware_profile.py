@@ -153,13 +153,20 @@ class HardwareProfile:
     @classmethod
     def from_config(cls, hardware: HardwareConfig) -> HardwareProfile:
         """A profile from the speeds the user gave (Table 4.1): workers on one node talk at
-        the intra-node speed, workers on different nodes at the inter-node speed."""
-        intra = _configured_cost(hardware, "intra_node")
-        inter = _configured_cost(hardware, "inter_node") if hardware.nodes > 1 else intra
-        per_node = hardware.workers_per_node
-        links = [Link(i, j, i // per_node == j // per_node,
-                      intra if i // per_node == j // per_node else inter)
-                 for i in range(hardware.world_size) for j in range(i + 1, hardware.world_size)]
+        the intra-node speed, workers on different nodes at the inter-node speed. Only the
+        speeds of links that exist are needed (nodes of one worker have no intra-node link)."""
+        per_node, costs = hardware.workers_per_node, dict[bool, Cost]()
+
+        def cost(same_node: bool) -> Cost:  # asked for only where such a link exists
+            if same_node not in costs:
+                costs[same_node] = _configured_cost(
+                    hardware, "intra_node" if same_node else "inter_node")
+            return costs[same_node]
+
+        pairs = [(i, j) for i in range(hardware.world_size)
+                 for j in range(i + 1, hardware.world_size)]
+        links = [Link(i, j, i // per_node == j // per_node, cost(i // per_node == j // per_node))
+                 for i, j in pairs]
         return cls(hardware.name, "config", hardware.world_size, hardware.nodes, links)
 
 

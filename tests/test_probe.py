@@ -42,6 +42,16 @@ def test_a_profile_from_the_configured_speeds_uses_intra_and_inter_node_links() 
     assert HardwareProfile.from_json(json.loads(json.dumps(profile.to_json()))) == profile
 
 
+def test_nodes_of_one_worker_need_only_the_inter_node_speeds() -> None:
+    """Two emulated nodes of one worker each have no intra-node link: their configs give no
+    intra-node speed, and the profile before any probe comes from the inter-node one."""
+    hardware = validate(compose_config(["hardware=emulated_2nodes_100mbit"])).hardware
+    assert hardware.intra_node_bandwidth_mbps is None
+    (link,) = HardwareProfile.from_config(hardware).links
+    assert not link.same_node
+    assert link.cost.as_json() == pytest.approx({"latency_us": 61, "bandwidth_mbps": 12.5})
+
+
 def test_a_profile_needs_both_speeds_of_a_link_kind() -> None:
     hardware = validate(compose_config(["hardware=local_2cpu",
                                         "hardware.intra_node_bandwidth_mbps=null"])).hardware
