@@ -294,7 +294,7 @@ def link_check(profile: HardwareProfile, link: LinkEmulation) -> str:
                 if not entry.same_node]
     if not measured:
         return f"links shaped to {link.rate_mbit:g} Mbit/s ({rate:.1f} MB/s): none probed"
-    worst = min(measured, key=lambda value: -abs(value / rate - 1))
+    worst = max(measured, key=lambda value: abs(value / rate - 1))
     return (f"links shaped to {link.rate_mbit:g} Mbit/s ({rate:.1f} MB/s): measured "
             f"{min(measured):.1f}-{max(measured):.1f} MB/s (at most {worst / rate - 1:+.1%} "
             f"off the rate)")

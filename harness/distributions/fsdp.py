@@ -50,7 +50,7 @@ from harness.distributions.spec import (
 from harness.hardware_profile import HardwareProfile
 from harness.partition import StagePlan
 from harness.predict import memory
-from harness.predict.overlap import COMPUTE, LINK, Timeline
+from harness.predict.overlap import COMPUTE, LINK, prefetched
 from harness.predict.terms import (
     CellFacts,
     EpochTerms,
@@ -297,13 +297,9 @@ def _exposed_on_a_timeline(config: DistbenchConfig, facts: CellFacts,
     One link carries them in the order issued."""
     units = unit_work(config, facts, profile)
     reshard = fsdp_settings(config).reshard_after_forward
-    timeline = Timeline(overlaps=True)
-    ended, starts = 0.0, list[float]()
-    for i, unit in enumerate(units):
-        issued = starts[i - 1] if i else 0.0
-        fetched = timeline.run(LINK, unit.gather_s, not_before=issued)[1]
-        start, ended = timeline.run(COMPUTE, unit.forward_s, after=[fetched, ended])
-        starts.append(start)
+    timeline, forward_ends = prefetched([unit.forward_s for unit in units],
+                                        [unit.gather_s for unit in units], overlaps=True)
+    ended = forward_ends[-1] if forward_ends else 0.0
     backward = list(reversed(units))
     fetched, reduced = ended, []
     for i, unit in enumerate(backward):

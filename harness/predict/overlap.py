@@ -50,29 +50,21 @@ class Timeline:
         return start, end
 
     @property
-    def seconds(self) -> float:
-        """When the last task ends: the step."""
-        return self._end
-
-    @property
     def exposed_s(self) -> float:
         """The step's seconds beyond its compute: communication nothing hid."""
         return max(self._end - self._compute_s, 0.0)
 
 
 def after_each_chunk(chunks: Sequence[float], collectives: Sequence[float], *,
-                     overlaps: bool, before: float = 0.0, then: float = 0.0) -> float:
+                     overlaps: bool) -> float:
     """Exposed seconds when collective i can start once compute chunk i is done and the
     collectives queue on one link: data parallelism's gradient buckets (or fused buffers)
-    after the backward's chunks that produce them. `before`: compute ahead of the first chunk
-    (the forward pass), `then`: compute that needs every collective done (the update)."""
+    after the backward's chunks that produce them."""
     timeline = Timeline(overlaps=overlaps)
-    _, ready = timeline.run(COMPUTE, before)
-    ends = []
+    ready = 0.0
     for chunk, collective in zip(chunks, collectives):
         _, ready = timeline.run(COMPUTE, chunk, after=[ready])
-        ends.append(timeline.run(LINK, collective, after=[ready])[1])
-    timeline.run(COMPUTE, then, after=ends)
+        timeline.run(LINK, collective, after=[ready])
     return timeline.exposed_s
 
 
