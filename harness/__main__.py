@@ -13,9 +13,7 @@ from omegaconf import DictConfig
 from harness.cell import check_cell
 from harness.cli import noted, one_door
 from harness.compose import CONFIG_PATH
-from harness.distributed import worker_environment
 from harness.distributions.registry import register_configs
-from harness.run import run_cell
 from launchers.hydra_main import run_hydra_main
 
 register_configs()
@@ -23,6 +21,11 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
+    # The worker's modules (and torch) load here, once a cell runs: --help, shell completion
+    # and bad input answer without them.
+    from harness.run import run_cell
+    from harness.worker_env import worker_environment
+
     cell = check_cell(cfg)  # bad input: one line, exit status 2 (run_hydra_main below)
     config = cell.config
     if config.world_size > 1 and not worker_environment().is_distributed:

@@ -35,7 +35,7 @@ from mlperf_logging.compliance_checker import mlp_compliance
 
 from harness.cli import ArgumentParser, command
 from harness.config import ConfigError, DatasetName, NetworkName
-from harness.eventlog import MLLOG_GLOB
+from harness.results import MLLOG_GLOB
 
 USAGE = "training"
 RULESET = max((path.name.removeprefix(f"{USAGE}_") for path in

@@ -18,7 +18,7 @@ from torch import nn
 
 from harness.cli import command
 from harness.compose import compose_or_exit
-from harness.metrics import BYTES_PER_MB
+from harness.units import BYTES_PER_MB
 from workloads.datasets import DatasetSpec
 from workloads.networks import NetworkRef, build_network, to_layer_list
 

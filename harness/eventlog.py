@@ -56,7 +56,6 @@ if TYPE_CHECKING:
     from harness.config import DistbenchConfig
 
 MLLOG_FILE = "mllog.txt"
-MLLOG_GLOB = "mllog*.txt"  # every repeat's log in a cell directory
 DIVISION = constants.OPEN
 # Not an available-system submission: distbench benchmarks whatever it runs on.
 SUBMISSION_STATUS = constants.RESEARCH

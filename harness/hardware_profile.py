@@ -18,7 +18,7 @@ from typing import Any
 
 from harness.cli import StateError
 from harness.config import ConfigError, HardwareConfig
-from harness.metrics import BYTES_PER_MB
+from harness.units import BYTES_PER_MB
 from workloads.datasets.atomic import write_json_atomic
 
 PROFILE_FILE = "hardware_profile.json"

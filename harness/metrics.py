@@ -21,8 +21,7 @@ from typing import ClassVar
 import torch
 
 from harness.spread import student_t_975
-
-BYTES_PER_MB = 1_000_000  # distbench reports decimal megabytes everywhere (MB, MB/s)
+from harness.units import BYTES_PER_MB
 
 # `comm_wait`: time a data-parallel worker is blocked on gradient communication after its own
 # compute is done (the part of the allreduces that did not overlap the backward pass).

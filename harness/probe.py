@@ -45,12 +45,7 @@ from harness.config import (
     validate,
     without_hydra,
 )
-from harness.distributed import (
-    WorkerSession,
-    log_to_stderr,
-    worker_environment,
-    worker_session,
-)
+from harness.distributed import WorkerSession, worker_session
 from harness.hardware_profile import (
     PROFILE_FILE,
     AllreduceCost,
@@ -62,6 +57,7 @@ from harness.hardware_profile import (
 from harness.metrics import median_seconds
 from harness.preflight import check_device_here, check_launcher, check_writable_dir
 from harness.tracking import log_run, tracking_uri
+from harness.worker_env import log_to_stderr, worker_environment
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,7 @@ from typing import Any, TextIO
 from omegaconf import OmegaConf
 
 from harness.config import DistbenchConfig
-from harness.eventlog import MLLOG_GLOB
-from harness.results import RESULT_FILE, CellResult, RunStatus, write_result
+from harness.results import MLLOG_GLOB, RESULT_FILE, CellResult, RunStatus, write_result
 from harness.resume import index_result
 from harness.spread import spread_text
 from harness.tracking import record_cell, tracking_failure, tracking_uri

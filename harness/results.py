@@ -15,6 +15,7 @@ from typing import Any
 from workloads.datasets.atomic import write_json_atomic
 
 RESULT_FILE = "result.json"
+MLLOG_GLOB = "mllog*.txt"  # every repeat's MLPerf log in a cell directory (harness.eventlog)
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,6 @@ a crash), the cell ends with a result.json and an MLflow run that say so.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import datetime as dt
 import hashlib
@@ -27,16 +26,11 @@ from torch.distributed.tensor import DTensor
 
 from harness.cell import CheckedCell
 from harness.config import DistbenchConfig, RunConfig
-from harness.distributed import (
-    WorkerEnvironment,
-    WorkerSession,
-    worker_environment,
-    worker_session,
-)
+from harness.distributed import WorkerSession, worker_session
 from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
 from harness.distributions.registry import spec_of
 from harness.divergence import DivergedError, check_finite_eval_loss, check_finite_losses
-from harness.environment import capture_environment, start_conditions
+from harness.environment import start_conditions
 from harness.evaluation import Evaluation, evaluate
 from harness.eventlog import EventLog, RunFacts, precision_name
 from harness.interruption import (
@@ -47,18 +41,18 @@ from harness.interruption import (
 )
 from harness.memory_limit import MemoryLimit, device_memory_limit, lift_memory_limit, oom_error
 from harness.metrics import PeakMemory, PhaseClock, RepeatStatistics, Summary
+from harness.outcome import merge_rank_reports, new_result, now, record_failure
 from harness.record import CONFIG_FILE, keep_logging_when_the_disk_fails, record
 from harness.results import (
     RESULT_FILE,
-    CellResult,
     RepeatResult,
     RunStatus,
-    read_rank_reports,
     write_rank_report,
 )
 from harness.seeding import repeat_seed, seed_everything, set_deterministic
 from harness.steadiness import Steadiness, reference_seconds
 from harness.watchdog import ProgressWatchdog
+from harness.worker_env import WorkerEnvironment, worker_environment
 from harness.workload import Workload, build_workload
 from workloads.networks import build_network
 from workloads.progress import Progress, steps
@@ -612,7 +606,7 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
     if status is not RunStatus.ok and env.is_distributed:
         status, error = merge_rank_reports(output_dir, env.world_size, status, error)
 
-    result = _new_result(cell, output_dir, started, device, status, error)
+    result = new_result(cell, output_dir, started, device, status, error)
     result.environment.update(machine_at_start)
     if link_shaping is not None:
         result.environment["link"] = link_shaping
@@ -639,77 +633,18 @@ def _check_world_size(config: DistbenchConfig, env: WorkerEnvironment) -> None:
             f" but was launched with {env.world_size}")
 
 
-def merge_rank_reports(output_dir: Path, world_size: int, status: RunStatus,
-                       error: str | None, wait_s: float = 10.0) -> tuple[RunStatus, str]:
-    """Rank 0's view of a failed cell, completed with what the other workers reported.
-
-    A peer that failed writes its report before it exits, which is what breaks rank 0's
-    collectives; a short wait covers the rest. The root cause is the first failure that is
-    not merely a consequence (a broken connection, a timed-out collective) of another.
-    """
-    deadline = time.monotonic() + wait_s
-    reports = read_rank_reports(output_dir)
-    while len(reports) < world_size and time.monotonic() < deadline:
-        time.sleep(0.5)
-        reports = read_rank_reports(output_dir)
-    status, lines = summarize_rank_reports(reports, world_size, status)
-    if status is RunStatus.oom:  # headed by the first line of the (first) rank that ran out
-        first = next((r["error"] for _, r in sorted(reports.items())
-                      if r["status"] == RunStatus.oom.value and r["error"]), None)
-        lines.insert(0, (first or error or "out of memory").splitlines()[0])
-    return status, "\n".join(lines)
-
-
-def summarize_rank_reports(reports: dict[int, dict[str, Any]], world_size: int,
-                           status: RunStatus) -> tuple[RunStatus, list[str]]:
-    """The cell's status from its workers' reports (a diverged loss, else a timeout, else an
-    oom, outranks `status`: the others' failures follow from it) and one section per rank, a
-    missing report said so. Rank 0 (merge_rank_reports) and a launcher whose cell left no
-    result both summarise so."""
-    statuses = {RunStatus(report["status"]) for report in reports.values()}
-    # diverged last: a worker whose loss diverged stops, and its peers' failures follow.
-    for candidate in (RunStatus.oom, RunStatus.timeout, RunStatus.diverged):
-        if candidate in statuses:
-            status = candidate
-    lines = []
-    for rank in range(max([world_size, *(rank + 1 for rank in reports)])):
-        report = reports.get(rank)
-        lines.append(f"--- rank {rank}: " + (f"{report['status']}\n{report['error']}" if report
-                     else "no report (killed by a signal, or crashed outside Python)"))
-    return status, lines
-
-
 def record_interruption(cell: CheckedCell, output_dir: Path, started: str,
                         device: torch.device, measured: list[EpochMeasurement],
                         exit_code: int) -> NoReturn:
     """Record a single-process cell ended by a signal as `interrupted`, with the epochs it
     measured; print one line and exit with the signal's status (harness.interruption)."""
     error = interrupted_error(exit_code, len(measured))
-    result = _new_result(cell, output_dir, started, device, RunStatus.interrupted, error)
+    result = new_result(cell, output_dir, started, device, RunStatus.interrupted, error)
     add_measured_epochs(result, measured)
     record(result, cell.config)
     print(f"distbench: cell {cell.config.run_name} {error}; recorded as interrupted in "
           f"{output_dir / RESULT_FILE}", file=sys.stderr, flush=True)
     raise SystemExit(exit_code)
-
-
-def record_failure(cell: CheckedCell, output_dir: Path, status: RunStatus, error: str,
-                   started: str | None = None) -> dict[str, Any]:
-    """Record a cell whose process could not record itself (killed, timed out, crashed hard)."""
-    result = _new_result(cell, output_dir, started or now(), torch.device("cpu"), status, error)
-    record(result, cell.config)
-    return result.to_dict()
-
-
-def _new_result(cell: CheckedCell, output_dir: Path, started: str, device: torch.device,
-                status: RunStatus, error: str | None) -> CellResult:
-    resolved = copy.deepcopy(cell.resolved)  # the record's own: the measurement adds to it
-    resolved["distribution"]["batch_size"] = cell.config.batch_size  # what Table 3.3 resolved to
-    return CellResult(
-        status=status, run_name=cell.config.run_name, output_dir=str(output_dir.resolve()),
-        started_at=started, finished_at=now(), config=resolved,
-        environment=capture_environment(device), error=error, cell_key=cell.key,
-    )
 
 
 def _hydra_output_dir() -> str | None:
@@ -721,8 +656,3 @@ def _hydra_output_dir() -> str | None:
 def _fresh_run_dir(config: DistbenchConfig) -> Path:
     stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f")
     return Path(config.run.output_dir) / "runs" / stamp
-
-
-def now() -> str:
-    # Milliseconds: MLflow shows the cell's run from started_at to finished_at (its Duration).
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")

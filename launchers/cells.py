@@ -11,23 +11,25 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import submitit
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness.cell import check_cell
 from harness.cli import exit_on_bad_input, failure_reason, note_cell_results
 from harness.config import ConfigError, DistbenchConfig, validate
+from harness.outcome import record_failure, summarize_rank_reports
 from harness.preflight import check_launcher, check_runs_here, check_writable_dir, is_slurm_launcher
 from harness.record import keep_logging_when_the_disk_fails
 from harness.results import RESULT_FILE, RunStatus, read_rank_reports, read_result
 from harness.resume import cell_key, finished_result
-from harness.run import record_failure, summarize_rank_reports
 from harness.spread import STD_FOOTNOTE, std_column
 from harness.steadiness import UNSTEADY_FOOTNOTE, UNSTEADY_MARK, is_unsteady
 from harness.sweep_summary import SweepSummary, is_reused, mark_reused
 from harness.tracking import result_recorded_for, tracking_uri
+
+if TYPE_CHECKING:  # the launchers that hold jobs import submitit; checking a sweep needs none
+    import submitit
 
 Size = TypeVar("Size")
 

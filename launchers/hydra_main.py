@@ -220,7 +220,8 @@ def _check_rerun_file(path: str) -> None:
 
 def _check_shell_completion(overrides: Sequence[str]) -> None:
     """--shell-completion (Hydra's) needs one of install=SHELL, uninstall=SHELL or
-    query=SHELL, for a SHELL Hydra has a plugin for; Hydra raises ValueError otherwise."""
+    query=SHELL, for a SHELL Hydra has a plugin for; Hydra raises ValueError otherwise, and
+    KeyError for a query outside the shell's completion (no COMP_LINE)."""
     from hydra._internal.hydra import Hydra
 
     shells = sorted(Hydra.get_shell_to_plugin_map(None))  # type: ignore[arg-type]
@@ -230,6 +231,10 @@ def _check_shell_completion(overrides: Sequence[str]) -> None:
         raise ConfigError(f"--shell-completion {' '.join(overrides)} is invalid: allowed: one "
                           f"of install=SHELL, uninstall=SHELL, query=SHELL with SHELL one of "
                           f"{', '.join(shells)}")
+    if given == ["query"] and "COMP_LINE" not in os.environ:  # Hydra's KeyError otherwise
+        raise ConfigError(f"--shell-completion {' '.join(overrides)} is invalid without the "
+                          f"COMP_LINE the shell sets when it completes (the command line so "
+                          f"far); allowed: install=SHELL, which makes TAB call query=SHELL")
 
 
 def _check_sweep(hydra, overrides: list[str]) -> None:  # noqa: ANN001 - Hydra's internal class

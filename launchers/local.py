@@ -39,9 +39,9 @@ from typing import Any, TextIO
 import submitit
 from tqdm import tqdm
 
-from harness.distributed import MASTER_PORT_ENV, free_port, log_to_stderr
 from harness.processes import ProcessId, children_with_environment, end_tree
 from harness.results import RESULT_FILE, RunStatus
+from harness.worker_env import MASTER_PORT_ENV, free_port, log_to_stderr
 from workloads.progress import BARS, PROGRESS_ENV, mode
 
 # After rank 0 recorded the cell, how long the other workers may take to exit by themselves.
@@ -85,8 +85,11 @@ def gpu_parameters(declared: str | None) -> dict[str, Any]:
     a CUDA cell's workers would see no GPU (seen on an H100, BENCHMARKS.md section 13).
     `declared` is this process's CUDA_VISIBLE_DEVICES (None: unset, then every GPU torch
     counts). submitit takes GPU indices only; GPU UUIDs or MIG names are exported by its
-    `setup` lines instead. No GPU here: nothing (submitit's default, none)."""
+    `setup` lines instead. No GPU here: nothing (submitit's default, none); a machine without
+an NVIDIA device file (/dev/nvidia0, ...) has none, and its sweeps never load torch to count."""
     if declared is None:
+        if not any(Path("/dev").glob("nvidia[0-9]*")):  # no NVIDIA GPU: no torch to ask
+            return {}
         import torch
 
         return {"gpus_per_node": count, "visible_gpus": tuple(range(count))} \
@@ -333,7 +336,7 @@ def run_cell_job(function: Callable[..., Any], *args: Any, config: Any, output_d
     cell_outcome`: rank 0's record, or the record of how the cell failed) and its job.
     `label` names the cell in the line that says its workers are starting: they take seconds
     (a Python and torch each) before rank 0 says anything."""
-    from harness.run import now
+    from harness.outcome import now
     from launchers.cells import cell_outcome, worker_logs_tail
 
     with tqdm.external_write_mode(file=sys.stdout):  # above a sweep's bar, on a terminal

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,24 @@ import pytest
 from tests.helpers import REPO_ROOT
 
 SLURM_SCRIPT = REPO_ROOT / "scripts" / "slurm_local.sh"
+
+# The whole suite's time budget on CI (2 cores, no GPU; BENCHMARKS.md "The test suite's time").
+# A run of the whole suite that takes longer says so at its end, with what to do: the guard
+# reports and fails nothing, since a slow machine is no bug of the code.
+SUITE_BUDGET_S = 25 * 60
+_SUITE_STARTED = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    took = time.monotonic() - _SUITE_STARTED
+    if took <= SUITE_BUDGET_S:
+        return
+    terminalreporter.write_sep("!", "over the suite's time budget", yellow=True)
+    terminalreporter.write_line(
+        f"distbench: the tests took {took / 60:.1f} min, over the suite's budget of "
+        f"{SUITE_BUDGET_S / 60:.0f} min on CI (tests/conftest.py SUITE_BUDGET_S); the slowest "
+        f"are listed above (--durations): shrink them (tiny grids, shared servers per module) "
+        f"or move a measurement of scale to tests/benchmarks (-m perf)")
 
 
 @pytest.fixture(autouse=True)

@@ -90,7 +90,7 @@ def starting_mlflow_server(backend_store: Path, cwd: Path,
     import signal
     import time
 
-    from harness.distributed import free_port
+    from harness.worker_env import free_port
 
     port = free_port()
     server = subprocess.Popen(

@@ -116,7 +116,7 @@ def test_a_two_worker_cuda_cell_trains_on_the_gpu(output_root: Path) -> None:
 def test_ddp_trains_over_nccl_with_the_harness_hook() -> None:
     from torch.nn.parallel import DistributedDataParallel
 
-    from harness.distributions.ddp import TimedAllreduce
+    from harness.distributions.ddp.trainer import TimedAllreduce
 
     plain = _steps(_network("mobilenetv2"))
     model = DistributedDataParallel(_network("mobilenetv2"), device_ids=[0])
@@ -139,7 +139,8 @@ def test_ddp_trains_over_nccl_with_the_harness_hook() -> None:
 def test_fsdp2_shards_and_trains_over_nccl() -> None:
     from torch.distributed.tensor import DTensor
 
-    from harness.distributions.fsdp import fsdp_settings, shard_mesh, shard_network
+    from harness.distributions.fsdp import fsdp_settings
+    from harness.distributions.fsdp.trainer import shard_mesh, shard_network
     from workloads.networks import to_layer_list
 
     config = validate(compose_config(["distribution=fsdp", "network=mobilenetv2",

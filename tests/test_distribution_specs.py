@@ -1,12 +1,13 @@
-"""A distribution model is one module and one config file (`harness.distributions.spec`).
+"""A distribution model is one package and one config file (`harness.distributions.spec`).
 
 The test lists every file of the code (harness/, launchers/, workloads/, hydra_plugins/, conf/,
 scripts/) that names each model: in a string of the code (not a comment or docstring) or a
-value of a config file. A model's own files are its module `harness/distributions/<name>.py`
-(and `<name>_*.py`), its config file `conf/distribution/<name>.yaml` (and variants
-`<name>_*.yaml`), and its options in the sweeps that take every model's
-(`conf/sweep/<group>/<name>[_*].yaml`). A model added the new way touches nothing else; the
-thesis' five models are also named where listed below, each for a reason given.
+value of a config file. A model's own files are its package `harness/distributions/<name>/`
+(its spec in `__init__.py`, its trainer in `trainer.py`), its config file
+`conf/distribution/<name>.yaml` (and variants `<name>_*.yaml`), and its options in the sweeps
+that take every model's (`conf/sweep/<group>/<name>[_*].yaml`). A model added the new way
+touches nothing else; the thesis' five models are also named where listed below, each for a
+reason given.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from harness.distributions.registry import specs
 
 ROOT = Path(__file__).resolve().parent.parent
 CODE_DIRS = ("harness", "launchers", "workloads", "hydra_plugins", "conf", "scripts")
-OWN = ("harness/distributions/{name}.py", "harness/distributions/{name}_*.py",
+OWN = ("harness/distributions/{name}/*.py",
        "conf/distribution/{name}.yaml", "conf/distribution/{name}_*.yaml",
        "conf/sweep/*/{name}.yaml", "conf/sweep/*/{name}_*.yaml")
 
@@ -38,7 +39,8 @@ NAMED_ELSEWHERE: dict[str, set[str]] = {
         "harness/predict/facts.py", "harness/predict/recorded.py",
         "harness/analysis/report.py",  # speedups are over the sequential baseline
         "harness/recommend.py",  # its step times are sequential steps
-        "harness/distributions/gpipe.py",  # its error: one stage is distribution=sequential
+        # its errors: one stage is distribution=sequential
+        "harness/distributions/gpipe/__init__.py", "harness/distributions/gpipe/trainer.py",
     },
     # the CUDA check runs each model that can train on one GPU (BENCHMARKS.md section 13)
     "ddp": {"conf/sweep/calibrate_local_memory.yaml", "conf/sweep/local_data_parallel.yaml",
@@ -94,7 +96,8 @@ def test_every_file_a_model_touches(name: str) -> None:
     elsewhere = {path for path in named if not own(path, name)}
     assert elsewhere == NAMED_ELSEWHERE.get(name, set()), \
         f"{name} is named outside its own files: {sorted(elsewhere)}"
-    assert (ROOT / "harness" / "distributions" / f"{name}.py").is_file()
+    assert (ROOT / "harness" / "distributions" / name / "__init__.py").is_file()
+    assert (ROOT / "harness" / "distributions" / name / "trainer.py").is_file()
     assert (ROOT / "conf" / "distribution" / f"{name}.yaml").is_file()
 
 

@@ -19,10 +19,11 @@ from torch import nn
 
 from harness.compose import compose_config
 from harness.config import validate
-from harness.distributed import WorkerEnvironment, WorkerSession
+from harness.distributed import WorkerSession
 from harness.distributions.base import TrainingContext
-from harness.distributions.gpipe import GPipeTrainer
+from harness.distributions.gpipe.trainer import GPipeTrainer
 from harness.metrics import PhaseClock
+from harness.worker_env import WorkerEnvironment
 from harness.workload import build_workload
 from tests.helpers import run_tiny_cell, spawn_workers
 from workloads.networks import build_network, to_layer_list

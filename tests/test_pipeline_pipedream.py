@@ -28,7 +28,7 @@ from harness.distributions.onefoneb import (
     simulate,
     worker_ops,
 )
-from harness.distributions.pipedream import PipeDreamTrainer, _no_update_between
+from harness.distributions.pipedream.trainer import PipeDreamTrainer, _no_update_between
 from harness.run import parameter_digest
 from harness.workload import build_workload
 from tests.helpers import run_tiny_cell, spawn_workers

@@ -67,8 +67,8 @@ def _kept_facts(output_root: Path, steps: dict[int, float]) -> Path:
     """The facts file a calibration on the GPU machine would have kept for mobilenetv2 on
     mnist: `steps` (batch -> seconds) and a layer profile (so that nothing is profiled here,
     which takes long on a CPU), written through the real writer."""
+    from harness.network_profile import LayerProfile, NetworkProfile
     from harness.predict.facts import FactsStore, facts_path
-    from harness.profiler import LayerProfile, NetworkProfile
 
     path = facts_path(output_root, "titanrtx_cluster")
     store = FactsStore.load(path)

@@ -13,13 +13,8 @@ import pytest
 import submitit
 
 from harness.config import ConfigError, DistbenchConfig
-from harness.distributed import (
-    WorkerEnvironment,
-    _loopback_if_local,
-    interface_of,
-    listen_address,
-)
 from harness.distributions.sequential import SequentialConfig
+from harness.worker_env import WorkerEnvironment, _loopback_if_local, interface_of, listen_address
 from launchers import slurm
 from tests.helpers import REPO_ROOT
 

@@ -156,7 +156,7 @@ def _pending_cell(output_root: Path) -> tuple[Path, dict]:
 def _pending_failure(output_root: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, dict]:
     """A cell recorded as failed (harness.run.record_failure, as a launcher records a cell that
     died) while MLflow was unreachable: its result.json, pending sync. No training needed."""
-    from harness.run import record_failure
+    from harness.outcome import record_failure
 
     # A closed port refuses at once; MLflow's retries would only add seconds of back-off.
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")

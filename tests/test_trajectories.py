@@ -53,11 +53,12 @@ from torch.func import functional_call
 
 from harness.compose import compose_config
 from harness.config import DistbenchConfig, validate
-from harness.distributed import WorkerEnvironment, WorkerSession
+from harness.distributed import WorkerSession
 from harness.distributions.base import TrainingContext
 from harness.distributions.onefoneb import Kind, worker_ops
 from harness.distributions.registry import spec_named
 from harness.metrics import PhaseClock
+from harness.worker_env import WorkerEnvironment
 from harness.workload import Workload, build_workload
 from tests.helpers import spawn_workers
 from tests.test_pipeline_gpipe import free_port

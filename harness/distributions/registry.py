@@ -1,6 +1,7 @@
-"""Every distribution model distbench has: the modules of `harness.distributions` that define
+"""Every distribution model distbench has: the packages of `harness.distributions` that define
 a `SPEC` (`harness.distributions.spec`), found when first asked for, so that a new model is
-one new module and one config file."""
+one new package and one config file. Only the packages are imported: the shared training
+modules beside them (and with them torch) load in a worker only."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def specs() -> dict[str, DistributionSpec]:
     """name -> spec of every model, sorted by name."""
     found = {}
     for module in pkgutil.iter_modules(package.__path__):
+        if not module.ispkg:  # what the models share, not a model
+            continue
         spec = getattr(importlib.import_module(f"{package.__name__}.{module.name}"), "SPEC",
                        None)
         if isinstance(spec, DistributionSpec):

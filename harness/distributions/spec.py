@@ -9,19 +9,35 @@ the reports ask the spec, never the model's name.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from harness.config import DistbenchConfig, DistributionConfig
-from harness.distributions.base import TrainerFactory
 from harness.hardware_profile import HardwareProfile
+from harness.network_profile import NetworkProfile
 from harness.partition import StagePlan
 from harness.predict.memory import WorkerMemory
 from harness.predict.terms import CellFacts, EpochTerms
-from harness.profiler import NetworkProfile
+
+if TYPE_CHECKING:  # the trainer's types: a spec names its trainer, and imports it never
+    from harness.distributions.base import Trainer, TrainerFactory, TrainingContext
 
 # (nodes, workers per node) the recommender tries, fewest first
 WorkerCounts = Sequence[tuple[int, int]]
+
+
+def trainer_in(module: str, function: str) -> TrainerFactory:
+    """The trainer factory `module.function`, imported when a worker first builds its trainer:
+    the spec, and everything that predicts, plans or checks a cell from it, never loads a
+    trainer (nor torch). A model's package names its own: `trainer_in(f"{__name__}.trainer",
+    "ddp_trainer")`."""
+    def build(context: TrainingContext) -> Trainer:
+        factory: TrainerFactory = getattr(importlib.import_module(module), function)
+        return factory(context)
+    build.__qualname__ = f"{module}.{function}"
+    return build
 
 
 def no_overrides(candidate: DistbenchConfig, plan: StagePlan | None) -> list[str]:

@@ -35,7 +35,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.metrics import BYTES_PER_MB
+from harness.units import BYTES_PER_MB
 
 NO_SAVER = -1  # a storage no earlier layer saved
 # Weights above this many bytes: measure on the meta device (`measure`).

@@ -43,11 +43,11 @@ import torch
 from harness.config import ConfigError, DistbenchConfig
 from harness.distributions.pipeline import profile_network
 from harness.distributions.registry import settings, spec_of
-from harness.metrics import BYTES_PER_MB
 from harness.partition import StagePlan
 from harness.predict.recorded import sequential_steps
 from harness.predict.steps import MeasuredStep, StepTime, choose_step_time
 from harness.predict.terms import CellFacts, LayerFacts, communication_overlaps
+from harness.units import BYTES_PER_MB
 
 _PROBE_WARMUP = 4  # a fresh process runs its first batches slower (allocator, kernel caches)
 
@@ -338,7 +338,7 @@ def parameter_profile(static: dict[str, Any], batch: int, device: str) -> Any:
     floor for layers without any: what balances stages, and sizes their memory, where the
     network cannot be profiled here. Times are relative (1 ms per million parameters)."""
     from harness.describe import FLOAT32_BYTES
-    from harness.profiler import LayerProfile, NetworkProfile
+    from harness.network_profile import LayerProfile, NetworkProfile
 
     layers = [LayerProfile(index=fact["index"], type=fact["type"],
                            forward_ms=max(fact["parameters"], 1) / 1e6,
@@ -667,7 +667,7 @@ per network. A new measurement replaces an older one of the
                 device_name: str | None = None) -> Any:
         """The newest layer profile kept for the workload on the device (the one named
         `device_name` when given; a NetworkProfile), or None."""
-        from harness.profiler import LayerProfile, NetworkProfile
+        from harness.network_profile import LayerProfile, NetworkProfile
 
         found = [entry for entry in self.layer_profiles
                  if (entry.get("network"), entry.get("dataset"), entry.get("device"),

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness.hardware_profile import HardwareProfile
-from harness.metrics import BYTES_PER_MB
+from harness.units import BYTES_PER_MB
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ thesis' raw equation).
 from __future__ import annotations
 
 from harness.hardware_profile import HardwareProfile
-from harness.metrics import BYTES_PER_MB
+from harness.units import BYTES_PER_MB
 
 
 def ring_allreduce_seconds(profile: HardwareProfile, workers: int, message_mb: float, *,

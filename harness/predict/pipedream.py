@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness.hardware_profile import HardwareProfile
-from harness.metrics import BYTES_PER_MB
 from harness.predict.horovod import ring_allreduce_seconds
+from harness.units import BYTES_PER_MB
 
 
 @dataclass(frozen=True)

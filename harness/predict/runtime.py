@@ -31,8 +31,8 @@ from typing import Any
 
 from harness.cli import StateError, failure_reason
 from harness.config import DistbenchConfig
-from harness.metrics import BYTES_PER_MB
 from harness.processes import ends_with_parent
+from harness.units import BYTES_PER_MB
 
 _PROBE_BATCH = 2
 

@@ -29,9 +29,9 @@ from typing import Any
 
 from harness.config import DistbenchConfig
 from harness.hardware_profile import HardwareProfile
-from harness.metrics import BYTES_PER_MB
 from harness.partition import StagePlan
 from harness.predict import activations, horovod, memory, overlap
+from harness.units import BYTES_PER_MB
 
 # Free parameters of the time equations at their raw (prior) values.
 RAW: dict[str, float] = {"contention": 1.0, "communication": 1.0, "horovod_background": 0.0}

@@ -113,8 +113,8 @@ class SlurmCellsLauncher(SlurmLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
+        from harness.outcome import now
         from harness.resume import cell_key
-        from harness.run import now
         from harness.sweep_summary import mark_reused
         from harness.tracking import sweep_parent_run
         from launchers import cells, slurm, slurm_resume

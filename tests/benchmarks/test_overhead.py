@@ -23,10 +23,11 @@ from torch import nn
 
 from harness.compose import compose_config
 from harness.config import DistbenchConfig, validate
-from harness.distributed import WorkerEnvironment, WorkerSession
+from harness.distributed import WorkerSession
 from harness.distributions.base import TrainingContext
 from harness.distributions.loop import BatchLoopTrainer
 from harness.metrics import PhaseClock
+from harness.worker_env import WorkerEnvironment
 from harness.workload import Workload, build_workload
 
 pytestmark = pytest.mark.perf

@@ -21,9 +21,10 @@ import os
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 # Temporary files start with this prefix so that they are recognisable as debris after a crash.
 TEMP_PREFIX = ".tmp-"
@@ -36,6 +37,8 @@ def npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
     Writing the header ourselves lets a large array be streamed to disk chunk by chunk, and lets
     the expected file size be computed without reading the file.
     """
+    import numpy as np  # the .npy writers only: the JSON and text writers load no numpy
+
     buffer = io.BytesIO()
     header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
               "shape": tuple(shape)}
@@ -45,6 +48,8 @@ def npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
 
 def npy_file_size(shape: tuple[int, ...], dtype: np.dtype) -> int:
     """Size in bytes of the `.npy` file holding a C-ordered array of `shape` and `dtype`."""
+    import numpy as np  # the .npy writers only: the JSON and text writers load no numpy
+
     data_bytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     return len(npy_header(shape, dtype)) + data_bytes
 
@@ -88,6 +93,8 @@ def write_npy_chunks(path: Path, shape: tuple[int, ...], dtype: np.dtype,
     The checksum is computed from the bytes as they are written, so the (possibly 1.5 GB) file is
     never read back.
     """
+    import numpy as np  # the .npy writers only: the JSON and text writers load no numpy
+
     digest = hashlib.sha256()
     expected_bytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     written = 0

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 IMAGE = "image"  # a sample is an image (C, H, W) and one class label
 TOKENS = "tokens"  # a sample is seq_len token ids, the target the same ids shifted by one
@@ -70,6 +72,8 @@ class DatasetSpec:
     @property
     def input_dtype(self) -> torch.dtype:
         """float32 images, int64 token ids."""
+        import torch  # a dataset's facts are read by commands that answer without torch
+
         return torch.int64 if self.tokens else torch.float32
 
     @property
@@ -92,6 +96,8 @@ class DatasetSpec:
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """A random batch of this dataset's shape: (inputs, targets), what a profiler or a
         shape check feeds a network (uniform images in [0, 1) or uniform token ids)."""
+        import torch  # a dataset's facts are read by commands that answer without torch
+
         targets = torch.randint(0, self.output_classes, (batch, *self.target_shape),
                                 generator=generator)
         if self.tokens:

@@ -9,108 +9,33 @@ Hugging Face `transformers` model built from its config class (`workloads.networ
 list across workers and FSDP shards each entry. A network that has no layer list (it is not an
 `nn.Sequential`, defines no `pipeline_layers()`, and could not be split by tracing) raises
 `NetworkError` where a layer list is asked for.
+
+The names below load their module (and torch) when first used (`workloads.lazy`): a network's
+reference, `workloads.networks.ref`, is read without torch.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+from workloads.lazy import lazy_exports
 
-from workloads.datasets.spec import DatasetSpec
-from workloads.networks.mobilenetv2 import build_mobilenetv2, mobilenetv2_layers
-from workloads.networks.ref import BUILTIN, HF, NetworkError, NetworkRef, as_ref
-from workloads.networks.resnet import build_resnet, resnet_layers
-from workloads.networks.vgg import build_vgg, vgg_layers
-
-
-class _Family(NamedTuple):
-    build: Callable[[str, DatasetSpec], nn.Module]
-    layers: Callable[..., list[nn.Module]]
-
-
-_RESNET = _Family(build_resnet, resnet_layers)
-_VGG = _Family(build_vgg, vgg_layers)
-_MOBILENET = _Family(build_mobilenetv2, mobilenetv2_layers)
-
-_FAMILIES: dict[str, _Family] = {
-    "resnet18": _RESNET, "resnet50": _RESNET, "resnet152": _RESNET,
-    "vgg11": _VGG, "vgg16": _VGG,
-    "mobilenetv2": _MOBILENET,
+_EXPORTS = {
+    "NetworkError": "ref", "NetworkRef": "ref", "as_ref": "ref",
+    "NETWORK_NAMES": "layers", "build_layer_list": "layers", "build_network": "layers",
+    "has_layer_list": "layers", "layer_count": "layers", "to_layer_list": "layers",
 }
-NETWORK_NAMES: tuple[str, ...] = tuple(_FAMILIES)
-
-
-def _family(name: str) -> _Family:
-    try:
-        return _FAMILIES[name]
-    except KeyError:
-        raise KeyError(f"unknown network {name!r}; allowed: {', '.join(NETWORK_NAMES)}") from None
-
-
-def build_network(network: str | NetworkRef, dataset: DatasetSpec) -> nn.Module:
-    """The network in the variant that fits `dataset` (channels, resolution, classes; for
-    token data the vocabulary and sequence length)."""
-    ref = as_ref(network)
-    if ref.source == BUILTIN:
-        if dataset.tokens:
-            raise NetworkError(f"network={ref.name} is an image network and dataset="
-                               f"{dataset.name} holds tokens; choose a language model "
-                               f"(network=llama_tiny, network=gpt2_small, network=hf ...) or "
-                               f"an image dataset")
-        return _family(ref.name).build(ref.name, dataset)
-    if ref.source == HF:
-        from workloads.networks.lm import build_hf  # transformers loads only when asked for
-        return build_hf(ref, dataset)
-    from workloads.networks.zoo import build_zoo
-    return build_zoo(ref, dataset)
-
-
-def to_layer_list(network: str | NetworkRef, model: nn.Module) -> list[nn.Module]:
-    """The ordered layers of `model` (built by `build_network(network, ...)`), sharing its
-    modules. Raises NetworkError when the model has none."""
-    ref = as_ref(network)
-    if ref.source == BUILTIN:
-        return _family(ref.name).layers(model)
-    pipeline_layers = getattr(model, "pipeline_layers", None)
-    if callable(pipeline_layers):
-        return list(pipeline_layers())
-    if isinstance(model, nn.Sequential):
-        return list(model.children())
-    raise NetworkError(
-        f"network {ref.name} ({type(model).__name__}) has no layer list, which the pipeline "
-        f"models and per-layer sharding need: return a torch.nn.{nn.Sequential.__name__}, "
-        f"define pipeline_layers() returning its layers in order, or set network.blocks=<path "
-        f"of its repeated block container>")
-
-
-def has_layer_list(network: str | NetworkRef, dataset: DatasetSpec) -> bool:
-    """Whether the network can be split into a layer list (built on the meta device)."""
-    try:
-        layer_count(as_ref(network), dataset)
-    except NetworkError:
-        return False
-    return True
-
-
-def build_layer_list(network: str | NetworkRef, dataset: DatasetSpec) -> list[nn.Module]:
-    return to_layer_list(network, build_network(network, dataset))
-
-
-@functools.cache
-def _layer_count(ref: NetworkRef, dataset: DatasetSpec) -> int:
-    with torch.device("meta"):
-        return len(build_layer_list(ref, dataset))
-
-
-def layer_count(network: str | NetworkRef, dataset: DatasetSpec) -> int:
-    """Length of the layer list of `network` for `dataset` (what pipelines partition);
-    built on the meta device, so it costs no memory and a few milliseconds."""
-    return _layer_count(as_ref(network), dataset)
-
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = ["NETWORK_NAMES", "NetworkError", "NetworkRef", "as_ref", "build_layer_list",
            "build_network", "has_layer_list", "layer_count", "to_layer_list"]
+
+if TYPE_CHECKING:  # what the names are, for type checkers and readers
+    from workloads.networks.layers import (
+        NETWORK_NAMES,
+        build_layer_list,
+        build_network,
+        has_layer_list,
+        layer_count,
+        to_layer_list,
+    )
+    from workloads.networks.ref import NetworkError, NetworkRef, as_ref

@@ -15,19 +15,11 @@ follows the GPU's work with some delay.)
 from __future__ import annotations
 
 import math
-import threading
-import time
 from dataclasses import dataclass, field
-
-import torch
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel
 
 from harness.accepts import number
 from harness.config import MAX_BUFFER_MB, DistbenchConfig, DistributionConfig
-from harness.distributions.base import TrainingContext
-from harness.distributions.loop import BatchLoopTrainer
-from harness.distributions.spec import DistributionSpec, at_every_count, workers_label
+from harness.distributions.spec import DistributionSpec, at_every_count, trainer_in, workers_label
 from harness.hardware_profile import HardwareProfile
 from harness.predict import memory
 from harness.predict.terms import CellFacts, EpochTerms, data_parallel_terms, replica_memory
@@ -46,58 +38,6 @@ class DDPConfig(DistributionConfig):
     # Gradient bucket size in MB (torch's default 25); its counterpart of Horovod's `th`.
     bucket_cap_mb: float = field(default=25.0,
                                  metadata=number(0, MAX_BUFFER_MB, "MB", low_open=True))
-
-
-class TimedAllreduce:
-    """A DDP communication hook (`hook`): DDP's default allreduce, with launch and finish
-    times."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # completion callbacks run on the backend's threads
-        self._last_launch = 0.0
-        self._last_finish = 0.0
-
-    # No annotations: DDP checks a hook's annotations against the real classes, and this
-    # module's are strings (`from __future__ import annotations`). The arguments are the
-    # process group (None: the default one) and a dist.GradBucket; it returns a Future[Tensor].
-    def hook(self, process_group, bucket):  # noqa: ANN001, ANN201
-        with self._lock:
-            self._last_launch = time.perf_counter()
-        averaged = default_hooks.allreduce_hook(process_group, bucket)
-        return averaged.then(self._finished)
-
-    def _finished(self, future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-        with self._lock:
-            self._last_finish = max(self._last_finish, time.perf_counter())
-        return future.value()
-
-    # GradientSync
-    def waited_in_backward(self) -> float:
-        with self._lock:
-            waited = self._last_finish - self._last_launch
-            self._last_launch = self._last_finish = 0.0
-        return max(waited, 0.0)
-
-    def wait(self, optimizer: torch.optim.Optimizer) -> None:
-        """DDP's backward has already waited for every bucket."""
-
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
-        optimizer.step()
-
-
-def ddp_trainer(context: TrainingContext) -> BatchLoopTrainer:
-    device = context.device
-    model = context.workload.model.to(device)
-    if not context.session.env.is_distributed:
-        return BatchLoopTrainer(context, model)
-    # DDP broadcasts rank 0's parameters at construction: every replica starts equal.
-    model = DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None,
-        bucket_cap_mb=ddp_settings(context.config).bucket_cap_mb,
-    )
-    timed_allreduce = TimedAllreduce()
-    model.register_comm_hook(state=None, hook=timed_allreduce.hook)
-    return BatchLoopTrainer(context, model, gradient_sync=timed_allreduce)
 
 
 def ddp_settings(config: DistbenchConfig) -> DDPConfig:
@@ -128,6 +68,7 @@ def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.
 
 
 SPEC = DistributionSpec(
-    name="ddp", title="PyTorch DDP", settings=DDPConfig, trainer=ddp_trainer,
+    name="ddp", title="PyTorch DDP", settings=DDPConfig,
+    trainer=trainer_in(f"{__name__}.trainer", "ddp_trainer"),
     epoch_terms=epoch_terms, memory_per_worker=memory_per_worker,
     candidates=at_every_count(DDPConfig), label=workers_label("ddp"))

@@ -6,13 +6,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from harness.config import DistbenchConfig, DistributionConfig, HardwareConfig
-from harness.distributions.base import TrainingContext
-from harness.distributions.loop import BatchLoopTrainer
 from harness.distributions.spec import (
     DistributionSpec,
     WorkerCounts,
     candidate,
     candidate_settings,
+    trainer_in,
 )
 from harness.hardware_profile import HardwareProfile
 from harness.partition import StagePlan
@@ -28,10 +27,6 @@ class SequentialConfig(DistributionConfig):
 
     def workers(self, hardware: HardwareConfig) -> int:
         return 1
-
-
-def sequential_trainer(context: TrainingContext) -> BatchLoopTrainer:
-    return BatchLoopTrainer(context, context.workload.model.to(context.device))
 
 
 def epoch_terms(config: DistbenchConfig, facts: CellFacts,
@@ -55,5 +50,5 @@ def label(config: DistbenchConfig, plan: StagePlan | None) -> str:
 
 SPEC = DistributionSpec(
     name="sequential", title="sequential PyTorch", settings=SequentialConfig,
-    trainer=sequential_trainer, epoch_terms=epoch_terms, memory_per_worker=memory_per_worker,
-    candidates=candidates, label=label)
+    trainer=trainer_in(f"{__name__}.trainer", "sequential_trainer"), epoch_terms=epoch_terms,
+    memory_per_worker=memory_per_worker, candidates=candidates, label=label)

@@ -1,0 +1,91 @@
+"""`horovod`: data parallelism with Horovod's ring-allreduce and Tensor Fusion.
+
+Horovod's ranks are normally started by `horovodrun`; here they are the cell's workers that
+submitit (locally or on SLURM) already started, so the harness does what `horovodrun` would:
+rank 0 runs Horovod's rendezvous server, every rank gets the HOROVOD_* environment that names
+its place, then `hvd.init()`. The rendezvous address and port travel through the
+torch.distributed process group the cell already has. The server and Horovod's gloo sockets
+listen on the worker's `listen_address` (loopback on one machine), never on every interface.
+Tensor Fusion is configured from `distribution.fusion_threshold_mb` (the `th` of Eq. 5.1) and
+`distribution.cycle_time_ms`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from harness.accepts import number
+from harness.config import MAX_BUFFER_MB, DistbenchConfig, DistributionConfig
+from harness.distributions.spec import DistributionSpec, at_every_count, trainer_in, workers_label
+from harness.hardware_profile import HardwareProfile
+from harness.predict import memory
+from harness.predict.terms import (
+    BACKWARD_SHARE,
+    CellFacts,
+    EpochTerms,
+    data_parallel_terms,
+    replica_memory,
+)
+
+MAX_CYCLE_TIME_MS = 1e6  # 1,000 s between fusion cycles: a cell would never finish
+
+
+@dataclass
+class HorovodConfig(DistributionConfig):
+    """Horovod's Tensor Fusion settings."""
+
+    data_parallel = True
+    name: str = "horovod"
+    # Fusion threshold `th` in MB (Eq. 5.1; Horovod's default 64): gradients are fused into
+    # buffers of up to this many MB (0: no fusion).
+    fusion_threshold_mb: float = field(default=64.0, metadata=number(0, MAX_BUFFER_MB, "MB"))
+    # How often, in ms, Horovod's background thread fuses and sends what is ready.
+    cycle_time_ms: float = field(default=1.0,
+                                 metadata=number(0, MAX_CYCLE_TIME_MS, "ms", low_open=True))
+
+
+def horovod_settings(config: DistbenchConfig) -> HorovodConfig:
+    assert isinstance(config.distribution, HorovodConfig), config.distribution
+    return config.distribution
+
+
+def horovod_allreduces(gradient_mb: float, gradient_tensors: int, threshold_mb: float,
+                       cycle_time_ms: float, backward_s: float) -> int:
+    """Horovod's allreduces per step: every cycle (`cycle_time_ms`) its background thread
+    fuses the gradients that became ready since the last one into one allreduce (at most
+    `threshold_mb` each). A backward pass spanning many cycles hands over a few tensors per
+    cycle, so the count is the number of cycles it spans, bounded by the tensors (one each)
+    and at least what the threshold forces (Tensor Fusion's buffers)."""
+    by_threshold = math.ceil(gradient_mb / threshold_mb) if threshold_mb > 0 else gradient_tensors
+    cycles = math.ceil(backward_s * 1000 / cycle_time_ms)
+    return max(1, by_threshold, min(gradient_tensors, cycles))
+
+
+def epoch_terms(config: DistbenchConfig, facts: CellFacts,
+                profile: HardwareProfile | None) -> EpochTerms:
+    """Eq. 5.1 with Tensor Fusion: the last fused buffer exposed on a GPU; on CPU workers
+    every per-cycle fusion's allreduce, and the background thread's share of the cores."""
+    assert profile is not None
+    settings = horovod_settings(config)
+    messages = horovod_allreduces(facts.gradient_mb, facts.gradient_tensors,
+                                  settings.fusion_threshold_mb, settings.cycle_time_ms,
+                                  BACKWARD_SHARE * facts.step_seconds)
+    return data_parallel_terms(config, facts, profile,
+                               exposed_threshold_mb=settings.fusion_threshold_mb,
+                               messages=messages, background=True)
+
+
+def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.WorkerMemory]:
+    """A replica per worker, plus the fusion buffer. Horovod reads its threshold in MiB (this
+    module's trainer): 64 -> 67.1 MB."""
+    buffer = memory.horovod_buffer_mb(facts.gradient_mb,
+                                      horovod_settings(config).fusion_threshold_mb * 1.048576)
+    return [replica_memory(config, facts, buffer_mb=buffer)] * config.world_size
+
+
+SPEC = DistributionSpec(
+    name="horovod", title="Horovod", settings=HorovodConfig,
+    trainer=trainer_in(f"{__name__}.trainer", "horovod_trainer"),
+    epoch_terms=epoch_terms, memory_per_worker=memory_per_worker,
+    candidates=at_every_count(HorovodConfig), label=workers_label("horovod"))

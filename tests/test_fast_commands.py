@@ -1,0 +1,95 @@
+"""`python -m harness` answers --help, shell completion and bad input without loading torch
+(issue 26): what a person waits for at the prompt, and what a TAB of the shell's completion
+costs. Each command runs in a fresh interpreter, which then says which heavy libraries it
+loaded; the wall time is reported, not asserted (BENCHMARKS.md "A command answers at once"
+measures it on a quiet machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HEAVY = ("torch", "torchvision", "numpy", "mlflow", "matplotlib", "submitit")
+
+# Runs `python -m harness ARGS` in this interpreter, then writes its exit status and which of
+# HEAVY it loaded to the file named by the first argument.
+_PROBE = """
+import json, runpy, sys
+report, sys.argv = sys.argv[1], ["harness", *sys.argv[2:]]
+try:
+    runpy.run_module("harness", run_name="__main__", alter_sys=True)
+    status = 0
+except SystemExit as end:
+    status = end.code if isinstance(end.code, int) else 1
+with open(report, "w") as stream:
+    json.dump({"status": status, "loaded": [m for m in HEAVY if m in sys.modules]}, stream)
+""".replace("HEAVY", repr(HEAVY))
+
+
+def _run(tmp_path: Path, *args: str, **environment: str
+         ) -> tuple[dict, subprocess.CompletedProcess[str]]:
+    report = tmp_path / "report.json"
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", _PROBE, str(report), *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **environment})
+    print(f"python -m harness {' '.join(args)}: {time.perf_counter() - started:.2f} s")
+    return json.loads(report.read_text()), done
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--shell-completion", "install=bash"]])
+def test_help_and_completion_load_no_torch(tmp_path: Path, args: list[str]) -> None:
+    outcome, done = _run(tmp_path, *args)
+    assert outcome["status"] == 0, done.stderr[-2000:]
+    assert outcome["loaded"] == [], f"{' '.join(args)} loaded {outcome['loaded']}"
+    assert done.stdout.strip()
+
+
+def test_a_tab_of_the_shell_completion_loads_no_torch(tmp_path: Path) -> None:
+    # What bash's completion function (installed by install=bash) runs at each TAB.
+    line = "distbench distribution=ddp hardware="  # the console command bash completes
+    outcome, done = _run(tmp_path, "-sc", "query=bash", COMP_LINE=line,
+                         COMP_POINT=str(len(line)))
+    assert outcome["status"] == 0, done.stderr[-2000:]
+    assert "hardware=local_2cpu" in done.stdout.split()
+    assert outcome["loaded"] == []
+
+
+def test_a_completion_query_outside_the_shell_is_bad_input(tmp_path: Path) -> None:
+    environment = {key: value for key, value in os.environ.items() if key != "COMP_LINE"}
+    report = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-c", _PROBE, str(report), "-sc", "query=bash"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=environment)
+    assert json.loads(report.read_text())["status"] == 2, done.stderr
+    assert "without the COMP_LINE" in done.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["dataset=nope"],  # an unknown option of a group
+    ["distribution=ddp", "distribution.bucket_cap_mb=-1"],  # a model's setting out of range
+    ["-m", "distribution=sequential,ddp", "run.epochs=0"],  # a sweep's cells, every one checked
+    ["distribution=ddp", "hardware.nodes=2"],  # a multi-node cell on this one machine
+])
+def test_bad_input_is_refused_without_loading_torch(tmp_path: Path, args: list[str]) -> None:
+    outcome, done = _run(tmp_path, *args)
+    assert outcome["status"] == 2, done.stdout[-1000:] + done.stderr[-2000:]
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert outcome["loaded"] == [], f"{' '.join(args)} loaded {outcome['loaded']}"
+    assert not (tmp_path / "outputs").exists(), "bad input must not create anything"
+
+
+def test_the_probe_script_sees_what_a_command_loads(tmp_path: Path) -> None:
+    # The check itself: a cell that trains does load torch.
+    outcome, done = _run(tmp_path, "dataset=mnist", "network=resnet18", "dataset.num_samples=8",
+                         "distribution.batch_size=8", "run.epochs=1", "run.progress=false",
+                         f"run.output_dir={tmp_path / 'outputs'}")
+    assert outcome["status"] == 0, done.stderr[-3000:]
+    assert "torch" in outcome["loaded"]
