@@ -7,9 +7,10 @@ import pytest
 
 from harness.compose import compose_config
 from harness.config import DistbenchConfig, validate
+from harness.distributions.gpipe import equations as gpipe
 from harness.hardware_profile import Cost, HardwareProfile, Link
 from harness.partition import StagePlan
-from harness.predict import gpipe, horovod, memory, sequential
+from harness.predict import allreduce, memory, sequential
 from harness.predict.cell import epoch_terms
 from harness.predict.terms import CellFacts, LayerFacts
 
@@ -39,7 +40,7 @@ def _replica_facts(gradient_mb: float, step_seconds: float = 0.5) -> CellFacts:
 
 def test_horovod_eq_5_1_takes_the_slowest_ring_link_and_the_last_fused_buffer() -> None:
     # min(G=100, th=64) = 64 MB; steps of 64/4 = 16 MB; slowest link 1-2: 20 us + 16/500 s
-    assert horovod.ring_allreduce_seconds(_ring(), 4, 64) == pytest.approx(6 * 0.03202)
+    assert allreduce.ring_allreduce_seconds(_ring(), 4, 64) == pytest.approx(6 * 0.03202)
     cell = _gpu_cell("horovod", "distribution.fusion_threshold_mb=64", "dataset.num_samples=1024")
     terms = epoch_terms(cell, _replica_facts(100), _ring())
     # 1024 images, 32 per worker and step, 4 workers: 8 steps of one sequential step each
@@ -158,7 +159,7 @@ def _uniform(workers: int, latency_us: float = 10, mbps: float = 1000) -> Hardwa
 
 
 def test_pipedream_epoch_is_pipeline_depth_plus_the_bottleneck_interval() -> None:
-    from harness.predict.pipedream import PipelineStage, epoch_split
+    from harness.distributions.pipedream.equations import PipelineStage, epoch_split
 
     # Stage 0 on workers 0-1 (8 MB of weights, 1 MB out), stage 1 on worker 2.
     # c = 10 us + 1 MB / 1000 MB/s = 1.01 ms; stage 0's replicas allreduce 8 MB:

@@ -10,9 +10,9 @@ from harness.compose import compose_config
 from harness.config import validate
 from harness.distributions.ddp import ddp_buckets
 from harness.distributions.gpipe import Recompute, recompute_share
+from harness.distributions.gpipe import equations as gpipe
 from harness.distributions.horovod import horovod_allreduces
 from harness.hardware_profile import AllreduceCost, Cost, HardwareProfile, Link
-from harness.predict import gpipe
 from harness.predict.cell import epoch_terms
 from harness.predict.terms import (
     RAW,

@@ -30,7 +30,7 @@ from typing import Any
 from harness.config import DistbenchConfig
 from harness.hardware_profile import HardwareProfile
 from harness.partition import StagePlan
-from harness.predict import activations, horovod, memory, overlap
+from harness.predict import activations, allreduce, memory, overlap
 from harness.units import BYTES_PER_MB
 
 # Free parameters of the time equations at their raw (prior) values.
@@ -148,7 +148,7 @@ def allreduce_seconds(profile: HardwareProfile, workers: int, total_mb: float,
     try:
         cost = profile.allreduce_cost(workers)
     except KeyError:
-        per_message = horovod.ring_allreduce_seconds(profile, workers, total_mb / messages)
+        per_message = allreduce.ring_allreduce_seconds(profile, workers, total_mb / messages)
         return messages * per_message
     return messages * cost.latency_s + total_mb * BYTES_PER_MB / cost.bandwidth_bytes_per_s
 
@@ -220,7 +220,7 @@ def overlapped_allreduce_seconds(config: DistbenchConfig, facts: CellFacts,
     exposed, at most all of them, whatever the thesis' 'only the last' assumes."""
     buckets = gradient_buckets(facts, cap_mb)
     if config.hardware.device.value == "cuda":  # Eq. 5.1's ring over the links, per bucket
-        collectives = [horovod.ring_allreduce_seconds(profile, workers, megabytes)
+        collectives = [allreduce.ring_allreduce_seconds(profile, workers, megabytes)
                        for _, megabytes in buckets]
     else:  # the probe's allreduce among the workers (the ring where it measured none)
         collectives = [allreduce_seconds(profile, workers, megabytes, 1)

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 from harness.accepts import integer
 from harness.batch_sizes import largest_divisor, nearest_divisors
 from harness.config import DistbenchConfig, require
+from harness.distributions.gpipe import equations
 from harness.distributions.pipeline_config import PipelineConfig
 from harness.distributions.spec import (
     DistributionSpec,
@@ -38,7 +39,6 @@ from harness.distributions.spec import (
 from harness.hardware_profile import HardwareProfile
 from harness.network_profile import NetworkProfile
 from harness.partition import StagePlan, balanced_partition, check_balance
-from harness.predict import gpipe as equations
 from harness.predict import memory
 from harness.predict.terms import CellFacts, EpochTerms, batches_per_epoch, memory_stage
 

@@ -40,6 +40,7 @@ from harness.config import ConfigError, DistbenchConfig, require
 from harness.distributions.onefoneb import (
     divisible_batches,
 )
+from harness.distributions.pipedream import equations
 from harness.distributions.pipeline_config import PipelineConfig
 from harness.distributions.spec import (
     DistributionSpec,
@@ -60,7 +61,6 @@ from harness.partition import (
     plan_pipedream,
 )
 from harness.predict import memory
-from harness.predict import pipedream as equations
 from harness.predict.terms import CellFacts, EpochTerms, memory_stage
 
 # `distribution.stages` shorthand for one unreplicated stage per worker.
@@ -190,7 +190,7 @@ def pipeline_stages(config: DistbenchConfig, facts: CellFacts) -> list[equations
 
 def epoch_terms(config: DistbenchConfig, facts: CellFacts,
                 profile: HardwareProfile | None) -> EpochTerms:
-    """Pipeline depth, then one minibatch per bottleneck interval (`predict.pipedream`)."""
+    """Pipeline depth, then one minibatch per bottleneck interval (`equations`)."""
     assert profile is not None and facts.plan is not None
     steps = minibatches(config, facts.plan.replicas)
     split = equations.epoch_split(pipeline_stages(config, facts), steps, profile)

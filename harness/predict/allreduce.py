@@ -1,4 +1,5 @@
-"""Horovod: the communication terms of Eq. 5.1 of the thesis.
+"""The ring allreduce of the data-parallel models (Horovod, DDP, PipeDream's replicated stages,
+FSDP's HSDP): the communication terms of Eq. 5.1 of the thesis, written for Horovod.
 
     T_horovod = T_seq / W + 2(W-1) * max_i ( L_{i,i+1} + min(G, th) / (W * BW_{i,i+1}) )
 

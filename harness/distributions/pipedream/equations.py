@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness.hardware_profile import HardwareProfile
-from harness.predict.horovod import ring_allreduce_seconds
+from harness.predict.allreduce import ring_allreduce_seconds
 from harness.units import BYTES_PER_MB
 
 
