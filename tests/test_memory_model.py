@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from harness.distributions.ddp import ddp_buffer_mb
+from harness.distributions.gpipe import equations as gpipe
+from harness.distributions.horovod import horovod_buffer_mb
+from harness.distributions.pipedream import equations as pipedream
 from harness.predict import memory
 from harness.predict.activations import LayerSaved, SavedGroup, stage_boundary_mb, stage_saved_mb
 
@@ -22,12 +26,12 @@ def test_model_state_and_communication_buffers() -> None:
     assert memory.optimizer_state_mb(100, 1) == 100  # one momentum buffer
     assert memory.optimizer_state_mb(100, 2) == 200  # AdamW's two moments
     assert memory.optimizer_state_mb(100, 0) == 0
-    assert memory.ddp_buffer_mb(44.7) == 44.7  # the buckets: a copy of the gradients
-    assert memory.horovod_buffer_mb(44.7, 64) == 44.7  # a fusion touches at most G
-    assert memory.horovod_buffer_mb(100, 64) == 64
-    assert memory.horovod_buffer_mb(100, 0) == 0  # fusion off
-    assert memory.replica_allreduce_buffer_mb(10, replicas=2) == 10
-    assert memory.replica_allreduce_buffer_mb(10, replicas=1) == 0
+    assert ddp_buffer_mb(44.7) == 44.7  # the buckets: a copy of the gradients
+    assert horovod_buffer_mb(44.7, 64) == 44.7  # a fusion touches at most G
+    assert horovod_buffer_mb(100, 64) == 64
+    assert horovod_buffer_mb(100, 0) == 0  # fusion off
+    assert pipedream.replica_allreduce_buffer_mb(10, replicas=2) == 10
+    assert pipedream.replica_allreduce_buffer_mb(10, replicas=1) == 0
 
 
 def test_activations_are_affine_in_the_batch_plus_the_boundaries_kept() -> None:
@@ -40,47 +44,47 @@ def test_activations_are_affine_in_the_batch_plus_the_boundaries_kept() -> None:
 def test_pipedream_sends_held_until_the_epoch_ends() -> None:
     # 16 minibatches of 32: the first stage sent its output (0.1 MB per sample), the last
     # its input's gradient (0.2), a middle stage both
-    assert memory.held_sends_mb(STAGE, 32, 16, first=True, last=False) == pytest.approx(51.2)
-    assert memory.held_sends_mb(STAGE, 32, 16, first=False, last=True) == pytest.approx(102.4)
-    assert memory.held_sends_mb(STAGE, 32, 16, first=False, last=False) == \
+    assert pipedream.held_sends_mb(STAGE, 32, 16, first=True, last=False) == pytest.approx(51.2)
+    assert pipedream.held_sends_mb(STAGE, 32, 16, first=False, last=True) == pytest.approx(102.4)
+    assert pipedream.held_sends_mb(STAGE, 32, 16, first=False, last=False) == \
         pytest.approx(153.6)
-    assert memory.held_sends_mb(STAGE, 32, 16, first=True, last=True) == 0
-    worker = memory.pipedream_stage_memory(STAGE, 32, [1, 1], 1, held_sends=16)
+    assert pipedream.held_sends_mb(STAGE, 32, 16, first=True, last=True) == 0
+    worker = pipedream.pipedream_stage_memory(STAGE, 32, [1, 1], 1, held_sends=16)
     assert worker.buffers == pytest.approx(102.4)
 
 
 def test_gpipe_micro_batches_per_recompute_mode() -> None:
     # 8 micro-batches of 4: each keeps its input and output (4 x 0.3 = 1.2 MB)
-    assert memory.gpipe_activations_mb(STAGE, 4, 8, "always") == pytest.approx(8 * 1.2 + 8.5)
+    assert gpipe.gpipe_activations_mb(STAGE, 4, 8, "always") == pytest.approx(8 * 1.2 + 8.5)
     # the last one not recomputed: its saved activations and held boundaries (8.5 + 0.4)
-    assert memory.gpipe_activations_mb(STAGE, 4, 8, "except_last") == \
+    assert gpipe.gpipe_activations_mb(STAGE, 4, 8, "except_last") == \
         pytest.approx(7 * 1.2 + 8.9)
-    assert memory.gpipe_activations_mb(STAGE, 4, 8, "never") == pytest.approx(8 * 8.9)
+    assert gpipe.gpipe_activations_mb(STAGE, 4, 8, "never") == pytest.approx(8 * 8.9)
     with pytest.raises(ValueError, match="allowed"):
-        memory.gpipe_activations_mb(STAGE, 4, 8, "sometimes")
-    worker = memory.gpipe_stage_memory(STAGE, 4, 8, "always", runtime_mb=1000)
+        gpipe.gpipe_activations_mb(STAGE, 4, 8, "sometimes")
+    worker = gpipe.gpipe_stage_memory(STAGE, 4, 8, "always", runtime_mb=1000)
     assert worker.backward == pytest.approx(4 * 0.5 + 0.25)  # at the micro-batch
     assert worker.total == pytest.approx(1000 + 30 + 8 * 1.2 + 8.5 + 2.25)
 
 
 def test_pipedream_in_flight_minibatches_and_stashed_versions() -> None:
-    assert [memory.in_flight_minibatches([1, 1], s) for s in (0, 1)] == [2, 1]
-    assert [memory.in_flight_minibatches([1, 1, 1], s) for s in (0, 1, 2)] == [3, 2, 1]
-    assert memory.in_flight_minibatches([2, 1], 0) == 2  # ceil(3 workers / 2 replicas)
-    assert memory.in_flight_minibatches([2], 0) == 1
+    assert [pipedream.in_flight_minibatches([1, 1], s) for s in (0, 1)] == [2, 1]
+    assert [pipedream.in_flight_minibatches([1, 1, 1], s) for s in (0, 1, 2)] == [3, 2, 1]
+    assert pipedream.in_flight_minibatches([2, 1], 0) == 2  # ceil(3 workers / 2 replicas)
+    assert pipedream.in_flight_minibatches([2], 0) == 1
     # Stage 0 of 1-1 runs F0 F1 B0 F2 B1 F3 ...: F1 (version 0) and F2 (version 1) both wait
     # across an update, so two copies are alive at F2 (the trainer recorded 2 in the
     # calibration sweep); the last stage and an unpipelined replicated stage stash nothing.
-    assert memory.stashed_versions([1, 1], 0) == 2
-    assert memory.stashed_versions([1, 1], 1) == 0
-    assert memory.stashed_versions([2], 0) == 0
+    assert pipedream.stashed_versions([1, 1], 0) == 2
+    assert pipedream.stashed_versions([1, 1], 1) == 0
+    assert pipedream.stashed_versions([2], 0) == 0
     # Stage 0 of three: F1, F2 share version 0; F3 version 1; F4 version 2 -> three copies.
-    assert memory.stashed_versions([1, 1, 1], 0) == 3
-    first = memory.pipedream_stage_memory(STAGE, 32, [1, 1], 0)
+    assert pipedream.stashed_versions([1, 1, 1], 0) == 3
+    first = pipedream.pipedream_stage_memory(STAGE, 32, [1, 1], 0)
     assert first.activations == pytest.approx(2 * (64.5 + 3.2))
     assert first.stashed == 20 and first.buffers == 0
     assert first.total == pytest.approx(30 + 2 * 67.7 + 16.25 + 20)
-    replicated = memory.pipedream_stage_memory(STAGE, 32, [2], 0)
+    replicated = pipedream.pipedream_stage_memory(STAGE, 32, [2], 0)
     assert replicated.buffers == 10 and replicated.stashed == 0
     assert replicated.total == pytest.approx(40 + 67.7 + 16.25)
 

@@ -2,7 +2,9 @@
 
 A worker's peak is the sum of what it holds at the moment its memory peaks: the end of a
 forward pass, as the backward pass starts producing gradients. Each term below is one small
-function (float32, MB = 10^6 bytes):
+function (float32, MB = 10^6 bytes); the terms every model shares are here, a model's own
+live in its package (`ddp_buffer_mb`, `horovod_buffer_mb` in the spec; GPipe's and
+PipeDream's stage memory in their `equations`):
 
 - weights P, their gradients G (= P for trainable parameters; produced during the backward
   pass, on top of the activations not yet freed), and the optimizer's state (SGD with
@@ -34,7 +36,6 @@ function (float32, MB = 10^6 bytes):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
@@ -90,23 +91,6 @@ def optimizer_state_mb(weights_mb: float, states: int) -> float:
     return weights_mb * states
 
 
-def ddp_buffer_mb(gradient_mb: float) -> float:
-    """DDP's buckets are a flat copy of all the gradients, allocated once, kept throughout."""
-    return gradient_mb
-
-
-def horovod_buffer_mb(gradient_mb: float, fusion_threshold_mb: float) -> float:
-    """Horovod's fusion buffer is allocated at the threshold, but a fusion fills (touches)
-    at most all the gradients: min(th, G); no fusion (th = 0), no buffer."""
-    return min(fusion_threshold_mb, gradient_mb) if fusion_threshold_mb > 0 else 0.0
-
-
-def replica_allreduce_buffer_mb(stage_gradient_mb: float, replicas: int) -> float:
-    """A replicated PipeDream stage flattens its gradients into one tensor for the allreduce
-    (torch.cat: a copy); an unreplicated stage reduces nothing."""
-    return stage_gradient_mb if replicas > 1 else 0.0
-
-
 def activations_mb(stage: StageFacts, batch: int) -> float:
     """One batch through the stage: what autograd saves, plus the boundary tensors it keeps."""
     return stage.saved_mb(batch) + batch * stage.held_mb_per_sample
@@ -119,73 +103,6 @@ def backward_temporaries_mb(stage: StageFacts, batch: int) -> float:
     return batch * stage.largest_entry_mb_per_sample + stage.largest_entry_mb_constant
 
 
-def held_sends_mb(stage: StageFacts, batch_size: int, minibatches: int, *, first: bool,
-                  last: bool) -> float:
-    """What a PipeDream stage sent in an epoch and still holds: its output (to the next
-    stage) and its input's gradient (to the previous one), per minibatch, for `minibatches`
-    minibatches (over gloo, all of the epoch's: see the module docstring)."""
-    per_sample = (0.0 if last else stage.output_mb_per_sample) + \
-        (0.0 if first else stage.input_mb_per_sample)
-    return minibatches * batch_size * per_sample
-
-
-def gpipe_activations_mb(stage: StageFacts, micro_batch_size: int, micro_batches: int,
-                         recompute: str) -> float:
-    """A GPipe stage after the forwards of all #mb micro-batches (its peak, the backwards then
-    free them in turn).
-
-    `always`: a checkpointed micro-batch keeps only its stage input (what the recomputation
-    starts from) and its output (the pipeline's cache, for the backward); the one being
-    recomputed holds its saved activations again. `except_last`: the last micro-batch is not
-    checkpointed, so it holds its saved activations (and boundaries), and the others their
-    input and output. `never`: every micro-batch holds its saved activations."""
-    boundary = micro_batch_size * (stage.input_mb_per_sample + stage.output_mb_per_sample)
-    full = activations_mb(stage, micro_batch_size)
-    if recompute == "always":
-        return micro_batches * boundary + stage.saved_mb(micro_batch_size)
-    if recompute == "except_last":
-        return (micro_batches - 1) * boundary + full
-    if recompute == "never":
-        return micro_batches * full
-    raise ValueError(f"unknown recompute mode {recompute!r}; allowed: always, except_last, "
-                     f"never")
-
-
-def in_flight_minibatches(replicas: Sequence[int], stage: int) -> int:
-    """Minibatches a worker of `stage` holds between forward and backward in 1F1B's steady
-    state: its warm-up depth, ceil(workers of stages s.. / replicas of s)."""
-    return math.ceil(sum(replicas[stage:]) / replicas[stage])
-
-
-def stashed_versions(replicas: Sequence[int], stage: int, batches: int = 64) -> int:
-    """The most stashed weight copies a worker of `stage` holds at once, by running the
-    trainer's rule over its 1F1B op list: a forward needs a stashed copy when a backward (an
-    update) comes between it and its own backward; a copy is made once per weight version
-    and freed when its last minibatch's backward is done (the newest is kept for reuse)."""
-    from harness.distributions.onefoneb import Kind, worker_ops
-
-    ops = worker_ops(list(replicas), stage, 0, batches)
-    needs_copy = set()
-    open_forwards: set[int] = set()
-    for op in ops:
-        if op.kind is Kind.forward:
-            open_forwards.add(op.minibatch)
-        else:
-            open_forwards.discard(op.minibatch)
-            needs_copy |= open_forwards
-            open_forwards.clear()
-    version, newest, users, most = 0, None, {}, 0
-    for op in ops:
-        if op.kind is Kind.forward and op.minibatch in needs_copy:
-            users[op.minibatch] = version
-            newest = version
-            most = max(most, len(set(users.values()) | {newest}))
-        elif op.kind is Kind.backward:
-            users.pop(op.minibatch, None)
-            version += 1
-    return most
-
-
 def data_parallel_memory(weights_mb: float, trainable_mb: float, stage: StageFacts,
                          batch_size: int, *, buffer_mb: float, optimizer_states: int = 1,
                          runtime_mb: float = 0.0) -> WorkerMemory:
@@ -194,37 +111,6 @@ def data_parallel_memory(weights_mb: float, trainable_mb: float, stage: StageFac
                         optimizer_state_mb(weights_mb, optimizer_states), buffer_mb,
                         activations_mb(stage, batch_size),
                         backward=backward_temporaries_mb(stage, batch_size), runtime=runtime_mb)
-
-
-def gpipe_stage_memory(stage: StageFacts, micro_batch_size: int, micro_batches: int,
-                       recompute: str, *, optimizer_states: int = 1,
-                       runtime_mb: float = 0.0) -> WorkerMemory:
-    """A GPipe stage: its weights, the gradients it accumulates over the micro-batches, its
-    momentum, and the micro-batches' activations (`gpipe_activations_mb`)."""
-    return WorkerMemory(stage.weights_mb, gradients_mb(stage.weights_mb),
-                        optimizer_state_mb(stage.weights_mb, optimizer_states), 0.0,
-                        gpipe_activations_mb(stage, micro_batch_size, micro_batches,
-                                             recompute),
-                        backward=backward_temporaries_mb(stage, micro_batch_size),
-                        runtime=runtime_mb)
-
-
-def pipedream_stage_memory(stage: StageFacts, batch_size: int, replicas: Sequence[int],
-                           index: int, *, held_sends: int = 0, optimizer_states: int = 1,
-                           runtime_mb: float = 0.0) -> WorkerMemory:
-    """A PipeDream stage replica: one batch's activations per minibatch in flight, one copy
-    of the stage's weights per stashed version, a replicated stage's allreduce buffer, and
-    the tensors of `held_sends` minibatches it sent and still holds (`held_sends_mb`)."""
-    in_flight = in_flight_minibatches(replicas, index)
-    sent = held_sends_mb(stage, batch_size, held_sends, first=index == 0,
-                         last=index == len(replicas) - 1)
-    return WorkerMemory(stage.weights_mb, gradients_mb(stage.weights_mb),
-                        optimizer_state_mb(stage.weights_mb, optimizer_states),
-                        replica_allreduce_buffer_mb(stage.weights_mb, replicas[index]) + sent,
-                        in_flight * activations_mb(stage, batch_size),
-                        backward=backward_temporaries_mb(stage, batch_size),
-                        stashed=stashed_versions(replicas, index) * stage.weights_mb,
-                        runtime=runtime_mb)
 
 
 def fits(predicted_mb: Sequence[float], device_memory_gb: float | None) -> bool:

@@ -61,9 +61,14 @@ def epoch_terms(config: DistbenchConfig, facts: CellFacts,
                                messages=ddp_buckets(facts.gradient_mb, bucket_mb))
 
 
+def ddp_buffer_mb(gradient_mb: float) -> float:
+    """DDP's buckets are a flat copy of all the gradients, allocated once, kept throughout."""
+    return gradient_mb
+
+
 def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.WorkerMemory]:
     """A replica per worker, plus DDP's buckets: a second copy of the gradients."""
-    return [replica_memory(config, facts, buffer_mb=memory.ddp_buffer_mb(facts.gradient_mb))
+    return [replica_memory(config, facts, buffer_mb=ddp_buffer_mb(facts.gradient_mb))
             ] * config.world_size
 
 

@@ -195,7 +195,7 @@ def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.
     micro-batches' activations under its recompute mode."""
     assert facts.plan is not None
     settings = gpipe_settings(config)
-    return [memory.gpipe_stage_memory(
+    return [equations.gpipe_stage_memory(
         memory_stage(facts, stage.first, stage.end), facts.step_batch,
         settings.micro_batch_count(config), settings.recompute.value,
         optimizer_states=config.optimizer.state_buffers, runtime_mb=facts.runtime_mb)

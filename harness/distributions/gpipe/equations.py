@@ -22,6 +22,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness.hardware_profile import HardwareProfile
+from harness.predict.memory import (
+    StageFacts,
+    WorkerMemory,
+    activations_mb,
+    backward_temporaries_mb,
+    gradients_mb,
+    optimizer_state_mb,
+)
 from harness.units import BYTES_PER_MB
 
 
@@ -72,3 +80,38 @@ def communication_seconds(costs: Sequence[float], micro_batches: int) -> float:
     full = (micro_batches - (stages - 2)) * max(c[1:])
     draining = sum(max(c[i:stages]) for i in range(2, stages))
     return 2 * (filling + full + draining)
+
+
+def gpipe_activations_mb(stage: StageFacts, micro_batch_size: int, micro_batches: int,
+                         recompute: str) -> float:
+    """A GPipe stage after the forwards of all #mb micro-batches (its peak, the backwards then
+    free them in turn).
+
+    `always`: a checkpointed micro-batch keeps only its stage input (what the recomputation
+    starts from) and its output (the pipeline's cache, for the backward); the one being
+    recomputed holds its saved activations again. `except_last`: the last micro-batch is not
+    checkpointed, so it holds its saved activations (and boundaries), and the others their
+    input and output. `never`: every micro-batch holds its saved activations."""
+    boundary = micro_batch_size * (stage.input_mb_per_sample + stage.output_mb_per_sample)
+    full = activations_mb(stage, micro_batch_size)
+    if recompute == "always":
+        return micro_batches * boundary + stage.saved_mb(micro_batch_size)
+    if recompute == "except_last":
+        return (micro_batches - 1) * boundary + full
+    if recompute == "never":
+        return micro_batches * full
+    raise ValueError(f"unknown recompute mode {recompute!r}; allowed: always, except_last, "
+                     f"never")
+
+
+def gpipe_stage_memory(stage: StageFacts, micro_batch_size: int, micro_batches: int,
+                       recompute: str, *, optimizer_states: int = 1,
+                       runtime_mb: float = 0.0) -> WorkerMemory:
+    """A GPipe stage: its weights, the gradients it accumulates over the micro-batches, its
+    momentum, and the micro-batches' activations (`gpipe_activations_mb`)."""
+    return WorkerMemory(stage.weights_mb, gradients_mb(stage.weights_mb),
+                        optimizer_state_mb(stage.weights_mb, optimizer_states), 0.0,
+                        gpipe_activations_mb(stage, micro_batch_size, micro_batches,
+                                             recompute),
+                        backward=backward_temporaries_mb(stage, micro_batch_size),
+                        runtime=runtime_mb)

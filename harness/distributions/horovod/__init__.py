@@ -76,10 +76,16 @@ def epoch_terms(config: DistbenchConfig, facts: CellFacts,
                                messages=messages, background=True)
 
 
+def horovod_buffer_mb(gradient_mb: float, fusion_threshold_mb: float) -> float:
+    """Horovod's fusion buffer is allocated at the threshold, but a fusion fills (touches)
+    at most all the gradients: min(th, G); no fusion (th = 0), no buffer."""
+    return min(fusion_threshold_mb, gradient_mb) if fusion_threshold_mb > 0 else 0.0
+
+
 def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.WorkerMemory]:
     """A replica per worker, plus the fusion buffer. Horovod reads its threshold in MiB (this
     module's trainer): 64 -> 67.1 MB."""
-    buffer = memory.horovod_buffer_mb(facts.gradient_mb,
+    buffer = horovod_buffer_mb(facts.gradient_mb,
                                       horovod_settings(config).fusion_threshold_mb * 1.048576)
     return [replica_memory(config, facts, buffer_mb=buffer)] * config.world_size
 

@@ -216,7 +216,7 @@ def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.
     replicas = facts.plan.replicas
     workers = []
     for index, stage in enumerate(facts.plan.stages):
-        one = memory.pipedream_stage_memory(
+        one = equations.pipedream_stage_memory(
             memory_stage(facts, stage.first, stage.end), config.batch_size, replicas, index,
             held_sends=held_sends(config, replicas, index),
             optimizer_states=config.optimizer.state_buffers, runtime_mb=facts.runtime_mb)

@@ -29,11 +29,20 @@ fitted factor.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness.hardware_profile import HardwareProfile
 from harness.predict.allreduce import ring_allreduce_seconds
+from harness.predict.memory import (
+    StageFacts,
+    WorkerMemory,
+    activations_mb,
+    backward_temporaries_mb,
+    gradients_mb,
+    optimizer_state_mb,
+)
 from harness.units import BYTES_PER_MB
 
 
@@ -134,3 +143,72 @@ def _first_workers(stages: Sequence[PipelineStage]) -> list[int]:
         starts.append(rank)
         rank += stage.replicas
     return starts
+
+
+def replica_allreduce_buffer_mb(stage_gradient_mb: float, replicas: int) -> float:
+    """A replicated PipeDream stage flattens its gradients into one tensor for the allreduce
+    (torch.cat: a copy); an unreplicated stage reduces nothing."""
+    return stage_gradient_mb if replicas > 1 else 0.0
+
+
+def held_sends_mb(stage: StageFacts, batch_size: int, minibatches: int, *, first: bool,
+                  last: bool) -> float:
+    """What a PipeDream stage sent in an epoch and still holds: its output (to the next
+    stage) and its input's gradient (to the previous one), per minibatch, for `minibatches`
+    minibatches (over gloo, all of the epoch's: see the module docstring)."""
+    per_sample = (0.0 if last else stage.output_mb_per_sample) + \
+        (0.0 if first else stage.input_mb_per_sample)
+    return minibatches * batch_size * per_sample
+
+
+def in_flight_minibatches(replicas: Sequence[int], stage: int) -> int:
+    """Minibatches a worker of `stage` holds between forward and backward in 1F1B's steady
+    state: its warm-up depth, ceil(workers of stages s.. / replicas of s)."""
+    return math.ceil(sum(replicas[stage:]) / replicas[stage])
+
+
+def stashed_versions(replicas: Sequence[int], stage: int, batches: int = 64) -> int:
+    """The most stashed weight copies a worker of `stage` holds at once, by running the
+    trainer's rule over its 1F1B op list: a forward needs a stashed copy when a backward (an
+    update) comes between it and its own backward; a copy is made once per weight version
+    and freed when its last minibatch's backward is done (the newest is kept for reuse)."""
+    from harness.distributions.onefoneb import Kind, worker_ops
+
+    ops = worker_ops(list(replicas), stage, 0, batches)
+    needs_copy = set()
+    open_forwards: set[int] = set()
+    for op in ops:
+        if op.kind is Kind.forward:
+            open_forwards.add(op.minibatch)
+        else:
+            open_forwards.discard(op.minibatch)
+            needs_copy |= open_forwards
+            open_forwards.clear()
+    version, newest, users, most = 0, None, {}, 0
+    for op in ops:
+        if op.kind is Kind.forward and op.minibatch in needs_copy:
+            users[op.minibatch] = version
+            newest = version
+            most = max(most, len(set(users.values()) | {newest}))
+        elif op.kind is Kind.backward:
+            users.pop(op.minibatch, None)
+            version += 1
+    return most
+
+
+def pipedream_stage_memory(stage: StageFacts, batch_size: int, replicas: Sequence[int],
+                           index: int, *, held_sends: int = 0, optimizer_states: int = 1,
+                           runtime_mb: float = 0.0) -> WorkerMemory:
+    """A PipeDream stage replica: one batch's activations per minibatch in flight, one copy
+    of the stage's weights per stashed version, a replicated stage's allreduce buffer, and
+    the tensors of `held_sends` minibatches it sent and still holds (`held_sends_mb`)."""
+    in_flight = in_flight_minibatches(replicas, index)
+    sent = held_sends_mb(stage, batch_size, held_sends, first=index == 0,
+                         last=index == len(replicas) - 1)
+    return WorkerMemory(stage.weights_mb, gradients_mb(stage.weights_mb),
+                        optimizer_state_mb(stage.weights_mb, optimizer_states),
+                        replica_allreduce_buffer_mb(stage.weights_mb, replicas[index]) + sent,
+                        in_flight * activations_mb(stage, batch_size),
+                        backward=backward_temporaries_mb(stage, batch_size),
+                        stashed=stashed_versions(replicas, index) * stage.weights_mb,
+                        runtime=runtime_mb)
