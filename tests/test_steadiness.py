@@ -67,7 +67,7 @@ def test_a_cell_disturbed_mid_run_is_flagged_unsteady(output_root: Path) -> None
     """A competing process started on every core after the cell's first epoch: the cell is
     recorded ok but unsteady, with the reason, in result.json and MLflow."""
     cell = subprocess.Popen(
-        [sys.executable, "-m", "harness", *TINY, "dataset.num_samples=256", "run.epochs=4",
+        [sys.executable, "-m", "harness", *TINY, "dataset.num_samples=64", "run.epochs=3",
          f"run.output_dir={output_root}"], cwd=output_root.parent, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     burners: list[subprocess.Popen[bytes]] = []

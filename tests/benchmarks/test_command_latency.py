@@ -1,0 +1,64 @@
+"""Benchmarks (pytest-benchmark; `-m perf`): how long a command makes a person wait (issue 26).
+
+Each command runs as a user types it, in a fresh interpreter, one round after another (never
+two at once), on a quiet machine: `python -m harness --help`, a TAB of bash's completion
+(what the function `-sc install=bash` installs runs: `-sc query=bash` with COMP_LINE), bad
+input refused in one line, and the dry run of the thesis grid (480 cells composed, checked and
+predicted). Targets (issue 26): --help under 1 s, a TAB under 0.5 s, the dry run under 5 s.
+
+Run: .venv/bin/python -m pytest tests/benchmarks/test_command_latency.py -m perf
+     --benchmark-enable -s
+The medians and spreads are printed and attached to the benchmark JSON (extra_info);
+BENCHMARKS.md section 16 keeps them.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.perf
+
+ROUNDS = 5
+LINE = "distbench distribution=ddp hardware="  # a TAB after `hardware=`
+
+COMMANDS = {
+    "help": (["--help"], {}, 0),
+    "tab": (["-sc", "query=bash"], {"COMP_LINE": LINE, "COMP_POINT": str(len(LINE))}, 0),
+    "bad input": (["dataset=nope"], {}, 2),
+}
+
+
+def _seconds(args: list[str], environment: dict[str, str], status: int, cwd: Path) -> float:
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **environment})
+    took = time.perf_counter() - started
+    assert done.returncode == status, done.stderr[-2000:]
+    return took
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_a_command_answers_at_once(benchmark, tmp_path: Path, name: str) -> None:  # noqa: ANN001
+    args, environment, status = COMMANDS[name]
+    _seconds(args, environment, status, tmp_path)  # warm the file system's caches
+    rounds = [_seconds(args, environment, status, tmp_path) for _ in range(ROUNDS)]
+    median = statistics.median(rounds)
+    benchmark.extra_info.update(median_s=median, spread_s=max(rounds) - min(rounds))
+    benchmark.pedantic(lambda: None, rounds=1)
+    print(f"python -m harness {' '.join(args)}: median {median:.2f} s over {ROUNDS} "
+          f"(min {min(rounds):.2f}, max {max(rounds):.2f})")
+
+
+def test_the_thesis_grids_dry_run(benchmark, tmp_path: Path) -> None:  # noqa: ANN001
+    took = _seconds(["+sweep=thesis_grid", "--dry-run"], {}, 0, tmp_path)
+    benchmark.extra_info.update(seconds=took)
+    benchmark.pedantic(lambda: None, rounds=1)
+    print(f"python -m harness +sweep=thesis_grid --dry-run: {took:.1f} s (one run)")
