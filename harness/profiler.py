@@ -27,8 +27,6 @@ from workloads.progress import say, steps
 
 MS_PER_S = 1000.0
 
-__all__ = ["LayerProfile", "NetworkProfile", "profile_layers"]
-
 
 def profile_layers(layers: Sequence[nn.Module], sample: torch.Tensor, *,
                    warmup: int = 2, repeats: int = 5) -> NetworkProfile:

@@ -36,7 +36,6 @@ def trainer_in(module: str, function: str) -> TrainerFactory:
     def build(context: TrainingContext) -> Trainer:
         factory: TrainerFactory = getattr(importlib.import_module(module), function)
         return factory(context)
-    build.__qualname__ = f"{module}.{function}"
     return build
 
 
