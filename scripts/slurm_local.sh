@@ -10,7 +10,9 @@
 # (one shared path makes the second node unreachable); both nodes share the same cores, so the
 # partition oversubscribes. Node names resolve through /etc/hosts, as submitit's hostnames and
 # the rendezvous of the distributed models need. State lives in $DISTBENCH_SLURM_DIR
-# (default /tmp/distbench-slurm).
+# (default /tmp/distbench-slurm). A job credential lives 30 s (cred_expire; SLURM's default is
+# 120 s): it is also how long SLURM holds a re-queued job before it may start again, and
+# starting it sooner (scontrol update StartTime=now) kills it with "Job credential revoked".
 set -euo pipefail
 
 state="${DISTBENCH_SLURM_DIR:-/tmp/distbench-slurm}"
@@ -35,6 +37,7 @@ write_config() {
 ClusterName=distbench
 SlurmctldHost=localhost
 AuthType=auth/munge
+AuthInfo=cred_expire=30
 SlurmUser=root
 StateSaveLocation=$state/ctld
 SlurmdSpoolDir=$state/spool-%n

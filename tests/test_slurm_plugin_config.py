@@ -81,11 +81,19 @@ def _job_log(output_root: Path, job_id: str) -> str:
     return "".join(path.read_text(errors="replace") for path in logs)
 
 
-def _wait_for(condition, what: str, timeout: float = 240) -> None:  # noqa: ANN001
+def _wait_for(condition, what: str, job_id: str, timeout: float = 240) -> None:  # noqa: ANN001
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, \
+            f"timed out waiting for {what}; SLURM says:\n{_job_state(job_id)}"
         time.sleep(0.3)
+
+
+def _job_state(job_id: str) -> str:
+    """What SLURM says of the job (state, reason, begin time), for a failure's message."""
+    shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True,
+                           timeout=60)
+    return shown.stdout + shown.stderr
 
 
 def _signal_time_limit(output_root: Path, job_id: str, trained_epochs: int) -> None:
@@ -95,7 +103,7 @@ def _signal_time_limit(output_root: Path, job_id: str, trained_epochs: int) -> N
     # The epoch's own line, not its evaluation's ("epoch 1/3: eval accuracy ...").
     trained = re.compile(r"epoch 1/\d+: [\d.]+ s \(")
     _wait_for(lambda: len(trained.findall(_job_log(output_root, job_id))) >= trained_epochs,
-              f"job {job_id} to train (try {trained_epochs})")
+              f"job {job_id} to train (try {trained_epochs})", job_id)
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=60)
 
 
@@ -112,9 +120,9 @@ def test_a_plugin_config_runs_cells_side_by_side_and_requeues_a_timed_out_job(
         for line in _echoed(sweep, seen):  # the launcher sees the job back in the queue
             if f"SLURM job {signalled} re-queued" in line:
                 break
-        # SLURM holds a re-queued job for a while (its BeginTime); start it now.
-        subprocess.run(["scontrol", "update", f"JobId={signalled}", "StartTime=now"],
-                       check=True, timeout=60)
+        # SLURM holds a re-queued job for the test cluster's cred_expire + 1 s (31 s) and
+        # then starts it. (Moving its StartTime to now is no shortcut: started while the
+        # first try's credential is still revoked, the job is killed.)
         _signal_time_limit(output_root, signalled, trained_epochs=2)
         rest, _ = sweep.communicate(timeout=600)
     finally:
