@@ -46,6 +46,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import select
 import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -244,6 +245,14 @@ def one_door() -> Iterator[None]:
         raise
     except BAD_INPUT_ERRORS as err:
         exit_bad_input(err)
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
+        # `... | head` read what it wanted and closed the pipe: no error of ours. End as a
+        # command killed by SIGPIPE does, saying nothing; stdout goes to /dev/null so that the
+        # interpreter's last flush does not fail again on the way out.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(128 + signal.SIGPIPE)
     except Exception as err:  # noqa: BLE001 - the door: every other exception ends here
         if os.environ.get(DEBUG_ENV) == "1" or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise  # asked for: the traceback as Python prints it
@@ -256,6 +265,17 @@ def one_door() -> Iterator[None]:
               f"[traceback: {_save_traceback(err)}]", file=sys.stderr, flush=True)
         sys.exit(ENVIRONMENT_EXIT_CODE)
 
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (a write to it would fail with
+    EPIPE), as opposed to a broken pipe elsewhere (a socket: an error to report)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no stdout, or not a file
+        return False
 
 
 def end_like_ctrl_c_on_sigterm() -> None:
@@ -339,3 +359,27 @@ def refuse_dashes_as_value(parser: argparse.ArgumentParser, action: argparse.Act
         parser.error(f"argument {'/'.join(action.option_strings)}: expected one argument, not "
                      f"'--' (argparse's end of the flags; a file named -- is ./--)")
     return argparse.ArgumentParser._get_values(parser, action, arg_strings)
+
+
+# What a command of config overrides only says of them in its --help.
+OVERRIDES_EPILOG = """\
+arguments: config overrides, as `python -m harness` takes them: GROUP=OPTION picks a config of a
+group (dataset=cifar10, network=resnet50, distribution=ddp, hardware=local_2cpu), KEY=VALUE sets
+a field (distribution.batch_size=64, run.output_dir=outputs); `python -m harness --help` lists
+the groups and their options."""
+
+
+def overrides_parser(prog: str, description: str | None) -> ArgumentParser:
+    """The parser of a command whose arguments are config overrides only (harness.describe,
+    plan, probe, sync): `--help`, and every other argument left to Hydra (`parse_known_args`),
+    which refuses a malformed override in one line as before. Without it, `--help` was refused
+    as a malformed override."""
+    return ArgumentParser(prog=prog, description=description, epilog=OVERRIDES_EPILOG,
+                          usage=f"{prog} [-h] [GROUP=OPTION | KEY=VALUE ...]",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def overrides_of(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> list[str]:
+    """The config overrides of a command line (`sys.argv[1:]` when `argv` is None), after its
+    parser has taken its flags (and answered --help)."""
+    return parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))[1]

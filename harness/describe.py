@@ -8,25 +8,32 @@ ResNet-152 on 512x512 images costs no compute and no memory.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-
-from harness.cli import command
+from harness.cli import command, overrides_of, overrides_parser
 from harness.compose import compose_or_exit
 from harness.units import BYTES_PER_MB
-from workloads.datasets import DatasetSpec
-from workloads.networks import NetworkRef, build_network, to_layer_list
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from workloads.datasets import DatasetSpec
+    from workloads.networks import NetworkRef
 
 FLOAT32_BYTES = 4
 
 
 def describe(network: str | NetworkRef, spec: DatasetSpec) -> dict[str, Any]:
     """Parameter counts, gradient size and per-layer output sizes (per sample, float32)."""
+    # Here, not at the top: the command's --help and bad input need no torch.
+    import torch
+
+    from workloads.networks import build_network, to_layer_list
+
     with torch.device("meta"):
         model = build_network(network, spec)
         layers = to_layer_list(network, model)
@@ -69,9 +76,13 @@ def _layer_fact(index: int, layer: nn.Module, names: dict[int, str],
     }
 
 
+def parser() -> argparse.ArgumentParser:
+    return overrides_parser("python -m harness.describe", __doc__)
+
+
 @command
 def main(argv: list[str] | None = None) -> None:
-    config = compose_or_exit(sys.argv[1:] if argv is None else argv)
+    config = compose_or_exit(overrides_of(parser(), argv))
     facts = describe(config.network.ref, config.dataset.spec)
     facts["distribution"] = config.distribution.name
     facts["batch_size"] = config.batch_size

@@ -13,27 +13,34 @@ workers.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
-import torch
-
-from harness.cli import command
+from harness.cli import command, overrides_of, overrides_parser
 from harness.compose import compose_config
 from harness.config import ConfigError, validate
-from harness.distributions.pipeline import profile_network
 from harness.distributions.registry import spec_of, specs
-from workloads.networks import build_network, to_layer_list
+
+
+def parser() -> argparse.ArgumentParser:
+    return overrides_parser("python -m harness.plan", __doc__)
 
 
 @command
 def main(argv: list[str] | None = None) -> None:
-    config = validate(compose_config(sys.argv[1:] if argv is None else argv))
+    config = validate(compose_config(overrides_of(parser(), argv)))
     planner = spec_of(config).stage_planner
     if planner is None:
         pipelines = [spec.name for spec in specs().values() if spec.stage_planner is not None]
         raise ConfigError(f"distribution={config.distribution.name} is invalid for "
                           f"harness.plan: allowed: {', '.join(pipelines)}")
+    # Only now: --help and bad input are answered without loading torch.
+    import torch
+
+    from harness.distributions.pipeline import profile_network
+    from workloads.networks import build_network, to_layer_list
+
     torch.manual_seed(config.run.seed)
     spec = config.dataset.spec
     layers = to_layer_list(config.network.ref, build_network(config.network.ref, spec))

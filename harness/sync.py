@@ -18,6 +18,7 @@ closed (KILLED) on the way.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import fcntl
@@ -29,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.cli import command, exit_on_bad_input
+from harness.cli import command, exit_on_bad_input, overrides_of, overrides_parser
 from harness.compose import compose_or_exit
 from harness.config import ConfigError
 from harness.preflight import expand_user
@@ -150,8 +151,12 @@ def check_reachable(uri: str) -> None:
     client.search_experiments(max_results=1)
 
 
+def parser() -> argparse.ArgumentParser:
+    return overrides_parser("python -m harness.sync", __doc__)
+
+
 def main(argv: list[str] | None = None) -> int:
-    config = compose_or_exit(sys.argv[1:] if argv is None else argv)
+    config = compose_or_exit(overrides_of(parser(), argv))
     with exit_on_bad_input():
         root = expand_user("run.output_dir", config.run.output_dir)
         if not root.is_dir():

@@ -57,6 +57,20 @@ def test_describe_rejects_an_unknown_network_with_exit_2(tmp_path: Path) -> None
     assert "resnet18" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_command_whose_reader_has_gone_ends_quietly(tmp_path: Path) -> None:
+    # `python -m harness.describe ... | head -2`: head closes the pipe once it has its lines.
+    # Here the reader is gone before the command writes, so its first write fails for sure.
+    read_end, write_end = os.pipe()
+    described = subprocess.Popen(
+        [sys.executable, "-m", "harness.describe", "network=mobilenetv2", "dataset=mnist"],
+        cwd=tmp_path, stdout=write_end, stderr=subprocess.PIPE, text=True)
+    os.close(write_end)
+    os.close(read_end)
+    _, stderr = described.communicate(timeout=120)
+    assert stderr == ""  # not "error (a bug?): BrokenPipeError", not "Exception ignored"
+    assert described.returncode == 128 + signal.SIGPIPE  # as a command SIGPIPE ended
+
+
 def test_help_names_the_commands_and_dry_run_and_no_internal_schema(tmp_path: Path) -> None:
     """`python -m harness --help`: what to type besides overrides (--dry-run, per-model
     settings, the other commands, each of which exists), still Hydra's lists of the config

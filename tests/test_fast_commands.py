@@ -18,13 +18,15 @@ import pytest
 
 HEAVY = ("torch", "torchvision", "numpy", "mlflow", "matplotlib", "submitit")
 
-# Runs `python -m harness ARGS` in this interpreter, then writes its exit status and which of
-# HEAVY it loaded to the file named by the first argument.
+# Runs `python -m MODULE ARGS` in this interpreter, then writes its exit status and which of
+# HEAVY it loaded to the file named by the first argument (MODULE: DISTBENCH_PROBED_MODULE,
+# default harness).
 _PROBE = """
-import json, runpy, sys
-report, sys.argv = sys.argv[1], ["harness", *sys.argv[2:]]
+import json, os, runpy, sys
+module = os.environ.get("DISTBENCH_PROBED_MODULE", "harness")
+report, sys.argv = sys.argv[1], [module, *sys.argv[2:]]
 try:
-    runpy.run_module("harness", run_name="__main__", alter_sys=True)
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
     status = 0
 except SystemExit as end:
     status = end.code if isinstance(end.code, int) else 1
@@ -40,7 +42,8 @@ def _run(tmp_path: Path, *args: str, **environment: str
     done = subprocess.run([sys.executable, "-c", _PROBE, str(report), *args], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, **environment})
-    print(f"python -m harness {' '.join(args)}: {time.perf_counter() - started:.2f} s")
+    module = environment.get("DISTBENCH_PROBED_MODULE", "harness")
+    print(f"python -m {module} {' '.join(args)}: {time.perf_counter() - started:.2f} s")
     return json.loads(report.read_text()), done
 
 
@@ -93,3 +96,37 @@ def test_the_probe_script_sees_what_a_command_loads(tmp_path: Path) -> None:
                          f"run.output_dir={tmp_path / 'outputs'}")
     assert outcome["status"] == 0, done.stderr[-3000:]
     assert "torch" in outcome["loaded"]
+
+
+# Every command's --help, and what it may load for it: numpy where the command's modules
+# compute with it at their top (sweeps' tables are pandas; the analysis' fit), nothing else:
+# torch, matplotlib, scipy's optimizer and MLflow wait until the command measures, plots,
+# fits or reads a store.
+HELP_MAY_LOAD = {
+    "harness": (), "harness.describe": (), "harness.plan": (), "harness.probe": (),
+    "harness.sync": (), "harness.compliance": (), "harness.sweeps": ("numpy",),
+    "harness.analysis": ("numpy",), "harness.recommend": ("numpy",),
+}
+
+
+@pytest.mark.parametrize("module", sorted(HELP_MAY_LOAD))
+def test_every_command_answers_help_without_loading_torch(tmp_path: Path, module: str) -> None:
+    outcome, done = _run(tmp_path, "--help", DISTBENCH_PROBED_MODULE=module)
+    assert outcome["status"] == 0, done.stderr[-2000:]
+    assert done.stdout.startswith(("usage:", "distbench")), done.stdout[:500]
+    assert done.stderr == ""
+    unexpected = set(outcome["loaded"]) - set(HELP_MAY_LOAD[module])
+    assert not unexpected, f"{module} --help loaded {sorted(unexpected)}"
+
+
+@pytest.mark.parametrize(("module", "args"), [
+    ("harness.describe", ["dataset=nope"]),
+    ("harness.plan", ["distribution=ddp"]),  # not a pipeline: the command's own check
+    ("harness.probe", ["hardware=local_cpu"]),  # one worker: nothing to probe
+])
+def test_a_command_of_overrides_refuses_bad_input_without_loading_torch(
+        tmp_path: Path, module: str, args: list[str]) -> None:
+    outcome, done = _run(tmp_path, *args, DISTBENCH_PROBED_MODULE=module)
+    assert outcome["status"] == 2, done.stdout[-1000:] + done.stderr[-2000:]
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert outcome["loaded"] == [], f"{module} {' '.join(args)} loaded {outcome['loaded']}"

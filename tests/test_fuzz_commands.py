@@ -88,6 +88,16 @@ def _recommend_parser() -> argparse.ArgumentParser:
     return parser()
 
 
+def _overrides_parser(module: str) -> Callable[[], argparse.ArgumentParser]:
+    """The parser of a command of config overrides only (harness.cli.overrides_parser)."""
+    def parser() -> argparse.ArgumentParser:
+        import importlib
+
+        return importlib.import_module(module).parser()
+
+    return parser
+
+
 def _compliance_parser() -> argparse.ArgumentParser:
     from harness.compliance import parser
 
@@ -119,14 +129,16 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "harness": Command("harness", parser=_hydra_parser),
-    "harness.describe": Command("harness.describe"),
+    "harness.describe": Command("harness.describe",
+                                parser=_overrides_parser("harness.describe")),
     # a pipeline, so that valid draws make a plan (the other models are refused by plan)
     "harness.plan": Command("harness.plan", overrides=(*BASE, "distribution=gpipe",
-                                                       "hardware=local_2cpu")),
-    "harness.probe": Command("harness.probe"),
+                                                       "hardware=local_2cpu"),
+                            parser=_overrides_parser("harness.plan")),
+    "harness.probe": Command("harness.probe", parser=_overrides_parser("harness.probe")),
     "harness.analysis": Command("harness.analysis", parser=_analysis_parser),
     "harness.recommend": Command("harness.recommend", parser=_recommend_parser),
-    "harness.sync": Command("harness.sync"),
+    "harness.sync": Command("harness.sync", parser=_overrides_parser("harness.sync")),
     "harness.compliance": Command("harness.compliance", overrides=(),
                                   parser=_compliance_parser),
     "harness.sweeps export": Command("harness.sweeps", ("export", "sweep-x", "--out",
@@ -208,11 +220,9 @@ def _flag_forms(flag: Flag) -> st.SearchStrategy[tuple[int, tuple[str, ...]]]:
 
 def _parts(label: str) -> st.SearchStrategy[tuple[int, tuple[str, ...]]]:
     settings_ = st.builds(_setting, st.sampled_from(KEYS), VALUES)
-    flags = FLAGS[label]
-    # A command without flags: a hostile bare argument (what a stray word does to it).
-    flag_parts = st.one_of(*map(_flag_forms, flags)) if flags \
-        else RAW_VALUES.map(lambda value: (FLAG, (value,)))
-    return st.one_of(settings_, flag_parts)
+    # A hostile bare argument (what a stray word does to a command), or one of its flags.
+    stray = RAW_VALUES.map(lambda value: (FLAG, (value,)))
+    return st.one_of(settings_, stray, *map(_flag_forms, FLAGS[label]))
 
 
 @dataclass(frozen=True)
@@ -429,15 +439,32 @@ def _cells(overrides: Sequence[str]) -> list[list[str]]:
     return [cell for batch in BasicSweeper.split_arguments(parsed, None) for cell in batch]
 
 
+def _overrides(label: str, argv: list[str]) -> list[str] | Expect:
+    """The overrides of a command of overrides only, once its parser has taken --help (exit
+    0) or refused a wrong flag (exit 2)."""
+    parser = COMMANDS[label].parser
+    assert parser is not None
+    parsed = _parsed(parser(), argv, known=True)
+    if isinstance(parsed, int):
+        return Expect(parsed, "its parser: --help (0) or a wrong flag (2)")
+    return parsed[1]
+
+
 def _predict_describe(argv: list[str]) -> Expect | None:
-    config = _valid(argv)
+    overrides = _overrides("harness.describe", argv)
+    if isinstance(overrides, Expect):
+        return overrides
+    config = _valid(overrides)
     return _refused(config) if isinstance(config, str) else Expect(0, "valid: described")
 
 
 def _predict_plan(argv: list[str]) -> Expect | None:
     from harness.distributions.registry import spec_of
 
-    config = _valid(argv)
+    overrides = _overrides("harness.plan", argv)
+    if isinstance(overrides, Expect):
+        return overrides
+    config = _valid(overrides)
     if isinstance(config, str):
         return _refused(config)
     if spec_of(config).stage_planner is None:
@@ -446,7 +473,10 @@ def _predict_plan(argv: list[str]) -> Expect | None:
 
 
 def _predict_probe(argv: list[str]) -> Expect | None:
-    config = _valid(argv, with_hydra=True)
+    overrides = _overrides("harness.probe", argv)
+    if isinstance(overrides, Expect):
+        return overrides
+    config = _valid(overrides, with_hydra=True)
     if isinstance(config, str):
         return _refused(config)
     if config.hardware.world_size < 2:
@@ -514,7 +544,10 @@ def _predict_recommend(argv: list[str]) -> Expect | None:
 
 
 def _predict_sync(argv: list[str]) -> Expect | None:
-    config = _valid(argv)
+    overrides = _overrides("harness.sync", argv)
+    if isinstance(overrides, Expect):
+        return overrides
+    config = _valid(overrides)
     if isinstance(config, str):
         return _refused(config)
     if not _is(Path(config.run.output_dir).expanduser().is_dir):

@@ -25,7 +25,6 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import lsq_linear
 
 from harness.analysis.grid import MeasuredCell
 from harness.predict.terms import RAW, EpochTerms
@@ -96,6 +95,8 @@ def fit_params(rows: Sequence[tuple[EpochTerms, float]]) -> dict[str, float]:
         row[index] = 1.0 / parameter.sigma
         design.append(row)
         target.append(parameter.prior / parameter.sigma)
+    from scipy.optimize import lsq_linear  # 0.4 s to import: only when fitting
+
     solution = lsq_linear(np.array(design), np.array(target), bounds=(0.0, np.inf))
     return {name: float(value) for name, value in zip(names, solution.x)}
 

@@ -14,23 +14,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display on a cluster node
-import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
-
-from harness.analysis.fit import (  # noqa: E402
+from harness.analysis.fit import (
     PARAMETERS,
     Accuracy,
     CellPrediction,
     signed_error,
 )
 from harness.analysis.noise import NoiseFloor
-from harness.analysis.recommendations import MemoryVerdict, WorkloadVerdict  # noqa: E402
-from harness.config import DistbenchConfig  # noqa: E402
-from harness.distributions.registry import spec_of  # noqa: E402
-from harness.partition import StagePlan  # noqa: E402
+from harness.analysis.recommendations import MemoryVerdict, WorkloadVerdict
+from harness.config import DistbenchConfig
+from harness.distributions.registry import spec_of
+from harness.partition import StagePlan
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 
 def setting_label(config: DistbenchConfig, plan: StagePlan | None = None) -> str:
@@ -251,7 +252,7 @@ def plot_predicted_vs_measured(path: Path, predictions: Sequence[CellPrediction]
 
 
 def plot_memory(path: Path, predictions: Sequence[CellPrediction]) -> Path:
-    figure, axis = plt.subplots(figsize=(max(4.0, 0.5 * len(predictions) + 2), 3.5))
+    figure, axis = _pyplot().subplots(figsize=(max(4.0, 0.5 * len(predictions) + 2), 3.5))
     labels = [f"{p.cell.workload[1]} {setting_label(p.cell.config)}" for p in predictions]
     positions = range(len(predictions))
     axis.bar([x - 0.2 for x in positions], [p.cell.peak_memory_mb for p in predictions],
@@ -264,15 +265,26 @@ def plot_memory(path: Path, predictions: Sequence[CellPrediction]) -> Path:
     return _save(figure, path)
 
 
-def _panels(count: int, *, width: float, height: float) -> tuple[plt.Figure, list[plt.Axes]]:
+def _pyplot() -> ModuleType:
+    """matplotlib's pyplot, drawing to files only (no display on a cluster node); imported
+    when a plot is drawn, so that the commands' --help and bad input do not wait for it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _panels(count: int, *, width: float, height: float) -> tuple[Figure, list[Axes]]:
     """A row of `count` plots (at least one), each `width` x `height` inches."""
     count = max(1, count)
-    figure, axes = plt.subplots(1, count, squeeze=False, figsize=(width * count, height))
+    figure, axes = _pyplot().subplots(1, count, squeeze=False, figsize=(width * count, height))
     return figure, list(axes[0])
 
 
-def _save(figure: plt.Figure, path: Path) -> Path:
+def _save(figure: Figure, path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _pyplot().close(figure)
     return path

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import statistics
 import sys
 import time
@@ -38,10 +39,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from harness.config import ConfigError, DistbenchConfig
-from harness.distributions.pipeline import profile_network
 from harness.distributions.registry import settings, spec_of
 from harness.partition import StagePlan
 from harness.predict.recorded import sequential_steps
@@ -134,7 +132,7 @@ def gather(config: DistbenchConfig, cache: FactsCache, *, timed: bool = True) ->
     saved = _saved_activations(config, spec, cache)
     if saved is not None:
         layers = [replace(layer, saved=kept) for layer, kept in zip(layers, saved.layers)]
-    input_mb = torch.Size(spec.input_shape).numel() * spec.input_dtype.itemsize / BYTES_PER_MB
+    input_mb = math.prod(spec.input_shape) * spec.input_dtype.itemsize / BYTES_PER_MB
     runtime_mb = _runtime_mb(config, cache)
     return CellFacts(weights_mb=static["weights_mb"], gradient_mb=static["gradient_mb"],
                      gradient_tensors=static["gradient_tensors"],
@@ -309,15 +307,18 @@ class _torch_threads:  # noqa: N801 - used as a context manager, like torch's ow
     """Run with torch limited to `threads` (the worker's), then restore the caller's."""
 
     def __init__(self, threads: int | None) -> None:
+        import torch  # measuring: the commands' --help and bad input load no torch
+
+        self.torch = torch
         self.threads = threads
         self.before = torch.get_num_threads()
 
     def __enter__(self) -> None:
         if self.threads is not None:
-            torch.set_num_threads(self.threads)
+            self.torch.set_num_threads(self.threads)
 
     def __exit__(self, *_: object) -> None:
-        torch.set_num_threads(self.before)
+        self.torch.set_num_threads(self.before)
 
 
 # A network whose float32 weights exceed this is not built on the CPU to profile its layers
@@ -380,6 +381,10 @@ def _layer_profile(config: DistbenchConfig, key: tuple[Any, ...], cache: FactsCa
             f"estimated from each layer's parameters ({why}); on the device, "
             f"`python -m harness.plan` with this cell's overrides profiles them")
         return parameter_profile(static, config.distribution.step_batch(config), device)
+    import torch
+
+    from harness.distributions.pipeline import profile_network
+
     torch.manual_seed(config.run.seed)
     layers = to_layer_list(config.network.ref, build_network(config.network.ref, spec))
     with _torch_threads(threads):
@@ -433,7 +438,11 @@ def facts_path(output_root: Path | str, hardware: str) -> Path:
 
 def device_present(config: DistbenchConfig) -> bool:
     """Whether this machine has the hardware's kind of device (every machine has a CPU)."""
-    return config.hardware.device.value != "cuda" or torch.cuda.is_available()
+    if config.hardware.device.value != "cuda":
+        return True
+    import torch  # only a CUDA hardware asks it
+
+    return torch.cuda.is_available()
 
 
 def probes_here(config: DistbenchConfig, cache: FactsCache) -> bool:
@@ -450,6 +459,8 @@ def _device_name(config: DistbenchConfig) -> str:
     from harness.environment import cpu_model
 
     if config.hardware.device.value == "cuda":
+        import torch
+
         return torch.cuda.get_device_name(0)
     return cpu_model()
 

@@ -1,0 +1,142 @@
+"""What each worker of `python -m harness.probe` runs: ping-pong between every pair of
+workers and allreduce among the first k, over the process group a cell's workers use; rank 0
+assembles and writes the hardware profile. The command (`harness.probe`) starts these workers
+and never imports torch itself, so its --help and bad input answer at once."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import itertools
+import logging
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+from harness.config import DistbenchConfig, ProbeConfig, validate
+from harness.distributed import WorkerSession, worker_session
+from harness.hardware_profile import PROFILE_FILE, AllreduceCost, HardwareProfile, Link, fit_cost
+from harness.metrics import median_seconds
+from harness.worker_env import log_to_stderr, worker_environment
+
+log = logging.getLogger(__name__)
+
+
+def _timed(operation: Callable[[], object], device: torch.device, probe: ProbeConfig) -> float:
+    """Median seconds of `operation` over the probe's timed repetitions (its return value,
+    such as a collective's work handle, is ignored: the device is synchronised after each)."""
+    return median_seconds(operation, device, warmup=probe.warmup, repeats=probe.repeats)
+
+
+def measure_pair(peer: int, initiator: bool, device: torch.device,
+                 probe: ProbeConfig) -> list[float]:
+    """One-way seconds to `peer` at each message size (measured by the initiator)."""
+    one_way = []
+    for nbytes in probe.message_bytes:
+        buffer = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+
+        def ping_pong(buffer: torch.Tensor = buffer) -> None:
+            if initiator:
+                dist.send(buffer, peer)
+                dist.recv(buffer, peer)
+            else:
+                dist.recv(buffer, peer)
+                dist.send(buffer, peer)
+
+        one_way.append(_timed(ping_pong, device, probe) / 2)
+    return one_way
+
+
+def measure_links(session: WorkerSession, device: torch.device,
+                  probe: ProbeConfig) -> dict[tuple[int, int], list[float]]:
+    """One-way seconds per size for every pair (i < j), as measured by worker i."""
+    rank, measured = session.env.rank, {}
+    for low, high in itertools.combinations(range(session.env.world_size), 2):
+        if rank in (low, high):
+            seconds = measure_pair(high if rank == low else low, rank == low, device, probe)
+            if rank == low:
+                measured[(low, high)] = seconds
+        dist.barrier()  # one pair at a time: pairs must not share the network while timed
+    return measured
+
+
+def measure_allreduce(session: WorkerSession, device: torch.device,
+                      probe: ProbeConfig) -> dict[int, list[float]]:
+    """Seconds per size of an allreduce among the first k workers, for k = 2..W (rank 0's
+    view: every member waits for the slowest, so one member's clock is the group's)."""
+    measured = {}
+    for workers in range(2, session.env.world_size + 1):
+        group = dist.new_group(list(range(workers)))  # every rank takes part in creating it
+        if session.env.rank < workers:
+            # a member gets the group itself; only non-members get torch's NON_GROUP_MEMBER
+            assert isinstance(group, dist.ProcessGroup)
+            measured[workers] = _allreduce_seconds(group, device, probe)
+        dist.barrier()
+    return measured
+
+
+def _allreduce_seconds(group: dist.ProcessGroup, device: torch.device,
+                       probe: ProbeConfig) -> list[float]:
+    """Seconds of an allreduce within `group` at each message size (a member's view)."""
+    seconds = []
+    for nbytes in probe.message_bytes:
+        tensor = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
+        dist.barrier(group=group)
+        seconds.append(_timed(functools.partial(dist.all_reduce, tensor, group=group),
+                              device, probe))
+    return seconds
+
+
+def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
+    """One worker of the probe; rank 0 assembles, writes and returns the profile."""
+    log_to_stderr()
+    from harness.run import select_device  # the run module imports much; only workers need it
+
+    config = validate(cfg)
+    env = worker_environment()
+    device = select_device(config, env.local_rank)
+    with worker_session(env, device, backend=config.distribution.backend,
+                        timeout_s=config.run.progress_timeout_s,
+                        link=config.hardware.link) as session:
+        if not env.is_distributed:
+            raise RuntimeError(f"hardware={config.hardware.name} has one worker: there is "
+                               f"nothing to probe between workers")
+        log.info("rank %d: probing %d links and allreduce among 2..%d workers", env.rank,
+                 env.world_size * (env.world_size - 1) // 2, env.world_size)
+        links = session.all_gather(measure_links(session, device, config.probe))
+        allreduce = measure_allreduce(session, device, config.probe)
+        # The node as the scheduler names it (SLURM's test cluster runs its nodes on one host).
+        hosts = session.all_gather(os.environ.get("SLURMD_NODENAME", socket.gethostname()))
+        shaping = session.all_gather(None if session.link is None else session.link.shaping)
+    if not env.is_main:
+        return None
+    profile = assemble_profile(config, device, session, links, allreduce, hosts)
+    if any(shaping):  # emulated nodes: how each node's link was shaped (hardware.link)
+        profile.facts["link_shaping"] = shaping
+    profile.save(output_dir / PROFILE_FILE)
+    return profile.to_json()
+
+
+def assemble_profile(config: DistbenchConfig, device: torch.device, session: WorkerSession,
+                     links: list[dict[tuple[int, int], list[float]]],
+                     allreduce: dict[int, list[float]], hosts: list[str]) -> HardwareProfile:
+    sizes = [float(n) for n in config.probe.message_bytes]
+    per_node = config.hardware.workers_per_node
+    measured_links = [
+        Link(low, high, low // per_node == high // per_node, fit_cost(sizes, seconds),
+             {"bytes": sizes, "seconds": seconds})
+        for by_rank in links for (low, high), seconds in sorted(by_rank.items())]
+    measured_allreduce = [AllreduceCost(k, fit_cost(sizes, seconds),
+                                        {"bytes": sizes, "seconds": seconds})
+                          for k, seconds in sorted(allreduce.items())]
+    facts = {"device": device.type, "backend": session.backend, "hosts": hosts,
+             "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+             "repeats": config.probe.repeats}
+    return HardwareProfile(config.hardware.name, "measured", session.env.world_size,
+                           config.hardware.nodes, measured_links, measured_allreduce, facts)
