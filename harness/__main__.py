@@ -16,7 +16,8 @@ from harness.compose import CONFIG_PATH
 from harness.distributions.registry import register_configs
 from launchers.hydra_main import run_hydra_main
 
-register_configs()
+with one_door():  # a model another package registered that cannot be loaded: one line, exit 2
+    register_configs()
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")

@@ -364,9 +364,9 @@ def refuse_dashes_as_value(parser: argparse.ArgumentParser, action: argparse.Act
 # What a command of config overrides only says of them in its --help.
 OVERRIDES_EPILOG = """\
 arguments: config overrides, as `python -m harness` takes them: GROUP=OPTION picks a config of a
-group (dataset=cifar10, network=resnet50, distribution=ddp, hardware=local_2cpu), KEY=VALUE sets
-a field (distribution.batch_size=64, run.output_dir=outputs); `python -m harness --help` lists
-the groups and their options."""
+group (dataset=cifar10, network=resnet50, hardware=local_2cpu, distribution=<model>), KEY=VALUE
+sets a field (distribution.batch_size=64, run.output_dir=outputs); `python -m harness --help`
+lists the groups and their options."""
 
 
 def overrides_parser(prog: str, description: str | None) -> ArgumentParser:

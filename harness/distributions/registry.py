@@ -1,7 +1,9 @@
 """Every distribution model distbench has: the packages of `harness.distributions` that define
-a `SPEC` (`harness.distributions.spec`), found when first asked for, so that a new model is
-one new package and one config file. Only the packages are imported: the shared training
-modules beside them (and with them torch) load in a worker only."""
+a `SPEC` (`harness.distributions.spec`), and those other packages register under the entry
+points `distbench.distributions` (`harness.distributions.plugins`), found when first asked
+for, so that a new model is one new package and one config file. Only the packages are
+imported: the shared training modules beside them (and with them torch) load in a worker
+only."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import functools
 import importlib
 import pkgutil
 from collections.abc import Mapping
+from importlib.metadata import EntryPoint
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -17,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import harness.distributions as package
 from harness.config import ConfigError, DistbenchConfig, DistributionConfig, validate
+from harness.distributions import plugins
 from harness.distributions.spec import DistributionSpec
 
 
@@ -31,7 +35,32 @@ def specs() -> dict[str, DistributionSpec]:
                        None)
         if isinstance(spec, DistributionSpec):
             found[spec.name] = spec
+    for entry in plugins.registered():
+        spec = _registered_spec(entry)
+        if spec.name in found:
+            raise ConfigError(f"the distribution model {entry.name} = {entry.value} (entry point "
+                              f"{plugins.ENTRY_POINT_GROUP}) is invalid: its name "
+                              f"{spec.name!r} is taken; allowed: a name no other model has")
+        found[spec.name] = spec
     return dict(sorted(found.items()))
+
+
+def _registered_spec(entry: EntryPoint) -> DistributionSpec:
+    """The SPEC a package registered: its entry point names a module defining `SPEC`, or the
+    spec itself (`module:SPEC`). A registration that cannot be loaded is refused in one line
+    naming it."""
+    where = (f"the distribution model {entry.name} = {entry.value} (entry point "
+             f"{plugins.ENTRY_POINT_GROUP})")
+    try:
+        loaded = entry.load()
+    except Exception as err:  # noqa: BLE001 - any failure of a user's module, named
+        raise ConfigError(f"{where} is invalid: importing it failed: {type(err).__name__}: "
+                          f"{err}; allowed: a module that defines SPEC") from err
+    spec = getattr(loaded, "SPEC", loaded)
+    if not isinstance(spec, DistributionSpec):
+        raise ConfigError(f"{where} is invalid: it holds no DistributionSpec; allowed: a module "
+                          f"that defines SPEC = DistributionSpec(...)")
+    return spec
 
 
 def spec_named(name: str) -> DistributionSpec:

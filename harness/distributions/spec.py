@@ -1,8 +1,9 @@
 """What a distribution model is, in one place (in the spirit of torchtitan's `TrainSpec`).
 
-Each model is one module of `harness.distributions` that ends with `SPEC =
+Each model is one package of `harness.distributions` (or of a package of the user's that
+registers it: `harness.distributions.plugins`) whose `__init__` ends with `SPEC =
 DistributionSpec(...)`, plus its config file `conf/distribution/<name>.yaml`; the registry
-(`harness.distributions.registry`) finds every such module, so adding a model touches no
+(`harness.distributions.registry`) finds every such package, so adding a model touches no
 other file. The cell's config, the performance model, the recommender, the stage planner and
 the reports ask the spec, never the model's name.
 """
