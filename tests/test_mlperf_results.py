@@ -26,7 +26,14 @@ from harness.config import validate
 from harness.environment import capture_environment
 from harness.eventlog import log_file_name
 from harness.sweeps.cli import main
-from harness.sweeps.mlperf import Cell, log_facts, summarize, system_names, write_cell
+from harness.sweeps.mlperf import (
+    Cell,
+    log_facts,
+    summarize,
+    system_description,
+    system_names,
+    write_cell,
+)
 from harness.sweeps.table import axes
 from tests.test_mllog import write_cell_log
 
@@ -47,6 +54,15 @@ def _cell(folder: Path, model: str, targets: tuple[bool, ...], *overrides: str) 
               "config": OmegaConf.to_container(composed, resolve=True)}
     logs = [folder / log_file_name(repeat) for repeat in range(len(targets))]
     return Cell(row=row, result=result, logs=logs, facts=log_facts(logs[0]))
+
+
+def test_a_systems_framework_names_the_libraries_its_model_trains_with(tmp_path: Path) -> None:
+    # what each model's spec declares (`frameworks`), with the versions its record holds
+    horovod = system_description("h", _cell(tmp_path / "hvd", "horovod", (True,)))
+    version = capture_environment(torch.device("cpu"))["horovod_version"]
+    assert horovod["framework"] == f"PyTorch {torch.__version__}, Horovod {version}"
+    ddp = system_description("d", _cell(tmp_path / "ddp", "ddp", (True,)))
+    assert ddp["framework"] == f"PyTorch {torch.__version__}"
 
 
 def run_minutes(log: Path) -> float:

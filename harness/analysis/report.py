@@ -26,7 +26,7 @@ from harness.analysis.fit import (
 from harness.analysis.noise import NoiseFloor
 from harness.analysis.recommendations import MemoryVerdict, WorkloadVerdict
 from harness.config import DistbenchConfig
-from harness.distributions.registry import spec_of
+from harness.distributions.registry import baseline, spec_of
 from harness.partition import StagePlan
 
 if TYPE_CHECKING:
@@ -211,13 +211,14 @@ def plot_residuals(path: Path, predictions: Sequence[CellPrediction]) -> Path:
 
 def plot_speedup(path: Path, predictions: Sequence[CellPrediction]) -> Path:
     workloads = sorted({p.cell.workload for p in predictions})
+    reference = baseline().name
     figure, axes = _panels(len(workloads), width=4.0, height=3.5)
     for axis, workload in zip(axes, workloads):
         cells = [p for p in predictions if p.cell.workload == workload]
-        base = [p for p in cells if p.cell.model == "sequential"]
+        base = [p for p in cells if p.cell.model == reference]
         axis.set_title(workload_label(workload), fontsize=9)
         if not base:
-            axis.text(0.5, 0.5, "no sequential cell", ha="center", transform=axis.transAxes)
+            axis.text(0.5, 0.5, f"no {reference} cell", ha="center", transform=axis.transAxes)
             continue
         measured_base, predicted_base = base[0].measured_s, base[0].fitted_s
         labels = [setting_label(p.cell.config) for p in cells]
@@ -225,7 +226,7 @@ def plot_speedup(path: Path, predictions: Sequence[CellPrediction]) -> Path:
         axis.plot(labels, [predicted_base / p.fitted_s for p in cells], "o", color="black",
                   label="predicted (network held out)")
         axis.axhline(1.0, color="grey", linewidth=0.8)
-        axis.set_ylabel("speedup over sequential")
+        axis.set_ylabel(f"speedup over {reference}")
         axis.tick_params(axis="x", labelrotation=45, labelsize=7)
     axes[0].legend(fontsize=7)
     return _save(figure, path)

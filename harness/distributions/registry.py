@@ -63,6 +63,13 @@ def _registered_spec(entry: EntryPoint) -> DistributionSpec:
     return spec
 
 
+def baseline() -> DistributionSpec:
+    """The model speedups are measured against and step times are probed with (the spec that
+    says `baseline=True`)."""
+    (spec,) = [spec for spec in specs().values() if spec.baseline]
+    return spec
+
+
 def spec_named(name: str) -> DistributionSpec:
     """The spec of model `name`; ConfigError names the models there are."""
     try:

@@ -81,6 +81,12 @@ class DistributionSpec:
     # the overrides that pin a candidate's own settings and plan in a recommended command
     pinned_overrides: Callable[[DistbenchConfig, StagePlan | None], list[str]] = no_overrides
     stage_planner: StagePlanner | None = None  # pipelines only
+    # The one-worker model every speedup is measured against, whose training step the
+    # predictions' probe times and whose recorded cells give step times (exactly one model).
+    baseline: bool = False
+    # Libraries beyond PyTorch the model trains with, as the recorded environment names their
+    # versions (`<library>_version`): an MLPerf system description lists them.
+    frameworks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         own_name = self.settings.__dataclass_fields__["name"].default

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.config import ConfigError, DistbenchConfig
-from harness.distributions.registry import settings, spec_of
+from harness.distributions.registry import baseline, settings, spec_of
 from harness.partition import StagePlan
 from harness.predict.recorded import sequential_steps
 from harness.predict.steps import MeasuredStep, StepTime, choose_step_time
@@ -185,9 +185,10 @@ def _probe_step(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepT
     then read back from the file, as a later run reads it."""
     from harness.predict.sequential import measure_batch_seconds
 
-    sequential = settings("sequential", batch_size=batch, backend=config.distribution.backend)
+    one_worker = settings(baseline().name, batch_size=batch,
+                          backend=config.distribution.backend)
     with _torch_threads(_threads(config)):
-        timing = measure_batch_seconds(replace(config, distribution=sequential),
+        timing = measure_batch_seconds(replace(config, distribution=one_worker),
                                        batch_size=batch, probe_batches=cache.probe_batches,
                                        warmup_batches=_PROBE_WARMUP)
     name = _device_name(config)

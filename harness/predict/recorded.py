@@ -64,6 +64,7 @@ def sequential_steps(config: DistbenchConfig) -> tuple[list[MeasuredStep], str]:
 
 def _cells(uri: str, config: DistbenchConfig) -> list[_Cell]:
     from harness.analysis.grid import recorded_config
+    from harness.distributions.registry import baseline
     from harness.predict.terms import batches_per_epoch
     from harness.tracking import _client
 
@@ -72,7 +73,7 @@ def _cells(uri: str, config: DistbenchConfig) -> list[_Cell]:
     experiments = [experiment.experiment_id for experiment in client.search_experiments()]
     if not experiments:
         return []
-    wanted = {"distribution.name": "sequential", "network.name": config.network.label,
+    wanted = {"distribution.name": baseline().name, "network.name": config.network.label,
               "dataset.name": config.dataset.name.value,
               "hardware.device": config.hardware.device.value}
     runs = client.search_runs(experiments, filter_string=f"tags.status = '{RunStatus.ok.value}'",

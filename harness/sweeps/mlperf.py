@@ -67,7 +67,7 @@ from mlperf_logging.mllog import constants
 from harness import compliance
 from harness.compliance import RULESET, USAGE
 from harness.config import ConfigError
-from harness.distributions.registry import setting_names
+from harness.distributions.registry import setting_names, specs
 from harness.eventlog import log_file_name
 from harness.results import RESULT_FILE
 
@@ -246,7 +246,9 @@ def system_description(name: str, cell: Cell) -> dict[str, str]:
     hardware, row = config["hardware"], cell.row
     nodes, workers = int(row["nodes"]), int(row["workers"])
     gpu = env.get("device_type") == "cuda"
-    horovod = row["distribution"] == "horovod"
+    spec = specs().get(str(row["distribution"]))  # None: a model no longer installed
+    frameworks = "".join(f", {library.title()} {env.get(f'{library}_version', '?')}"
+                         for library in (spec.frameworks if spec is not None else ()))
     memory = hardware.get("device_memory_gb")
     bandwidth, latency = (hardware.get("inter_node_bandwidth_mbps"),
                           hardware.get("inter_node_latency_us"))
@@ -288,8 +290,7 @@ def system_description(name: str, cell: Cell) -> dict[str, str]:
                     f"Host {env.get('host', NOT_RECORDED)}, device {env.get('device_name', '?')}"
                     f"; {workers} worker(s), {hardware.get('cpu_threads')} CPU thread(s) each; "
                     f"CPU sockets not recorded (host_processors_per_node 1)",
-        "framework": f"PyTorch {env.get('torch_version', '?')}"
-                     + (f", Horovod {env.get('horovod_version', '?')}" if horovod else ""),
+        "framework": f"PyTorch {env.get('torch_version', '?')}{frameworks}",
         "other_software_stack": ", ".join(
             f"{label} {env[key]}" for label, key in (
                 ("Python", "python_version"), ("torchvision", "torchvision_version"),

@@ -94,4 +94,5 @@ SPEC = DistributionSpec(
     name="horovod", title="Horovod", settings=HorovodConfig,
     trainer=trainer_in(f"{__name__}.trainer", "horovod_trainer"),
     epoch_terms=epoch_terms, memory_per_worker=memory_per_worker,
-    candidates=at_every_count(HorovodConfig), label=workers_label("horovod"))
+    candidates=at_every_count(HorovodConfig), label=workers_label("horovod"),
+    frameworks=("horovod",))

@@ -51,4 +51,4 @@ def label(config: DistbenchConfig, plan: StagePlan | None) -> str:
 SPEC = DistributionSpec(
     name="sequential", title="sequential PyTorch", settings=SequentialConfig,
     trainer=trainer_in(f"{__name__}.trainer", "sequential_trainer"), epoch_terms=epoch_terms,
-    memory_per_worker=memory_per_worker, candidates=candidates, label=label)
+    memory_per_worker=memory_per_worker, candidates=candidates, label=label, baseline=True)
