@@ -19,7 +19,8 @@ from harness.analysis.grid import MeasuredCell
 from harness.analysis.recommendations import judge
 from harness.compose import compose_config
 from harness.config import validate
-from harness.predict.terms import RAW, EpochTerms
+from harness.predict.parameters import RAW
+from harness.predict.terms import EpochTerms
 from harness.sync import result_files
 from tests.helpers import run_module
 from tests.test_mllog import assert_compliant

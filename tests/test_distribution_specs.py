@@ -46,8 +46,6 @@ NAMED_ELSEWHERE: dict[str, set[str]] = {
             "scripts/gpu_check.sh"},
     "fsdp": {"scripts/gpu_check.sh"},
     "horovod": {
-        # the fit's free parameter for Horovod's background thread on shared cores
-        "harness/analysis/fit.py", "harness/predict/terms.py",
         "harness/environment.py",  # its version, in the record
         "scripts/build_horovod.sh", "scripts/setup.sh",  # it is built from source
     },
@@ -139,3 +137,13 @@ def test_every_config_file_of_the_group_is_a_model() -> None:
         config = validate(compose_config([f"distribution={path.stem}", "hardware=local_2cpu",
                                           "dataset.num_samples=8192"]))
         assert own(f"conf/distribution/{path.name}", config.distribution.name)
+
+
+def test_a_models_own_free_parameters_join_the_fit() -> None:
+    # Horovod's background thread is a term its spec declares, not a field of the shared
+    # equations: the fit fits the shared parameters, then every model's own.
+    from harness.predict.parameters import PARAMETERS
+
+    declared = [parameter.name for spec in specs().values() for parameter in spec.free_parameters]
+    assert declared == ["horovod_background"]
+    assert list(PARAMETERS) == ["contention", "communication", *declared]

@@ -11,11 +11,12 @@ from harness.config import validate
 from harness.distributions.ddp import ddp_buckets
 from harness.distributions.gpipe import Recompute, recompute_share
 from harness.distributions.gpipe import equations as gpipe
+from harness.distributions.horovod import BACKGROUND as HOROVOD_BACKGROUND
 from harness.distributions.horovod import horovod_allreduces
 from harness.hardware_profile import AllreduceCost, Cost, HardwareProfile, Link
 from harness.predict.cell import epoch_terms
+from harness.predict.parameters import RAW
 from harness.predict.terms import (
-    RAW,
     CellFacts,
     EpochTerms,
     LayerFacts,
@@ -112,8 +113,11 @@ def test_free_parameters_scale_their_own_terms_only() -> None:
                        concurrent=True)
     assert terms.seconds(RAW) == pytest.approx(11.5)
     assert terms.seconds({"contention": 1.2, "communication": 2.0}) == pytest.approx(15.0)
-    assert terms.coefficients() == {"contention": 10.0, "communication": 1.5,
-                                    "horovod_background": 0.0}
+    # A model's own parameter is in the terms of that model only (Horovod's, declared in its
+    # spec): the shared ones are every multi-worker model's.
+    assert terms.coefficients() == {"contention": 10.0, "communication": 1.5}
     # Horovod on CPU workers: its background thread competes with all the step's compute.
-    horovod = EpochTerms(10.0, 1.0, 0.0, 4, concurrent=True, background_s=10.0)
+    horovod = EpochTerms(10.0, 1.0, 0.0, 4, concurrent=True,
+                         model_terms=((HOROVOD_BACKGROUND, 10.0),))
+    assert horovod.coefficients()["horovod_background"] == 10.0
     assert horovod.seconds({"horovod_background": 0.3}) == pytest.approx(10.0 + 3.0 + 1.0)

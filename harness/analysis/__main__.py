@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from harness.analysis.fit import (
-    PARAMETERS,
     CellPrediction,
     accuracy,
     family_held_out,
@@ -43,6 +42,7 @@ from harness.config import ConfigError, DistbenchConfig, validate
 from harness.hardware_profile import profile_for
 from harness.predict.cell import epoch_terms, memory_per_worker_mb
 from harness.predict.facts import FactsCache, cache_for, command_parser, gather
+from harness.predict.parameters import PARAMETERS
 from harness.preflight import check_writable_dir
 from harness.tracking import log_run, tracking_uri
 from workloads.datasets.atomic import write_json_atomic
@@ -117,7 +117,9 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
     write_json_atomic(fit_path, {
         "experiment": experiment, "tracking_uri": uri, "cells": len(cells),
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "parameters": {name: asdict(parameter) for name, parameter in PARAMETERS.items()},
+        "parameters": {name: {"meaning": parameter.meaning, "prior": parameter.prior,
+                              "sigma": parameter.sigma}
+                       for name, parameter in PARAMETERS.items()},
         "hardware": {hardware: _hardware_entry(hardware, [p.cell for p in fitted], params,
                                                runtime)
                      for hardware in params},

@@ -1,12 +1,13 @@
 """Fits of the time equations' free parameters, judged on cells held out of the fit.
 
-The parameters (`PARAMETERS`) are few and belong to the hardware, not to a model: every
-multi-worker model's compute is scaled by the same contention factor and its communication by
-the same communication factor, because the physics they stand for is shared (workers that
-share a node's cores and memory bandwidth; the share of the probed bandwidth a transfer gets
-while the workers compute). So each model has at most two, the sequential model none, and a fit
-learns them from every model's cells of that hardware at once, which makes them hard to bend
-towards one network's quirks.
+The parameters (`harness.predict.parameters.PARAMETERS`) are few and belong to the hardware,
+not to a model: every multi-worker model's compute is scaled by the same contention factor and
+its communication by the same communication factor, because the physics they stand for is
+shared (workers that share a node's cores and memory bandwidth; the share of the probed
+bandwidth a transfer gets while the workers compute). So each model has at most two, the
+sequential model none, plus those a model declares for a term of its own (Horovod's
+background thread), and a fit learns them from every model's cells of that hardware at once,
+which makes them hard to bend towards one network's quirks.
 
 The equations are linear in the parameters (`predict.cell.EpochTerms.coefficients`), so a fit
 is a bounded linear least-squares problem on the *relative* error (a slow cell does not
@@ -27,36 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.analysis.grid import MeasuredCell
-from harness.predict.terms import RAW, EpochTerms
-
-
-@dataclass(frozen=True)
-class Parameter:
-    """One free parameter: what it means, and the prior that keeps it near the raw equation."""
-
-    meaning: str
-    prior: float
-    # The prior's spread: a deviation of sigma costs as much as one cell 100 % off, so a
-    # deviation of sigma / 20 costs what one cell 5 % off does. Wide: the data decide as soon
-    # as there are a few cells; with none or one the raw value holds or moves little.
-    sigma: float
-
-
-PARAMETERS: dict[str, Parameter] = {
-    "contention": Parameter(
-        "how much slower a worker computes while the other workers of its node compute too "
-        "(shared cores, caches and memory bandwidth); 1 = as fast as alone (the probe)",
-        RAW["contention"], 5.0),
-    "communication": Parameter(
-        "seconds of communication per second the probed link speeds predict (allreduces and "
-        "stage transfers under load, not hidden behind compute); 1 = the probe's speed",
-        RAW["communication"], 10.0),
-    "horovod_background": Parameter(
-        "share of a core Horovod's background thread (a negotiation cycle every "
-        "cycle_time_ms, all through the step) takes from workers that share their cores; "
-        "Horovod only, 0 where workers have devices of their own",
-        RAW["horovod_background"], 5.0),
-}
+from harness.predict.parameters import PARAMETERS, RAW
+from harness.predict.terms import EpochTerms
 
 
 @dataclass(frozen=True)

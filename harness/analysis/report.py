@@ -18,7 +18,6 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from harness.analysis.fit import (
-    PARAMETERS,
     Accuracy,
     CellPrediction,
     signed_error,
@@ -28,6 +27,7 @@ from harness.analysis.recommendations import MemoryVerdict, WorkloadVerdict
 from harness.config import DistbenchConfig
 from harness.distributions.registry import baseline, spec_of
 from harness.partition import StagePlan
+from harness.predict.parameters import PARAMETERS
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -20,7 +20,7 @@ from harness.hardware_profile import HardwareProfile
 from harness.network_profile import NetworkProfile
 from harness.partition import StagePlan
 from harness.predict.memory import WorkerMemory
-from harness.predict.terms import CellFacts, EpochTerms
+from harness.predict.terms import CellFacts, EpochTerms, FreeParameter
 
 if TYPE_CHECKING:  # the trainer's types: a spec names its trainer, and imports it never
     from harness.distributions.base import Trainer, TrainerFactory, TrainingContext
@@ -87,6 +87,9 @@ class DistributionSpec:
     # Libraries beyond PyTorch the model trains with, as the recorded environment names their
     # versions (`<library>_version`): an MLPerf system description lists them.
     frameworks: tuple[str, ...] = ()
+    # Free parameters of terms of the model's own (`EpochTerms.model_terms`), fitted per
+    # hardware beside the shared contention and communication (Horovod's background thread).
+    free_parameters: tuple[FreeParameter, ...] = ()
 
     def __post_init__(self) -> None:
         own_name = self.settings.__dataclass_fields__["name"].default

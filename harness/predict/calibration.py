@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.config import ConfigError, HardwareConfig
-from harness.predict.terms import RAW
+from harness.predict.parameters import RAW
 
 # How far the raw (uncalibrated) equations have missed measured cells, as a factor either way:
 # an uncalibrated option's range is its prediction / RAW_ERROR_FACTOR to its prediction x

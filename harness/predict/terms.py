@@ -12,11 +12,14 @@ Every model's epoch is split by physical cause, so that one fitting procedure se
 - `allreduce`: gradient allreduces that do not hide behind the backward pass;
 - `transfer`: activations and their gradients sent between pipeline stages.
 
-The raw equation is every free parameter at its prior value (`RAW`): contention 1,
-communication 1. What the parameters mean, and which model uses which, is in
-`harness.analysis.fit.PARAMETERS`; they are fitted per hardware and shared between models,
-because the physics they stand for (workers sharing a node's cores and memory bandwidth, the
-share of the probed bandwidth achieved under load) is the hardware's, not the model's.
+The raw equation is every free parameter at its prior value (`harness.predict.parameters.RAW`:
+contention 1, communication 1, a model's own at theirs). The two are every multi-worker
+model's (`SHARED_PARAMETERS`): fitted per hardware and shared between models, because the
+physics they stand for (workers sharing a node's cores and memory bandwidth, the share of the
+probed bandwidth achieved under load) is the hardware's, not the model's. A model whose
+physics has a term of its own declares its parameter in its spec
+(`DistributionSpec.free_parameters`, e.g. Horovod's background thread) and puts the term in
+its `EpochTerms.model_terms`; `harness.predict.parameters.PARAMETERS` holds them all.
 
 Each model's own equations are in its module (`harness.distributions.<name>`, its
 `DistributionSpec`); `harness.predict.cell` dispatches to them.
@@ -33,8 +36,34 @@ from harness.partition import StagePlan
 from harness.predict import activations, allreduce, memory, overlap
 from harness.units import BYTES_PER_MB
 
-# Free parameters of the time equations at their raw (prior) values.
-RAW: dict[str, float] = {"contention": 1.0, "communication": 1.0, "horovod_background": 0.0}
+
+@dataclass(frozen=True)
+class FreeParameter:
+    """One free parameter of the time equations: what it means, and the prior that keeps it
+    near the raw equation."""
+
+    name: str
+    meaning: str
+    prior: float  # its raw value: the equation as derived, before any fit
+    # The prior's spread: a deviation of sigma costs as much as one cell 100 % off, so a
+    # deviation of sigma / 20 costs what one cell 5 % off does. Wide: the data decide as soon
+    # as there are a few cells; with none or one the raw value holds or moves little.
+    sigma: float
+
+
+CONTENTION = FreeParameter(
+    "contention",
+    "how much slower a worker computes while the other workers of its node compute too "
+    "(shared cores, caches and memory bandwidth); 1 = as fast as alone (the probe)", 1.0, 5.0)
+COMMUNICATION = FreeParameter(
+    "communication",
+    "seconds of communication per second the probed link speeds predict (allreduces and "
+    "stage transfers under load, not hidden behind compute); 1 = the probe's speed", 1.0, 10.0)
+# Every multi-worker model's parameters, in the order a fit lists them.
+SHARED_PARAMETERS: tuple[FreeParameter, ...] = (CONTENTION, COMMUNICATION)
+# The shared parameters at their raw (prior) values (`harness.predict.parameters.RAW` adds
+# the models' own).
+SHARED_RAW: dict[str, float] = {parameter.name: parameter.prior for parameter in SHARED_PARAMETERS}
 
 # Backward share of a training step when no layer profile says otherwise (data-parallel
 # cells): a backward pass costs about twice its forward, and the update little.
@@ -88,10 +117,10 @@ class EpochTerms:
     # Several workers compute at once (every multi-worker model): their compute is what the
     # contention factor scales. A sequential cell's compute is the probe itself.
     concurrent: bool = False
-    # Compute that shares its cores with Horovod's background thread, which wakes every
-    # cycle (`distribution.cycle_time_ms`) to negotiate and fuse whatever gradients are ready,
-    # all through the step, not only while it communicates. 0 where it has cores of its own.
-    background_s: float = 0.0
+    # Terms of the model's own free parameters (each declared in its spec): (parameter,
+    # seconds per unit of it). Horovod's: the compute that shares its cores with its
+    # background thread.
+    model_terms: tuple[tuple[FreeParameter, float], ...] = ()
 
     @property
     def communication_s(self) -> float:
@@ -101,15 +130,16 @@ class EpochTerms:
         """Seconds per unit of each free parameter: the row of a (linear) fit."""
         if not self.concurrent:
             return {}
-        return {"contention": self.compute_s, "communication": self.communication_s,
-                "horovod_background": self.background_s}
+        return {CONTENTION.name: self.compute_s, COMMUNICATION.name: self.communication_s,
+                **{parameter.name: seconds for parameter, seconds in self.model_terms}}
 
     def fixed_s(self) -> float:
         """The seconds no free parameter scales."""
         return 0.0 if self.concurrent else self.compute_s
 
     def seconds(self, params: dict[str, float] | None = None) -> float:
-        values = {**RAW, **(params or {})}
+        values = {**SHARED_RAW, **{parameter.name: parameter.prior
+                                   for parameter, _ in self.model_terms}, **(params or {})}
         return self.fixed_s() + sum(values[name] * coefficient
                                     for name, coefficient in self.coefficients().items())
 
@@ -155,14 +185,14 @@ def allreduce_seconds(profile: HardwareProfile, workers: int, total_mb: float,
 
 def data_parallel_terms(config: DistbenchConfig, facts: CellFacts, profile: HardwareProfile,
                         *, exposed_threshold_mb: float, messages: int,
-                        background: bool = False) -> EpochTerms:
+                        background: FreeParameter | None = None) -> EpochTerms:
     """Eq. 5.1 for a model with one whole replica per worker, with what the workers' hardware
     lets hide: where collectives can run beside the compute (`communication_overlaps`), each
     bucket or fused buffer (of `exposed_threshold_mb`) hides only behind the backward still to
     run after it (`overlapped_allreduce_seconds`: at least the last one is exposed, as the
     thesis assumes, at most all); on CPU workers every allreduce of the step is exposed,
-    each of the `messages` with its latency. `background`: a thread shares the compute's
-    cores (Horovod's cycle)."""
+    each of the `messages` with its latency. `background`: the model's parameter for a thread
+    that shares the compute's cores (Horovod's cycle), scaling all of the compute."""
     workers, steps = config.world_size, batches_per_epoch(config)
     if communication_overlaps(config):
         allreduce = overlapped_allreduce_seconds(config, facts, profile, workers,
@@ -173,9 +203,11 @@ def data_parallel_terms(config: DistbenchConfig, facts: CellFacts, profile: Hard
     # Horovod's cycle thread takes its share of a CPU worker's cores wherever the worker
     # computes on them, on one machine or on a node of its own; a GPU worker's compute is the
     # device's.
-    hidden_background = background and config.hardware.device.value != "cuda"
+    model_terms: tuple[tuple[FreeParameter, float], ...] = ()
+    if background is not None and config.hardware.device.value != "cuda":
+        model_terms = ((background, compute),)
     return EpochTerms(compute, steps * allreduce, 0.0, steps, concurrent=True,
-                      background_s=compute if hidden_background else 0.0)
+                      model_terms=model_terms)
 
 
 def gradient_buckets(facts: CellFacts, cap_mb: float) -> list[tuple[float, float]]:

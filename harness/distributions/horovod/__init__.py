@@ -24,11 +24,21 @@ from harness.predict.terms import (
     BACKWARD_SHARE,
     CellFacts,
     EpochTerms,
+    FreeParameter,
     data_parallel_terms,
     replica_memory,
 )
 
 MAX_CYCLE_TIME_MS = 1e6  # 1,000 s between fusion cycles: a cell would never finish
+
+# Horovod's own free parameter: its background thread wakes every cycle to negotiate and fuse
+# whatever gradients are ready, all through the step, not only while it communicates, and on
+# workers that share their cores it takes a share of them from the compute.
+BACKGROUND = FreeParameter(
+    "horovod_background",
+    "share of a core Horovod's background thread (a negotiation cycle every "
+    "cycle_time_ms, all through the step) takes from workers that share their cores; "
+    "Horovod only, 0 where workers have devices of their own", 0.0, 5.0)
 
 
 @dataclass
@@ -73,7 +83,7 @@ def epoch_terms(config: DistbenchConfig, facts: CellFacts,
                                   BACKWARD_SHARE * facts.step_seconds)
     return data_parallel_terms(config, facts, profile,
                                exposed_threshold_mb=settings.fusion_threshold_mb,
-                               messages=messages, background=True)
+                               messages=messages, background=BACKGROUND)
 
 
 def horovod_buffer_mb(gradient_mb: float, fusion_threshold_mb: float) -> float:
@@ -95,4 +105,4 @@ SPEC = DistributionSpec(
     trainer=trainer_in(f"{__name__}.trainer", "horovod_trainer"),
     epoch_terms=epoch_terms, memory_per_worker=memory_per_worker,
     candidates=at_every_count(HorovodConfig), label=workers_label("horovod"),
-    frameworks=("horovod",))
+    frameworks=("horovod",), free_parameters=(BACKGROUND,))
