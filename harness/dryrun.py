@@ -8,7 +8,7 @@ that is valid but cannot run where it would go (a CUDA cell on this machine with
 multi-node cell with the local launcher) is listed all the same, with the reason: listing a
 cluster's grid from a laptop or a login node is what a dry run is for.
 
-Where an analysis fitted the cells' hardware (`harness.predict.calibration.choose_fit`), each
+Where an analysis fitted the cells' hardware (`harness.analysis.calibration.choose_fit`), each
 cell gets its predicted seconds per epoch, and the sweep its total (seconds per epoch x
 `run.epochs` x `run.repeats`, summed); nothing is timed for it: the step times and layer
 profiles are those measured earlier (`<run.output_dir>/facts/<hardware>.json`, sequential
@@ -103,9 +103,9 @@ def plan_cell(number: int, cfg: DictConfig, launcher: DictConfig,
 def predict(cells: Sequence[PlannedCell]) -> Predictions:
     """Each cell's predicted seconds per epoch where an analysis fitted its hardware, from
     facts measured earlier (module docstring); nothing is timed or written."""
+    from harness.analysis.calibration import Fitted, choose_fit
     from harness.distributions.registry import specs
     from harness.hardware_profile import profile_for
-    from harness.predict.calibration import Fitted, choose_fit
     from harness.predict.cell import epoch_terms
     from harness.predict.facts import FactsCache, gather
 

@@ -18,7 +18,7 @@ run, the parameters it fitted for hardware H (`--fit`, default the
 models, then networks, cells, recency; none: the raw equations). A model that fit calibrated
 (its cells on H, its error on an unseen network measured) gets a range widened by that error;
 any other is marked uncalibrated, its range is the raw equations' error, and the output names
-the commands that calibrate (`harness.predict.calibration`). That is why it works for
+the commands that calibrate (`harness.analysis.calibration`). That is why it works for
 networks and hardware the measured grid never saw. Every candidate is composed and validated
 before anything is measured or written. What the probe
 measures is kept in `<run.output_dir>/facts/<hardware>.json` and used again by the next run
@@ -46,6 +46,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
+from harness.analysis.calibration import (
+    RAW_ERROR_FACTOR,
+    Fitted,
+    calibrate_commands,
+    choose_fit,
+)
 from harness.analysis.report import setting_label
 from harness.cli import BAD_INPUT_ERRORS, bad_input_message, command
 from harness.compose import compose_config
@@ -53,12 +59,6 @@ from harness.config import ConfigError, DistbenchConfig, validate
 from harness.distributions.registry import spec_of, specs
 from harness.hardware_profile import profile_for
 from harness.partition import StagePlan
-from harness.predict.calibration import (
-    RAW_ERROR_FACTOR,
-    Fitted,
-    calibrate_commands,
-    choose_fit,
-)
 from harness.predict.cell import cost_per_epoch, epoch_terms, memory_per_worker_mb
 from harness.predict.facts import (
     FactsCache,
@@ -84,7 +84,7 @@ class Option:
     seconds_per_epoch: float
     # The likely range of seconds_per_epoch: the step time's quartiles over the probe's
     # batches, widened by the fit's held-out error of the model where a fit calibrated it,
-    # else by the raw equations' error (`predict.calibration.ModelCalibration`).
+    # else by the raw equations' error (`analysis.calibration.ModelCalibration`).
     seconds_low: float
     seconds_high: float
     memory_mb: float  # the largest worker's

@@ -258,7 +258,7 @@ def test_recommend_takes_the_parameters_fitted_for_the_hardware_asked_about(
         output_root: Path) -> None:
     import os
 
-    from harness.predict.calibration import Fitted, choose_fit
+    from harness.analysis.calibration import Fitted, choose_fit
 
     older = _write_fit(output_root / "analysis" / "cluster", {
         "titanrtx_cluster": {"contention": 1.01, "communication": 1.2}})
@@ -288,7 +288,7 @@ def test_the_fit_that_covers_the_most_models_wins_over_a_newer_narrower_one(
     models asked about, then networks, cells and recency, never by recency alone."""
     import os
 
-    from harness.predict.calibration import choose_fit
+    from harness.analysis.calibration import choose_fit
 
     params = {"local_2cpu": {"contention": 1.1}}
     broad = _write_fit(output_root / "analysis" / "calibrate_local", params,
@@ -315,7 +315,7 @@ def test_a_fit_calibrates_only_the_models_it_measured_with_two_networks(
     """A model without cells in the fit, and every model of a fit of one network (its error on
     an unseen network could not be measured), is uncalibrated: its range is the raw equations'
     error, far wider than a fit's."""
-    from harness.predict.calibration import RAW_ERROR_FACTOR, Fitted
+    from harness.analysis.calibration import RAW_ERROR_FACTOR, Fitted
 
     params = {"local_2cpu": {"contention": 1.1}}
     two = Fitted.load(_write_fit(output_root / "analysis" / "two", params,

@@ -513,8 +513,8 @@ def _predict_analysis(argv: list[str]) -> Expect | None:
 
 def _predict_recommend(argv: list[str]) -> Expect | None:
     from harness import recommend
+    from harness.analysis.calibration import Fitted, choose_fit
     from harness.hardware_profile import profile_for
-    from harness.predict.calibration import Fitted, choose_fit
     from harness.predict.facts import cache_for
     from harness.preflight import check_writable_dir
 

@@ -252,7 +252,7 @@ def test_the_fit_is_chosen_by_coverage_or_named_and_models_it_did_not_calibrate_
     calibrated; an uncalibrated one has the raw equations' range and the calibrating command."""
     import os
 
-    from harness.predict.calibration import RAW_ERROR_FACTOR
+    from harness.analysis.calibration import RAW_ERROR_FACTOR
     from tests.test_analysis import _write_fit
 
     _kept_facts(output_root, {128: 0.010, 64: 0.006})

@@ -57,7 +57,7 @@ def test_a_fit_of_the_wrong_shape_is_named_or_passed_over_saying_so(
     assert stopped.value.code == 2 and f"--fit={fit} is invalid" in err, err
     assert "hardware.local_2cpu is a JSON list" in err
 
-    from harness.predict.calibration import choose_fit
+    from harness.analysis.calibration import choose_fit
 
     assert choose_fit(tmp_path, "local_2cpu", ["ddp"]) is None
     err = _one_line(capsys)
