@@ -32,12 +32,14 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     if config.world_size > 1 and not worker_environment().is_distributed:
         # A multi-worker cell typed at the prompt: start its workers locally.
         from launchers.cells import single_node_workers
-        from launchers.local import run_local_cell
+        from launchers.local import GRACE_AFTER_RESULT_S, run_local_cell
 
         hydra_config = HydraConfig.get()
         return noted(run_local_cell(cfg, Path(hydra_config.runtime.output_dir),
                                     workers=single_node_workers(config),
-                                    timeout_min=int(hydra_config.launcher.timeout_min)))
+                                    timeout_min=int(hydra_config.launcher.timeout_min),
+                                    grace_s=float(hydra_config.launcher.get(
+                                        "grace_after_result_s", GRACE_AFTER_RESULT_S))))
     result = noted(run_cell(cell))  # a cell that did not end ok: exit status 1 (harness.cli)
     if result.get("storage_error"):
         sys.exit(1)  # its one line is printed: where the record went instead of its directory

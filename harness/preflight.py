@@ -10,6 +10,7 @@ command turns into one line and exit status 2 (harness.cli), before anything is 
 from __future__ import annotations
 
 import errno
+import math
 import os
 import shutil
 import tempfile
@@ -119,6 +120,12 @@ def check_launcher(hydra: DictConfig, *, sweep: bool) -> None:
         timeout = launcher.timeout_min
         require(isinstance(timeout, int) and timeout >= 1, "hydra.launcher.timeout_min", timeout,
                "minutes one cell may run; allowed: 1 or more")
+    if "grace_after_result_s" in launcher:
+        grace = launcher.grace_after_result_s
+        require(isinstance(grace, (int, float)) and not isinstance(grace, bool)
+                and math.isfinite(grace) and grace >= 0, "hydra.launcher.grace_after_result_s",
+                grace, "seconds a cell's other workers may outlive its record; allowed: a "
+                "number, 0 or more")
     if sweep and is_slurm_launcher(hydra) and shutil.which("sbatch") is None:
         raise ConfigError("hydra/launcher=submitit_slurm is invalid here: SLURM is not "
                           "installed (no sbatch on PATH); allowed: serial_local (the default, "

@@ -314,7 +314,8 @@ def _controller_pid(job: submitit.Job) -> int | None:
     return None if process is None else process.pid
 
 
-def run_local_cell(cfg: Any, output_dir: Path, *, workers: int, timeout_min: int) -> dict:
+def run_local_cell(cfg: Any, output_dir: Path, *, workers: int, timeout_min: int,
+                   grace_s: float = GRACE_AFTER_RESULT_S) -> dict:
     """`python -m harness` for a cell with several workers: start them, wait (showing what
     rank 0 prints, as a cell of one worker shows it), return the result (rank 0's record, or
     the record of how the cell failed)."""
@@ -322,18 +323,19 @@ def run_local_cell(cfg: Any, output_dir: Path, *, workers: int, timeout_min: int
 
     outcome, _ = run_cell_job(_logged_run_cell, cfg, output_dir, config=cfg,
                               output_dir=output_dir, folder=output_dir / ".submitit" / "%j",
-                              workers=workers, timeout_min=timeout_min, name="distbench",
-                              label=validate(cfg).run_name)
+                              workers=workers, timeout_min=timeout_min, grace_s=grace_s,
+                              name="distbench", label=validate(cfg).run_name)
     return outcome
 
 
 def run_cell_job(function: Callable[..., Any], *args: Any, config: Any, output_dir: Path,
-                 folder: Path, workers: int, timeout_min: int, name: str, label: str
-                 ) -> tuple[dict, submitit.Job]:
+                 folder: Path, workers: int, timeout_min: int, name: str, label: str,
+                 grace_s: float = GRACE_AFTER_RESULT_S) -> tuple[dict, submitit.Job]:
     """One cell on this machine, as both a cell typed at the prompt and the serial sweep run
     it: submit `function(*args)` as the cell's `workers` processes, wait until all have ended
     (`wait_for_cell`, rank 0 shown), and return the cell's outcome (`launchers.cells.
     cell_outcome`: rank 0's record, or the record of how the cell failed) and its job.
+    `grace_s`: how long the other workers may outlive rank 0's record (`wait_for_cell`).
     `label` names the cell in the line that says its workers are starting: they take seconds
     (a Python and torch each) before rank 0 says anything."""
     from harness.outcome import now
@@ -345,7 +347,8 @@ def run_cell_job(function: Callable[..., Any], *args: Any, config: Any, output_d
     started = now()
     job = submit_local(function, *args, folder=folder, tasks=workers, timeout_min=timeout_min,
                        name=name)
-    timed_out = wait_for_cell(job, output_dir, timeout_s=60 * timeout_min, show_rank0=True)
+    timed_out = wait_for_cell(job, output_dir, timeout_s=60 * timeout_min, grace_s=grace_s,
+                              show_rank0=True)
     outcome = cell_outcome(config, output_dir, ended_as=RunStatus.timeout if timed_out else None,
                            logs=worker_logs_tail(job, workers), started=started)
     return outcome, job

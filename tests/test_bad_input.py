@@ -319,6 +319,10 @@ BAD_INPUTS: list[Bad] = [
     _bad("harness", "probe.message_bytes=[8]", "probe.message_bytes=[8] is invalid"),
     _bad("harness", "hydra.launcher.timeout_min=0", "hydra.launcher.timeout_min=0 is invalid"),
     _bad("harness", "hydra.launcher.timeout_min=-1", "hydra.launcher.timeout_min=-1 is invalid"),
+    _bad("harness", "distribution=ddp hardware=local_2cpu hydra.launcher.grace_after_result_s=-1",
+         "hydra.launcher.grace_after_result_s=-1.0 is invalid"),
+    _bad("harness", f"{SWEEP} hydra.launcher.grace_after_result_s=nan",
+         "hydra.launcher.grace_after_result_s=nan is invalid"),
     # combinations
     _bad("harness", "distribution.batch_size=100000000 dataset.num_samples=null",
          "distribution.batch_size=100000000 is invalid"),

@@ -114,7 +114,9 @@ def test_a_hanging_worker_ends_the_cell_as_timeout(output_root: Path, tmp_path: 
     controller held this test's stdout pipe open, so communicate() never returned)."""
     log = tmp_path / "cell.log"
     with log.open("w") as out:  # a file: a process left behind cannot block the test
-        cell = _start(output_root, *LONG_RUNNING, "run.progress_timeout_s=10", stdout=out)
+        # The frozen worker is ended 3 s after rank 0 recorded the cell (20 s by default).
+        cell = _start(output_root, *LONG_RUNNING, "run.progress_timeout_s=10",
+                      "hydra.launcher.grace_after_result_s=3", stdout=out)
     try:
         workers = _wait_for_training(output_root)
         os.kill(workers[1], signal.SIGSTOP)  # frozen: alive, holding its sockets, doing nothing

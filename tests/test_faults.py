@@ -108,7 +108,9 @@ def test_a_frozen_cell_of_a_sweep_started_with_nohup_is_ended_and_recorded(
     command = [sys.executable, "-m", "harness", "-m", "hardware=local_2cpu", "distribution=ddp",
                *tiny_overrides(output_root, "dataset.num_samples=256", "run.epochs=5",
                                "run.warmup_batches=0", "run.progress_timeout_s=8",
-                               "hydra.launcher.timeout_min=3")]
+                               "hydra.launcher.timeout_min=3",
+                               # rank 1, frozen, is ended 3 s after rank 0 is gone (default 20)
+                               "hydra.launcher.grace_after_result_s=3")]
     # As a script would: in the background of a non-interactive shell, which has it ignore
     # SIGINT (and nohup SIGHUP); `sh -c` notes the sweep's exit status.
     inner = f"{shlex.join(command)}; echo $? > {shlex.quote(str(status))}"

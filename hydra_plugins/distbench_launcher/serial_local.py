@@ -35,6 +35,10 @@ class SerialLocalConf(LocalQueueConf):
     # Run again the cells that finished ok but were measured while the machine was unsteady
     # (harness.steadiness; the summary table marks them '~'); the others are still skipped.
     remeasure_unsteady: bool = False
+    # After a cell's rank 0 has recorded it (or exited), how many seconds its other workers
+    # may take to exit by themselves before they are ended (a frozen peer must not hold the
+    # sweep): the same key as the SLURM launcher's.
+    grace_after_result_s: float = 20.0
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="serial_local",
@@ -94,6 +98,7 @@ class SerialLocalLauncher(LocalLauncher):
                     f"job_id_for_{cell.job_num}", Singleton.get_state(), config=cell.config,
                     output_dir=cell.output_dir, folder=Path(self.params["submitit_folder"]),
                     workers=cell.size, timeout_min=timeout_min,
+                    grace_s=float(self.params["grace_after_result_s"]),
                     name=str(cell.config.hydra.job.name),
                     label=f"cell {cell.job_num} ({cell.cell.run_name})")
                 results.append(outcome)
