@@ -11,6 +11,10 @@ runs), relative imports resolved, `from package import module` an edge to the mo
 The entry points (`ENTRY_POINTS`) are the commands that start the launchers: they live in
 `harness/` beside the command they run, and may import `launchers/`; no module of the core or
 of the launchers may import them back.
+
+Inside harness/ the same holds between its own layers (`HARNESS_LAYERS`): the config and the
+command line's plumbing -> the models' shared physics and what a worker measures with -> the
+distribution models -> the records -> the worker -> prediction and analysis -> the commands.
 """
 
 from __future__ import annotations
@@ -186,6 +190,62 @@ def test_every_import_goes_to_its_own_layer_or_a_lower_one() -> None:
     assert not upward, "imports against the layering (workloads, conf -> harness -> " \
         "launchers -> hydra_plugins, entry points):\n    " + "\n    ".join(
             describe([edge], modules) for edge in upward)
+
+
+# The layers inside harness/ (issue 26), lowest first: a module may import its own layer or a
+# lower one. An entry is a module, or `package.*` for every module under a package (the
+# longest entry that matches a module places it); a module no entry places fails the test,
+# so that a new module is given its place.
+HARNESS_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("the config, its checks, the command line's plumbing",
+     ("harness", "harness.accepts", "harness.units", "harness.config", "harness.batch_sizes",
+      "harness.filelock", "harness.processes", "harness.seeding", "harness.spread",
+      "harness.cli", "harness.worker_env")),
+    ("the models' shared physics, and what a worker measures and talks with",
+     ("harness.network_profile", "harness.hardware_profile", "harness.partition",
+      "harness.predict", "harness.predict.terms", "harness.predict.memory",
+      "harness.predict.allreduce", "harness.predict.activations", "harness.predict.overlap",
+      "harness.metrics", "harness.distributed", "harness.links", "harness.workload",
+      "harness.evaluation", "harness.profiler", "harness.environment", "harness.preflight")),
+    ("the distribution models", ("harness.distributions.*",)),
+    ("the records: results, MLflow, event logs, a cell's identity",
+     ("harness.results", "harness.tracking", "harness.record", "harness.outcome",
+      "harness.resume", "harness.sweep_summary", "harness.eventlog", "harness.compliance",
+      "harness.cell")),
+    ("the worker",
+     ("harness.run", "harness.divergence", "harness.interruption", "harness.watchdog",
+      "harness.memory_limit", "harness.steadiness", "harness.probe_worker")),
+    ("prediction and analysis",
+     ("harness.predict.*", "harness.analysis.*", "harness.describe", "harness.compose")),
+    ("the commands",
+     ("harness.plan", "harness.probe", "harness.recommend", "harness.dryrun", "harness.sync",
+      "harness.__main__", "harness.sweeps.*")),
+)
+
+
+def harness_layer(module: str) -> int | None:
+    """The layer of a module of harness/: the layer that names it, else the one whose longest
+    `package.*` entry covers it; None where no entry places it."""
+    named = [level for level, (_, entries) in enumerate(HARNESS_LAYERS) if module in entries]
+    if named:
+        return named[0]
+    covering = [(len(entry), level) for level, (_, entries) in enumerate(HARNESS_LAYERS)
+                for entry in entries
+                if entry.endswith(".*") and f"{module}.".startswith(entry.removesuffix("*"))]
+    return max(covering)[1] if covering else None
+
+
+def test_harness_has_layers_that_import_downwards_only() -> None:
+    modules = {name: path for name, path in source_files().items()
+               if name.split(".")[0] == "harness"}
+    unplaced = sorted(name for name in modules if harness_layer(name) is None)
+    assert not unplaced, f"modules of harness/ without a layer in HARNESS_LAYERS: {unplaced}"
+    upward = [edge for edge in import_edges(modules)
+              if harness_layer(edge.target) > harness_layer(edge.source)]  # type: ignore[operator]
+    assert not upward, "imports against harness/'s layers (" + " -> ".join(
+        name for name, _ in HARNESS_LAYERS) + "):\n    " + "\n    ".join(
+        f"{describe([edge], modules)}: {HARNESS_LAYERS[harness_layer(edge.source)][0]} "  # type: ignore[index]
+        f"-> {HARNESS_LAYERS[harness_layer(edge.target)][0]}" for edge in upward)
 
 
 def test_the_graph_reader_sees_lazy_relative_and_submodule_imports(tmp_path: Path) -> None:
