@@ -37,9 +37,9 @@ from harness.preflight import expand_user
 from harness.record import staged_artifacts
 from harness.results import RESULT_FILE, CellResult, RepeatResult, RunStatus
 from harness.tracking import (
-    _client,
     close_stale_parent_runs,
     experiment_id,
+    open_store,
     record_cell,
     recorded_run_id,
     tracking_failure,
@@ -101,7 +101,7 @@ def sync_result(path: Path, data: dict[str, Any], uri: str) -> str:
     result = as_result(data)
     experiment = result.config["tracking"]["experiment"]
     with _exclusive(path.parent):
-        client = _client(uri)
+        client = open_store(uri)
         run_id = recorded_run_id(client, experiment_id(client, experiment, uri), result)
         done = "already recorded"
         if run_id is None:
@@ -147,7 +147,7 @@ def sync(output_root: Path, uri: str) -> int:
 def check_reachable(uri: str) -> None:
     """Fail (one line naming tracking.uri, exit 3: harness.cli.one_door) when the store cannot
     be opened or answer a query, even with nothing pending: "synced to" must mean it could."""
-    client = _client(uri)
+    client = open_store(uri)
     client.search_experiments(max_results=1)
 
 

@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
@@ -39,6 +39,9 @@ from harness.filelock import held
 from harness.processes import start_time
 from harness.results import RESULT_FILE, CellResult, RunStatus
 from harness.sweep_summary import SweepSummary
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 log = logging.getLogger(__name__)
 
@@ -201,10 +204,10 @@ def quiet_store_logs() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def _client(uri: str):  # noqa: ANN202 - MlflowClient imported lazily (slow import)
+def open_store(uri: str) -> MlflowClient:
     """The one way distbench opens a store: checked (check_store), and bounded in its waits
     (_HTTP_DEFAULTS), for cells, sync, analysis and the sweeps command alike."""
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # here: a slow import, for the commands that store
 
     check_store(uri)
     for name, value in _HTTP_DEFAULTS.items():
@@ -375,7 +378,7 @@ def result_recorded_for(uri: str, experiment: str, key: str,
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         return None
     try:
-        client = _client(uri)
+        client = open_store(uri)
         experiment_ = client.get_experiment_by_name(experiment)
         if experiment_ is None:
             return None
@@ -420,7 +423,7 @@ def log_run(*, uri: str, experiment: str, run_name: str, tags: Mapping[str, str]
     epoch) default to now."""
     from mlflow.entities import Metric, Param
 
-    client = _client(uri)
+    client = open_store(uri)
     run = client.create_run(experiment_id(client, experiment, uri), run_name=run_name,
                             tags=dict(tags), start_time=start_time)
     run_id = run.info.run_id
@@ -489,14 +492,14 @@ def _close_parent_run(uri: str, run_id: str, status: str, summary: SweepSummary)
     where to compare them. A summary that fails is logged; the run is closed all the same."""
     experiment = None
     try:
-        client = _client(uri)
+        client = open_store(uri)
         experiment = client.get_run(run_id).info.experiment_id
         _log_summary(client, run_id, summary)
     except Exception as err:  # noqa: BLE001 - the cells' runs hold it all anyway
         log.warning("could not summarize the sweep in its MLflow run %s (%s)", run_id,
                     tracking_failure(err))
     try:
-        _client(uri).set_terminated(run_id, status=status)
+        open_store(uri).set_terminated(run_id, status=status)
     except Exception as err:  # noqa: BLE001 - the next sweep or sync closes it
         log.warning("could not close the sweep's MLflow run %s (%s)", run_id,
                     tracking_failure(err))
@@ -527,7 +530,7 @@ def _log_summary(client: Any, run_id: str, summary: SweepSummary) -> None:
 def _open_parent_run(config: DictConfig, uri: str) -> str | None:
     sweep_dir = Path(str(config.hydra.sweep.dir))
     try:
-        client = _client(uri)
+        client = open_store(uri)
         run = client.create_run(
             experiment_id(client, config.tracking.experiment, uri),
             run_name=f"sweep-{sweep_dir.name}",
@@ -582,7 +585,7 @@ def close_stale_parent_runs(uri: str) -> list[str]:
         return []
     closed = []
     try:
-        client = _client(uri)
+        client = open_store(uri)
         experiments = [e.experiment_id for e in client.search_experiments()]
         for start in range(0, len(experiments), 100):  # search_runs takes up to 100
             for run in client.search_runs(

@@ -154,13 +154,13 @@ def test_a_command_ended_by_sigterm_leaves_no_memory_probe_running(output_root: 
 _FIRST_STORE_USE = """
 import sys, time
 from pathlib import Path
-from harness.tracking import _client, experiment_id
+from harness.tracking import open_store, experiment_id
 from mlflow.tracking import MlflowClient  # imported before the barrier: its import is slow
 barrier, me, uri = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 (barrier / me).touch()
 while len(list(barrier.iterdir())) < 2:
     time.sleep(0.001)
-client = _client(uri)
+client = open_store(uri)
 client.create_run(experiment_id(client, "race", uri), run_name=me)
 """
 

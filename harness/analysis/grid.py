@@ -11,12 +11,10 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from omegaconf import OmegaConf
 
 from harness.config import ConfigError, DistbenchConfig
 from harness.distributions.registry import config_from_record
+from harness.recorded_runs import recorded_config
 from harness.results import RunStatus
 from harness.spread import repeat_std
 from harness.tracking import CELL_KEY_TAG
@@ -71,26 +69,16 @@ def config_from_dict(data: dict) -> DistbenchConfig:
     return config_from_record(data)
 
 
-def recorded_config(client: Any, run_id: str, scratch: Path) -> DistbenchConfig:
-    """The resolved config a run recorded (its `config.yaml` artifact), downloaded into
-    `scratch` and typed."""
-    local = client.download_artifacts(run_id, "config.yaml", str(scratch / run_id))
-    data = OmegaConf.to_container(OmegaConf.load(local))
-    if not isinstance(data, dict):
-        raise ConfigError(f"run {run_id}: its config.yaml is not a mapping")
-    return config_from_dict(data)
-
-
 def load_grid(uri: str, experiment: str, *,
               statuses: tuple[str, ...] = (RunStatus.ok.value,)) -> list[MeasuredCell]:
     """The experiment's cells with one of `statuses` (`ok`: finished; `oom`: did not fit),
     oldest first (a sweep's parent run, the probe and analysis runs carry no cell status and
     are skipped)."""
-    from harness.tracking import _client
+    from harness.tracking import open_store
 
     # One tiny config file per run: MLflow's per-download progress bar would only be noise.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    client = _client(uri)  # checked, and bounded like a cell's (2 retries)
+    client = open_store(uri)  # checked, and bounded like a cell's (2 retries)
     found = client.get_experiment_by_name(experiment)
     if found is None:
         raise ConfigError(f"tracking.experiment={experiment} is invalid: no such MLflow "

@@ -63,13 +63,13 @@ def sequential_steps(config: DistbenchConfig) -> tuple[list[MeasuredStep], str]:
 
 
 def _cells(uri: str, config: DistbenchConfig) -> list[_Cell]:
-    from harness.analysis.grid import recorded_config
     from harness.distributions.registry import baseline
     from harness.predict.terms import batches_per_epoch
-    from harness.tracking import _client
+    from harness.recorded_runs import recorded_config
+    from harness.tracking import open_store
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    client = _client(uri)  # checked, and bounded like a cell's (2 retries)
+    client = open_store(uri)  # checked, and bounded like a cell's (2 retries)
     experiments = [experiment.experiment_id for experiment in client.search_experiments()]
     if not experiments:
         return []

@@ -6,7 +6,7 @@ parent run, and the runs recorded from the sweep's directory (a cell uploaded la
 `harness.sync` is not nested: its launcher's parent run was closed by then).
 
 Each cell's config axes come from the resolved config its run recorded, read and typed as the
-analysis reads it (`harness.analysis.grid.recorded_config`): the batch size Table 3.3 gave,
+analysis reads it (`harness.recorded_runs.recorded_config`): the batch size Table 3.3 gave,
 the stage plan a pipeline trained.
 """
 
@@ -23,10 +23,10 @@ from typing import Any
 
 import pandas as pd
 
-from harness.analysis.grid import recorded_config
 from harness.cli import failure_reason
 from harness.config import ConfigError, DistbenchConfig
 from harness.distributions.registry import setting_names
+from harness.recorded_runs import recorded_config
 from harness.tracking import CELL_KEY_TAG, KIND_TAG, OUTPUT_DIR_TAG, SWEEP_KIND, quiet_store_logs
 
 log = logging.getLogger(__name__)
@@ -73,12 +73,12 @@ def client_for(uri: str) -> Any:
         raise ConfigError(f"tracking.uri={uri} is invalid: no MLflow store there (nothing "
                           f"measured under run.output_dir); allowed: the store a sweep "
                           f"recorded to (run.output_dir=... or tracking.uri=...)")
-    from harness.tracking import _client
+    from harness.tracking import open_store
 
     # One tiny config file per run: MLflow's per-download progress bar would only be noise.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     quiet_store_logs()
-    return _client(uri)  # checked, and bounded like a cell's (2 retries)
+    return open_store(uri)  # checked, and bounded like a cell's (2 retries)
 
 
 def select(client: Any, text: str) -> Selection:

@@ -1,0 +1,27 @@
+"""The read side of distbench's MLflow store: what a recorded run holds, typed. The write side
+is `harness.tracking` (cell runs, sweep parent runs); both open the store one way,
+`harness.tracking.open_store` (checked, bounded in its waits). The analysis' grid
+(`harness.analysis.grid`), the recorded step times of the predictions
+(`harness.predict.recorded`) and the sweeps' tables (`harness.sweeps.table`) read runs
+through here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from harness.config import ConfigError, DistbenchConfig
+from harness.distributions.registry import config_from_record
+
+
+def recorded_config(client: Any, run_id: str, scratch: Path) -> DistbenchConfig:
+    """The resolved config a run recorded (its `config.yaml` artifact: the config as the cell
+    resolved it, its stage plan included, not the flattened params, whose values MLflow keeps
+    as strings), downloaded into `scratch` and typed against today's schema."""
+    local = client.download_artifacts(run_id, "config.yaml", str(scratch / run_id))
+    data = OmegaConf.to_container(OmegaConf.load(local))
+    if not isinstance(data, dict):
+        raise ConfigError(f"run {run_id}: its config.yaml is not a mapping")
+    return config_from_record({str(key): value for key, value in data.items()})
