@@ -6,7 +6,8 @@ command's own checks), or Hydra/OmegaConf rejecting an override (an unknown grou
 `network=resnet19`, a misspelled key, a wrong type, a malformed override). Any other exception
 (a store that cannot be used, a damaged state file, a library's error, a bug) leaves through
 `one_door`: one line naming the setting involved, exit status 3, the traceback kept in a file
-(DISTBENCH_DEBUG=1 prints it instead).
+(DISTBENCH_DEBUG=1 prints it instead). A reader that closed the command's output (`... | head`)
+ends it quietly with 141, as SIGPIPE ends a command.
 
 Use it in an entry point in one of two ways:
 
