@@ -93,6 +93,20 @@ def test_help_names_the_commands_and_dry_run_and_no_internal_schema(tmp_path: Pa
     assert "_schema" not in text and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("args", [["--help"], ["-h", "dataset=cifar10", "distribution=gpipe"],
+                                  ["--hydra-help"]])
+def test_the_help_is_hydras_own_text(tmp_path: Path, args: list[str]) -> None:
+    # distbench answers --help with one config repository for Hydra's many questions
+    # (launchers.hydra_main); HYDRA_FULL_ERROR=1 runs Hydra untouched: the same text.
+    fast = run_module("harness", args, cwd=tmp_path)
+    untouched = subprocess.run([sys.executable, "-m", "harness", *args], cwd=tmp_path,
+                               capture_output=True, text=True, timeout=600,
+                               env=dict(os.environ, HYDRA_FULL_ERROR="1"))
+    assert fast.returncode == untouched.returncode == 0, fast.stderr + untouched.stderr
+    assert fast.stdout == untouched.stdout
+    assert fast.stdout.count("\n") > 20  # a whole help, not an empty one
+
+
 def test_a_sweep_records_every_cell_nested_under_a_parent_run(output_root: Path) -> None:
     done = run_module("harness", [*TINY_SWEEP, "dataset=mnist,cifar10",
                                   f"run.output_dir={output_root}"], cwd=output_root.parent)
