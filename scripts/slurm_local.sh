@@ -63,7 +63,12 @@ start() {
     install
     write_config
     mkdir -p /run/munge && chown munge:munge /run/munge
-    pgrep -x munged >/dev/null || sudo_munge
+    # munged only if none runs, noted so that `stop` ends it again (as launchers/emulated.py does):
+    # the test cluster leaves no daemon of its own behind.
+    if ! pgrep -x munged >/dev/null; then
+        sudo_munge
+        touch "$state/munged-started-here"
+    fi
     # -c: start from a clean state; jobs of an earlier run of this test cluster are not resumed.
     pgrep -x slurmctld >/dev/null || slurmctld -c
     for node in "${nodes[@]}"; do
@@ -103,6 +108,10 @@ stop() {
     pkill -9 -x slurmctld 2>/dev/null || true
     pkill -9 -x slurmd 2>/dev/null || true
     pkill -9 -x slurmstepd 2>/dev/null || true
+    if [ -e "$state/munged-started-here" ]; then
+        pkill -x munged 2>/dev/null || true
+        rm -f "$state/munged-started-here"
+    fi
     echo "[slurm] stopped"
 }
 
