@@ -142,7 +142,7 @@ def test_the_memory_model_predicts_a_transformer_cells_peak(tmp_path: Path) -> N
     """A Llama-style decoder with AdamW, whose weights, two moment buffers, attention and
     4,096-wide logits are a third of the peak: predicted from the meta-device facts and the
     saved activations within 10 % of the peak the cell measured (-2.9 % when written)."""
-    from harness.analysis.grid import config_from_dict
+    from harness.distributions.registry import config_from_record
     from harness.predict.cell import memory_per_worker_mb
     from harness.predict.facts import cache_for, gather
     from tests.helpers import run_module
@@ -156,7 +156,7 @@ def test_the_memory_model_predicts_a_transformer_cells_peak(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr[-3000:]
     (path,) = (output / "runs").glob("*/result.json")
     result = json.loads(path.read_text())
-    config = config_from_dict(result["config"])
+    config = config_from_record(result["config"])
     facts = gather(config, cache_for(5, probe=False, facts_root=tmp_path / "facts"),
                    timed=False)
     predicted, measured = max(memory_per_worker_mb(config, facts)), \

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.config import ConfigError, DistbenchConfig
-from harness.distributions.registry import config_from_record
 from harness.recorded_runs import recorded_config
 from harness.results import RunStatus
 from harness.spread import repeat_std
@@ -62,11 +61,6 @@ class MeasuredCell:
 
 IMAGE_NETWORKS = "image networks"
 LANGUAGE_MODELS = "language models"
-
-
-def config_from_dict(data: dict) -> DistbenchConfig:
-    """A recorded resolved config, typed and validated against today's schema."""
-    return config_from_record(data)
 
 
 def load_grid(uri: str, experiment: str, *,
