@@ -110,6 +110,9 @@ stop() {
     pkill -9 -x slurmstepd 2>/dev/null || true
     if [ -e "$state/munged-started-here" ]; then
         pkill -x munged 2>/dev/null || true
+        # gone before returning: a `start` right after must not take a dying munged for a live one
+        for _ in $(seq 1 20); do pgrep -x munged >/dev/null || break; sleep 0.5; done
+        pkill -9 -x munged 2>/dev/null || true
         rm -f "$state/munged-started-here"
     fi
     echo "[slurm] stopped"
