@@ -11,13 +11,12 @@ is `harness.compose.compose_config`.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from hydra import initialize_config_module
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -43,6 +42,7 @@ from harness.distributions.registry import register_configs
 from harness.dryrun import DRY_RUN_FLAG
 from harness.preflight import check_hydra_dir, check_launcher, check_runs_here
 from launchers import cells
+from launchers.config_files import config_files_read_once
 from launchers.sweep_lock import claim_output_root
 
 # Hydra re-raises instead of printing its own report while this is set (its documented switch).
@@ -60,56 +60,31 @@ def run_hydra_main(main: Callable[[], object]) -> None:
     the task function or the launcher sees the config (`check_hydra_main`)."""
     forget_cell_results()
     end_like_ctrl_c_on_sigterm()
+    # The check, Hydra's --help (86 compositions), Hydra's run and the launcher's preparing
+    # of the cells all compose from the same files: each is read once (launchers.config_files).
+    with config_files_read_once():
+        _check_then_run(main)
+    exit_on_failed_cells()
+
+
+def _check_then_run(main: Callable[[], object]) -> None:
     before = os.environ.get(_HYDRA_FULL_ERROR)
     if before == "1":
         if DRY_RUN_FLAG in sys.argv[1:]:  # a flag of ours, not Hydra's: list the cells, exit
             check_hydra_main(sys.argv[1:])
         main()
-    else:
-        with exit_on_bad_input():
-            check_hydra_main(sys.argv[1:])
-        os.environ[_HYDRA_FULL_ERROR] = "1"
-        try:
-            with exit_on_bad_input(), _one_config_repository_while_helping(sys.argv[1:]):
-                main()
-        finally:
-            if before is None:
-                os.environ.pop(_HYDRA_FULL_ERROR, None)
-            else:
-                os.environ[_HYDRA_FULL_ERROR] = before
-    exit_on_failed_cells()
-
-
-@contextlib.contextmanager
-def _one_config_repository_while_helping(argv: Sequence[str]) -> Iterator[None]:
-    """Hydra's --help lists the options of every config group (86 questions, Hydra's own
-    groups included), and for each question copies the whole config repository afresh
-    (`ConfigLoaderImpl._parse_overrides_and_create_caching_repo`: 13 ms a copy, 0.8 s of a
-    1.1 s --help, measured). The questions all carry the same overrides, so while Hydra makes
-    its help, the repository made for a (config name, overrides) answers every later question
-    with the same ones; the help reads the same files and prints the same text
-    (tests/test_cli.py compares it with Hydra's own). Only for --help and --hydra-help: a run
-    composes as Hydra does."""
-    if not {"--help", "-h", "--hydra-help"} & set(argv):
-        yield
         return
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-
-    original = ConfigLoaderImpl._parse_overrides_and_create_caching_repo
-    made: dict[tuple[int, str | None, tuple[str, ...]], Any] = {}
-
-    def reused(self: ConfigLoaderImpl, config_name: str | None,
-               overrides: list[str]) -> Any:
-        key = (id(self), config_name, tuple(overrides))
-        if key not in made:
-            made[key] = original(self, config_name, overrides)
-        return made[key]
-
-    ConfigLoaderImpl._parse_overrides_and_create_caching_repo = reused  # type: ignore[method-assign]
+    with exit_on_bad_input():
+        check_hydra_main(sys.argv[1:])
+    os.environ[_HYDRA_FULL_ERROR] = "1"
     try:
-        yield
+        with exit_on_bad_input():
+            main()
     finally:
-        ConfigLoaderImpl._parse_overrides_and_create_caching_repo = original  # type: ignore[method-assign]
+        if before is None:
+            os.environ.pop(_HYDRA_FULL_ERROR, None)
+        else:
+            os.environ[_HYDRA_FULL_ERROR] = before
 
 
 def check_hydra_main(argv: Sequence[str]) -> None:
@@ -326,8 +301,8 @@ def _dry_run(hydra, overrides: list[str], *, sweep: bool,  # noqa: ANN001 - Hydr
     planned = []
     for number, cell_overrides in enumerate(dryrun.composing(job_overrides)):
         with exit_on_bad_input(f"in sweep cell {' '.join(cell_overrides)}" if sweep else ""):
-            config = (cells.cell_config(hydra.config_loader, master, cell_overrides, number)
-                      if sweep else master)
+            config = (cells.cell_config(hydra.config_loader, master, cell_overrides, number,
+                                        keep=False) if sweep else master)
             planned.append(dryrun.plan_cell(number, config, master.hydra, size_cell,
                                             launcher_error))
     print(dryrun.report(f"{command} {' '.join(overrides)}".rstrip(),

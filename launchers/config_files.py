@@ -1,0 +1,91 @@
+"""Each config file read once per process, however many configs Hydra composes from it.
+
+Hydra composes a config from its files through a `CachingConfigRepository`, a cache of the
+files it has loaded (parsed YAML or a structured config, and its defaults list), but makes a
+fresh, empty one for every composition, from a deep copy of every config source
+(`ConfigLoaderImpl._parse_overrides_and_create_caching_repo`, 13 ms a copy).
+A sweep composes every cell (the check before Hydra runs, the dry run, the launcher), its
+--help asks 86 questions, and each re-reads and re-parses the same files: 14 loads for a cell
+of the thesis grid, most of the ~0.12 s it took to compose (profiled; BENCHMARKS.md "Waiting").
+
+`config_files_read_once()` keeps what each file loaded to (per config loader and search path)
+for every later composition. Each composition still gets its own repository, as in Hydra, and
+from it a deep copy of each loaded config: composing merges the loaded configs into the new
+one and may hand it their nodes (a model's settings node, merged into `distribution`, is then
+changed by the next merge), so a loaded config is never shared between two compositions. The
+files must not change while it is open: it is opened around the compositions of one command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import weakref
+from collections.abc import Iterator
+
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.config_repository import CachingConfigRepository, IConfigRepository
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from hydra.plugins.config_source import ConfigResult
+
+_SEARCH_PATH_KEY = "hydra.searchpath"
+# The loaded files, pristine, of a config loader under one search path override (or none).
+_Loaded = dict[str, ConfigResult | None]
+
+
+class _RepositoryOfReadFiles(CachingConfigRepository):
+    """Hydra's repository of one composition, whose files come from those read earlier."""
+
+    def __init__(self, delegate: IConfigRepository, read: _Loaded) -> None:
+        # Not Hydra's __init__: it deep-copies the delegate (every config source, 13 ms) so
+        # that a search path override cannot change the loader's; `delegate` is already such a
+        # copy, made once for the search path it serves.
+        self.delegate = delegate
+        self.cache: dict[str, ConfigResult | None] = {}
+        self._read = read
+
+    def load_config(self, config_path: str) -> ConfigResult | None:
+        if config_path in self.cache:  # loaded for this composition: Hydra's own cache
+            return self.cache[config_path]
+        if config_path not in self._read:
+            loaded = self.delegate.load_config(config_path)
+            self._read[config_path] = copy.deepcopy(loaded)
+        else:
+            loaded = copy.deepcopy(self._read[config_path])
+        self.cache[config_path] = loaded
+        return loaded
+
+
+@contextlib.contextmanager
+def config_files_read_once() -> Iterator[None]:
+    """While open, every composition by a config loader takes the files that its earlier
+    compositions (with the same search path) read, each as a fresh copy."""
+    original = ConfigLoaderImpl._parse_overrides_and_create_caching_repo
+    if getattr(original, "_reads_once", False):  # already open further up the stack
+        yield
+        return
+    # per config loader and search path override: Hydra's repository (a copy) and its files
+    read: weakref.WeakKeyDictionary[ConfigLoaderImpl,
+                                    dict[str | None, tuple[IConfigRepository, _Loaded]]]
+    read = weakref.WeakKeyDictionary()
+
+    def repository_of_read_files(self: ConfigLoaderImpl, config_name: str | None,
+                                 overrides: list[str]) -> tuple[list[Override],
+                                                                CachingConfigRepository]:
+        parsed = OverridesParser.create().parse_overrides(overrides=overrides)
+        search_path = next((str(o.value()) for o in parsed
+                            if o.get_key_element() == _SEARCH_PATH_KEY), None)
+        of_loader = read.setdefault(self, {})
+        if search_path not in of_loader:
+            of_loader[search_path] = (copy.deepcopy(self.repository), {})
+        repository = _RepositoryOfReadFiles(*of_loader[search_path])
+        self._process_config_searchpath(config_name, parsed, repository)
+        return parsed, repository
+
+    repository_of_read_files._reads_once = True  # type: ignore[attr-defined]
+    ConfigLoaderImpl._parse_overrides_and_create_caching_repo = repository_of_read_files  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ConfigLoaderImpl._parse_overrides_and_create_caching_repo = original  # type: ignore[method-assign]
