@@ -64,8 +64,9 @@ def test_the_sweep_table_marks_an_unsteady_cell_and_says_why() -> None:
 
 @pytest.mark.slow
 def test_a_cell_disturbed_mid_run_is_flagged_unsteady(output_root: Path) -> None:
-    """A competing process started on every core after the cell's first epoch: the cell is
-    recorded ok but unsteady, with the reason, in result.json and MLflow."""
+    """A competing process started on every core after the cell's first epoch, ended once
+    the cell has timed its reference kernel again (so that its recording runs at full speed):
+    the cell is recorded ok but unsteady, with the reason, in result.json and MLflow."""
     cell = subprocess.Popen(
         [sys.executable, "-m", "harness", *TINY, "dataset.num_samples=64", "run.epochs=3",
          f"run.output_dir={output_root}"], cwd=output_root.parent, stdout=subprocess.PIPE,
@@ -74,11 +75,14 @@ def test_a_cell_disturbed_mid_run_is_flagged_unsteady(output_root: Path) -> None
     try:
         assert cell.stdout is not None
         for line in cell.stdout:
-            if "epoch 2/" in line:  # the first timed epoch is over: disturb the rest
+            if "epoch 2/" in line and not burners:  # the first timed epoch is over
                 burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                            for _ in range(2 * (os.cpu_count() or 1))]
+            if "recording the cell" in line:  # timed after the reference kernel's last trial
                 break
-        cell.wait(timeout=600)
+        for burner in burners:
+            burner.kill()
+        cell.communicate(timeout=600)
     finally:
         for burner in burners:
             burner.kill()
