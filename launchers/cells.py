@@ -8,7 +8,6 @@ here, from the reports its workers left, so that the sweep's record has every ce
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,31 +43,11 @@ _CAUSES = {
 }
 
 
-# The cells this process composed, by what their composition depends on: the config sources,
-# the config name, Hydra's own overrides of the sweep and the cell's. `python -m harness -m`
-# composes every cell to check it before Hydra runs, then its launcher prepares the same cells:
-# the second time is a copy (5 ms instead of 70-100 ms a cell of the thesis grid, measured).
-_composed: dict[tuple[tuple[str, ...], str, tuple[str, ...], tuple[str, ...]], DictConfig] = {}
-
-
 def cell_config(loader, master: DictConfig, overrides: Sequence[str],  # noqa: ANN001
-                job_num: int, *, keep: bool = True) -> DictConfig:
-    """The composed config of one cell, as the cell's own processes will see it: Hydra's
-    `load_sweep_config`, composed once per process (kept for a later call unless `keep` is
-    false: a command that composes each cell once keeps nothing)."""
-    hydra_overrides = OmegaConf.to_container(master.hydra.overrides.hydra)
-    assert isinstance(hydra_overrides, list)
-    key = (tuple(f"{source.provider}={source.path}" for source in loader.get_sources()),
-           str(master.hydra.job.config_name), tuple(map(str, hydra_overrides)),
-           tuple(overrides))
-    if key in _composed:
-        config = copy.deepcopy(_composed[key])
-        # as load_sweep_config does: the sweep's resolved values (its ${now:}) are the cell's
-        OmegaConf.copy_cache(from_config=master, to_config=config)
-    else:
-        config = loader.load_sweep_config(master, list(overrides))
-        if keep:
-            _composed[key] = copy.deepcopy(config)
+                job_num: int) -> DictConfig:
+    """The composed config of one cell, as the cell's own processes will see it (composed once
+    per process: `launchers.config_files`)."""
+    config = loader.load_sweep_config(master, list(overrides))
     with open_dict(config.hydra.job):
         config.hydra.job.num = job_num
     return config

@@ -14,6 +14,14 @@ from it a deep copy of each loaded config: composing merges the loaded configs i
 one and may hand it their nodes (a model's settings node, merged into `distribution`, is then
 changed by the next merge), so a loaded config is never shared between two compositions. The
 files must not change while it is open: it is opened around the compositions of one command.
+
+While it is open, each cell of a sweep is also composed once: `python -m harness -m` composes
+every cell to check it before Hydra runs (`launchers.hydra_main`), Hydra's sweeper composes
+them again to check them (`Sweeper.validate_batch_is_legal`), then the launcher prepares them.
+`load_sweep_config` keeps what it composed, by what the composition depends on (the config
+sources, the config name, Hydra's own overrides of the sweep and the cell's), and hands out a
+deep copy with the asking sweep's resolved values (its `${now:}`): 5 ms instead of 70-100 ms
+for a cell of the thesis grid.
 """
 
 from __future__ import annotations
@@ -21,15 +29,20 @@ from __future__ import annotations
 import contextlib
 import copy
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.config_repository import CachingConfigRepository, IConfigRepository
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.plugins.config_source import ConfigResult
+from omegaconf import DictConfig, OmegaConf
 
 _SEARCH_PATH_KEY = "hydra.searchpath"
+# The cells composed while open (see the module's docstring), pristine; and whether a cell
+# composed now is kept (a dry run composes each cell once: keeping would only cost a copy).
+_composed: dict[tuple[tuple[str, ...], str, tuple[str, ...], tuple[str, ...]], DictConfig] = {}
+_keeping = [True]
 # The loaded files, pristine, of a config loader under one search path override (or none).
 _Loaded = dict[str, ConfigResult | None]
 
@@ -84,8 +97,43 @@ def config_files_read_once() -> Iterator[None]:
         return parsed, repository
 
     repository_of_read_files._reads_once = True  # type: ignore[attr-defined]
+    original_sweep_config = ConfigLoaderImpl.load_sweep_config
     ConfigLoaderImpl._parse_overrides_and_create_caching_repo = repository_of_read_files  # type: ignore[method-assign]
+    ConfigLoaderImpl.load_sweep_config = _composed_once(original_sweep_config)  # type: ignore[method-assign]
     try:
         yield
     finally:
         ConfigLoaderImpl._parse_overrides_and_create_caching_repo = original  # type: ignore[method-assign]
+        ConfigLoaderImpl.load_sweep_config = original_sweep_config  # type: ignore[method-assign]
+        _composed.clear()
+
+
+def _composed_once(load_sweep_config):  # noqa: ANN001, ANN202 - Hydra's method, wrapped
+    def composed_once(self: ConfigLoaderImpl, master_config: DictConfig,
+                      sweep_overrides: Sequence[str]) -> DictConfig:
+        hydra_overrides = OmegaConf.to_container(master_config.hydra.overrides.hydra)
+        assert isinstance(hydra_overrides, list)
+        key = (tuple(f"{source.provider}={source.path}" for source in self.get_sources()),
+               str(master_config.hydra.job.config_name), tuple(map(str, hydra_overrides)),
+               tuple(sweep_overrides))
+        if key not in _composed:
+            config = load_sweep_config(self, master_config, list(sweep_overrides))
+            if _keeping[0]:
+                _composed[key] = copy.deepcopy(config)
+            return config
+        config = copy.deepcopy(_composed[key])
+        # as load_sweep_config does: the sweep's resolved values (its ${now:}) are the cell's
+        OmegaConf.copy_cache(from_config=master_config, to_config=config)
+        return config
+    return composed_once
+
+
+@contextlib.contextmanager
+def cells_not_kept() -> Iterator[None]:
+    """Cells composed inside are not kept for a later composition (a dry run composes each
+    once, then exits)."""
+    _keeping[0] = False
+    try:
+        yield
+    finally:
+        _keeping[0] = True

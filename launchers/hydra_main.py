@@ -42,7 +42,7 @@ from harness.distributions.registry import register_configs
 from harness.dryrun import DRY_RUN_FLAG
 from harness.preflight import check_hydra_dir, check_launcher, check_runs_here
 from launchers import cells
-from launchers.config_files import config_files_read_once
+from launchers.config_files import cells_not_kept, config_files_read_once
 from launchers.sweep_lock import claim_output_root
 
 # Hydra re-raises instead of printing its own report while this is set (its documented switch).
@@ -134,9 +134,12 @@ def check_hydra_main(argv: Sequence[str]) -> None:
                       f"any cell's overrides; {DRY_RUN_FLAG} lists the cells", file=sys.stderr,
                       flush=True)
             return
+        command = f"{parser.prog}{' -m' if args.multirun else ''} {' '.join(overrides)}"
+        # composed as Hydra's run will compose them, so that the launcher finds the cells
+        # composed here (launchers.config_files)
+        overrides += _hydras_mode_override(mode, multirun=args.multirun)
         if args.dry_run:
-            _dry_run(hydra, overrides, sweep=sweep,
-                     command=parser.prog + (" -m" if args.multirun else ""))
+            _dry_run(hydra, overrides, sweep=sweep, command=command.rstrip())
         if sweep:
             _check_sweep(hydra, overrides)
         else:
@@ -148,6 +151,16 @@ def check_hydra_main(argv: Sequence[str]) -> None:
             check_hydra_dir(cfg.hydra, sweep=False)
             if config.world_size > 1:  # its workers start here, on this one machine
                 cells.single_node_workers(config)
+
+
+def _hydras_mode_override(mode: RunMode | None, *, multirun: bool) -> list[str]:
+    """The override of `hydra.mode` that Hydra's run adds to the command line's overrides
+    (`hydra._internal.utils._run_app`): the run's config and every cell of a sweep carry it."""
+    if mode is None:
+        return ["hydra.mode=MULTIRUN" if multirun else "hydra.mode=RUN"]
+    if multirun and mode == RunMode.RUN:
+        return ["hydra.mode=MULTIRUN"]
+    return []
 
 
 def _check_hydra_flags(args) -> None:  # noqa: ANN001 - argparse's Namespace
@@ -279,7 +292,7 @@ def _sweep_cells(hydra, overrides: list[str]  # noqa: ANN001 - Hydra's internal 
 
 def _dry_run(hydra, overrides: list[str], *, sweep: bool,  # noqa: ANN001 - Hydra's class
              command: str) -> NoReturn:
-    """List the cells `command overrides` would run (`harness.dryrun`), composed and
+    """List the cells `command` would run (`harness.dryrun`), composed and
     validated as above, and exit with status 0. What would stop a valid cell where it would
     run is listed with it, not raised: that is what a dry run of a cluster's grid is for."""
     if sweep:
@@ -299,13 +312,15 @@ def _dry_run(hydra, overrides: list[str], *, sweep: bool,  # noqa: ANN001 - Hydr
     except ConfigError as err:  # e.g. SLURM's sbatch missing here: the cells are listed still
         launcher_error = " ".join(str(err).split())
     planned = []
-    for number, cell_overrides in enumerate(dryrun.composing(job_overrides)):
-        with exit_on_bad_input(f"in sweep cell {' '.join(cell_overrides)}" if sweep else ""):
-            config = (cells.cell_config(hydra.config_loader, master, cell_overrides, number,
-                                        keep=False) if sweep else master)
-            planned.append(dryrun.plan_cell(number, config, master.hydra, size_cell,
-                                            launcher_error))
-    print(dryrun.report(f"{command} {' '.join(overrides)}".rstrip(),
+    with cells_not_kept():  # composed once each: nothing composes them again
+        for number, cell_overrides in enumerate(dryrun.composing(job_overrides)):
+            with exit_on_bad_input(f"in sweep cell {' '.join(cell_overrides)}" if sweep
+                                   else ""):
+                config = (cells.cell_config(hydra.config_loader, master, cell_overrides,
+                                            number) if sweep else master)
+                planned.append(dryrun.plan_cell(number, config, master.hydra, size_cell,
+                                                launcher_error))
+    print(dryrun.report(command,
                         str(master.hydra.runtime.choices.get("hydra/launcher")), planned,
                         dryrun.predict(planned)), flush=True)
     raise SystemExit(0)

@@ -1,11 +1,14 @@
-"""Composing a sweep's cells reads each config file once (launchers.config_files) and composes
-each cell once per process (launchers.cells.cell_config); what comes out is what Hydra
-composes on its own, to the last key."""
+"""Composing a sweep's cells reads each config file once and composes each cell once per
+process (launchers.config_files); what comes out is what Hydra composes on its own, to the
+last key."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import time
-from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hydra import initialize_config_module
@@ -15,20 +18,14 @@ from omegaconf import DictConfig, OmegaConf
 from harness.compose import CONFIG_MODULE
 from harness.distributions.registry import register_configs, specs
 from launchers import cells
-from launchers.config_files import config_files_read_once
+from launchers.config_files import cells_not_kept, config_files_read_once
 from launchers.hydra_main import _sweep_cells
+from tests.helpers import REPO_ROOT
 
 # Every model one after another (a model's settings node, merged into `distribution`, is
 # changed by the next model's merge if a loaded config were shared), on two hardwares.
 SWEEP = ["network=mobilenetv2", f"distribution={','.join(specs())}",
          "hardware=local_2cpu,emulated_2nodes_1gbit"]
-
-
-@pytest.fixture
-def no_composed_cells() -> Iterator[None]:
-    cells._composed.clear()
-    yield
-    cells._composed.clear()
 
 
 def _cells(overrides: list[str]) -> tuple[DictConfig, list[DictConfig]]:
@@ -49,14 +46,11 @@ def _text(configs: list[DictConfig]) -> list[str]:
     return [OmegaConf.to_yaml(config) for config in configs]  # unresolved: the hydra node too
 
 
-def test_files_read_once_and_cells_composed_once_give_hydras_configs(
-        no_composed_cells: None) -> None:
+def test_files_read_once_and_cells_composed_once_give_hydras_configs() -> None:
     with config_files_read_once():
         _, first = _cells(SWEEP)  # every file read once, every cell composed and kept
-    time.sleep(1.1)  # the next sweep's ${now:} is another second
-    with config_files_read_once():
+        time.sleep(1.1)  # the next sweep's ${now:} is another second
         master, again = _cells(SWEEP)  # every cell a copy of the first composition
-    cells._composed.clear()
     _, hydras = _cells(SWEEP)  # as Hydra composes on its own: nothing read or kept before
     assert len(hydras) == 2 * len(specs())
     assert _text(first) == _text(again) == _text(hydras)
@@ -64,21 +58,66 @@ def test_files_read_once_and_cells_composed_once_give_hydras_configs(
     assert {str(cell.hydra.sweep.dir) for cell in again} == {str(master.hydra.sweep.dir)}
     assert str(first[0].hydra.sweep.dir) != str(master.hydra.sweep.dir)
     assert [cell.hydra.job.num for cell in again] == list(range(len(again)))
+    assert again[0] is not first[0]  # a copy: a cell's config is its own to change
 
 
-def test_a_cell_is_composed_once_per_process(no_composed_cells: None,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def _counting_compositions(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
     composed: list[list[str]] = []
     original = ConfigLoaderImpl.load_sweep_config
 
-    def counted(self: ConfigLoaderImpl, master: DictConfig, overrides: list[str]) -> DictConfig:
-        composed.append(overrides)
-        return original(self, master, overrides)
+    def counted(self: ConfigLoaderImpl, master_config: DictConfig,
+                sweep_overrides: list[str]) -> DictConfig:  # Hydra passes them by keyword
+        composed.append(sweep_overrides)
+        return original(self, master_config, sweep_overrides)
 
     monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config", counted)
-    _, first = _cells(SWEEP)
-    _, again = _cells(SWEEP)  # the launcher, after the check: the same cells
-    assert len(composed) == len(first) == len(again)
-    assert again[0] is not first[0]  # a copy: a cell's config is its own to change
+    return composed
+
+
+def test_a_cell_is_composed_once_while_open_and_a_dry_runs_cells_are_not_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    composed = _counting_compositions(monkeypatch)
+    with config_files_read_once():
+        _, first = _cells(SWEEP)
+        _, again = _cells(SWEEP)  # the launcher, after the check: the same cells
+        assert len(composed) == len(first) == len(again)
+        with cells_not_kept():
+            _cells(["network=resnet18", "distribution=ddp,gpipe"])
+            _cells(["network=resnet18", "distribution=ddp,gpipe"])
+        assert len(composed) == len(first) + 4
+
+
+# What `python -m harness -m` composes before its first cell starts: the check's cells, the
+# ones Hydra's sweeper checks, the launcher's; the launcher stops the sweep once prepared.
+_SWEEP_PREPARED = textwrap.dedent("""
+    import sys
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from launchers import cells
+    composed = []
+    original = ConfigLoaderImpl.load_sweep_config
+    def counted(self, master_config, sweep_overrides):
+        composed.append(sweep_overrides)
+        return original(self, master_config, sweep_overrides)
+    ConfigLoaderImpl.load_sweep_config = counted
+    def prepared_then_stop(prepared, **_):
+        print("composed", len(composed), "prepared", len(prepared), flush=True)
+        raise SystemExit(0)
+    cells.finished_earlier = prepared_then_stop
+    sys.argv = ["distbench", *sys.argv[1:]]
+    from harness.__main__ import cli
+    cli()
+""")
+
+
+@pytest.mark.parametrize("multirun", [True, False])
+def test_a_sweep_composes_each_cell_once_before_it_runs(multirun: bool, tmp_path: Path) -> None:
+    """With -m, or with a sweep file that sets hydra.mode (Hydra then adds no override)."""
+    grid = (["-m", "distribution=sequential,ddp", "network=mobilenetv2,resnet18"] if multirun
+            else ["+sweep=smoke"])
+    done = subprocess.run([sys.executable, "-c", _SWEEP_PREPARED, *grid, "tracking.enabled=false",
+                           f"run.output_dir={tmp_path / 'outputs'}"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "composed 4 prepared 4" in done.stdout, done.stdout + done.stderr[-3000:]
