@@ -68,8 +68,9 @@ class Predictions:
 
 
 def composing(job_overrides: Sequence[list[str]]) -> Iterator[list[str]]:
-    """The cells' overrides, with progress over them (Hydra composes a few cells a second: a
-    grid of hundreds takes minutes): a bar on a terminal, lines in a file."""
+    """The cells' overrides, with progress over them (Hydra composes about a dozen cells a
+    second here: a grid of hundreds takes most of a minute): a bar on a terminal, lines in a
+    file."""
     from workloads.progress import track
 
     yield from track(job_overrides, len(job_overrides), "composing cells", "cell(s)",

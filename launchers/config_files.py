@@ -5,8 +5,10 @@ files it has loaded (parsed YAML or a structured config, and its defaults list),
 fresh, empty one for every composition, from a deep copy of every config source
 (`ConfigLoaderImpl._parse_overrides_and_create_caching_repo`, 13 ms a copy).
 A sweep composes every cell (the check before Hydra runs, the dry run, the launcher), its
---help asks 86 questions, and each re-reads and re-parses the same files: 14 loads for a cell
-of the thesis grid, most of the ~0.12 s it took to compose (profiled; BENCHMARKS.md "Waiting").
+--help asks 86 questions, and each re-reads and re-parses the same files (14 loads for a cell
+of the thesis grid). With them read once, a cell of the thesis grid composes in 0.07 s instead
+of 0.10 s (measured, BENCHMARKS.md section 16); the rest is Hydra building the defaults tree
+and merging, which no cache of files removes.
 
 `config_files_read_once()` keeps what each file loaded to (per config loader and search path)
 for every later composition. Each composition still gets its own repository, as in Hydra, and
