@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.cell import CheckedCell
+from harness.processes import ended_here
 from harness.record import record
-from harness.results import CellResult, RunStatus, read_rank_reports
+from harness.results import CellResult, RunStatus, read_rank_reports, read_worker_presence
 
 if TYPE_CHECKING:
     import torch
@@ -24,12 +25,14 @@ def merge_rank_reports(output_dir: Path, world_size: int, status: RunStatus,
     """Rank 0's view of a failed cell, completed with what the other workers reported.
 
     A peer that failed writes its report before it exits, which is what breaks rank 0's
-    collectives; a short wait covers the rest. The root cause is the first failure that is
-    not merely a consequence (a broken connection, a timed-out collective) of another.
+    collectives; a short wait covers the rest, but not for a peer seen to have ended without
+    one (killed by a signal: its presence file names its process, `ended_here`). The root
+    cause is the first failure that is not merely a consequence (a broken connection, a
+    timed-out collective) of another.
     """
     deadline = time.monotonic() + wait_s
     reports = read_rank_reports(output_dir)
-    while len(reports) < world_size and time.monotonic() < deadline:
+    while time.monotonic() < deadline and _may_still_report(output_dir, world_size, reports):
         time.sleep(0.5)
         reports = read_rank_reports(output_dir)
     status, lines = summarize_rank_reports(reports, world_size, status)
@@ -38,6 +41,23 @@ def merge_rank_reports(output_dir: Path, world_size: int, status: RunStatus,
                       if r["status"] == RunStatus.oom.value and r["error"]), None)
         lines.insert(0, (first or error or "out of memory").splitlines()[0])
     return status, "\n".join(lines)
+
+
+def _may_still_report(output_dir: Path, world_size: int,
+                      reports: dict[int, dict[str, Any]]) -> bool:
+    """Whether a rank without a report may still write one: it is not seen to have ended.
+    Its report, written before it exits, would be among `reports` if it had ended with one,
+    so the reports are read again once the peers are seen gone."""
+    missing = [rank for rank in range(world_size) if rank not in reports]
+    if not missing:
+        return False
+    if not all(_ended(read_worker_presence(output_dir, rank)) for rank in missing):
+        return True
+    return len(read_rank_reports(output_dir)) > len(reports)  # written as they ended: read them
+
+
+def _ended(presence: dict[str, Any] | None) -> bool:
+    return presence is not None and ended_here(presence)
 
 
 def summarize_rank_reports(reports: dict[int, dict[str, Any]], world_size: int,

@@ -9,10 +9,13 @@ or believed alive). A zombie (ended, not yet reaped by its parent) counts as gon
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -50,6 +53,33 @@ class ProcessId:
                 process.send_signal(sig)
         except psutil.Error:
             pass
+
+
+def pid_space() -> str | None:
+    """Which pids this process can see: the running kernel's boot id and its pid namespace.
+    Two processes with the same one can tell whether the other runs (SLURM nodes emulated on
+    one machine share it; two hosts, or two containers with pid namespaces, do not)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot} {os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
+
+
+def this_process() -> dict[str, Any]:
+    """This process as another can look for it (`ended_here`)."""
+    me = ProcessId.of(os.getpid())
+    return {"pid_space": pid_space(), "pid": os.getpid(),
+            "started": None if me is None else me.started}
+
+
+def ended_here(process: Mapping[str, Any]) -> bool:
+    """Whether `process` (as `this_process` described it) ran where this process can see it,
+    and has ended. False where that cannot be told (another machine, another pid namespace)."""
+    space = process.get("pid_space")
+    if space is None or space != pid_space() or process.get("started") is None:
+        return False
+    return not ProcessId(int(process["pid"]), float(process["started"])).alive()
 
 
 def start_time(pid: int) -> float | None:

@@ -107,6 +107,29 @@ def write_rank_report(output_dir: Path, rank: int, status: RunStatus, error: str
         log.warning("could not write the report of rank %d in %s (%s)", rank, output_dir, err)
 
 
+def worker_presence_path(output_dir: Path, rank: int) -> Path:
+    return Path(output_dir) / "ranks" / f"worker{rank}.json"
+
+
+def write_worker_presence(output_dir: Path, rank: int, process: dict[str, Any]) -> None:
+    """Which process a worker is (`process`: its machine's boot id, pid and start time), written
+    as it starts: rank 0, waiting for the reports of a failed cell, stops waiting for a peer
+    it can see has ended without one (harness.outcome.merge_rank_reports). Best effort, as
+    the reports are."""
+    try:
+        write_json_atomic(worker_presence_path(output_dir, rank), {"rank": rank, **process})
+    except OSError as err:
+        log.warning("could not write the presence of rank %d in %s (%s)", rank, output_dir, err)
+
+
+def read_worker_presence(output_dir: Path, rank: int) -> dict[str, Any] | None:
+    try:
+        found = json.loads(worker_presence_path(output_dir, rank).read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def read_rank_reports(output_dir: Path) -> dict[int, dict[str, Any]]:
     """The reports the workers of a cell left, by rank."""
     reports = {}

@@ -42,12 +42,14 @@ from harness.interruption import (
 from harness.memory_limit import MemoryLimit, device_memory_limit, lift_memory_limit, oom_error
 from harness.metrics import PeakMemory, PhaseClock, RepeatStatistics, Summary
 from harness.outcome import merge_rank_reports, new_result, now, record_failure
+from harness.processes import this_process
 from harness.record import CONFIG_FILE, keep_logging_when_the_disk_fails, record
 from harness.results import (
     RESULT_FILE,
     RepeatResult,
     RunStatus,
     write_rank_report,
+    write_worker_presence,
 )
 from harness.seeding import repeat_seed, seed_everything, set_deterministic
 from harness.steadiness import Steadiness, reference_seconds
@@ -548,6 +550,8 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
     interrupted: int | None = None  # the exit status of the signal that ended the cell
     link_shaping: str | None = None  # how an emulated node's link was shaped (hardware.link)
     keep_logging_when_the_disk_fails()
+    if env.is_distributed and not env.is_main:  # rank 0 waits for no report of a peer seen gone
+        write_worker_presence(output_dir, env.rank, this_process())
 
     def report_stall(report: str) -> None:
         """Runs in the watchdog's thread while the measuring thread is stuck; the process
