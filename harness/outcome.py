@@ -32,28 +32,21 @@ def merge_rank_reports(output_dir: Path, world_size: int, status: RunStatus,
     """
     deadline = time.monotonic() + wait_s
     reports = read_rank_reports(output_dir)
-    while time.monotonic() < deadline and _may_still_report(output_dir, world_size, reports):
-        time.sleep(0.5)
+    while True:
+        # seen gone before the reports are read again: a peer writes its report before it ends
+        gone = {rank for rank in range(world_size) if rank not in reports
+                and _ended(read_worker_presence(output_dir, rank))}
         reports = read_rank_reports(output_dir)
+        awaited = [rank for rank in range(world_size) if rank not in reports and rank not in gone]
+        if not awaited or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
     status, lines = summarize_rank_reports(reports, world_size, status)
     if status is RunStatus.oom:  # headed by the first line of the (first) rank that ran out
         first = next((r["error"] for _, r in sorted(reports.items())
                       if r["status"] == RunStatus.oom.value and r["error"]), None)
         lines.insert(0, (first or error or "out of memory").splitlines()[0])
     return status, "\n".join(lines)
-
-
-def _may_still_report(output_dir: Path, world_size: int,
-                      reports: dict[int, dict[str, Any]]) -> bool:
-    """Whether a rank without a report may still write one: it is not seen to have ended.
-    Its report, written before it exits, would be among `reports` if it had ended with one,
-    so the reports are read again once the peers are seen gone."""
-    missing = [rank for rank in range(world_size) if rank not in reports]
-    if not missing:
-        return False
-    if not all(_ended(read_worker_presence(output_dir, rank)) for rank in missing):
-        return True
-    return len(read_rank_reports(output_dir)) > len(reports)  # written as they ended: read them
 
 
 def _ended(presence: dict[str, Any] | None) -> bool:
