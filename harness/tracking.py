@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig
 
 from harness.cli import StateError, note_setting
+from harness.empty_store import seed_new_store
 from harness.filelock import held
 from harness.processes import start_time
 from harness.results import RESULT_FILE, CellResult, RunStatus
@@ -221,6 +222,7 @@ def open_store(uri: str) -> MlflowClient:
     # so at once fail ("duplicate column name"). One at a time, through a lock beside it.
     store = Path(uri.removeprefix("sqlite:///"))
     with held(store.with_name(store.name + ".lock"), wait_s=STORE_LOCK_WAIT_S):
+        seed_new_store(store)  # a copy of an empty store: no migrations to run
         return MlflowClient(tracking_uri=uri)
 
 
