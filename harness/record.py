@@ -9,6 +9,9 @@ that is down. So:
 - result.json says `pending_sync: true` until MLflow has the run, so an interruption anywhere
   in between leaves it for `harness.sync` (which finds an existing run by the result's identity
   instead of uploading it twice);
+- the cell's process uploads MLflow's copy, unless a local launcher waits on the cell: it holds
+  the store open already, so rank 0 leaves the upload to it (`LAUNCHER_RECORDS_ENV`,
+  harness.pending) and the cell ends seconds sooner;
 - MLflow's copy is uploaded from a staging directory, so it does not depend on the cell's
   directory being writable, and carries the event logs kept in memory (harness.eventlog: one
   per repeat, mllog.txt, mllog-2.txt, ...);
@@ -23,6 +26,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -43,6 +47,10 @@ log = logging.getLogger(__name__)
 CONFIG_FILE = "config.yaml"
 # Where a record goes when neither its directory nor MLflow takes it.
 RESCUE_DIR = "distbench-rescued"
+# Set to 1 by a local launcher for the workers of a cell it waits on: rank 0 then leaves the
+# cell's MLflow upload to it (harness.pending.record_pending), which holds the store open
+# already; rank 0 would import MLflow and open the store for that one upload.
+LAUNCHER_RECORDS_ENV = "DISTBENCH_LAUNCHER_RECORDS"
 
 
 EventLogs = Mapping[str, str]  # the cell's MLPerf logs kept in memory: file name -> text
@@ -59,7 +67,12 @@ def record(result: CellResult, config: DistbenchConfig, event_logs: EventLogs | 
     if unsaved is not None:  # said in MLflow's copy too: a launcher finds the record there
         result.storage_error = _one_line(unsaved)
     uri = tracking_uri(config.tracking.uri, config.run.output_dir) if tracked else None
-    if uri is not None:  # seconds, more for a store that is created now
+    left_to_launcher = uri is not None and unsaved is None and _launcher_records(result,
+                                                                                 event_logs)
+    if left_to_launcher:
+        log.info("the launcher records the cell in MLflow at %s once its workers have ended",
+                 uri)
+    elif uri is not None:  # seconds, more for a store that is created now
         log.info("recording the cell in MLflow at %s", uri)
         _upload(result, uri, config.tracking.experiment, event_logs)
     if unsaved is None:
@@ -72,7 +85,21 @@ def record(result: CellResult, config: DistbenchConfig, event_logs: EventLogs | 
             result.storage_error = _one_line(err)
     if unsaved is not None:
         _say(f"distbench: {_where_it_went(result, uri, event_logs)}", sys.stderr)
-    _log_summary(result, uri)
+    _log_summary(result, uri, left_to_launcher=left_to_launcher)
+
+
+def _launcher_records(result: CellResult, event_logs: EventLogs | None) -> bool:
+    """Whether the local launcher waiting on this cell records it in MLflow
+    (`LAUNCHER_RECORDS_ENV`, harness.pending): only from a record whose every file is in the
+    cell's directory, where the launcher reads them; else this process uploads it."""
+    if os.environ.get(LAUNCHER_RECORDS_ENV) != "1":
+        return False
+    folder = Path(result.output_dir)
+    try:
+        return all((folder / name).read_text() == text
+                   for name, text in (event_logs or {}).items() if text)
+    except OSError:
+        return False
 
 
 def keep_logging_when_the_disk_fails() -> None:
@@ -219,7 +246,8 @@ def _log_quality(result: CellResult) -> None:
                  result.config["run"]["epochs"])
 
 
-def _log_summary(result: CellResult, uri: str | None) -> None:
+def _log_summary(result: CellResult, uri: str | None, *, left_to_launcher: bool = False,
+                 ) -> None:
     if result.status is RunStatus.ok:
         metrics = result.metrics
         tokens = metrics.get("tokens_per_second", metrics["images_per_second"])
@@ -230,6 +258,10 @@ def _log_summary(result: CellResult, uri: str | None) -> None:
                  metrics["seconds_per_epoch"], spread_text(metrics), throughput,
                  metrics["peak_memory_mb"])
         _log_quality(result)
-    where = ("pending sync" if result.pending_sync else f"{result.mlflow_run_id} at {uri}") \
-        if uri is not None else "off (tracking.enabled=false)"
+    if uri is None:
+        where = "off (tracking.enabled=false)"
+    elif left_to_launcher:
+        where = "to come: the launcher records it"
+    else:
+        where = "pending sync" if result.pending_sync else f"{result.mlflow_run_id} at {uri}"
     log.info("result: %s/result.json; MLflow run %s", result.output_dir, where)

@@ -19,12 +19,8 @@ closed (KILLED) on the way.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
-import fcntl
 import json
 import logging
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,19 +29,10 @@ from typing import Any
 from harness.cli import command, exit_on_bad_input, overrides_of, overrides_parser
 from harness.compose import compose_or_exit
 from harness.config import ConfigError
+from harness.pending import sync_result
 from harness.preflight import expand_user
-from harness.record import staged_artifacts
-from harness.results import RESULT_FILE, CellResult, RepeatResult, RunStatus
-from harness.tracking import (
-    close_stale_parent_runs,
-    experiment_id,
-    open_store,
-    record_cell,
-    recorded_run_id,
-    tracking_failure,
-    tracking_uri,
-)
-from workloads.datasets.atomic import write_json_atomic
+from harness.results import RESULT_FILE
+from harness.tracking import close_stale_parent_runs, open_store, tracking_failure, tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -64,57 +51,6 @@ def read_record(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"a JSON {type(data).__name__}, not an object")
     return data
-
-
-def as_result(data: dict[str, Any]) -> CellResult:
-    """A result.json's content as a CellResult (fields it does not know are left out)."""
-    known = {field.name for field in dataclasses.fields(CellResult)}
-    return CellResult(**{**{k: v for k, v in data.items() if k in known},
-                         "status": RunStatus(data["status"]),
-                         "repeats": [RepeatResult(**r) for r in data.get("repeats", [])]})
-
-
-class SyncBusy(RuntimeError):
-    """Another `harness.sync` is uploading this result right now."""
-
-
-@contextlib.contextmanager
-def _exclusive(folder: Path) -> Iterator[None]:
-    """Hold the cell's directory (flock) while its result is looked up and uploaded, so that
-    two syncs of the same output root do not take each other's upload for one that broke
-    off."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise SyncBusy("another harness.sync is uploading it") from None
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def sync_result(path: Path, data: dict[str, Any], uri: str) -> str:
-    """Record the pending result `data` (read from `path`) in the store at `uri` unless a
-    complete run of it is there already; only then mark it synced; return what was done
-    ("uploaded" or "already recorded")."""
-    result = as_result(data)
-    experiment = result.config["tracking"]["experiment"]
-    with _exclusive(path.parent):
-        client = open_store(uri)
-        run_id = recorded_run_id(client, experiment_id(client, experiment, uri), result)
-        done = "already recorded"
-        if run_id is None:
-            # The same files as a cell's own upload (harness.record).
-            with staged_artifacts(data, path.parent) as artifacts:
-                run_id = record_cell(result, uri=uri, experiment=experiment,
-                                     artifacts=artifacts)
-            done = "uploaded"
-        # Written to `path` itself, which may not be result.output_dir (a rescued record), and
-        # with every field it had, known to this version or not.
-        write_json_atomic(path, {**data, "mlflow_run_id": run_id, "pending_sync": False,
-                                 "tracking_error": None})
-    return done
 
 
 def sync(output_root: Path, uri: str) -> int:

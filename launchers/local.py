@@ -40,6 +40,7 @@ import submitit
 from tqdm import tqdm
 
 from harness.processes import ProcessId, children_with_environment, end_tree
+from harness.record import LAUNCHER_RECORDS_ENV
 from harness.results import RESULT_FILE, RunStatus
 from harness.worker_env import MASTER_PORT_ENV, free_port, log_to_stderr
 from workloads.progress import BARS, PROGRESS_ENV, mode
@@ -52,20 +53,22 @@ LAUNCHER_PID_ENV = "DISTBENCH_LAUNCHER_PID"
 
 
 def submit_local(function: Callable[..., Any], *args: Any, folder: Path, tasks: int,
-                 timeout_min: int, name: str) -> submitit.Job:
+                 timeout_min: int, name: str, records_cell: bool = False) -> submitit.Job:
     """Start `tasks` local processes that each call `function(*args)`.
 
     The workers' rendezvous port is a port free right now, handed to them in their
     environment: a port derived from the local job id (a process id) could be one that another
     cell on this machine is using. So is how this process shows progress (`workloads.progress`):
     the workers write to files; rank 0's bar reaches a terminal only through this process.
+    With `records_cell`, also that this process records the cell in MLflow once it has ended
+    (harness.record.LAUNCHER_RECORDS_ENV): a local cell does not outlive its launcher.
     """
     executor = submitit.LocalExecutor(folder=str(folder))
     # submitit's own time limit is a backstop only: wait_for_cell ends the cell first.
     executor.update_parameters(tasks_per_node=tasks, nodes=1, timeout_min=timeout_min + 5,
                                name=name, **gpu_parameters(os.environ.get("CUDA_VISIBLE_DEVICES")))
     handed = {MASTER_PORT_ENV: str(free_port()), LAUNCHER_PID_ENV: str(os.getpid()),
-              PROGRESS_ENV: mode()}
+              PROGRESS_ENV: mode(), LAUNCHER_RECORDS_ENV: "1" if records_cell else "0"}
     previous = {name: os.environ.get(name) for name in handed}
     os.environ.update(handed)  # submitit copies os.environ to the tasks
     try:
@@ -134,14 +137,15 @@ def _watch_launcher(launcher: ProcessId | None) -> None:
 
 def wait_for_cell(job: submitit.Job, output_dir: Path, *, timeout_s: float,
                   grace_s: float = GRACE_AFTER_RESULT_S, result_file: str = RESULT_FILE,
-                  show_rank0: bool = False) -> bool:
+                  show_rank0: bool = False, records_cell: bool = False) -> bool:
     """Wait until every worker of the cell has exited; return True if the cell timed out.
 
     Workers still running `grace_s` after rank 0 recorded the cell (`recorded`) or exited
     (without a record, e.g. ended by its watchdog: the launcher records the cell from the rank
     reports), or when `timeout_s` has passed, are ended (`end_cell`), so no process of the
     cell outlives it. With `show_rank0`, what rank 0 prints appears on this process's
-    terminal meanwhile (`Rank0Terminal`).
+    terminal meanwhile (`Rank0Terminal`). `records_cell`: this process records the cell in
+    MLflow afterwards (`submit_local`), so rank 0 uploads nothing that could be cut short.
     """
     result_path = Path(output_dir) / result_file
     deadline = time.monotonic() + timeout_s
@@ -151,7 +155,8 @@ def wait_for_cell(job: submitit.Job, output_dir: Path, *, timeout_s: float,
         while not job.done():
             terminal.show()
             now = time.monotonic()
-            if ended is None and (recorded(result_path) or rank0.exited()):
+            if ended is None and (recorded(result_path, uploading=not records_cell)
+                                  or rank0.exited()):
                 ended = now
             if ended is not None and now - ended > grace_s:
                 break
@@ -163,18 +168,19 @@ def wait_for_cell(job: submitit.Job, output_dir: Path, *, timeout_s: float,
     return False
 
 
-def recorded(result_path: Path) -> bool:
+def recorded(result_path: Path, *, uploading: bool = True) -> bool:
     """Whether rank 0 is done recording the cell in `result_path`. A result.json that says
     `pending_sync` without a `tracking_error` is the first of its two writes: rank 0 is
     uploading it to MLflow (harness.record), which can take longer than the grace period
-    (creating the store's tables on a busy machine), and must not be cut short."""
+    (creating the store's tables on a busy machine), and must not be cut short. Not
+    `uploading` (the launcher records the cell itself), any result.json is the record."""
     try:
         written = json.loads(result_path.read_text())
     except FileNotFoundError:
         return False
     except (OSError, ValueError):  # not a record of ours to read: its presence is the signal
         return True
-    return not (isinstance(written, dict) and written.get("pending_sync")
+    return not (uploading and isinstance(written, dict) and written.get("pending_sync")
                 and not written.get("tracking_error"))
 
 
@@ -346,12 +352,30 @@ def run_cell_job(function: Callable[..., Any], *args: Any, config: Any, output_d
               flush=True)
     started = now()
     job = submit_local(function, *args, folder=folder, tasks=workers, timeout_min=timeout_min,
-                       name=name)
+                       name=name, records_cell=True)
     timed_out = wait_for_cell(job, output_dir, timeout_s=60 * timeout_min, grace_s=grace_s,
-                              show_rank0=True)
+                              show_rank0=True, records_cell=True)
     outcome = cell_outcome(config, output_dir, ended_as=RunStatus.timeout if timed_out else None,
                            logs=worker_logs_tail(job, workers), started=started)
-    return outcome, job
+    return record_left_to_launcher(output_dir, outcome), job
+
+
+def record_left_to_launcher(output_dir: Path, outcome: dict) -> dict:
+    """The cell's outcome once MLflow has it: rank 0 left the upload to this process
+    (`submit_local`'s `records_cell`), to the store its own config names; a result this
+    process cannot upload stays pending, with the reason, as rank 0 would have left it. A
+    record made here (`cell_outcome`) is uploaded already, and a result whose upload failed
+    already is left to `harness.sync`."""
+    from harness.pending import record_pending
+    from harness.tracking import tracking_uri
+
+    config = outcome.get("config") or {}
+    tracking, run = config.get("tracking") or {}, config.get("run") or {}
+    if not (outcome.get("pending_sync") and not outcome.get("tracking_error")
+            and tracking.get("enabled") and (Path(output_dir) / RESULT_FILE).exists()):
+        return outcome
+    return record_pending(Path(output_dir), tracking_uri(tracking.get("uri"),
+                                                         run["output_dir"]))
 
 
 def _logged_run_cell(cfg: Any, output_dir: Path) -> dict:

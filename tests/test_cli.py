@@ -121,6 +121,19 @@ def test_a_sweep_records_every_cell_nested_under_a_parent_run(output_root: Path)
     assert len(parents) == 1 and len(cells) == 2
     assert {c.data.tags["mlflow.parentRunId"] for c in cells} == {parents[0].info.run_id}
     assert all(c.data.metrics["seconds_per_epoch"] > 0 for c in cells)
+    # The launcher recorded them (it holds the store open), with what rank 0 would have
+    # uploaded: the same files, MLflow's result.json the cell's as it reads once synced.
+    client = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
+    for result in results:
+        folder = Path(result["output_dir"])
+        assert "the launcher records the cell in MLflow" in (folder / "__main__.log").read_text()
+        assert not result["pending_sync"] and result["tracking_error"] is None
+        run_id = result["mlflow_run_id"]
+        assert {a.path for a in client.list_artifacts(run_id)} == {
+            "config.yaml", "mllog.txt", "result.json"}
+        copy = json.loads(Path(client.download_artifacts(run_id, "result.json",
+                                                         str(folder.parent))).read_text())
+        assert copy == {**result, "mlflow_run_id": None}
 
 
 def test_a_failing_cell_does_not_stop_the_sweep_and_the_sweep_exits_1(

@@ -210,7 +210,7 @@ HARNESS_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the distribution models", ("harness.distributions.*",)),
     ("the records: results, MLflow, event logs, a cell's identity",
      ("harness.results", "harness.tracking", "harness.recorded_runs", "harness.record",
-      "harness.outcome",
+      "harness.outcome", "harness.empty_store", "harness.pending",
       "harness.resume", "harness.sweep_summary", "harness.eventlog", "harness.compliance",
       "harness.cell")),
     ("the worker",

@@ -146,6 +146,23 @@ def test_a_cell_whose_store_is_a_directory_keeps_its_result_and_says_so(tmp_path
     assert took < BOUNDED_S, f"{took:.0f} s"
 
 
+def test_a_sweep_cell_the_launcher_cannot_record_stays_pending_with_the_reason(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local sweep's launcher records its cells (rank 0 leaves it the upload): where the
+    store is unreachable, the cell's result stays pending for harness.sync, with the reason,
+    as rank 0 would have left it, and the sweep goes on and ends ok."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # refused at once
+    done = run_module("harness", ["-m", *tiny_overrides(
+        tmp_path, "run.epochs=1", f"tracking.uri=http://127.0.0.1:{_closed_port()}")],
+        tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [result_file] = (tmp_path / "sweeps").rglob("result.json")
+    result = json.loads(result_file.read_text())
+    assert result["status"] == "ok" and result["pending_sync"] is True
+    assert result["mlflow_run_id"] is None and result["tracking_error"]
+    assert "pending `python -m harness.sync`" in done.stdout + done.stderr
+
+
 def test_any_escaping_exception_is_one_line_and_its_traceback_is_kept(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
