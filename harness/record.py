@@ -70,8 +70,8 @@ def record(result: CellResult, config: DistbenchConfig, event_logs: EventLogs | 
     left_to_launcher = uri is not None and unsaved is None and _launcher_records(result,
                                                                                  event_logs)
     if left_to_launcher:
-        log.info("the launcher records the cell in MLflow at %s once its workers have ended",
-                 uri)
+        log.info("recording the cell: its launcher uploads it to MLflow at %s once its "
+                 "workers have ended", uri)
     elif uri is not None:  # seconds, more for a store that is created now
         log.info("recording the cell in MLflow at %s", uri)
         _upload(result, uri, config.tracking.experiment, event_logs)

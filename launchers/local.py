@@ -48,6 +48,9 @@ from workloads.progress import BARS, PROGRESS_ENV, mode
 # After rank 0 recorded the cell, how long the other workers may take to exit by themselves.
 GRACE_AFTER_RESULT_S = 20.0
 _POLL_S = 0.5
+# Once rank 0 has recorded the cell (or exited), the launcher waits only for the processes to
+# end, and polls faster: nothing it measures runs any more, and the next cell starts sooner.
+_POLL_AFTER_RESULT_S = 0.05
 # The pid of the process that launched a local cell, handed to its workers.
 LAUNCHER_PID_ENV = "DISTBENCH_LAUNCHER_PID"
 
@@ -163,7 +166,7 @@ def wait_for_cell(job: submitit.Job, output_dir: Path, *, timeout_s: float,
             if now > deadline:
                 end_cell(job)
                 return True
-            time.sleep(_POLL_S)
+            time.sleep(_POLL_S if ended is None else _POLL_AFTER_RESULT_S)
         end_cell(job)
     return False
 

@@ -126,7 +126,7 @@ def test_a_sweep_records_every_cell_nested_under_a_parent_run(output_root: Path)
     client = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
     for result in results:
         folder = Path(result["output_dir"])
-        assert "the launcher records the cell in MLflow" in (folder / "__main__.log").read_text()
+        assert "its launcher uploads it to MLflow" in (folder / "__main__.log").read_text()
         assert not result["pending_sync"] and result["tracking_error"] is None
         run_id = result["mlflow_run_id"]
         assert {a.path for a in client.list_artifacts(run_id)} == {

@@ -14,10 +14,14 @@ from harness.empty_store import CACHE_ENV, seed_new_store
 from harness.tracking import open_store
 
 
-def _schema(store: Path) -> list[tuple[str, str, str | None]]:
+def _schema(store: Path) -> dict[tuple[str, str], list[str]]:
+    """Every table's and index's definition, as the sorted lines of its CREATE statement:
+    SQLAlchemy writes a table's CHECK constraints in an order that changes from process to
+    process (a set's), so two stores MLflow creates itself differ in that order."""
     with contextlib.closing(sqlite3.connect(store)) as db:
-        return sorted(db.execute("SELECT type, name, sql FROM sqlite_master").fetchall(),
-                      key=lambda row: (row[0], row[1]))
+        rows = db.execute("SELECT type, name, sql FROM sqlite_master").fetchall()
+    return {(kind, name): sorted(line.strip().rstrip(",") for line in (sql or "").splitlines())
+            for kind, name, sql in rows}
 
 
 def _rows(store: Path, query: str) -> list[tuple]:
