@@ -78,7 +78,10 @@ def test_an_interrupted_single_process_cell_keeps_its_measured_epochs(
             [sys.executable, "-m", "harness",
              *tiny_overrides(output_root, "run.epochs=40", "run.warmup_batches=0")],
             cwd=output_root.parent, stdout=out, stderr=subprocess.STDOUT,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            # As from a terminal: a pytest started in the background of a non-interactive
+            # shell ignores SIGINT, and its children would inherit that.
+            preexec_fn=_default_sigint)
         try:
             deadline = time.monotonic() + 120
             while "epoch 1/40:" not in log.read_text() and time.monotonic() < deadline:
@@ -102,6 +105,10 @@ def test_an_interrupted_single_process_cell_keeps_its_measured_epochs(
     assert run.data.tags["status"] == "interrupted"
     assert not [child for child in children if child.is_running()]
     assert finished_result(output_root, result["cell_key"]) is None
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _ends_within(process: psutil.Process, seconds: float) -> bool:
