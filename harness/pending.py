@@ -64,10 +64,10 @@ def _exclusive(folder: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def sync_result(path: Path, data: dict[str, Any], uri: str) -> str:
+def sync_result(path: Path, data: dict[str, Any], uri: str) -> tuple[str, dict[str, Any]]:
     """Record the pending result `data` (read from `path`) in the store at `uri` unless a
     complete run of it is there already; only then mark it synced; return what was done
-    ("uploaded" or "already recorded")."""
+    ("uploaded" or "already recorded") and the record as written to `path`."""
     result = as_result(data)
     experiment = result.config["tracking"]["experiment"]
     with _exclusive(path.parent):
@@ -82,9 +82,10 @@ def sync_result(path: Path, data: dict[str, Any], uri: str) -> str:
             done = "uploaded"
         # Written to `path` itself, which may not be result.output_dir (a rescued record), and
         # with every field it had, known to this version or not.
-        write_json_atomic(path, {**data, "mlflow_run_id": run_id, "pending_sync": False,
-                                 "tracking_error": None})
-    return done
+        synced = {**data, "mlflow_run_id": run_id, "pending_sync": False,
+                  "tracking_error": None}
+        write_json_atomic(path, synced)
+    return done, synced
 
 
 def record_pending(output_dir: Path, uri: str) -> dict[str, Any]:
@@ -96,14 +97,13 @@ def record_pending(output_dir: Path, uri: str) -> dict[str, Any]:
     data = read_result(output_dir)
     log.info("recording the cell in MLflow at %s", uri)
     try:
-        sync_result(path, data, uri)
+        _, recorded = sync_result(path, data, uri)
+        where = f"{recorded['mlflow_run_id']} at {uri}"
     except Exception as err:  # noqa: BLE001 - the record stays pending for harness.sync
         reason = tracking_failure(err)
         log.warning("MLflow could not record %s (%s); result kept in %s, pending "
                     "`python -m harness.sync`", data.get("run_name"), reason, path)
-        write_json_atomic(path, {**data, "tracking_error": reason})
-    recorded = read_result(output_dir)
-    where = "pending sync" if recorded.get("pending_sync") else \
-        f"{recorded.get('mlflow_run_id')} at {uri}"
+        recorded, where = {**data, "tracking_error": reason}, "pending sync"
+        write_json_atomic(path, recorded)
     log.info("result: %s; MLflow run %s", path, where)
     return recorded

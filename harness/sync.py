@@ -69,7 +69,7 @@ def sync(output_root: Path, uri: str) -> int:
         if not data.get("pending_sync"):
             continue
         try:
-            done = sync_result(path, data, uri)
+            done, _ = sync_result(path, data, uri)
         except Exception as err:  # noqa: BLE001 - one line per result; the rest still syncs
             failures += 1
             print(f"distbench: could not sync {path.parent} ({tracking_failure(err)})",
