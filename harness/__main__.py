@@ -24,7 +24,6 @@ with one_door():  # a model another package registered that cannot be loaded: on
 def main(cfg: DictConfig) -> dict[str, Any]:
     # The worker's modules (and torch) load here, once a cell runs: --help, shell completion
     # and bad input answer without them.
-    from harness.run import run_cell
     from harness.worker_env import worker_environment
 
     cell = check_cell(cfg)  # bad input: one line, exit status 2 (run_hydra_main below)
@@ -40,6 +39,8 @@ def main(cfg: DictConfig) -> dict[str, Any]:
                                     timeout_min=int(hydra_config.launcher.timeout_min),
                                     grace_s=float(hydra_config.launcher.get(
                                         "grace_after_result_s", GRACE_AFTER_RESULT_S))))
+    from harness.run import run_cell  # this process is the cell's only worker
+
     result = noted(run_cell(cell))  # a cell that did not end ok: exit status 1 (harness.cli)
     if result.get("storage_error"):
         sys.exit(1)  # its one line is printed: where the record went instead of its directory
