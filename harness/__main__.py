@@ -22,8 +22,8 @@ with one_door():  # a model another package registered that cannot be loaded: on
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
-    # The worker's modules (and torch) load here, once a cell runs: --help, shell completion
-    # and bad input answer without them.
+    # The worker's modules (and torch) load below, in the process that trains the cell:
+    # --help, shell completion, bad input and the launcher of a multi-worker cell go without.
     from harness.worker_env import worker_environment
 
     cell = check_cell(cfg)  # bad input: one line, exit status 2 (run_hydra_main below)

@@ -130,3 +130,23 @@ def test_a_command_of_overrides_refuses_bad_input_without_loading_torch(
     assert outcome["status"] == 2, done.stdout[-1000:] + done.stderr[-2000:]
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert outcome["loaded"] == [], f"{module} {' '.join(args)} loaded {outcome['loaded']}"
+
+
+def test_the_launcher_of_a_multi_worker_pipeline_cell_leaves_torch_to_its_workers(
+        tmp_path: Path) -> None:
+    """A 2-worker cell typed at the prompt: its launcher checks it (a pipeline's layer count,
+    counted once per version of the network code: here beforehand), starts its workers and
+    records it; only the workers load torch."""
+    from workloads.datasets.spec import DATASET_SPECS
+    from workloads.networks.layer_counts import remembered_layer_count
+    from workloads.networks.ref import NetworkRef
+
+    remembered_layer_count(NetworkRef.builtin("mobilenetv2"), DATASET_SPECS["mnist"],
+                           os.environ["DISTBENCH_CACHE_DIR"])  # what the cell's check asks
+    outcome, done = _run(tmp_path, "distribution=gpipe", "hardware=local_2cpu",
+                         "dataset=mnist", "network=mobilenetv2", "dataset.num_samples=16",
+                         "distribution.batch_size=8", "run.epochs=1", "run.warmup_batches=0",
+                         "run.progress=false", f"run.output_dir={tmp_path / 'outputs'}")
+    assert outcome["status"] == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "starting 2 worker process(es)" in done.stdout
+    assert not {"torch", "torchvision"} & set(outcome["loaded"]), outcome["loaded"]

@@ -81,12 +81,15 @@ def even_balance(layers: int, stages: int) -> str:
 
 
 def pipeline_layer_count(cell: DistbenchConfig) -> int:
-    """Length of the cell's layer list (built on the meta device); a network without one is
-    refused here, at validation, with what to set."""
-    from workloads.networks.layers import layer_count  # builds the network: torch, when asked
+    """Length of the cell's layer list (built on the meta device, once per version of the
+    network's code: `workloads.networks.layer_counts`, so that checking a sweep's pipeline
+    cells loads no torch); a network without one is refused here, at validation, with what to
+    set."""
+    from workloads.networks.layer_counts import remembered_layer_count
 
     try:
-        return layer_count(cell.network.ref, cell.dataset.spec)
+        return remembered_layer_count(cell.network.ref, cell.dataset.spec,
+                                      cell.dataset.cache_dir)
     except NetworkError as err:
         raise ConfigError(f"distribution={cell.distribution.name} is invalid for this "
                           f"network: {err}") from None

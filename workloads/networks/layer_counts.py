@@ -1,0 +1,85 @@
+"""The length of a network's layer list, remembered on disk between processes.
+
+Checking a pipeline cell needs it (every stage needs a layer: `harness.distributions.
+pipeline_config`), and counting builds the network on the meta device: a few milliseconds of
+building after 3-4 s of importing torch and torchvision (or timm, transformers), in processes
+that otherwise never load them: a sweep's launcher checking its cells before any worker starts,
+a dry run. The count depends only on what builds the network, so it is kept per network and
+dataset shape, and per version of that code: distbench's own network code (a digest of
+`workloads/networks/`) and the installed library the network comes from. A user's own module
+(`network=module`) is counted afresh each time: its code can change between two commands
+without any version saying so. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+from importlib import metadata
+from pathlib import Path
+
+from workloads.datasets.atomic import write_json_atomic
+from workloads.datasets.spec import DatasetSpec
+from workloads.networks.ref import (
+    BUILTIN,
+    HF,
+    MODULE,
+    TIMM,
+    TORCHVISION,
+    NetworkRef,
+    canonical_json,
+)
+
+# The libraries whose version decides a network's layer list, by where the network comes from.
+_LIBRARIES = {BUILTIN: ("torch", "torchvision"), TORCHVISION: ("torch", "torchvision"),
+              TIMM: ("torch", "timm"), HF: ("torch", "transformers")}
+_FOLDER = "layer-counts"
+
+
+def remembered_layer_count(ref: NetworkRef, dataset: DatasetSpec,
+                           cache_dir: str | Path) -> int:
+    """`workloads.networks.layers.layer_count(ref, dataset)`, read from `cache_dir` when the
+    same code counted it before; else counted (loading torch) and kept there. A count that
+    cannot be kept (a read-only cache) is still returned. Raises NetworkError as
+    `layer_count` does (not remembered: the message is built where it is raised)."""
+    entry = _entry_path(ref, dataset, cache_dir)
+    if entry is not None:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            return int(json.loads(entry.read_text())["layers"])
+    from workloads.networks.layers import layer_count  # builds the network: torch
+
+    count = layer_count(ref, dataset)
+    if entry is not None:
+        with contextlib.suppress(OSError):
+            write_json_atomic(entry, {"layers": count, "network": ref.key,
+                                      "dataset": dataset.name})
+    return count
+
+
+def _entry_path(ref: NetworkRef, dataset: DatasetSpec, cache_dir: str | Path) -> Path | None:
+    """Where the count of (ref, dataset) by today's code is kept; None: not kept (a user's
+    module, or a library that is not installed)."""
+    if ref.source == MODULE or ref.source not in _LIBRARIES:
+        return None
+    try:
+        versions = {name: metadata.version(name) for name in _LIBRARIES[ref.source]}
+    except metadata.PackageNotFoundError:
+        return None  # counting says what is missing
+    identity = canonical_json({"network": dataclasses.asdict(ref) | {"_options": None},
+                               "dataset": dataclasses.asdict(dataset), "versions": versions,
+                               "code": _network_code_digest()})
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:20]
+    return Path(cache_dir).expanduser() / _FOLDER / f"{ref.key}-{dataset.name}-{digest}.json"
+
+
+@functools.cache
+def _network_code_digest() -> str:
+    """A digest of the code that builds every network (this package's modules)."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
