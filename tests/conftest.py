@@ -23,6 +23,31 @@ SUITE_BUDGET_S = 25 * 60
 _SUITE_STARTED = time.monotonic()
 
 
+# The suite runs in two processes (pytest-xdist, `-n 2` in pyproject.toml), each test module
+# whole in one of them, so that its module-scoped fixtures (a cluster, a table of runs) are
+# built once. The modules that bring up a SLURM cluster (the loopback one, or the emulated
+# nodes, which stop it first) share one process: there is one /etc/slurm and one set of
+# daemons on this machine, so only one of them may be up at a time.
+_CLUSTER_FIXTURES = frozenset({"slurm_cluster", "emulated_nodes"})
+_ONE_CLUSTER_AT_A_TIME = "one SLURM cluster at a time"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Benchmarks (`-m perf`) run in one process, one at a time: side by side they would time
+    each other (and pytest-benchmark measures nothing under xdist)."""
+    marks = config.option.markexpr or ""
+    if "perf" in marks and "not perf" not in marks:
+        config.option.numprocesses, config.option.dist, config.option.tx = 0, "no", []
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    cluster_modules = {item.path for item in items
+                       if _CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ()))}
+    for item in items:
+        group = _ONE_CLUSTER_AT_A_TIME if item.path in cluster_modules else str(item.path)
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     took = time.monotonic() - _SUITE_STARTED
     if took <= SUITE_BUDGET_S:
