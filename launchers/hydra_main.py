@@ -100,8 +100,10 @@ def check_hydra_main(argv: Sequence[str]) -> None:
     parser = get_args_parser()
     parser.error = ArgumentParser.error.__get__(parser)  # type: ignore[method-assign]
     parser._get_values = functools.partial(refuse_dashes_as_value, parser)  # type: ignore[method-assign]
-    # `distbench` (the console command) or `python -m harness`, named as Hydra names it
-    parser.prog = "python -m harness" if sys.argv[0].endswith(".py") else Path(sys.argv[0]).name
+    # `distbench` (the console command) or else `python -m harness` (also when run in-process
+    # by another program: its argv[0] is that program's, e.g. `-c` for `python -c`)
+    command = Path(sys.argv[0]).name
+    parser.prog = command if command.startswith("distbench") else "python -m harness"
     # Wherever it is typed: argparse takes no flag after the overrides have begun.
     dry_run = DRY_RUN_FLAG in argv
     args = parser.parse_args([argument for argument in argv if argument != DRY_RUN_FLAG])

@@ -24,12 +24,13 @@ _SUITE_STARTED = time.monotonic()
 
 
 # The suite runs in two processes (pytest-xdist, `-n 2` in pyproject.toml), each test module
-# whole in one of them, so that its module-scoped fixtures (a cluster, a table of runs) are
-# built once. The modules that bring up a SLURM cluster (the loopback one, or the emulated
-# nodes, which stop it first) share one process: there is one /etc/slurm and one set of
-# daemons on this machine, so only one of them may be up at a time.
+# whole in one of them (its module-scoped fixtures, a cluster or a table of runs, are built
+# once). The modules that bring up a SLURM cluster (the loopback one, or the emulated nodes,
+# which stop it first) run in one process, one after another: this machine has one /etc/slurm
+# and one set of daemons. They go first, being the longest unit of work.
+CLUSTER_MODULES = ("tests/test_slurm.py", "tests/test_slurm_plugin_config.py",
+                   "tests/test_emulated_nodes.py")
 _CLUSTER_FIXTURES = frozenset({"slurm_cluster", "emulated_nodes"})
-_ONE_CLUSTER_AT_A_TIME = "one SLURM cluster at a time"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -40,12 +41,31 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.numprocesses, config.option.dist, config.option.tx = 0, "no", []
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    cluster_modules = {item.path for item in items
-                       if _CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ()))}
-    for item in items:
-        group = _ONE_CLUSTER_AT_A_TIME if item.path in cluster_modules else str(item.path)
-        item.add_marker(pytest.mark.xdist_group(group))
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The cluster modules first; a module that brings up a cluster must be one of them."""
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    unlisted = {module(item) for item in items
+                if _CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ()))
+                and module(item) not in CLUSTER_MODULES}
+    if unlisted:
+        raise pytest.UsageError(f"{', '.join(sorted(unlisted))} bring(s) up a SLURM cluster: "
+                                f"add them to CLUSTER_MODULES in tests/conftest.py")
+    items.sort(key=lambda item: module(item) not in CLUSTER_MODULES)  # stable
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's scheduling by file, the cluster modules as one unit. (Its `loadgroup` marks
+    are ignored under pytest 9.2: pytest-dev/pytest-xdist#1386.)"""
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModulesOneClusterAtATime(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return "one SLURM cluster at a time" if module in CLUSTER_MODULES else module
+
+    return ModulesOneClusterAtATime(config, log)  # type: ignore[arg-type]
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

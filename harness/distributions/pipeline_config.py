@@ -81,15 +81,20 @@ def even_balance(layers: int, stages: int) -> str:
 
 
 def pipeline_layer_count(cell: DistbenchConfig) -> int:
-    """Length of the cell's layer list (built on the meta device, once per version of the
-    network's code: `workloads.networks.layer_counts`, so that checking a sweep's pipeline
-    cells loads no torch); a network without one is refused here, at validation, with what to
-    set."""
+    """Length of the cell's layer list (built on the meta device); a network without one is
+    refused here, at validation, with what to set.
+
+    Counted once per version of the network's code (`workloads.networks.layer_counts`), so
+    that the launcher checking a sweep's pipeline cells loads no torch: a worker of a cell
+    keeps the count it checked (it has torch loaded, and its cell passed its launcher's
+    checks); a command checking its input keeps nothing, since bad input writes nothing."""
+    from harness.worker_env import worker_environment
     from workloads.networks.layer_counts import remembered_layer_count
 
     try:
         return remembered_layer_count(cell.network.ref, cell.dataset.spec,
-                                      cell.dataset.cache_dir)
+                                      cell.dataset.cache_dir,
+                                      keep=worker_environment().is_distributed)
     except NetworkError as err:
         raise ConfigError(f"distribution={cell.distribution.name} is invalid for this "
                           f"network: {err}") from None

@@ -39,11 +39,12 @@ _LIBRARIES = {BUILTIN: ("torch", "torchvision"), TORCHVISION: ("torch", "torchvi
 _FOLDER = "layer-counts"
 
 
-def remembered_layer_count(ref: NetworkRef, dataset: DatasetSpec,
-                           cache_dir: str | Path) -> int:
+def remembered_layer_count(ref: NetworkRef, dataset: DatasetSpec, cache_dir: str | Path, *,
+                           keep: bool = True) -> int:
     """`workloads.networks.layers.layer_count(ref, dataset)`, read from `cache_dir` when the
-    same code counted it before; else counted (loading torch) and kept there. A count that
-    cannot be kept (a read-only cache) is still returned. Raises NetworkError as
+    same code counted it before; else counted (loading torch) and, if `keep`, kept there (a
+    command that is only checking its input keeps nothing: bad input writes nothing). A count
+    that cannot be kept (a read-only cache) is still returned. Raises NetworkError as
     `layer_count` does (not remembered: the message is built where it is raised)."""
     entry = _entry_path(ref, dataset, cache_dir)
     if entry is not None:
@@ -52,7 +53,7 @@ def remembered_layer_count(ref: NetworkRef, dataset: DatasetSpec,
     from workloads.networks.layers import layer_count  # builds the network: torch
 
     count = layer_count(ref, dataset)
-    if entry is not None:
+    if keep and entry is not None:
         with contextlib.suppress(OSError):
             write_json_atomic(entry, {"layers": count, "network": ref.key,
                                       "dataset": dataset.name})
