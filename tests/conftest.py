@@ -29,7 +29,7 @@ _SUITE_STARTED = time.monotonic()
 # which stop it first) run in one process, one after another: this machine has one /etc/slurm
 # and one set of daemons. They go first, being the longest unit of work.
 CLUSTER_MODULES = ("tests/test_slurm.py", "tests/test_slurm_plugin_config.py",
-                   "tests/test_emulated_nodes.py")
+                   "tests/test_emulated_nodes.py", "tests/benchmarks/test_emulated_faults.py")
 _CLUSTER_FIXTURES = frozenset({"slurm_cluster", "emulated_nodes"})
 
 
@@ -41,6 +41,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.numprocesses, config.option.dist, config.option.tx = 0, "no", []
 
 
+@pytest.hookimpl(trylast=True)  # on the tests selected (-m)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The cluster modules first; a module that brings up a cluster must be one of them."""
     def module(item: pytest.Item) -> str:
