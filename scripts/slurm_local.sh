@@ -59,20 +59,28 @@ CONF
     done
 }
 
+# Whether a live process matches (pgrep's arguments): a zombie does not count. A daemon that
+# ended but is not reaped yet (this machine's init reaps late) would otherwise pass for a
+# running one, and `start` right after `stop` (or after the emulated cluster's tear-down) would
+# not start its own: seen as "Unable to contact slurm controller" for 5 minutes.
+live() {
+    pgrep -r R,S,D,T,t,I "$@" >/dev/null
+}
+
 start() {
     install
     write_config
     mkdir -p /run/munge && chown munge:munge /run/munge
     # munged only if none runs, noted so that `stop` ends it again (as launchers/emulated.py does):
     # the test cluster leaves no daemon of its own behind.
-    if ! pgrep -x munged >/dev/null; then
+    if ! live -x munged; then
         sudo_munge
         touch "$state/munged-started-here"
     fi
     # -c: start from a clean state; jobs of an earlier run of this test cluster are not resumed.
-    pgrep -x slurmctld >/dev/null || slurmctld -c
+    live -x slurmctld || slurmctld -c
     for node in "${nodes[@]}"; do
-        pgrep -f "slurmd -N $node" >/dev/null || slurmd -N "$node"
+        live -f "slurmd -N $node" || slurmd -N "$node"
     done
     for _ in $(seq 1 30); do
         if [ "$(sinfo -h -o '%T' | grep -cE '^(idle|mixed|allocated)')" -ge 1 ] \
@@ -102,7 +110,7 @@ stop() {
     # Wait until they are gone, so that an immediate `start` does not mistake a daemon that is
     # still shutting down for a running one.
     for _ in $(seq 1 20); do
-        pgrep -x slurmctld >/dev/null || pgrep -x slurmd >/dev/null || break
+        live -x slurmctld || live -x slurmd || break
         sleep 1
     done
     pkill -9 -x slurmctld 2>/dev/null || true
@@ -111,7 +119,7 @@ stop() {
     if [ -e "$state/munged-started-here" ]; then
         pkill -x munged 2>/dev/null || true
         # gone before returning: a `start` right after must not take a dying munged for a live one
-        for _ in $(seq 1 20); do pgrep -x munged >/dev/null || break; sleep 0.5; done
+        for _ in $(seq 1 20); do live -x munged || break; sleep 0.5; done
         pkill -9 -x munged 2>/dev/null || true
         rm -f "$state/munged-started-here"
     fi
