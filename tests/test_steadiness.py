@@ -134,6 +134,19 @@ def test_the_noise_floor_comes_from_repeats_and_from_cells_measured_twice() -> N
     expected = sorted([EXPECTED_DIFFERENCE_PER_STD * 2.0, 0.4 / 4.2 * 100])
     assert floor.percent == pytest.approx(sum(expected) / 2)
     assert not noise_floor([once]).measured and math.isnan(noise_floor([once]).percent)
+    # Each kind apart: back-to-back repeats share the machine's state, separate runs do not.
+    assert (floor.repeats.cells, floor.runs.cells) == (1, 1)
+    assert floor.repeats.percent == pytest.approx(EXPECTED_DIFFERENCE_PER_STD * 2.0)
+    assert floor.runs.percent == pytest.approx(0.4 / 4.2 * 100)
+    assert "between repeats of one run 2.3 % (1 cell(s)), between runs 9.5 % (1 cell(s))" \
+        in floor.text()
+    # A cell measured in two runs, each with repeats: one figure of each kind, both averaged.
+    both = [_cell(4.0, key="d", repeat_std=0.04), _cell(4.4, key="d", repeat_std=0.044)]
+    floor = noise_floor(both)
+    assert floor.repeats.percent == pytest.approx(EXPECTED_DIFFERENCE_PER_STD * 1.0)
+    assert floor.runs.percent == pytest.approx(0.4 / 4.2 * 100)
+    assert floor.percent == pytest.approx((2 * EXPECTED_DIFFERENCE_PER_STD + 0.4 / 4.2 * 100) / 3)
+    assert "between runs not measured" in noise_floor([repeated]).text()
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,10 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
             "all": overall.percent if overall.measured else None,
             **{model: floor.percent if floor.measured else None
                for model, floor in noise.items()}},
+        # The same, from each kind of repeated measurement apart: back-to-back repeats within
+        # one run, and separate runs of the same cell (harness.analysis.noise).
+        "noise_floor_by_kind": {"all": _kinds(overall),
+                                **{model: _kinds(floor) for model, floor in noise.items()}},
         "cells_left_out_unsteady": len(unsteady) if exclude_unsteady else 0,
         # Whether the accuracy's `network_*` errors (NaN where not) could be measured.
         "leave_one_network_out": {"measured": note is None, "why": note},
@@ -224,6 +228,11 @@ def _log(uri: str, experiment: str, table, verdicts, files: list[Path]) -> None:
     except Exception as err:  # noqa: BLE001 - the report is on disk either way
         print(f"distbench: MLflow could not record the analysis ({type(err).__name__}: "
               f"{err}); the report is on disk", file=sys.stderr)
+
+
+def _kinds(floor: NoiseFloor) -> dict[str, dict[str, float | int | None]]:
+    return {kind: {"percent": part.percent if part.measured else None, "cells": part.cells}
+            for kind, part in (("repeats", floor.repeats), ("runs", floor.runs))}
 
 
 def _noise_column(noise: dict[str, NoiseFloor], model: str) -> str:

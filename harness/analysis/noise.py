@@ -9,7 +9,12 @@ analysis states every model's error beside it. Two kinds of repeated measurement
 - a cell measured more than once (the same cell key in several runs, e.g. a sweep measured
   again): the mean absolute difference between its runs' seconds per epoch, over their mean.
 
-The floor is the median of those per-cell figures (per model, and over the grid).
+The floor is the median of those per-cell figures (per model, and over the grid). The two
+kinds are also stated apart, since they are not the same noise: back-to-back repeats share the
+machine's state (its clock, its neighbours, its caches), separate runs do not. On the emulated
+calibration (BENCHMARKS.md section 16) repeats differed by a median 0.9 %, and the cells measured
+in two runs by 8.6 %; an error can only be judged against the floor of the kind of measurement
+it will be compared with, which for a recommendation is another run.
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ EXPECTED_DIFFERENCE_PER_STD = 2 / math.sqrt(math.pi)
 
 
 @dataclass(frozen=True)
-class NoiseFloor:
-    """The typical relative difference between two measurements of one cell, in percent, and
+class Floor:
+    """The median relative difference between two measurements of one cell, in percent, and
     how many cells it was measured on (0: not measured, `percent` NaN)."""
 
     percent: float
@@ -38,40 +43,76 @@ class NoiseFloor:
     def measured(self) -> bool:
         return self.cells > 0
 
+    @classmethod
+    def of(cls, differences: Sequence[float]) -> Floor:
+        if not differences:
+            return cls(float("nan"), 0)
+        return cls(statistics.median(differences), len(differences))
+
+    def part(self, kind: str) -> str:
+        return (f"{kind} {self.percent:.1f} % ({self.cells} cell(s))" if self.measured
+                else f"{kind} not measured")
+
+
+@dataclass(frozen=True)
+class NoiseFloor(Floor):
+    """The noise floor from both kinds of repeated measurement (`percent`, `cells`), and from
+    each kind apart: `repeats` (back to back, within one run) and `runs` (separate runs)."""
+
+    repeats: Floor = Floor(float("nan"), 0)
+    runs: Floor = Floor(float("nan"), 0)
+
     def text(self) -> str:
         if not self.measured:
             return ("noise floor: not measured (no cell measured twice: run.repeats=2 or more, "
                     "or measure the sweep again)")
         return (f"noise floor: {self.percent:.1f} % (median difference between two measurements "
-                f"of the same cell, over {self.cells} cell(s))")
+                f"of the same cell, over {self.cells} cell(s); "
+                f"{self.repeats.part('between repeats of one run')}, "
+                f"{self.runs.part('between runs')})")
 
 
-def cell_differences(cells: Sequence[MeasuredCell]) -> dict[str, float]:
-    """Per cell key, the expected relative difference between two of its measurements
-    (percent), from its repeats and from its runs."""
+@dataclass(frozen=True)
+class CellNoise:
+    """One cell's expected relative difference between two of its measurements (percent): from
+    its repeats (the mean over its runs), from its runs (None: not measured that way), and
+    from both (the mean of every figure: one per run with repeats, one for its runs)."""
+
+    repeats: float | None
+    runs: float | None
+    both: float
+
+
+def cell_noise(cells: Sequence[MeasuredCell]) -> dict[str, CellNoise]:
+    """Per cell key, the expected relative difference between two of its measurements."""
     by_key: dict[str, list[MeasuredCell]] = {}
     for cell in cells:
         by_key.setdefault(cell.cell_key or cell.run_id, []).append(cell)
-    differences = {}
+    noise = {}
     for key, runs in by_key.items():
-        figures = [EXPECTED_DIFFERENCE_PER_STD * cell.repeat_std / cell.seconds_per_epoch * 100
-                   for cell in runs if cell.repeat_std is not None and cell.seconds_per_epoch > 0]
+        repeat_figures = [EXPECTED_DIFFERENCE_PER_STD * cell.repeat_std
+                          / cell.seconds_per_epoch * 100 for cell in runs
+                          if cell.repeat_std is not None and cell.seconds_per_epoch > 0]
         seconds = [cell.seconds_per_epoch for cell in runs]
+        run_figure = None
         if len(seconds) >= 2:
             pairs = list(itertools.combinations(seconds, 2))
-            figures.append(statistics.fmean(abs(a - b) for a, b in pairs)
-                           / statistics.fmean(seconds) * 100)
+            run_figure = (statistics.fmean(abs(a - b) for a, b in pairs)
+                          / statistics.fmean(seconds) * 100)
+        figures = [*repeat_figures, *([] if run_figure is None else [run_figure])]
         if figures:
-            differences[key] = statistics.fmean(figures)
-    return differences
+            noise[key] = CellNoise(statistics.fmean(repeat_figures) if repeat_figures else None,
+                                   run_figure, statistics.fmean(figures))
+    return noise
 
 
 def noise_floor(cells: Sequence[MeasuredCell]) -> NoiseFloor:
     """The grid's noise floor (module docstring)."""
-    differences = list(cell_differences(cells).values())
-    if not differences:
-        return NoiseFloor(float("nan"), 0)
-    return NoiseFloor(statistics.median(differences), len(differences))
+    noise = list(cell_noise(cells).values())
+    both = Floor.of([cell.both for cell in noise])
+    return NoiseFloor(both.percent, both.cells,
+                      repeats=Floor.of([c.repeats for c in noise if c.repeats is not None]),
+                      runs=Floor.of([c.runs for c in noise if c.runs is not None]))
 
 
 def noise_floor_per_model(cells: Sequence[MeasuredCell]) -> dict[str, NoiseFloor]:
