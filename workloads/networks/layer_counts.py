@@ -26,14 +26,14 @@ from workloads.datasets.spec import DatasetSpec
 from workloads.networks.ref import (
     BUILTIN,
     HF,
-    MODULE,
     TIMM,
     TORCHVISION,
     NetworkRef,
     canonical_json,
 )
 
-# The libraries whose version decides a network's layer list, by where the network comes from.
+# The libraries whose version decides a network's layer list, by where the network comes from
+# (not `module`: a user's own code).
 _LIBRARIES = {BUILTIN: ("torch", "torchvision"), TORCHVISION: ("torch", "torchvision"),
               TIMM: ("torch", "timm"), HF: ("torch", "transformers")}
 _FOLDER = "layer-counts"
@@ -63,17 +63,27 @@ def remembered_layer_count(ref: NetworkRef, dataset: DatasetSpec, cache_dir: str
 def _entry_path(ref: NetworkRef, dataset: DatasetSpec, cache_dir: str | Path) -> Path | None:
     """Where the count of (ref, dataset) by today's code is kept; None: not kept (a user's
     module, or a library that is not installed)."""
-    if ref.source == MODULE or ref.source not in _LIBRARIES:
+    versions = _library_versions(ref.source)
+    if versions is None:
         return None
-    try:
-        versions = {name: metadata.version(name) for name in _LIBRARIES[ref.source]}
-    except metadata.PackageNotFoundError:
-        return None  # counting says what is missing
     identity = canonical_json({"network": dataclasses.asdict(ref) | {"_options": None},
                                "dataset": dataclasses.asdict(dataset), "versions": versions,
                                "code": _network_code_digest()})
     digest = hashlib.sha256(identity.encode()).hexdigest()[:20]
     return Path(cache_dir).expanduser() / _FOLDER / f"{ref.key}-{dataset.name}-{digest}.json"
+
+
+@functools.cache
+def _library_versions(source: str) -> dict[str, str] | None:
+    """The installed versions of what builds a network of `source`; None: a user's module
+    (`MODULE`: no version covers its code) or a library that is not installed (counting says
+    what is missing)."""
+    if source not in _LIBRARIES:
+        return None
+    try:
+        return {name: metadata.version(name) for name in _LIBRARIES[source]}
+    except metadata.PackageNotFoundError:
+        return None
 
 
 @functools.cache
