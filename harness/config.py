@@ -321,12 +321,6 @@ class DistributionConfig:
     that runs one whole replica per worker."""
 
     _section: ClassVar[str] = "distribution"
-    # The model splits the network into stages across workers (it then trains one pipeline
-    # batch at a time), rather than holding a whole replica per worker.
-    pipeline: ClassVar[bool] = False
-    # Every worker trains its own batch of an equal shard, and the gradients are averaged: a
-    # step covers batch_size x workers samples.
-    data_parallel: ClassVar[bool] = False
     # Every model's settings class by its name, as the classes are defined (the registry,
     # harness.distributions.registry, imports them all): what a wrong name is told.
     models: ClassVar[dict[str, type[DistributionConfig]]] = {}
@@ -367,6 +361,13 @@ class DistributionConfig:
         cell.check_epoch_holds(cell.world_size,
                                f"an epoch needs at least one full batch per worker (batch size "
                                f"{cell.batch_size} x {cell.world_size} workers = {needed})")
+
+    def data_shards(self, cell: DistbenchConfig) -> int:
+        """Equal shards the epoch's data is split into, one per worker that trains its own
+        batches (worker `rank` takes shard `rank % shards`; an optimizer step covers
+        batch_size x shards samples): every worker, each a whole replica. A model that feeds
+        every batch through all its workers (a pipeline) has one."""
+        return cell.world_size
 
     def step_batch(self, cell: DistbenchConfig) -> int:
         """The samples one forward pass of one worker takes (what the sequential step time is
@@ -696,11 +697,10 @@ class DistbenchConfig:
 
     @property
     def global_batch_size(self) -> int:
-        """Samples per optimizer step over the whole cell: every data-parallel worker's batch;
-        a pipeline's batch (it enters the pipeline whole)."""
-        if self.distribution.data_parallel:
-            return self.batch_size * self.world_size
-        return self.batch_size
+        """Samples per optimizer step over the whole cell: the batch of every worker that
+        trains its own shard of the data (`DistributionConfig.data_shards`); a pipeline's batch
+        (it enters the pipeline whole)."""
+        return self.batch_size * self.distribution.data_shards(self)
 
     @property
     def run_name(self) -> str:

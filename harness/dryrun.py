@@ -144,12 +144,17 @@ def predict(cells: Sequence[PlannedCell]) -> Predictions:
 
 
 def _unpredictable(config: DistbenchConfig) -> str | None:
-    """Why a pipeline cell cannot be predicted without measuring: no layer profile kept for
-    its network on its device (taking one means training the network's layers here)."""
-    from harness.predict.facts import FactsStore, facts_path
+    """Why a cell whose prediction takes a layer profile (a pipeline's, or one whose
+    collectives hide behind its compute: `predict.facts.needs_layer_profile`) cannot be
+    predicted without measuring: no profile kept for its network on its device (taking one
+    means training the network's layers here)."""
+    from harness.distributions.registry import spec_of
+    from harness.predict.facts import FactsStore, facts_path, needs_layer_profile
 
-    if not config.distribution.pipeline:
+    if not needs_layer_profile(config):
         return None
+    needs = ("pipelines" if spec_of(config).stage_planner is not None
+             else "collectives beside the compute")
     threads = config.hardware.cpu_threads if config.hardware.device.value == "cpu" else None
     path = facts_path(config.run.output_dir, config.hardware.name)
     try:
@@ -159,7 +164,7 @@ def _unpredictable(config: DistbenchConfig) -> str | None:
     except ConfigError as err:
         return " ".join(str(err).split())
     if profile is None:
-        return (f"pipelines: no layer profile of {config.network.label}/"
+        return (f"{needs}: no layer profile of {config.network.label}/"
                 f"{config.dataset.key} kept in {path} (python -m harness.recommend "
                 f"keeps one)")
     return None

@@ -318,9 +318,8 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
         torch.set_num_threads(config.hardware.cpu_threads)
     events.init_start()
     # A pipeline feeds every batch through all its workers: its data is not sharded by worker.
-    shard, shards = (0, 1) if config.distribution.pipeline else (session.env.rank,
-                                                                 session.env.world_size)
-    workload = build_workload(config, rank=shard, world_size=shards)
+    shards = config.distribution.data_shards(config)
+    workload = build_workload(config, rank=session.env.rank % shards, world_size=shards)
     progress = EpochProgress(enabled=config.run.progress and session.env.is_main,
                              batches=len(workload.loader))
 

@@ -209,6 +209,32 @@ def test_a_dry_run_predicts_each_cell_and_the_sweep_from_the_hardware_fit(
     assert sorted(root.rglob("*")) == before  # no mlflow.db, no facts measured
 
 
+def test_a_dry_run_takes_no_layer_profile_for_collectives_that_hide_behind_the_compute(
+        tmp_path: Path) -> None:
+    """A GPU's DDP cell is predicted from a profile of its network's layers (what its buckets
+    hide behind), as a pipeline's is: with none kept, the dry run says so and trains no layer
+    here (it once profiled the network on this CPU for every such cell)."""
+    from harness.predict.facts import FactsStore, facts_path
+
+    root = tmp_path / "outputs"
+    fit = root / "analysis" / "calibrated" / "fit.json"
+    fit.parent.mkdir(parents=True)
+    fit.write_text(json.dumps({"hardware": {"titanrtx_cluster": {
+        "params": {"contention": 1.0, "communication": 1.0}, "runtime_mb": 0.0, "cells": 3}}}))
+    store = FactsStore.load(facts_path(root, "titanrtx_cluster"), "titanrtx_cluster")
+    for batch in (128, 256):
+        store.record_step(network="resnet18", dataset="mnist", device="cuda", batch=batch,
+                          seconds=0.01)
+    store.save()
+    listing = dry_run("-m", "distribution=sequential,ddp", "hardware=titanrtx_cluster",
+                      "hardware.nodes=1", "hardware.workers_per_node=2", "network=resnet18",
+                      "dataset=mnist", "distribution.batch_size=128", f"run.output_dir={root}")
+    seconds = {row["distribution"]: row["s/epoch"] for row in listing.rows}
+    assert seconds["ddp"] == "-" and seconds["sequential"] != "-"
+    assert any(note.startswith("no prediction for cell 1: collectives beside the compute: no "
+                               "layer profile of resnet18/mnist") for note in listing.notes)
+
+
 def test_cfg_of_a_sweep_says_it_shows_the_base_config(capsys: pytest.CaptureFixture[str]
                                                       ) -> None:
     check_hydra_main(["+sweep=smoke", "--cfg", "job"])  # then Hydra prints the config

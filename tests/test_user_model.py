@@ -37,7 +37,6 @@ from harness.predict.terms import CellFacts, EpochTerms, data_parallel_terms, re
 
 @dataclass
 class FlatDPConfig(DistributionConfig):
-    data_parallel = True
     name: str = "flat_dp"
     chunks: int = field(default=1, metadata=number(1, 1024, "allreduces"))
 

@@ -16,7 +16,6 @@ from workloads.networks.ref import NetworkError
 class PipelineConfig(DistributionConfig):
     """What the pipeline models share: they split the network's layer list into stages."""
 
-    pipeline = True
     # Layers of the network's layer list per stage, e.g. [10, 12]; null = balance the
     # profiled time per layer (forward, backward, updates; `python -m harness.plan`).
     balance: list[int] | None = field(default=None, metadata=integer(0, 1_000_000, "layers"))
@@ -27,6 +26,11 @@ class PipelineConfig(DistributionConfig):
                                          and all(n >= 1 for n in self.balance)),
                 "distribution.balance", self.balance,
                 "a list of layer counts per stage, each 1 or more, or null (profile-balanced)")
+
+    def data_shards(self, cell: DistbenchConfig) -> int:
+        """One: every batch enters the pipeline whole, at its first stage (PipeDream divides
+        it among a stage's replicas itself)."""
+        return 1
 
     def check_stages(self, cell: DistbenchConfig, stage_count: int | None,
                      stage_key: str, stage_value: Any) -> None:

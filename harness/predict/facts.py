@@ -219,6 +219,14 @@ def quartiles(values: Sequence[float]) -> tuple[float, float]:
 PhaseShares = tuple[float, float, float]  # a layer's forward, backward, update share
 
 
+def needs_layer_profile(config: DistbenchConfig) -> bool:
+    """Whether predicting the cell takes a profile of its network's layers: a pipeline's
+    stages are planned from it, and collectives that can run beside the compute hide behind
+    the layers computing while their gradients move (`predict.overlap`)."""
+    return spec_of(config).stage_planner is not None or (
+        config.world_size > 1 and communication_overlaps(config))
+
+
 def _pipeline_facts(config: DistbenchConfig, num_layers: int, cache: FactsCache
                     ) -> tuple[list[float], list[PhaseShares], StagePlan | None]:
     """Each layer's share of the compute, the same by phase, and the stage plan a pipeline cell
@@ -226,8 +234,8 @@ def _pipeline_facts(config: DistbenchConfig, num_layers: int, cache: FactsCache
     network and whose collectives cannot hide behind its compute; where they can, how far
     depends on which layers compute while which gradients move (`predict.overlap`), so the
     layers are profiled as for a pipeline."""
-    pipeline = config.distribution.pipeline
-    if not pipeline and not (config.world_size > 1 and communication_overlaps(config)):
+    planner = spec_of(config).stage_planner
+    if not needs_layer_profile(config):
         uniform = 1 / num_layers
         return [uniform] * num_layers, [(uniform / 3, 2 * uniform / 3, 0.0)] * num_layers, None
     # Each layer's *share* of the compute barely moves with the batch size, so one profile
@@ -240,10 +248,8 @@ def _pipeline_facts(config: DistbenchConfig, num_layers: int, cache: FactsCache
     step_ms = sum(profile.compute_ms(1.0))  # one step: every layer's forward, backward, update
     phases = [(layer.forward_ms / step_ms, layer.backward_ms / step_ms,
                layer.update_ms / step_ms) for layer in profile.layers]
-    if not pipeline:
+    if planner is None:
         return [sum(phase) for phase in phases], phases, None
-    planner = spec_of(config).stage_planner
-    assert planner is not None, f"{config.distribution.name} is a pipeline without a planner"
     costs = profile.compute_ms(planner.updates_per_pass(config))
     return ([cost / sum(costs) for cost in costs], phases,
             planner.plan(config, num_layers, profile))

@@ -146,12 +146,10 @@ class EpochTerms:
 
 def batches_per_epoch(config: DistbenchConfig) -> int:
     """Training steps of one worker in an epoch, as the harness trains them: full batches only,
-    each data-parallel worker on its 1/W shard (PipeDream's count is then made divisible by
-    its plan's replicas, in its own terms)."""
+    each worker on its shard of the data (`DistributionConfig.data_shards`; PipeDream's count
+    is then made divisible by its plan's replicas, in its own terms)."""
     samples, batch = config.samples_per_epoch, config.batch_size
-    if config.distribution.data_parallel:
-        return samples // config.world_size // batch
-    return samples // batch
+    return samples // config.distribution.data_shards(config) // batch
 
 
 def communication_overlaps(config: DistbenchConfig) -> bool:

@@ -33,7 +33,6 @@ DDP_FIRST_BUCKET_MB = 1.0
 class DDPConfig(DistributionConfig):
     """torch DistributedDataParallel's settings."""
 
-    data_parallel = True
     name: str = "ddp"
     # Gradient bucket size in MB (torch's default 25); its counterpart of Horovod's `th`.
     bucket_cap_mb: float = field(default=25.0,

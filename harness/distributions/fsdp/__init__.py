@@ -73,7 +73,6 @@ _BFLOAT16_SHARE = 0.5  # bytes of a bfloat16 copy of float32 weights
 class FSDPConfig(DistributionConfig):
     """FSDP2's settings."""
 
-    data_parallel = True
     name: str = "fsdp"
     # Free each unit's gathered parameters after its forward (gather them again for its
     # backward): less memory, one more all-gather per step. false: keep them until backward.

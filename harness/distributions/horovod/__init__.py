@@ -45,7 +45,6 @@ BACKGROUND = FreeParameter(
 class HorovodConfig(DistributionConfig):
     """Horovod's Tensor Fusion settings."""
 
-    data_parallel = True
     name: str = "horovod"
     # Fusion threshold `th` in MB (Eq. 5.1; Horovod's default 64): gradients are fused into
     # buffers of up to this many MB (0: no fusion).
