@@ -632,6 +632,7 @@ def print_json(config: DistbenchConfig, options: Sequence[Option], skipped: Sequ
                    "chosen": found.chosen.label, "decided_by": found.decided_by,
                    "margin_percent": found.margin_percent},
                "noise_floor_percent": fitted.noise_percent,
+               "noise_floor_kind": fitted.noise_kind,
                "fastest": fastest.label if fastest else None,
                "cheapest": cheapest.label if cheapest else None,
                "prediction_seconds": elapsed, "measured_here": cache.measured,

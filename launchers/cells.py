@@ -8,6 +8,7 @@ here, from the reports its workers left, so that the sweep's record has every ce
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,13 +121,16 @@ def cell_sizer(master: DictConfig) -> Callable[[DistbenchConfig], Any]:
 
 
 def finished_earlier(prepared: Sequence[PreparedCell[Any]], *, force: bool,
-                     remeasure_unsteady: bool = False) -> dict[int, dict[str, Any]]:
+                     remeasure_unsteady: bool = False, remeasure_sample: int = 0,
+                     remeasure_seed: int = 0) -> tuple[dict[int, dict[str, Any]], set[int]]:
     """The results of the cells that already finished (status ok) in an earlier run of the same
     sweep, by position in `prepared`, marked as reused (`harness.sweep_summary`); those cells
     are skipped, and said so. With `force`, none: every cell runs again; with
-    `remeasure_unsteady`, those measured while the machine was unsteady run again."""
+    `remeasure_unsteady`, those measured while the machine was unsteady run again; with
+    `remeasure_sample`, that many of the others chosen at random (`remeasured_at_random`),
+    whose positions come second."""
     if force:
-        return {}
+        return {}, set()
     done, unsteady = {}, 0
     for index, cell in enumerate(prepared):
         result = finished_result(cell.cell.run.output_dir, cell_key(cell.config))
@@ -135,6 +139,7 @@ def finished_earlier(prepared: Sequence[PreparedCell[Any]], *, force: bool,
             continue
         if result is not None:
             done[index] = mark_reused(result)
+    sampled = remeasured_at_random(prepared, done, remeasure_sample, remeasure_seed)
     if unsteady:
         print(f"[distbench] {unsteady} cell(s) measured earlier while the machine was unsteady "
               f"run again (hydra.launcher.remeasure_unsteady=true)", flush=True)
@@ -147,7 +152,30 @@ def finished_earlier(prepared: Sequence[PreparedCell[Any]], *, force: bool,
                   f": skipped, finished earlier: {result['output_dir']}", flush=True)
         print(f"[distbench] {len(done)} of {len(prepared)} cells already finished; "
               f"hydra.launcher.force=true runs them again", flush=True)
-    return done
+    return done, sampled
+
+
+def remeasured_at_random(prepared: Sequence[PreparedCell[Any]], done: dict[int, dict[str, Any]],
+                         count: int, seed: int) -> set[int]:
+    """`count` of the cells that finished earlier (`done`, by position in `prepared`), chosen
+    at random (seeded by `seed`: the same sweep, seed and results choose the same cells), taken
+    out of `done` so that they are measured again, and said so.
+
+    Why: the analysis's noise floor between runs (`harness.analysis.noise`) is the difference
+    between two runs of one cell. Cells measured again because they were unsteady were chosen
+    for being noisy; cells chosen at random were not, so only they give a floor the next run
+    of a cell can be judged against."""
+    if count <= 0 or not done:
+        return set()
+    chosen = set(random.Random(seed).sample(sorted(done), min(count, len(done))))
+    for index in chosen:
+        del done[index]
+    names = ", ".join(f"{prepared[index].job_num} ({prepared[index].cell.run_name})"
+                      for index in sorted(chosen))
+    print(f"[distbench] {len(chosen)} cell(s) finished earlier, chosen at random "
+          f"(hydra.launcher.remeasure_sample={count}, remeasure_seed={seed}), run again: "
+          f"{names}", flush=True)
+    return chosen
 
 
 def cell_outcome(config: DictConfig, output_dir: Path, *, ended_as: RunStatus | None,

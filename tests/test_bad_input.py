@@ -323,6 +323,8 @@ BAD_INPUTS: list[Bad] = [
          "hydra.launcher.grace_after_result_s=-1.0 is invalid"),
     _bad("harness", f"{SWEEP} hydra.launcher.grace_after_result_s=nan",
          "hydra.launcher.grace_after_result_s=nan is invalid"),
+    _bad("harness", f"{SWEEP} hydra.launcher.remeasure_sample=-1",
+         "hydra.launcher.remeasure_sample=-1 is invalid: finished cells chosen at random"),
     # combinations
     _bad("harness", "distribution.batch_size=100000000 dataset.num_samples=null",
          "distribution.batch_size=100000000 is invalid"),

@@ -116,12 +116,54 @@ def test_a_rerun_measures_unsteady_cells_again_only_when_asked(output_root: Path
     assert "1 cell(s) measured earlier while the machine was unsteady run again" in \
         remeasured.stdout
     assert len(list((output_root / "sweeps").glob("*/*/*/result.json"))) == 2
+    # A random sample of the finished cells (here the one) is measured again when asked.
+    sampled = run_module("harness", [*sweep, "hydra.launcher.remeasure_sample=1"],
+                         cwd=output_root.parent)
+    assert sampled.returncode == 0, sampled.stderr[-3000:]
+    assert "1 cell(s) finished earlier, chosen at random (hydra.launcher.remeasure_sample=1, " \
+           "remeasure_seed=0), run again: 0 (" in sampled.stdout, sampled.stdout
+    assert len(list((output_root / "sweeps").glob("*/*/*/result.json"))) == 3
+
+
+@dataclass(frozen=True)
+class _Named:
+    run_name: str
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    job_num: int
+    cell: _Named
+
+
+def test_a_random_sample_of_finished_cells_is_chosen_by_its_seed(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The same seed and results choose the same cells, another seed others; never more than
+    finished, never one that did not finish; each chosen cell leaves the reused ones."""
+    from launchers.cells import remeasured_at_random
+
+    prepared = [_Prepared(number, _Named(f"cell {number}")) for number in range(20)]
+
+    def finished() -> dict[int, dict]:
+        return {index: {"status": "ok"} for index in range(0, 20, 2)}  # 10 of 20 finished
+
+    chosen = {seed: remeasured_at_random(prepared, finished(), 4, seed)  # type: ignore[arg-type]
+              for seed in (0, 0, 1)}
+    assert len(chosen) == 2 and all(len(cells) == 4 for cells in chosen.values())
+    assert chosen[0] <= set(finished()) and chosen[0] != chosen[1]
+    assert remeasured_at_random(prepared, finished(), 4, 0) == chosen[0]  # type: ignore[arg-type]
+    done = finished()
+    assert remeasured_at_random(prepared, done, 50, 7) == set(range(0, 20, 2))  # type: ignore[arg-type]
+    assert done == {}
+    assert remeasured_at_random(prepared, finished(), 0, 7) == set()  # type: ignore[arg-type]
+    assert "10 cell(s) finished earlier, chosen at random (hydra.launcher.remeasure_sample=50, " \
+           "remeasure_seed=7), run again: 0 (cell 0), 2 (cell 2)" in capsys.readouterr().out
 
 
 def _cell(seconds: float, *, key: str, repeat_std: float | None = None,
-          model: str = "ddp") -> MeasuredCell:
+          model: str = "ddp", steady: bool = True) -> MeasuredCell:
     config = validate(compose_config([f"distribution={model}", "hardware=local_2cpu"]))
-    return MeasuredCell(f"run-{key}-{seconds}", key, config, seconds, 100.0,
+    return MeasuredCell(f"run-{key}-{seconds}", key, config, seconds, 100.0, steady=steady,
                         repeat_std=repeat_std, cell_key=key)
 
 
@@ -158,6 +200,39 @@ class _Option:
     cost_per_epoch: float | None = None
     calibrated: bool = True
     error_percent: float | None = 3.0
+
+
+
+def test_the_floor_between_runs_leaves_out_a_run_measured_while_the_machine_was_unsteady(
+        ) -> None:
+    """A cell re-measured because its first run was unsteady was chosen for being noisy: its
+    two runs say nothing of the noise between steady runs."""
+    flagged = [_cell(4.0, key="a", steady=False), _cell(5.0, key="a")]
+    steady = [_cell(4.0, key="b"), _cell(4.2, key="b")]
+    floor = noise_floor([*flagged, *steady])
+    assert floor.runs.cells == 1
+    assert floor.runs.percent == pytest.approx(0.2 / 4.1 * 100)
+
+
+@pytest.mark.parametrize(("runs", "expected"), [
+    ({"percent": 4.0, "cells": 5}, (4.0, "between runs (5 cells)")),
+    ({"percent": 30.0, "cells": 2}, (1.0, "between any two measurements")),  # too few cells
+    ({"percent": None, "cells": 0}, (1.0, "between any two measurements")),
+])
+def test_ties_use_the_noise_between_runs_where_enough_cells_measured_it(
+        tmp_path: Path, runs: dict, expected: tuple[float, str]) -> None:
+    """A recommendation is compared with another run: its ties take the floor between runs
+    (fit.json's noise_floor_by_kind) where five cells or more measured it."""
+    from harness.analysis.calibration import Fitted
+
+    fit = tmp_path / "fit.json"
+    fit.write_text(json.dumps({
+        "hardware": {"local_2cpu": {"params": {}, "runtime_mb": 0.0, "cells": 8}},
+        "noise_floor_percent": {"all": 1.0},
+        "noise_floor_by_kind": {"all": {"repeats": {"percent": 0.9, "cells": 8},
+                                        "runs": runs}}}))
+    fitted = Fitted.load(fit, "local_2cpu")
+    assert (fitted.noise_percent, fitted.noise_kind) == expected
 
 
 def test_options_within_the_error_and_noise_are_tied_and_fewer_workers_win() -> None:

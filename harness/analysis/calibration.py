@@ -181,8 +181,10 @@ class Fitted:
     fit: FitCoverage | None = None
     hardware: str = ""
     # The measurement noise floor of the fit's cells, percent (harness.analysis.noise; 0 where
-    # the fit measured none): with the models' errors, what ties two options.
+    # the fit measured none): with the models' errors, what ties two options. Which floor it
+    # is: between two runs of a cell where enough cells measured it, else over both kinds.
     noise_percent: float = 0.0
+    noise_kind: str = "not measured"
 
     @classmethod
     def raw(cls, why: str, hardware: str = "") -> Fitted:
@@ -200,7 +202,7 @@ class Fitted:
         entry = data["hardware"][hardware]
         errors = _held_out_errors(data, found) if found.leave_one_network_out else {}
         return cls({**RAW, **entry["params"]}, float(entry.get("runtime_mb", 0.0)),
-                   found.describe(), errors, found, hardware, _noise_floor(data))
+                   found.describe(), errors, found, hardware, *_noise_floor(data))
 
     @property
     def calibrated_models(self) -> list[str]:
@@ -235,11 +237,31 @@ class Fitted:
                 "leave_one_network_out_measured": self.fit.leave_one_network_out}
 
 
-def _noise_floor(data: dict[str, Any]) -> float:
-    """fit.json's noise floor over its grid (percent), 0 where it measured none."""
+# Fewest cells measured in two steady runs for their median to stand for the fit's noise
+# between runs (a median of fewer is one or two cells' luck).
+MIN_RUN_FLOOR_CELLS = 5
+
+
+def _noise_floor(data: dict[str, Any]) -> tuple[float, str]:
+    """fit.json's noise floor (percent) and which: between two runs of one cell where at least
+    MIN_RUN_FLOOR_CELLS cells measured it (a recommendation is compared with another run, and
+    back-to-back repeats differ less: harness.analysis.noise), else over both kinds of repeated
+    measurement; 0 where it measured none."""
+    by_kind = data.get("noise_floor_by_kind")
+    runs = by_kind.get("all", {}).get("runs") if isinstance(by_kind, dict) else None
+    if isinstance(runs, dict) and _finite(runs.get("percent")) \
+            and isinstance(runs.get("cells"), int) and runs["cells"] >= MIN_RUN_FLOOR_CELLS:
+        return float(runs["percent"]), f"between runs ({runs['cells']} cells)"
     floors = data.get("noise_floor_percent")
     value = floors.get("all") if isinstance(floors, dict) else None
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0.0
+    if _finite(value):
+        return float(value), "between any two measurements"
+    return 0.0, "not measured"
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
 
 
 def _held_out_errors(data: dict[str, Any], found: FitCoverage) -> dict[str, float]:

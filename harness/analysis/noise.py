@@ -7,14 +7,20 @@ analysis states every model's error beside it. Two kinds of repeated measurement
   independent draws of a normal variable differ by 2 s / sqrt(pi) = 1.128 s on average, so the
   cell's expected difference between two measurements is 1.128 s / m;
 - a cell measured more than once (the same cell key in several runs, e.g. a sweep measured
-  again): the mean absolute difference between its runs' seconds per epoch, over their mean.
+  again): the mean absolute difference between its steady runs' seconds per epoch, over their
+  mean. A run measured while the machine was unsteady (`harness.steadiness`) is left out of
+  this figure: the cells re-measured because they were unsteady were chosen for being noisy,
+  and their first run is what a fit can leave out (`--exclude-unsteady`); cells re-measured
+  at random (`hydra.launcher.remeasure_sample`) give the floor a next run is judged against.
 
 The floor is the median of those per-cell figures (per model, and over the grid). The two
 kinds are also stated apart, since they are not the same noise: back-to-back repeats share the
 machine's state (its clock, its neighbours, its caches), separate runs do not. On the emulated
-calibration (BENCHMARKS.md section 16) repeats differed by a median 0.9 %, and the cells measured
-in two runs by 8.6 %; an error can only be judged against the floor of the kind of measurement
-it will be compared with, which for a recommendation is another run.
+calibration (BENCHMARKS.md section 16) repeats differed by a median 0.9 %, and the 11 cells
+measured in two runs, each because its first run was unsteady, by 8.6 %; an error can only be
+judged against the floor of the kind of measurement it will be compared with, which for a
+recommendation is another run: where it is measured, the recommender's ties use it
+(`harness.analysis.calibration`).
 """
 
 from __future__ import annotations
@@ -93,7 +99,7 @@ def cell_noise(cells: Sequence[MeasuredCell]) -> dict[str, CellNoise]:
         repeat_figures = [EXPECTED_DIFFERENCE_PER_STD * cell.repeat_std
                           / cell.seconds_per_epoch * 100 for cell in runs
                           if cell.repeat_std is not None and cell.seconds_per_epoch > 0]
-        seconds = [cell.seconds_per_epoch for cell in runs]
+        seconds = [cell.seconds_per_epoch for cell in runs if cell.steady]
         run_figure = None
         if len(seconds) >= 2:
             pairs = list(itertools.combinations(seconds, 2))

@@ -35,6 +35,11 @@ class SerialLocalConf(LocalQueueConf):
     # Run again the cells that finished ok but were measured while the machine was unsteady
     # (harness.steadiness; the summary table marks them '~'); the others are still skipped.
     remeasure_unsteady: bool = False
+    # Run again this many of the cells that finished ok, chosen at random (seeded by
+    # remeasure_seed): their two runs measure the noise between runs on cells nobody chose for
+    # being noisy (harness.analysis.noise; launchers.cells.remeasured_at_random).
+    remeasure_sample: int = 0
+    remeasure_seed: int = 0
     # After a cell's rank 0 has recorded it (or exited), how many seconds its other workers
     # may take to exit by themselves before they are ended (a frozen peer must not hold the
     # sweep): the same key as the SLURM launcher's.
@@ -74,9 +79,11 @@ class SerialLocalLauncher(LocalLauncher):
         prepared = cells.prepare_sweep(self.hydra_context.config_loader, self.config,
                                        job_overrides, initial_job_idx,
                                        size_cell=cells.single_node_workers)
-        done = cells.finished_earlier(
+        done, _ = cells.finished_earlier(
             prepared, force=bool(self.params["force"]),
-            remeasure_unsteady=bool(self.params.get("remeasure_unsteady", False)))
+            remeasure_unsteady=bool(self.params.get("remeasure_unsteady", False)),
+            remeasure_sample=int(self.params.get("remeasure_sample", 0)),
+            remeasure_seed=int(self.params.get("remeasure_seed", 0)))
         timeout_min = int(self.params["timeout_min"])
         results: list[dict] = []  # reused cells' and run cells', in cell order
         job_ids = []

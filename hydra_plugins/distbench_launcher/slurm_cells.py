@@ -78,6 +78,11 @@ class SlurmCellsConf(SlurmQueueConf):
     # Run again the cells that finished ok but were measured while the machine was unsteady
     # (harness.steadiness; the summary table marks them '~'); the others are still skipped.
     remeasure_unsteady: bool = False
+    # Run again this many of the cells that finished ok, chosen at random (seeded by
+    # remeasure_seed): their two runs measure the noise between runs on cells nobody chose for
+    # being noisy (harness.analysis.noise; launchers.cells.remeasured_at_random).
+    remeasure_sample: int = 0
+    remeasure_seed: int = 0
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="slurm_cells", node=SlurmCellsConf,
@@ -130,9 +135,13 @@ class SlurmCellsLauncher(SlurmLauncher):
                   "and ends workers that linger)", file=sys.stderr, flush=True)
         force = bool(self.params["force"])
         remeasure = bool(self.params.get("remeasure_unsteady", False))
-        done = cells.finished_earlier(prepared, force=force, remeasure_unsteady=remeasure)
-        earlier = slurm_resume.take_over_earlier_jobs(prepared, done, force=force,
-                                                      remeasure_unsteady=remeasure)
+        done, sampled = cells.finished_earlier(
+            prepared, force=force, remeasure_unsteady=remeasure,
+            remeasure_sample=int(self.params.get("remeasure_sample", 0)),
+            remeasure_seed=int(self.params.get("remeasure_seed", 0)))
+        # the cells chosen at random are measured again, not taken over from their earlier job
+        earlier = slurm_resume.take_over_earlier_jobs(prepared, done.keys() | sampled,
+                                                      force=force, remeasure_unsteady=remeasure)
         done.update({index: mark_reused(result) for index, result in earlier.finished.items()})
         # Cells whose earlier job still runs are followed, not submitted again.
         followed = sorted(earlier.following)
