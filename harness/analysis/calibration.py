@@ -248,20 +248,24 @@ def _noise_floor(data: dict[str, Any]) -> tuple[float, str]:
     back-to-back repeats differ less: harness.analysis.noise), else over both kinds of repeated
     measurement; 0 where it measured none."""
     by_kind = data.get("noise_floor_by_kind")
-    runs = by_kind.get("all", {}).get("runs") if isinstance(by_kind, dict) else None
-    if isinstance(runs, dict) and _finite(runs.get("percent")) \
-            and isinstance(runs.get("cells"), int) and runs["cells"] >= MIN_RUN_FLOOR_CELLS:
-        return float(runs["percent"]), f"between runs ({runs['cells']} cells)"
+    overall = by_kind.get("all") if isinstance(by_kind, dict) else None
+    runs = overall.get("runs") if isinstance(overall, dict) else None
+    if isinstance(runs, dict):
+        percent, cells = _percent(runs.get("percent")), runs.get("cells")
+        if percent is not None and isinstance(cells, int) and cells >= MIN_RUN_FLOOR_CELLS:
+            return percent, f"between runs ({cells} cells)"
     floors = data.get("noise_floor_percent")
-    value = floors.get("all") if isinstance(floors, dict) else None
-    if _finite(value):
-        return float(value), "between any two measurements"
+    value = _percent(floors.get("all") if isinstance(floors, dict) else None)
+    if value is not None:
+        return value, "between any two measurements"
     return 0.0, "not measured"
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value)
+def _percent(value: object) -> float | None:
+    """A finite number of fit.json's, else None (null: not measured)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def _held_out_errors(data: dict[str, Any], found: FitCoverage) -> dict[str, float]:
