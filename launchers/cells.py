@@ -140,6 +140,7 @@ def finished_earlier(prepared: Sequence[PreparedCell[Any]], *, force: bool,
         if result is not None:
             done[index] = mark_reused(result)
     sampled = remeasured_at_random(prepared, done, remeasure_sample, remeasure_seed)
+    upload_pending(prepared, done)
     if unsteady:
         print(f"[distbench] {unsteady} cell(s) measured earlier while the machine was unsteady "
               f"run again (hydra.launcher.remeasure_unsteady=true)", flush=True)
@@ -153,6 +154,33 @@ def finished_earlier(prepared: Sequence[PreparedCell[Any]], *, force: bool,
         print(f"[distbench] {len(done)} of {len(prepared)} cells already finished; "
               f"hydra.launcher.force=true runs them again", flush=True)
     return done, sampled
+
+
+def upload_pending(prepared: Sequence[PreparedCell[Any]], done: dict[int, dict[str, Any]]
+                   ) -> None:
+    """Record in MLflow the reused results it never got (`pending_sync`: its store was
+    unreachable when the cell ended), in the store this sweep records into, as
+    `python -m harness.sync` would: a re-run that skips such a cell finishes its record. After
+    the first that still cannot be recorded (the store is down yet: each try waits out
+    MLflow's retries), the others are left pending for `harness.sync`, and said so."""
+    from harness.pending import record_pending
+
+    pending = [index for index, result in done.items() if result.get("pending_sync")
+               and prepared[index].cell.tracking.enabled]
+    for number, index in enumerate(pending):
+        cell = prepared[index].cell
+        recorded = record_pending(Path(done[index]["output_dir"]),
+                                  tracking_uri(cell.tracking.uri, cell.run.output_dir))
+        done[index] = mark_reused(recorded)
+        if recorded.get("pending_sync"):
+            left = len(pending) - number
+            print(f"[distbench] {left} reused cell result(s) still not in MLflow "
+                  f"({recorded.get('tracking_error')}): python -m harness.sync records them",
+                  flush=True)
+            return
+        print(f"[distbench] cell {prepared[index].job_num} ({cell.run_name}): its result, "
+              f"reused, recorded in MLflow now (run {recorded.get('mlflow_run_id')})",
+              flush=True)
 
 
 def remeasured_at_random(prepared: Sequence[PreparedCell[Any]], done: dict[int, dict[str, Any]],

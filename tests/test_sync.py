@@ -69,3 +69,32 @@ def test_an_unreachable_mlflow_leaves_a_pending_result_that_sync_uploads_once(
     assert "already recorded" in again.stdout
     assert len(_runs_of(store, result["output_dir"])) == 1
     assert json.loads(path.read_text())["mlflow_run_id"] == run.info.run_id
+
+
+def test_a_rerun_that_reuses_a_pending_result_records_it_in_mlflow(output_root: Path) -> None:
+    """A sweep run again skips the cell it finished, but finishes its record: the result MLflow
+    could not get when the cell ended is recorded in the sweep's store, once."""
+    unreachable = f"http://127.0.0.1:{_closed_port()}"
+    first = run_module("harness", ["-m", *tiny_overrides(output_root, "run.epochs=1",
+                                                         f"tracking.uri={unreachable}")],
+                       cwd=output_root.parent)
+    assert first.returncode == 0, first.stderr[-3000:]
+    (path,) = output_root.glob("sweeps/*/*/*/result.json")
+    assert json.loads(path.read_text())["pending_sync"]
+    store = f"sqlite:///{output_root / 'mlflow.db'}"
+    again = run_module("harness", ["-m", *tiny_overrides(output_root, "run.epochs=1",
+                                                         f"tracking.uri={store}")],
+                       cwd=output_root.parent)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "already measured, nothing to run" in again.stdout, again.stdout
+    after = json.loads(path.read_text())
+    assert not after["pending_sync"] and after["mlflow_run_id"]
+    assert f"its result, reused, recorded in MLflow now (run {after['mlflow_run_id']})" in \
+        again.stdout
+    (run,) = _runs_of(store, after["output_dir"])
+    assert run.info.run_id == after["mlflow_run_id"]
+    third = run_module("harness", ["-m", *tiny_overrides(output_root, "run.epochs=1",
+                                                         f"tracking.uri={store}")],
+                       cwd=output_root.parent)
+    assert "recorded in MLflow now" not in third.stdout
+    assert len(_runs_of(store, after["output_dir"])) == 1
