@@ -720,9 +720,9 @@ class DistbenchConfig:
 
 def validate(cfg: DictConfig) -> DistbenchConfig:
     """Check a composed config and return it as typed objects; raise ConfigError if invalid."""
-    cfg = without_hydra(cfg)
-    _check_known_keys(cfg, DistbenchConfig, "")
-    cfg = with_per_model_settings(cfg)
+    job = without_hydra(cfg)
+    _check_known_keys(job, DistbenchConfig, "")
+    cfg = with_per_model_settings(job, copy_first=job is cfg)  # else `job` is a copy already
     try:
         config = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:
@@ -812,17 +812,19 @@ def per_model_keys(settings: type[DistributionConfig]) -> list[str]:
             if not f.name.startswith("_") and f.name != "name"]
 
 
-def with_per_model_settings(cfg: DictConfig) -> DictConfig:
+def with_per_model_settings(cfg: DictConfig, *, copy_first: bool = True) -> DictConfig:
     """`cfg` with `per_model` applied (DistbenchConfig.per_model): every entry checked against
     its model's settings, whether or not the cell runs that model (an unknown model or key, a
     wrong type or value is refused in every cell of a sweep), the cell's own model's entry
-    merged into `distribution`, and `per_model` removed."""
+    merged into `distribution`, and `per_model` removed. `cfg` itself is changed only where
+    the caller says it owns it (`copy_first=False`)."""
     if "per_model" not in cfg:
         return cfg
     entries = cfg.per_model  # removed even when empty: a cell's key is as it was before
     for model, values in entries.items():
         _check_per_model_entry(str(model), values)
-    cfg = copy.deepcopy(cfg)
+    if copy_first:
+        cfg = copy.deepcopy(cfg)
     own = entries.get(OmegaConf.select(cfg, "distribution.name"))
     with open_dict(cfg):
         if own:
@@ -874,13 +876,17 @@ def resolved_container(cfg: DictConfig) -> dict[str, Any]:
 
 
 def without_hydra(cfg: DictConfig) -> DictConfig:
-    """The config minus Hydra's own `hydra` node, which a job's config carries."""
+    """The config minus Hydra's own `hydra` node, which a job's config carries: a copy, the
+    node left out of it (half of a cell's config: copying it cost half of `validate`)."""
     if "hydra" not in cfg:
         return cfg
-    cfg = copy.deepcopy(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg
+    # deepcopy puts what its memo holds for a node in the node's place: an empty placeholder
+    # for Hydra's, dropped from the copy below; the original keeps its node untouched.
+    placeholder = DictConfig({})
+    copied = copy.deepcopy(cfg, memo={id(cfg._get_node("hydra")): placeholder})
+    with open_dict(copied):
+        del copied["hydra"]
+    return copied
 
 
 def one_line(err: Exception) -> str:
