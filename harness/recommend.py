@@ -500,16 +500,17 @@ def print_table(config: DistbenchConfig, options: Sequence[Option], skipped: Seq
               f"{shlex.join(option.own_overrides)}")
     for reason in skipped:
         print(f"     skipped {reason}")
-    for line in verdict_lines(options, objective, missing_step_time, fitted.noise_percent):
+    for line in verdict_lines(options, objective, missing_step_time, fitted.noise_percent,
+                              fitted.noise_text):
         print(line)
 
 
 def verdict_lines(options: Sequence[Option], objective: str,
                   missing_step_time: str | None = None,
-                  noise_percent: float = 0.0) -> list[str]:
+                  noise_percent: float = 0.0, noise: str = "") -> list[str]:
     """The fastest and the cheapest where they differ, then the recommendation with its
     command (last). Without a step time on the device: which options fit, and the command
-    that measures what ranks them."""
+    that measures what ranks them. `noise` says which noise floor `noise_percent` is."""
     if missing_step_time is not None:
         fitting = [option.label for option in options if option.fits_memory is not False]
         return [f"fits in memory: {', '.join(fitting) if fitting else 'none of the options'}",
@@ -521,7 +522,7 @@ def verdict_lines(options: Sequence[Option], objective: str,
                      f"fastest: {fastest.label}; cheapest: {cheapest.label}")
     found = tie(options, objective, noise_percent)
     if found is not None:
-        lines.append(found.line())
+        lines.append(found.line(noise))
     best = recommendation(options, objective, noise_percent)
     if best is None:
         lines.append("recommended: nothing fits in memory")

@@ -233,6 +233,7 @@ def test_ties_use_the_noise_between_runs_where_enough_cells_measured_it(
                                         "runs": runs}}}))
     fitted = Fitted.load(fit, "local_2cpu")
     assert (fitted.noise_percent, fitted.noise_kind) == expected
+    assert fitted.noise_text == f"{expected[0]:.1f} % {expected[1]}"
 
 
 def test_options_within_the_error_and_noise_are_tied_and_fewer_workers_win() -> None:
@@ -245,6 +246,8 @@ def test_options_within_the_error_and_noise_are_tied_and_fewer_workers_win() -> 
     assert (found.chosen.label, found.decided_by) == ("gpipe x2", "less memory per worker")
     assert found.margin_percent == pytest.approx(math.sqrt(3**2 + 3**2 + 2 * 2**2))
     assert "tied within the models' error and the measurement noise" in found.line()
+    assert "(up to 5.1 %; noise 2.0 % between runs (6 cells)): ddp x4" in \
+        found.line("2.0 % between runs (6 cells)")
 
 
 def test_a_clear_winner_or_an_uncalibrated_one_is_no_tie() -> None:

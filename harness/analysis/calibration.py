@@ -205,6 +205,13 @@ class Fitted:
                    found.describe(), errors, found, hardware, *_noise_floor(data))
 
     @property
+    def noise_text(self) -> str:
+        """The noise floor in a few words: "2.3 % between runs (12 cells)"."""
+        if self.noise_kind == "not measured":
+            return self.noise_kind
+        return f"{self.noise_percent:.1f} % {self.noise_kind}"
+
+    @property
     def calibrated_models(self) -> list[str]:
         return sorted(self.errors)
 

@@ -56,12 +56,15 @@ class Tie:
     decided_by: str  # "fewer workers", "less memory per worker", "lower cost", "time"
     margin_percent: float  # the widest margin that tied an option with the fastest
 
-    def line(self) -> str:
+    def line(self, noise: str = "") -> str:
+        """The tie in one line; `noise` says which noise floor it took (e.g. "2.3 % between
+        runs (12 cells)")."""
         times = ", ".join(f"{option.label} {option.seconds_per_epoch:.3f} s"
                           for option in self.tied)
+        floor = f"; noise {noise}" if noise else ""
         return (f"tied within the models' error and the measurement noise (up to "
-                f"{self.margin_percent:.1f} %): {times}; taking {self.chosen.label}, the one "
-                f"with {self.decided_by}")
+                f"{self.margin_percent:.1f} %{floor}): {times}; taking {self.chosen.label}, the "
+                f"one with {self.decided_by}")
 
 
 def tie_with_fastest(options: Sequence[Ranked], noise_percent: float) -> Tie | None:
