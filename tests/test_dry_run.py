@@ -176,21 +176,31 @@ def test_a_dry_run_of_a_local_sweep_lists_its_cells_and_writes_nothing(tmp_path:
     assert list(tmp_path.iterdir()) == []
 
 
+def _fitted(root: Path, hardware: str, params: dict[str, float], *, device: str,
+            threads: int | None, batches: tuple[int, ...], seconds: float) -> Path:
+    """A fit of `hardware` under `root` (3 cells, `params`) and ResNet-18/MNIST's step time at
+    `batches`, as an analysis and a probe leave them; the fit's path."""
+    from harness.predict.facts import FactsStore, facts_path
+
+    fit = root / "analysis" / "calibrated" / "fit.json"
+    fit.parent.mkdir(parents=True)
+    fit.write_text(json.dumps({"hardware": {hardware: {
+        "params": params, "runtime_mb": 0.0, "cells": 3}}}))
+    store = FactsStore.load(facts_path(root, hardware), hardware)
+    for batch in batches:
+        store.record_step(network="resnet18", dataset="mnist", device=device, threads=threads,
+                          batch=batch, seconds=seconds)
+    store.save()
+    return fit
+
+
 def test_a_dry_run_predicts_each_cell_and_the_sweep_from_the_hardware_fit(
         tmp_path: Path) -> None:
     """With a fit of the hardware and a step time measured earlier, each cell's seconds per
     epoch and the sweep's total (x epochs x repeats); nothing is timed or written."""
-    from harness.predict.facts import FactsStore, facts_path
-
     root = tmp_path / "outputs"
-    fit = root / "analysis" / "calibrated" / "fit.json"
-    fit.parent.mkdir(parents=True)
-    fit.write_text(json.dumps({"hardware": {"local_2cpu": {
-        "params": {"contention": 1.5, "communication": 2.0}, "runtime_mb": 0.0, "cells": 3}}}))
-    store = FactsStore.load(facts_path(root, "local_2cpu"), "local_2cpu")
-    store.record_step(network="resnet18", dataset="mnist", device="cpu", threads=1, batch=128,
-                      seconds=0.25)
-    store.save()
+    fit = _fitted(root, "local_2cpu", {"contention": 1.5, "communication": 2.0},
+                  device="cpu", threads=1, batches=(128,), seconds=0.25)
     before = sorted(root.rglob("*"))
     listing = dry_run("-m", "distribution=sequential,ddp,pipedream", "hardware=local_2cpu",
                       "dataset.num_samples=512", "run.epochs=2", f"run.output_dir={root}")
@@ -214,18 +224,9 @@ def test_a_dry_run_takes_no_layer_profile_for_collectives_that_hide_behind_the_c
     """A GPU's DDP cell is predicted from a profile of its network's layers (what its buckets
     hide behind), as a pipeline's is: with none kept, the dry run says so and trains no layer
     here (it once profiled the network on this CPU for every such cell)."""
-    from harness.predict.facts import FactsStore, facts_path
-
     root = tmp_path / "outputs"
-    fit = root / "analysis" / "calibrated" / "fit.json"
-    fit.parent.mkdir(parents=True)
-    fit.write_text(json.dumps({"hardware": {"titanrtx_cluster": {
-        "params": {"contention": 1.0, "communication": 1.0}, "runtime_mb": 0.0, "cells": 3}}}))
-    store = FactsStore.load(facts_path(root, "titanrtx_cluster"), "titanrtx_cluster")
-    for batch in (128, 256):
-        store.record_step(network="resnet18", dataset="mnist", device="cuda", batch=batch,
-                          seconds=0.01)
-    store.save()
+    _fitted(root, "titanrtx_cluster", {"contention": 1.0, "communication": 1.0},
+            device="cuda", threads=None, batches=(128, 256), seconds=0.01)
     listing = dry_run("-m", "distribution=sequential,ddp", "hardware=titanrtx_cluster",
                       "hardware.nodes=1", "hardware.workers_per_node=2", "network=resnet18",
                       "dataset=mnist", "distribution.batch_size=128", f"run.output_dir={root}")
