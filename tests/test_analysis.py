@@ -204,7 +204,13 @@ def test_a_grid_measured_here_is_fitted_reported_and_recommended(output_root: Pa
     assert answer["parameters"].startswith(f"{folder / 'fit.json'} (hardware=local_2cpu")
     seconds = [option["seconds_per_epoch"] for option in answer["options"]]
     assert seconds == sorted(seconds) and all(s > 0 for s in seconds)
-    assert answer["recommended"] == answer["options"][0]["label"]
+    tie = answer["tie"]
+    if tie is None:  # the fastest stands apart: it is the recommendation
+        assert answer["recommended"] == answer["options"][0]["label"]
+    else:  # tied with others within the models' error and the noise: broken by fewer
+        # workers, then less memory, then lower cost (harness.predict.ties)
+        assert tie["tied"][0] == answer["options"][0]["label"]
+        assert answer["recommended"] == tie["chosen"] and tie["chosen"] in tie["tied"]
     assert answer["prediction_seconds"] > 0
     # Compared with the measured fastest of the same workload. Reported, not asserted: on
     # 2 shared cores the measured order of close configurations is itself noise.
