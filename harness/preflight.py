@@ -126,14 +126,10 @@ def check_launcher(hydra: DictConfig, *, sweep: bool) -> None:
                 and math.isfinite(grace) and grace >= 0, "hydra.launcher.grace_after_result_s",
                 grace, "seconds a cell's other workers may outlive its record; allowed: a "
                 "number, 0 or more")
-    for key, meaning in (("remeasure_sample", "finished cells chosen at random to measure "
-                                              "again; allowed: 0 (none) or more"),
-                         ("remeasure_seed", "the seed that chooses them; allowed: an integer")):
-        if key in launcher:
-            value = launcher[key]
-            require(isinstance(value, int) and not isinstance(value, bool)
-                    and (value >= 0 or key == "remeasure_seed"), f"hydra.launcher.{key}", value,
-                    meaning)
+    if "remeasure_sample" in launcher:  # its type (and remeasure_seed's) is the launcher's
+        sample = launcher.remeasure_sample
+        require(sample >= 0, "hydra.launcher.remeasure_sample", sample,
+                "finished cells chosen at random to measure again; allowed: 0 (none) or more")
     if sweep and is_slurm_launcher(hydra) and shutil.which("sbatch") is None:
         raise ConfigError("hydra/launcher=submitit_slurm is invalid here: SLURM is not "
                           "installed (no sbatch on PATH); allowed: serial_local (the default, "

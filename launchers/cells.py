@@ -120,6 +120,15 @@ def cell_sizer(master: DictConfig) -> Callable[[DistbenchConfig], Any]:
     return lambda cell: slurm.cell_job_size(cell, params)
 
 
+def reuse_asked(launcher: Any) -> dict[str, Any]:
+    """What the launcher's settings (`hydra.launcher.*`) ask of cells finished earlier: the
+    keyword arguments of `finished_earlier`."""
+    return {"force": bool(launcher["force"]),
+            "remeasure_unsteady": bool(launcher.get("remeasure_unsteady", False)),
+            "remeasure_sample": int(launcher.get("remeasure_sample", 0)),
+            "remeasure_seed": int(launcher.get("remeasure_seed", 0))}
+
+
 def finished_earlier(prepared: Sequence[PreparedCell[Any]], *, force: bool,
                      remeasure_unsteady: bool = False, remeasure_sample: int = 0,
                      remeasure_seed: int = 0) -> tuple[dict[int, dict[str, Any]], set[int]]:

@@ -79,11 +79,7 @@ class SerialLocalLauncher(LocalLauncher):
         prepared = cells.prepare_sweep(self.hydra_context.config_loader, self.config,
                                        job_overrides, initial_job_idx,
                                        size_cell=cells.single_node_workers)
-        done, _ = cells.finished_earlier(
-            prepared, force=bool(self.params["force"]),
-            remeasure_unsteady=bool(self.params.get("remeasure_unsteady", False)),
-            remeasure_sample=int(self.params.get("remeasure_sample", 0)),
-            remeasure_seed=int(self.params.get("remeasure_seed", 0)))
+        done, _ = cells.finished_earlier(prepared, **cells.reuse_asked(self.params))
         timeout_min = int(self.params["timeout_min"])
         results: list[dict] = []  # reused cells' and run cells', in cell order
         job_ids = []

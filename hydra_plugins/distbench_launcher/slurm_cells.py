@@ -133,15 +133,12 @@ class SlurmCellsLauncher(SlurmLauncher):
             print("[distbench] hydra.launcher.wait_for_completion=false is ignored: distbench "
                   "waits for every cell's job (it records a cell that ends without a result "
                   "and ends workers that linger)", file=sys.stderr, flush=True)
-        force = bool(self.params["force"])
-        remeasure = bool(self.params.get("remeasure_unsteady", False))
-        done, sampled = cells.finished_earlier(
-            prepared, force=force, remeasure_unsteady=remeasure,
-            remeasure_sample=int(self.params.get("remeasure_sample", 0)),
-            remeasure_seed=int(self.params.get("remeasure_seed", 0)))
+        reuse = cells.reuse_asked(self.params)
+        done, sampled = cells.finished_earlier(prepared, **reuse)
         # the cells chosen at random are measured again, not taken over from their earlier job
-        earlier = slurm_resume.take_over_earlier_jobs(prepared, done.keys() | sampled,
-                                                      force=force, remeasure_unsteady=remeasure)
+        earlier = slurm_resume.take_over_earlier_jobs(
+            prepared, done.keys() | sampled, force=reuse["force"],
+            remeasure_unsteady=reuse["remeasure_unsteady"])
         done.update({index: mark_reused(result) for index, result in earlier.finished.items()})
         # Cells whose earlier job still runs are followed, not submitted again.
         followed = sorted(earlier.following)
