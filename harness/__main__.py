@@ -10,10 +10,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from harness.cell import check_cell
 from harness.cli import noted, one_door
 from harness.compose import CONFIG_PATH
 from harness.distributions.registry import register_configs
+from harness.records.cell import check_cell
 from launchers.hydra_main import run_hydra_main
 
 with one_door():  # a model another package registered that cannot be loaded: one line, exit 2
@@ -39,7 +39,7 @@ def main(cfg: DictConfig) -> dict[str, Any]:
                                     timeout_min=int(hydra_config.launcher.timeout_min),
                                     grace_s=float(hydra_config.launcher.get(
                                         "grace_after_result_s", GRACE_AFTER_RESULT_S))))
-    from harness.run import run_cell  # this process is the cell's only worker
+    from harness.worker.run import run_cell  # this process is the cell's only worker
 
     result = noted(run_cell(cell))  # a cell that did not end ok: exit status 1 (harness.cli)
     if result.get("storage_error"):

@@ -7,8 +7,8 @@ llama2_70b_lora, gpt_oss_20b, deepseekv3_671b, qwen35_397b_grpo, dlrmv4), and fo
 name it looks for that benchmark's rules file, which does not exist: its command
 (`python -m mlperf_logging.compliance_checker --usage training --ruleset 6.1.0 FILE`) then ends
 in a FileNotFoundError traceback instead of a verdict. distbench's benchmarks (a network on an
-image dataset, `harness.eventlog.benchmark_name`) are none of MLPerf's, and naming one of those
-would be a lie.
+image dataset, `harness.records.eventlog.benchmark_name`) are none of MLPerf's, and naming
+one of those would be a lie.
 
 So the check runs MLPerf's ruleset with one change, written out by `write_rules` from the
 installed package's own files (nothing is copied into distbench): submission_benchmark admits
@@ -35,7 +35,7 @@ from mlperf_logging.compliance_checker import mlp_compliance
 
 from harness.cli import ArgumentParser, command
 from harness.config import ConfigError, DatasetName, NetworkName
-from harness.results import MLLOG_GLOB
+from harness.records.results import MLLOG_GLOB
 
 USAGE = "training"
 RULESET = max((path.name.removeprefix(f"{USAGE}_") for path in
@@ -47,7 +47,7 @@ DIVISION_KEY = "submission_division"
 
 
 def benchmark_names() -> list[str]:
-    """The names `harness.eventlog.benchmark_name` gives the built-in networks (a user's own
+    """The names `harness.records.eventlog.benchmark_name` gives the built-in networks (a user's own
     network or a zoo model adds its own label: `BENCHMARK_CHECK` admits those)."""
     return [f"{network.value}_{dataset.value}{suffix}" for network, dataset, suffix in
             itertools.product(NetworkName, DatasetName, ("", "_synthetic"))]

@@ -456,7 +456,7 @@ class HardwareConfig:
     # Threads torch may use per worker (torch.set_num_threads); null = torch's default.
     cpu_threads: int | None = field(default=None, metadata=integer(1, MAX_THREADS, "threads"))
     # Memory of one device in GB (null = unknown; the recommender then cannot rule out OOM).
-    # On a CPU it is also enforced on every worker (harness.memory_limit): a cell that does
+    # On a CPU it is also enforced on every worker (harness.worker.memory_limit): a cell that does
     # not fit ends `oom`, as on a GPU; null = no limit.
     device_memory_gb: float | None = field(
         default=None, metadata=number(0, MAX_DEVICE_MEMORY_GB, "GB", low_open=True))
@@ -509,7 +509,7 @@ class RunConfig:
     # order; repeat k runs with seed + k (harness.seeding.repeat_seed).
     seed: int = 0
     # Measurements of the cell: each trains and times `epochs` epochs with its own seed, in
-    # the same workers on the same built network (harness.run.measure says why); the cell
+    # the same workers on the same built network (harness.worker.run.measure says why); the cell
     # reports their mean, spread and 95% confidence interval.
     repeats: int = field(default=1, metadata=integer(1, MAX_REPEATS, "repeats"))
     # torch.use_deterministic_algorithms, cuDNN's deterministic kernels without autotuning,
@@ -538,8 +538,8 @@ class RunConfig:
     submission_org: str = field(default="distbench", metadata=text(NAME_CHARS))
     # A cell is recorded *unsteady* when the machine's speed changed while it ran by more than
     # this fraction: a reference kernel timed before and after it, or its epochs' coefficient
-    # of variation (harness.steadiness). Not part of the cell's key: it judges, never changes,
-    # the measurement.
+    # of variation (harness.worker.steadiness). Not part of the cell's key: it judges, never
+    # changes, the measurement.
     steadiness_threshold: float = field(default=0.10, metadata=number(0, 10, low_open=True))
 
     def __post_init__(self) -> None:

@@ -3,7 +3,7 @@ live process only (the kernel drops a lock when its holder ends, however it ends
 crashed holder never leaves a stale lock behind.
 
 Used where two processes must not do the same thing at once: creating and migrating a new
-MLflow SQLite store (`harness.tracking`), and sweeping into one directory (`launchers`).
+MLflow SQLite store (`harness.records.tracking`), and sweeping into one directory (`launchers`).
 """
 
 from __future__ import annotations

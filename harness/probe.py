@@ -43,7 +43,7 @@ from harness.hardware_profile import (
     profile_path,
 )
 from harness.preflight import check_device_here, check_launcher, check_writable_dir
-from harness.tracking import log_run, tracking_uri
+from harness.records.tracking import log_run, tracking_uri
 from harness.worker_env import log_to_stderr
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def launch_probe(cfg: DictConfig, config: DistbenchConfig, output_dir: Path,
                  launcher: dict[str, Any] | None) -> HardwareProfile:
     """Start the probe's workers (locally, or on SLURM when `launcher` holds SLURM settings)
     and return the profile rank 0 wrote."""
-    from harness.probe_worker import probe_worker  # the workers' code: torch, only now
+    from harness.worker.probe_worker import probe_worker  # the workers' code: torch, only now
 
     workers = config.hardware.world_size
     folder = output_dir / ".submitit" / "%j"

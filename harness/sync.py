@@ -29,10 +29,15 @@ from typing import Any
 from harness.cli import command, exit_on_bad_input, overrides_of, overrides_parser
 from harness.compose import compose_or_exit
 from harness.config import ConfigError
-from harness.pending import sync_result
 from harness.preflight import expand_user
-from harness.results import RESULT_FILE
-from harness.tracking import close_stale_parent_runs, open_store, tracking_failure, tracking_uri
+from harness.records.pending import sync_result
+from harness.records.results import RESULT_FILE
+from harness.records.tracking import (
+    close_stale_parent_runs,
+    open_store,
+    tracking_failure,
+    tracking_uri,
+)
 
 log = logging.getLogger(__name__)
 

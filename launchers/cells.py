@@ -16,18 +16,18 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from harness.cell import check_cell
 from harness.cli import exit_on_bad_input, failure_reason, note_cell_results
 from harness.config import ConfigError, DistbenchConfig, validate
-from harness.outcome import record_failure, summarize_rank_reports
 from harness.preflight import check_launcher, check_runs_here, check_writable_dir, is_slurm_launcher
-from harness.record import keep_logging_when_the_disk_fails
-from harness.results import RESULT_FILE, RunStatus, read_rank_reports, read_result
-from harness.resume import cell_key, finished_result
+from harness.records.cell import check_cell
+from harness.records.outcome import record_failure, summarize_rank_reports
+from harness.records.record import keep_logging_when_the_disk_fails
+from harness.records.results import RESULT_FILE, RunStatus, read_rank_reports, read_result
+from harness.records.resume import cell_key, finished_result
+from harness.records.sweep_summary import SweepSummary, is_reused, mark_reused
+from harness.records.tracking import result_recorded_for, tracking_uri
 from harness.spread import STD_FOOTNOTE, std_column
-from harness.steadiness import UNSTEADY_FOOTNOTE, UNSTEADY_MARK, is_unsteady
-from harness.sweep_summary import SweepSummary, is_reused, mark_reused
-from harness.tracking import result_recorded_for, tracking_uri
+from harness.worker.steadiness import UNSTEADY_FOOTNOTE, UNSTEADY_MARK, is_unsteady
 
 if TYPE_CHECKING:  # the launchers that hold jobs import submitit; checking a sweep needs none
     import submitit
@@ -133,8 +133,8 @@ def finished_earlier(prepared: Sequence[PreparedCell[Any]], *, force: bool,
                      remeasure_unsteady: bool = False, remeasure_sample: int = 0,
                      remeasure_seed: int = 0) -> tuple[dict[int, dict[str, Any]], set[int]]:
     """The results of the cells that already finished (status ok) in an earlier run of the same
-    sweep, by position in `prepared`, marked as reused (`harness.sweep_summary`); those cells
-    are skipped, and said so. With `force`, none: every cell runs again; with
+    sweep, by position in `prepared`, marked as reused (`harness.records.sweep_summary`); those
+    cells are skipped, and said so. With `force`, none: every cell runs again; with
     `remeasure_unsteady`, those measured while the machine was unsteady run again; with
     `remeasure_sample`, that many of the others chosen at random (`remeasured_at_random`),
     whose positions come second."""
@@ -172,7 +172,7 @@ def upload_pending(prepared: Sequence[PreparedCell[Any]], done: dict[int, dict[s
     `python -m harness.sync` would: a re-run that skips such a cell finishes its record. After
     the first that still cannot be recorded (the store is down yet: each try waits out
     MLflow's retries), the others are left pending for `harness.sync`, and said so."""
-    from harness.pending import record_pending
+    from harness.records.pending import record_pending
 
     pending = [index for index, result in done.items() if result.get("pending_sync")
                and prepared[index].cell.tracking.enabled]
@@ -226,7 +226,8 @@ def cell_outcome(config: DictConfig, output_dir: Path, *, ended_as: RunStatus | 
     """
     if (output_dir / RESULT_FILE).exists():
         return read_result(output_dir)
-    # Rank 0 may have recorded the cell where its directory could not take it (harness.record).
+    # Rank 0 may have recorded the cell where its directory could not take it
+    # (harness.records.record).
     checked = check_cell(config)
     cell = checked.config
     if cell.tracking.enabled:

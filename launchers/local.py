@@ -40,8 +40,8 @@ import submitit
 from tqdm import tqdm
 
 from harness.processes import ProcessId, children_with_environment, end_tree
-from harness.record import LAUNCHER_RECORDS_ENV
-from harness.results import RESULT_FILE, RunStatus
+from harness.records.record import LAUNCHER_RECORDS_ENV
+from harness.records.results import RESULT_FILE, RunStatus
 from harness.worker_env import MASTER_PORT_ENV, free_port, log_to_stderr
 from workloads.progress import BARS, PROGRESS_ENV, mode
 
@@ -64,7 +64,7 @@ def submit_local(function: Callable[..., Any], *args: Any, folder: Path, tasks: 
     cell on this machine is using. So is how this process shows progress (`workloads.progress`):
     the workers write to files; rank 0's bar reaches a terminal only through this process.
     With `records_cell`, also that this process records the cell in MLflow once it has ended
-    (harness.record.LAUNCHER_RECORDS_ENV): a local cell does not outlive its launcher.
+    (harness.records.record.LAUNCHER_RECORDS_ENV): a local cell does not outlive its launcher.
     """
     executor = submitit.LocalExecutor(folder=str(folder))
     # submitit's own time limit is a backstop only: wait_for_cell ends the cell first.
@@ -174,7 +174,7 @@ def wait_for_cell(job: submitit.Job, output_dir: Path, *, timeout_s: float,
 def recorded(result_path: Path, *, uploading: bool = True) -> bool:
     """Whether rank 0 is done recording the cell in `result_path`. A result.json that says
     `pending_sync` without a `tracking_error` is the first of its two writes: rank 0 is
-    uploading it to MLflow (harness.record), which can take longer than the grace period
+    uploading it to MLflow (harness.records.record), which can take longer than the grace period
     (creating the store's tables on a busy machine), and must not be cut short. Not
     `uploading` (the launcher records the cell itself), any result.json is the record."""
     try:
@@ -347,7 +347,7 @@ def run_cell_job(function: Callable[..., Any], *args: Any, config: Any, output_d
     `grace_s`: how long the other workers may outlive rank 0's record (`wait_for_cell`).
     `label` names the cell in the line that says its workers are starting: they take seconds
     (a Python and torch each) before rank 0 says anything."""
-    from harness.outcome import now
+    from harness.records.outcome import now
     from launchers.cells import cell_outcome, worker_logs_tail
 
     with tqdm.external_write_mode(file=sys.stdout):  # above a sweep's bar, on a terminal
@@ -369,8 +369,8 @@ def record_left_to_launcher(output_dir: Path, outcome: dict) -> dict:
     process cannot upload stays pending, with the reason, as rank 0 would have left it. A
     record made here (`cell_outcome`) is uploaded already, and a result whose upload failed
     already is left to `harness.sync`."""
-    from harness.pending import record_pending
-    from harness.tracking import tracking_uri
+    from harness.records.pending import record_pending
+    from harness.records.tracking import tracking_uri
 
     config = outcome.get("config") or {}
     tracking, run = config.get("tracking") or {}, config.get("run") or {}
@@ -384,8 +384,8 @@ def record_left_to_launcher(output_dir: Path, outcome: dict) -> dict:
 def _logged_run_cell(cfg: Any, output_dir: Path) -> dict:
     """A worker of `run_local_cell`: Hydra's job logging is not set up in these processes, so
     log to stderr (submitit keeps it per worker in .submitit/<job>/<job>_<rank>_log.err)."""
-    from harness.cell import check_cell
-    from harness.run import run_cell
+    from harness.records.cell import check_cell
+    from harness.worker.run import run_cell
 
     follow_launcher()
     log_to_stderr()

@@ -53,8 +53,8 @@ from typing import Any
 import submitit
 
 from harness.config import ConfigError, DistbenchConfig, HardwareConfig
-from harness.results import RESULT_FILE, RunStatus, rank_report_path, worker_presence_path
-from harness.resume import job_note_path
+from harness.records.results import RESULT_FILE, RunStatus, rank_report_path, worker_presence_path
+from harness.records.resume import job_note_path
 from workloads.datasets.atomic import write_json_atomic
 
 log = logging.getLogger(__name__)

@@ -126,7 +126,7 @@ def starting_mlflow_server(backend_store: Path, cwd: Path,
 
 
 # What every worker started by `spawn_workers` imports: loaded once, in the forkserver.
-_WORKER_PRELOAD = ["torch", "torch.distributed", "harness.run", "harness.distributions",
+_WORKER_PRELOAD = ["torch", "torch.distributed", "harness.worker.run", "harness.distributions",
                    "harness.compose", "harness.workload"]
 
 

@@ -249,7 +249,7 @@ PER_MODEL = ["hardware=local_2cpu", "dataset.num_samples=64", "distribution.batc
 
 
 def test_a_per_model_setting_applies_to_its_model_only() -> None:
-    from harness.resume import cell_key
+    from harness.records.resume import cell_key
 
     gpipe = compose_config(["distribution=gpipe", *PER_MODEL, "+per_model.gpipe.micro_batches=4",
                             "+per_model.gpipe.recompute=never"])

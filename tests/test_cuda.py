@@ -19,10 +19,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness.cell import check_cell
 from harness.compose import compose_config
 from harness.config import validate
-from harness.run import run_cell
+from harness.records.cell import check_cell
+from harness.worker.run import run_cell
 from launchers.local import gpu_parameters
 from tests.helpers import run_module, tiny_overrides
 

@@ -20,7 +20,7 @@ from harness.batch_sizes import default_batch_size
 from harness.compose import CONF_DIR, compose_config
 from harness.config import ConfigError
 from harness.distributions.gpipe import TABLE_3_3
-from harness.resume import cell_key
+from harness.records.resume import cell_key
 from launchers.hydra_main import check_hydra_main
 from tests.helpers import run_module
 

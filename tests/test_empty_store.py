@@ -1,5 +1,5 @@
-"""A new SQLite store is a copy of this MLflow's empty store (harness.empty_store), made once
-per version in distbench's cache: the same schema, and the same store once MLflow has opened
+"""A new SQLite store is a copy of this MLflow's empty store (harness.records.empty_store), made
+once per version in distbench's cache: the same schema, and the same store once MLflow has opened
 it, as a store MLflow creates by running its migrations."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.empty_store import CACHE_ENV, seed_new_store
-from harness.tracking import open_store
+from harness.records.empty_store import CACHE_ENV, seed_new_store
+from harness.records.tracking import open_store
 
 
 def _schema(store: Path) -> dict[tuple[str, str], list[str]]:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from harness.resume import INDEX_DIR
-from harness.tracking import DEFAULT_STORE_FILE
-from harness.watchdog import STALL_EXIT_CODE
+from harness.records.resume import INDEX_DIR
+from harness.records.tracking import DEFAULT_STORE_FILE
+from harness.worker.watchdog import STALL_EXIT_CODE
 from tests.helpers import REPO_ROOT, cell_worker_pids, tiny_overrides
 
 # DISTBENCH_TEST_FAULT=hang: every process sleeps inside its 3rd step (no collective is
@@ -160,7 +160,7 @@ def test_a_stall_that_cannot_be_recorded_still_ends_the_process(tmp_path: Path) 
     forever); the watchdog gives recording `record_s` and ends the process anyway."""
     script = (
         "import threading, time\n"
-        "from harness.watchdog import ProgressWatchdog\n"
+        "from harness.worker.watchdog import ProgressWatchdog\n"
         "held = threading.Lock(); held.acquire()\n"
         "with ProgressWatchdog(0.5, on_stall=lambda report: held.acquire(), record_s=1.0):\n"
         "    time.sleep(3600)\n")

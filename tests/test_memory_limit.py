@@ -1,5 +1,5 @@
-"""`hardware.device_memory_gb` enforced on CPU workers (harness.memory_limit): a cell over its
-limit is recorded `oom`, one under it runs; real cells in real processes."""
+"""`hardware.device_memory_gb` enforced on CPU workers (harness.worker.memory_limit): a cell over
+its limit is recorded `oom`, one under it runs; real cells in real processes."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from harness.config import Device, HardwareConfig
-from harness.memory_limit import WorkerOverBudget, device_memory_limit, process_memory
-from harness.tracking import DEFAULT_STORE_FILE, error_tag
+from harness.records.tracking import DEFAULT_STORE_FILE, error_tag
+from harness.worker.memory_limit import WorkerOverBudget, device_memory_limit, process_memory
 from tests.helpers import cell_worker_pids, run_module
 
 # Small and quick: the over-limit cells run out during their first warm-up batch.

@@ -17,9 +17,9 @@ from mlflow.tracking import MlflowClient
 
 from harness.compose import compose_config
 from harness.config import validate
-from harness.results import CellResult, RunStatus
-from harness.sweep_summary import SweepSummary, mark_reused
-from harness.tracking import (
+from harness.records.results import CellResult, RunStatus
+from harness.records.sweep_summary import SweepSummary, mark_reused
+from harness.records.tracking import (
     DEFAULT_STORE_FILE,
     EXPERIMENT_KIND_TAG,
     TRAINING_EXPERIMENT,
@@ -61,7 +61,7 @@ def test_cell_names_lead_with_what_tells_the_cells_apart() -> None:
 
 def _result(output_root: Path, name: str, status: RunStatus, seconds: float | None,
             started: str, finished: str) -> CellResult:
-    """A cell's record as harness.run writes it (the fields MLflow's copy is made of)."""
+    """A cell's record as harness.worker.run writes it (the fields MLflow's copy is made of)."""
     metrics = {} if seconds is None else {"seconds_per_epoch": seconds,
                                           "images_per_second": 16 / seconds}
     return CellResult(status=status, run_name=name, output_dir=str(output_root / name),
@@ -119,7 +119,7 @@ def test_the_sweeps_run_ends_with_its_outcome_and_summary(
     reused = mark_reused(_result(output_root, "ddp 1x2 b8 mobilenetv2-mnist", RunStatus.ok,
                                  1.25, *times).to_dict())
     results: list[dict] = [reused]  # as the launcher gathers them
-    with caplog.at_level(logging.INFO, logger="harness.tracking"), \
+    with caplog.at_level(logging.INFO, logger="harness.records.tracking"), \
             sweep_parent_run(config, cells_to_run=len(cells), results=results) as parent_id:
         for name, status, seconds in cells:
             result = _result(output_root, name, status, seconds, *times)

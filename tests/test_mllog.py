@@ -1,9 +1,10 @@
-"""The cell's MLPerf logs pass MLPerf's compliance checker (harness.eventlog, harness.compliance).
+"""The cell's MLPerf logs pass MLPerf's compliance checker (harness.records.eventlog,
+harness.compliance).
 
-Unit level: an EventLog driven as harness/run.py drives it, for the config of every distribution
-model, written to real files and read by the real checker (mlperf-logging's newest training
-ruleset, with distbench's benchmark names admitted; the stock ruleset objects to nothing else).
-Cells' own logs are checked where tests already run cells of each model (test_quality,
+Unit level: an EventLog driven as harness/worker/run.py drives it, for the config of every
+distribution model, written to real files and read by the real checker (mlperf-logging's newest
+training ruleset, with distbench's benchmark names admitted; the stock ruleset objects to nothing
+else). Cells' own logs are checked where tests already run cells of each model (test_quality,
 test_repro, test_distributed, test_pipeline_*): `assert_compliant` below.
 """
 
@@ -18,7 +19,7 @@ import pytest
 from harness.compliance import RULESET, check, log_files, main, mlperf_command, write_rules
 from harness.compose import compose_config
 from harness.config import DistbenchConfig, validate
-from harness.eventlog import (
+from harness.records.eventlog import (
     MLLOG_FILE,
     EventLog,
     Parallelism,
@@ -26,7 +27,7 @@ from harness.eventlog import (
     benchmark_name,
     precision_name,
 )
-from harness.record import staged_artifacts, write_record_files
+from harness.records.record import staged_artifacts, write_record_files
 
 # Every distribution model, with the parallelism its log must state.
 MODELS = {  # name: (overrides, resolved plan, (data, pipeline, micro_batch_size))
@@ -55,7 +56,7 @@ def _mllog(path: Path) -> list[dict]:
 
 def write_cell_log(folder: Path, config: DistbenchConfig, resolved: dict, *, repeats: int = 1,
                    evaluate: bool = True, targets: tuple[bool, ...] = ()) -> EventLog:
-    """What harness/run.py logs for a cell: initialisation, then per repeat its epochs, each
+    """What harness/worker/run.py logs for a cell: initialisation, then per repeat its epochs, each
     evaluated (unless not `evaluate`)."""
     with EventLog.for_worker(folder, is_main=True) as events:
         events.init_start()

@@ -1,6 +1,6 @@
 """An MLPerf results folder and MLPerf's result summarizer on it (harness.sweeps.mlperf).
 
-Unit level: cells' logs written by the EventLog as harness/run.py drives it
+Unit level: cells' logs written by the EventLog as harness/worker/run.py drives it
 (tests.test_mllog.write_cell_log), laid out as the folder, scored by the installed summarizer's
 own code. The command on a real sweep's cells (MLflow store, artifacts) is tested where a sweep
 already runs: tests/test_sweeps.py::test_mlperf_folder_is_scored_by_mlperfs_summarizer.
@@ -24,7 +24,7 @@ from harness.compliance import RULESET, USAGE
 from harness.compose import compose_config
 from harness.config import validate
 from harness.environment import capture_environment
-from harness.eventlog import log_file_name
+from harness.records.eventlog import log_file_name
 from harness.sweeps.cli import main
 from harness.sweeps.mlperf import (
     Cell,

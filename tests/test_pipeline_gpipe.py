@@ -46,7 +46,8 @@ def gpipe_overrides(workers: int, recompute: str, balance: str) -> list[str]:
 
 
 def worker_context(rank: int, world_size: int, overrides: list[str]) -> TrainingContext:
-    """The context `harness.run.measure` would build for this worker, in a spawned process."""
+    """The context `harness.worker.run.measure` would build for this worker, in a spawned
+    process."""
     torch.set_num_threads(1)
     config = validate(compose_config(overrides))
     workload = build_workload(config)  # pipelines do not shard the data by worker

@@ -20,7 +20,7 @@ from harness.partition import (
     plan_pipedream,
 )
 from harness.profiler import profile_layers
-from harness.run import Measurement, WorkerMeasurement
+from harness.worker.run import Measurement, WorkerMeasurement
 from tests.helpers import run_module
 
 

@@ -1,6 +1,6 @@
 """PipeDream: the 1F1B schedule and batch division as data, then real CPU workers (gloo).
 
-The spawned tests build the real trainer in each worker (as `harness.run.measure` would),
+The spawned tests build the real trainer in each worker (as `harness.worker.run.measure` would),
 train an epoch, and check batch counts and weight versions. Plans are limited to 4 workers
 here (2-1, 1-2, 3-1, 1-3); a 3-2 plan's division and schedule are checked without processes.
 """
@@ -29,7 +29,7 @@ from harness.distributions.onefoneb import (
     worker_ops,
 )
 from harness.distributions.pipedream.trainer import PipeDreamTrainer, _no_update_between
-from harness.run import parameter_digest
+from harness.worker.run import parameter_digest
 from harness.workload import build_workload
 from tests.helpers import run_tiny_cell, spawn_workers
 from tests.test_pipeline_gpipe import free_port, worker_context

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from harness.cell import check_cell
 from harness.compose import compose_config
 from harness.evaluation import Evaluation, default_eval_samples
-from harness.results import RepeatResult
-from harness.run import quality_metrics, run_cell
-from harness.tracking import DEFAULT_STORE_FILE
+from harness.records.cell import check_cell
+from harness.records.results import RepeatResult
+from harness.records.tracking import DEFAULT_STORE_FILE
+from harness.worker.run import quality_metrics, run_cell
 from tests.helpers import tiny_overrides
 
 

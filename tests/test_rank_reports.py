@@ -1,6 +1,7 @@
-"""Rank 0 of a failed cell waits for its peers' reports (harness.outcome.merge_rank_reports),
-but not for a peer it can see has ended without one: every other worker leaves a presence
-file naming its process (its pid space, pid and start time) as it starts."""
+"""Rank 0 of a failed cell waits for its peers' reports
+(harness.records.outcome.merge_rank_reports), but not for a peer it can see has ended without
+one: every other worker leaves a presence file naming its process (its pid space, pid and start
+time) as it starts."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-import harness.outcome
-from harness.outcome import merge_rank_reports
+import harness.records.outcome
 from harness.processes import ended_here, this_process
-from harness.results import RunStatus, write_rank_report, write_worker_presence
+from harness.records.outcome import merge_rank_reports
+from harness.records.results import RunStatus, write_rank_report, write_worker_presence
 from tests.helpers import REPO_ROOT
 
 
@@ -27,15 +28,16 @@ def _counted_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
         waited.append(seconds)
         clock[0] += seconds
 
-    monkeypatch.setattr(harness.outcome.time, "sleep", sleep)
-    monkeypatch.setattr(harness.outcome.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(harness.records.outcome.time, "sleep", sleep)
+    monkeypatch.setattr(harness.records.outcome.time, "monotonic", lambda: clock[0])
     return waited
 
 
 def _ended_worker(output_dir: Path, rank: int, *, report: bool) -> None:
     """A worker process that wrote its presence (and maybe its report), then ended."""
     script = ("import sys; from pathlib import Path; from harness.processes import this_process; "
-              "from harness.results import RunStatus, write_rank_report, write_worker_presence; "
+              "from harness.records.results import RunStatus, write_rank_report, "
+              "write_worker_presence; "
               f"write_worker_presence(Path(sys.argv[1]), {rank}, this_process())" +
               (f"; write_rank_report(Path(sys.argv[1]), {rank}, RunStatus.oom, 'out of memory')"
                if report else ""))

@@ -119,13 +119,13 @@ def test_a_facts_file_of_the_device_is_used_and_named(output_root: Path) -> None
 
 def _log_sequential_cell(output_root: Path, overrides: list[str], seconds_per_epoch: float,
                          device_name: str) -> str:
-    """A sequential cell as `harness.run` records it: the resolved config as `config.yaml`,
+    """A sequential cell as `harness.worker.run` records it: the resolved config as `config.yaml`,
     status ok, its seconds per epoch."""
     from omegaconf import OmegaConf
 
     from harness.compose import compose_config
     from harness.config import resolved_container
-    from harness.tracking import log_run, tracking_uri
+    from harness.records.tracking import log_run, tracking_uri
 
     resolved = resolved_container(compose_config(
         ["dataset=mnist", "network=mobilenetv2", "distribution=sequential",

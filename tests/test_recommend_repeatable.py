@@ -238,7 +238,7 @@ def test_every_option_carries_the_overrides_that_train_it(
 def test_hardware_currency_is_checked_and_leaves_cell_keys_as_they_were() -> None:
     from harness.compose import compose_config
     from harness.config import ConfigError, resolved_container, validate
-    from harness.resume import cell_key
+    from harness.records.resume import cell_key
 
     with pytest.raises(ConfigError, match="hardware.currency='' is invalid"):
         validate(compose_config(["hardware.currency=''"]))

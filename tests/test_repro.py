@@ -12,15 +12,15 @@ import torch
 from mlflow.tracking import MlflowClient
 from mlperf_logging.compliance_checker.mlp_parser import parse_file
 
-from harness.cell import check_cell
 from harness.compose import compose_config
 from harness.config import ConfigError, validate
 from harness.environment import capture_environment
-from harness.eventlog import MLLOG_FILE
 from harness.metrics import RepeatStatistics, student_t_975
-from harness.run import parameter_digest, repeat_metrics, run_cell
+from harness.records.cell import check_cell
+from harness.records.eventlog import MLLOG_FILE
+from harness.records.tracking import DEFAULT_STORE_FILE
 from harness.seeding import repeat_seed, seed_everything
-from harness.tracking import DEFAULT_STORE_FILE
+from harness.worker.run import parameter_digest, repeat_metrics, run_cell
 from harness.workload import build_workload
 from tests.helpers import run_tiny_cell, tiny_overrides
 from tests.test_mllog import assert_compliant
@@ -196,7 +196,7 @@ def test_repeats_are_seeded_apart_summarised_and_recorded(output_root: Path) -> 
         facts = {line.key: line.value["value"] for line in lines}
         assert facts["global_batch_size"] == 8 and facts["epoch_count"] == 1
         assert facts["submission_benchmark"] == "mobilenetv2_mnist_synthetic"
-        assert all(line.value["metadata"]["file"] == "harness/run.py" for line in lines)
+        assert all(line.value["metadata"]["file"] == "harness/worker/run.py" for line in lines)
 
 
 def test_a_failed_cell_ends_its_event_log_as_aborted(output_root: Path, tmp_path: Path) -> None:

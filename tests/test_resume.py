@@ -13,8 +13,8 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from harness.resume import cell_key
-from harness.tracking import CELL_KEY_TAG, DEFAULT_STORE_FILE
+from harness.records.resume import cell_key
+from harness.records.tracking import CELL_KEY_TAG, DEFAULT_STORE_FILE
 from tests.helpers import cell_worker_pids, run_module
 
 # Two cells that differ in their epoch count only; the second is the one interrupted.

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from harness.cell import check_cell
 from harness.compose import compose_config
-from harness.run import run_cell
-from harness.tracking import DEFAULT_STORE_FILE
+from harness.records.cell import check_cell
+from harness.records.tracking import DEFAULT_STORE_FILE
+from harness.worker.run import run_cell
 from tests.helpers import tiny_overrides
 
 

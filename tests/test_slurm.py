@@ -19,8 +19,8 @@ from mlflow.tracking import MlflowClient
 
 from harness.config import Device, DistbenchConfig, HardwareConfig
 from harness.distributions.registry import settings
-from harness.resume import job_note_path
-from harness.tracking import CELL_KEY_TAG, DEFAULT_STORE_FILE
+from harness.records.resume import job_note_path
+from harness.records.tracking import CELL_KEY_TAG, DEFAULT_STORE_FILE
 from launchers import slurm
 from tests.helpers import cell_worker_pids
 
@@ -329,7 +329,7 @@ def test_job_parameters_follow_the_cell() -> None:
 
 
 def test_how_a_job_without_a_result_ended_becomes_its_status() -> None:
-    from harness.results import RunStatus
+    from harness.records.results import RunStatus
 
     assert slurm.status_of_state("TIMEOUT") is RunStatus.timeout
     assert slurm.status_of_state("OUT_OF_MEMORY") is RunStatus.oom

@@ -88,7 +88,7 @@ def test_a_damaged_index_entry_or_result_runs_the_cell_again_saying_so(
         damage: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A cells/<key>.json holding [] (TypeError) or a result.json without status (KeyError)
     stopped a resumed sweep with a traceback."""
-    from harness.resume import finished_result, index_path
+    from harness.records.resume import finished_result, index_path
 
     key = "0123abcd"
     entry, result = index_path(tmp_path, key), tmp_path / "runs" / "x" / "result.json"

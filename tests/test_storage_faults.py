@@ -1,6 +1,6 @@
 """A disk that fills up or turns read-only in the middle of a cell: the measurement still
 reaches a store that takes it (MLflow, else a rescue directory), the command says so in one
-line and exits 1, and no empty or partial file is left (harness.record).
+line and exits 1, and no empty or partial file is left (harness.records.record).
 
 The disk is real: a small tmpfs mounted for the test, filled, or covered by a read-only bind
 mount of itself, from inside the cell's own process after its third training step (a

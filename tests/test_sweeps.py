@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 from scipy import stats
 
-from harness.eventlog import log_file_name
+from harness.records.eventlog import log_file_name
 from harness.sweeps.cli import comparison_text, main
 from harness.sweeps.compare import FASTER, NOISE, SLOWER, compare
 from harness.sweeps.scaling import NO_SINGLE_WORKER, scaling

@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from harness.cell import check_cell
 from harness.compose import compose_config
 from harness.processes import start_time
-from harness.results import RunStatus
-from harness.tracking import (
+from harness.records.cell import check_cell
+from harness.records.results import RunStatus
+from harness.records.tracking import (
     DEFAULT_STORE_FILE,
     KIND_TAG,
     LAUNCHER_HOST_TAG,
@@ -154,9 +154,9 @@ def _pending_cell(output_root: Path) -> tuple[Path, dict]:
 
 
 def _pending_failure(output_root: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, dict]:
-    """A cell recorded as failed (harness.run.record_failure, as a launcher records a cell that
-    died) while MLflow was unreachable: its result.json, pending sync. No training needed."""
-    from harness.outcome import record_failure
+    """A cell recorded as failed (harness.worker.run.record_failure, as a launcher records a cell
+    that died) while MLflow was unreachable: its result.json, pending sync. No training needed."""
+    from harness.records.outcome import record_failure
 
     # A closed port refuses at once; MLflow's retries would only add seconds of back-off.
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")

@@ -25,8 +25,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from harness.config import RunConfig
-from harness.run import EpochProgress, epoch_label
-from harness.tracking import DEFAULT_STORE_FILE
+from harness.records.tracking import DEFAULT_STORE_FILE
+from harness.worker.run import EpochProgress, epoch_label
 from launchers.local import _GrowingOutput, recorded
 from tests.helpers import run_module, tiny_overrides
 from workloads import progress
@@ -218,12 +218,13 @@ def test_a_followed_output_yields_finished_lines_and_the_frame_being_redrawn(
     path = tmp_path / "0_log.err"
     output = _GrowingOutput(path, stream=None)  # type: ignore[arg-type] - not written here
     assert output.new_lines() == [] and output.frame == ""  # no file yet
-    path.write_text("[x][harness.run][INFO] - warm\n\repoch 1/2:   0%|\repoch 1/2:  50%|")
-    assert output.new_lines() == ["[x][harness.run][INFO] - warm"]
+    path.write_text("[x][harness.worker.run][INFO] - warm\n\repoch 1/2:   0%|\repoch 1/2:  50%|")
+    assert output.new_lines() == ["[x][harness.worker.run][INFO] - warm"]
     assert output.frame == "epoch 1/2:  50%|"
     with path.open("a") as file:  # the bar closes (leave=False), the epoch's log line follows
-        file.write("\r          \r[x][harness.run][INFO] - epoch 1/2: 1.0 s\n\repoch 2/2:   0")
-    assert output.new_lines() == ["[x][harness.run][INFO] - epoch 1/2: 1.0 s"]
+        file.write("\r          \r[x][harness.worker.run][INFO] - epoch 1/2: 1.0 s\n"
+                   "\repoch 2/2:   0")
+    assert output.new_lines() == ["[x][harness.worker.run][INFO] - epoch 1/2: 1.0 s"]
     assert output.frame == "epoch 2/2:   0"
     with path.open("ab") as file:  # a character cut between two reads
         file.write("\r          \r\u00e9".encode()[:-1])

@@ -237,7 +237,7 @@ def pipedream_forward_versions() -> list[list[int]]:
 
 # -- comparisons ------------------------------------------------------------------------------
 def trajectory(reports: list[dict], case: str, key: str = "first") -> list[float]:
-    """Per step, the mean of the workers' losses for it (what harness.run records)."""
+    """Per step, the mean of the workers' losses for it (what harness.worker.run records)."""
     per_step: dict[int, list[float]] = {}
     for report in reports:
         for step, loss in report[case][key].items():

@@ -44,7 +44,7 @@ from harness.predict.cell import epoch_terms, memory_per_worker_mb
 from harness.predict.facts import FactsCache, cache_for, command_parser, gather
 from harness.predict.parameters import PARAMETERS
 from harness.preflight import check_writable_dir
-from harness.tracking import log_run, tracking_uri
+from harness.records.tracking import log_run, tracking_uri
 from workloads.datasets.atomic import write_json_atomic
 from workloads.progress import track
 
@@ -289,7 +289,7 @@ def parser() -> argparse.ArgumentParser:
     flags = command_parser("python -m harness.analysis", __doc__)
     flags.add_argument("--exclude-unsteady", action="store_true",
                        help="leave out of the fit the cells measured while the machine was "
-                            "unsteady (harness.steadiness; the sweep table marks them '~')")
+                            "unsteady (harness.worker.steadiness; the sweep table marks them '~')")
     flags.add_argument("--fit-on", metavar="NETWORK[,NETWORK...]", type=_network_list,
                        default=(),
                        help="fit on these networks' cells only, as a small calibration "

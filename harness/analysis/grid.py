@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.config import ConfigError, DistbenchConfig
-from harness.recorded_runs import recorded_config
-from harness.results import RunStatus
+from harness.records.recorded_runs import recorded_config
+from harness.records.results import RunStatus
+from harness.records.tracking import CELL_KEY_TAG
 from harness.spread import repeat_std
-from harness.tracking import CELL_KEY_TAG
 
 
 @dataclass(frozen=True)
@@ -27,12 +27,12 @@ class MeasuredCell:
     seconds_per_epoch: float  # NaN for a cell that did not fit (status oom)
     peak_memory_mb: float
     status: str = "ok"  # `ok`, or `oom`: a cell that ran out of its device's memory
-    # Measured while the machine held still (harness.steadiness; cells recorded before it
+    # Measured while the machine held still (harness.worker.steadiness; cells recorded before it
     # was measured count as steady).
     steady: bool = True
     # The standard deviation of seconds per epoch over the cell's repeats (None: one repeat).
     repeat_std: float | None = None
-    # The cell's identity (harness.resume.cell_key): the same cell measured in several runs.
+    # The cell's identity (harness.records.resume.cell_key): the same cell measured in several runs.
     cell_key: str = ""
 
     @property
@@ -68,7 +68,7 @@ def load_grid(uri: str, experiment: str, *,
     """The experiment's cells with one of `statuses` (`ok`: finished; `oom`: did not fit),
     oldest first (a sweep's parent run, the probe and analysis runs carry no cell status and
     are skipped)."""
-    from harness.tracking import open_store
+    from harness.records.tracking import open_store
 
     # One tiny config file per run: MLflow's per-download progress bar would only be noise.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

@@ -54,7 +54,7 @@ class Trainer(ABC):
     """
 
     # Workers in one replica group hold replicas of the same parameters, which must stay in
-    # sync (harness.run compares their digests): one group for data parallelism, a pipeline
+    # sync (harness.worker.run compares their digests): one group for data parallelism, a pipeline
     # stage's replicas otherwise.
     replica_group: int = 0
 

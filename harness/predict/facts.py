@@ -549,7 +549,7 @@ class FactsStore:
     their quartiles `q1_seconds` and `q3_seconds`). A runtime share (`predict.runtime`) is kept
     per `predict.runtime.probe_key` (`key`), what autograd saves per layer (sizes, on a CPU)
 per network. A new measurement replaces an older one of the
-    same key; `save` writes atomically (`harness.results.write_json_atomic`).
+    same key; `save` writes atomically (`harness.records.results.write_json_atomic`).
     """
 
     path: Path

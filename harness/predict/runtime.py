@@ -142,7 +142,7 @@ def _probe(request: dict[str, Any]) -> dict[str, float]:
     import submitit  # noqa: F401 - the launcher's worker entry point
     import torch
 
-    import harness.run  # noqa: F401
+    import harness.worker.run  # noqa: F401
     from harness.config import OptimizerConfig
     from harness.distributions.registry import specs
     from harness.workload import build_optimizer

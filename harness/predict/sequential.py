@@ -33,12 +33,12 @@ def measure_batch_seconds(config: DistbenchConfig, *, batch_size: int, probe_bat
                           warmup_batches: int = 2) -> BatchTiming:
     """Time `probe_batches` training steps of the cell's network at `batch_size` on the
     configured device (one worker, the sequential trainer)."""
-    # Imported here: harness.run and the trainers pull in much that the equations never need.
+    # Imported here: harness.worker.run and the trainers pull in much that the equations never need.
     from harness.distributed import WorkerSession
     from harness.distributions.base import TrainingContext
     from harness.distributions.sequential.trainer import sequential_trainer
     from harness.metrics import PhaseClock
-    from harness.run import select_device
+    from harness.worker.run import select_device
     from harness.worker_env import WorkerEnvironment
     from harness.workload import build_workload
 

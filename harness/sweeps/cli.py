@@ -34,6 +34,7 @@ from harness.cli import ArgumentParser, command
 from harness.compose import compose_config
 from harness.config import ConfigError, validate
 from harness.preflight import check_writable_dir
+from harness.records.tracking import tracking_uri
 from harness.sweeps.compare import (
     FASTER,
     MATCH_ON,
@@ -45,7 +46,6 @@ from harness.sweeps.compare import (
     compare,
 )
 from harness.sweeps.table import Selection, cells_table, client_for, select
-from harness.tracking import tracking_uri
 
 PROG = "python -m harness.sweeps"
 TABLE_SUFFIXES = (".csv", ".parquet")

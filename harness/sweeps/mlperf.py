@@ -16,7 +16,7 @@ The folder is laid out as `mlperf_logging.result_summarizer` reads one organisat
   setting appended (`local_2cpu-ddp-2w-b16`); cells that would still share a system and a
   benchmark get their cell key's first 8 characters appended.
 - A **benchmark** is the logs' `submission_benchmark` (network_dataset, `_synthetic` for generated
-  images: `harness.eventlog.benchmark_name`).
+  images: `harness.records.eventlog.benchmark_name`).
 - The **cells** are the selection's cells that ended `ok`, one run per cell (the latest ok run of
   a cell key); a cell's **result files** are its repeats' logs as its MLflow run holds them
   (mllog.txt -> result_0.txt, mllog-<k>.txt -> result_<k-1>.txt).
@@ -68,8 +68,8 @@ from harness import compliance
 from harness.compliance import RULESET, USAGE
 from harness.config import ConfigError
 from harness.distributions.registry import setting_names, specs
-from harness.eventlog import log_file_name
-from harness.results import RESULT_FILE
+from harness.records.eventlog import log_file_name
+from harness.records.results import RESULT_FILE
 
 SUMMARY = "summary.csv"
 # The summarizer's own files beside SUMMARY (it appends to the detailed ones: removed first).

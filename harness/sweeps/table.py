@@ -1,12 +1,12 @@
 """What a user means by EXPERIMENT_OR_SWEEP, and that selection's cells as one pandas table.
 
-Cell runs are the runs with a `status` tag (`harness.tracking.record_cell`); a sweep's parent
-run, the analysis and probe runs have none. A sweep's cells are the runs nested under its
+Cell runs are the runs with a `status` tag (`harness.records.tracking.record_cell`); a sweep's
+parent run, the analysis and probe runs have none. A sweep's cells are the runs nested under its
 parent run, and the runs recorded from the sweep's directory (a cell uploaded later by
 `harness.sync` is not nested: its launcher's parent run was closed by then).
 
 Each cell's config axes come from the resolved config its run recorded, read and typed as the
-analysis reads it (`harness.recorded_runs.recorded_config`): the batch size Table 3.3 gave,
+analysis reads it (`harness.records.recorded_runs.recorded_config`): the batch size Table 3.3 gave,
 the stage plan a pipeline trained.
 """
 
@@ -26,14 +26,21 @@ import pandas as pd
 from harness.cli import failure_reason
 from harness.config import ConfigError, DistbenchConfig
 from harness.distributions.registry import setting_names
-from harness.recorded_runs import recorded_config
-from harness.tracking import CELL_KEY_TAG, KIND_TAG, OUTPUT_DIR_TAG, SWEEP_KIND, quiet_store_logs
+from harness.records.recorded_runs import recorded_config
+from harness.records.tracking import (
+    CELL_KEY_TAG,
+    KIND_TAG,
+    OUTPUT_DIR_TAG,
+    SWEEP_KIND,
+    quiet_store_logs,
+)
 
 log = logging.getLogger(__name__)
 
 PARENT_TAG = "mlflow.parentRunId"
-SWEEP_DIR_TAG = "sweep_dir"  # set on a sweep's parent run (harness.tracking._open_parent_run)
-# Metrics logged once per epoch or per repeat (harness.tracking._metrics, step = epoch or
+# set on a sweep's parent run (harness.records.tracking._open_parent_run)
+SWEEP_DIR_TAG = "sweep_dir"
+# Metrics logged once per epoch or per repeat (harness.records.tracking._metrics, step = epoch or
 # repeat): MLflow's run keeps only the last value, so they are read whole, as lists.
 _SERIES = re.compile(r"epoch_\w+|repeat_\w+")
 _PAGE = 1000  # runs per search request
@@ -73,7 +80,7 @@ def client_for(uri: str) -> Any:
         raise ConfigError(f"tracking.uri={uri} is invalid: no MLflow store there (nothing "
                           f"measured under run.output_dir); allowed: the store a sweep "
                           f"recorded to (run.output_dir=... or tracking.uri=...)")
-    from harness.tracking import open_store
+    from harness.records.tracking import open_store
 
     # One tiny config file per run: MLflow's per-download progress bar would only be noise.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

@@ -30,10 +30,10 @@ class SerialLocalConf(LocalQueueConf):
     # Wall-clock limit of one cell in minutes; a cell that exceeds it is recorded as `timeout`.
     timeout_min: int = 120
     # Run every cell, also those that already have a result with status ok under run.output_dir
-    # (by default a re-run sweep skips them: see harness.resume).
+    # (by default a re-run sweep skips them: see harness.records.resume).
     force: bool = False
     # Run again the cells that finished ok but were measured while the machine was unsteady
-    # (harness.steadiness; the summary table marks them '~'); the others are still skipped.
+    # (harness.worker.steadiness; the summary table marks them '~'); the others are still skipped.
     remeasure_unsteady: bool = False
     # Run again this many of the cells that finished ok, chosen at random (seeded by
     # remeasure_seed): their two runs measure the noise between runs on cells nobody chose for
@@ -70,7 +70,7 @@ class SerialLocalLauncher(LocalLauncher):
                initial_job_idx: int) -> Sequence[JobReturn]:
         from hydra.core.singleton import Singleton
 
-        from harness.tracking import sweep_parent_run
+        from harness.records.tracking import sweep_parent_run
         from launchers import cells
         from launchers.local import run_cell_job
         from workloads.progress import steps

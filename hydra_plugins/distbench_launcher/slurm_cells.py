@@ -72,11 +72,12 @@ class SlurmCellsConf(SlurmQueueConf):
     # Extra arguments of the srun line that starts the workers.
     srun_args: list[str] | None = None
     # Run every cell, also those that already have a result with status ok under run.output_dir
-    # (by default a re-run sweep skips them: see harness.resume), and cancel the cells' earlier
-    # jobs still queued or running (by default a re-run follows them: launchers.slurm_resume).
+    # (by default a re-run sweep skips them: see harness.records.resume), and cancel the cells'
+    # earlier jobs still queued or running (by default a re-run follows them:
+    # launchers.slurm_resume).
     force: bool = False
     # Run again the cells that finished ok but were measured while the machine was unsteady
-    # (harness.steadiness; the summary table marks them '~'); the others are still skipped.
+    # (harness.worker.steadiness; the summary table marks them '~'); the others are still skipped.
     remeasure_unsteady: bool = False
     # Run again this many of the cells that finished ok, chosen at random (seeded by
     # remeasure_seed): their two runs measure the noise between runs on cells nobody chose for
@@ -118,10 +119,10 @@ class SlurmCellsLauncher(SlurmLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
-        from harness.outcome import now
-        from harness.resume import cell_key
-        from harness.sweep_summary import mark_reused
-        from harness.tracking import sweep_parent_run
+        from harness.records.outcome import now
+        from harness.records.resume import cell_key
+        from harness.records.sweep_summary import mark_reused
+        from harness.records.tracking import sweep_parent_run
         from launchers import cells, slurm, slurm_resume
         from workloads.progress import steps
 

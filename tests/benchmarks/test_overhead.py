@@ -41,7 +41,7 @@ def _config(*overrides: str) -> DistbenchConfig:
 
 def _trainer(config: DistbenchConfig, workload: Workload, *, phase_timing: bool,
              progress: bool) -> BatchLoopTrainer:
-    """The harness's own trainer for one CPU worker, as `harness.run.measure` builds it."""
+    """The harness's own trainer for one CPU worker, as `harness.worker.run.measure` builds it."""
     config.run.progress = progress
     device = torch.device("cpu")
     context = TrainingContext(config=config, workload=workload, device=device,

@@ -1,6 +1,6 @@
 """A result MLflow has not got yet, recorded there once.
 
-A cell's result.json says `pending_sync: true` until MLflow holds its run (harness.record):
+A cell's result.json says `pending_sync: true` until MLflow holds its run (harness.records.record):
 its store was unreachable when the cell ended, or the local launcher waiting on the cell
 records it (`LAUNCHER_RECORDS_ENV`: the launcher holds the store open already, where the cell's
 rank 0 would import MLflow and open the store for that one upload, seconds of every cell).
@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.record import staged_artifacts
-from harness.results import RESULT_FILE, CellResult, RepeatResult, RunStatus, read_result
-from harness.tracking import (
+from harness.records.record import staged_artifacts
+from harness.records.results import RESULT_FILE, CellResult, RepeatResult, RunStatus, read_result
+from harness.records.tracking import (
     experiment_id,
     open_store,
     record_cell,
@@ -75,7 +75,7 @@ def sync_result(path: Path, data: dict[str, Any], uri: str) -> tuple[str, dict[s
         run_id = recorded_run_id(client, experiment_id(client, experiment, uri), result)
         done = "already recorded"
         if run_id is None:
-            # The same files as a cell's own upload (harness.record).
+            # The same files as a cell's own upload (harness.records.record).
             with staged_artifacts(data, path.parent) as artifacts:
                 run_id = record_cell(result, uri=uri, experiment=experiment,
                                      artifacts=artifacts)

@@ -314,7 +314,7 @@ class EventLog:
         if self._logger is None:
             return
         # stack_offset 3: the call site in the metadata is the code that called this class
-        # (e.g. harness/run.py), not this wrapper.
+        # (e.g. harness/worker/run.py), not this wrapper.
         getattr(self._logger, kind)(key=key, value=value, metadata=metadata or None,
                                     stack_offset=3)
 

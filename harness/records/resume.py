@@ -32,7 +32,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from harness.config import resolved_container
-from harness.results import RESULT_FILE, RunStatus
+from harness.records.results import RESULT_FILE, RunStatus
 from workloads.datasets.atomic import write_json_atomic
 
 INDEX_DIR = "cells"

@@ -1,6 +1,7 @@
 """A training whose loss is no longer finite has diverged: its timings measure arithmetic on
 garbage (NaN and infinity propagate at full speed), so the cell stops at the first epoch that
-shows it and is recorded `diverged`, not `ok`; a re-run then trains it again (harness.resume).
+shows it and is recorded `diverged`, not `ok`; a re-run then trains it again
+(harness.records.resume).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ measures its cell (process group, network, warm-up, timed epochs, the gathering 
 figures), it runs under a soft RLIMIT_DATA derived from `hardware.device_memory_gb`; an
 allocation beyond it fails, and the cell ends as on a GPU: torch's allocator raises
 "DefaultCPUAllocator: can't allocate memory" (Python's allocator `MemoryError`),
-`harness.run.classify_failure` makes it `oom`, the peers' collectives break at once, and the
+`harness.worker.run.classify_failure` makes it `oom`, the peers' collectives break at once, and the
 rest of the sweep goes on. Nothing is enforced on CUDA hardware (the device enforces itself)
 or when `device_memory_gb` is null.
 

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.cell import CheckedCell
 from harness.processes import ended_here
-from harness.record import record
-from harness.results import CellResult, RunStatus, read_rank_reports, read_worker_presence
+from harness.records.cell import CheckedCell
+from harness.records.record import record
+from harness.records.results import CellResult, RunStatus, read_rank_reports, read_worker_presence
 
 if TYPE_CHECKING:
     import torch

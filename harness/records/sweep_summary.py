@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from harness.results import RunStatus
+from harness.records.results import RunStatus
 
 # Added by the launcher to the record of a cell it did not run because an earlier run of the
 # same cell had finished: its record is that run's (its output_dir says where it came from).

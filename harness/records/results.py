@@ -15,7 +15,8 @@ from typing import Any
 from workloads.datasets.atomic import write_json_atomic
 
 RESULT_FILE = "result.json"
-MLLOG_GLOB = "mllog*.txt"  # every repeat's MLPerf log in a cell directory (harness.eventlog)
+# every repeat's MLPerf log in a cell directory (harness.records.eventlog)
+MLLOG_GLOB = "mllog*.txt"
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +71,9 @@ class CellResult:
     # True while MLflow has not got this result (it was unreachable); `python -m harness.sync`
     # uploads it later and clears the flag.
     pending_sync: bool = False
-    cell_key: str | None = None  # the cell's identity across re-runs (harness.resume)
+    cell_key: str | None = None  # the cell's identity across re-runs (harness.records.resume)
     # Why the cell's directory could not take this record (a full or read-only disk), if it
-    # could not: the record went to MLflow or a rescue directory instead (harness.record).
+    # could not: the record went to MLflow or a rescue directory instead (harness.records.record).
     storage_error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,7 +115,7 @@ def worker_presence_path(output_dir: Path, rank: int) -> Path:
 def write_worker_presence(output_dir: Path, rank: int, process: dict[str, Any]) -> None:
     """Which process a worker is (`process`: its machine's boot id, pid and start time), written
     as it starts: rank 0, waiting for the reports of a failed cell, stops waiting for a peer
-    it can see has ended without one (harness.outcome.merge_rank_reports). Best effort, as
+    it can see has ended without one (harness.records.outcome.merge_rank_reports). Best effort, as
     the reports are."""
     try:
         write_json_atomic(worker_presence_path(output_dir, rank), {"rank": rank, **process})

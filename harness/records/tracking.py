@@ -12,8 +12,8 @@ sync that can prove the launcher is gone.
 
 For a person comparing cells in the MLflow UI: a cell's run spans the cell's own training (its
 result's started_at to finished_at), the parent run ends with a summary of its cells (ok,
-failed, reused, fastest: `harness.sweep_summary`, of the same records as the launcher's table),
-and every experiment carries a view of its runs table listing the cells with
+failed, reused, fastest: `harness.records.sweep_summary`, of the same records as the launcher's
+table), and every experiment carries a view of its runs table listing the cells with
 the columns to compare, which the link the launcher logs at the end of a sweep opens.
 """
 
@@ -35,11 +35,11 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig
 
 from harness.cli import StateError, note_setting
-from harness.empty_store import seed_new_store
 from harness.filelock import held
 from harness.processes import start_time
-from harness.results import RESULT_FILE, CellResult, RunStatus
-from harness.sweep_summary import SweepSummary
+from harness.records.empty_store import seed_new_store
+from harness.records.results import RESULT_FILE, CellResult, RunStatus
+from harness.records.sweep_summary import SweepSummary
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -54,8 +54,8 @@ DEFAULT_STORE_FILE = "mlflow.db"
 # takes seconds); after it, it goes on (a hung holder must not stop it).
 STORE_LOCK_WAIT_S = 120.0
 _MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
-# A cell's run carries its cell key (harness.resume), its result's directory and its result's
-# identity, which is what `harness.sync` looks for before uploading a result, so nothing is
+# A cell's run carries its cell key (harness.records.resume), its result's directory and its
+# result's identity, which is what `harness.sync` looks for before uploading a result, so nothing is
 # uploaded twice. The identity is a hex digest: a filter on it needs no quoting.
 CELL_KEY_TAG = "distbench.cell_key"
 OUTPUT_DIR_TAG = "output_dir"
@@ -375,8 +375,8 @@ def result_recorded_for(uri: str, experiment: str, key: str,
                         output_dir: Path) -> dict[str, Any] | None:
     """The result.json that MLflow holds for the cell `key` measured in `output_dir`, if its
     run is there and complete: the record of a cell whose own directory refused it (a full or
-    read-only disk, harness.record). None if there is none, or no store to ask (a SQLite store
-    that does not exist is not created)."""
+    read-only disk, harness.records.record). None if there is none, or no store to ask (a SQLite
+    store that does not exist is not created)."""
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         return None
     try:

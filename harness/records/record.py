@@ -1,8 +1,8 @@
 """Where a cell's record goes, and where it goes when a store refuses it.
 
 A cell's record is its result.json (the source of truth), the config.yaml beside it, its MLPerf
-event log, a copy in MLflow and an index entry (harness.resume). The measurement must outlive
-any one of those stores: a disk that fills up or turns read-only mid-cell, an MLflow server
+event log, a copy in MLflow and an index entry (harness.records.resume). The measurement must
+outlive any one of those stores: a disk that fills up or turns read-only mid-cell, an MLflow server
 that is down. So:
 
 - files in the cell's directory are written atomically (never an empty or partial file);
@@ -11,9 +11,9 @@ that is down. So:
   instead of uploading it twice);
 - the cell's process uploads MLflow's copy, unless a local launcher waits on the cell: it holds
   the store open already, so rank 0 leaves the upload to it (`LAUNCHER_RECORDS_ENV`,
-  harness.pending) and the cell ends seconds sooner;
+  harness.records.pending) and the cell ends seconds sooner;
 - MLflow's copy is uploaded from a staging directory, so it does not depend on the cell's
-  directory being writable, and carries the event logs kept in memory (harness.eventlog: one
+  directory being writable, and carries the event logs kept in memory (harness.records.eventlog: one
   per repeat, mllog.txt, mllog-2.txt, ...);
 - if the cell's directory could not take the record, one line on stderr says why and where
   the record is: MLflow, else a rescue directory under the system's temporary directory (from
@@ -36,10 +36,10 @@ from typing import Any, TextIO
 from omegaconf import OmegaConf
 
 from harness.config import DistbenchConfig
-from harness.results import MLLOG_GLOB, RESULT_FILE, CellResult, RunStatus, write_result
-from harness.resume import index_result
+from harness.records.results import MLLOG_GLOB, RESULT_FILE, CellResult, RunStatus, write_result
+from harness.records.resume import index_result
+from harness.records.tracking import record_cell, tracking_failure, tracking_uri
 from harness.spread import spread_text
-from harness.tracking import record_cell, tracking_failure, tracking_uri
 from workloads.datasets.atomic import write_text_atomic
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ CONFIG_FILE = "config.yaml"
 # Where a record goes when neither its directory nor MLflow takes it.
 RESCUE_DIR = "distbench-rescued"
 # Set to 1 by a local launcher for the workers of a cell it waits on: rank 0 then leaves the
-# cell's MLflow upload to it (harness.pending.record_pending), which holds the store open
+# cell's MLflow upload to it (harness.records.pending.record_pending), which holds the store open
 # already; rank 0 would import MLflow and open the store for that one upload.
 LAUNCHER_RECORDS_ENV = "DISTBENCH_LAUNCHER_RECORDS"
 
@@ -90,7 +90,7 @@ def record(result: CellResult, config: DistbenchConfig, event_logs: EventLogs | 
 
 def _launcher_records(result: CellResult, event_logs: EventLogs | None) -> bool:
     """Whether the local launcher waiting on this cell records it in MLflow
-    (`LAUNCHER_RECORDS_ENV`, harness.pending): only from a record whose every file is in the
+    (`LAUNCHER_RECORDS_ENV`, harness.records.pending): only from a record whose every file is in the
     cell's directory, where the launcher reads them; else this process uploads it."""
     if os.environ.get(LAUNCHER_RECORDS_ENV) != "1":
         return False

@@ -1,6 +1,6 @@
 """The read side of distbench's MLflow store: what a recorded run holds, typed. The write side
-is `harness.tracking` (cell runs, sweep parent runs); both open the store one way,
-`harness.tracking.open_store` (checked, bounded in its waits). The analysis' grid
+is `harness.records.tracking` (cell runs, sweep parent runs); both open the store one way,
+`harness.records.tracking.open_store` (checked, bounded in its waits). The analysis' grid
 (`harness.analysis.grid`), the recorded step times of the predictions
 (`harness.predict.recorded`) and the sweeps' tables (`harness.sweeps.table`) read runs
 through here."""

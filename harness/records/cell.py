@@ -12,14 +12,14 @@ from typing import Any
 from omegaconf import DictConfig
 
 from harness.config import DistbenchConfig, resolved_container, validate
-from harness.resume import cell_key
+from harness.records.resume import cell_key
 
 
 @dataclass(frozen=True)
 class CheckedCell:
     config: DistbenchConfig
     resolved: dict[str, Any]  # interpolations resolved, enums as strings, no `hydra` node
-    key: str  # harness.resume.cell_key of `resolved`
+    key: str  # harness.records.resume.cell_key of `resolved`
 
 
 def check_cell(cfg: DictConfig) -> CheckedCell:

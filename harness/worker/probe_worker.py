@@ -96,7 +96,9 @@ def _allreduce_seconds(group: dist.ProcessGroup, device: torch.device,
 def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
     """One worker of the probe; rank 0 assembles, writes and returns the profile."""
     log_to_stderr()
-    from harness.run import select_device  # the run module imports much; only workers need it
+    from harness.worker.run import (
+        select_device,  # the run module imports much; only workers need it
+    )
 
     config = validate(cfg)
     env = worker_environment()

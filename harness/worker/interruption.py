@@ -1,5 +1,5 @@
 """A single-process cell (`python -m harness` without `-m`) ended by SIGINT (Ctrl-C) or
-SIGTERM (`kill`, a shutdown) keeps what it measured: `harness.run.run_cell` records it
+SIGTERM (`kill`, a shutdown) keeps what it measured: `harness.worker.run.run_cell` records it
 `interrupted`, with the epochs it finished, prints one line and exits with the shell's status
 for the signal (130, 143), instead of a traceback (SIGINT) or nothing at all (SIGTERM). A cell
 of a sweep is its launcher's to record, as before.
@@ -16,7 +16,7 @@ import signal
 import statistics
 
 from harness.distributions.base import EpochMeasurement
-from harness.results import CellResult
+from harness.records.results import CellResult
 
 _SIGNAL_EXIT_BASE = 128  # the shell's status for "ended by signal n" is 128 + n
 

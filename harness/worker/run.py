@@ -24,27 +24,19 @@ from typing import Any, NoReturn
 import torch
 from torch.distributed.tensor import DTensor
 
-from harness.cell import CheckedCell
 from harness.config import DistbenchConfig, RunConfig
 from harness.distributed import WorkerSession, worker_session
 from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
 from harness.distributions.registry import spec_of
-from harness.divergence import DivergedError, check_finite_eval_loss, check_finite_losses
 from harness.environment import start_conditions
 from harness.evaluation import Evaluation, evaluate
-from harness.eventlog import EventLog, RunFacts, precision_name
-from harness.interruption import (
-    add_measured_epochs,
-    interrupted_error,
-    signal_exit_code,
-    under_launcher,
-)
-from harness.memory_limit import MemoryLimit, device_memory_limit, lift_memory_limit, oom_error
 from harness.metrics import PeakMemory, PhaseClock, RepeatStatistics, Summary
-from harness.outcome import merge_rank_reports, new_result, now, record_failure
 from harness.processes import this_process
-from harness.record import CONFIG_FILE, keep_logging_when_the_disk_fails, record
-from harness.results import (
+from harness.records.cell import CheckedCell
+from harness.records.eventlog import EventLog, RunFacts, precision_name
+from harness.records.outcome import merge_rank_reports, new_result, now, record_failure
+from harness.records.record import CONFIG_FILE, keep_logging_when_the_disk_fails, record
+from harness.records.results import (
     RESULT_FILE,
     RepeatResult,
     RunStatus,
@@ -52,8 +44,21 @@ from harness.results import (
     write_worker_presence,
 )
 from harness.seeding import repeat_seed, seed_everything, set_deterministic
-from harness.steadiness import Steadiness, reference_seconds
-from harness.watchdog import ProgressWatchdog
+from harness.worker.divergence import DivergedError, check_finite_eval_loss, check_finite_losses
+from harness.worker.interruption import (
+    add_measured_epochs,
+    interrupted_error,
+    signal_exit_code,
+    under_launcher,
+)
+from harness.worker.memory_limit import (
+    MemoryLimit,
+    device_memory_limit,
+    lift_memory_limit,
+    oom_error,
+)
+from harness.worker.steadiness import Steadiness, reference_seconds
+from harness.worker.watchdog import ProgressWatchdog
 from harness.worker_env import WorkerEnvironment, worker_environment
 from harness.workload import Workload, build_workload
 from workloads.networks import build_network
@@ -97,7 +102,7 @@ class WorkerMeasurement:
     # NodeLink.traffic), reported by the first worker of each node of a cell spanning nodes.
     link_traffic: dict[str, float] = field(default_factory=dict)
     # The reference kernel's seconds right before the first timed epoch and right after the
-    # last (harness.steadiness): how much this worker's machine changed speed meanwhile.
+    # last (harness.worker.steadiness): how much this worker's machine changed speed meanwhile.
     reference_seconds: tuple[float, float] = (0.0, 0.0)
 
 
@@ -532,8 +537,8 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
     """Measure one grid cell on this worker and, on rank 0, record it; return the result.
 
     Every worker of a cell calls this, with the config its entry point checked
-    (harness.cell.check_cell). Errors during the measurement do not raise: they end up in the
-    result with status `oom`, `failed` or `timeout`, and each worker that fails leaves a rank
+    (harness.records.cell.check_cell). Errors during the measurement do not raise: they end up in
+    the result with status `oom`, `failed` or `timeout`, and each worker that fails leaves a rank
     report.
     """
     config = cell.config
@@ -554,7 +559,7 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
 
     def report_stall(report: str) -> None:
         """Runs in the watchdog's thread while the measuring thread is stuck; the process
-        ends when this returns (or after harness.watchdog.STALL_RECORD_S)."""
+        ends when this returns (or after harness.worker.watchdog.STALL_RECORD_S)."""
         write_rank_report(output_dir, env.rank, RunStatus.timeout, report)
         if env.is_distributed:
             return  # the launcher records the cell from all its workers' reports
@@ -572,7 +577,7 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
             set_deterministic(config.run.deterministic)  # before the first CUDA kernel
             device = select_device(config, env.local_rank)
             # On a CPU, hardware.device_memory_gb is enforced while the cell is measured
-            # (harness.memory_limit), and lifted before anything is recorded.
+            # (harness.worker.memory_limit), and lifted before anything is recorded.
             with (device_memory_limit(config.hardware) as memory_limit,
                   worker_session(env, device, backend=config.distribution.backend,
                                  timeout_s=config.run.progress_timeout_s,
@@ -640,7 +645,7 @@ def record_interruption(cell: CheckedCell, output_dir: Path, started: str,
                         device: torch.device, measured: list[EpochMeasurement],
                         exit_code: int) -> NoReturn:
     """Record a single-process cell ended by a signal as `interrupted`, with the epochs it
-    measured; print one line and exit with the signal's status (harness.interruption)."""
+    measured; print one line and exit with the signal's status (harness.worker.interruption)."""
     error = interrupted_error(exit_code, len(measured))
     result = new_result(cell, output_dir, started, device, RunStatus.interrupted, error)
     add_measured_epochs(result, measured)
