@@ -57,7 +57,7 @@ def test_a_two_worker_cell_shows_rank0s_epochs_and_result_summary(ddp_cell) -> N
     assert result["status"] == "ok", result["error"]
     terminal = done.stdout + done.stderr
     # Rank 0's own epoch lines (its seconds; the record's are the slowest worker's).
-    assert re.findall(r"\]\[harness\.run\]\[INFO\] - (epoch \d/2): [\d.]+ s \(8 images\)",
+    assert re.findall(r"\]\[harness\.worker\.run\]\[INFO\] - (epoch \d/2): [\d.]+ s \(8 images\)",
                       terminal) == ["epoch 1/2", "epoch 2/2"], terminal[-3000:]
     metrics = result["metrics"]
     # One repeat: no spread measured, and said so (not "std 0.000").
