@@ -154,8 +154,9 @@ def _pending_cell(output_root: Path) -> tuple[Path, dict]:
 
 
 def _pending_failure(output_root: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, dict]:
-    """A cell recorded as failed (harness.worker.run.record_failure, as a launcher records a cell
-    that died) while MLflow was unreachable: its result.json, pending sync. No training needed."""
+    """A cell recorded as failed (harness.records.outcome.record_failure, as a launcher records a
+    cell that died) while MLflow was unreachable: its result.json, pending sync. No training
+    needed."""
     from harness.records.outcome import record_failure
 
     # A closed port refuses at once; MLflow's retries would only add seconds of back-off.

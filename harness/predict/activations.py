@@ -104,12 +104,13 @@ def stage_boundary_mb(layers: Sequence[LayerSaved], first: int, end: int,
 
 
 def measure(network, spec, *, batches: tuple[int, int] = (1, 2),  # noqa: ANN001
-            seed: int = 0) -> SavedActivations:
+            seed: int = 0, device: str = "cpu") -> SavedActivations:
     """Saved bytes per layer of `network` (a name or a NetworkRef) for dataset `spec` (a
     DatasetSpec), from forwards at two batch sizes (module docstring). Costs two forward
     passes on the CPU; a network whose weights alone would take more than
     `META_ABOVE_BYTES` (Llama 3 8B's 32 GB) runs them on the meta device instead, which
-    saves the same tensors without computing or holding any."""
+    saves the same tensors without computing or holding any. `device` runs them elsewhere
+    (a GPU, to compare what its kernels save: scripts/gpu_memory_timeline.py)."""
     import torch
 
     from workloads.networks import build_network, to_layer_list
@@ -119,8 +120,8 @@ def measure(network, spec, *, batches: tuple[int, int] = (1, 2),  # noqa: ANN001
     with torch.device("meta"):
         weights = sum(p.numel() * p.element_size()
                       for p in build_network(network, spec).parameters())
-    device = torch.device("meta" if weights > META_ABOVE_BYTES else "cpu")
-    with device:
+    target = torch.device("meta" if weights > META_ABOVE_BYTES else device)
+    with target:
         model = build_network(network, spec)
     layers = to_layer_list(network, model)
     model.train()

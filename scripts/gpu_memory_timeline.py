@@ -1,0 +1,155 @@
+"""`python scripts/gpu_memory_timeline.py [--networks ...] [--batches ...] [--json FILE]`: where
+a training step's CUDA allocator peak comes from, beside the memory model's terms.
+
+BENCHMARKS.md section 13 found the memory model off the CUDA allocator's peak in one shape: the
+predicted peak grows 16-29 % faster with the batch than the measured one, and its part that
+does not grow with the batch is 80-150 MB too low. Two causes were named and not separated:
+autograd saving less per sample on CUDA than the CPU measurement of `predict.activations`
+says, and cuBLAS/cuDNN workspaces counted in `max_memory_allocated`. This script separates
+them, for sequential cells (one worker, the harness's own network, optimizer and data):
+
+- what autograd saves, measured by `predict.activations.measure` on the CPU (what the model
+  uses) and on the GPU (the same hooks, the GPU's kernels);
+- one steady training step on the GPU, on the allocator's counters: allocated before the step
+  (weights, optimizer state, the batch), after the forward (+ what the forward keeps), the
+  peak of the forward, the peak of the backward (+ gradients and the backward's temporaries)
+  and of the optimizer step;
+- the model's terms for the same cell (`predict.cell.memory_terms_per_worker`, the CUDA
+  context left out as `max_memory_allocated` leaves it out).
+
+Needs a CUDA device; runs from a checkout (`harness/conf` linked to `conf/` where distbench
+is not installed), as scripts/gpu_check.sh does. Written for the next session lent a GPU: it
+has not run on one yet (its CPU parts, the saved bytes and the model's terms, have).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from harness.compose import compose_config
+from harness.config import validate
+from harness.predict import activations
+from harness.predict.cell import memory_terms_per_worker
+from harness.predict.facts import FactsCache, gather
+from harness.units import BYTES_PER_MB
+
+
+def saved_mb(network: str, config: Any, batch: int, device: str) -> tuple[float, float, float]:
+    """(per sample, constant, total at `batch`) MB autograd saves in one forward, on `device`."""
+    measured = activations.measure(config.network.ref, config.dataset.spec, device=device)
+    per_sample = sum(layer.mb_per_sample() for layer in measured.layers)
+    constant = sum(layer.mb_constant() for layer in measured.layers)
+    total = activations.stage_saved_mb(measured.layers, 0, len(measured.layers), batch)
+    return per_sample, constant, total
+
+
+def step_timeline(config: Any) -> dict[str, float]:
+    """The allocator's counters (MB) over one steady training step on the GPU."""
+    import torch
+
+    from harness.workload import build_workload
+    from workloads.task import task_loss
+
+    workload = build_workload(config)
+    device = torch.device("cuda", 0)
+    model = workload.model.to(device).train()
+    optimizer = workload.make_optimizer(model.parameters())
+    batches = iter(workload.loader)
+
+    def step(marks: dict[str, float] | None) -> None:
+        images, labels = next(batches)
+        images, labels = images.to(device), labels.to(device)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        if marks is not None:
+            marks["before_step"] = torch.cuda.memory_allocated() / BYTES_PER_MB
+        loss = task_loss(model(images), labels)
+        torch.cuda.synchronize()
+        if marks is not None:
+            marks["after_forward"] = torch.cuda.memory_allocated() / BYTES_PER_MB
+            marks["forward_peak"] = torch.cuda.max_memory_allocated() / BYTES_PER_MB
+            torch.cuda.reset_peak_memory_stats()
+        loss.backward()
+        torch.cuda.synchronize()
+        if marks is not None:
+            marks["after_backward"] = torch.cuda.memory_allocated() / BYTES_PER_MB
+            marks["backward_peak"] = torch.cuda.max_memory_allocated() / BYTES_PER_MB
+            torch.cuda.reset_peak_memory_stats()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        if marks is not None:
+            marks["optimizer_peak"] = torch.cuda.max_memory_allocated() / BYTES_PER_MB
+
+    for _ in range(3):  # warm-up: cuDNN's autotuning, the optimizer's state
+        step(None)
+    marks: dict[str, float] = {}
+    step(marks)
+    marks["weights"] = sum(p.numel() * p.element_size()
+                           for p in model.parameters()) / BYTES_PER_MB
+    return marks
+
+
+def measure_cell(network: str, batch: int, hardware: str) -> dict[str, Any]:
+    config = validate(compose_config([
+        f"network={network}", "dataset=cifar10", f"hardware={hardware}",
+        f"distribution.batch_size={batch}", f"dataset.num_samples={batch * 5}",
+        "tracking.enabled=false"]))
+    terms = memory_terms_per_worker(config, gather(config, FactsCache(probe=False), timed=False))[0]
+    row: dict[str, Any] = {"network": network, "batch": batch,
+                           "model_terms": {k: round(v, 1) for k, v in vars(terms).items()},
+                           "model_peak_without_runtime": round(terms.total - terms.runtime, 1)}
+    for device in ("cpu", "cuda"):
+        per_sample, constant, total = saved_mb(network, config, batch, device)
+        row[f"saved_{device}"] = {"mb_per_sample": round(per_sample, 3),
+                                  "mb_constant": round(constant, 2), "mb_total": round(total, 1)}
+    import torch
+
+    marks = step_timeline(config)
+    torch.cuda.empty_cache()  # the step's network and optimizer are gone: the next cell's
+    row["timeline"] = {k: round(v, 1) for k, v in marks.items()}
+    row["measured_peak"] = round(max(marks["forward_peak"], marks["backward_peak"],
+                                     marks["optimizer_peak"]), 1)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpu_memory_timeline.py",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--networks", nargs="+",
+                        default=["resnet18", "resnet50", "vgg16", "mobilenetv2"])
+    parser.add_argument("--batches", nargs="+", type=int, default=[32, 128])
+    parser.add_argument("--hardware", default="h100_1gpu")
+    parser.add_argument("--json", help="also write the rows as JSON here")
+    args = parser.parse_args(argv)
+    rows = []
+    print(f"{'network':12} {'batch':>5} {'model':>8} {'peak':>8} {'fwd+':>8} {'bwd peak+':>9} "
+          f"{'model act+bwd':>13} {'saved cpu':>9} {'saved gpu':>9} {'/sample cpu':>11} "
+          f"{'/sample gpu':>11}", flush=True)
+    for network in args.networks:
+        for batch in args.batches:
+            try:
+                row = measure_cell(network, batch, args.hardware)
+            except Exception as err:  # noqa: BLE001 - a row of the report, the rest goes on
+                print(f"{network:12} {batch:5} failed: {type(err).__name__}: {err}", flush=True)
+                continue
+            rows.append(row)
+            t, m = row["timeline"], row["model_terms"]
+            print(f"{network:12} {batch:5} {row['model_peak_without_runtime']:8.0f} "
+                  f"{row['measured_peak']:8.0f} {t['after_forward'] - t['before_step']:8.0f} "
+                  f"{t['backward_peak'] - t['after_forward']:9.0f} "
+                  f"{m['activations'] + m['backward']:13.0f} "
+                  f"{row['saved_cpu']['mb_total']:9.0f} {row['saved_cuda']['mb_total']:9.0f} "
+                  f"{row['saved_cpu']['mb_per_sample']:11.3f} "
+                  f"{row['saved_cuda']['mb_per_sample']:11.3f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as stream:
+            json.dump(rows, stream, indent=1)
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
