@@ -59,33 +59,29 @@ def step_timeline(config: Any) -> dict[str, float]:
     optimizer = workload.make_optimizer(model.parameters())
     batches = iter(workload.loader)
 
-    def step(marks: dict[str, float] | None) -> None:
+    def mark(marks: dict[str, float], after: str, peak: str | None) -> None:
+        """The allocator's counters at the end of a phase (the device synchronised first),
+        then a fresh peak for the next phase."""
+        torch.cuda.synchronize()
+        marks[after] = torch.cuda.memory_allocated() / BYTES_PER_MB
+        if peak is not None:
+            marks[peak] = torch.cuda.max_memory_allocated() / BYTES_PER_MB
+        torch.cuda.reset_peak_memory_stats()
+
+    def step(marks: dict[str, float]) -> None:
         images, labels = next(batches)
         images, labels = images.to(device), labels.to(device)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        if marks is not None:
-            marks["before_step"] = torch.cuda.memory_allocated() / BYTES_PER_MB
+        mark(marks, "before_step", None)
         loss = task_loss(model(images), labels)
-        torch.cuda.synchronize()
-        if marks is not None:
-            marks["after_forward"] = torch.cuda.memory_allocated() / BYTES_PER_MB
-            marks["forward_peak"] = torch.cuda.max_memory_allocated() / BYTES_PER_MB
-            torch.cuda.reset_peak_memory_stats()
+        mark(marks, "after_forward", "forward_peak")
         loss.backward()
-        torch.cuda.synchronize()
-        if marks is not None:
-            marks["after_backward"] = torch.cuda.memory_allocated() / BYTES_PER_MB
-            marks["backward_peak"] = torch.cuda.max_memory_allocated() / BYTES_PER_MB
-            torch.cuda.reset_peak_memory_stats()
+        mark(marks, "after_backward", "backward_peak")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        if marks is not None:
-            marks["optimizer_peak"] = torch.cuda.max_memory_allocated() / BYTES_PER_MB
+        mark(marks, "after_step", "optimizer_peak")
 
     for _ in range(3):  # warm-up: cuDNN's autotuning, the optimizer's state
-        step(None)
+        step({})
     marks: dict[str, float] = {}
     step(marks)
     marks["weights"] = sum(p.numel() * p.element_size()
