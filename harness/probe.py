@@ -43,7 +43,8 @@ from harness.hardware_profile import (
     profile_path,
 )
 from harness.preflight import check_device_here, check_launcher, check_writable_dir
-from harness.records.tracking import log_run, tracking_uri
+from harness.records.mlflow_store import tracking_uri
+from harness.records.tracking import log_run
 from harness.worker_env import log_to_stderr
 
 log = logging.getLogger(__name__)

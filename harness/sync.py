@@ -30,14 +30,10 @@ from harness.cli import command, exit_on_bad_input, overrides_of, overrides_pars
 from harness.compose import compose_or_exit
 from harness.config import ConfigError
 from harness.preflight import expand_user
+from harness.records.mlflow_store import open_store, tracking_failure, tracking_uri
 from harness.records.pending import sync_result
 from harness.records.results import RESULT_FILE
-from harness.records.tracking import (
-    close_stale_parent_runs,
-    open_store,
-    tracking_failure,
-    tracking_uri,
-)
+from harness.records.sweep_runs import close_stale_parent_runs
 
 log = logging.getLogger(__name__)
 

@@ -20,12 +20,13 @@ from harness.cli import exit_on_bad_input, failure_reason, note_cell_results
 from harness.config import ConfigError, DistbenchConfig, validate
 from harness.preflight import check_launcher, check_runs_here, check_writable_dir, is_slurm_launcher
 from harness.records.cell import check_cell
+from harness.records.mlflow_store import tracking_uri
 from harness.records.outcome import record_failure, summarize_rank_reports
 from harness.records.record import keep_logging_when_the_disk_fails
 from harness.records.results import RESULT_FILE, RunStatus, read_rank_reports, read_result
 from harness.records.resume import cell_key, finished_result
 from harness.records.sweep_summary import SweepSummary, is_reused, mark_reused
-from harness.records.tracking import result_recorded_for, tracking_uri
+from harness.records.tracking import result_recorded_for
 from harness.spread import STD_FOOTNOTE, std_column
 from harness.worker.steadiness import UNSTEADY_FOOTNOTE, UNSTEADY_MARK, is_unsteady
 

@@ -369,8 +369,8 @@ def record_left_to_launcher(output_dir: Path, outcome: dict) -> dict:
     process cannot upload stays pending, with the reason, as rank 0 would have left it. A
     record made here (`cell_outcome`) is uploaded already, and a result whose upload failed
     already is left to `harness.sync`."""
+    from harness.records.mlflow_store import tracking_uri
     from harness.records.pending import record_pending
-    from harness.records.tracking import tracking_uri
 
     config = outcome.get("config") or {}
     tracking, run = config.get("tracking") or {}, config.get("run") or {}

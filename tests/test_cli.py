@@ -16,7 +16,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from harness.cli import failure_reason
-from harness.records.tracking import DEFAULT_STORE_FILE
+from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from tests.helpers import cell_worker_pids, run_module
 
 TINY_SWEEP = ["+sweep=smoke", "network=mobilenetv2", "distribution.batch_size=8",

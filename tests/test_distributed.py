@@ -15,7 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from harness.records.eventlog import MLLOG_FILE
-from harness.records.tracking import DEFAULT_STORE_FILE
+from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from tests.helpers import cell_worker_pids
 from tests.test_mllog import assert_compliant
 from tests.test_repro import read_mllog

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.records.empty_store import CACHE_ENV, seed_new_store
-from harness.records.tracking import open_store
+from harness.records.mlflow_store import open_store
 
 
 def _schema(store: Path) -> dict[tuple[str, str], list[str]]:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from harness.records.resume import INDEX_DIR
-from harness.records.tracking import DEFAULT_STORE_FILE
 from harness.worker.watchdog import STALL_EXIT_CODE
 from tests.helpers import REPO_ROOT, cell_worker_pids, tiny_overrides
 

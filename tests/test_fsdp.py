@@ -30,7 +30,7 @@ from harness.distributions.registry import spec_named
 from harness.hardware_profile import AllreduceCost, Cost, HardwareProfile
 from harness.predict.terms import CellFacts, LayerFacts
 from harness.recommend import worker_counts
-from harness.records.tracking import DEFAULT_STORE_FILE
+from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from harness.workload import Workload, build_workload
 from tests.helpers import cell_worker_pids, spawn_workers
 from tests.test_mllog import assert_compliant

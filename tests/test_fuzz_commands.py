@@ -487,7 +487,7 @@ def _predict_probe(argv: list[str]) -> Expect | None:
 def _missing_store(config: DistbenchConfig) -> bool:
     """Whether the config's tracking store is a SQLite file that does not exist (the store
     reading commands refuse it); False for any other store (they would open it)."""
-    from harness.records.tracking import tracking_uri
+    from harness.records.mlflow_store import tracking_uri
 
     uri = tracking_uri(config.tracking.uri, config.run.output_dir)
     return uri.startswith("sqlite:///") and not _is(Path(uri.removeprefix("sqlite:///")).exists)

@@ -16,8 +16,8 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
+from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from harness.records.resume import finished_result
-from harness.records.tracking import DEFAULT_STORE_FILE
 from launchers.sweep_lock import lock_path
 from tests.helpers import tiny_overrides
 
@@ -161,7 +161,7 @@ def test_a_command_ended_by_sigterm_leaves_no_memory_probe_running(output_root: 
 _FIRST_STORE_USE = """
 import sys, time
 from pathlib import Path
-from harness.records.tracking import open_store, experiment_id
+from harness.records.mlflow_store import open_store, experiment_id
 from mlflow.tracking import MlflowClient  # imported before the barrier: its import is slow
 barrier, me, uri = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 (barrier / me).touch()

@@ -14,7 +14,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from harness.config import Device, HardwareConfig
-from harness.records.tracking import DEFAULT_STORE_FILE, error_tag
+from harness.records.mlflow_store import DEFAULT_STORE_FILE
+from harness.records.tracking import error_tag
 from harness.worker.memory_limit import WorkerOverBudget, device_memory_limit, process_memory
 from tests.helpers import cell_worker_pids, run_module
 

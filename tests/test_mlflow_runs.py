@@ -17,18 +17,18 @@ from mlflow.tracking import MlflowClient
 
 from harness.compose import compose_config
 from harness.config import validate
-from harness.records.results import CellResult, RunStatus
-from harness.records.sweep_summary import SweepSummary, mark_reused
-from harness.records.tracking import (
+from harness.records.mlflow_store import (
     DEFAULT_STORE_FILE,
     EXPERIMENT_KIND_TAG,
     TRAINING_EXPERIMENT,
     VIEW_STATE,
     VIEW_TAG,
     experiment_id,
-    record_cell,
-    sweep_parent_run,
 )
+from harness.records.results import CellResult, RunStatus
+from harness.records.sweep_runs import sweep_parent_run
+from harness.records.sweep_summary import SweepSummary, mark_reused
+from harness.records.tracking import record_cell
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_the_sweeps_run_ends_with_its_outcome_and_summary(
     reused = mark_reused(_result(output_root, "ddp 1x2 b8 mobilenetv2-mnist", RunStatus.ok,
                                  1.25, *times).to_dict())
     results: list[dict] = [reused]  # as the launcher gathers them
-    with caplog.at_level(logging.INFO, logger="harness.records.tracking"), \
+    with caplog.at_level(logging.INFO, logger="harness.records.sweep_runs"), \
             sweep_parent_run(config, cells_to_run=len(cells), results=results) as parent_id:
         for name, status, seconds in cells:
             result = _result(output_root, name, status, seconds, *times)

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from harness.records.tracking import DEFAULT_STORE_FILE, DEFAULT_UI_URL
+from harness.records.mlflow_store import DEFAULT_STORE_FILE, DEFAULT_UI_URL
 from tests.helpers import REPO_ROOT, run_module
 from tests.helpers import mlflow_server as running_mlflow_server
 

@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 from harness.compose import compose_config
 from harness.config import ConfigError, validate
 from harness.hardware_profile import Cost, HardwareProfile, fit_cost, profile_path
-from harness.records.tracking import DEFAULT_STORE_FILE
+from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from tests.helpers import run_module
 
 SMALL_PROBE = ["probe.repeats=3", "probe.warmup=1", "probe.message_bytes=[8,65536,1048576]"]

@@ -18,8 +18,8 @@ from mlflow.tracking import MlflowClient
 from harness.compose import compose_config
 from harness.evaluation import Evaluation, default_eval_samples
 from harness.records.cell import check_cell
+from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from harness.records.results import RepeatResult
-from harness.records.tracking import DEFAULT_STORE_FILE
 from harness.worker.run import quality_metrics, run_cell
 from tests.helpers import tiny_overrides
 

@@ -125,7 +125,8 @@ def _log_sequential_cell(output_root: Path, overrides: list[str], seconds_per_ep
 
     from harness.compose import compose_config
     from harness.config import resolved_container
-    from harness.records.tracking import log_run, tracking_uri
+    from harness.records.mlflow_store import tracking_uri
+    from harness.records.tracking import log_run
 
     resolved = resolved_container(compose_config(
         ["dataset=mnist", "network=mobilenetv2", "distribution=sequential",

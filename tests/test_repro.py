@@ -18,7 +18,7 @@ from harness.environment import capture_environment
 from harness.metrics import RepeatStatistics, student_t_975
 from harness.records.cell import check_cell
 from harness.records.eventlog import MLLOG_FILE
-from harness.records.tracking import DEFAULT_STORE_FILE
+from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from harness.seeding import repeat_seed, seed_everything
 from harness.worker.run import parameter_digest, repeat_metrics, run_cell
 from harness.workload import build_workload

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from harness.records.resume import cell_key
-from harness.records.tracking import CELL_KEY_TAG, DEFAULT_STORE_FILE
+from harness.records.tracking import CELL_KEY_TAG
 from tests.helpers import cell_worker_pids, run_module
 
 # Two cells that differ in their epoch count only; the second is the one interrupted.

@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from harness.compose import compose_config
 from harness.records.cell import check_cell
-from harness.records.tracking import DEFAULT_STORE_FILE
+from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from harness.worker.run import run_cell
 from tests.helpers import tiny_overrides
 

@@ -19,8 +19,9 @@ from mlflow.tracking import MlflowClient
 
 from harness.config import Device, DistbenchConfig, HardwareConfig
 from harness.distributions.registry import settings
+from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from harness.records.resume import job_note_path
-from harness.records.tracking import CELL_KEY_TAG, DEFAULT_STORE_FILE
+from harness.records.tracking import CELL_KEY_TAG
 from launchers import slurm
 from tests.helpers import cell_worker_pids
 

@@ -21,7 +21,7 @@ from harness.analysis.noise import EXPECTED_DIFFERENCE_PER_STD, noise_floor
 from harness.compose import compose_config
 from harness.config import validate
 from harness.predict.ties import break_tie, tie_with_fastest
-from harness.records.tracking import DEFAULT_STORE_FILE
+from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from harness.worker.steadiness import UNSTEADY_FOOTNOTE, Steadiness, reference_seconds
 from launchers.cells import summary_table
 from tests.helpers import run_module

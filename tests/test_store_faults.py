@@ -70,7 +70,7 @@ def _sync(root: Path, store: str) -> None:
 
 @pytest.fixture(autouse=True)
 def _bounded_http(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The client's bound (harness.records.tracking._HTTP_DEFAULTS) is set with setdefault: keep
+    """The client's bound (harness.records.mlflow_store._HTTP_DEFAULTS) is set with setdefault: keep
     this process's environment as it was after each test."""
     for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
                  "MLFLOW_HTTP_REQUEST_TIMEOUT"):

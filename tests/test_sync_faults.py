@@ -27,18 +27,17 @@ from mlflow.tracking import MlflowClient
 from harness.compose import compose_config
 from harness.processes import start_time
 from harness.records.cell import check_cell
+from harness.records.mlflow_store import DEFAULT_STORE_FILE, KIND_TAG
 from harness.records.results import RunStatus
-from harness.records.tracking import (
-    DEFAULT_STORE_FILE,
-    KIND_TAG,
+from harness.records.sweep_runs import (
     LAUNCHER_HOST_TAG,
     LAUNCHER_PID_TAG,
     LAUNCHER_START_TAG,
-    RESULT_ID_TAG,
     close_stale_parent_runs,
     launcher_gone,
     sweep_parent_run,
 )
+from harness.records.tracking import RESULT_ID_TAG
 from tests.helpers import cell_worker_pids, run_module, starting_mlflow_server, tiny_overrides
 
 HELD_WAIT_S = 180  # until sync's request reaches the proxy (its imports take most of it)

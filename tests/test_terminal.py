@@ -25,7 +25,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from harness.config import RunConfig
-from harness.records.tracking import DEFAULT_STORE_FILE
+from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from harness.worker.run import EpochProgress, epoch_label
 from launchers.local import _GrowingOutput, recorded
 from tests.helpers import run_module, tiny_overrides

@@ -44,7 +44,8 @@ from harness.predict.cell import epoch_terms, memory_per_worker_mb
 from harness.predict.facts import FactsCache, cache_for, command_parser, gather
 from harness.predict.parameters import PARAMETERS
 from harness.preflight import check_writable_dir
-from harness.records.tracking import log_run, tracking_uri
+from harness.records.mlflow_store import tracking_uri
+from harness.records.tracking import log_run
 from workloads.datasets.atomic import write_json_atomic
 from workloads.progress import track
 

@@ -68,7 +68,7 @@ def load_grid(uri: str, experiment: str, *,
     """The experiment's cells with one of `statuses` (`ok`: finished; `oom`: did not fit),
     oldest first (a sweep's parent run, the probe and analysis runs carry no cell status and
     are skipped)."""
-    from harness.records.tracking import open_store
+    from harness.records.mlflow_store import open_store
 
     # One tiny config file per run: MLflow's per-download progress bar would only be noise.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from harness.config import DistbenchConfig
 from harness.predict.steps import MeasuredStep
+from harness.records.mlflow_store import tracking_failure, tracking_uri
 from harness.records.results import RunStatus
-from harness.records.tracking import tracking_failure, tracking_uri
 
 _SHOWN_RUN_IDS = 3
 
@@ -65,8 +65,8 @@ def sequential_steps(config: DistbenchConfig) -> tuple[list[MeasuredStep], str]:
 def _cells(uri: str, config: DistbenchConfig) -> list[_Cell]:
     from harness.distributions.registry import baseline
     from harness.predict.terms import batches_per_epoch
+    from harness.records.mlflow_store import open_store
     from harness.records.recorded_runs import recorded_config
-    from harness.records.tracking import open_store
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     client = open_store(uri)  # checked, and bounded like a cell's (2 retries)

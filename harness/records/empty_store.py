@@ -29,7 +29,8 @@ CACHE_ENV = "DISTBENCH_CACHE_DIR"
 
 def seed_new_store(store: Path) -> None:
     """Put a copy of this MLflow's empty store at `store` if nothing is there yet. Call it
-    with the store's lock held (`harness.records.tracking.open_store`), before MLflow opens it."""
+    with the store's lock held (`harness.records.mlflow_store.open_store`), before MLflow
+    opens it."""
     if store.exists():
         return
     try:

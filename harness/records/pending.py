@@ -22,15 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from harness.records.mlflow_store import experiment_id, open_store, tracking_failure
 from harness.records.record import staged_artifacts
 from harness.records.results import RESULT_FILE, CellResult, RepeatResult, RunStatus, read_result
-from harness.records.tracking import (
-    experiment_id,
-    open_store,
-    record_cell,
-    recorded_run_id,
-    tracking_failure,
-)
+from harness.records.tracking import record_cell, recorded_run_id
 from workloads.datasets.atomic import write_json_atomic
 
 log = logging.getLogger(__name__)

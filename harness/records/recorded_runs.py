@@ -1,9 +1,9 @@
 """The read side of distbench's MLflow store: what a recorded run holds, typed. The write side
-is `harness.records.tracking` (cell runs, sweep parent runs); both open the store one way,
-`harness.records.tracking.open_store` (checked, bounded in its waits). The analysis' grid
-(`harness.analysis.grid`), the recorded step times of the predictions
-(`harness.predict.recorded`) and the sweeps' tables (`harness.sweeps.table`) read runs
-through here."""
+is `harness.records.tracking` (cell runs) and `harness.records.sweep_runs` (sweep parent
+runs); all open the store one way, `harness.records.mlflow_store.open_store` (checked,
+bounded in its waits). The analysis' grid (`harness.analysis.grid`), the recorded step
+times of the predictions (`harness.predict.recorded`) and the sweeps' tables
+(`harness.sweeps.table`) read runs through here."""
 
 from __future__ import annotations
 

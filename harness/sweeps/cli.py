@@ -34,7 +34,7 @@ from harness.cli import ArgumentParser, command
 from harness.compose import compose_config
 from harness.config import ConfigError, validate
 from harness.preflight import check_writable_dir
-from harness.records.tracking import tracking_uri
+from harness.records.mlflow_store import tracking_uri
 from harness.sweeps.compare import (
     FASTER,
     MATCH_ON,

@@ -26,19 +26,14 @@ import pandas as pd
 from harness.cli import failure_reason
 from harness.config import ConfigError, DistbenchConfig
 from harness.distributions.registry import setting_names
+from harness.records.mlflow_store import KIND_TAG, SWEEP_KIND, quiet_store_logs
 from harness.records.recorded_runs import recorded_config
-from harness.records.tracking import (
-    CELL_KEY_TAG,
-    KIND_TAG,
-    OUTPUT_DIR_TAG,
-    SWEEP_KIND,
-    quiet_store_logs,
-)
+from harness.records.tracking import CELL_KEY_TAG, OUTPUT_DIR_TAG
 
 log = logging.getLogger(__name__)
 
 PARENT_TAG = "mlflow.parentRunId"
-# set on a sweep's parent run (harness.records.tracking._open_parent_run)
+# set on a sweep's parent run (harness.records.sweep_runs._open_parent_run)
 SWEEP_DIR_TAG = "sweep_dir"
 # Metrics logged once per epoch or per repeat (harness.records.tracking._metrics, step = epoch or
 # repeat): MLflow's run keeps only the last value, so they are read whole, as lists.
@@ -80,7 +75,7 @@ def client_for(uri: str) -> Any:
         raise ConfigError(f"tracking.uri={uri} is invalid: no MLflow store there (nothing "
                           f"measured under run.output_dir); allowed: the store a sweep "
                           f"recorded to (run.output_dir=... or tracking.uri=...)")
-    from harness.records.tracking import open_store
+    from harness.records.mlflow_store import open_store
 
     # One tiny config file per run: MLflow's per-download progress bar would only be noise.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

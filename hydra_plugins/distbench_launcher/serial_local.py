@@ -70,7 +70,7 @@ class SerialLocalLauncher(LocalLauncher):
                initial_job_idx: int) -> Sequence[JobReturn]:
         from hydra.core.singleton import Singleton
 
-        from harness.records.tracking import sweep_parent_run
+        from harness.records.sweep_runs import sweep_parent_run
         from launchers import cells
         from launchers.local import run_cell_job
         from workloads.progress import steps

@@ -121,8 +121,8 @@ class SlurmCellsLauncher(SlurmLauncher):
                initial_job_idx: int) -> Sequence[JobReturn]:
         from harness.records.outcome import now
         from harness.records.resume import cell_key
+        from harness.records.sweep_runs import sweep_parent_run
         from harness.records.sweep_summary import mark_reused
-        from harness.records.tracking import sweep_parent_run
         from launchers import cells, slurm, slurm_resume
         from workloads.progress import steps
 
