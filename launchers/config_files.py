@@ -33,12 +33,16 @@ import copy
 import weakref
 from collections.abc import Iterator, Sequence
 
-from hydra._internal.config_loader_impl import ConfigLoaderImpl
-from hydra._internal.config_repository import CachingConfigRepository, IConfigRepository
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.plugins.config_source import ConfigResult
 from omegaconf import DictConfig, OmegaConf
+
+from launchers.hydra_private import (
+    CachingConfigRepository,
+    ConfigLoaderImpl,
+    IConfigRepository,
+)
 
 _SEARCH_PATH_KEY = "hydra.searchpath"
 # The cells composed while open (see the module's docstring), pristine; and whether a cell

@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import NoReturn
 
 from hydra import initialize_config_module
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
@@ -43,6 +41,7 @@ from harness.dryrun import DRY_RUN_FLAG
 from harness.preflight import check_hydra_dir, check_launcher, check_runs_here
 from launchers import cells
 from launchers.config_files import cells_not_kept, config_files_read_once
+from launchers.hydra_private import BasicSweeper, get_args_parser
 from launchers.sweep_lock import claim_output_root
 
 # Hydra re-raises instead of printing its own report while this is set (its documented switch).
@@ -245,9 +244,10 @@ def _check_shell_completion(overrides: Sequence[str]) -> None:
     """--shell-completion (Hydra's) needs one of install=SHELL, uninstall=SHELL or
     query=SHELL, for a SHELL Hydra has a plugin for; Hydra raises ValueError otherwise, and
     KeyError for a query outside the shell's completion (no COMP_LINE)."""
-    from hydra._internal.hydra import Hydra
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.completion_plugin import CompletionPlugin
 
-    shells = sorted(Hydra.get_shell_to_plugin_map(None))  # type: ignore[arg-type]
+    shells = sorted({plugin.provides() for plugin in Plugins.instance().discover(CompletionPlugin)})
     arguments = OmegaConf.from_dotlist(list(overrides))
     given = [key for key in ("install", "uninstall", "query") if key in arguments]
     if len(given) != 1 or str(arguments[given[0]]) not in shells:

@@ -1,0 +1,34 @@
+"""Every name of Hydra's private API (`hydra._internal`) that distbench uses, in one place.
+
+Hydra's public API composes a config (`hydra.compose`) and runs an app (`@hydra.main`), but
+`python -m harness` must check its command line before Hydra runs (Hydra creates the run or
+sweep directory first: `launchers.hydra_main`), and a sweep composes every cell several times
+(`launchers.config_files`). For that it needs what only Hydra's internals offer:
+
+- `get_args_parser`: Hydra's own command-line parser, so that distbench reads `--cfg`,
+  `--multirun`, `--config-dir`, ... exactly as Hydra will;
+- `BasicSweeper.split_arguments`: the cells of a sweep, in the order Hydra's basic sweeper
+  runs them;
+- `ConfigLoaderImpl` (`_parse_overrides_and_create_caching_repo`, `load_sweep_config`,
+  `_process_config_searchpath`), `CachingConfigRepository` and `IConfigRepository`: where
+  Hydra reads its config files for one composition, which `launchers.config_files` replaces
+  with files read once per process.
+
+(`GlobalHydra.instance().hydra`, public itself, hands out Hydra's internal `Hydra` object,
+whose `compose_config`, `get_mode` and `config_loader` the check calls: the only way to
+compose a sweep's config as a multirun does.)
+
+No other module imports `hydra._internal` (`tests/test_hydra_private.py` checks it, and that
+each name here still has what distbench calls, so that an upgrade of Hydra past the pinned
+1.3 line fails in one test that names what moved).
+"""
+
+from __future__ import annotations
+
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.config_repository import CachingConfigRepository, IConfigRepository
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra._internal.utils import get_args_parser
+
+__all__ = ["BasicSweeper", "CachingConfigRepository", "ConfigLoaderImpl", "IConfigRepository",
+           "get_args_parser"]
