@@ -247,7 +247,8 @@ def _check_shell_completion(overrides: Sequence[str]) -> None:
     from hydra.core.plugins import Plugins
     from hydra.plugins.completion_plugin import CompletionPlugin
 
-    shells = sorted({plugin.provides() for plugin in Plugins.instance().discover(CompletionPlugin)})
+    shells = sorted({plugin.provides() for plugin in Plugins.instance().discover(CompletionPlugin)
+                     if issubclass(plugin, CompletionPlugin)})
     arguments = OmegaConf.from_dotlist(list(overrides))
     given = [key for key in ("install", "uninstall", "query") if key in arguments]
     if len(given) != 1 or str(arguments[given[0]]) not in shells:
