@@ -36,10 +36,17 @@ from harness.predict.cell import memory_terms_per_worker
 from harness.predict.facts import FactsCache, gather
 from harness.units import BYTES_PER_MB
 
+# The saved bytes of a network on a device, measured once whatever the batch (they are affine
+# in it: `predict.activations`).
+_saved: dict[tuple[str, str], activations.SavedActivations] = {}
 
-def saved_mb(network: str, config: Any, batch: int, device: str) -> tuple[float, float, float]:
+
+def saved_mb(config: Any, batch: int, device: str) -> tuple[float, float, float]:
     """(per sample, constant, total at `batch`) MB autograd saves in one forward, on `device`."""
-    measured = activations.measure(config.network.ref, config.dataset.spec, device=device)
+    key = (config.network.key, device)
+    if key not in _saved:
+        _saved[key] = activations.measure(config.network.ref, config.dataset.spec, device=device)
+    measured = _saved[key]
     per_sample = sum(layer.mb_per_sample() for layer in measured.layers)
     constant = sum(layer.mb_constant() for layer in measured.layers)
     total = activations.stage_saved_mb(measured.layers, 0, len(measured.layers), batch)
@@ -89,17 +96,17 @@ def step_timeline(config: Any) -> dict[str, float]:
     return marks
 
 
-def measure_cell(network: str, batch: int, hardware: str) -> dict[str, Any]:
+def measure_cell(network: str, batch: int, hardware: str, facts: FactsCache) -> dict[str, Any]:
     config = validate(compose_config([
         f"network={network}", "dataset=cifar10", f"hardware={hardware}",
         f"distribution.batch_size={batch}", f"dataset.num_samples={batch * 5}",
         "tracking.enabled=false"]))
-    terms = memory_terms_per_worker(config, gather(config, FactsCache(probe=False), timed=False))[0]
+    terms = memory_terms_per_worker(config, gather(config, facts, timed=False))[0]
     row: dict[str, Any] = {"network": network, "batch": batch,
                            "model_terms": {k: round(v, 1) for k, v in vars(terms).items()},
                            "model_peak_without_runtime": round(terms.total - terms.runtime, 1)}
     for device in ("cpu", "cuda"):
-        per_sample, constant, total = saved_mb(network, config, batch, device)
+        per_sample, constant, total = saved_mb(config, batch, device)
         row[f"saved_{device}"] = {"mb_per_sample": round(per_sample, 3),
                                   "mb_constant": round(constant, 2), "mb_total": round(total, 1)}
     import torch
@@ -122,13 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     rows = []
+    facts = FactsCache(probe=False)  # one network's facts serve each of its batches
     print(f"{'network':12} {'batch':>5} {'model':>8} {'peak':>8} {'fwd+':>8} {'bwd peak+':>9} "
           f"{'model act+bwd':>13} {'saved cpu':>9} {'saved gpu':>9} {'/sample cpu':>11} "
           f"{'/sample gpu':>11}", flush=True)
     for network in args.networks:
         for batch in args.batches:
             try:
-                row = measure_cell(network, batch, args.hardware)
+                row = measure_cell(network, batch, args.hardware, facts)
             except Exception as err:  # noqa: BLE001 - a row of the report, the rest goes on
                 print(f"{network:12} {batch:5} failed: {type(err).__name__}: {err}", flush=True)
                 continue

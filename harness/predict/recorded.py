@@ -18,7 +18,7 @@ from pathlib import Path
 
 from harness.config import DistbenchConfig
 from harness.predict.steps import MeasuredStep
-from harness.records.mlflow_store import tracking_failure, tracking_uri
+from harness.records.mlflow_store import store_not_created, tracking_failure, tracking_uri
 from harness.records.results import RunStatus
 
 _SHOWN_RUN_IDS = 3
@@ -38,7 +38,7 @@ def sequential_steps(config: DistbenchConfig) -> tuple[list[MeasuredStep], str]:
     and where they were looked for (for the message when there are none)."""
     uri = tracking_uri(config.tracking.uri, config.run.output_dir)
     where = f"MLflow at {uri}"
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+    if store_not_created(uri):
         return [], f"{where} (no such store)"  # reading would create an empty one
     try:
         cells = _cells(uri, config)

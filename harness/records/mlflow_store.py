@@ -86,6 +86,12 @@ def tracking_uri(configured_uri: str | None, output_root: str | Path) -> str:
     return uri
 
 
+def store_not_created(uri: str) -> bool:
+    """Whether `uri` is a SQLite store whose file does not exist yet: opening it would create
+    it, which a command that only reads or tidies must not do."""
+    return uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists()
+
+
 # The first bytes of every SQLite database file.
 _SQLITE_HEADER = b"SQLite format 3\x00"
 # Schemes MLflow's tracking client can open (its registry; plugins may add more, which a user

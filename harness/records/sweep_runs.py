@@ -25,6 +25,7 @@ from harness.records.mlflow_store import (
     experiment_id,
     experiment_link,
     open_store,
+    store_not_created,
     tracking_failure,
     tracking_uri,
 )
@@ -190,7 +191,7 @@ def close_stale_parent_runs(uri: str) -> list[str]:
     although its launcher is provably gone (killed with SIGKILL, or its host rebooted: no
     finally-block ran); return their ids. A store that does not exist yet is not created; a
     store that cannot be reached is logged and left alone."""
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+    if store_not_created(uri):
         return []
     closed = []
     try:

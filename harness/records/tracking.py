@@ -30,6 +30,7 @@ from harness.records.mlflow_store import (
     KIND_TAG,
     experiment_id,
     open_store,
+    store_not_created,
     tracking_failure,
 )
 from harness.records.results import RESULT_FILE, CellResult, RunStatus
@@ -152,7 +153,7 @@ def result_recorded_for(uri: str, experiment: str, key: str,
     run is there and complete: the record of a cell whose own directory refused it (a full or
     read-only disk, harness.records.record). None if there is none, or no store to ask (a SQLite
     store that does not exist is not created)."""
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+    if store_not_created(uri):
         return None
     try:
         client = open_store(uri)

@@ -26,7 +26,7 @@ import pandas as pd
 from harness.cli import failure_reason
 from harness.config import ConfigError, DistbenchConfig
 from harness.distributions.registry import setting_names
-from harness.records.mlflow_store import KIND_TAG, SWEEP_KIND, quiet_store_logs
+from harness.records.mlflow_store import KIND_TAG, SWEEP_KIND, quiet_store_logs, store_not_created
 from harness.records.recorded_runs import recorded_config
 from harness.records.tracking import CELL_KEY_TAG, OUTPUT_DIR_TAG
 
@@ -71,7 +71,7 @@ class Selection:
 def client_for(uri: str) -> Any:
     """An MLflow client of the store at `uri`, which must exist: opening a missing SQLite
     store would create an empty one where nothing was measured."""
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+    if store_not_created(uri):
         raise ConfigError(f"tracking.uri={uri} is invalid: no MLflow store there (nothing "
                           f"measured under run.output_dir); allowed: the store a sweep "
                           f"recorded to (run.output_dir=... or tracking.uri=...)")

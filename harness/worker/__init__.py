@@ -3,7 +3,7 @@
 `run` trains and times a cell (`run_cell`, the worker's entry point that the launchers
 submit) and writes its records (`harness.records`); `divergence` ends a cell whose loss is no
 longer finite, `interruption` records a single-process cell ended by a signal, `watchdog`
-ends a worker its peers have lost, `memory_limit` holds a CPU cell to
+ends a worker that stops making progress (a hang), `memory_limit` holds a CPU cell to
 `hardware.device_memory_gb`, `steadiness` times a reference kernel before and after the cell;
 `probe_worker` is what the workers of `python -m harness.probe` measure.
 
