@@ -349,20 +349,24 @@ def forget_earlier_try(output_dir: Path) -> None:
 
 
 def keep_last_try_to_its_limit(max_num_timeout: int) -> None:
-    """In a cell's SLURM task, before the cell starts: on its last try, the job's time-limit
-    signal is only logged.
+    """In a cell's SLURM task, before the cell starts (submitit's signal handlers are set):
+    on its last try, the job's time-limit signal is only logged.
 
     SLURM signals every task `signal_delay_s` before the job's time limit. While tries remain,
     submitit's handler re-queues the job (rank 0 runs `scontrol requeue`): the attempt records
-    nothing, the next one measures the cell again. On the last try, that handler would raise
-    UncompletedJobError in the middle of the measurement, and rank 0 would record the cell as
-    `failed` before its time is up; instead the cell runs on, and if SLURM ends it at its limit
-    the launcher records it as `timeout` (the job's TIMEOUT state).
+    nothing, the next one measures the cell again (`requeued_even_if_slurm_ends_scontrol`). On
+    the last try, that handler would raise UncompletedJobError in the middle of the
+    measurement, and rank 0 would record the cell as `failed` before its time is up; instead
+    the cell runs on, and if SLURM ends it at its limit the launcher records it as `timeout`
+    (the job's TIMEOUT state).
     """
     tries_used = tries_before()
-    if tries_used < max_num_timeout:
-        return
     limit_signal = signal.Signals[f"SIG{submitit.JobEnvironment.USR_SIG}"]
+    if tries_used < max_num_timeout:
+        submitits = signal.getsignal(limit_signal)
+        if callable(submitits):
+            signal.signal(limit_signal, requeued_even_if_slurm_ends_scontrol(submitits))
+        return
 
     def last_try(signum: int, frame: object) -> None:
         log.warning("SLURM signalled this job's time limit on its last try (%d of %d, "
@@ -370,6 +374,36 @@ def keep_last_try_to_its_limit(max_num_timeout: int) -> None:
                     tries_used + 1, max_num_timeout + 1, max_num_timeout)
 
     signal.signal(limit_signal, last_try)
+
+
+def requeued_even_if_slurm_ends_scontrol(
+        requeue: Callable[[int, Any], None]) -> Callable[[int, Any], None]:
+    """submitit's re-queueing signal handler, where SLURM's own SIGTERM may end the job's
+    `scontrol requeue` before it returns.
+
+    Re-queueing a running job makes SLURM end its step with SIGTERM, and `scontrol requeue`
+    runs inside that step: when the signal reaches it before it exits, submitit's
+    `check_call` raises CalledProcessError (died with SIGTERM) from the signal handler, in the
+    middle of the cell, and rank 0 recorded the re-queued try as `failed` (seen in a run of
+    tests/test_slurm_plugin_config.py, 2026-11-28: the launcher then read the cell as ended
+    and its re-queued job never ran). The job was re-queued all the same (the SIGTERM is
+    SLURM's doing so): this try ends as submitit ends one it re-queued.
+    """
+    def requeue_then_exit(signum: int, frame: Any) -> None:
+        try:
+            requeue(signum, frame)
+        except subprocess.CalledProcessError as error:
+            command = [str(part) for part in error.cmd] \
+                if isinstance(error.cmd, (list, tuple)) else [str(error.cmd)]
+            if error.returncode != -signal.SIGTERM or len(command) < 2 \
+                    or Path(command[0]).name != "scontrol" or command[1] != "requeue":
+                raise
+            log.info("SLURM re-queued this job and ended `%s` with its SIGTERM before it "
+                     "returned: this try ends, the next one measures the cell again",
+                     " ".join(command))
+            raise SystemExit(-1) from None  # as submitit's own exit after a re-queue
+
+    return requeue_then_exit
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -152,6 +152,30 @@ def test_a_plugin_config_runs_cells_side_by_side_and_requeues_a_timed_out_job(
                  "#SBATCH --dependency=singleton", "#SBATCH --job-name=distbench-smoke-0",
                  "#SBATCH --mail-type=NONE", "export DISTBENCH_USER_SETUP=1"):
         assert line in script.splitlines(), script
+
+
+def test_a_requeue_whose_scontrol_slurm_ends_with_sigterm_ends_the_try_as_requeued(
+        tmp_path: Path) -> None:
+    """SLURM ends a re-queued job's step with SIGTERM, `scontrol requeue` included when it has
+    not returned yet: that try ends as re-queued (SystemExit, as submitit's own), not as a
+    failure of the cell. Any other failure of the handler is raised as before. (A real
+    process ended by SIGTERM stands in for scontrol: no SLURM step is needed to see it.)"""
+    import signal as signals
+
+    def requeue_ended_by(signal_number: int) -> Callable[[int, object], None]:
+        scontrol = tmp_path / "bin" / "scontrol"  # `scontrol requeue`, ended by the signal
+        scontrol.parent.mkdir(exist_ok=True)
+        scontrol.write_text(f"#!/bin/sh\nkill -{signal_number} $$\n")
+        scontrol.chmod(0o755)
+        return slurm.requeued_even_if_slurm_ends_scontrol(  # submitit's handler calls it so
+            lambda signum, frame: subprocess.check_call([str(scontrol), "requeue", "22"],
+                                                        timeout=60))
+
+    with pytest.raises(SystemExit) as ended:
+        requeue_ended_by(signals.SIGTERM)(signals.SIGUSR2, None)
+    assert ended.value.code == -1
+    with pytest.raises(subprocess.CalledProcessError):  # not SLURM's doing: a failure
+        requeue_ended_by(signals.SIGKILL)(signals.SIGUSR2, None)
 
 
 def test_a_plugin_config_whose_size_contradicts_the_hardware_stops_before_any_job(
