@@ -366,6 +366,19 @@ def test_buffer_pool_reuses_only_dropped_buffers() -> None:
     assert pool.empty((2, 3)).data_ptr() == first_pointer
 
 
+def test_buffer_pool_hands_out_torchs_default_dtype() -> None:
+    """float32 unless the process set another (the trajectory tests train in float64); a buffer
+    of another dtype is never handed out for it."""
+    pool = BufferPool(capacity=2)
+    assert pool.empty((2, 3)).dtype == torch.float32  # dropped at once: free again
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert pool.empty((2, 3)).dtype == torch.float64
+    finally:
+        torch.set_default_dtype(before)
+
+
 # ---------------------------------------------------------------------------- EpochLoader
 
 

@@ -46,10 +46,11 @@ class InitialState:
 def epoch_losses(losses: dict[int, torch.Tensor]) -> dict[int, float]:
     """Batch index -> loss as floats, in one device-to-host copy: called after the epoch's last
     synchronise, so the timed loop never waits for a loss value (`.item()` per batch would
-    synchronise a CUDA device every batch)."""
+    synchronise a CUDA device every batch). In float64, Python's float: exact for every dtype's
+    loss (a float64 run's losses keep their digits)."""
     if not losses:
         return {}
-    values = torch.stack([loss.reshape(()) for loss in losses.values()]).float().cpu().tolist()
+    values = torch.stack([loss.reshape(()) for loss in losses.values()]).double().cpu().tolist()
     return dict(zip(losses, values))
 
 

@@ -1,4 +1,4 @@
-"""Reuse of the float32 batch buffers that the synthetic loader fills.
+"""Reuse of the batch buffers that the synthetic loader fills (float32, torch's default dtype).
 
 A float32 ImageNet batch of 64 is 38 MB. glibc serves allocations above 32 MB with a fresh mmap
 and returns them to the kernel on free, so every batch would page-fault and zero 38 MB before the
@@ -20,7 +20,9 @@ import torch
 
 
 class BufferPool:
-    """Hands out float32 tensors of a requested shape, recycling those the caller has dropped."""
+    """Hands out tensors of a requested shape in torch's default dtype (float32 unless a process
+    asks for another, as the trajectory tests ask for float64), recycling those the caller has
+    dropped."""
 
     def __init__(self, capacity: int = 4) -> None:
         # A training loop holds the previous batch while the next one is built, and a prefetch may
@@ -31,16 +33,20 @@ class BufferPool:
         self._probe = [np.empty(0, dtype=np.float32)]
 
     def empty(self, shape: tuple[int, ...]) -> torch.Tensor:
-        """An uninitialised float32 tensor of `shape`, in a recycled buffer when one is free."""
-        for index in range(len(self._buffers)):
-            if self._buffers[index].shape == shape and self._unused(index):
+        """An uninitialised tensor of `shape` in torch's default dtype, in a recycled buffer
+        when one is free."""
+        dtype = torch.empty(0).numpy().dtype  # torch's default dtype, as numpy names it
+        for index in range(len(self._buffers)):  # no local name for a buffer: see _unused
+            if (self._buffers[index].shape == shape and self._buffers[index].dtype == dtype
+                    and self._unused(index)):
                 return torch.from_numpy(self._buffers[index])
-        array = np.empty(shape, dtype=np.float32)
+        array = np.empty(shape, dtype=dtype)
         self._remember(array)
         return torch.from_numpy(array)
 
     def _unused(self, index: int) -> bool:
-        """True if nothing but this pool references buffer `index`."""
+        """True if nothing but this pool references buffer `index` (a caller's local name for
+        it is a reference too)."""
         return _reference_count(self._buffers, index) <= _reference_count(self._probe, 0)
 
     def _remember(self, array: np.ndarray) -> None:

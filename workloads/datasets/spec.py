@@ -71,10 +71,11 @@ class DatasetSpec:
 
     @property
     def input_dtype(self) -> torch.dtype:
-        """float32 images, int64 token ids."""
+        """Images in torch's default dtype (float32 unless the process set another: the
+        trajectory tests train in float64), int64 token ids."""
         import torch  # a dataset's facts are read by commands that answer without torch
 
-        return torch.int64 if self.tokens else torch.float32
+        return torch.int64 if self.tokens else torch.get_default_dtype()
 
     @property
     def target_shape(self) -> tuple[int, ...]:

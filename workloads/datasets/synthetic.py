@@ -229,9 +229,10 @@ def _labels(spec: DatasetSpec, unique: int, seed: int, split: str) -> np.ndarray
 class SyntheticDataset(Dataset):
     """`length` samples backed by `unique` memory-mapped images; sample i is image i % unique.
 
-    Samples are float32 (C, H, W) tensors in [0, 1] and int labels, the same form as the real
-    datasets after ToTensor. `__getitems__` returns a whole batch from one numpy fancy-indexing
-    read; torch's DataLoader calls it for batched fetches, and `EpochLoader` calls it directly.
+    Samples are (C, H, W) tensors in [0, 1], float32 (torch's default dtype), and int labels,
+    the same form as the real datasets after ToTensor. `__getitems__` returns a whole batch from
+    one numpy fancy-indexing read; torch's DataLoader calls it for batched fetches, and
+    `EpochLoader` calls it directly.
     Batches are converted into recycled buffers (see `buffers` for why and why that is safe).
     """
 
@@ -260,11 +261,13 @@ class SyntheticDataset(Dataset):
             raise IndexError(f"index {index} out of range for {self.length} samples")
         images, labels = self._arrays()
         stored = index % len(labels)
-        image = torch.from_numpy(np.array(images[stored])).float().div_(255)
+        image = torch.from_numpy(np.array(images[stored])).to(torch.get_default_dtype())
+        image.div_(255)
         return image, int(labels[stored])
 
     def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The batch of `indices`: float32 (N, C, H, W) images in [0, 1] and int64 (N,) labels."""
+        """The batch of `indices`: (N, C, H, W) images in [0, 1] in torch's default dtype
+        (float32 unless the process set another) and int64 (N,) labels."""
         positions = np.asarray(indices, dtype=np.int64)
         if positions.size and (positions.min() < 0 or positions.max() >= self.length):
             raise IndexError(f"batch indices outside [0, {self.length})")

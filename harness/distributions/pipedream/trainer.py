@@ -85,11 +85,13 @@ class PipeDreamTrainer(Trainer):
         self.module = stage_module(context, self.plan, self.stage)
         self.optimizer = context.workload.make_optimizer(self.module.parameters())
         self.criterion = TaskLoss()
-        self.target_shape = context.workload.spec.target_shape  # () for a label, (T,) for tokens
+        target_shape = context.workload.spec.target_shape  # () for a label, (T,) for tokens
+        self.labels = torch.empty((self.batch_size, *target_shape), dtype=torch.int64,
+                                  device="meta")  # what the last stage receives of them
         self.batches = PipelineBatches(context)
         self.oversample = distribution.batch_division is BatchDivision.oversample
         self.group = self._replica_groups(dt.timedelta(seconds=config.run.progress_timeout_s))
-        self.input_shape, self.output_shape = self._boundary_shapes(context)
+        self.input, self.output = self._boundaries(context)
         self.version = 0
         self.version_log: list[VersionRecord] = []
         self.replica_group = self.stage
@@ -130,8 +132,10 @@ class PipeDreamTrainer(Trainer):
                     mine = group
         return mine
 
-    def _boundary_shapes(self, context: TrainingContext) -> tuple[torch.Size, torch.Size]:
-        """Shapes of this stage's input and output for one minibatch (traced on 'meta')."""
+    def _boundaries(self, context: TrainingContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """This stage's input and output for one minibatch, traced on 'meta' (no data): the
+        shapes and dtypes of what it receives and sends (activations forward, their gradients
+        back: float32, or torch's default dtype where a process set another)."""
         network = context.config.network.ref
         spec = context.workload.spec
         with torch.device("meta"):
@@ -141,10 +145,10 @@ class PipeDreamTrainer(Trainer):
             part = self.plan.stages[self.stage]
             for layer in layers[:part.first]:
                 activation = layer(activation)
-            input_shape = activation.shape
+            stage_input = activation
             for layer in layers[part.first:part.end]:
                 activation = layer(activation)
-        return input_shape, activation.shape
+        return stage_input, activation
 
     # -- the Trainer protocol -----------------------------------------------------------------
     def warm_up(self, batches: int) -> None:
@@ -242,11 +246,10 @@ class PipeDreamTrainer(Trainer):
             if not self.is_last:
                 self._send(labels, self._rank(self.num_stages - 1, m), LABEL_TAG)
         else:
-            inputs = self._recv(self.input_shape, torch.float32, self._rank(self.stage - 1, m),
+            inputs = self._recv(self.input, self._rank(self.stage - 1, m),
                                 ACTIVATION_TAG).requires_grad_()
         if self.is_last and not self.is_first:
-            labels = self._recv((self.batch_size, *self.target_shape), torch.int64,
-                                self._rank(0, m), LABEL_TAG)
+            labels = self._recv(self.labels, self._rank(0, m), LABEL_TAG)
         with self.clock.phase("forward"):
             snapshot = self._current_snapshot() if stash else _Snapshot(
                 self.version, dict(self.module.named_parameters()), live=True)
@@ -266,8 +269,7 @@ class PipeDreamTrainer(Trainer):
         if self.is_last:
             gradient = None
         else:
-            gradient = self._recv(self.output_shape, torch.float32,
-                                  self._rank(self.stage + 1, m), GRADIENT_TAG)
+            gradient = self._recv(self.output, self._rank(self.stage + 1, m), GRADIENT_TAG)
         weights = flight.snapshot.weights
         with self.clock.phase("backward"):
             torch.autograd.backward(flight.output, gradient)
@@ -318,8 +320,9 @@ class PipeDreamTrainer(Trainer):
         assert work is not None  # this rank is in the default group
         self._sends.append((work, tensor))
 
-    def _recv(self, shape: Any, dtype: torch.dtype, rank: int, tag: int) -> torch.Tensor:
-        tensor = torch.empty(shape, dtype=dtype, device=self.device)
+    def _recv(self, like: torch.Tensor, rank: int, tag: int) -> torch.Tensor:
+        """A tensor of `like`'s shape and dtype (a 'meta' tensor), received from `rank`."""
+        tensor = torch.empty(like.shape, dtype=like.dtype, device=self.device)
         dist.recv(tensor, rank, tag=tag)
         return tensor
 
