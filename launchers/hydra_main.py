@@ -39,7 +39,6 @@ from harness.config import ConfigError, validate
 from harness.distributions.registry import register_configs
 from harness.dryrun import DRY_RUN_FLAG
 from harness.preflight import check_hydra_dir, check_launcher, check_runs_here
-from launchers import cells
 from launchers.config_files import cells_not_kept, config_files_read_once
 from launchers.hydra_private import BasicSweeper, get_args_parser
 from launchers.sweep_lock import claim_output_root
@@ -151,6 +150,8 @@ def check_hydra_main(argv: Sequence[str]) -> None:
             check_runs_here(config)
             check_hydra_dir(cfg.hydra, sweep=False)
             if config.world_size > 1:  # its workers start here, on this one machine
+                from launchers import cells
+
                 cells.single_node_workers(config)
 
 
@@ -264,6 +265,8 @@ def _check_shell_completion(overrides: Sequence[str]) -> None:
 def _check_sweep(hydra, overrides: list[str]) -> None:  # noqa: ANN001 - Hydra's internal class
     """Every cell of the sweep, as Hydra's basic sweeper lists them and the launcher prepares
     them (its sizing included)."""
+    from launchers import cells
+
     master, job_overrides = _sweep_cells(hydra, overrides)
     check_launcher(master.hydra, sweep=True)
     if job_overrides is None:
@@ -298,6 +301,9 @@ def _dry_run(hydra, overrides: list[str], *, sweep: bool,  # noqa: ANN001 - Hydr
     """List the cells `command` would run (`harness.dryrun`), composed and
     validated as above, and exit with status 0. What would stop a valid cell where it would
     run is listed with it, not raised: that is what a dry run of a cluster's grid is for."""
+    # Imported where cells are composed: a TAB of the shell completion needs none of it.
+    from launchers import cells
+
     if sweep:
         master, job_overrides = _sweep_cells(hydra, overrides)
         if job_overrides is None:
