@@ -18,8 +18,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from hydra import initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -40,7 +38,7 @@ from harness.distributions.registry import register_configs
 from harness.dryrun import DRY_RUN_FLAG
 from harness.preflight import check_hydra_dir, check_launcher, check_runs_here
 from launchers.config_files import cells_not_kept, config_files_read_once
-from launchers.hydra_private import BasicSweeper, get_args_parser
+from launchers.hydra_private import BasicSweeper, Hydra, composing_hydra, get_args_parser
 from launchers.sweep_lock import claim_output_root
 
 # Hydra re-raises instead of printing its own report while this is set (its documented switch).
@@ -120,9 +118,7 @@ def check_hydra_main(argv: Sequence[str]) -> None:
         return
     register_configs()
     overrides = list(args.overrides)
-    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-        hydra = GlobalHydra.instance().hydra
-        assert hydra is not None
+    with composing_hydra(CONFIG_MODULE) as hydra:
         mode = hydra.get_mode(config_name="config", overrides=overrides)
         sweep = args.multirun or mode == RunMode.MULTIRUN
         if args.cfg:
@@ -202,7 +198,7 @@ def _check_config_source(args) -> None:  # noqa: ANN001 - argparse's Namespace
                               f"{allowed(declaration, looked_up)}")
 
 
-def _check_package(hydra, overrides: list[str], shows: str,  # noqa: ANN001 - Hydra's class
+def _check_package(hydra: Hydra, overrides: list[str], shows: str,
                    package: str) -> None:
     """--cfg TYPE --package KEY shows KEY of the config TYPE shows: Hydra exits with status 1
     for a KEY that is not there (or is null), an exit of a failed cell; bad input here."""
@@ -262,7 +258,7 @@ def _check_shell_completion(overrides: Sequence[str]) -> None:
                           f"far); allowed: install=SHELL, which makes TAB call query=SHELL")
 
 
-def _check_sweep(hydra, overrides: list[str]) -> None:  # noqa: ANN001 - Hydra's internal class
+def _check_sweep(hydra: Hydra, overrides: list[str]) -> None:
     """Every cell of the sweep, as Hydra's basic sweeper lists them and the launcher prepares
     them (its sizing included)."""
     from launchers import cells
@@ -277,7 +273,7 @@ def _check_sweep(hydra, overrides: list[str]) -> None:  # noqa: ANN001 - Hydra's
     claim_output_root(master.run.output_dir)  # last: held until this sweep's process ends
 
 
-def _sweep_cells(hydra, overrides: list[str]  # noqa: ANN001 - Hydra's internal class
+def _sweep_cells(hydra: Hydra, overrides: list[str]
                  ) -> tuple[DictConfig, list[list[str]] | None]:
     """The sweep's master config, and every cell's overrides in the order Hydra's basic
     sweeper runs them (None for another sweeper)."""
@@ -296,7 +292,7 @@ def _sweep_cells(hydra, overrides: list[str]  # noqa: ANN001 - Hydra's internal 
                     for cell in batch]
 
 
-def _dry_run(hydra, overrides: list[str], *, sweep: bool,  # noqa: ANN001 - Hydra's class
+def _dry_run(hydra: Hydra, overrides: list[str], *, sweep: bool,
              command: str) -> NoReturn:
     """List the cells `command` would run (`harness.dryrun`), composed and
     validated as above, and exit with status 0. What would stop a valid cell where it would

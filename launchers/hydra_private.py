@@ -14,9 +14,9 @@ sweep directory first: `launchers.hydra_main`), and a sweep composes every cell 
   Hydra reads its config files for one composition, which `launchers.config_files` replaces
   with files read once per process.
 
-(`GlobalHydra.instance().hydra`, public itself, hands out Hydra's internal `Hydra` object,
-whose `compose_config`, `get_mode` and `config_loader` the check calls: the only way to
-compose a sweep's config as a multirun does.)
+- `Hydra` (`composing_hydra`): Hydra's internal object that `GlobalHydra.instance().hydra`
+  (public itself) hands out, whose `get_mode`, `compose_config` and `config_loader` the check
+  calls: the only way to compose a sweep's config as a multirun does.
 
 No other module imports `hydra._internal` (`tests/test_hydra_private.py` checks it, and that
 each name here still has what distbench calls, so that an upgrade of Hydra past the pinned
@@ -25,10 +25,26 @@ each name here still has what distbench calls, so that an upgrade of Hydra past 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from hydra import initialize_config_module
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.config_repository import CachingConfigRepository, IConfigRepository
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra._internal.hydra import Hydra
 from hydra._internal.utils import get_args_parser
+from hydra.core.global_hydra import GlobalHydra
 
-__all__ = ["BasicSweeper", "CachingConfigRepository", "ConfigLoaderImpl", "IConfigRepository",
-           "get_args_parser"]
+__all__ = ["BasicSweeper", "CachingConfigRepository", "ConfigLoaderImpl", "Hydra",
+           "IConfigRepository", "composing_hydra", "get_args_parser"]
+
+
+@contextmanager
+def composing_hydra(config_module: str) -> Iterator[Hydra]:
+    """Hydra initialised on `config_module` (Hydra 1.3's defaults) and its internal object,
+    which composes as `@hydra.main` will; Hydra's global state is cleared on leaving."""
+    with initialize_config_module(config_module=config_module, version_base="1.3"):
+        hydra = GlobalHydra.instance().hydra
+        assert hydra is not None  # initialised just above
+        yield hydra

@@ -8,15 +8,18 @@ import ast
 import inspect
 from pathlib import Path
 
-from hydra import initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.types import RunMode
 
 from harness.compose import CONFIG_MODULE
+from harness.distributions.registry import register_configs
 from launchers.hydra_private import (
     BasicSweeper,
     CachingConfigRepository,
     ConfigLoaderImpl,
+    Hydra,
+    composing_hydra,
     get_args_parser,
 )
 from tests.test_import_graph import _imported, source_files
@@ -66,9 +69,7 @@ def test_the_config_loader_has_what_config_files_replaces() -> None:
         "self", "master_config", "sweep_overrides"]
     assert list(inspect.signature(ConfigLoaderImpl._process_config_searchpath).parameters)[:2] \
         == ["self", "config_name"]
-    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-        hydra = GlobalHydra.instance().hydra
-        assert hydra is not None
+    with composing_hydra(CONFIG_MODULE) as hydra:
         loader = hydra.config_loader
         assert isinstance(loader, ConfigLoaderImpl)
         assert loader.get_sources()  # config_files keys what it keeps by them
@@ -76,3 +77,18 @@ def test_the_config_loader_has_what_config_files_replaces() -> None:
         # the attributes config_files' repository sets instead of calling Hydra's __init__
         assert {"delegate", "cache"} <= set(vars(repository))
         assert repository.load_config("config") is not None
+
+
+def test_hydras_object_composes_as_the_check_calls_it() -> None:
+    # launchers.hydra_main.check_hydra_main: get_mode, then compose_config in a run's mode
+    for method in (Hydra.get_mode, Hydra.compose_config):
+        assert {"config_name", "overrides"} <= set(inspect.signature(method).parameters)
+    assert "run_mode" in inspect.signature(Hydra.compose_config).parameters
+    register_configs()  # as the check does first
+    with composing_hydra(CONFIG_MODULE) as hydra:
+        assert isinstance(hydra, Hydra)
+        assert hydra.get_mode(config_name="config", overrides=[]) is None  # no sweep file
+        config = hydra.compose_config(config_name="config", overrides=["dataset=mnist"],
+                                      run_mode=RunMode.RUN)
+        assert config.dataset.name == "mnist" and "hydra" in config  # with its hydra node
+    assert not GlobalHydra.instance().is_initialized()  # cleared on leaving
