@@ -48,6 +48,21 @@ def test_a_cuda_cell_trains_and_records_the_allocators_peak(output_root: Path,
     assert 27 < result["metrics"]["peak_memory_mb"] < 500
 
 
+@needs_cuda
+def test_the_allocators_peak_leaves_out_what_runs_left_out() -> None:
+    """The steadiness check's reference kernel (192 MB of matrices on CUDA) runs left out of a
+    cell's peak (harness.worker.run); tests/test_peak_memory.py checks the same on the CPU."""
+    from harness.metrics import PeakMemory
+
+    memory = PeakMemory(torch.device("cuda", 0))
+    memory.reset()
+    start = memory.peak_mb()
+    with memory.left_out():
+        block = torch.empty(256 * 2**20 // 4, device="cuda")  # 256 MB
+        del block
+    assert memory.peak_mb() < start + 64
+
+
 @pytest.fixture
 def nccl_group() -> Iterator[None]:
     """A real NCCL process group of one rank on GPU 0, closed after the test."""

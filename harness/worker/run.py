@@ -344,14 +344,16 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
     trainer.warm_up(config.run.warmup_batches)
     events.init_stop(config, run_facts(config, workload, trainer))
     epochs, seeds, outcomes = [], [], []
-    reference_before = reference_seconds(device)  # the machine's speed as the timing starts
+    with memory.left_out():  # the reference kernel's memory is no part of the cell's
+        reference_before = reference_seconds(device)  # the machine's speed as timing starts
     for repeat in range(config.run.repeats):
         seeds.append(repeat_seed(config.run.seed, repeat))
         trained, outcome = train_repeat(config, context, trainer, repeat, seeds[-1], events,
                                         progress, measured)
         epochs += trained
         outcomes.append(outcome)
-    reference_after = reference_seconds(device)
+    with memory.left_out():
+        reference_after = reference_seconds(device)
     return WorkerMeasurement(epochs=epochs, seeds=seeds, peak_memory_mb=memory.peak_mb(),
                              memory_kind=memory.kind,
                              parameter_digest=parameter_digest(workload.model),
