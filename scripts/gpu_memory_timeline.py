@@ -10,10 +10,11 @@ them, for sequential cells (one worker, the harness's own network, optimizer and
 
 - what autograd saves, measured by `predict.activations.measure` on the CPU (what the model
   uses) and on the GPU (the same hooks, the GPU's kernels);
-- one steady training step on the GPU, on the allocator's counters: allocated before the step
-  (weights, optimizer state, the batch), after the forward (+ what the forward keeps), the
-  peak of the forward, the peak of the backward (+ gradients and the backward's temporaries)
-  and of the optimizer step;
+- one steady training step on the GPU, on the allocator's counters, relative to what the
+  process held before the cell's workload was built (`held`): allocated before the step
+  (weights, optimizer state, the batch; `extra` is the rest), after the forward (+ what the
+  forward keeps), the peak of the forward, the peak of the backward (+ gradients and the
+  backward's temporaries) and of the optimizer step;
 - the model's terms for the same cell (`predict.cell.memory_terms_per_worker`, the CUDA
   context left out as `max_memory_allocated` leaves it out).
 
@@ -55,11 +56,19 @@ def saved_mb(config: Any, batch: int, device: str) -> tuple[float, float, float]
 
 def step_timeline(config: Any) -> dict[str, float]:
     """The allocator's counters (MB) over one steady training step on the GPU."""
+    import gc
+
     import torch
 
+    from harness.worker.steadiness import reference_seconds
     from harness.workload import build_workload
     from workloads.task import task_loss
 
+    gc.collect()  # what an earlier cell or measurement left unreachable goes first
+    torch.cuda.empty_cache()
+    # What the process holds on the device already (the CUDA measurement of the saved bytes,
+    # an earlier cell): every counter below is relative to it.
+    baseline = torch.cuda.memory_allocated()
     workload = build_workload(config)
     device = torch.device("cuda", 0)
     model = workload.model.to(device).train()
@@ -70,9 +79,9 @@ def step_timeline(config: Any) -> dict[str, float]:
         """The allocator's counters at the end of a phase (the device synchronised first),
         then a fresh peak for the next phase."""
         torch.cuda.synchronize()
-        marks[after] = torch.cuda.memory_allocated() / BYTES_PER_MB
+        marks[after] = (torch.cuda.memory_allocated() - baseline) / BYTES_PER_MB
         if peak is not None:
-            marks[peak] = torch.cuda.max_memory_allocated() / BYTES_PER_MB
+            marks[peak] = (torch.cuda.max_memory_allocated() - baseline) / BYTES_PER_MB
         torch.cuda.reset_peak_memory_stats()
 
     def step(marks: dict[str, float]) -> None:
@@ -87,12 +96,28 @@ def step_timeline(config: Any) -> dict[str, float]:
         optimizer.zero_grad(set_to_none=True)
         mark(marks, "after_step", "optimizer_peak")
 
-    for _ in range(3):  # warm-up: cuDNN's autotuning, the optimizer's state
+    # As a worker measures (harness.worker.run): the peak from before the warm-up's first
+    # step (the optimizer's state is created in it), and the reference kernel of the
+    # steadiness check between the warm-up and the timed epochs.
+    first: dict[str, float] = {}
+    step(first)
+    for _ in range(2):  # warm-up: the allocator's pools, the optimizer's state
         step({})
+    torch.cuda.reset_peak_memory_stats()
+    reference_seconds(device)
+    kernel_peak = (torch.cuda.max_memory_allocated() - baseline) / BYTES_PER_MB
+    torch.cuda.reset_peak_memory_stats()
     marks: dict[str, float] = {}
     step(marks)
+    marks["first_step_peak"] = max(first["forward_peak"], first["backward_peak"],
+                                   first["optimizer_peak"])
+    marks["reference_kernel_peak"] = kernel_peak
     marks["weights"] = sum(p.numel() * p.element_size()
                            for p in model.parameters()) / BYTES_PER_MB
+    marks["optimizer_state"] = sum(t.numel() * t.element_size()
+                                   for state in optimizer.state.values()
+                                   for t in state.values() if torch.is_tensor(t)) / BYTES_PER_MB
+    marks["held_before"] = baseline / BYTES_PER_MB
     return marks
 
 
@@ -132,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     facts = FactsCache(probe=False)  # one network's facts serve each of its batches
     print(f"{'network':12} {'batch':>5} {'model':>8} {'peak':>8} {'fwd+':>8} {'bwd peak+':>9} "
           f"{'model act+bwd':>13} {'saved cpu':>9} {'saved gpu':>9} {'/sample cpu':>11} "
-          f"{'/sample gpu':>11}", flush=True)
+          f"{'/sample gpu':>11} {'held':>6} {'extra':>6} {'1st step':>8} {'kernel':>6}",
+          flush=True)
     for network in args.networks:
         for batch in args.batches:
             try:
@@ -148,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{m['activations'] + m['backward']:13.0f} "
                   f"{row['saved_cpu']['mb_total']:9.0f} {row['saved_cuda']['mb_total']:9.0f} "
                   f"{row['saved_cpu']['mb_per_sample']:11.3f} "
-                  f"{row['saved_cuda']['mb_per_sample']:11.3f}", flush=True)
+                  f"{row['saved_cuda']['mb_per_sample']:11.3f} {t['held_before']:6.0f} "
+                  f"{t['before_step'] - t['weights'] - t['optimizer_state']:6.0f} "
+                  f"{t['first_step_peak']:8.0f} {t['reference_kernel_peak']:6.0f}", flush=True)
     if args.json:
         with open(args.json, "w") as stream:
             json.dump(rows, stream, indent=1)
