@@ -393,8 +393,7 @@ def requeued_even_if_slurm_ends_scontrol(
         try:
             requeue(signum, frame)
         except subprocess.CalledProcessError as error:
-            command = [str(part) for part in error.cmd] \
-                if isinstance(error.cmd, (list, tuple)) else [str(error.cmd)]
+            command = [str(part) for part in error.cmd]  # submitit passes a list
             if error.returncode != -signal.SIGTERM or len(command) < 2 \
                     or Path(command[0]).name != "scontrol" or command[1] != "requeue":
                 raise

@@ -35,7 +35,7 @@ class BufferPool:
     def empty(self, shape: tuple[int, ...]) -> torch.Tensor:
         """An uninitialised tensor of `shape` in torch's default dtype, in a recycled buffer
         when one is free."""
-        dtype = torch.empty(0).numpy().dtype  # torch's default dtype, as numpy names it
+        dtype = np.dtype(str(torch.get_default_dtype()).removeprefix("torch."))  # as numpy names it
         for index in range(len(self._buffers)):  # no local name for a buffer: see _unused
             if (self._buffers[index].shape == shape and self._buffers[index].dtype == dtype
                     and self._unused(index)):
