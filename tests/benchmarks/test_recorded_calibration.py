@@ -1,0 +1,72 @@
+"""Benchmark (`-m perf`): the performance models judged on a calibration kept in the repository.
+
+`data/calibrate_emulated-2026-11-29.tar.xz` (320 KB) holds what `+sweep=calibrate_emulated`
+measured on 2026-11-29 across two emulated nodes at 1 Gbit/s and 100 Mbit/s (BENCHMARKS.md
+section 15): its MLflow store (62 runs of the 56 cells of MobileNetV2, VGG-11, ResNet-18 and
+VGG-16 on CIFAR-10), the facts the analysis measured for them (step times, layer profiles)
+and the probed hardware profiles. The sweep takes 54 minutes and the links and namespaces of
+root; the analysis on the kept data takes about 15 s on any machine, and measures nothing (only
+a fresh worker's runtime memory): a model change is judged on the same cells, networks held
+out, before and after, with both calibrations (every network, and the small one a user with
+an hour runs). Each model's held-out MAPE, worst, bias and noise floor are printed and kept in
+the benchmark's extra info:
+
+    .venv/bin/python -m pytest tests/benchmarks/test_recorded_calibration.py -m perf -s
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.perf
+
+ARCHIVE = Path(__file__).parent / "data" / "calibrate_emulated-2026-11-29.tar.xz"
+EXPERIMENT = "calibrate_emulated"
+MODELS = {"sequential", "ddp", "horovod", "fsdp", "gpipe", "pipedream"}
+FITS = {"full": [], "small": ["--fit-on", "resnet18,vgg11"]}
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("calibrate_emulated")
+    with tarfile.open(ARCHIVE) as archive:
+        archive.extractall(root, filter="data")
+    return root
+
+
+@pytest.mark.parametrize("fit", list(FITS))
+def test_the_models_on_the_recorded_emulated_calibration(benchmark, recorded: Path,  # noqa: ANN001
+                                                         fit: str) -> None:
+    def analyse() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "harness.analysis", f"tracking.experiment={EXPERIMENT}",
+             f"run.output_dir={recorded}", "--no-probe", *FITS[fit]],
+            capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[2])
+
+    done = benchmark.pedantic(analyse, rounds=1, iterations=1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((recorded / "analysis" / EXPERIMENT / "fit.json").read_text())
+    assert report["cells"] == 62
+    rows = {row["model"]: row for row in report["accuracy"]}
+    assert set(rows) == MODELS
+    noise = report["noise_floor_percent"]
+    for model, row in sorted(rows.items()):
+        assert math.isfinite(row["network_mape"]), row
+        benchmark.extra_info[model] = {
+            **{key: round(row[key], 1) for key in ("network_mape", "network_worst",
+                                                  "network_bias")},
+            "noise_floor": round(noise[model], 1)}
+        print(f"{fit:5s} {model:10s} MAPE {row['network_mape']:5.1f}  worst "
+              f"{row['network_worst']:5.1f}  bias {row['network_bias']:+5.1f}  noise "
+              f"{noise[model]:.1f}")
+    right = sum(verdict["correct"] for verdict in report["recommendations"])
+    benchmark.extra_info["recommendations_right"] = f"{right} of {len(report['recommendations'])}"
+    print(f"{fit:5s} recommendations right for {right} of {len(report['recommendations'])}; "
+          f"noise floor {noise['all']:.1f} %")
