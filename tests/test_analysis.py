@@ -189,7 +189,7 @@ def test_a_grid_measured_here_is_fitted_reported_and_recommended(output_root: Pa
     assert "Leave one network out" in report and "measured fastest" in report
     assert fit["hardware"]["local_2cpu"]["cells"] == 10
     assert set(fit["hardware"]["local_2cpu"]["params"]) == {
-        "contention", "communication", "horovod_background"}
+        "contention", "communication", "fsdp_copies", "horovod_background"}
     assert len(fit["recommendations"]) == 2  # one verdict per workload
     for plot in ("speedup.png", "predicted_vs_measured.png", "residuals.png", "memory.png"):
         _assert_non_empty_png(folder / plot)

@@ -25,7 +25,12 @@ from mlflow.tracking import MlflowClient
 
 from harness.compose import compose_config
 from harness.config import ConfigError, DistbenchConfig, validate
-from harness.distributions.fsdp import FSDPConfig, memory_per_worker, step_communication_seconds
+from harness.distributions.fsdp import (
+    COPIES,
+    FSDPConfig,
+    memory_per_worker,
+    step_communication_seconds,
+)
 from harness.distributions.registry import spec_named
 from harness.hardware_profile import AllreduceCost, Cost, HardwareProfile
 from harness.predict.terms import CellFacts, LayerFacts
@@ -259,6 +264,46 @@ def test_the_collectives_follow_the_settings() -> None:
     assert resharded == pytest.approx(gather + scatter)
     assert kept == pytest.approx(gather / 2 + scatter)
     assert bf16 == pytest.approx(0.75 * 2 * (3e-3 + 0.05) + scatter)
+
+
+def test_across_nodes_a_collective_costs_its_wire_bytes() -> None:
+    """A shard group across two nodes' link: the all-gather puts half an allreduce's bytes on
+    the wire, gloo's reduce-scatter a whole allreduce's (the emulated sweep's link counters);
+    HSDP's shard groups within a node keep the shares measured on one machine's cores."""
+    facts = _facts()
+    profile = HardwareProfile("emulated_2nodes_1gbit", "config", 2, 1, [], [
+        AllreduceCost(2, Cost(1e-3, 1e9))])
+    across = step_communication_seconds(_config(hardware="emulated_2nodes_1gbit"), facts,
+                                        profile)
+    assert across == pytest.approx(0.5 * 2 * (3e-3 + 0.1) + 1.0 * (3e-3 + 0.1))
+    nodes = HardwareProfile("slurm_local_2nodes", "config", 2, 2, [], [
+        AllreduceCost(workers, Cost(1e-3, 1e9)) for workers in (2, 4)])
+    within = step_communication_seconds(
+        _config("distribution.shard_degree=2", "hardware.workers_per_node=2",
+                hardware="slurm_local_2nodes"), facts, nodes)
+    # each node's shard group on its cores (gloo's shares), then the shards' allreduce
+    # between the two nodes (50 MB of each worker's half of the gradients)
+    gather, scatter = 0.75 * 2 * (3e-3 + 0.1), 1.3 * (3e-3 + 0.1)
+    assert within == pytest.approx(gather + scatter + 3e-3 + 0.05)
+
+
+def test_the_copies_around_the_collectives_are_fsdps_own_term_on_cpu_workers() -> None:
+    """MB gathered and reduced per step (2 x 100 resharded, 100 kept, bfloat16 halves the
+    gathers) times the steps, per ms of `fsdp_copies`; prior 0 keeps the raw equation as it
+    was; a GPU worker's copies are the device's."""
+    facts = _facts()
+    fsdp = spec_named("fsdp")
+
+    def copies_s(config: DistbenchConfig) -> float:
+        terms = fsdp.epoch_terms(config, facts, HardwareProfile.from_config(config.hardware))
+        assert terms.seconds() == pytest.approx(terms.compute_s + terms.allreduce_s)
+        return terms.coefficients().get(COPIES.name, 0.0) / terms.steps
+
+    assert COPIES in fsdp.free_parameters and COPIES.prior == 0.0
+    assert copies_s(_config()) == pytest.approx(0.3)
+    assert copies_s(_config("distribution.reshard_after_forward=false")) == pytest.approx(0.2)
+    assert copies_s(_config("distribution.mixed_precision=true")) == pytest.approx(0.2)
+    assert copies_s(_config(hardware="h100_node")) == 0.0
 
 
 def test_the_recommender_offers_fsdp_with_and_without_resharding() -> None:

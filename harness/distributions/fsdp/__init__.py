@@ -45,6 +45,7 @@ from harness.predict.overlap import COMPUTE, LINK, prefetched
 from harness.predict.terms import (
     CellFacts,
     EpochTerms,
+    FreeParameter,
     LayerFacts,
     allreduce_seconds,
     batches_per_epoch,
@@ -64,6 +65,26 @@ CUDA_SHARE = {"all_gather": 0.5, "reduce_scatter": 0.5}
 
 
 GLOO_SHARE = {"all_gather": 0.75, "reduce_scatter": 1.3}
+# The same collectives over gloo between nodes, where the link, not the cores, sets their pace:
+# the probed allreduce across a link runs at the link's rate (BENCHMARKS.md section 15: 119.4
+# MB/s over a 120.0 MB/s link), so a collective costs what it puts on the wire. Measured on the
+# links' counters of the emulated sweep (`link_sent_mb`): an FSDP2 step with
+# `reshard_after_forward` sends 2.08-2.10 times what a DDP step of the same network sends (one
+# allreduce of the gradients): an all-gather puts half an allreduce's bytes on the wire
+# ((W-1)/W of the data against 2(W-1)/W), gloo's reduce-scatter a whole allreduce's.
+GLOO_ACROSS_NODES_SHARE = {"all_gather": 0.5, "reduce_scatter": 1.0}
+
+# FSDP2's own free parameter: around every collective it copies on the worker's cores (each
+# unit's shard into the all-gather's input, the gathered output into the parameters, the
+# gradients into the reduce-scatter's input), work a CPU worker does on the cores that compute
+# and that the collectives' shares above do not hold (they time the bare collectives).
+# Measured across emulated nodes (BENCHMARKS.md section 15), a fit puts it at about 2 ms per MB
+# at 1 Gbit/s and under 0.4 at 100 Mbit/s, where the slow link's waits hide most of it.
+COPIES = FreeParameter(
+    "fsdp_copies",
+    "ms of a worker's cores per MB FSDP2 gathers or reduces (the copies into and out of "
+    "each collective's buffers); FSDP only, 0 where workers have devices of their own",
+    0.0, 10.0)
 
 
 _BFLOAT16_SHARE = 0.5  # bytes of a bfloat16 copy of float32 weights
@@ -127,8 +148,31 @@ def _units(facts: CellFacts) -> list[float]:
 
 
 def _share(config: DistbenchConfig, collective: str) -> float:
-    shares = CUDA_SHARE if config.hardware.device.value == "cuda" else GLOO_SHARE
-    return shares[collective]
+    """A collective among a shard group as a multiple of an allreduce among it: NCCL's on GPUs,
+    gloo's on the cores of one machine, gloo's wire bytes where the group spans nodes."""
+    if config.hardware.device.value == "cuda":
+        return CUDA_SHARE[collective]
+    if _shard_group_spans_nodes(config):
+        return GLOO_ACROSS_NODES_SHARE[collective]
+    return GLOO_SHARE[collective]
+
+
+def _shard_group_spans_nodes(config: DistbenchConfig) -> bool:
+    """Whether a shard group's workers sit on more than one node (a group takes consecutive
+    ranks, and so do a node's workers)."""
+    hardware = config.hardware
+    return hardware.nodes > 1 and fsdp_settings(config).shards(config) > hardware.workers_per_node
+
+
+def step_collective_mb(config: DistbenchConfig, facts: CellFacts) -> tuple[float, float]:
+    """(MB all-gathered, MB reduce-scattered) in one step: every unit's weights once per
+    gather (twice when resharded after forward; bfloat16 with mixed precision), its float32
+    gradients once."""
+    settings = fsdp_settings(config)
+    units = sum(_units(facts))
+    gathers = 2 if settings.reshard_after_forward else 1
+    gathered = gathers * units * (_BFLOAT16_SHARE if settings.mixed_precision else 1.0)
+    return gathered, units * facts.gradient_mb / max(facts.weights_mb, 1e-12)
 
 
 def step_communication_seconds(config: DistbenchConfig, facts: CellFacts,
@@ -151,10 +195,9 @@ def step_communication_seconds(config: DistbenchConfig, facts: CellFacts,
     replicas = config.world_size // shards
     units = _units(facts)
     gathers = 2 if settings.reshard_after_forward else 1
-    gathered_mb = sum(units) * (_BFLOAT16_SHARE if settings.mixed_precision else 1.0)
-    gradient_mb = sum(units) * facts.gradient_mb / max(facts.weights_mb, 1e-12)
+    gathered_mb, gradient_mb = step_collective_mb(config, facts)
     seconds = _share(config, "all_gather") * allreduce_seconds(
-        profile, shards, gathers * gathered_mb, gathers * len(units))
+        profile, shards, gathered_mb, gathers * len(units))
     seconds += _share(config, "reduce_scatter") * allreduce_seconds(
         profile, shards, gradient_mb, len(units))
     if replicas > 1:
@@ -230,15 +273,20 @@ def _exposed_on_a_timeline(config: DistbenchConfig, facts: CellFacts,
 
 def epoch_terms(config: DistbenchConfig, facts: CellFacts,
                 profile: HardwareProfile | None) -> EpochTerms:
-    """The workers' own steps at the per-worker batch (DDP's compute term), and FSDP's
-    collectives (`step_communication_seconds`) once per step."""
+    """The workers' own steps at the per-worker batch (DDP's compute term), FSDP's
+    collectives (`step_communication_seconds`) once per step, and on CPU workers the copies
+    around them (`COPIES`)."""
     steps = batches_per_epoch(config)
     compute = steps * facts.step_seconds
     if config.world_size < 2:
         return EpochTerms(compute, steps=steps)
     assert profile is not None
+    model_terms: tuple[tuple[FreeParameter, float], ...] = ()
+    if config.hardware.device.value != "cuda":
+        copied_mb = sum(step_collective_mb(config, facts))
+        model_terms = ((COPIES, steps * copied_mb / 1000),)  # COPIES is in ms per MB
     return EpochTerms(compute, steps * step_communication_seconds(config, facts, profile), 0.0,
-                      steps, concurrent=True)
+                      steps, concurrent=True, model_terms=model_terms)
 
 
 def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.WorkerMemory]:
@@ -295,4 +343,4 @@ SPEC = DistributionSpec(
     name="fsdp", title="PyTorch FSDP2", settings=FSDPConfig,
     trainer=trainer_in(f"{__name__}.trainer", "fsdp_trainer"),
     epoch_terms=epoch_terms, memory_per_worker=memory_per_worker, candidates=candidates,
-    label=label)
+    label=label, free_parameters=(COPIES,))
