@@ -495,6 +495,11 @@ class HardwareConfig:
     def world_size(self) -> int:
         return self.nodes * self.workers_per_node
 
+    def group_spans_nodes(self, group_size: int) -> bool:
+        """Whether a group of `group_size` consecutive ranks sits on more than one node (a
+        node's workers take consecutive ranks): its collectives then cross the nodes' links."""
+        return self.nodes > 1 and group_size > self.workers_per_node
+
 
 @dataclass
 class RunConfig:

@@ -44,7 +44,7 @@ from harness.distributions.registry import baseline, settings, spec_of
 from harness.partition import StagePlan
 from harness.predict.recorded import sequential_steps
 from harness.predict.steps import MeasuredStep, StepTime, choose_step_time
-from harness.predict.terms import CellFacts, LayerFacts, communication_overlaps
+from harness.predict.terms import CellFacts, LayerFacts, allreduces_overlap_backward
 from harness.units import BYTES_PER_MB
 
 _PROBE_WARMUP = 4  # a fresh process runs its first batches slower (allocator, kernel caches)
@@ -224,7 +224,7 @@ def needs_layer_profile(config: DistbenchConfig) -> bool:
     stages are planned from it, and collectives that can run beside the compute hide behind
     the layers computing while their gradients move (`predict.overlap`)."""
     return spec_of(config).stage_planner is not None or (
-        config.world_size > 1 and communication_overlaps(config))
+        config.world_size > 1 and allreduces_overlap_backward(config))
 
 
 def _pipeline_facts(config: DistbenchConfig, num_layers: int, cache: FactsCache

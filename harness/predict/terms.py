@@ -158,11 +158,28 @@ def communication_overlaps(config: DistbenchConfig) -> bool:
 
     On a GPU the collectives run on their own streams and links while the device computes. A
     CPU worker's gloo collective is memory copies and additions, and socket writes, on the
-    cores that compute the backward pass: it takes its turn, on one machine and across nodes
-    alike. Measured across emulated nodes (BENCHMARKS.md section 15): letting the link carry
-    the bytes beside the compute predicted DDP 9 % too fast on networks held out and got more
-    recommendations wrong; every allreduce taking its turn is 2.5 % off on average."""
+    cores that compute the backward pass: on one machine, where loopback is those copies too,
+    it takes its turn. Across nodes a data-parallel allreduce spends most of its time on the
+    link, beside the compute (`allreduces_overlap_backward`); FSDP's collectives there still
+    take their turn (their copies in and out of the buffers are on the cores: on a timeline
+    FSDP was predicted 23 % too fast, BENCHMARKS.md section 15)."""
     return config.hardware.device.value == "cuda"
+
+
+def allreduces_overlap_backward(config: DistbenchConfig) -> bool:
+    """Whether a data-parallel step's allreduces run beside the backward still to run, each
+    bucket hiding behind it (`overlapped_allreduce_seconds`): wherever collectives overlap the
+    compute (GPUs), and on CPU workers whose allreduce crosses the nodes' links, where the
+    bytes wait on the link while the node's cores go on with the backward.
+
+    Measured across two emulated nodes at 1 Gbit/s and 100 Mbit/s, five networks held out one
+    at a time (BENCHMARKS.md section 15, seventh and eighth sessions): the timeline predicts DDP
+    within 5.6 % (every allreduce taking its turn: 8.2 %), Horovod within 10.2 % (10.9 %), the
+    raw equations without a fit DDP 4.8 % (9.9 %) and Horovod 7.0 % (15.9 %). An earlier sweep
+    (2026-11-27) had said the opposite, before FSDP's collectives were priced by their wire
+    bytes and with Horovod's allreduces priced as whole 64 MB fusion buffers."""
+    return communication_overlaps(config) or \
+        config.hardware.group_spans_nodes(config.world_size)
 
 
 def allreduce_seconds(profile: HardwareProfile, workers: int, total_mb: float,
@@ -185,14 +202,15 @@ def data_parallel_terms(config: DistbenchConfig, facts: CellFacts, profile: Hard
                         *, exposed_threshold_mb: float, messages: int,
                         background: FreeParameter | None = None) -> EpochTerms:
     """Eq. 5.1 for a model with one whole replica per worker, with what the workers' hardware
-    lets hide: where collectives can run beside the compute (`communication_overlaps`), each
-    bucket or fused buffer (of `exposed_threshold_mb`) hides only behind the backward still to
-    run after it (`overlapped_allreduce_seconds`: at least the last one is exposed, as the
-    thesis assumes, at most all); on CPU workers every allreduce of the step is exposed,
-    each of the `messages` with its latency. `background`: the model's parameter for a thread
-    that shares the compute's cores (Horovod's cycle), scaling all of the compute."""
+    lets hide: where allreduces can run beside the backward (`allreduces_overlap_backward`:
+    GPUs, and CPU workers across nodes), each bucket or fused buffer (of `exposed_threshold_mb`;
+    0: one per layer) hides only behind the backward still to run after it
+    (`overlapped_allreduce_seconds`: at least the last one is exposed, as the thesis assumes,
+    at most all); on CPU workers of one machine every allreduce of the step is exposed, each of
+    the `messages` with its latency. `background`: the model's parameter for a thread that
+    shares the compute's cores (Horovod's cycle), scaling all of the compute."""
     workers, steps = config.world_size, batches_per_epoch(config)
-    if communication_overlaps(config):
+    if allreduces_overlap_backward(config):
         allreduce = overlapped_allreduce_seconds(config, facts, profile, workers,
                                                  exposed_threshold_mb)
     else:

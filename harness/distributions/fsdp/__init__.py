@@ -152,16 +152,9 @@ def _share(config: DistbenchConfig, collective: str) -> float:
     gloo's on the cores of one machine, gloo's wire bytes where the group spans nodes."""
     if config.hardware.device.value == "cuda":
         return CUDA_SHARE[collective]
-    if _shard_group_spans_nodes(config):
+    if config.hardware.group_spans_nodes(fsdp_settings(config).shards(config)):
         return GLOO_ACROSS_NODES_SHARE[collective]
     return GLOO_SHARE[collective]
-
-
-def _shard_group_spans_nodes(config: DistbenchConfig) -> bool:
-    """Whether a shard group's workers sit on more than one node (a group takes consecutive
-    ranks, and so do a node's workers)."""
-    hardware = config.hardware
-    return hardware.nodes > 1 and fsdp_settings(config).shards(config) > hardware.workers_per_node
 
 
 def step_collective_mb(config: DistbenchConfig, facts: CellFacts) -> tuple[float, float]:
