@@ -437,6 +437,11 @@ class LinkEmulation:
     def bytes_per_s(self) -> float:
         return self.rate_mbit * 1e6 / 8
 
+    @property
+    def burst_bytes(self) -> float:
+        """tbf's bucket in bytes (tc's KB are 1024 bytes)."""
+        return self.burst_kb * 1024
+
     def tbf_arguments(self) -> list[str]:
         """The arguments of `tc qdisc replace dev IF root` that shape a link to this."""
         return ["tbf", "rate", f"{self.rate_mbit:g}mbit", "burst", f"{self.burst_kb:g}kb",

@@ -8,11 +8,12 @@ import pytest
 from harness.compose import compose_config
 from harness.config import DistbenchConfig, validate
 from harness.distributions.gpipe import equations as gpipe
+from harness.distributions.pipedream.equations import PipelineStage, boundary_seconds
 from harness.hardware_profile import Cost, HardwareProfile, Link
 from harness.partition import StagePlan
 from harness.predict import allreduce, memory, sequential
 from harness.predict.cell import epoch_terms
-from harness.predict.terms import CellFacts, LayerFacts
+from harness.predict.terms import CellFacts, LayerFacts, burst_bytes
 
 
 def _ring() -> HardwareProfile:
@@ -119,6 +120,34 @@ def test_gpipe_eq_6_1_and_6_2_over_an_epoch() -> None:
     assert terms.seconds() == pytest.approx(terms.compute_s + terms.transfer_s)
     # transfers hidden entirely behind compute leave Eq. 6.1 alone
     assert terms.seconds({"communication": 0.0}) == pytest.approx(10 * 8.0 * 11 / 32)
+
+
+def test_an_emulated_links_bucket_lets_a_small_transfer_through_at_once() -> None:
+    """tbf's bucket (`hardware.link.burst_kb`, 256 KB) passes a message up to its size at once
+    once it has refilled; the rest goes at the rate. Real links have none."""
+    emulated = validate(compose_config([
+        "distribution=gpipe", "hardware=emulated_2nodes_100mbit", "distribution.batch_size=32",
+        "distribution.micro_batches=4", "distribution.recompute=never",
+        "dataset.num_samples=320"]))
+    bucket = 256 * 1024
+    assert burst_bytes(emulated) == bucket
+    assert burst_bytes(validate(compose_config(["hardware=local_2cpu"]))) == 0.0
+    # Micro-batches of 4: 4 x 0.05 MB = 200 KB fit the bucket (the latency only); 4 x 0.5 MB
+    # = 2 MB leave 2 MB - 256 KB for the link's 500 MB/s.
+    assert gpipe.link_costs([0.05, 0.5], 4, _ring(), burst_bytes=bucket) == pytest.approx(
+        [10e-6, 20e-6 + (2e6 - bucket) / 500e6])
+    stages = [PipelineStage(compute_s=1.0, replicas=1, weights_mb=1.0, output_mb=mb)
+              for mb in (0.2, 2.0, 0.0)]
+    assert boundary_seconds(stages, _ring(), burst_bytes=bucket) == pytest.approx(
+        [10e-6, 20e-6 + (2e6 - bucket) / 500e6])
+    # Through the cell: VGG-like boundaries of 8 x 0.01 MB cost the latency alone.
+    layers = [LayerFacts(weights_mb=1.0, activation_mb_per_sample=0.01, compute_share=0.5,
+                         forward_share=1 / 6, backward_share=1 / 3)] * 2
+    facts = CellFacts(weights_mb=2.0, gradient_mb=2.0, input_mb_per_sample=0.01, layers=layers,
+                      step_seconds=1.0, step_batch=8, plan=StagePlan.of([1, 1]))
+    terms = epoch_terms(emulated, facts, _ring())
+    assert terms.transfer_s == pytest.approx(
+        terms.steps * gpipe.communication_seconds([10e-6], 4))
 
 
 def test_memory_per_worker() -> None:

@@ -182,6 +182,19 @@ def allreduces_overlap_backward(config: DistbenchConfig) -> bool:
         config.hardware.group_spans_nodes(config.world_size)
 
 
+def burst_bytes(config: DistbenchConfig) -> float:
+    """Bytes of a message that leave an emulated node's link at once, above its rate: the
+    token bucket that shapes it (`hardware.link.burst_kb`) refills at the rate while the node
+    computes, and a message no larger than the bucket passes at the speed of the machine's
+    own virtual link. A pipeline's boundary tensors are often that small (VGG-11's 131 KB a
+    micro-batch: its GPipe cell measured 2.38 s at 1 Gbit/s and 2.52 s at 100 Mbit/s, where
+    the rate alone prices 1.3 s of transfers); what exceeds the bucket goes at the rate
+    (ResNet-50's 1.05 MB: 8.4 s at 100 Mbit/s priced, 8.35 s measured; BENCHMARKS.md section
+    15). 0 on real links, whose bytes all go at the link's speed."""
+    link = config.hardware.link
+    return link.burst_bytes if link is not None else 0.0
+
+
 def allreduce_seconds(profile: HardwareProfile, workers: int, total_mb: float,
                       messages: int) -> float:
     """`messages` allreduces moving `total_mb` MB in all among `workers` workers: each pays

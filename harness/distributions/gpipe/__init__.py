@@ -40,7 +40,13 @@ from harness.hardware_profile import HardwareProfile
 from harness.network_profile import NetworkProfile
 from harness.partition import StagePlan, balanced_partition, check_balance
 from harness.predict import memory
-from harness.predict.terms import CellFacts, EpochTerms, batches_per_epoch, memory_stage
+from harness.predict.terms import (
+    CellFacts,
+    EpochTerms,
+    batches_per_epoch,
+    burst_bytes,
+    memory_stage,
+)
 
 
 class Recompute(str, Enum):
@@ -184,7 +190,8 @@ def epoch_terms(config: DistbenchConfig, facts: CellFacts,
         stages, micro_batches, recompute_share(settings.recompute, micro_batches))
     boundaries = [facts.layers[stage.end - 1].activation_mb_per_sample
                   for stage in plan.stages[:-1]]
-    costs = equations.link_costs(boundaries, facts.step_batch, profile)
+    costs = equations.link_costs(boundaries, facts.step_batch, profile,
+                                 burst_bytes=burst_bytes(config))
     return EpochTerms(steps * compute, 0.0,
                       steps * equations.communication_seconds(costs, micro_batches), steps,
                       concurrent=True)

@@ -63,11 +63,15 @@ def schedule_seconds(stages: Sequence[StageWork], micro_batches: int,
 
 
 def link_costs(boundary_activation_mb: Sequence[float], micro_batch_size: int,
-               profile: HardwareProfile, *, bandwidth_scale: float = 1.0) -> list[float]:
-    """c_j for the W-1 links between consecutive stages (stage j on worker j)."""
-    return [profile.link(j, j + 1).seconds_for(micro_batch_size * mb * BYTES_PER_MB,
-                                               bandwidth_scale=bandwidth_scale)
-            for j, mb in enumerate(boundary_activation_mb)]
+               profile: HardwareProfile, *, bandwidth_scale: float = 1.0,
+               burst_bytes: float = 0.0) -> list[float]:
+    """c_j for the W-1 links between consecutive stages (stage j on worker j); the first
+    `burst_bytes` of each transfer pass at once (an emulated link's token bucket:
+    `predict.terms.burst_bytes`)."""
+    return [profile.link(j, j + 1).seconds_for(
+        max(micro_batch_size * mb * BYTES_PER_MB - burst_bytes, 0.0),
+        bandwidth_scale=bandwidth_scale)
+        for j, mb in enumerate(boundary_activation_mb)]
 
 
 def communication_seconds(costs: Sequence[float], micro_batches: int) -> float:

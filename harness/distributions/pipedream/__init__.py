@@ -61,7 +61,7 @@ from harness.partition import (
     plan_pipedream,
 )
 from harness.predict import memory
-from harness.predict.terms import CellFacts, EpochTerms, memory_stage
+from harness.predict.terms import CellFacts, EpochTerms, burst_bytes, memory_stage
 
 # `distribution.stages` shorthand for one unreplicated stage per worker.
 STRAIGHT = "straight"
@@ -193,7 +193,8 @@ def epoch_terms(config: DistbenchConfig, facts: CellFacts,
     """Pipeline depth, then one minibatch per bottleneck interval (`equations`)."""
     assert profile is not None and facts.plan is not None
     steps = minibatches(config, facts.plan.replicas)
-    split = equations.epoch_split(pipeline_stages(config, facts), steps, profile)
+    split = equations.epoch_split(pipeline_stages(config, facts), steps, profile,
+                                  burst_bytes=burst_bytes(config))
     return EpochTerms(split.compute_s, split.allreduce_s, split.transfer_s, steps,
                       concurrent=True)
 

@@ -74,12 +74,15 @@ class EpochSplit:
         return self.compute_s + self.communication_s
 
 
-def boundary_seconds(stages: Sequence[PipelineStage], profile: HardwareProfile) -> list[float]:
+def boundary_seconds(stages: Sequence[PipelineStage], profile: HardwareProfile, *,
+                     burst_bytes: float = 0.0) -> list[float]:
     """c_j, one transfer of a minibatch's activations from stage j to stage j+1 (between the
-    first workers of the two stages: replicas of a stage are on neighbouring workers)."""
+    first workers of the two stages: replicas of a stage are on neighbouring workers); the
+    first `burst_bytes` of each pass at once (`predict.terms.burst_bytes`)."""
     starts = _first_workers(stages)
-    return [profile.link(starts[j], starts[j + 1]).seconds(stages[j].output_mb * BYTES_PER_MB)
-            for j in range(len(stages) - 1)]
+    return [profile.link(starts[j], starts[j + 1]).seconds(
+        max(stages[j].output_mb * BYTES_PER_MB - burst_bytes, 0.0))
+        for j in range(len(stages) - 1)]
 
 
 def stage_transfer_seconds(stages: Sequence[PipelineStage],
@@ -119,11 +122,12 @@ def stage_communication_seconds(stages: Sequence[PipelineStage], boundaries: Seq
 
 
 def epoch_split(stages: Sequence[PipelineStage], minibatches: int,
-                profile: HardwareProfile) -> EpochSplit:
-    """T = depth + (N - 1) * I, split into compute and communication (module docstring)."""
+                profile: HardwareProfile, *, burst_bytes: float = 0.0) -> EpochSplit:
+    """T = depth + (N - 1) * I, split into compute and communication (module docstring);
+    `burst_bytes`: what an emulated link lets through at once (`boundary_seconds`)."""
     if minibatches < 1:
         return EpochSplit(0.0, 0.0)
-    boundaries = boundary_seconds(stages, profile)
+    boundaries = boundary_seconds(stages, profile, burst_bytes=burst_bytes)
     transfers = stage_transfer_seconds(stages, boundaries)
     allreduces = stage_allreduce_seconds(stages, profile)
     bottleneck = max(range(len(stages)), key=lambda s: (
