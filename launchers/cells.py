@@ -154,6 +154,12 @@ def finished_earlier(prepared: Sequence[PreparedCell[Any]], *, force: bool,
     if unsteady:
         print(f"[distbench] {unsteady} cell(s) measured earlier while the machine was unsteady "
               f"run again (hydra.launcher.remeasure_unsteady=true)", flush=True)
+    elif remeasure_unsteady and not done:
+        # Asked on a sweep's first run, the setting has nothing to act on yet: say when it will.
+        print("[distbench] hydra.launcher.remeasure_unsteady=true: no cell of this sweep was "
+              "measured earlier; the cells this run measures while the machine is unsteady "
+              "('~' in the table) are measured again when the same command runs again",
+              flush=True)
     if done and len(done) == len(prepared):  # one line, not one per cell
         print(f"[distbench] {len(done)} cell(s) already measured, nothing to run; "
               f"hydra.launcher.force=true measures them again", flush=True)

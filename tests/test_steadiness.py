@@ -105,9 +105,12 @@ def test_a_rerun_measures_unsteady_cells_again_only_when_asked(output_root: Path
     reuses it, hydra.launcher.remeasure_unsteady=true measures it again."""
     sweep = ["-m", *TINY, "dataset.num_samples=16", "run.epochs=2",
              "run.steadiness_threshold=1e-9", f"run.output_dir={output_root}"]
-    first = run_module("harness", sweep, cwd=output_root.parent)
+    # Asked on the first run, the setting says that it acts on the next.
+    first = run_module("harness", [*sweep, "hydra.launcher.remeasure_unsteady=true"],
+                       cwd=output_root.parent)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "~" in first.stdout and UNSTEADY_FOOTNOTE in first.stdout
+    assert "no cell of this sweep was measured earlier" in first.stdout, first.stdout
     again = run_module("harness", sweep, cwd=output_root.parent)
     assert "already measured, nothing to run" in again.stdout, again.stdout
     remeasured = run_module("harness", [*sweep, "hydra.launcher.remeasure_unsteady=true"],

@@ -8,7 +8,8 @@ The same files are logged as artifacts of an `analysis` run in the experiment.
 The models' facts are measured here (the sequential probe, the layer profile), so run it on a
 machine with the grid's kind of device, as nothing else is running, right after the grid: a
 shared machine's speed drifts over the hours. `--no-probe` reuses the facts measured earlier
-(`<run.output_dir>/facts/<hardware>.json`, else the grid's sequential cells) and times nothing.
+(`<run.output_dir>/facts/<hardware>.json`, else the grid's sequential cells) and times no step;
+a layer profile the facts file lacks is still taken on this CPU (shares, not times).
 """
 
 from __future__ import annotations
