@@ -344,3 +344,30 @@ def test_a_candidate_that_cannot_exist_for_the_ask_is_skipped_with_why() -> None
                            in line for line in skipped), checked.skipped
     assert "ddp x16" in {config.distribution.name + f" x{config.world_size}"
                          for config in checked.configs}
+
+
+def test_a_layer_profile_is_kept_and_found_per_batch(tmp_path: Path) -> None:
+    """Each layer's share of a step moves with the batch (ResNet-50 on one core: its first 9
+    layers take 35 % of a step at batch 8, 50 % at batch 32), so a profile is kept per batch
+    and a cell's is the one at its batch, else the nearest kept."""
+    from harness.network_profile import LayerProfile, NetworkProfile
+    from harness.predict.facts import FactsStore
+
+    def profile(batch: int) -> NetworkProfile:
+        return NetworkProfile(batch, "cpu", [LayerProfile(
+            index=0, type="Layer", forward_ms=batch, backward_ms=2.0 * batch, update_ms=0.1,
+            activation_mb=0.5, parameter_mb=0.2)])
+
+    store = FactsStore.load(tmp_path / "facts.json")
+    for batch in (8, 32, 8):  # the second batch-8 profile replaces the first
+        store.record_profile(network="resnet50", dataset="cifar10", device="cpu",
+                             device_name=GPU_NAME, threads=1, profile=profile(batch))
+    store = FactsStore.load(store.save())
+    assert sorted(entry["profile"]["batch_size"] for entry in store.layer_profiles) == [8, 32]
+
+    def found(batch: int | None) -> int:
+        return store.profile("resnet50", "cifar10", "cpu", 1, batch=batch).batch_size
+
+    assert found(8) == 8 and found(32) == 32
+    assert found(12) == 8 and found(128) == 32  # none at the batch: the nearest
+    assert found(None) == 8  # no batch asked: the newest

@@ -93,9 +93,11 @@ def command_parser(prog: str, description: str | None) -> argparse.ArgumentParse
     parser.add_argument("--probe-batches", type=int, default=5,
                         help="timed batches of the sequential probe per batch size (default 5)")
     parser.add_argument("--no-probe", action="store_true",
-                        help="time nothing here: use step times measured earlier on the "
+                        help="time no step here: use step times measured earlier on the "
                              "hardware's device (<run.output_dir>/facts/<hardware>.json, "
-                             "MLflow), as always where this machine lacks that device")
+                             "MLflow), as always where this machine lacks that device; a "
+                             "layer profile the facts file lacks is still taken on this CPU "
+                             "(each layer's share of a step, said when it runs)")
     return parser
 
 
@@ -238,10 +240,11 @@ def _pipeline_facts(config: DistbenchConfig, num_layers: int, cache: FactsCache
     if not needs_layer_profile(config):
         uniform = 1 / num_layers
         return [uniform] * num_layers, [(uniform / 3, 2 * uniform / 3, 0.0)] * num_layers, None
-    # Each layer's *share* of the compute barely moves with the batch size, so one profile
-    # (at the first batch asked for) serves every candidate of a recommendation.
+    # Each layer's share of the compute moves with the batch size (ResNet-50 on one core: its
+    # first 9 layers take 35 % of a step at batch 8 and 50 % at batch 32), so the profile is
+    # taken at the batch the cell's workers step on.
     key = (config.network.key, config.dataset.key, config.hardware.device.value,
-           _threads(config))
+           _threads(config), config.distribution.step_batch(config))
     if key not in cache.profiles:
         cache.profiles[key] = _layer_profile(config, key, cache)
     profile = cache.profiles[key]
@@ -363,16 +366,19 @@ def _layer_profile(config: DistbenchConfig, key: tuple[Any, ...], cache: FactsCa
     machine's CPU (as `harness.plan` does), so a machine without the device can take it too."""
     from workloads.networks import build_network, to_layer_list
 
-    network, dataset, device, threads = key
+    network, dataset, device, threads, batch = key
     here = probes_here(config, cache)
     path = facts_path(_facts_root(config, cache), config.hardware.name)
 
     def kept() -> Any:  # the facts file's (for this machine's device where it is here)
         return FactsStore.load(path, config.hardware.name).profile(
-            network, dataset, device, threads, device_name=_device_name(config) if here else None)
+            network, dataset, device, threads, device_name=_device_name(config) if here else None,
+            batch=batch)
 
     stored = kept() if not here or cache.reuse else None
-    if stored is not None:
+    if here and stored is not None and stored.batch_size != batch:
+        stored = None  # the device is here: profile at the cell's own batch
+    if stored is not None:  # where the device is not here, at the nearest batch kept
         cache.profile_sources[key] = f"facts file {path}"
         return stored
     spec = config.dataset.spec
@@ -529,6 +535,11 @@ _STEP_KEY = ("network", "dataset", "device", "device_name", "threads", "batch")
 _PROFILE_KEY = ("network", "dataset", "device", "device_name", "threads")
 
 
+def _profile_batch(entry: dict[str, Any]) -> int:
+    """The batch a kept layer profile was taken at."""
+    return int(entry.get("profile", {}).get("batch_size", 0))
+
+
 @dataclass
 class FactsStore:
     """The facts measured for one hardware configuration, kept as JSON at `facts_path`:
@@ -608,8 +619,10 @@ per network. A new measurement replaces an older one of the
         entry = {"network": network, "dataset": dataset, "device": device,
                  "device_name": device_name, "threads": threads, "measured_at": _now(),
                  "profile": profile.to_dict()}
-        self.layer_profiles = [old for old in self.layer_profiles
-                               if any(old.get(k) != entry[k] for k in _PROFILE_KEY)] + [entry]
+        self.layer_profiles = [
+            old for old in self.layer_profiles
+            if any(old.get(k) != entry[k] for k in _PROFILE_KEY)
+            or _profile_batch(old) != profile.batch_size] + [entry]
 
     def record_runtime(self, key: Sequence[Any], *, mb: float,
                        device_name: str | None = None) -> None:
@@ -682,9 +695,10 @@ per network. A new measurement replaces an older one of the
                             entry.get("probe_batches"), entry.get("measured_at"))
 
     def profile(self, network: str, dataset: str, device: str, threads: int | None,
-                device_name: str | None = None) -> Any:
+                device_name: str | None = None, batch: int | None = None) -> Any:
         """The newest layer profile kept for the workload on the device (the one named
-        `device_name` when given; a NetworkProfile), or None."""
+        `device_name` when given; a NetworkProfile), at `batch` where one was taken there, else
+        at the nearest batch kept; or None."""
         from harness.network_profile import LayerProfile, NetworkProfile
 
         found = [entry for entry in self.layer_profiles
@@ -693,7 +707,11 @@ per network. A new measurement replaces an older one of the
                  and device_name in (None, entry.get("device_name"))]
         if not found:
             return None
-        data = max(found, key=lambda entry: entry.get("measured_at", ""))["profile"]
+        # the batch's (else the nearest batch's), then the newest (the later kept on a tie)
+        _, _, _, data = max(
+            (-abs(_profile_batch(entry) - batch) if batch is not None else 0,
+             entry.get("measured_at", ""), position, entry["profile"])
+            for position, entry in enumerate(found))
         try:
             return NetworkProfile(int(data["batch_size"]), str(data["device"]),
                                   [LayerProfile(**layer) for layer in data["layers"]])

@@ -4,8 +4,9 @@
 2026-11-29 across two emulated nodes at 1 Gbit/s and 100 Mbit/s (BENCHMARKS.md section 15):
 its MLflow store (76 runs of the 70 cells of MobileNetV2, VGG-11, ResNet-18, VGG-16 and
 ResNet-50 on CIFAR-10), the facts the analysis measured for them (step times and layer
-profiles; ResNet-50's layer profile and saved activations were taken on 2026-11-29 after its
-cells, its step times are its sequential cells') and the probed hardware profiles. The sweep
+profiles; ResNet-50's layer profile at batch 8 and saved activations, and every network's
+layer profile at batch 32, were taken on 2026-11-29 after the cells; ResNet-50's step times are
+its sequential cells') and the probed hardware profiles. The sweep
 takes 94 minutes and the links and namespaces of
 root; the analysis on the kept data takes about 15 s on any machine, and measures nothing (only
 a fresh worker's runtime memory): a model change is judged on the same cells, networks held
