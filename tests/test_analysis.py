@@ -372,3 +372,27 @@ def test_an_analysis_of_one_network_says_leave_one_network_out_cannot_be_measure
     other = _cell("d", 3.0, "network=resnet18", "hardware=local_2cpu", "distribution=ddp")
     assert leave_one_network_out_note(
         [*predictions, CellPrediction(other, _concurrent(1.5, 0.2), 50.0)]) is None
+
+
+def test_the_report_says_where_each_step_time_came_from_and_which_were_scaled(
+        tmp_path: Path) -> None:
+    """A step time scaled per sample from another batch (no cell or probe at that batch)
+    misjudged GPipe's ResNet-50 cells by a fifth on the kept emulated calibration: the report
+    lists every step time the predictions stood on, and marks those."""
+    from harness.analysis.report import write_report
+    from harness.predict.steps import StepTime
+
+    cells = [_cell(f"c{i}", 2.0 + i, "network=vgg11", "hardware=local_2cpu", distribution)
+             for i, distribution in enumerate(["distribution=sequential", "distribution=ddp"])]
+    predictions = [CellPrediction(cell, _concurrent(1.5, 0.2), 50.0) for cell in cells]
+    by_cell = held_out(predictions, group=lambda cell: cell.run_id)
+    steps = [("vgg11/cifar10 on cpu", StepTime(32, 0.27, "facts file F", 32)),
+             ("vgg11/cifar10 on cpu", StepTime(8, 0.0675, "MLflow run R", 32))]
+    files = write_report(tmp_path / "report", experiment="b", uri="sqlite://", by_cell=by_cell,
+                         by_network=by_cell, table=accuracy(by_cell, by_cell), verdicts=[],
+                         params={}, runtime_mb={}, probe_seconds=0.0, step_times=steps)
+    report = files[0].read_text()
+    assert "- vgg11/cifar10 on cpu, batch 32: 0.27 s, facts file F" in report
+    assert ("- vgg11/cifar10 on cpu, batch 8: 0.0675 s*, scaled per sample from batch 32 (none "
+            "measured at 8), MLflow run R") in report
+    assert "`*`: scaled per sample from another batch size" in report

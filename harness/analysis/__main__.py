@@ -42,7 +42,13 @@ from harness.compose import compose_config
 from harness.config import ConfigError, DistbenchConfig, validate
 from harness.hardware_profile import profile_for
 from harness.predict.cell import epoch_terms, memory_per_worker_mb
-from harness.predict.facts import FactsCache, cache_for, command_parser, gather
+from harness.predict.facts import (
+    FactsCache,
+    cache_for,
+    command_parser,
+    gather,
+    step_times_used,
+)
 from harness.predict.parameters import PARAMETERS
 from harness.preflight import check_writable_dir
 from harness.records.mlflow_store import tracking_uri
@@ -97,6 +103,12 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
     started = time.perf_counter()
     predictions = predict_cells(cells, output_root, cache)
     probe_seconds = time.perf_counter() - started
+    scaled = [f"{workload}, batch {step.batch}" for workload, step in step_times_used(cache)
+              if step.scaled]
+    if scaled:  # the cells at those batches are judged against a guess: say so
+        print(f"{len(scaled)} step time(s) scaled per sample from another batch, none measured "
+              f"there ({'; '.join(scaled[:3])}{'; ...' if len(scaled) > 3 else ''}): report.md "
+              f"lists where every step time came from")
     by_cell = held_out(predictions, group=lambda cell: cell.run_id, fit_on=fit_on)
     by_network = held_out(predictions, group=lambda cell: cell.network, fit_on=fit_on)
     by_family = family_held_out(predictions, fit_on=fit_on)
@@ -114,7 +126,7 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
                          by_network=by_network, table=table, verdicts=verdicts,
                          params=params, runtime_mb=runtime, probe_seconds=probe_seconds,
                          fit_verdicts=fit_verdicts, single_network=note, noise=noise,
-                         overall_noise=overall)
+                         overall_noise=overall, step_times=step_times_used(cache))
     fit_path = folder / FIT_FILE
     write_json_atomic(fit_path, {
         "experiment": experiment, "tracking_uri": uri, "cells": len(cells),

@@ -28,6 +28,7 @@ from harness.config import DistbenchConfig
 from harness.distributions.registry import baseline, spec_of
 from harness.partition import StagePlan
 from harness.predict.parameters import PARAMETERS
+from harness.predict.steps import StepTime
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -63,6 +64,20 @@ def _family_section(table: Sequence[Accuracy]) -> list[str]:
               f"{a.family_bias:+.1f} |" for a in rows)]
 
 
+def _step_time_section(step_times: Sequence[tuple[str, StepTime]]) -> list[str]:
+    """Where each step time the predictions stand on came from: a step time scaled per sample
+    from another batch (`*`) is a guess the cells of that batch are judged against."""
+    if not step_times:
+        return []
+    lines = ["", "## Step times the predictions used (one sequential training step)", "",
+             *(f"- {workload}, {step.describe()}" for workload, step in step_times)]
+    if any(step.scaled for _, step in step_times):
+        lines += ["", "`*`: scaled per sample from another batch size; the cells stepping at "
+                      "that batch are judged against a guess. Measure it (the analysis without "
+                      "`--no-probe`, on the device, right after the cells) for a firmer number."]
+    return lines
+
+
 def _noise(floor: NoiseFloor | None) -> str:
     return f"{floor.percent:.1f}" if floor is not None and floor.measured else "-"
 
@@ -75,11 +90,13 @@ def write_report(folder: Path, *, experiment: str, uri: str,
                  fit_verdicts: Sequence[MemoryVerdict] = (),
                  single_network: str | None = None,
                  noise: dict[str, NoiseFloor] | None = None,
-                 overall_noise: NoiseFloor | None = None) -> list[Path]:
+                 overall_noise: NoiseFloor | None = None,
+                 step_times: Sequence[tuple[str, StepTime]] = ()) -> list[Path]:
     """Write the plots and report.md into `folder`; return the files written.
     `single_network`: why leave one network out could not be measured (`fit.
     leave_one_network_out_note`), said first; its columns then read n/a. `noise`: each
-    model's measurement noise floor (harness.analysis.noise), beside its errors."""
+    model's measurement noise floor (harness.analysis.noise), beside its errors.
+    `step_times`: the sequential step times the predictions used, each with its workload."""
     noise = noise or {}
     folder.mkdir(parents=True, exist_ok=True)
     plots = [plot_speedup(folder / "speedup.png", by_network),
@@ -130,6 +147,7 @@ def write_report(folder: Path, *, experiment: str, uri: str,
         "", *(f"Memory on {hardware}: what the memory model misses, learnt from the cells (the "
               f"median gap; the runtime share itself is measured) is {mb:.0f} MB per worker."
               for hardware, mb in runtime_mb.items()),
+        *_step_time_section(step_times),
         "", "## Every cell, network held out", "",
         "| workload | configuration | hardware | measured s | raw s | raw err % | predicted s "
         "| err % | compute s | allreduce s | transfer s | peak MB | predicted MB | mem err % |",

@@ -165,6 +165,16 @@ def _step_seconds(config: DistbenchConfig, batch: int, cache: FactsCache) -> flo
     return cache.step_seconds[key]
 
 
+def step_times_used(cache: FactsCache) -> list[tuple[str, StepTime]]:
+    """Every step time the cache handed out, with the workload it is of ("resnet50/cifar10
+    on cpu, 1 thread(s)"), by workload and batch."""
+    used = []
+    for (network, dataset, device, threads, _, _), step in cache.sources.items():
+        on = f"{network}/{dataset} on {device}" + (f", {threads} thread(s)" if threads else "")
+        used.append((on, step))
+    return sorted(used, key=lambda item: (item[0], item[1].batch))
+
+
 def step_time_source(config: DistbenchConfig, cache: FactsCache) -> StepTime | None:
     """Where the step time of `config`'s prediction came from (after `gather`)."""
     return cache.sources.get(_step_key(config, config.distribution.step_batch(config), cache))
