@@ -69,7 +69,8 @@ def _step_time_section(step_times: Sequence[tuple[str, StepTime]]) -> list[str]:
     from another batch (`*`) is a guess the cells of that batch are judged against."""
     if not step_times:
         return []
-    lines = ["", "## Step times the predictions used (one sequential training step)", "",
+    lines = ["", "## Step times the predictions used (a step of the whole network, one worker)",
+             "",
              *(f"- {workload}, {step.describe()}" for workload, step in step_times)]
     if any(step.scaled for _, step in step_times):
         lines += ["", "`*`: scaled per sample from another batch size; the cells stepping at "
