@@ -396,3 +396,50 @@ def test_the_report_says_where_each_step_time_came_from_and_which_were_scaled(
     assert ("- vgg11/cifar10 on cpu, batch 8: 0.0675 s*, scaled per sample from batch 32 (none "
             "measured at 8), MLflow run R") in report
     assert "`*`: scaled per sample from another batch size" in report
+
+
+def test_a_step_time_from_sequential_cells_is_moved_to_the_speed_each_cell_ran_at() -> None:
+    """A block of ResNet-50 cells ran while the host was slower (the reference kernel 15-18 ms
+    where the earlier cells read 13-16): their step time, from their own sequential cells, is
+    scaled by each cell's kernel over theirs. A probe's kernel, timed outside any cell and
+    noisier than the step, scales nothing."""
+    from harness.predict.facts import at_machine_speed
+    from harness.predict.steps import MeasuredStep, StepTime
+    from harness.predict.terms import CellFacts
+
+    facts = CellFacts(weights_mb=1.0, gradient_mb=1.0, input_mb_per_sample=0.1, layers=[],
+                      step_seconds=2.0, step_batch=32)
+    in_cells = MeasuredStep(32, 2.0, "MLflow run R", 1, reference_ms=14.0,
+                            reference_in_cells=True).at(8)
+    assert (in_cells.reference_ms, in_cells.reference_in_cells) == (14.0, True)
+    moved, factor = at_machine_speed(facts, in_cells, 17.5)
+    assert factor == pytest.approx(1.25) and moved.step_seconds == pytest.approx(2.5)
+    probed = StepTime(32, 2.0, "facts file F", 32, reference_ms=14.0)
+    for step, cell_ms in ((probed, 17.5), (in_cells, None), (None, 17.5),
+                          (replace(in_cells, reference_ms=None), 17.5)):
+        assert at_machine_speed(facts, step, cell_ms) == (facts, 1.0)
+
+
+def test_the_analysis_says_which_workloads_cells_ran_at_another_speed_than_their_probe() -> None:
+    """Re-probed hours after the kept emulated calibration, ResNet-50's step times were 18-22 %
+    faster than its sequential cells had run (the reference kernel agreed): every cell of it
+    carried that drift, and the analysis said nothing. A one-worker cell is its step time,
+    batch after batch: beyond the cells' steadiness threshold the analysis names the workload."""
+    from harness.analysis.__main__ import speed_lines
+
+    def one_worker(run_id: str, measured: float, network: str) -> CellPrediction:
+        cell = replace(_cell(run_id, measured, f"network={network}", "distribution=sequential",
+                             "hardware=local_2cpu"), reference_ms=17.8)
+        return CellPrediction(cell, EpochTerms(2.0, steps=10), 50.0, speed_ratio=17.8 / 13.8)
+
+    drifted = [one_worker("a", 2.44, "resnet50"), one_worker("b", 2.1, "vgg11")]
+    lines = speed_lines(drifted, scaling=True)
+    assert len(lines) == 1 and lines[0].startswith(
+        "resnet50/mnist on local_2cpu: its one-worker cells took x1.22 the time its step times "
+        "say (threshold 10%), the reference kernel x1.29: the machine was slower")
+    scaled = replace(drifted[0], speed_scaled=True, speed_ratio=1.25)
+    assert speed_lines([scaled], scaling=True) == [
+        "1 of 1 cells predicted at the machine speed they ran at (step times from sequential "
+        "cells, scaled by the reference kernel: x1.25-x1.25, median x1.25)"]
+    assert speed_lines(drifted[1:], scaling=False) == [
+        "step times used at the machine speed they were measured at (--no-speed-scaling)"]

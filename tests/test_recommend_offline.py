@@ -118,7 +118,7 @@ def test_a_facts_file_of_the_device_is_used_and_named(output_root: Path) -> None
 
 
 def _log_sequential_cell(output_root: Path, overrides: list[str], seconds_per_epoch: float,
-                         device_name: str) -> str:
+                         device_name: str, **metrics: float) -> str:
     """A sequential cell as `harness.worker.run` records it: the resolved config as `config.yaml`,
     status ok, its seconds per epoch."""
     from omegaconf import OmegaConf
@@ -136,8 +136,32 @@ def _log_sequential_cell(output_root: Path, overrides: list[str], seconds_per_ep
     OmegaConf.save(OmegaConf.create(resolved), folder / "config.yaml")
     return log_run(uri=tracking_uri(None, output_root), experiment="gpu_grid",
                    run_name="sequential", tags={"status": "ok", "device_name": device_name},
-                   params=resolved, metrics={"seconds_per_epoch": seconds_per_epoch},
+                   params=resolved,
+                   metrics={"seconds_per_epoch": seconds_per_epoch, **metrics},
                    artifacts=[folder / "config.yaml"])
+
+
+def test_a_step_time_from_sequential_cells_carries_the_speed_they_ran_at(
+        output_root: Path) -> None:
+    """The reference kernel each cell times around itself (harness.worker.steadiness) goes
+    with the step time taken from sequential cells: the median of theirs, timed in cells as
+    every other cell's is (the analysis scales by it), and none where a cell lacks it."""
+    from harness.compose import compose_config
+    from harness.config import validate
+    from harness.predict.recorded import sequential_steps
+
+    overrides = ["hardware=local_cpu", "dataset.num_samples=320"]
+    for seconds, before, after in ((0.5, 14.0, 15.0), (0.6, 17.0, 18.0), (0.7, 16.0, 16.0)):
+        _log_sequential_cell(output_root, [*overrides, "distribution.batch_size=32"], seconds,
+                             "a CPU", reference_kernel_ms_before=before,
+                             reference_kernel_ms_after=after)
+    _log_sequential_cell(output_root, [*overrides, "distribution.batch_size=64"], 0.5, "a CPU")
+    config = validate(compose_config(["dataset=mnist", "network=mobilenetv2", *overrides,
+                                      f"run.output_dir={output_root}"]))
+    at_32, at_64 = sequential_steps(config)[0]
+    assert (at_32.batch, at_32.seconds, at_32.reference_ms) == (32, 0.6 / 10, 16.0)
+    assert at_32.reference_in_cells and at_64.reference_in_cells
+    assert at_64.reference_ms is None  # its cell recorded no kernel
 
 
 def test_sequential_cells_recorded_in_mlflow_are_used_and_named(output_root: Path) -> None:
@@ -199,6 +223,10 @@ def test_a_probe_here_is_kept_in_the_facts_file_and_read_back_without_probing(
     assert entry["q1_seconds"] == entry["q3_seconds"] == entry["seconds"]  # one batch
     assert (used.low, used.high, used.measured_at) == (
         entry["q1_seconds"], entry["q3_seconds"], entry["measured_at"])
+    # the machine's speed around the probe: the reference kernel a cell times around itself,
+    # kept with it (a 24-product kernel of milliseconds), but timed outside any cell
+    assert 0.1 < entry["reference_ms"] < 1000 and used.reference_ms == entry["reference_ms"]
+    assert not used.reference_in_cells
 
     offline = cache_for(1, probe=False)
     offline.measure_memory = False

@@ -7,15 +7,19 @@ The same files are logged as artifacts of an `analysis` run in the experiment.
 
 The models' facts are measured here (the sequential probe, the layer profile), so run it on a
 machine with the grid's kind of device, as nothing else is running, right after the grid: a
-shared machine's speed drifts over the hours. `--no-probe` reuses the facts measured earlier
-(`<run.output_dir>/facts/<hardware>.json`, else the grid's sequential cells) and times no step;
-a layer profile the facts file lacks is still taken on this CPU (shares, not times).
+shared machine's speed drifts over the hours (a workload whose one-worker cells ran slower or
+faster than its probe says is named). `--no-probe` reuses the facts measured earlier
+(`<run.output_dir>/facts/<hardware>.json`, else the grid's sequential cells, each cell then
+scaled to the speed it ran at by the reference kernels) and times no step; a layer profile
+the facts file lacks is still taken on this CPU (shares, not times).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -44,12 +48,15 @@ from harness.hardware_profile import profile_for
 from harness.predict.cell import epoch_terms, memory_per_worker_mb
 from harness.predict.facts import (
     FactsCache,
+    at_machine_speed,
     cache_for,
     command_parser,
     gather,
+    step_time_source,
     step_times_used,
 )
 from harness.predict.parameters import PARAMETERS
+from harness.predict.steps import StepTime
 from harness.preflight import check_writable_dir
 from harness.records.mlflow_store import tracking_uri
 from harness.records.tracking import log_run
@@ -59,28 +66,77 @@ from workloads.progress import track
 FIT_FILE = "fit.json"
 
 
-def predict_cells(cells: Sequence[MeasuredCell], output_root: Path,
-                  cache: FactsCache) -> list[CellPrediction]:
-    """The raw equations' terms and memory for every measured cell."""
+def predict_cells(cells: Sequence[MeasuredCell], output_root: Path, cache: FactsCache, *,
+                  at_cells_speed: bool = True) -> list[CellPrediction]:
+    """The raw equations' terms and memory for every measured cell; `at_cells_speed`: a step
+    time taken from sequential cells is moved to the machine speed each cell ran at
+    (`predict.facts.at_machine_speed`)."""
     predictions, profiles = [], {}
     for cell in track(cells, len(cells), "predicting cells", "cell(s)"):
-        facts = gather(cell.config, cache)
+        facts, scale = gather(cell.config, cache), 1.0
+        step = step_time_source(cell.config, cache)
+        if at_cells_speed:
+            facts, scale = at_machine_speed(facts, step, cell.reference_ms)
         hardware = cell.config.hardware
         if hardware.name not in profiles:  # one file read per hardware, not per cell
             profiles[hardware.name] = profile_for(hardware, output_root)
         profile = profiles[hardware.name]
         predictions.append(CellPrediction(
             cell, epoch_terms(cell.config, facts, profile),
-            max(memory_per_worker_mb(cell.config, facts))))
+            max(memory_per_worker_mb(cell.config, facts)),
+            speed_ratio=_speed_ratio(cell, step), speed_scaled=scale != 1.0))
     return predictions
 
 
+def _speed_ratio(cell: MeasuredCell, step: StepTime | None) -> float:
+    if step is None or not step.reference_ms or not cell.reference_ms:
+        return float("nan")
+    return cell.reference_ms / step.reference_ms
+
+
+def speed_lines(predictions: Sequence[CellPrediction], *, scaling: bool) -> list[str]:
+    """What the machine's speed while the cells ran did to the predictions: how many step
+    times were moved to it, and each workload whose one-worker cells ran slower or faster than
+    its probed step time says by more than the cells' steadiness threshold (a one-worker cell
+    is that step time, batch after batch: the gap is the machine's drift between the cells and
+    the probe, and every cell of the workload carries it)."""
+    scaled = sorted(p.speed_ratio for p in predictions if p.speed_scaled)
+    lines = []
+    if scaled:
+        lines.append(f"{len(scaled)} of {len(predictions)} cells predicted at the machine "
+                     f"speed they ran at (step times from sequential cells, scaled by the "
+                     f"reference kernel: x{scaled[0]:.2f}-x{scaled[-1]:.2f}, median "
+                     f"x{statistics.median(scaled):.2f})")
+    elif not scaling:
+        lines.append("step times used at the machine speed they were measured at "
+                     "(--no-speed-scaling)")
+    by_workload: dict[tuple[str, str, str], list[CellPrediction]] = {}
+    for p in predictions:
+        if p.cell.config.world_size == 1 and not p.speed_scaled and p.raw_s > 0:
+            by_workload.setdefault((p.cell.network, p.cell.config.dataset.key,
+                                    p.cell.config.hardware.name), []).append(p)
+    for (network, dataset, hardware), own in sorted(by_workload.items()):
+        ratio = statistics.median(p.cell.seconds_per_epoch / p.raw_s for p in own)
+        threshold = own[0].cell.config.run.steadiness_threshold
+        if abs(ratio - 1) > threshold:
+            kernel = statistics.median(p.speed_ratio for p in own)
+            lines.append(
+                f"{network}/{dataset} on {hardware}: its one-worker cells took x{ratio:.2f} "
+                f"the time its step times say (threshold {threshold:.0%})"
+                + (f", the reference kernel x{kernel:.2f}" if math.isfinite(kernel) else "")
+                + f": the machine was {'slower' if ratio > 1 else 'faster'} when its cells "
+                f"ran than when the step times were probed, and every cell of it carries "
+                f"that drift; probe right after the cells, or measure them again")
+    return lines
+
+
 def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
-            exclude_unsteady: bool = False, fit_on_networks: Sequence[str] = ()) -> Path:
+            exclude_unsteady: bool = False, fit_on_networks: Sequence[str] = (),
+            at_cells_speed: bool = True) -> Path:
     """Everything the module docstring says; returns the report's folder. `exclude_unsteady`
     leaves out of the fit the cells measured while the machine was unsteady;
     `fit_on_networks` fits on those networks' cells only (a small calibration) and predicts
-    every other network's cells from that fit."""
+    every other network's cells from that fit; `at_cells_speed`: see `predict_cells`."""
     output_root = Path(config.run.output_dir)
     uri = tracking_uri(config.tracking.uri, output_root)
     measured = load_grid(uri, experiment, statuses=("ok", "oom"))
@@ -101,14 +157,18 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
     noise = noise_floor_per_model(cells)
     overall = noise_floor(cells)
     started = time.perf_counter()
-    predictions = predict_cells(cells, output_root, cache)
+    predictions = predict_cells(cells, output_root, cache, at_cells_speed=at_cells_speed)
     probe_seconds = time.perf_counter() - started
-    scaled = [f"{workload}, batch {step.batch}" for workload, step in step_times_used(cache)
+    step_times = step_times_used(cache)
+    scaled = [f"{workload}, batch {step.batch}" for workload, step in step_times
               if step.scaled]
     if scaled:  # the cells at those batches are judged against a guess: say so
         print(f"{len(scaled)} step time(s) scaled per sample from another batch, none measured "
               f"there ({'; '.join(scaled[:3])}{'; ...' if len(scaled) > 3 else ''}): report.md "
               f"lists where every step time came from")
+    speed = speed_lines(predictions, scaling=at_cells_speed)
+    for line in speed:
+        print(line)
     by_cell = held_out(predictions, group=lambda cell: cell.run_id, fit_on=fit_on)
     by_network = held_out(predictions, group=lambda cell: cell.network, fit_on=fit_on)
     by_family = family_held_out(predictions, fit_on=fit_on)
@@ -126,7 +186,7 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
                          by_network=by_network, table=table, verdicts=verdicts,
                          params=params, runtime_mb=runtime, probe_seconds=probe_seconds,
                          fit_verdicts=fit_verdicts, single_network=note, noise=noise,
-                         overall_noise=overall, step_times=step_times_used(cache))
+                         overall_noise=overall, step_times=step_times, speed=speed)
     fit_path = folder / FIT_FILE
     write_json_atomic(fit_path, {
         "experiment": experiment, "tracking_uri": uri, "cells": len(cells),
@@ -309,6 +369,11 @@ def parser() -> argparse.ArgumentParser:
                        help="fit on these networks' cells only, as a small calibration "
                             "would, and predict every other network's cells from that fit "
                             "(their errors are then errors on networks never fitted on)")
+    flags.add_argument("--no-speed-scaling", action="store_true",
+                       help="use step times taken from sequential cells at the machine speed "
+                            "those cells ran at; by default each cell's is scaled by the "
+                            "reference kernel timed in it over theirs (a shared host drifts "
+                            "over an hour)")
     return flags
 
 
@@ -330,7 +395,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     _check_store_exists(tracking_uri(config.tracking.uri, config.run.output_dir),
                         config.tracking.experiment)
     analyse(config, experiment=config.tracking.experiment, cache=cache,
-            exclude_unsteady=options.exclude_unsteady, fit_on_networks=options.fit_on)
+            exclude_unsteady=options.exclude_unsteady, fit_on_networks=options.fit_on,
+            at_cells_speed=not options.no_speed_scaling)
 
 
 def _check_store_exists(uri: str, experiment: str) -> None:

@@ -43,6 +43,11 @@ class CellPrediction:
     fitted_s: float = float("nan")  # held out: parameters fitted without this cell's group
     fitted_from: int = 0  # training cells behind `fitted_s` (0: raw equation)
     memory_fitted_mb: float = float("nan")  # with the held-out runtime share
+    # The machine's speed while the cell ran over its speed around the step time the cell was
+    # predicted from (reference kernels, cell / step time; NaN where either is not recorded),
+    # and whether the step time was scaled by it (`predict.facts.at_machine_speed`).
+    speed_ratio: float = float("nan")
+    speed_scaled: bool = False
 
     @property
     def raw_s(self) -> float:

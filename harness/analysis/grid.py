@@ -17,6 +17,7 @@ from harness.records.recorded_runs import recorded_config
 from harness.records.results import RunStatus
 from harness.records.tracking import CELL_KEY_TAG
 from harness.spread import repeat_std
+from harness.worker.steadiness import machine_speed_ms
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ class MeasuredCell:
     repeat_std: float | None = None
     # The cell's identity (harness.records.resume.cell_key): the same cell measured in several runs.
     cell_key: str = ""
+    # How fast the machine was while the cell ran: the reference kernel's milliseconds
+    # (harness.worker.steadiness.machine_speed_ms); None for a cell recorded without it.
+    reference_ms: float | None = None
 
     @property
     def fitted_in_memory(self) -> bool:
@@ -92,5 +96,6 @@ def load_grid(uri: str, experiment: str, *,
                                       run.data.tags["status"],
                                       steady=metrics.get("steady", 1.0) != 0.0,
                                       repeat_std=repeat_std(metrics),
-                                      cell_key=run.data.tags.get(CELL_KEY_TAG, "")))
+                                      cell_key=run.data.tags.get(CELL_KEY_TAG, ""),
+                                      reference_ms=machine_speed_ms(metrics)))
     return cells

@@ -64,7 +64,8 @@ def _family_section(table: Sequence[Accuracy]) -> list[str]:
               f"{a.family_bias:+.1f} |" for a in rows)]
 
 
-def _step_time_section(step_times: Sequence[tuple[str, StepTime]]) -> list[str]:
+def _step_time_section(step_times: Sequence[tuple[str, StepTime]],
+                       speed: Sequence[str] = ()) -> list[str]:
     """Where each step time the predictions stand on came from: a step time scaled per sample
     from another batch (`*`) is a guess the cells of that batch are judged against."""
     if not step_times:
@@ -76,6 +77,8 @@ def _step_time_section(step_times: Sequence[tuple[str, StepTime]]) -> list[str]:
         lines += ["", "`*`: scaled per sample from another batch size; the cells stepping at "
                       "that batch are judged against a guess. Measure it (the analysis without "
                       "`--no-probe`, on the device, right after the cells) for a firmer number."]
+    if speed:  # how the machine's speed while the cells ran moved or unsettles them
+        lines += ["", *(f"- {line[0].upper()}{line[1:]}." for line in speed)]
     return lines
 
 
@@ -92,7 +95,8 @@ def write_report(folder: Path, *, experiment: str, uri: str,
                  single_network: str | None = None,
                  noise: dict[str, NoiseFloor] | None = None,
                  overall_noise: NoiseFloor | None = None,
-                 step_times: Sequence[tuple[str, StepTime]] = ()) -> list[Path]:
+                 step_times: Sequence[tuple[str, StepTime]] = (),
+                 speed: Sequence[str] = ()) -> list[Path]:
     """Write the plots and report.md into `folder`; return the files written.
     `single_network`: why leave one network out could not be measured (`fit.
     leave_one_network_out_note`), said first; its columns then read n/a. `noise`: each
@@ -148,7 +152,7 @@ def write_report(folder: Path, *, experiment: str, uri: str,
         "", *(f"Memory on {hardware}: what the memory model misses, learnt from the cells (the "
               f"median gap; the runtime share itself is measured) is {mb:.0f} MB per worker."
               for hardware, mb in runtime_mb.items()),
-        *_step_time_section(step_times),
+        *_step_time_section(step_times, speed),
         "", "## Every cell, network held out", "",
         "| workload | configuration | hardware | measured s | raw s | raw err % | predicted s "
         "| err % | compute s | allreduce s | transfer s | peak MB | predicted MB | mem err % |",

@@ -175,6 +175,26 @@ def step_times_used(cache: FactsCache) -> list[tuple[str, StepTime]]:
     return sorted(used, key=lambda item: (item[0], item[1].batch))
 
 
+def at_machine_speed(facts: CellFacts, step: StepTime | None,
+                     reference_ms: float | None) -> tuple[CellFacts, float]:
+    """`facts` with the step time moved to the machine speed a measured cell ran at, and the
+    factor (1: left as measured). The factor is the cell's reference kernel over the one timed
+    in the sequential cells the step time comes from (`harness.worker.steadiness`): a shared
+    host drifts by tens of percent over an hour (here a block of ResNet-50 cells ran with the
+    kernel at 15.4-18.0 ms where the cells before it read 13.3-16.9, and its sequential cells'
+    steps were 22-29 % slower than a probe's at 13.8 ms).
+
+    A step time probed by the analysing process is left as measured, its kernel only reported
+    (`speed_drift`): one probe's kernel moved 13.1-14.4 ms between probes seconds apart whose
+    step times held still, and scaling by it raised PipeDream's held-out error from 3.8 to
+    5.9 % (BENCHMARKS.md section 15)."""
+    if step is None or not step.reference_in_cells or not step.reference_ms \
+            or not reference_ms:
+        return facts, 1.0
+    ratio = reference_ms / step.reference_ms
+    return replace(facts, step_seconds=facts.step_seconds * ratio), ratio
+
+
 def step_time_source(config: DistbenchConfig, cache: FactsCache) -> StepTime | None:
     """Where the step time of `config`'s prediction came from (after `gather`)."""
     return cache.sources.get(_step_key(config, config.distribution.step_batch(config), cache))
@@ -196,13 +216,17 @@ def _probe_step(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepT
     """Time the step on this machine's device and keep it in the facts file; what is used is
     then read back from the file, as a later run reads it."""
     from harness.predict.sequential import measure_batch_seconds
+    from harness.worker.steadiness import reference_seconds
 
     one_worker = settings(baseline().name, batch_size=batch,
                           backend=config.distribution.backend)
     with _torch_threads(_threads(config)):
+        # the machine's speed around the probe, timed as a cell times it around its epochs
+        before = reference_seconds(config.hardware.device.value)
         timing = measure_batch_seconds(replace(config, distribution=one_worker),
                                        batch_size=batch, probe_batches=cache.probe_batches,
                                        warmup_batches=_PROBE_WARMUP)
+        reference_ms = 1e3 * (before + reference_seconds(config.hardware.device.value)) / 2
     name = _device_name(config)
     low, high = quartiles(timing.seconds or (timing.median_s,))
     cache.measured.append(f"the step time at batch {batch}")
@@ -211,13 +235,14 @@ def _probe_step(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepT
         device=config.hardware.device.value, threads=_threads(config), device_name=name,
         batch=batch, seconds=timing.median_s, std_seconds=timing.std_s,
         probe_batches=timing.batches, q1_seconds=low, q3_seconds=high,
-        batch_seconds=list(timing.seconds)))
+        batch_seconds=list(timing.seconds), reference_ms=reference_ms))
     if kept is not None:
         read_back = _kept_step(config, batch, cache)
         if read_back is not None:
             return read_back
     return StepTime(batch, timing.median_s, f"{PROBED_HERE} (not kept)", batch, name,
-                    low=low, high=high, probe_batches=timing.batches)
+                    low=low, high=high, probe_batches=timing.batches,
+                    reference_ms=reference_ms)
 
 
 def quartiles(values: Sequence[float]) -> tuple[float, float]:
@@ -610,8 +635,10 @@ per network. A new measurement replaces an older one of the
                     seconds: float, threads: int | None = None, device_name: str | None = None,
                     std_seconds: float = 0.0, probe_batches: int | None = None,
                     q1_seconds: float | None = None, q3_seconds: float | None = None,
-                    batch_seconds: Sequence[float] = ()) -> None:
-        """Keep one measured sequential step time (call `save` to write the file)."""
+                    batch_seconds: Sequence[float] = (),
+                    reference_ms: float | None = None) -> None:
+        """Keep one measured sequential step time (call `save` to write the file);
+        `reference_ms`: the reference kernel's milliseconds around it (the machine's speed)."""
         if batch < 1 or not seconds > 0:
             raise ValueError(f"a step time needs batch >= 1 and seconds > 0, got {batch}, "
                              f"{seconds}")
@@ -619,7 +646,8 @@ per network. A new measurement replaces an older one of the
                  "device_name": device_name, "threads": threads, "batch": batch,
                  "seconds": seconds, "q1_seconds": q1_seconds, "q3_seconds": q3_seconds,
                  "std_seconds": std_seconds, "batch_seconds": list(batch_seconds),
-                 "probe_batches": probe_batches, "measured_at": _now()}
+                 "probe_batches": probe_batches, "reference_ms": reference_ms,
+                 "measured_at": _now()}
         self.step_times = [old for old in self.step_times
                            if any(old.get(k) != entry[k] for k in _STEP_KEY)] + [entry]
 
@@ -702,7 +730,8 @@ per network. A new measurement replaces an older one of the
         return MeasuredStep(int(entry["batch"]), float(entry["seconds"]),
                             f"facts file {self.path}", 0, entry.get("device_name"),
                             optional("q1_seconds"), optional("q3_seconds"),
-                            entry.get("probe_batches"), entry.get("measured_at"))
+                            entry.get("probe_batches"), entry.get("measured_at"),
+                            optional("reference_ms"))
 
     def profile(self, network: str, dataset: str, device: str, threads: int | None,
                 device_name: str | None = None, batch: int | None = None) -> Any:

@@ -20,6 +20,7 @@ from harness.config import DistbenchConfig
 from harness.predict.steps import MeasuredStep
 from harness.records.mlflow_store import store_not_created, tracking_failure, tracking_uri
 from harness.records.results import RunStatus
+from harness.worker.steadiness import machine_speed_ms
 
 _SHOWN_RUN_IDS = 3
 
@@ -31,6 +32,7 @@ class _Cell:
     batch: int
     step_seconds: float
     device_name: str | None
+    reference_ms: float | None  # the machine's speed while it ran (steadiness.machine_speed_ms)
 
 
 def sequential_steps(config: DistbenchConfig) -> tuple[list[MeasuredStep], str]:
@@ -57,8 +59,11 @@ def sequential_steps(config: DistbenchConfig) -> tuple[list[MeasuredStep], str]:
         names = sorted({cell.device_name for cell in chosen if cell.device_name})
         source = (f"MLflow run{'s' if len(ids) > 1 else ''} {shown}"
                   f"{' (median)' if len(ids) > 1 else ''} at {uri}")
+        speeds = [cell.reference_ms for cell in chosen]
+        speed = None if None in speeds else statistics.median(speeds)  # type: ignore[type-var]
         steps.append(MeasuredStep(batch, statistics.median(c.step_seconds for c in chosen),
-                                  source, 1 if same else 2, ", ".join(names) or None))
+                                  source, 1 if same else 2, ", ".join(names) or None,
+                                  reference_ms=speed, reference_in_cells=True))
     return steps, where
 
 
@@ -100,5 +105,5 @@ def _cells(uri: str, config: DistbenchConfig) -> list[_Cell]:
                 continue
             cells.append(_Cell(run.info.run_id, cell.hardware.name, cell.batch_size,
                                metrics["seconds_per_epoch"] / batches,
-                               run.data.tags.get("device_name")))
+                               run.data.tags.get("device_name"), machine_speed_ms(metrics)))
     return cells

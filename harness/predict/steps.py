@@ -26,6 +26,12 @@ class StepTime:
     high: float | None = None
     probe_batches: int | None = None
     measured_at: str | None = None
+    # How fast the machine was when it was measured: the reference kernel's milliseconds
+    # (`harness.worker.steadiness`); None where not recorded (facts kept before it was).
+    reference_ms: float | None = None
+    # Whether that kernel was timed inside measured cells (a step time from sequential cells),
+    # as every cell's is, rather than around a probe in the analysing process.
+    reference_in_cells: bool = False
 
     @property
     def scaled(self) -> bool:
@@ -33,7 +39,8 @@ class StepTime:
 
     def describe(self) -> str:
         where = self.source + (f", measured {self.measured_at}" if self.measured_at else "") \
-            + (f" ({self.device_name})" if self.device_name else "")
+            + (f" ({self.device_name})" if self.device_name else "") \
+            + (f", reference kernel {self.reference_ms:.3g} ms" if self.reference_ms else "")
         star = "*" if self.scaled else ""
         spread = (f" (IQR {self.low:.4g}-{self.high:.4g}{star} over {self.probe_batches} "
                   f"batches)" if self.low is not None and self.high is not None else "")
@@ -57,6 +64,8 @@ class MeasuredStep:
     high: float | None = None
     probe_batches: int | None = None
     measured_at: str | None = None
+    reference_ms: float | None = None  # the machine's speed when measured (see StepTime)
+    reference_in_cells: bool = False
 
     def at(self, batch: int) -> StepTime:
         """This measurement as the step time at `batch`, scaled per sample when another."""
@@ -67,7 +76,7 @@ class MeasuredStep:
 
         return StepTime(batch, self.seconds * scale, self.source, self.batch, self.device_name,
                         scaled(self.low), scaled(self.high), self.probe_batches,
-                        self.measured_at)
+                        self.measured_at, self.reference_ms, self.reference_in_cells)
 
 
 def choose_step_time(measured: Sequence[MeasuredStep], batch: int) -> StepTime | None:

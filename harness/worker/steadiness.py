@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 # The reference kernel, per device type: (matrix size, products). On a CPU 24 products of two
@@ -133,6 +133,18 @@ class Steadiness:
         if self.steady:
             return f"steady ({figures})"
         return f"unsteady: {'; '.join(self.reasons)} ({figures})"
+
+
+def machine_speed_ms(metrics: Mapping[str, float]) -> float | None:
+    """How fast the machine was while a cell ran: the reference kernel's milliseconds, the
+    mean of its timing before the cell and after it (each the slowest worker's); None for a
+    cell recorded without them. A step time probed when the kernel took 14 ms predicts a cell
+    whose kernel took 17.5 ms 25 % short: `harness.analysis` scales by their ratio."""
+    before = metrics.get("reference_kernel_ms_before", 0.0)
+    after = metrics.get("reference_kernel_ms_after", 0.0)
+    if not (before > 0 and after > 0):
+        return None
+    return (before + after) / 2
 
 
 UNSTEADY_MARK = "~"
