@@ -483,6 +483,11 @@ class HardwareConfig:
     # network namespace with its own address, cores and a link shaped as this says
     # (launchers.emulated; docs/launchers.md).
     link: LinkEmulation | None = None
+    # true: the nodes are processes on one machine, sharing its cores and talking over its
+    # loopback (scripts/slurm_local.sh's cluster): their collectives are priced as one
+    # machine's, whatever `nodes` says. false: each node has cores and a link of its own (real
+    # nodes, or emulated ones: `link`).
+    one_host: bool = False
 
     def __post_init__(self) -> None:
         for name in ("nodes", "workers_per_node"):
@@ -504,6 +509,11 @@ class HardwareConfig:
         """Whether a group of `group_size` consecutive ranks sits on more than one node (a
         node's workers take consecutive ranks): its collectives then cross the nodes' links."""
         return self.nodes > 1 and group_size > self.workers_per_node
+
+    def group_crosses_links(self, group_size: int) -> bool:
+        """Whether the collectives of such a group wait on links between machines, not on the
+        cores of one (`one_host` nodes share the cores they compute on)."""
+        return self.group_spans_nodes(group_size) and not self.one_host
 
 
 @dataclass

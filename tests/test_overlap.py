@@ -117,6 +117,25 @@ def test_a_node_is_crossed_only_by_a_group_larger_than_a_node() -> None:
     fat = validate(compose_config(["hardware=titanrtx_cluster", "hardware.nodes=2",
                                    "hardware.workers_per_node=2"])).hardware
     assert not fat.group_spans_nodes(2) and fat.group_spans_nodes(3)
+    assert two_nodes.group_crosses_links(2) and fat.group_crosses_links(3)
+
+
+def test_nodes_on_one_host_share_its_cores_and_their_allreduces_take_their_turn() -> None:
+    """The local SLURM cluster's two nodes are processes of this machine talking over its
+    loopback: their gloo allreduces copy and reduce on the cores the backward needs, as on one
+    node, so DDP is priced without the overlap timeline and FSDP's collectives with one
+    machine's shares (an emulated node has cores and a link of its own)."""
+    from harness.distributions.fsdp import GLOO_ACROSS_NODES_SHARE, GLOO_SHARE, _share
+
+    local = validate(compose_config(["hardware=slurm_local_2nodes", "distribution=ddp"]))
+    emulated = validate(compose_config(["hardware=emulated_2nodes_1gbit", "distribution=ddp"]))
+    assert local.hardware.one_host and local.hardware.group_spans_nodes(2)
+    assert not local.hardware.group_crosses_links(2)
+    assert not allreduces_overlap_backward(local) and allreduces_overlap_backward(emulated)
+    fsdp = [validate(compose_config([f"hardware={name}", "distribution=fsdp"]))
+            for name in ("slurm_local_2nodes", "emulated_2nodes_1gbit")]
+    assert [_share(config, "all_gather") for config in fsdp] == [
+        GLOO_SHARE["all_gather"], GLOO_ACROSS_NODES_SHARE["all_gather"]]
 
 
 def _four_layers(step_seconds: float = 1.0) -> CellFacts:

@@ -250,3 +250,20 @@ def test_hardware_currency_is_checked_and_leaves_cell_keys_as_they_were() -> Non
     before = json.loads(json.dumps(resolved))
     del before["hardware"]["currency"]  # a cell keyed before the key existed
     assert cell_key(before) == cell_key(resolved)
+
+
+def test_hardware_one_host_leaves_cell_keys_as_they_were_and_set_is_another_cell() -> None:
+    """`hardware.one_host` joined after cells were recorded: false (each node a machine of
+    its own) is what its absence meant, so those cells keep their keys; true is another
+    hardware, another cell."""
+    from harness.compose import compose_config
+    from harness.config import resolved_container
+    from harness.records.resume import cell_key
+
+    resolved = resolved_container(compose_config(["hardware=slurm_local_2nodes"]))
+    assert resolved["hardware"]["one_host"] is True
+    apart = json.loads(json.dumps(resolved))
+    apart["hardware"]["one_host"] = False
+    before = json.loads(json.dumps(apart))
+    del before["hardware"]["one_host"]  # a cell keyed before the key existed
+    assert cell_key(before) == cell_key(apart) != cell_key(resolved)

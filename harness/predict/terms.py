@@ -169,17 +169,19 @@ def communication_overlaps(config: DistbenchConfig) -> bool:
 def allreduces_overlap_backward(config: DistbenchConfig) -> bool:
     """Whether a data-parallel step's allreduces run beside the backward still to run, each
     bucket hiding behind it (`overlapped_allreduce_seconds`): wherever collectives overlap the
-    compute (GPUs), and on CPU workers whose allreduce crosses the nodes' links, where the
-    bytes wait on the link while the node's cores go on with the backward.
+    compute (GPUs), and on CPU workers whose allreduce crosses links between machines, where
+    the bytes wait on the link while the node's cores go on with the backward. On the cores of
+    one machine (one node, or `hardware.one_host` nodes) each allreduce takes its turn: gloo's
+    copies and reductions run on the cores the backward needs.
 
     Measured across two emulated nodes at 1 Gbit/s and 100 Mbit/s, five networks held out one
-    at a time (BENCHMARKS.md section 15, seventh and eighth sessions): the timeline predicts DDP
-    within 5.6 % (every allreduce taking its turn: 8.2 %), Horovod within 10.2 % (10.9 %), the
-    raw equations without a fit DDP 4.8 % (9.9 %) and Horovod 7.0 % (15.9 %). An earlier sweep
-    (2026-11-27) had said the opposite, before FSDP's collectives were priced by their wire
-    bytes and with Horovod's allreduces priced as whole 64 MB fusion buffers."""
+    at a time (BENCHMARKS.md section 15, eighth session): the timeline took DDP's held-out MAPE
+    from 8.2 to 5.7 % and Horovod's from 10.9 to 10.3 %, the raw equations' (no fit) from 9.9 to
+    4.1 % and 15.9 to 6.5 %. An earlier sweep (2026-11-27) had said the opposite, before FSDP's
+    collectives were priced by their wire bytes and with Horovod's allreduces priced as whole
+    64 MB fusion buffers."""
     return communication_overlaps(config) or \
-        config.hardware.group_spans_nodes(config.world_size)
+        config.hardware.group_crosses_links(config.world_size)
 
 
 def burst_bytes(config: DistbenchConfig) -> float:

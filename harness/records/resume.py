@@ -45,9 +45,10 @@ _VOLATILE_KEYS = (("run", "output_dir"), ("run", "progress"), ("dataset", "cache
                   ("run", "submission_org"), ("run", "steadiness_threshold"))
 
 
-# Settings added after cells were recorded whose null means what their absence meant: left out
-# of the key while null, so that those cells keep their keys (hardware.link: real nodes).
-_ABSENT_WHEN_NULL = (("hardware", "link"),)
+# Settings added after cells were recorded, whose value here means what their absence meant:
+# left out of the key while they hold it, so that those cells keep their keys (hardware.link
+# null: real nodes; hardware.one_host false: each node a machine of its own).
+_ABSENT_WHEN = (("hardware", "link", None), ("hardware", "one_host", False))
 
 
 def cell_key(cfg: DictConfig | dict[str, Any]) -> str:
@@ -55,8 +56,8 @@ def cell_key(cfg: DictConfig | dict[str, Any]) -> str:
     config = copy.deepcopy(cfg) if isinstance(cfg, dict) else resolved_container(cfg)
     for section, key in _VOLATILE_KEYS:
         config.get(section, {}).pop(key, None)
-    for section, key in _ABSENT_WHEN_NULL:
-        if config.get(section, {}).get(key, "set") is None:
+    for section, key, absent in _ABSENT_WHEN:
+        if key in config.get(section, {}) and config[section][key] is absent:
             config[section].pop(key)
     text = json.dumps({"format": _KEY_FORMAT, "config": config}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:20]

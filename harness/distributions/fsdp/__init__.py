@@ -152,7 +152,7 @@ def _share(config: DistbenchConfig, collective: str) -> float:
     gloo's on the cores of one machine, gloo's wire bytes where the group spans nodes."""
     if config.hardware.device.value == "cuda":
         return CUDA_SHARE[collective]
-    if config.hardware.group_spans_nodes(fsdp_settings(config).shards(config)):
+    if config.hardware.group_crosses_links(fsdp_settings(config).shards(config)):
         return GLOO_ACROSS_NODES_SHARE[collective]
     return GLOO_SHARE[collective]
 
