@@ -31,12 +31,16 @@ class Cost:
     latency_s: float
     bandwidth_bytes_per_s: float
 
-    def seconds(self, nbytes: float) -> float:
-        return self.latency_s + nbytes / self.bandwidth_bytes_per_s
+    def seconds(self, nbytes: float, *, burst_bytes: float = 0.0) -> float:
+        """One message of `nbytes`; its first `burst_bytes` pass at once (an emulated link's
+        token bucket: `predict.terms.burst_bytes`)."""
+        return self.seconds_for(nbytes, burst_bytes=burst_bytes)
 
-    def seconds_for(self, nbytes: float, *, bandwidth_scale: float = 1.0) -> float:
+    def seconds_for(self, nbytes: float, *, bandwidth_scale: float = 1.0,
+                    burst_bytes: float = 0.0) -> float:
         """`seconds`, with only `bandwidth_scale` of the bandwidth achieved (a fitted factor)."""
-        return self.latency_s + nbytes / (self.bandwidth_bytes_per_s * bandwidth_scale)
+        return self.latency_s + max(nbytes - burst_bytes, 0.0) / (
+            self.bandwidth_bytes_per_s * bandwidth_scale)
 
     def as_json(self) -> dict[str, float]:
         return {"latency_us": self.latency_s * 1e6,

@@ -68,10 +68,10 @@ def link_costs(boundary_activation_mb: Sequence[float], micro_batch_size: int,
     """c_j for the W-1 links between consecutive stages (stage j on worker j); the first
     `burst_bytes` of each transfer pass at once (an emulated link's token bucket:
     `predict.terms.burst_bytes`)."""
-    return [profile.link(j, j + 1).seconds_for(
-        max(micro_batch_size * mb * BYTES_PER_MB - burst_bytes, 0.0),
-        bandwidth_scale=bandwidth_scale)
-        for j, mb in enumerate(boundary_activation_mb)]
+    return [profile.link(j, j + 1).seconds_for(micro_batch_size * mb * BYTES_PER_MB,
+                                                bandwidth_scale=bandwidth_scale,
+                                                burst_bytes=burst_bytes)
+            for j, mb in enumerate(boundary_activation_mb)]
 
 
 def communication_seconds(costs: Sequence[float], micro_batches: int) -> float:

@@ -81,7 +81,7 @@ def boundary_seconds(stages: Sequence[PipelineStage], profile: HardwareProfile, 
     first `burst_bytes` of each pass at once (`predict.terms.burst_bytes`)."""
     starts = _first_workers(stages)
     return [profile.link(starts[j], starts[j + 1]).seconds(
-        max(stages[j].output_mb * BYTES_PER_MB - burst_bytes, 0.0))
+        stages[j].output_mb * BYTES_PER_MB, burst_bytes=burst_bytes)
         for j in range(len(stages) - 1)]
 
 
