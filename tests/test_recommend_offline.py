@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,7 @@ def test_a_step_time_from_sequential_cells_carries_the_speed_they_ran_at(
     from harness.compose import compose_config
     from harness.config import validate
     from harness.predict.recorded import sequential_steps
+    from harness.records.mlflow_store import tracking_uri
 
     overrides = ["hardware=local_cpu", "dataset.num_samples=320"]
     for seconds, before, after in ((0.5, 14.0, 15.0), (0.6, 17.0, 18.0), (0.7, 16.0, 16.0)):
@@ -162,6 +164,14 @@ def test_a_step_time_from_sequential_cells_carries_the_speed_they_ran_at(
     assert (at_32.batch, at_32.seconds, at_32.reference_ms) == (32, 0.6 / 10, 16.0)
     assert at_32.reference_in_cells and at_64.reference_in_cells
     assert at_64.reference_ms is None  # its cell recorded no kernel
+    # A store moved elsewhere (an analysis of a copy): read where it is now, not where the
+    # cells' recorded configs say it was (its artifacts stay where they are).
+    moved = output_root.parent / "moved"
+    moved.mkdir()
+    shutil.move(output_root / "mlflow.db", moved / "mlflow.db")
+    assert sequential_steps(config)[0] == []
+    found, where = sequential_steps(config, uri=tracking_uri(None, moved))
+    assert [step.batch for step in found] == [32, 64] and str(moved) in where
 
 
 def test_sequential_cells_recorded_in_mlflow_are_used_and_named(output_root: Path) -> None:

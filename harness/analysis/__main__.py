@@ -390,7 +390,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     options, overrides = parser().parse_known_args(sys.argv[1:] if argv is None else argv)
     config = validate(compose_config(overrides))
     cache = cache_for(options.probe_batches, probe=not options.no_probe,
-                      facts_root=Path(config.run.output_dir))
+                      facts_root=Path(config.run.output_dir),
+                      tracking_uri=tracking_uri(config.tracking.uri, config.run.output_dir))
     check_writable_dir("run.output_dir", config.run.output_dir)  # the report goes there
     _check_store_exists(tracking_uri(config.tracking.uri, config.run.output_dir),
                         config.tracking.experiment)

@@ -62,6 +62,10 @@ class FactsCache:
     # MLflow) even where this machine has the device; absent devices are never probed.
     probe: bool = True
     facts_root: Path | None = None  # where facts/<hardware>.json is; None: run.output_dir
+    # The MLflow store whose sequential cells give step times; None: each config's own
+    # (`tracking.uri`, else run.output_dir's). An analysis names the store it reads: its cells'
+    # recorded configs name the store they were measured into, which may have moved since.
+    tracking_uri: str | None = None
     sources: dict[tuple[Any, ...], StepTime] = field(default_factory=dict)  # per step key
     profile_sources: dict[tuple[Any, ...], str] = field(default_factory=dict)
     recorded: dict[tuple[Any, ...], tuple[list[MeasuredStep], list[str]]] = field(
@@ -102,12 +106,12 @@ def command_parser(prog: str, description: str | None) -> argparse.ArgumentParse
 
 
 def cache_for(probe_batches: int, *, probe: bool = True, facts_root: Path | None = None,
-              reuse: bool = False) -> FactsCache:
+              reuse: bool = False, tracking_uri: str | None = None) -> FactsCache:
     """A fresh cache for `--probe-batches`, checked like a config key."""
     if probe_batches < 1:
         raise ConfigError(f"--probe-batches={probe_batches} is invalid: must be 1 or more")
     return FactsCache(probe_batches=probe_batches, probe=probe, facts_root=facts_root,
-                      reuse=reuse)
+                      reuse=reuse, tracking_uri=tracking_uri)
 
 
 def gather(config: DistbenchConfig, cache: FactsCache, *, timed: bool = True) -> CellFacts:
@@ -537,7 +541,7 @@ def recorded_step_time(config: DistbenchConfig, batch: int, cache: FactsCache) -
     if workload not in cache.recorded:
         path = facts_path(_facts_root(config, cache), config.hardware.name)
         in_file = FactsStore.load(path, config.hardware.name).steps(*workload)
-        in_mlflow, mlflow_looked = sequential_steps(config)
+        in_mlflow, mlflow_looked = sequential_steps(config, uri=cache.tracking_uri)
         cache.recorded[workload] = ([*in_file, *in_mlflow], [str(path), mlflow_looked])
     measured, looked = cache.recorded[workload]
     found = choose_step_time(measured, batch)

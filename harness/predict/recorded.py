@@ -35,10 +35,12 @@ class _Cell:
     reference_ms: float | None  # the machine's speed while it ran (steadiness.machine_speed_ms)
 
 
-def sequential_steps(config: DistbenchConfig) -> tuple[list[MeasuredStep], str]:
+def sequential_steps(config: DistbenchConfig, *,
+                     uri: str | None = None) -> tuple[list[MeasuredStep], str]:
     """The step times recorded for `config`'s workload and device kind, one per batch size,
-    and where they were looked for (for the message when there are none)."""
-    uri = tracking_uri(config.tracking.uri, config.run.output_dir)
+    and where they were looked for (for the message when there are none); in the store at
+    `uri`, else `config`'s own."""
+    uri = uri or tracking_uri(config.tracking.uri, config.run.output_dir)
     where = f"MLflow at {uri}"
     if store_not_created(uri):
         return [], f"{where} (no such store)"  # reading would create an empty one

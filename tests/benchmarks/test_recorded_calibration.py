@@ -3,11 +3,11 @@
 `data/calibrate_emulated-2026-11-29.tar.xz` holds what `+sweep=calibrate_emulated` measured on
 2026-11-29 across two emulated nodes at 1 Gbit/s and 100 Mbit/s (BENCHMARKS.md section 15):
 its MLflow store (76 runs of the 70 cells of MobileNetV2, VGG-11, ResNet-18, VGG-16 and
-ResNet-50 on CIFAR-10), the facts the analysis measured for them (step times and layer
-profiles; ResNet-50's layer profile at batch 8 and saved activations, and every network's
-layer profile at batch 32, were taken on 2026-11-29 after the cells; ResNet-50's step times are
-its sequential cells') and the probed hardware profiles. The sweep
-takes 94 minutes and the links and namespaces of
+ResNet-50 on CIFAR-10) with each run's `config.yaml` artifact, the facts the analysis measured
+for them (step times and layer profiles; ResNet-50's layer profile at batch 8 and saved
+activations, and every network's layer profile at batch 32, were taken on 2026-11-29 after the
+cells; ResNet-50's step times are its sequential cells') and the probed hardware profiles. The
+sweep takes 94 minutes and the links and namespaces of
 root; the analysis on the kept data takes about 15 s on any machine, and measures nothing (only
 a fresh worker's runtime memory): a model change is judged on the same cells, networks held
 out, before and after, with both calibrations (every network, and the small one a user with
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 import subprocess
 import sys
 import tarfile
@@ -40,11 +41,22 @@ MODELS = {"sequential", "ddp", "horovod", "fsdp", "gpipe", "pipedream"}
 FITS = {"full": [], "small": ["--fit-on", "resnet18,vgg11"]}
 
 
+# Where the sweep kept its runs' artifacts (each cell's config.yaml, which the analysis reads):
+# the archive holds them under mlartifacts/, and its store is pointed there once extracted.
+RECORDED_ARTIFACTS = "file:///work/emu/mlartifacts"
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("calibrate_emulated")
     with tarfile.open(ARCHIVE) as archive:
         archive.extractall(root, filter="data")
+    moved = (root / "mlartifacts").as_uri()
+    with sqlite3.connect(root / "mlflow.db") as store:
+        store.execute("UPDATE runs SET artifact_uri = REPLACE(artifact_uri, ?, ?)",
+                      (RECORDED_ARTIFACTS, moved))
+        store.execute("UPDATE experiments SET artifact_location = "
+                      "REPLACE(artifact_location, ?, ?)", (RECORDED_ARTIFACTS, moved))
     return root
 
 
