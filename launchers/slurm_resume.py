@@ -76,6 +76,8 @@ def take_over_earlier_jobs(prepared: Sequence[PreparedCell[Any]], skipped: Colle
         remeasure = remeasure_unsteady and is_unsteady(outcome.get("metrics", {}))
         if outcome["status"] == RunStatus.ok.value and not remeasure:
             earlier.finished[index] = outcome
+            print(f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): skipped, earlier "
+                  f"job {note.job_id} finished it: {note.output_dir}", flush=True)
     return earlier
 
 
@@ -102,10 +104,9 @@ def record_earlier_attempt(cell: PreparedCell[Any], note: slurm.JobNote,
         print(f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): earlier job "
               f"{note.job_id} {ended}; recorded as {outcome['status']}", flush=True)
     elif outcome["status"] == RunStatus.ok.value and outcome.get("cell_key"):
-        # Killed between writing result.json and indexing it: finished all the same.
+        # Killed between writing result.json and indexing it: finished all the same (the
+        # caller says whether it is used, or measured again as unsteady).
         index_result(_output_root(cell), outcome["cell_key"], outcome)
-        print(f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): skipped, earlier job "
-              f"{note.job_id} finished it: {note.output_dir}", flush=True)
     return outcome
 
 
