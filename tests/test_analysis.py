@@ -439,7 +439,7 @@ def test_the_analysis_says_which_workloads_cells_ran_at_another_speed_than_their
         "say (threshold 10%), the reference kernel x1.29: the machine was slower")
     scaled = replace(drifted[0], speed_scaled=True, speed_ratio=1.25)
     assert speed_lines([scaled], scaling=True) == [
-        "1 of 1 cells predicted at the machine speed they ran at (step times from sequential "
-        "cells, scaled by the reference kernel: x1.25-x1.25, median x1.25)"]
+        "1 of 1 cells predicted at the machine speed they ran at (step times from the grid's "
+        "one-worker cells, scaled by the reference kernel: x1.25-x1.25, median x1.25)"]
     assert speed_lines(drifted[1:], scaling=False) == [
         "step times used at the machine speed they were measured at (--no-speed-scaling)"]

@@ -104,8 +104,8 @@ def speed_lines(predictions: Sequence[CellPrediction], *, scaling: bool) -> list
     lines = []
     if scaled:
         lines.append(f"{len(scaled)} of {len(predictions)} cells predicted at the machine "
-                     f"speed they ran at (step times from sequential cells, scaled by the "
-                     f"reference kernel: x{scaled[0]:.2f}-x{scaled[-1]:.2f}, median "
+                     f"speed they ran at (step times from the grid's one-worker cells, scaled by "
+                     f"the reference kernel: x{scaled[0]:.2f}-x{scaled[-1]:.2f}, median "
                      f"x{statistics.median(scaled):.2f})")
     elif not scaling:
         lines.append("step times used at the machine speed they were measured at "
@@ -370,10 +370,10 @@ def parser() -> argparse.ArgumentParser:
                             "would, and predict every other network's cells from that fit "
                             "(their errors are then errors on networks never fitted on)")
     flags.add_argument("--no-speed-scaling", action="store_true",
-                       help="use step times taken from sequential cells at the machine speed "
-                            "those cells ran at; by default each cell's is scaled by the "
-                            "reference kernel timed in it over theirs (a shared host drifts "
-                            "over an hour)")
+                       help="use step times taken from the grid's one-worker cells at the "
+                            "machine speed those cells ran at; by default each cell's is scaled "
+                            "by the reference kernel timed in it over theirs (a shared host "
+                            "drifts over an hour)")
     return flags
 
 
