@@ -52,11 +52,11 @@ from harness.predict.facts import (
     cache_for,
     command_parser,
     gather,
+    speed_ratio,
     step_time_source,
     step_times_used,
 )
 from harness.predict.parameters import PARAMETERS
-from harness.predict.steps import StepTime
 from harness.preflight import check_writable_dir
 from harness.records.mlflow_store import tracking_uri
 from harness.records.tracking import log_run
@@ -84,14 +84,8 @@ def predict_cells(cells: Sequence[MeasuredCell], output_root: Path, cache: Facts
         predictions.append(CellPrediction(
             cell, epoch_terms(cell.config, facts, profile),
             max(memory_per_worker_mb(cell.config, facts)),
-            speed_ratio=_speed_ratio(cell, step), speed_scaled=scale != 1.0))
+            speed_ratio=speed_ratio(step, cell.reference_ms), speed_scaled=scale != 1.0))
     return predictions
-
-
-def _speed_ratio(cell: MeasuredCell, step: StepTime | None) -> float:
-    if step is None or not step.reference_ms or not cell.reference_ms:
-        return float("nan")
-    return cell.reference_ms / step.reference_ms
 
 
 def speed_lines(predictions: Sequence[CellPrediction], *, scaling: bool) -> list[str]:
@@ -389,12 +383,11 @@ def _network_list(text: str) -> tuple[str, ...]:
 def main(argv: Sequence[str] | None = None) -> None:
     options, overrides = parser().parse_known_args(sys.argv[1:] if argv is None else argv)
     config = validate(compose_config(overrides))
+    uri = tracking_uri(config.tracking.uri, config.run.output_dir)
     cache = cache_for(options.probe_batches, probe=not options.no_probe,
-                      facts_root=Path(config.run.output_dir),
-                      tracking_uri=tracking_uri(config.tracking.uri, config.run.output_dir))
+                      facts_root=Path(config.run.output_dir), tracking_uri=uri)
     check_writable_dir("run.output_dir", config.run.output_dir)  # the report goes there
-    _check_store_exists(tracking_uri(config.tracking.uri, config.run.output_dir),
-                        config.tracking.experiment)
+    _check_store_exists(uri, config.tracking.experiment)
     analyse(config, experiment=config.tracking.experiment, cache=cache,
             exclude_unsteady=options.exclude_unsteady, fit_on_networks=options.fit_on,
             at_cells_speed=not options.no_speed_scaling)

@@ -179,23 +179,31 @@ def step_times_used(cache: FactsCache) -> list[tuple[str, StepTime]]:
     return sorted(used, key=lambda item: (item[0], item[1].batch))
 
 
+def speed_ratio(step: StepTime | None, reference_ms: float | None) -> float:
+    """How much slower the machine ran a cell than when `step` was measured: the cell's
+    reference kernel (`harness.worker.steadiness`) over the one timed around the step time;
+    NaN where either was not recorded."""
+    if step is None or not step.reference_ms or not reference_ms:
+        return float("nan")
+    return reference_ms / step.reference_ms
+
+
 def at_machine_speed(facts: CellFacts, step: StepTime | None,
                      reference_ms: float | None) -> tuple[CellFacts, float]:
     """`facts` with the step time moved to the machine speed a measured cell ran at, and the
-    factor (1: left as measured). The factor is the cell's reference kernel over the one timed
-    in the sequential cells the step time comes from (`harness.worker.steadiness`): a shared
-    host drifts by tens of percent over an hour (here a block of ResNet-50 cells ran with the
-    kernel at 15.4-18.0 ms where the cells before it read 13.3-16.9, and its sequential cells'
-    steps were 22-29 % slower than a probe's at 13.8 ms).
+    factor (1: left as measured). The factor is `speed_ratio`, where the step time's kernel was
+    timed in the sequential cells it comes from: a shared host drifts by tens of percent over
+    an hour (here a block of ResNet-50 cells ran with the kernel at 15.4-18.0 ms where the
+    cells before it read 13.3-16.9, and its sequential cells' steps were 22-29 % slower than a
+    probe's at 13.8 ms).
 
     A step time probed by the analysing process is left as measured, its kernel only reported
-    (`speed_drift`): one probe's kernel moved 13.1-14.4 ms between probes seconds apart whose
-    step times held still, and scaling by it raised PipeDream's held-out error from 3.8 to
-    5.9 % (BENCHMARKS.md section 15)."""
-    if step is None or not step.reference_in_cells or not step.reference_ms \
-            or not reference_ms:
+    (`harness.analysis.speed_lines`): one probe's kernel moved 13.1-14.4 ms between probes
+    seconds apart whose step times held still, and scaling by it raised PipeDream's held-out
+    error from 3.8 to 5.9 % (BENCHMARKS.md section 15)."""
+    ratio = speed_ratio(step, reference_ms)
+    if step is None or not step.reference_in_cells or not math.isfinite(ratio):
         return facts, 1.0
-    ratio = reference_ms / step.reference_ms
     return replace(facts, step_seconds=facts.step_seconds * ratio), ratio
 
 

@@ -138,8 +138,8 @@ class Steadiness:
 def machine_speed_ms(metrics: Mapping[str, float]) -> float | None:
     """How fast the machine was while a cell ran: the reference kernel's milliseconds, the
     mean of its timing before the cell and after it (each the slowest worker's); None for a
-    cell recorded without them. A step time probed when the kernel took 14 ms predicts a cell
-    whose kernel took 17.5 ms 25 % short: `harness.analysis` scales by their ratio."""
+    cell recorded without them. A step time measured when the kernel took 14 ms predicts a cell
+    whose kernel took 17.5 ms about 25 % short (`harness.predict.facts.at_machine_speed`)."""
     before = metrics.get("reference_kernel_ms_before", 0.0)
     after = metrics.get("reference_kernel_ms_after", 0.0)
     if not (before > 0 and after > 0):
