@@ -582,7 +582,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     _check_flags(flags, config)
     output_root = Path(config.run.output_dir)
     cache = cache_for(flags.probe_batches, probe=not flags.no_probe, facts_root=output_root,
-                      reuse=not flags.remeasure)
+                      reuse=not flags.remeasure, probe_spread=flags.probe_spread)
     started = time.perf_counter()
     # Everything is checked before anything is measured or written: every candidate, the fit.
     checked = check_candidates(config, overrides)

@@ -504,7 +504,7 @@ def _predict_analysis(argv: list[str]) -> Expect | None:
     config = _valid(overrides)
     if isinstance(config, str):
         return _refused(config)
-    refused = _checked(lambda: cache_for(flags.probe_batches),
+    refused = _checked(lambda: cache_for(flags.probe_batches, probe_spread=flags.probe_spread),
                        lambda: check_writable_dir("run.output_dir", config.run.output_dir))
     if refused is not None:
         return refused
@@ -536,7 +536,7 @@ def _predict_recommend(argv: list[str]) -> Expect | None:
         Fitted.load(path, config.hardware.name)
 
     return _checked(lambda: recommend._check_flags(flags, config),
-                    lambda: cache_for(flags.probe_batches),
+                    lambda: cache_for(flags.probe_batches, probe_spread=flags.probe_spread),
                     lambda: found.update(checked=recommend.check_candidates(config, overrides)),
                     fit, lambda: profile_for(config.hardware, root),
                     lambda: check_writable_dir("run.output_dir", config.run.output_dir))

@@ -181,6 +181,29 @@ def test_the_sequential_model_extrapolates_measured_batches(tmp_path) -> None:  
     assert 0 < timing.median_s < 10 and timing.std_s >= 0
 
 
+def test_the_probe_warms_up_once_a_long_step_has_run_and_stops_timing_once_steady() -> None:
+    from harness.predict.sequential import ProbeLength
+
+    length = ProbeLength(warmup_batches=4, probe_batches=5, spread=0.02)
+    # A 5-second step: one warm-up step, then three timed steps within 2 % are enough.
+    assert length.warmup_count([5.9]) == 1
+    assert not length.enough([5.9, 5.5, 5.48])
+    assert length.enough([5.9, 5.5, 5.48, 5.56])
+    assert length.timed([5.9, 5.5, 5.48, 5.56]) == [5.5, 5.48, 5.56]
+    # Spread over 2 %: on to the most asked for.
+    assert not length.enough([5.9, 5.0, 5.5, 6.0])
+    assert not length.enough([5.9, 5.0, 5.5, 6.0, 5.2])
+    assert length.enough([5.9, 5.0, 5.5, 6.0, 5.2, 5.4])
+    # Short steps warm up for every batch asked for (under a second in all), then time 5.
+    short = [0.18, 0.11, 0.11, 0.11]
+    assert length.warmup_count(short[:3]) is None and length.warmup_count(short) == 4
+    assert not length.enough(short + [0.11, 0.11])
+    assert length.enough(short + [0.11, 0.11, 0.11])
+    # Spread 0 always times every batch asked for; fewer asked than 3: that many.
+    assert not ProbeLength(1, 5).enough([5.9, 5.5, 5.5, 5.5, 5.5])
+    assert ProbeLength(0, 2, 0.02).enough([5.0, 9.0])
+
+
 def _uniform(workers: int, latency_us: float = 10, mbps: float = 1000) -> HardwareProfile:
     return HardwareProfile("uniform", "config", workers, 1, [
         Link(i, j, True, Cost(latency_us / 1e6, mbps * 1e6))

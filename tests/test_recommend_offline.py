@@ -255,6 +255,19 @@ def test_a_probe_here_is_kept_in_the_facts_file_and_read_back_without_probing(
         cache = cache_for(1, reuse=reuse)
         cache.measure_memory = False
         assert gather(config, cache).step_seconds > 0 and cache.measured == measured
+    # A probe asked for 5 batches that stopped after 3, steady, is what a later run asking for
+    # 5 would measure: kept; one asked for 3 is not.
+    from harness.predict.facts import FactsStore
+
+    for asked, measured in ((5, []), (3, ["the step time at batch 4"])):
+        store = FactsStore.load(facts_path(output_root, "local_cpu"))
+        store.record_step(network="mobilenetv2", dataset="mnist", device="cpu", threads=1,
+                          device_name=entry["device_name"], batch=4, seconds=0.01,
+                          probe_batches=3, probe_asked=asked, batch_seconds=[0.01] * 3)
+        store.save()
+        cache = cache_for(5, reuse=True)
+        cache.measure_memory = False
+        assert gather(config, cache).step_seconds > 0 and cache.measured == measured
 
 
 def test_the_batch_rule_prefers_an_exact_batch_then_the_nearest_scaled_per_sample() -> None:

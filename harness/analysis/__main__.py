@@ -385,7 +385,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = validate(compose_config(overrides))
     uri = tracking_uri(config.tracking.uri, config.run.output_dir)
     cache = cache_for(options.probe_batches, probe=not options.no_probe,
-                      facts_root=Path(config.run.output_dir), tracking_uri=uri)
+                      facts_root=Path(config.run.output_dir), tracking_uri=uri,
+                      probe_spread=options.probe_spread)
     check_writable_dir("run.output_dir", config.run.output_dir)  # the report goes there
     _check_store_exists(uri, config.tracking.experiment)
     analyse(config, experiment=config.tracking.experiment, cache=cache,

@@ -86,9 +86,11 @@ class BatchLoopTrainer(Trainer):
         synchronize(self.device)
         self.clock.reset()
 
-    def time_batches(self, count: int) -> list[float]:
-        """Train `count` batches (as many epochs of the loader as that takes) and return the
-        seconds of each, device synchronised: the sequential predictor's probe."""
+    def time_batches(self, count: int,
+                     enough: Callable[[list[float]], bool] | None = None) -> list[float]:
+        """Train `count` batches (as many epochs of the loader as that takes; fewer once
+        `enough` says so of the seconds so far) and return the seconds of each, device
+        synchronised: the sequential predictor's probe."""
         self.model.train()
         seconds: list[float] = []
         epoch = 0
@@ -101,6 +103,8 @@ class BatchLoopTrainer(Trainer):
                 start = device_time(self.device)
                 self._train_batch(images, labels)
                 seconds.append(device_time(self.device) - start)
+                if enough is not None and enough(seconds):
+                    return seconds
             epoch += 1
         return seconds
 

@@ -43,6 +43,7 @@ from harness.config import ConfigError, DistbenchConfig
 from harness.distributions.registry import baseline, settings, spec_of
 from harness.partition import StagePlan
 from harness.predict.recorded import sequential_steps
+from harness.predict.sequential import STEADY_SPREAD
 from harness.predict.steps import MeasuredStep, StepTime, choose_step_time
 from harness.predict.terms import CellFacts, LayerFacts, allreduces_overlap_backward
 from harness.units import BYTES_PER_MB
@@ -54,7 +55,10 @@ _PROBE_WARMUP = 4  # a fresh process runs its first batches slower (allocator, k
 class FactsCache:
     """Measurements shared between the cells of one analysis or recommendation."""
 
-    probe_batches: int = 5
+    probe_batches: int = 5  # timed, at most
+    # Fewer once the timed batches' interquartile range is within this share of their median
+    # (`predict.sequential.ProbeLength`; 0: always `probe_batches`).
+    probe_spread: float = STEADY_SPREAD
     step_seconds: dict[tuple[Any, ...], float] = field(default_factory=dict)
     profiles: dict[tuple[Any, ...], Any] = field(default_factory=dict)  # NetworkProfile
     static: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # describe()
@@ -95,7 +99,12 @@ def command_parser(prog: str, description: str | None) -> argparse.ArgumentParse
     parser = ArgumentParser(prog=prog, description=description,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--probe-batches", type=int, default=5,
-                        help="timed batches of the sequential probe per batch size (default 5)")
+                        help="timed batches of the sequential probe per batch size, at most "
+                             "(default 5)")
+    parser.add_argument("--probe-spread", type=float, default=STEADY_SPREAD,
+                        help="stop timing after 3 batches once their interquartile range is "
+                             "within this share of their median (default "
+                             f"{STEADY_SPREAD}; 0: always --probe-batches)")
     parser.add_argument("--no-probe", action="store_true",
                         help="time no step here: use step times measured earlier on the "
                              "hardware's device (<run.output_dir>/facts/<hardware>.json, "
@@ -106,12 +115,16 @@ def command_parser(prog: str, description: str | None) -> argparse.ArgumentParse
 
 
 def cache_for(probe_batches: int, *, probe: bool = True, facts_root: Path | None = None,
-              reuse: bool = False, tracking_uri: str | None = None) -> FactsCache:
-    """A fresh cache for `--probe-batches`, checked like a config key."""
+              reuse: bool = False, tracking_uri: str | None = None,
+              probe_spread: float = STEADY_SPREAD) -> FactsCache:
+    """A fresh cache for `--probe-batches` and `--probe-spread`, checked like config keys."""
     if probe_batches < 1:
         raise ConfigError(f"--probe-batches={probe_batches} is invalid: must be 1 or more")
+    if not 0 <= probe_spread < 1:  # also refuses NaN
+        raise ConfigError(f"--probe-spread={probe_spread} is invalid: allowed 0 (time every "
+                          f"batch of --probe-batches) up to, not including, 1")
     return FactsCache(probe_batches=probe_batches, probe=probe, facts_root=facts_root,
-                      reuse=reuse, tracking_uri=tracking_uri)
+                      reuse=reuse, tracking_uri=tracking_uri, probe_spread=probe_spread)
 
 
 def gather(config: DistbenchConfig, cache: FactsCache, *, timed: bool = True) -> CellFacts:
@@ -213,14 +226,15 @@ def step_time_source(config: DistbenchConfig, cache: FactsCache) -> StepTime | N
 
 
 def _kept_step(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepTime | None:
-    """The step time at `batch` the facts file holds for this machine's device, measured over
-    at least `cache.probe_batches` batches; None if it holds none."""
+    """The step time at `batch` the facts file holds for this machine's device, measured by a
+    probe asked for at least `cache.probe_batches` batches; None if it holds none."""
     path = facts_path(_facts_root(config, cache), config.hardware.name)
     kept = FactsStore.load(path, config.hardware.name).steps(
         config.network.key, config.dataset.key, config.hardware.device.value,
         _threads(config), device_name=_device_name(config))
     found = [step for step in kept
-             if step.batch == batch and (step.probe_batches or 0) >= cache.probe_batches]
+             if step.batch == batch
+             and max(step.probe_batches or 0, step.probe_asked or 0) >= cache.probe_batches]
     return choose_step_time(found, batch) if found else None
 
 
@@ -237,7 +251,8 @@ def _probe_step(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepT
         before = reference_seconds(config.hardware.device.value)
         timing = measure_batch_seconds(replace(config, distribution=one_worker),
                                        batch_size=batch, probe_batches=cache.probe_batches,
-                                       warmup_batches=_PROBE_WARMUP)
+                                       warmup_batches=_PROBE_WARMUP,
+                                       steady_spread=cache.probe_spread)
         reference_ms = 1e3 * (before + reference_seconds(config.hardware.device.value)) / 2
     name = _device_name(config)
     low, high = quartiles(timing.seconds or (timing.median_s,))
@@ -246,8 +261,8 @@ def _probe_step(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepT
         network=config.network.key, dataset=config.dataset.key,
         device=config.hardware.device.value, threads=_threads(config), device_name=name,
         batch=batch, seconds=timing.median_s, std_seconds=timing.std_s,
-        probe_batches=timing.batches, q1_seconds=low, q3_seconds=high,
-        batch_seconds=list(timing.seconds), reference_ms=reference_ms))
+        probe_batches=timing.batches, probe_asked=cache.probe_batches, q1_seconds=low,
+        q3_seconds=high, batch_seconds=list(timing.seconds), reference_ms=reference_ms))
     if kept is not None:
         read_back = _kept_step(config, batch, cache)
         if read_back is not None:
@@ -594,7 +609,7 @@ class FactsStore:
         {"format": 2, "hardware": NAME,
          "step_times": [{network, dataset, device, device_name, threads, batch, seconds,
                          q1_seconds, q3_seconds, std_seconds, batch_seconds, probe_batches,
-                         measured_at}, ...],
+                         probe_asked, reference_ms, measured_at}, ...],
          "layer_profiles": [{network, dataset, device, device_name, threads, measured_at,
                              profile: NetworkProfile.to_dict()}, ...],
          "runtimes": [{key, device_name, mb, measured_at}, ...],
@@ -604,9 +619,10 @@ class FactsStore:
     `seconds` is the median of one sequential training step (forward, backward, update) at
     `batch` on the device `device_name` of kind `device` (`threads`: torch's threads on a CPU,
     null on CUDA or for torch's default), over `probe_batches` timed steps (`batch_seconds`,
-    their quartiles `q1_seconds` and `q3_seconds`). A runtime share (`predict.runtime`) is kept
-    per `predict.runtime.probe_key` (`key`), what autograd saves per layer (sizes, on a CPU)
-per network. A new measurement replaces an older one of the
+    their quartiles `q1_seconds` and `q3_seconds`) of a probe asked for at most `probe_asked`
+    (fewer once steady: `predict.sequential.ProbeLength`). A runtime share (`predict.runtime`)
+    is kept per `predict.runtime.probe_key` (`key`), what autograd saves per layer (sizes, on a
+    CPU) per network. A new measurement replaces an older one of the
     same key; `save` writes atomically (`harness.records.results.write_json_atomic`).
     """
 
@@ -646,8 +662,8 @@ per network. A new measurement replaces an older one of the
     def record_step(self, *, network: str, dataset: str, device: str, batch: int,
                     seconds: float, threads: int | None = None, device_name: str | None = None,
                     std_seconds: float = 0.0, probe_batches: int | None = None,
-                    q1_seconds: float | None = None, q3_seconds: float | None = None,
-                    batch_seconds: Sequence[float] = (),
+                    probe_asked: int | None = None, q1_seconds: float | None = None,
+                    q3_seconds: float | None = None, batch_seconds: Sequence[float] = (),
                     reference_ms: float | None = None) -> None:
         """Keep one measured sequential step time (call `save` to write the file);
         `reference_ms`: the reference kernel's milliseconds around it (the machine's speed)."""
@@ -658,7 +674,8 @@ per network. A new measurement replaces an older one of the
                  "device_name": device_name, "threads": threads, "batch": batch,
                  "seconds": seconds, "q1_seconds": q1_seconds, "q3_seconds": q3_seconds,
                  "std_seconds": std_seconds, "batch_seconds": list(batch_seconds),
-                 "probe_batches": probe_batches, "reference_ms": reference_ms,
+                 "probe_batches": probe_batches, "probe_asked": probe_asked,
+                 "reference_ms": reference_ms,
                  "measured_at": _now()}
         self.step_times = [old for old in self.step_times
                            if any(old.get(k) != entry[k] for k in _STEP_KEY)] + [entry]
@@ -743,7 +760,8 @@ per network. A new measurement replaces an older one of the
                             f"facts file {self.path}", 0, entry.get("device_name"),
                             optional("q1_seconds"), optional("q3_seconds"),
                             entry.get("probe_batches"), entry.get("measured_at"),
-                            optional("reference_ms"))
+                            optional("reference_ms"),
+                            probe_asked=entry.get("probe_asked"))
 
     def profile(self, network: str, dataset: str, device: str, threads: int | None,
                 device_name: str | None = None, batch: int | None = None) -> Any:

@@ -66,6 +66,7 @@ class MeasuredStep:
     measured_at: str | None = None
     reference_ms: float | None = None  # the machine's speed when measured (see StepTime)
     reference_in_cells: bool = False
+    probe_asked: int | None = None  # the most batches its probe would have timed, where kept
 
     def at(self, batch: int) -> StepTime:
         """This measurement as the step time at `batch`, scaled per sample when another."""
