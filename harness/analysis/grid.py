@@ -88,7 +88,7 @@ def load_grid(uri: str, experiment: str, *,
     cells = []
     with tempfile.TemporaryDirectory() as scratch:
         for run in runs:
-            config = recorded_config(client, run.info.run_id, Path(scratch))
+            config = recorded_config(client, run, Path(scratch))
             metrics = run.data.metrics
             cells.append(MeasuredCell(run.info.run_id, run.info.run_name or run.info.run_id,
                                       config, metrics.get("seconds_per_epoch", float("nan")),

@@ -93,7 +93,7 @@ def _cells(uri: str, config: DistbenchConfig) -> list[_Cell]:
                     "seconds_per_epoch" not in metrics:
                 continue
             try:
-                cell = recorded_config(client, run.info.run_id, Path(scratch))
+                cell = recorded_config(client, run, Path(scratch))
             except Exception:  # noqa: BLE001, S112 - a run without a readable config: not one
                 continue
             if cell.network.key != config.network.key or \

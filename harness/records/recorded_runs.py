@@ -14,13 +14,16 @@ from omegaconf import OmegaConf
 
 from harness.config import ConfigError, DistbenchConfig
 from harness.distributions.registry import config_from_record
+from harness.records.artifacts import artifact_file
 
 
-def recorded_config(client: Any, run_id: str, scratch: Path) -> DistbenchConfig:
+def recorded_config(client: Any, run: Any, scratch: Path) -> DistbenchConfig:
     """The resolved config a run recorded (its `config.yaml` artifact: the config as the cell
     resolved it, its stage plan included, not the flattened params, whose values MLflow keeps
-    as strings), downloaded into `scratch` and typed against today's schema."""
-    local = client.download_artifacts(run_id, "config.yaml", str(scratch / run_id))
+    as strings), read beside the store or downloaded into `scratch`
+    (`harness.records.artifacts`), typed against today's schema."""
+    run_id = run.info.run_id
+    local = artifact_file(client, run, "config.yaml", scratch / run_id)
     data = OmegaConf.to_container(OmegaConf.load(local))
     if not isinstance(data, dict):
         raise ConfigError(f"run {run_id}: its config.yaml is not a mapping")

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from harness.records.artifacts import artifact_file, artifact_names
 from harness.records.mlflow_store import (
     CELL_KIND,
     KIND_TAG,
@@ -168,8 +169,8 @@ def result_recorded_for(uri: str, experiment: str, key: str,
             if run.data.tags.get(OUTPUT_DIR_TAG) == str(output_dir.resolve()) \
                     and _complete(client, run):
                 with tempfile.TemporaryDirectory(prefix="distbench-lookup-") as folder:
-                    path = client.download_artifacts(run.info.run_id, RESULT_FILE, folder)
-                    result = json.loads(Path(path).read_text())
+                    path = artifact_file(client, run, RESULT_FILE, Path(folder))
+                    result = json.loads(path.read_text())
                 return {**result, "mlflow_run_id": run.info.run_id}
     except Exception as err:  # noqa: BLE001 - without it, the cell is recorded as failed
         log.warning("could not look up the record of %s in MLflow (%s)", output_dir,
@@ -179,10 +180,11 @@ def result_recorded_for(uri: str, experiment: str, key: str,
 
 def _complete(client: Any, run: Any) -> bool:
     """A cell's run is complete once its uploader closed it (the last step of `log_run`) and
-    its copy of result.json is there."""
+    its copy of result.json is there (beside the store where it was moved with it:
+    `harness.records.artifacts`)."""
     if run.info.status not in ("FINISHED", "FAILED"):
         return False
-    return any(entry.path == RESULT_FILE for entry in client.list_artifacts(run.info.run_id))
+    return RESULT_FILE in artifact_names(client, run)
 
 
 def log_run(*, uri: str, experiment: str, run_name: str, tags: Mapping[str, str],

@@ -68,6 +68,7 @@ from harness import compliance
 from harness.compliance import RULESET, USAGE
 from harness.config import ConfigError
 from harness.distributions.registry import setting_names, specs
+from harness.records.artifacts import artifact_file, artifact_names
 from harness.records.eventlog import log_file_name
 from harness.records.results import RESULT_FILE
 
@@ -159,18 +160,18 @@ def write_folder(client: Any, table: pd.DataFrame, out: Path) -> Folder:
 
 
 def _download(client: Any, row: pd.Series, scratch: Path) -> Cell | None:
-    """The run's result.json and MLPerf logs (one per repeat), from its MLflow artifacts."""
-    run_id = str(row["run_id"])
-    names = {entry.path for entry in client.list_artifacts(run_id)}
+    """The run's result.json and MLPerf logs (one per repeat), from its MLflow artifacts
+    (`harness.records.artifacts`: beside the store where it was moved with them)."""
+    run = client.get_run(str(row["run_id"]))
+    names = artifact_names(client, run)
     logs = []
     for repeat in itertools.count():
         if log_file_name(repeat) not in names:
             break
-        logs.append(Path(client.download_artifacts(run_id, log_file_name(repeat), str(scratch))))
+        logs.append(artifact_file(client, run, log_file_name(repeat), scratch))
     if not logs or RESULT_FILE not in names:
         return None
-    result = json.loads(Path(client.download_artifacts(run_id, RESULT_FILE, str(scratch)))
-                        .read_text())
+    result = json.loads(artifact_file(client, run, RESULT_FILE, scratch).read_text())
     return Cell(row=row, result=result, logs=logs, facts=log_facts(logs[0]))
 
 

@@ -216,7 +216,7 @@ def _axes(client: Any, run: Any, scratch: Path) -> dict[str, Any]:
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        config = recorded_config(client, run.info.run_id, scratch)
+        config = recorded_config(client, run, scratch)
     except (MlflowException, OSError, ConfigError, OmegaConfBaseException) as err:
         log.warning("run %s (%s): config axes left empty, its config.yaml cannot be read (%s)",
                     run.info.run_id, run.info.run_name, failure_reason(err))
