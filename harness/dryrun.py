@@ -19,7 +19,7 @@ nothing is written: no output directory, no MLflow store.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,16 +65,6 @@ class Predictions:
     seconds: dict[int, float] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)  # the fits used, one line each
     missing: dict[str, list[int]] = field(default_factory=dict)  # reason -> cell numbers
-
-
-def composing(job_overrides: Sequence[list[str]]) -> Iterator[list[str]]:
-    """The cells' overrides, with progress over them (Hydra composes about a dozen cells a
-    second here: a grid of hundreds takes most of a minute): a bar on a terminal, lines in a
-    file."""
-    from workloads.progress import track
-
-    yield from track(job_overrides, len(job_overrides), "composing cells", "cell(s)",
-                     enabled=len(job_overrides) > 1)
 
 
 def plan_cell(number: int, cfg: DictConfig, launcher: DictConfig,

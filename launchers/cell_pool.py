@@ -1,0 +1,94 @@
+"""A dry run's cells composed and checked on every core this process may use (`plan_cells`).
+
+Hydra composes a cell of the thesis grid in about 60 ms of one core (BENCHMARKS.md section 16),
+and no cell's composition or check depends on another's. So the cells are cut into chunks, and
+each chunk is planned in a child forked from this process, which holds everything composing
+needs (Hydra's config loader, the files read once, the sweep's master config); the planned
+cells come back in order. A child composes exactly as this process would: the same code on a
+copy of the same state. A chunk that meets a cell that cannot be planned (an invalid config)
+returns the cells planned before it, and that cell is planned again here, where its error ends
+the dry run exactly as without the children (one line, exit status 2).
+
+A child is forked only from a process of one thread (the command line's dry run: no MLflow
+client, no progress bar yet, CUDA untouched), so that no lock another thread held can be
+copied locked into it; in a process with threads (a test runner's), on one core, or for a few
+cells, the cells are planned here, one after another.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from workloads.progress import steps
+
+Planned = TypeVar("Planned")
+# Cells per chunk: small enough to share the work out evenly and show progress, large enough
+# that a chunk's round trip (pickling its planned cells back) is a small part of it.
+CHUNK_CELLS = 16
+# What the forked children plan: (plan_one, every cell's overrides), set while `plan_cells` runs.
+_work: list[Any] = []
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: a SLURM allocation, taskset)."""
+    return len(os.sched_getaffinity(0))
+
+
+def plan_cells(cells: Sequence[list[str]], plan_one: Callable[[int, list[str]], Planned],
+               plan_here: Callable[[int, list[str]], Planned], *, desc: str,
+               workers: int | None = None) -> list[Planned]:
+    """`plan_one(number, overrides)` of every cell, in order, on `workers` cores (all usable by
+    default). `plan_here` plans a cell in this process: every cell on one core, and a cell a
+    child could not plan (it raises there, as it would have serially, or plans it)."""
+    workers = usable_cores() if workers is None else workers
+    chunks = [range(start, min(start + CHUNK_CELLS, len(cells)))
+              for start in range(0, len(cells), CHUNK_CELLS)]
+    planned: list[Planned] = []
+    if workers < 2 or len(chunks) < 2 or threading.active_count() > 1:
+        with steps(len(cells), desc, "cell(s)", enabled=len(cells) > 1) as shown:
+            for number, overrides in enumerate(cells):
+                planned.append(plan_here(number, overrides))
+                shown.update()
+        return planned
+    _work[:] = [plan_one, cells]
+    try:
+        # forked before the progress bar starts its thread
+        with multiprocessing.get_context("fork").Pool(
+                min(workers, len(chunks)), initializer=_as_a_child) as pool, \
+                steps(len(cells), desc, "cell(s)") as shown:
+            for chunk, (done, stopped_at) in zip(chunks, pool.imap(_plan_chunk, chunks)):
+                planned += done
+                shown.update(len(done))
+                if stopped_at is not None:  # its error, raised here; or the rest, here
+                    for number in range(stopped_at, chunk.stop):
+                        planned.append(plan_here(number, cells[number]))
+                        shown.update()
+    finally:
+        _work.clear()
+    return planned
+
+
+def _as_a_child() -> None:
+    """A child ends when the pool ends it (SIGTERM: not this process' handler, which would
+    raise SystemExit inside the pool's machinery, and hang it), and leaves Ctrl-C (SIGINT, sent
+    to the whole process group) to this process, which ends the pool."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _plan_chunk(chunk: range) -> tuple[list[Any], int | None]:
+    """In a child: the chunk's planned cells, up to the first that could not be planned (and
+    its number; None when all were)."""
+    plan_one, cells = _work
+    done = []
+    for number in chunk:
+        try:
+            done.append(plan_one(number, cells[number]))
+        except BaseException:  # noqa: BLE001 - the parent plans it again and reports it
+            return done, number
+    return done, None

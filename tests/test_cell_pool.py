@@ -1,0 +1,103 @@
+"""A dry run's cells planned on every core (`launchers.cell_pool`): the same cells, in the same
+order, with the same error, as one after another. The pool forks only from a process of one
+thread, which a test runner's worker is not: each case runs in a fresh interpreter, as the
+command line does."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+_PLAN = """
+import json, os, sys
+from launchers.cell_pool import plan_cells
+
+parent = os.getpid()
+def plan_one(number, overrides):
+    if number in FAIL_IN_CHILD and os.getpid() != parent:
+        raise ValueError(f"cell {number} refused in a child")
+    return [number, overrides, os.getpid() == parent]
+
+def plan_here(number, overrides):
+    if number in FAIL_HERE:
+        print(f"distbench: invalid config in sweep cell {number}", file=sys.stderr)
+        raise SystemExit(2)
+    return plan_one(number, overrides)
+
+cells = [[f"run.epochs={n + 1}"] for n in range(50)]
+print(json.dumps(plan_cells(cells, plan_one, plan_here, desc="composing cells",
+                            workers=WORKERS)))
+"""
+
+
+def _planned(workers: int, fail_in_child: set[int] = frozenset(),
+             fail_here: set[int] = frozenset()) -> subprocess.CompletedProcess[str]:
+    script = f"FAIL_IN_CHILD = {set(fail_in_child)!r}\nFAIL_HERE = {set(fail_here)!r}\n" \
+             f"WORKERS = {workers}\n" + textwrap.dedent(_PLAN)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).parents[1])
+
+
+def test_the_cells_come_back_in_order_planned_in_children() -> None:
+    done = _planned(workers=2)
+    assert done.returncode == 0, done.stderr
+    planned = json.loads(done.stdout)
+    assert [(number, overrides) for number, overrides, _ in planned] == \
+        [(n, [f"run.epochs={n + 1}"]) for n in range(50)]
+    assert not any(here for _, _, here in planned)  # every one in a child
+    alone = json.loads(_planned(workers=1).stdout)
+    assert [cell[:2] for cell in alone] == [cell[:2] for cell in planned]
+    assert all(here for _, _, here in alone)
+
+
+def test_a_cell_a_child_cannot_plan_is_planned_here_and_its_error_ends_the_run() -> None:
+    # refused in the child and here: the error, as one after another would have raised it
+    failed = _planned(workers=2, fail_in_child={37}, fail_here={37})
+    assert failed.returncode == 2
+    assert failed.stderr.strip().splitlines()[-1] == "distbench: invalid config in sweep cell 37"
+    assert failed.stdout == ""
+    # refused in the child only: planned here, with the rest of its chunk, and all in order
+    done = _planned(workers=2, fail_in_child={20})
+    assert done.returncode == 0, done.stderr
+    planned = json.loads(done.stdout)
+    assert [number for number, _, _ in planned] == list(range(50))
+    here = [number for number, _, planned_here in planned if planned_here]
+    assert here[0] == 20 and here == list(range(20, here[-1] + 1))
+
+
+def _dry_run_alone_and_on_every_core(args: list[str], tmp_path: Path
+                                     ) -> tuple[subprocess.CompletedProcess[str], ...]:
+    runs = []
+    for cores in (None, {0}):  # every core, then one: the cells one after another
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        runs.append(subprocess.run(
+            [sys.executable, "-m", "harness", *args, "--dry-run",
+             f"run.output_dir={tmp_path / 'outputs'}"],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+            preexec_fn=None if cores is None else lambda: os.sched_setaffinity(0, {0})))
+    return tuple(runs)
+
+
+def test_a_dry_run_on_every_core_lists_what_one_core_lists(tmp_path: Path) -> None:
+    epochs = ",".join(str(n) for n in range(1, 21))
+    every_core, one_core = _dry_run_alone_and_on_every_core(
+        ["-m", "network=resnet18,vgg11", f"run.epochs={epochs}"], tmp_path)
+    assert every_core.returncode == one_core.returncode == 0, every_core.stderr[-2000:]
+    assert every_core.stdout == one_core.stdout
+    assert ": 40 cells," in every_core.stdout.splitlines()[0]
+    # a cell refused in the second chunk (cell 20): the same line, the same status
+    every_core, one_core = _dry_run_alone_and_on_every_core(
+        ["-m", "network=resnet18,vgg11", f"run.epochs={epochs},-3"], tmp_path)
+    assert every_core.returncode == one_core.returncode == 2
+    assert every_core.stdout == one_core.stdout == ""
+    assert every_core.stderr.strip().splitlines()[-1] == \
+        one_core.stderr.strip().splitlines()[-1] == (
+            f"distbench: invalid config in sweep cell network=resnet18 run.epochs=-3 "
+            f"run.output_dir={tmp_path / 'outputs'}: run.epochs=-3 is invalid: must be 1 or "
+            f"more")
+    assert not (tmp_path / "outputs").exists()
+
