@@ -14,6 +14,10 @@ sweep directory first: `launchers.hydra_main`), and a sweep composes every cell 
   Hydra reads its config files for one composition, which `launchers.config_files` replaces
   with files read once per process.
 
+- `defaults_list` (its `_create_interpolation_map`): the map Hydra builds, an OmegaConf config
+  of every choice so far, for each config with a defaults list, though only a defaults entry
+  that interpolates (`db: ${db_type}`) reads it; `launchers.config_files` builds it only then.
+
 - `Hydra` (`composing_hydra`): Hydra's internal object that `GlobalHydra.instance().hydra`
   (public itself) hands out, whose `get_mode`, `compose_config` and `config_loader` the check
   calls: the only way to compose a sweep's config as a multirun does.
@@ -29,6 +33,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from hydra import initialize_config_module
+from hydra._internal import defaults_list
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.config_repository import CachingConfigRepository, IConfigRepository
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -37,7 +42,7 @@ from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
 
 __all__ = ["BasicSweeper", "CachingConfigRepository", "ConfigLoaderImpl", "Hydra",
-           "IConfigRepository", "composing_hydra", "get_args_parser"]
+           "IConfigRepository", "composing_hydra", "defaults_list", "get_args_parser"]
 
 
 @contextmanager

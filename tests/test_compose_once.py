@@ -121,3 +121,28 @@ def test_a_sweep_composes_each_cell_once_before_it_runs(multirun: bool, tmp_path
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "composed 4 prepared 4" in done.stdout, done.stdout + done.stderr[-3000:]
+
+
+def test_a_defaults_list_that_interpolates_composes_as_hydra_composes_it(
+        tmp_path: Path) -> None:
+    """The interpolation map (launchers.config_files builds it only where a defaults entry
+    interpolates: distbench's own configs have none) still resolves such an entry."""
+    from hydra import compose, initialize_config_dir
+
+    (tmp_path / "db").mkdir()
+    (tmp_path / "db" / "mysql.yaml").write_text("port: 3306\n")
+    (tmp_path / "db" / "sqlite.yaml").write_text("port: 0\n")
+    (tmp_path / "server").mkdir()
+    (tmp_path / "server" / "mysql_server.yaml").write_text("name: m\n")
+    (tmp_path / "server" / "sqlite_server.yaml").write_text("name: s\n")
+    (tmp_path / "config.yaml").write_text(
+        "defaults:\n  - db: mysql\n  - server: ${db}_server\n  - _self_\nx: 1\n")
+
+    def composed(overrides: list[str]) -> str:
+        with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
+            return OmegaConf.to_yaml(compose("config", overrides))
+
+    with config_files_read_once():
+        read_once = [composed([]), composed(["db=sqlite"])]
+    assert read_once == [composed([]), composed(["db=sqlite"])]
+    assert "name: s" in read_once[1] and "name: m" in read_once[0]

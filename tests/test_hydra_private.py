@@ -20,6 +20,7 @@ from launchers.hydra_private import (
     ConfigLoaderImpl,
     Hydra,
     composing_hydra,
+    defaults_list,
     get_args_parser,
 )
 from tests.test_import_graph import _imported, source_files
@@ -77,6 +78,17 @@ def test_the_config_loader_has_what_config_files_replaces() -> None:
         # the attributes config_files' repository sets instead of calling Hydra's __init__
         assert {"delegate", "cache"} <= set(vars(repository))
         assert repository.load_config("config") is not None
+
+
+def test_hydras_defaults_list_reads_its_interpolation_map_for_interpolations_only() -> None:
+    # launchers.config_files builds the map only where an entry interpolates: what it wraps,
+    # and that Hydra reads the map nowhere but where it resolves those entries
+    assert list(inspect.signature(defaults_list._create_interpolation_map).parameters) == [
+        "overrides", "defaults_list", "self_added"]
+    source = inspect.getsource(defaults_list._create_defaults_tree_impl)
+    assert source.count("known_choices") == 2
+    assert "known_choices = _create_interpolation_map(" in source
+    assert "dd.is_interpolation():\n            dd.resolve_interpolation(known_choices)" in source
 
 
 def test_hydras_object_composes_as_the_check_calls_it() -> None:
