@@ -20,6 +20,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -56,6 +57,8 @@ def plan_cells(cells: Sequence[list[str]], plan_one: Callable[[int, list[str]], 
                 shown.update()
         return planned
     _work[:] = [plan_one, cells]
+    sys.stdout.flush()  # else a child could write this process' buffered output once more
+    sys.stderr.flush()
     try:
         # forked before the progress bar starts its thread
         with multiprocessing.get_context("fork").Pool(
