@@ -1,12 +1,13 @@
 """Per-layer profile of a network's layer list on one device: what the partitioners balance.
 
-Each layer is timed on the output of the previous one, forward, backward and an optimizer
-step separately (device synchronised around every timing), after warm-up runs, as the median
-of repeats. The update matters for balancing: PipeDream updates every stage after every
-minibatch, and an update costs in proportion to the weights, not to the compute. The
-backward of a layer is timed with its input requiring grad, as inside a pipeline, where every
-stage but the first sends gradients upstream. Output activation and parameter sizes are
-recorded too: they are the A_i and W_i of the performance models (SPEC Table 5.1).
+Each layer is timed on the output of the previous one, forward, backward and an optimizer step
+separately (device synchronised around every timing), after warm-up runs, as the median of
+repeats (fewer of both once steady, with a `spread`: `harness.timing_rule.ProbeLength`). The
+update matters for balancing: PipeDream updates every stage after every minibatch, and an update
+costs in proportion to the weights, not to the compute. The backward of a layer is timed with
+its input requiring grad, as inside a pipeline, where every stage but the first sends gradients
+upstream. Output activation and parameter sizes are recorded too: they are the A_i and W_i of
+the performance models (SPEC Table 5.1).
 
 Profiling a large network takes tens of seconds: it says so when it starts and shows its
 progress over the layers (`workloads.progress`: a bar on a terminal, lines in a file).
@@ -22,6 +23,7 @@ from torch import nn
 
 from harness.metrics import device_time, median_seconds
 from harness.network_profile import LayerProfile, NetworkProfile
+from harness.timing_rule import ProbeLength
 from harness.units import BYTES_PER_MB
 from workloads.progress import say, steps
 
@@ -29,8 +31,10 @@ MS_PER_S = 1000.0
 
 
 def profile_layers(layers: Sequence[nn.Module], sample: torch.Tensor, *,
-                   warmup: int = 2, repeats: int = 5) -> NetworkProfile:
-    """Profile `layers` (in order) on `sample`, a batch on the device the layers live on.
+                   warmup: int = 2, repeats: int = 5, spread: float = 0.0) -> NetworkProfile:
+    """Profile `layers` (in order) on `sample`, a batch on the device the layers live on: each
+    layer's forward and backward run at most `warmup` times untimed, then `repeats` timed,
+    fewer once steady within `spread` (0: always all; `harness.timing_rule.ProbeLength`).
 
     Gradients are cleared and buffers (BatchNorm running statistics) restored afterwards, so
     profiling a model that is about to be trained changes nothing but the time spent.
@@ -39,25 +43,28 @@ def profile_layers(layers: Sequence[nn.Module], sample: torch.Tensor, *,
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
     device = sample.device
     say(f"profiling {len(layers)} layers at batch {sample.shape[0]} on {device} "
-        f"({warmup + repeats} passes each)")
+        f"({warmup + repeats} passes each{', fewer once steady' if spread > 0 else ''})")
     profiles = []
     activation = sample.detach()
     with steps(len(layers), "profiling layers", "layer(s)") as shown:
         for index, layer in enumerate(layers):
-            profile, activation = _profile_layer(index, layer, activation, warmup, repeats)
+            profile, activation = _profile_layer(index, layer, activation,
+                                                 ProbeLength(warmup, repeats, spread))
             profiles.append(profile)
             shown.update()
     return NetworkProfile(batch_size=sample.shape[0], device=str(device), layers=profiles)
 
 
-def _profile_layer(index: int, layer: nn.Module, activation: torch.Tensor, warmup: int,
-                   repeats: int) -> tuple[LayerProfile, torch.Tensor]:
+def _profile_layer(index: int, layer: nn.Module, activation: torch.Tensor,
+                   length: ProbeLength) -> tuple[LayerProfile, torch.Tensor]:
     """One layer's profile on `activation` (the previous layer's output), and its output."""
     device = activation.device
     needs_input_grad = index > 0  # stage inputs after the first carry gradients back
-    forward, backward = [], []
+    forward: list[float] = []  # ms of each run's forward
+    backward: list[float] = []  # and of its backward
+    runs: list[float] = []  # seconds of each run, both passes
     saved_buffers = [buffer.detach().clone() for buffer in layer.buffers()]
-    for run in range(warmup + repeats):
+    while not length.enough(runs):
         leaf = activation.detach().requires_grad_(needs_input_grad and
                                                   activation.is_floating_point())
         # A copy: in-place layers (ReLU(inplace=True)) must not modify `activation`, nor a
@@ -69,10 +76,12 @@ def _profile_layer(index: int, layer: nn.Module, activation: torch.Tensor, warmu
         if y.requires_grad:
             y.backward(torch.ones_like(y))
         end = device_time(device)
-        if run >= warmup:
-            forward.append((middle - start) * MS_PER_S)
-            backward.append((end - middle) * MS_PER_S)
-    update = _update_ms(layer, device, warmup, repeats)
+        runs.append(end - start)
+        forward.append((middle - start) * MS_PER_S)
+        backward.append((end - middle) * MS_PER_S)
+    warmed = length.warmup_count(runs)
+    forward, backward = forward[warmed:], backward[warmed:]
+    update = _update_ms(layer, device, length.warmup_batches, length.probe_batches)
     layer.zero_grad(set_to_none=True)
     with torch.no_grad():
         for buffer, saved in zip(layer.buffers(), saved_buffers):

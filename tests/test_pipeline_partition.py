@@ -4,6 +4,7 @@ small layer stack, the `harness.plan` command, and replica groups in a cell's me
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,26 @@ def test_profiler_records_time_and_sizes_per_layer_and_leaves_the_model_as_it_wa
     after = [t for layer in layers for t in layer.state_dict().values()]
     assert all(torch.equal(a, b) for a, b in zip(before, after))  # BN statistics restored
     assert all(p.grad is None for layer in layers for p in layer.parameters())
+
+
+def test_the_profiler_runs_a_steady_layer_fewer_times_when_asked() -> None:
+    """With a spread, a layer's runs stop after 3 timed ones within it: 2 + 3 forwards instead
+    of 2 + 5 (each run sleeps 5 ms, so that the runs are steady within 50 % on a busy machine,
+    and the warm-up, under a second, makes all its runs)."""
+    calls = []
+
+    class Steady(nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            calls.append(1)
+            time.sleep(0.005)
+            return super().forward(x)
+
+    layer = Steady(64, 8)
+    profile_layers([layer], torch.randn(16, 64), warmup=2, repeats=5)
+    assert len(calls) == 7
+    calls.clear()
+    profile_layers([layer], torch.randn(16, 64), warmup=2, repeats=5, spread=0.5)
+    assert len(calls) == 5
 
 
 def _worker(digest: str, group: int, extra: dict[str, float]) -> WorkerMeasurement:

@@ -182,7 +182,7 @@ def test_the_sequential_model_extrapolates_measured_batches(tmp_path) -> None:  
 
 
 def test_the_probe_warms_up_once_a_long_step_has_run_and_stops_timing_once_steady() -> None:
-    from harness.predict.sequential import ProbeLength
+    from harness.timing_rule import ProbeLength
 
     length = ProbeLength(warmup_batches=4, probe_batches=5, spread=0.02)
     # A 5-second step: one warm-up step, then three timed steps within 2 % are enough.

@@ -31,9 +31,10 @@ LABEL_TAG = 7  # p2p tag of label messages, apart from the activations and gradi
 
 
 def profile_network(config: DistbenchConfig, layers: Sequence[nn.Module],
-                    device: torch.device) -> NetworkProfile:
+                    device: torch.device, *, spread: float = 0.0) -> NetworkProfile:
     """Each layer's forward, backward and update time, at the batch one stage processes at a
-    time (the model's step batch), on `device`. A worker's layers are built on the CPU: on a
+    time (the model's step batch), on `device` (fewer runs once steady within `spread`:
+    `harness.profiler.profile_layers`). A worker's layers are built on the CPU: on a
     GPU they are profiled there and put back, so that this worker's GPU holds only its own
     stage once the stages are built (a CUDA sample against CPU weights failed on an H100)."""
     generator = torch.Generator().manual_seed(config.run.seed)
@@ -44,7 +45,7 @@ def profile_network(config: DistbenchConfig, layers: Sequence[nn.Module],
     for layer in layers:
         layer.to(device)
     try:
-        return profile_layers(layers, sample.to(device))
+        return profile_layers(layers, sample.to(device), spread=spread)
     finally:
         for layer in layers:
             layer.to(home)

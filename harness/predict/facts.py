@@ -43,9 +43,9 @@ from harness.config import ConfigError, DistbenchConfig
 from harness.distributions.registry import baseline, settings, spec_of
 from harness.partition import StagePlan
 from harness.predict.recorded import sequential_steps
-from harness.predict.sequential import STEADY_SPREAD
 from harness.predict.steps import MeasuredStep, StepTime, choose_step_time
 from harness.predict.terms import CellFacts, LayerFacts, allreduces_overlap_backward
+from harness.timing_rule import STEADY_SPREAD
 from harness.units import BYTES_PER_MB
 
 _PROBE_WARMUP = 4  # a fresh process runs its first batches slower (allocator, kernel caches)
@@ -57,7 +57,7 @@ class FactsCache:
 
     probe_batches: int = 5  # timed, at most
     # Fewer once the timed batches' interquartile range is within this share of their median
-    # (`predict.sequential.ProbeLength`; 0: always `probe_batches`).
+    # (`harness.timing_rule.ProbeLength`; 0: always `probe_batches`).
     probe_spread: float = STEADY_SPREAD
     step_seconds: dict[tuple[Any, ...], float] = field(default_factory=dict)
     profiles: dict[tuple[Any, ...], Any] = field(default_factory=dict)  # NetworkProfile
@@ -91,9 +91,11 @@ class FactsCache:
     measured: list[str] = field(default_factory=list)  # what was measured here, for the user
 
 
-def command_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
+def command_parser(prog: str, description: str | None, *,
+                   probe_spread: float = STEADY_SPREAD) -> argparse.ArgumentParser:
     """The options of the commands that measure facts (analysis, recommend); the rest of
-    their arguments are config overrides (`parse_known_args`)."""
+    their arguments are config overrides (`parse_known_args`). `probe_spread`: the default of
+    `--probe-spread`, the spread of the probe's timed batches at which it stops early."""
     from harness.cli import ArgumentParser  # a wrong flag: one line, exit status 2
 
     parser = ArgumentParser(prog=prog, description=description,
@@ -101,10 +103,10 @@ def command_parser(prog: str, description: str | None) -> argparse.ArgumentParse
     parser.add_argument("--probe-batches", type=int, default=5,
                         help="timed batches of the sequential probe per batch size, at most "
                              "(default 5)")
-    parser.add_argument("--probe-spread", type=float, default=STEADY_SPREAD,
+    parser.add_argument("--probe-spread", type=float, default=probe_spread,
                         help="stop timing after 3 batches once their interquartile range is "
-                             "within this share of their median (default "
-                             f"{STEADY_SPREAD}; 0: always --probe-batches)")
+                             f"within this share of their median (default {probe_spread}; 0: "
+                             "always --probe-batches)")
     parser.add_argument("--no-probe", action="store_true",
                         help="time no step here: use step times measured earlier on the "
                              "hardware's device (<run.output_dir>/facts/<hardware>.json, "
@@ -463,7 +465,8 @@ def _layer_profile(config: DistbenchConfig, key: tuple[Any, ...], cache: FactsCa
     torch.manual_seed(config.run.seed)
     layers = to_layer_list(config.network.ref, build_network(config.network.ref, spec))
     with _torch_threads(threads):
-        profile = profile_network(config, layers, torch.device("cpu"))
+        profile = profile_network(config, layers, torch.device("cpu"),
+                                  spread=cache.probe_spread)
     cache.measured.append(f"the layer profile of {network}")
     if not here:
         cache.profile_sources[key] = ("profiled here on CPU (the facts file holds no layer "
@@ -620,7 +623,7 @@ class FactsStore:
     `batch` on the device `device_name` of kind `device` (`threads`: torch's threads on a CPU,
     null on CUDA or for torch's default), over `probe_batches` timed steps (`batch_seconds`,
     their quartiles `q1_seconds` and `q3_seconds`) of a probe asked for at most `probe_asked`
-    (fewer once steady: `predict.sequential.ProbeLength`). A runtime share (`predict.runtime`)
+    (fewer once steady: `harness.timing_rule.ProbeLength`). A runtime share (`predict.runtime`)
     is kept per `predict.runtime.probe_key` (`key`), what autograd saves per layer (sizes, on a
     CPU) per network. A new measurement replaces an older one of the
     same key; `save` writes atomically (`harness.records.results.write_json_atomic`).
