@@ -158,6 +158,24 @@ def test_a_command_ended_by_sigterm_leaves_no_memory_probe_running(output_root: 
             probe.kill()
 
 
+def test_a_runtime_probe_started_beside_other_work_ends_when_that_work_fails(
+        output_root: Path) -> None:
+    """The recommender starts the runtime memory probe while it describes the network
+    (harness.predict.facts.gather); a failure there must not leave the probe running."""
+    from harness.compose import compose_config
+    from harness.config import validate
+    from harness.predict.facts import _runtime_probe_started, cache_for
+
+    config = validate(compose_config(tiny_overrides(output_root)))
+    cache = cache_for(1)
+    with pytest.raises(RuntimeError, match="describing failed"), \
+            _runtime_probe_started(config, cache):
+        (started,) = cache.runtime_probes.values()
+        probe = psutil.Process(started.process.pid)
+        raise RuntimeError("describing failed")
+    assert cache.runtime_probes == {} and _ends_within(probe, 1.0)
+
+
 _FIRST_STORE_USE = """
 import sys, time
 from pathlib import Path

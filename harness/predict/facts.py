@@ -28,13 +28,14 @@ by the rule of `choose_step_time`; with neither, a `MissingMeasurement` says wha
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,7 @@ class FactsCache:
     measure_memory: bool = True
     saved_activations: dict[tuple[str, str], Any] = field(default_factory=dict)
     runtime: dict[tuple[Any, ...], float] = field(default_factory=dict)
+    runtime_probes: dict[tuple[Any, ...], Any] = field(default_factory=dict)  # started, unread
     # Why no step time could be had (MissingMeasurement's message: what to measure, where),
     # once a recommendation fell back to memory only; None while times are known.
     missing_step_time: str | None = None
@@ -138,8 +140,12 @@ def gather(config: DistbenchConfig, cache: FactsCache, *, timed: bool = True) ->
     started = time.perf_counter()
     spec = config.dataset.spec
     workload = (config.network.key, config.dataset.key)
-    if workload not in cache.static:
-        cache.static[workload] = describe_network(config)
+    # A worker's runtime memory, if it is to be measured, is measured beside describing the
+    # network (memory and a static trace: neither is a timing), before anything is timed.
+    with _runtime_probe_started(config, cache):
+        if workload not in cache.static:
+            cache.static[workload] = describe_network(config)
+        runtime_mb = _runtime_mb(config, cache)
     static = cache.static[workload]
     batch = config.distribution.step_batch(config)
     seconds = _step_seconds(config, batch, cache) if timed else float("nan")
@@ -154,7 +160,6 @@ def gather(config: DistbenchConfig, cache: FactsCache, *, timed: bool = True) ->
     if saved is not None:
         layers = [replace(layer, saved=kept) for layer, kept in zip(layers, saved.layers)]
     input_mb = math.prod(spec.input_shape) * spec.input_dtype.itemsize / BYTES_PER_MB
-    runtime_mb = _runtime_mb(config, cache)
     return CellFacts(weights_mb=static["weights_mb"], gradient_mb=static["gradient_mb"],
                      gradient_tensors=static["gradient_tensors"],
                      input_mb_per_sample=input_mb, layers=layers, step_seconds=seconds,
@@ -359,18 +364,49 @@ def _runtime_mb(config: DistbenchConfig, cache: FactsCache) -> float:
     return cache.runtime[key]
 
 
-def _kept_or_measured_runtime(config: DistbenchConfig, key: tuple[Any, ...],
-                              cache: FactsCache) -> float:
-    from harness.predict.runtime import measure_runtime_mb
+@contextlib.contextmanager
+def _runtime_probe_started(config: DistbenchConfig, cache: FactsCache) -> Iterator[None]:
+    """Inside, the runtime probe that `_runtime_mb` would run is already running (its result
+    read there); it is ended if the block fails first."""
+    from harness.predict.runtime import RuntimeProbe, probe_key
 
+    key = probe_key(config)
+    if not cache.measure_memory or key in cache.runtime \
+            or _kept_runtime(config, key, cache) is not None:
+        yield
+        return
+    cache.runtime_probes[key] = RuntimeProbe(config)
+    try:
+        yield
+    finally:
+        leftover = cache.runtime_probes.pop(key, None)
+        if leftover is not None:  # the block failed before it read the probe
+            leftover.stop()
+
+
+def _kept_runtime(config: DistbenchConfig, key: tuple[Any, ...],
+                  cache: FactsCache) -> float | None:
+    """The runtime share kept for `key` where one is to be used (0 where none is kept and the
+    device is not here); None: it is to be measured here."""
     path = facts_path(_facts_root(config, cache), config.hardware.name)
     here = device_present(config)
     if cache.reuse or not here:
         kept = FactsStore.load(path, config.hardware.name).runtime(
             key, device_name=_device_name(config) if here else None)
         if kept is not None or not here:
-            return kept or 0.0
-    measured = measure_runtime_mb(config)
+            return float(kept or 0.0)
+    return None
+
+
+def _kept_or_measured_runtime(config: DistbenchConfig, key: tuple[Any, ...],
+                              cache: FactsCache) -> float:
+    from harness.predict.runtime import measure_runtime_mb
+
+    kept = _kept_runtime(config, key, cache)
+    if kept is not None:
+        return kept
+    started = cache.runtime_probes.pop(key, None)
+    measured = started.result() if started is not None else measure_runtime_mb(config)
     cache.measured.append("a worker's runtime memory")
     _keep(config, cache, lambda store: store.record_runtime(
         key, mb=measured, device_name=_device_name(config)))

@@ -17,7 +17,9 @@ the harness records (`max_memory_allocated`) leaves the context out, so a compar
 must subtract this share, while the fit on a device must count it.
 
 `python -m harness.predict.runtime '<json>'` is the probe (its argument: the data set's
-settings, threads, device); `measure_runtime_mb` runs it.
+settings, threads, device); `measure_runtime_mb` runs it, `RuntimeProbe` starts it and reads it
+later: it measures memory, not time, so it may run beside work that times nothing (the
+recommender describes the network meanwhile), never beside a timing.
 """
 
 from __future__ import annotations
@@ -52,8 +54,43 @@ def probe_key(config: DistbenchConfig) -> tuple[Any, ...]:
 
 def measure_runtime_mb(config: DistbenchConfig, *, timeout_s: float = 300.0) -> float:
     """The runtime share of a worker of `config` (module docstring), in MB."""
+    return RuntimeProbe(config).result(timeout_s=timeout_s)
+
+
+class RuntimeProbe:
+    """The probe of a worker of `config` (module docstring), started; `result` waits for its
+    MB. A command ended by SIGTERM or SIGKILL leaves no probe running; `stop` ends it."""
+
+    def __init__(self, config: DistbenchConfig) -> None:
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "harness.predict.runtime", json.dumps(_request(config))],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                preexec_fn=ends_with_parent())
+        except OSError as err:
+            raise ProbeFailed(f"the runtime memory probe failed: {err}") from err
+
+    def result(self, *, timeout_s: float = 300.0) -> float:
+        try:
+            stdout, stderr = self.process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired as err:
+            self.stop()
+            raise ProbeFailed(f"the runtime memory probe failed: {err}") from err
+        if self.process.returncode != 0:
+            raise ProbeFailed(f"the runtime memory probe failed "
+                              f"({_ending(self.process.returncode)}): "
+                              f"{failure_reason(stderr, width=300)}")
+        return float(json.loads(stdout.strip().splitlines()[-1])["runtime_mb"])
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.communicate()
+
+
+def _request(config: DistbenchConfig) -> dict[str, Any]:
+    """What the probe process is told of the worker (its command-line argument, as JSON)."""
     dataset = config.dataset
-    request = {
+    return {
         "dataset": dataset.name.value, "source": dataset.source.value,
         "num_samples": dataset.num_samples, "num_workers": dataset.num_workers,
         "cache_dir": str(Path(dataset.cache_dir).expanduser()), "root": dataset.root,
@@ -64,18 +101,6 @@ def measure_runtime_mb(config: DistbenchConfig, *, timeout_s: float = 300.0) -> 
         "network": None if config.network.ref.is_builtin else dataclasses.asdict(
             config.network.ref),
     }
-    try:
-        done = subprocess.run([sys.executable, "-m", "harness.predict.runtime",
-                               json.dumps(request)], capture_output=True, text=True,
-                              timeout=timeout_s, check=False,
-                              # a command ended by SIGTERM or SIGKILL leaves no probe running
-                              preexec_fn=ends_with_parent())
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise ProbeFailed(f"the runtime memory probe failed: {err}") from err
-    if done.returncode != 0:
-        raise ProbeFailed(f"the runtime memory probe failed ({_ending(done.returncode)}): "
-                          f"{failure_reason(done.stderr, width=300)}")
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["runtime_mb"])
 
 
 class ProbeFailed(StateError):
