@@ -49,7 +49,9 @@ from harness.predict.terms import CellFacts, LayerFacts, allreduces_overlap_back
 from harness.timing_rule import STEADY_SPREAD
 from harness.units import BYTES_PER_MB
 
-_PROBE_WARMUP = 4  # a fresh process runs its first batches slower (allocator, kernel caches)
+# Untimed steps at most: a fresh process runs its first steps slower (allocator, kernel caches);
+# warming up ends earlier once it has taken a second (`harness.timing_rule`).
+_PROBE_WARMUP = 4
 
 
 @dataclass
