@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 _PLAN = """
@@ -101,3 +103,28 @@ def test_a_dry_run_on_every_core_lists_what_one_core_lists(tmp_path: Path) -> No
             f"more")
     assert not (tmp_path / "outputs").exists()
 
+
+
+def test_a_dry_run_ended_by_sigterm_leaves_no_child_composing(tmp_path: Path) -> None:
+    """The children end with the pool: SIGTERM to the command (its handler raises SystemExit,
+    which the pool's exit turns into SIGTERM to each child, whose own handler is the default)."""
+    import psutil
+
+    command = subprocess.Popen(
+        [sys.executable, "-m", "harness", "+sweep=thesis_grid", "--dry-run",
+         f"run.output_dir={tmp_path / 'outputs'}"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    try:
+        parent = psutil.Process(command.pid)
+        deadline = time.monotonic() + 120
+        while not parent.children() and time.monotonic() < deadline:
+            assert command.poll() is None, "the dry run ended before it forked"
+            time.sleep(0.05)
+        children = parent.children()
+        assert children, "no child composing cells"
+        command.send_signal(signal.SIGTERM)
+        assert command.wait(timeout=30) == 143
+        _, alive = psutil.wait_procs(children, timeout=5)
+        assert alive == []
+    finally:
+        command.kill()
