@@ -164,16 +164,16 @@ def test_a_runtime_probe_started_beside_other_work_ends_when_that_work_fails(
     (harness.predict.facts.gather); a failure there must not leave the probe running."""
     from harness.compose import compose_config
     from harness.config import validate
-    from harness.predict.facts import _runtime_probe_started, cache_for
+    from harness.predict.facts import _runtime_measured_meanwhile, cache_for
 
     config = validate(compose_config(tiny_overrides(output_root)))
     cache = cache_for(1)
     with pytest.raises(RuntimeError, match="describing failed"), \
-            _runtime_probe_started(config, cache):
-        (started,) = cache.runtime_probes.values()
-        probe = psutil.Process(started.process.pid)
+            _runtime_measured_meanwhile(config, cache):
+        (probe,) = [child for child in psutil.Process().children()
+                    if "harness.predict.runtime" in " ".join(child.cmdline())]
         raise RuntimeError("describing failed")
-    assert cache.runtime_probes == {} and _ends_within(probe, 1.0)
+    assert cache.runtime == {} and _ends_within(probe, 1.0)
 
 
 _FIRST_STORE_USE = """

@@ -83,7 +83,6 @@ class FactsCache:
     measure_memory: bool = True
     saved_activations: dict[tuple[str, str], Any] = field(default_factory=dict)
     runtime: dict[tuple[Any, ...], float] = field(default_factory=dict)
-    runtime_probes: dict[tuple[Any, ...], Any] = field(default_factory=dict)  # started, unread
     # Why no step time could be had (MissingMeasurement's message: what to measure, where),
     # once a recommendation fell back to memory only; None while times are known.
     missing_step_time: str | None = None
@@ -144,10 +143,10 @@ def gather(config: DistbenchConfig, cache: FactsCache, *, timed: bool = True) ->
     workload = (config.network.key, config.dataset.key)
     # A worker's runtime memory, if it is to be measured, is measured beside describing the
     # network (memory and a static trace: neither is a timing), before anything is timed.
-    with _runtime_probe_started(config, cache):
+    with _runtime_measured_meanwhile(config, cache):
         if workload not in cache.static:
             cache.static[workload] = describe_network(config)
-        runtime_mb = _runtime_mb(config, cache)
+    runtime_mb = _runtime_mb(config, cache)
     static = cache.static[workload]
     batch = config.distribution.step_batch(config)
     seconds = _step_seconds(config, batch, cache) if timed else float("nan")
@@ -360,30 +359,38 @@ def _runtime_mb(config: DistbenchConfig, cache: FactsCache) -> float:
         return 0.0
     from harness.predict.runtime import probe_key
 
-    key = probe_key(config)
-    if key not in cache.runtime:
-        cache.runtime[key] = _kept_or_measured_runtime(config, key, cache)
-    return cache.runtime[key]
+    with _runtime_measured_meanwhile(config, cache):
+        pass
+    return cache.runtime[probe_key(config)]
 
 
 @contextlib.contextmanager
-def _runtime_probe_started(config: DistbenchConfig, cache: FactsCache) -> Iterator[None]:
-    """Inside, the runtime probe that `_runtime_mb` would run is already running (its result
-    read there); it is ended if the block fails first."""
+def _runtime_measured_meanwhile(config: DistbenchConfig, cache: FactsCache) -> Iterator[None]:
+    """On leaving, `cache.runtime` holds the runtime share of `config`'s worker (`_runtime_mb`):
+    kept, or measured by a probe that ran while the block did (it measures memory, not time: a
+    block that times nothing); the probe is ended if the block fails."""
     from harness.predict.runtime import RuntimeProbe, probe_key
 
     key = probe_key(config)
-    if not cache.measure_memory or key in cache.runtime \
-            or _kept_runtime(config, key, cache) is not None:
+    if not cache.measure_memory or key in cache.runtime:
         yield
         return
-    cache.runtime_probes[key] = RuntimeProbe(config)
+    kept = _kept_runtime(config, key, cache)
+    if kept is not None:
+        cache.runtime[key] = kept
+        yield
+        return
+    probe = RuntimeProbe(config)
     try:
         yield
-    finally:
-        leftover = cache.runtime_probes.pop(key, None)
-        if leftover is not None:  # the block failed before it read the probe
-            leftover.stop()
+    except BaseException:
+        probe.stop()
+        raise
+    measured = probe.result()
+    cache.measured.append("a worker's runtime memory")
+    _keep(config, cache, lambda store: store.record_runtime(
+        key, mb=measured, device_name=_device_name(config)))
+    cache.runtime[key] = measured
 
 
 def _kept_runtime(config: DistbenchConfig, key: tuple[Any, ...],
@@ -398,21 +405,6 @@ def _kept_runtime(config: DistbenchConfig, key: tuple[Any, ...],
         if kept is not None or not here:
             return float(kept or 0.0)
     return None
-
-
-def _kept_or_measured_runtime(config: DistbenchConfig, key: tuple[Any, ...],
-                              cache: FactsCache) -> float:
-    from harness.predict.runtime import measure_runtime_mb
-
-    kept = _kept_runtime(config, key, cache)
-    if kept is not None:
-        return kept
-    started = cache.runtime_probes.pop(key, None)
-    measured = started.result() if started is not None else measure_runtime_mb(config)
-    cache.measured.append("a worker's runtime memory")
-    _keep(config, cache, lambda store: store.record_runtime(
-        key, mb=measured, device_name=_device_name(config)))
-    return measured
 
 
 class _torch_threads:  # noqa: N801 - used as a context manager, like torch's own

@@ -5,9 +5,8 @@ measured step once per full batch, as the harness trains).
 `measure_batch_seconds` is the only part that runs anything: up to `probe_batches` timed
 training steps (after up to `warmup_batches` untimed ones) of the real network on one device,
 with the device synchronised around each; how many is `harness.timing_rule.ProbeLength`'s
-rule. The median is robust
-to the odd slow step (a page fault, another process); the spread is returned so that a caller
-can say how sure the number is.
+rule. The median is robust to the odd slow step (a page fault, another process); the spread is
+returned so that a caller can say how sure the number is.
 """
 
 from __future__ import annotations

@@ -17,27 +17,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-ARTIFACT_FOLDER = "mlartifacts"  # beside a SQLite store (mlflow_store.experiment_id)
-_SQLITE = "sqlite:///"
-
-
-def store_uri(client: Any) -> str:
-    """The tracking URI `client` (an MlflowClient) reads."""
-    return str(client._tracking_client.tracking_uri)  # noqa: SLF001 - MLflow has no public one
+from harness.records.mlflow_store import ARTIFACT_FOLDER, sqlite_file
 
 
 def beside_the_store(client: Any, run: Any) -> Path | None:
     """The folder of `run`'s artifacts beside its SQLite store, where it is there (whatever
     folder the run's recorded URI names); None for other stores, or where it is not."""
-    uri, recorded = store_uri(client), str(run.info.artifact_uri or "")
-    if not uri.startswith(_SQLITE) or not recorded.startswith("file:"):
+    database, recorded = sqlite_file(str(client.tracking_uri)), str(run.info.artifact_uri or "")
+    if database is None or not recorded.startswith("file:"):
         return None
     marker = f"/{ARTIFACT_FOLDER}/"
     path = unquote(urlparse(recorded).path)
     if marker not in path:
         return None
     # the last one: a store written under a folder itself named mlartifacts keeps its own
-    folder = Path(uri.removeprefix(_SQLITE)).parent / ARTIFACT_FOLDER / path.rsplit(marker, 1)[1]
+    folder = database.parent / ARTIFACT_FOLDER / path.rsplit(marker, 1)[1]
     return folder if folder.is_dir() else None
 
 

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_STORE_FILE = "mlflow.db"
+_SQLITE_URI = "sqlite:///"
+# A SQLite store's runs keep their artifacts beside it, in mlartifacts/<experiment>/<run id>/
+# (experiment_id; harness.records.artifacts reads them there).
+ARTIFACT_FOLDER = "mlartifacts"
 # How long a process waits for another to finish creating a new SQLite store (a migration
 # takes seconds); after it, it goes on (a hung holder must not stop it).
 STORE_LOCK_WAIT_S = 120.0
@@ -176,6 +180,11 @@ def open_store(uri: str) -> MlflowClient:
         return MlflowClient(tracking_uri=uri)
 
 
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a SQLite store's URI; None for any other store."""
+    return Path(uri.removeprefix(_SQLITE_URI)) if uri.startswith(_SQLITE_URI) else None
+
+
 def experiment_id(client: Any, name: str, uri: str) -> str:
     """Id of experiment `name`, created on first use (artifacts beside a local SQLite store)
     as a training experiment with distbench's view of its runs (experiment_tags); an existing
@@ -187,11 +196,11 @@ def experiment_id(client: Any, name: str, uri: str) -> str:
         _tag_experiment(client, experiment)
         return experiment.experiment_id
     artifact_location = None
-    if uri.startswith("sqlite:///"):
+    database = sqlite_file(uri)
+    if database is not None:
         # MLflow's default artifact root is ./mlruns of whatever the cwd is; keep the
         # artifacts next to the database instead, so a store is one self-contained folder.
-        store_dir = Path(uri.removeprefix("sqlite:///")).parent
-        artifact_location = (store_dir / "mlartifacts" / name).resolve().as_uri()
+        artifact_location = (database.parent / ARTIFACT_FOLDER / name).resolve().as_uri()
     try:
         return client.create_experiment(name, artifact_location=artifact_location,
                                         tags=experiment_tags())
