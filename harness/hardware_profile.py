@@ -22,6 +22,8 @@ from harness.units import BYTES_PER_MB
 from workloads.datasets.atomic import write_json_atomic
 
 PROFILE_FILE = "hardware_profile.json"
+# The facts key of what an allreduce between nodes takes from a CPU worker's compute.
+COMPUTE_LOST_FACT = "compute_lost_ms_per_mb"
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,12 @@ class HardwareProfile:
                 return entry.cost
         raise KeyError(f"the profile of {self.hardware} has no allreduce among {workers} "
                        f"workers; measured: {[e.workers for e in self.allreduce]}")
+
+    def compute_lost_s_per_mb(self) -> float:
+        """Seconds of a CPU worker's compute an allreduce between nodes takes per MB while it
+        runs beside it (`harness.worker.probe_worker.measure_compute_lost`); 0 where the
+        probe measured none (one machine, GPUs, a profile from before it measured this)."""
+        return float(self.facts.get(COMPUTE_LOST_FACT, 0.0)) / 1e3
 
     def to_json(self) -> dict[str, Any]:
         def entry(item: Link | AllreduceCost) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from harness.config import (
     without_hydra,
 )
 from harness.hardware_profile import (
+    COMPUTE_LOST_FACT,
     PROFILE_FILE,
     HardwareProfile,
     profile_path,
@@ -99,6 +100,8 @@ def record_profile(profile: HardwareProfile, config: DistbenchConfig, output_dir
             metrics[f"allreduce_latency_us_w{entry.workers}"] = entry.cost.latency_s * 1e6
             metrics[f"allreduce_bandwidth_mbps_w{entry.workers}"] = \
                 entry.cost.bandwidth_bytes_per_s / 1e6
+        if COMPUTE_LOST_FACT in profile.facts:
+            metrics[COMPUTE_LOST_FACT] = float(profile.facts[COMPUTE_LOST_FACT])
         try:
             log_run(uri=tracking_uri(config.tracking.uri, config.run.output_dir),
                     experiment=EXPERIMENT, run_name=f"probe-{profile.hardware}",
@@ -128,6 +131,9 @@ def summary(profile: HardwareProfile) -> str:
         lines.append(f"allreduce among {entry.workers}: latency "
                      f"{entry.cost.latency_s * 1e6:.1f} us, bandwidth "
                      f"{entry.cost.bandwidth_bytes_per_s / 1e6:.1f} MB/s")
+    if COMPUTE_LOST_FACT in profile.facts:
+        lines.append(f"an allreduce between nodes takes {profile.facts[COMPUTE_LOST_FACT]:.2f} "
+                     f"ms of a worker's compute per MB, beside it")
     return "\n".join(lines)
 
 

@@ -80,6 +80,11 @@ def test_the_probe_measures_the_shaped_rate(emulated_nodes: object, output_root:
     assert profile.facts["link_shaping"] == \
         ["tbf rate 200mbit burst 256kb latency 50ms on eth0"] * 2
     assert "links shaped to 200 Mbit/s (25.0 MB/s): measured" in done.stdout
+    # What an allreduce between the nodes takes from a worker's compute beside it: each
+    # worker's, measured (2.4 ms per MB on the 1 Gbit/s link, BENCHMARKS.md section 15).
+    assert len(profile.facts["compute_lost_ms_per_mb_per_worker"]) == 2
+    assert 0 < profile.compute_lost_s_per_mb() < 0.1
+    assert "ms of a worker's compute per MB" in done.stdout
 
 
 def _listening(namespace: str) -> dict[int, set[str]]:

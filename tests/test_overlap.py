@@ -10,7 +10,13 @@ from harness.compose import compose_config
 from harness.config import validate
 from harness.distributions.fsdp import step_communication_seconds
 from harness.distributions.horovod import fused_mb_per_allreduce
-from harness.hardware_profile import AllreduceCost, Cost, HardwareProfile, Link
+from harness.hardware_profile import (
+    COMPUTE_LOST_FACT,
+    AllreduceCost,
+    Cost,
+    HardwareProfile,
+    Link,
+)
 from harness.predict import overlap
 from harness.predict.cell import epoch_terms
 from harness.predict.facts import needs_layer_profile
@@ -33,6 +39,25 @@ def test_a_bucket_hides_only_behind_the_backward_still_to_run() -> None:
     # Where nothing can overlap (CPU workers of one machine) everything takes its turn.
     assert overlap.after_each_chunk([1, 1, 1], [0.5, 0.5, 0.5], overlaps=False) == \
         pytest.approx(1.5)
+
+
+def test_a_collective_that_takes_the_cores_lengthens_the_compute_beside_it() -> None:
+    # Chunks of 1 s; allreduces of 0.5 s, each taking 0.2 s of the cores while it runs. The
+    # first runs 1-1.5 beside chunk 2 (1-2.2, stretched by its 0.2 s); the second 2.2-2.7
+    # beside chunk 3 (2.2-3.4); the third 3.4-3.9, after the compute: its cores' share costs
+    # nothing more. Exposed: 3.9 - 3 s of compute = 0.9 s, of which 0.4 s the cores lost.
+    assert overlap.after_each_chunk([1, 1, 1], [0.5, 0.5, 0.5], overlaps=True,
+                                    cores_s=[0.2, 0.2, 0.2]) == pytest.approx(0.9)
+    # An allreduce that outlasts the compute beside it takes only its share of that compute:
+    # 2 s on the link, 0.4 s of the cores over them (0.2 s a second), 1 s of compute beside it.
+    assert overlap.after_each_chunk([1, 1], [2, 0], overlaps=True, cores_s=[0.4, 0]) == \
+        pytest.approx(overlap.after_each_chunk([1, 1], [2, 0], overlaps=True))
+    timeline = overlap.Timeline()
+    timeline.run(overlap.LINK, 2.0, cores_s=0.4)
+    assert timeline.run(overlap.COMPUTE, 1.0) == pytest.approx((0.0, 1.2))
+    # Where nothing overlaps (one machine), a collective's own time holds its copies already.
+    assert overlap.after_each_chunk([1, 1, 1], [0.5, 0.5, 0.5], overlaps=False,
+                                    cores_s=[0.2, 0.2, 0.2]) == pytest.approx(1.5)
 
 
 def test_a_prefetch_hides_only_behind_the_chunk_it_is_issued_under() -> None:
@@ -177,3 +202,22 @@ def test_horovod_across_cpu_nodes_allreduces_a_layer_per_cycle_beside_the_backwa
     assert [parameter.name for parameter, _ in terms.model_terms] == ["horovod_background"]
     # On GPUs the thesis' Tensor Fusion buffer.
     assert fused_mb_per_allreduce(_config("horovod")) == 64.0  # type: ignore[arg-type]
+
+
+def test_an_allreduce_between_cpu_nodes_takes_the_probed_share_of_the_backward_beside_it(
+        ) -> None:
+    """The probe measures what an allreduce between nodes takes from a CPU worker's compute
+    per MB (on the emulated 1 Gbit/s link 2.4 ms, BENCHMARKS.md section 15); the backward it
+    runs beside lasts that much longer. Each 30 MB layer's allreduce (30.05 ms on the link)
+    takes 0.5 ms/MB x 30 MB = 15 ms of the cores, all beside the next layer's backward
+    (0.15 s): three of them stretch the backward by 45 ms, the last runs after it."""
+    config = _cpu_cell("ddp", "emulated_2nodes_1gbit")
+    probed = _profile()
+    probed.facts[COMPUTE_LOST_FACT] = 0.5
+    assert probed.compute_lost_s_per_mb() == pytest.approx(5e-4)
+    terms = epoch_terms(config, _four_layers(), probed)  # type: ignore[arg-type]
+    assert terms.allreduce_s == pytest.approx(10 * (3 * 0.015 + 50e-6 + 0.030))
+    # The same profile on GPUs: their collectives do not compute on the CPU's cores.
+    gpu = epoch_terms(_config("ddp"), _four_layers(), probed)  # type: ignore[arg-type]
+    assert gpu.allreduce_s == pytest.approx(
+        epoch_terms(_config("ddp"), _four_layers(), _profile()).allreduce_s)  # type: ignore[arg-type]

@@ -35,19 +35,33 @@ class Timeline:
     _free: dict[str, float] = field(default_factory=lambda: {COMPUTE: 0.0, LINK: 0.0})
     _compute_s: float = 0.0
     _end: float = 0.0
+    # The link's tasks that take the compute's cores: (start, end, core seconds per second).
+    _on_the_cores: list[tuple[float, float, float]] = field(default_factory=list)
 
     def run(self, resource: str, seconds: float, *, after: Sequence[float] = (),
-            not_before: float = 0.0) -> tuple[float, float]:
+            not_before: float = 0.0, cores_s: float = 0.0) -> tuple[float, float]:
         """Schedule `seconds` of work on `resource` once the tasks ending at `after` have ended
-        (and not before `not_before`); its (start, end)."""
+        (and not before `not_before`); its (start, end). A link task's `cores_s`: the seconds
+        of the compute's cores it takes while it runs (a CPU worker's collective between nodes:
+        socket writes, copies, additions), spread over it; a compute task running beside it
+        lasts that much longer, and the time counts as exposed, not as compute."""
         where = resource if self.overlaps else COMPUTE
         start = max([self._free[where], not_before, *after])
         end = start + max(seconds, 0.0)
-        self._free[where] = end
-        self._end = max(self._end, end)
         if resource == COMPUTE:
             self._compute_s += max(seconds, 0.0)
+            end += self._cores_taken(start, end)
+        elif cores_s > 0 and self.overlaps and end > start:
+            self._on_the_cores.append((start, end, cores_s / (end - start)))
+        self._free[where] = end
+        self._end = max(self._end, end)
         return start, end
+
+    def _cores_taken(self, start: float, end: float) -> float:
+        """Seconds the link's tasks running between `start` and `end` take from the compute
+        (to first order: the compute's own stretch does not meet further tasks)."""
+        return sum(rate * max(min(end, busy_end) - max(start, busy_start), 0.0)
+                   for busy_start, busy_end, rate in self._on_the_cores)
 
     @property
     def exposed_s(self) -> float:
@@ -56,15 +70,17 @@ class Timeline:
 
 
 def after_each_chunk(chunks: Sequence[float], collectives: Sequence[float], *,
-                     overlaps: bool) -> float:
+                     overlaps: bool, cores_s: Sequence[float] = ()) -> float:
     """Exposed seconds when collective i can start once compute chunk i is done and the
     collectives queue on one link: data parallelism's gradient buckets (or fused buffers)
-    after the backward's chunks that produce them."""
+    after the backward's chunks that produce them. `cores_s[i]`: the seconds of the compute's
+    cores collective i takes while it runs (`Timeline.run`; none where not given)."""
     timeline = Timeline(overlaps=overlaps)
     ready = 0.0
-    for chunk, collective in zip(chunks, collectives):
+    for i, (chunk, collective) in enumerate(zip(chunks, collectives)):
         _, ready = timeline.run(COMPUTE, chunk, after=[ready])
-        timeline.run(LINK, collective, after=[ready])
+        timeline.run(LINK, collective, after=[ready],
+                     cores_s=cores_s[i] if i < len(cores_s) else 0.0)
     return timeline.exposed_s
 
 

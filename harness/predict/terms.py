@@ -288,8 +288,12 @@ def overlapped_allreduce_seconds(config: DistbenchConfig, facts: CellFacts,
     else:  # the probe's allreduce among the workers (the ring where it measured none)
         collectives = [allreduce_seconds(profile, workers, megabytes, 1)
                        for _, megabytes in buckets]
+    # A CPU worker's allreduce between nodes takes its cores from the backward it runs beside
+    # (the probe's `compute_lost_ms_per_mb`; 0 where it measured none, and on a GPU).
+    lost = profile.compute_lost_s_per_mb() if config.hardware.device.value != "cuda" else 0.0
     return overlap.after_each_chunk([seconds for seconds, _ in buckets], collectives,
-                                    overlaps=True)
+                                    overlaps=True,
+                                    cores_s=[lost * megabytes for _, megabytes in buckets])
 
 
 def replica_memory(config: DistbenchConfig, facts: CellFacts, *,

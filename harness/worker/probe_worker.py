@@ -11,6 +11,8 @@ import itertools
 import logging
 import os
 import socket
+import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,14 @@ from omegaconf import DictConfig
 
 from harness.config import DistbenchConfig, ProbeConfig, validate
 from harness.distributed import WorkerSession, worker_session
-from harness.hardware_profile import PROFILE_FILE, AllreduceCost, HardwareProfile, Link, fit_cost
+from harness.hardware_profile import (
+    COMPUTE_LOST_FACT,
+    PROFILE_FILE,
+    AllreduceCost,
+    HardwareProfile,
+    Link,
+    fit_cost,
+)
 from harness.metrics import median_seconds
 from harness.worker_env import log_to_stderr, worker_environment
 
@@ -93,6 +102,55 @@ def _allreduce_seconds(group: dist.ProcessGroup, device: torch.device,
     return seconds
 
 
+# What the cores compute while a collective runs beside them: a few products of 384 x 384
+# matrices, about 3 ms on one core of this VM (short against any collective it is timed
+# against, so that the last one, which runs past the collective's end, matters little).
+_KERNEL_SIZE, _KERNEL_PRODUCTS = 384, 4
+# A collective of at most this many bytes (the largest probe size below it): on a 100 Mbit/s
+# link 8 MB takes 0.7 s, and the measurement repeats it.
+_COMPUTE_LOST_MAX_BYTES = 8_388_608
+
+
+def _kernel(left: torch.Tensor, right: torch.Tensor) -> None:
+    for _ in range(_KERNEL_PRODUCTS):
+        torch.mm(left, right)
+
+
+def measure_compute_lost(session: WorkerSession, probe: ProbeConfig) -> float:
+    """Milliseconds of a CPU worker's compute lost per MB of an allreduce that runs beside it
+    (this worker's median over the repeats). A gloo collective between nodes is socket writes
+    and reads, copies and additions: work on the cores that compute, taken from whatever they
+    compute meanwhile. Measured as the harness's workers meet it: a kernel run over and over
+    on this worker's cores while the allreduce is in flight, its time against the kernel's
+    time alone (`predict.overlap.Timeline`: the compute beside a collective is that much
+    longer)."""
+    left, right = torch.ones(_KERNEL_SIZE, _KERNEL_SIZE), torch.full(
+        (_KERNEL_SIZE, _KERNEL_SIZE), 0.5)
+    alone = []
+    for _ in range(probe.warmup + 5 * probe.repeats):
+        start = time.perf_counter()
+        _kernel(left, right)
+        alone.append(time.perf_counter() - start)
+    kernel_s = statistics.median(alone[probe.warmup:])
+    nbytes = max([n for n in probe.message_bytes if n <= _COMPUTE_LOST_MAX_BYTES]
+                 or [min(probe.message_bytes)])
+    tensor = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32)
+    lost_ms_per_mb = []
+    for repeat in range(probe.warmup + max(probe.repeats // 3, 1)):
+        dist.barrier()
+        start = time.perf_counter()
+        work = dist.all_reduce(tensor, async_op=True)
+        kernels = 0
+        while not work.is_completed():
+            _kernel(left, right)
+            kernels += 1
+        lost_s = time.perf_counter() - start - kernels * kernel_s
+        work.wait()
+        if repeat >= probe.warmup:
+            lost_ms_per_mb.append(max(lost_s, 0.0) * 1e3 / (tensor.numel() * 4 / 1e6))
+    return statistics.median(lost_ms_per_mb)
+
+
 def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
     """One worker of the probe; rank 0 assembles, writes and returns the profile."""
     log_to_stderr()
@@ -113,6 +171,10 @@ def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
                  env.world_size * (env.world_size - 1) // 2, env.world_size)
         links = session.all_gather(measure_links(session, device, config.probe))
         allreduce = measure_allreduce(session, device, config.probe)
+        # Only where it is used: CPU workers on nodes of their own, whose allreduces run
+        # beside the backward (on one machine they take their turn; a GPU's run on its links).
+        lost = (session.all_gather(measure_compute_lost(session, config.probe))
+                if device.type == "cpu" and config.hardware.nodes > 1 else None)
         # The node as the scheduler names it (SLURM's test cluster runs its nodes on one host).
         hosts = session.all_gather(os.environ.get("SLURMD_NODENAME", socket.gethostname()))
         shaping = session.all_gather(None if session.link is None else session.link.shaping)
@@ -121,6 +183,9 @@ def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
     profile = assemble_profile(config, device, session, links, allreduce, hosts)
     if any(shaping):  # emulated nodes: how each node's link was shaped (hardware.link)
         profile.facts["link_shaping"] = shaping
+    if lost is not None:  # every worker's; the models read the median
+        profile.facts[COMPUTE_LOST_FACT] = statistics.median(lost)
+        profile.facts["compute_lost_ms_per_mb_per_worker"] = lost
     profile.save(output_dir / PROFILE_FILE)
     return profile.to_json()
 

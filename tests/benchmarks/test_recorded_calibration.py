@@ -21,6 +21,12 @@ again for the version above), and which kept no step time for ResNet-50; `data/c
 emulated-2026-11-29-reprobed-steps.json` holds the five networks' step times probed again hours
 after its cells, each with the reference kernel timed around it: the analysis of the first
 version with them names the workload whose cells ran in a slower hour (ResNet-50).
+
+The kept profiles predate the probe's measurement of what an allreduce between the nodes takes
+from a CPU worker's compute beside it (`compute_lost_ms_per_mb`); `data/calibrate_emulated-
+2026-11-29-compute-lost.json` holds the profiles the probe measured on the same VM and links
+later that day, and the models are judged with that fact added to the kept profiles (their
+links stay the kept ones).
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.hardware_profile import COMPUTE_LOST_FACT
+
 pytestmark = pytest.mark.perf
 
 DATA = Path(__file__).parent / "data"
@@ -46,9 +54,25 @@ MODELS = {"sequential", "ddp", "horovod", "fsdp", "gpipe", "pipedream"}
 FITS = {"full": [], "small": ["--fit-on", "resnet18,vgg11"]}
 
 
+COMPUTE_LOST = DATA / "calibrate_emulated-2026-11-29-compute-lost.json"
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _extracted(ARCHIVE, tmp_path_factory.mktemp("calibrate_emulated"))
+    root = _extracted(ARCHIVE, tmp_path_factory.mktemp("calibrate_emulated"))
+    _add_compute_lost(root)
+    return root
+
+
+def _add_compute_lost(root: Path) -> None:
+    """The later probe's `compute_lost` facts in the kept profiles (the module's docstring)."""
+    later = json.loads(COMPUTE_LOST.read_text())["profiles"]
+    for hardware, profile in later.items():
+        kept = root / "hardware_profiles" / f"{hardware}.json"
+        data = json.loads(kept.read_text())
+        data["facts"].update({key: value for key, value in profile["facts"].items()
+                              if key.startswith(COMPUTE_LOST_FACT)})
+        kept.write_text(json.dumps(data))
 
 
 def _extracted(kept: Path, root: Path) -> Path:
