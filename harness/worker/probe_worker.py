@@ -136,7 +136,7 @@ def measure_compute_lost(session: WorkerSession, probe: ProbeConfig) -> float:
                  or [min(probe.message_bytes)])
     tensor = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32)
     lost_ms_per_mb = []
-    for repeat in range(probe.warmup + max(probe.repeats // 3, 1)):
+    for repeat in range(probe.warmup + max(probe.repeats // 2, 1)):
         dist.barrier()
         start = time.perf_counter()
         work = dist.all_reduce(tensor, async_op=True)
