@@ -10,7 +10,9 @@ runs the same across nodes as on one.
 from __future__ import annotations
 
 import logging
+import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -123,6 +125,34 @@ class PipelineBatches:
         images, labels = fetch_batch(self.dataset, indices.tolist())
         return (images.to(self.device, non_blocking=True),
                 labels.to(self.device, non_blocking=True))
+
+
+@dataclass
+class StageEpochs:
+    """What one pipeline stage's worker measured of its epochs: the idle share (`bubble`) and
+    each phase's seconds, per epoch. Recorded per stage (`metrics`), so that a cell says where
+    each stage spent its time, which the workers' mean phases hide (BENCHMARKS.md section 15:
+    GPipe's misses are one stage's compute)."""
+
+    idle: list[float] = field(default_factory=list)
+    phases: list[dict[str, float]] = field(default_factory=list)
+
+    def add(self, epoch_seconds: float, phase_seconds: dict[str, float]) -> None:
+        idle = bubble(epoch_seconds, phase_seconds)
+        if idle is not None:
+            self.idle.append(idle)
+            self.phases.append(dict(phase_seconds))
+
+    def metrics(self, stage: int) -> dict[str, float]:
+        """`bubble_stage<k>` and `<phase>_seconds_per_epoch_stage<k>`, means over the epochs
+        (none before an epoch was timed)."""
+        if not self.idle:
+            return {}
+        metrics = {f"bubble_stage{stage}": statistics.fmean(self.idle)}
+        for phase in self.phases[0]:
+            metrics[f"{phase}_seconds_per_epoch_stage{stage}"] = statistics.fmean(
+                epoch[phase] for epoch in self.phases)
+        return metrics
 
 
 def bubble(epoch_seconds: float, phase_seconds: dict[str, float]) -> float | None:

@@ -16,7 +16,7 @@ from harness.distributions.gpipe import PLANNER, Recompute, gpipe_settings
 from harness.distributions.pipeline import (
     LABEL_TAG,
     PipelineBatches,
-    bubble,
+    StageEpochs,
     layer_list,
     shared_plan,
     stage_module,
@@ -105,7 +105,7 @@ class GPipeTrainer(Trainer):
         self.batches = PipelineBatches(context)
         self.batch_size = config.batch_size
         self.replica_group = self.stage_index  # each stage is its own (single) replica
-        self._bubbles: list[float] = []
+        self._epochs = StageEpochs()  # this stage's idle share and phases, per epoch
         self._resolved = {"balance": self.plan.balance, "micro_batches": self.micro_batches}
         self.initial = InitialState.capture(self.module, self.optimizer)  # this stage's only
 
@@ -131,9 +131,7 @@ class GPipeTrainer(Trainer):
             self.heartbeat()
         seconds = device_time(self.device) - start
         phases = self.clock.reset()
-        idle = bubble(seconds, phases)
-        if idle is not None:
-            self._bubbles.append(idle)
+        self._epochs.add(seconds, phases)
         # Samples counted once per cell: the first stage's; the others report 0.
         return EpochMeasurement(seconds=seconds, samples=len(rows) * self.batch_size
                                 if self.is_first else 0, batches=len(rows), phase_seconds=phases,
@@ -153,8 +151,7 @@ class GPipeTrainer(Trainer):
         metrics = {"micro_batches": float(self.micro_batches),
                    "micro_batch_size": float(self.batch_size // self.micro_batches),
                    "pipeline_stages": float(self.num_stages)}
-        if self._bubbles:
-            metrics[f"bubble_stage{self.stage_index}"] = sum(self._bubbles) / len(self._bubbles)
+        metrics.update(self._epochs.metrics(self.stage_index))
         return metrics
 
     def resolved_config(self) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from harness.distributions.pipedream import PLANNER, BatchDivision, pipedream_se
 from harness.distributions.pipeline import (
     LABEL_TAG,
     PipelineBatches,
-    bubble,
+    StageEpochs,
     layer_list,
     shared_plan,
     stage_module,
@@ -98,7 +98,7 @@ class PipeDreamTrainer(Trainer):
         self._snapshot: _Snapshot | None = None
         self._in_flight: dict[int, _InFlight] = {}
         self._sends: list[tuple[dist.Work, torch.Tensor]] = []
-        self._bubbles: list[float] = []
+        self._epochs = StageEpochs()  # this stage's idle share and phases, per epoch
         self._stashed_max = 0
         self._checked: set[int] = set()  # batch counts whose schedule is proven deadlock-free
         self._losses: dict[int, torch.Tensor] = {}  # the last stage's, by minibatch, this epoch
@@ -164,9 +164,7 @@ class PipeDreamTrainer(Trainer):
         seconds = device_time(self.device) - start
         losses = epoch_losses(self._losses)
         phases = self.clock.reset()
-        idle = bubble(seconds, phases)
-        if idle is not None:
-            self._bubbles.append(idle)
+        self._epochs.add(seconds, phases)
         # The first stage's replicas count the samples, once per cell.
         return EpochMeasurement(seconds=seconds,
                                 samples=trained * self.batch_size if self.is_first else 0,
@@ -207,8 +205,7 @@ class PipeDreamTrainer(Trainer):
             "batches_added": float(max(0, self.epoch_batches - available)),
             f"stashed_versions_max_stage{self.stage}": float(self._stashed_max),
         }
-        if self._bubbles:
-            metrics[f"bubble_stage{self.stage}"] = sum(self._bubbles) / len(self._bubbles)
+        metrics.update(self._epochs.metrics(self.stage))
         return metrics
 
     def resolved_config(self) -> dict[str, Any]:
