@@ -55,9 +55,9 @@ from harness.analysis.calibration import (
 from harness.analysis.report import setting_label
 from harness.cli import BAD_INPUT_ERRORS, bad_input_message, command
 from harness.compose import compose_config
-from harness.config import ConfigError, DistbenchConfig, validate
+from harness.config import ConfigError, DistbenchConfig, HardwareConfig, validate
 from harness.distributions.registry import spec_of, specs
-from harness.hardware_profile import profile_for
+from harness.hardware_profile import HardwareProfile, profile_for
 from harness.partition import StagePlan
 from harness.predict.cell import cost_per_epoch, epoch_terms, memory_per_worker_mb
 from harness.predict.facts import (
@@ -415,6 +415,21 @@ def step_times(cache: FactsCache) -> list[StepTime]:
     return sorted(cache.sources.values(), key=lambda step: step.batch)
 
 
+def link_line(hardware: HardwareConfig, profile: HardwareProfile | None) -> str | None:
+    """Where the links' speeds come from (none for a single worker, which never talks)."""
+    if profile is None:
+        return None
+    if profile.source != "measured":
+        return (f"links: hardware {hardware.name}'s configured speeds (no harness.probe "
+                f"profile yet; python -m harness.probe hardware={hardware.name} measures them)")
+    when = profile.facts.get("measured_at", "at an unknown time")
+    line = f"links: measured by harness.probe, {when}"
+    if profile.compute_lost_s_per_mb() > 0:
+        line += (f"; an allreduce between nodes takes {1e3 * profile.compute_lost_s_per_mb():.2f}"
+                 f" ms of a worker's compute per MB")
+    return line
+
+
 def source_lines(cache: FactsCache) -> list[str]:
     """Where the measured inputs of the predictions come from, for the user to judge."""
     lines = ["step times (one sequential training step):"] if step_times(cache) else []
@@ -599,7 +614,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     fitted = Fitted.load(fit_path, config.hardware.name)
     # A damaged measured profile stops here, in one line, before minutes of probing would end
     # in every option skipped (harness.hardware_profile.HardwareProfile.load).
-    profile_for(config.hardware, output_root)
+    profile = profile_for(config.hardware, output_root)
     check_writable_dir("run.output_dir", config.run.output_dir)  # facts measured here go there
     options, skipped = rank(config, fitted, cache, output_root, overrides, flags.objective,
                             checked)
@@ -607,7 +622,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if flags.json:
         print_json(config, options, skipped, fitted, cache, flags.objective, elapsed)
     else:
-        print_table(config, options, skipped, fitted, source_lines(cache), flags.objective,
+        links = link_line(config.hardware, profile)
+        print_table(config, options, skipped, fitted,
+                    [*source_lines(cache), *([links] if links else [])], flags.objective,
                     common_overrides(config, overrides), cache.missing_step_time)
     # Not on stdout, which a later run repeats exactly.
     measured = ", ".join(cache.measured) or "nothing (all facts were kept from earlier runs)"

@@ -118,6 +118,32 @@ def test_a_facts_file_of_the_device_is_used_and_named(output_root: Path) -> None
     assert path.read_text() == kept  # nothing measured here, nothing written
 
 
+def test_the_table_says_where_the_links_speeds_come_from(output_root: Path) -> None:
+    """The configured speeds until harness.probe has measured the links, then the probe's
+    profile, with what an allreduce between nodes takes from a CPU worker's compute."""
+    from harness.compose import compose_config
+    from harness.config import validate
+    from harness.hardware_profile import COMPUTE_LOST_FACT, HardwareProfile, profile_path
+
+    _kept_facts(output_root, {128: 0.010, 64: 0.006})
+    ask = ["dataset=mnist", "network=mobilenetv2", "hardware=titanrtx_cluster"]
+    done = _recommend(output_root, *ask)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ("links: hardware titanrtx_cluster's configured speeds (no harness.probe profile "
+            "yet; python -m harness.probe hardware=titanrtx_cluster measures them)"
+            ) in done.stdout.splitlines()
+    configured = HardwareProfile.from_config(validate(compose_config(ask)).hardware)
+    measured = HardwareProfile(configured.hardware, "measured", configured.workers,
+                               configured.nodes, configured.links,
+                               facts={"measured_at": "2026-11-29T11:13:30+00:00",
+                                      COMPUTE_LOST_FACT: 2.41})
+    measured.save(profile_path(output_root, "titanrtx_cluster"))
+    done = _recommend(output_root, *ask)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ("links: measured by harness.probe, 2026-11-29T11:13:30+00:00; an allreduce between "
+            "nodes takes 2.41 ms of a worker's compute per MB") in done.stdout.splitlines()
+
+
 def _log_sequential_cell(output_root: Path, overrides: list[str], seconds_per_epoch: float,
                          device_name: str, **metrics: float) -> str:
     """A sequential cell as `harness.worker.run` records it: the resolved config as `config.yaml`,
