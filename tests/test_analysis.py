@@ -191,6 +191,11 @@ def test_a_grid_measured_here_is_fitted_reported_and_recommended(output_root: Pa
     assert set(fit["hardware"]["local_2cpu"]["params"]) == {
         "contention", "communication", "fsdp_copies", "horovod_background"}
     assert len(fit["recommendations"]) == 2  # one verdict per workload
+    # GPipe's two plans (one per network) were timed in place, once each, and kept.
+    facts = json.loads((output_root / "facts" / "local_2cpu.json").read_text())
+    assert sorted(entry["key"][0] for entry in facts["stages_in_place"]) == [
+        "mobilenetv2", "resnet18"]
+    assert "stages in place" in analysis.stderr
     for plot in ("speedup.png", "predicted_vs_measured.png", "residuals.png", "memory.png"):
         _assert_non_empty_png(folder / plot)
 

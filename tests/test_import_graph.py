@@ -26,9 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("workloads", "conf", "harness", "launchers", "hydra_plugins")
 
-# Commands that start cells through the launchers (`python -m harness`, and `harness.probe`,
-# whose `main()` submits its probe jobs with the local or SLURM launcher).
-ENTRY_POINTS = frozenset({"harness.__main__", "harness.probe"})
+# Commands that start cells through the launchers (`python -m harness`, `harness.probe`, and
+# `harness.stage_timing`, whose `main()`s submit their jobs with the local or SLURM launcher).
+ENTRY_POINTS = frozenset({"harness.__main__", "harness.probe", "harness.stage_timing"})
 
 # Each module's layer; an import may go to its own layer or a lower one.
 LAYERS = {"workloads": 0, "conf": 0, "harness": 1, "launchers": 2, "hydra_plugins": 3}
@@ -203,6 +203,7 @@ HARNESS_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
       "harness.cli", "harness.worker_env")),
     ("the models' shared physics, and what a worker measures and talks with",
      ("harness.network_profile", "harness.hardware_profile", "harness.partition",
+      "harness.stage_times",
       "harness.predict", "harness.predict.terms", "harness.predict.memory",
       "harness.predict.allreduce", "harness.predict.activations", "harness.predict.overlap",
       "harness.metrics", "harness.timing_rule", "harness.distributed", "harness.links",
@@ -216,6 +217,7 @@ HARNESS_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
      ("harness.predict.*", "harness.analysis.*", "harness.describe", "harness.compose")),
     ("the commands",
      ("harness.plan", "harness.probe", "harness.recommend", "harness.dryrun", "harness.sync",
+      "harness.stage_timing",
       "harness.__main__", "harness.sweeps.*")),
 )
 

@@ -9,6 +9,7 @@ model's on the same batch.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import socket
 from pathlib import Path
 
@@ -21,11 +22,17 @@ from harness.compose import compose_config
 from harness.config import validate
 from harness.distributed import WorkerSession
 from harness.distributions.base import TrainingContext
+from harness.distributions.gpipe import epoch_terms
 from harness.distributions.gpipe.trainer import GPipeTrainer
+from harness.hardware_profile import HardwareProfile
 from harness.metrics import PhaseClock
+from harness.partition import Stage, StagePlan
+from harness.predict.facts import FactsStore, in_place_key
+from harness.predict.terms import CellFacts, LayerFacts
+from harness.stage_times import InPlaceStages, StageSeconds
 from harness.worker_env import WorkerEnvironment
 from harness.workload import build_workload
-from tests.helpers import run_tiny_cell, spawn_workers
+from tests.helpers import run_module, run_tiny_cell, spawn_workers
 from workloads.networks import build_network, to_layer_list
 
 BATCH, MICRO_BATCHES = 8, 4
@@ -140,3 +147,79 @@ def test_a_gpipe_cell_runs_end_to_end_and_records_its_plan(output_root: Path) ->
     distribution = result["config"]["distribution"]
     assert distribution["micro_batches"] == 4
     assert len(distribution["balance"]) == 2 and sum(distribution["balance"]) == 23
+
+
+def _plan_facts(in_place: InPlaceStages | None) -> tuple[object, CellFacts]:
+    """A two-stage GPipe cell over four equal layers, and its facts (a 1 s step at the
+    micro-batch), with or without its stages timed in place."""
+    config = validate(compose_config([*gpipe_overrides(2, "always", "[16,15]"),
+                                      "hardware.cpu_threads=1"]))
+    layer = LayerFacts(weights_mb=1.0, activation_mb_per_sample=0.001, compute_share=0.25,
+                       forward_share=0.08, backward_share=0.16, update_share=0.01)
+    plan = StagePlan((Stage(0, 2, 1), Stage(2, 2, 1)))
+    return config, CellFacts(weights_mb=4.0, gradient_mb=4.0, input_mb_per_sample=0.001,
+                             layers=[layer] * 4, step_seconds=1.0, step_batch=2, plan=plan,
+                             stages_in_place=in_place)
+
+
+def test_stages_timed_in_place_replace_the_layers_shares_in_gpipes_schedule() -> None:
+    """Timed in place, a stage's backward holds its recomputation already: the schedule is
+    the fill-drain over the timed stages, sum + (micro-batches - 1) x slowest, per phase."""
+    timed = InPlaceStages((StageSeconds(0.10, 0.30, 0.01), StageSeconds(0.25, 0.50, 0.02)),
+                          reference_ms=14.0, measured_at="2026-11-29T11:35:28+00:00")
+    config, facts = _plan_facts(timed)
+    terms = epoch_terms(config, facts, HardwareProfile.from_config(config.hardware))
+    per_batch = (0.10 + 0.25 + 3 * 0.25) + (0.30 + 0.50 + 3 * 0.50) + 0.02
+    assert terms.compute_s == pytest.approx(terms.steps * per_batch)
+    # Without them, the layers' shares of the 1 s step (0.16 s forward, 0.32 s backward and
+    # 0.02 s update a stage), the recomputation (every micro-batch) charged on top.
+    _, shares = _plan_facts(None)
+    untimed = epoch_terms(config, shares, HardwareProfile.from_config(config.hardware))
+    assert untimed.compute_s == pytest.approx(
+        untimed.steps * ((5 * 0.16) + (5 * (0.16 + 0.32)) + 0.02))
+    # At the speed a cell ran at: its reference kernel took 21 ms, 1.5 x the timing's.
+    slower = timed.at_speed(21.0)
+    assert [s.backward_s for s in slower.stages] == pytest.approx([0.45, 0.75])
+    assert timed.at_speed(None) == timed
+
+
+def test_a_facts_file_keeps_stages_timed_in_place_by_plan(tmp_path: Path) -> None:
+    config, facts = _plan_facts(None)
+    assert facts.plan is not None
+    key = in_place_key(config, facts.plan)  # type: ignore[arg-type]
+    timed = InPlaceStages((StageSeconds(0.1, 0.3, 0.01),) * 2, 14.0, "2026-11-29T11:35:28+00:00")
+    store = FactsStore.load(tmp_path / "facts" / "local_2cpu.json")
+    store.record_in_place(key, timed, device_name="a CPU")
+    store.save()
+    kept = FactsStore.load(tmp_path / "facts" / "local_2cpu.json")
+    assert kept.in_place(key) == timed and kept.in_place(key, "a CPU") == timed
+    assert kept.in_place(key, "another CPU") is None
+    other = StagePlan((Stage(0, 1, 1), Stage(1, 3, 1)))
+    assert kept.in_place(in_place_key(config, other)) is None  # type: ignore[arg-type]
+
+
+def test_a_gpipe_cells_stages_are_timed_in_place(output_root: Path) -> None:
+    """`python -m harness.stage_timing`: the cell, shortened, its stages each a process of
+    their own on this machine; each stage's forward and backward per micro-batch."""
+    from omegaconf import OmegaConf
+
+    config = validate(compose_config([*gpipe_overrides(2, "always", "[16,15]"),
+                                      "hardware=emulated_2nodes_1gbit",
+                                      f"run.output_dir={output_root}"]))
+    cell = output_root / "cell.yaml"
+    output_root.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.structured(config), cell)
+    done = run_module("harness.stage_timing", [str(cell), str(output_root / "stages.json")],
+                      cwd=output_root.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    timed = InPlaceStages.from_json(json.loads((output_root / "stages.json").read_text()))
+    assert len(timed.stages) == 2 and timed.reference_ms is not None and timed.reference_ms > 0
+    for stage in timed.stages:
+        # recomputed: the backward runs the forward again, and its own work
+        assert 0 < stage.forward_s < stage.backward_s and stage.update_s > 0
+    # On one node, no link shaped (the emulated hardware's nodes need not be up), nothing
+    # recorded in MLflow.
+    (result,) = (output_root / "stages-cell").glob("**/result.json")
+    recorded = json.loads(result.read_text())["config"]
+    assert recorded["hardware"]["nodes"] == 1 and recorded["hardware"]["link"] is None
+    assert recorded["tracking"]["enabled"] is False

@@ -387,6 +387,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     cache = cache_for(options.probe_batches, probe=not options.no_probe,
                       facts_root=Path(config.run.output_dir), tracking_uri=uri,
                       probe_spread=options.probe_spread)
+    # A pipeline whose planner asks for it has each plan's stages timed in place, once
+    # (seconds a plan; kept in the facts file): the recommender reads them from there.
+    cache.time_in_place = not options.no_probe
     check_writable_dir("run.output_dir", config.run.output_dir)  # the report goes there
     _check_store_exists(uri, config.tracking.experiment)
     analyse(config, experiment=config.tracking.experiment, cache=cache,

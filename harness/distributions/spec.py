@@ -56,6 +56,10 @@ class StagePlanner:
     needs_profile: Callable[[DistbenchConfig], bool]
     # optimizer steps per forward+backward of a stage (a profile's update cost is scaled by it)
     updates_per_pass: Callable[[DistbenchConfig], float] = field(default=lambda cell: 1.0)
+    # whether an analysis times the plan's stages in place for the predictions
+    # (`harness.stage_timing`; `CellFacts.stages_in_place`): where the layers' shares of one
+    # sequential step miss how a stage runs in a process of its own
+    timed_in_place: bool = False
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from harness.partition import StagePlan
 from harness.predict.recorded import sequential_steps
 from harness.predict.steps import MeasuredStep, StepTime, choose_step_time
 from harness.predict.terms import CellFacts, LayerFacts, allreduces_overlap_backward
+from harness.stage_times import InPlaceStages
 from harness.timing_rule import STEADY_SPREAD
 from harness.units import BYTES_PER_MB
 
@@ -92,6 +93,12 @@ class FactsCache:
     # device never count: this one's may differ.
     reuse: bool = False
     measured: list[str] = field(default_factory=list)  # what was measured here, for the user
+    # True: a pipeline whose planner asks for it (`StagePlanner.timed_in_place`) has its stages
+    # timed in place where the facts file holds none (`python -m harness.stage_timing`, seconds
+    # a plan: the analysis); False: only kept timings are used (the recommender, whose many
+    # candidate plans would each take a short training run).
+    time_in_place: bool = False
+    in_place: dict[tuple[Any, ...], InPlaceStages | None] = field(default_factory=dict)
 
 
 def command_parser(prog: str, description: str | None, *,
@@ -151,6 +158,7 @@ def gather(config: DistbenchConfig, cache: FactsCache, *, timed: bool = True) ->
     batch = config.distribution.step_batch(config)
     seconds = _step_seconds(config, batch, cache) if timed else float("nan")
     shares, phases, plan = _pipeline_facts(config, static["num_layers"], cache)
+    in_place = _stages_in_place(config, plan, cache) if timed else None
     layers = [LayerFacts(weights_mb=layer["parameters"] * FLOAT32_BYTES / BYTES_PER_MB,
                          activation_mb_per_sample=layer["activation_mb"],
                          compute_share=share, forward_share=forward, backward_share=backward,
@@ -164,7 +172,7 @@ def gather(config: DistbenchConfig, cache: FactsCache, *, timed: bool = True) ->
     return CellFacts(weights_mb=static["weights_mb"], gradient_mb=static["gradient_mb"],
                      gradient_tensors=static["gradient_tensors"],
                      input_mb_per_sample=input_mb, layers=layers, step_seconds=seconds,
-                     step_batch=batch, plan=plan,
+                     step_batch=batch, plan=plan, stages_in_place=in_place,
                      probe_seconds=time.perf_counter() - started, runtime_mb=runtime_mb)
 
 
@@ -222,6 +230,8 @@ def at_machine_speed(facts: CellFacts, step: StepTime | None,
     (`harness.analysis.speed_lines`): one probe's kernel moved 13.1-14.4 ms between probes
     seconds apart whose step times held still, and scaling by it raised PipeDream's held-out
     error from 3.8 to 5.9 % (BENCHMARKS.md section 15)."""
+    if facts.stages_in_place is not None:  # timed by workers, as the cells time the kernel
+        facts = replace(facts, stages_in_place=facts.stages_in_place.at_speed(reference_ms))
     ratio = speed_ratio(step, reference_ms)
     if step is None or not step.reference_in_cells or not math.isfinite(ratio):
         return facts, 1.0
@@ -326,6 +336,74 @@ def _pipeline_facts(config: DistbenchConfig, num_layers: int, cache: FactsCache
     costs = profile.compute_ms(planner.updates_per_pass(config))
     return ([cost / sum(costs) for cost in costs], phases,
             planner.plan(config, num_layers, profile))
+
+
+def in_place_key(config: DistbenchConfig, plan: StagePlan) -> tuple[Any, ...]:
+    """What a pipeline's stages timed in place depend on: the workload, the device and its
+    threads, the batch, the distribution's settings and the plan's layers per stage."""
+    settings = {key: value for key, value in sorted(asdict(config.distribution).items())
+                if key not in ("balance", "backend")}
+    return (config.network.key, config.dataset.key, config.hardware.device.value,
+            _threads(config), json.dumps(settings, sort_keys=True, default=str),
+            ",".join(str(stage.layers) for stage in plan.stages))
+
+
+def _stages_in_place(config: DistbenchConfig, plan: StagePlan | None,
+                     cache: FactsCache) -> InPlaceStages | None:
+    """The plan's stages timed in place: kept in the facts file, else timed here where the
+    cache asks for it (`FactsCache.time_in_place`) and this machine has the device; None
+    otherwise, or for a model whose planner does not ask for it."""
+    planner = spec_of(config).stage_planner
+    if plan is None or planner is None or not planner.timed_in_place:
+        return None
+    key = in_place_key(config, plan)
+    if key not in cache.in_place:
+        # any device of the kind (in the key), as a layer profile: a timing kept on another
+        # machine's CPU is read, and says where it was measured
+        path = facts_path(_facts_root(config, cache), config.hardware.name)
+        kept = FactsStore.load(path, config.hardware.name).in_place(key)
+        if kept is None and cache.time_in_place and probes_here(config, cache):
+            try:
+                timed = _time_in_place(config, plan)
+            except RuntimeError as err:  # the layers' shares stand in, as without a timing
+                print(f"distbench: {err}; its prediction uses the layers' shares",
+                      file=sys.stderr, flush=True)
+                cache.in_place[key] = None
+                return None
+            cache.measured.append(f"{config.network.key}'s {len(plan.stages)} stages in place")
+            _keep(config, cache, lambda store: store.record_in_place(
+                key, timed, device_name=_device_name(config)))
+            kept = timed
+        cache.in_place[key] = kept
+    return cache.in_place[key]
+
+
+def _time_in_place(config: DistbenchConfig, plan: StagePlan) -> InPlaceStages:
+    """`python -m harness.stage_timing` on the cell with `plan`'s balance, in a process of its
+    own (it starts the stages' workers through the launchers, which prediction never imports)."""
+    import subprocess
+    import tempfile
+
+    from omegaconf import OmegaConf
+
+    from harness.distributions.pipeline_config import PipelineConfig
+
+    assert isinstance(config.distribution, PipelineConfig), config.distribution
+    pinned = replace(config, distribution=replace(
+        config.distribution, balance=[stage.layers for stage in plan.stages]))
+    with tempfile.TemporaryDirectory(prefix="distbench-stages-") as scratch:
+        cell, out = Path(scratch) / "cell.yaml", Path(scratch) / "stages.json"
+        OmegaConf.save(OmegaConf.structured(pinned), cell)
+        print(f"timing {config.network.key}'s {len(plan.stages)} {config.distribution.name} "
+              f"stages in place (a short training run, each stage a process)...",
+              file=sys.stderr, flush=True)
+        done = subprocess.run([sys.executable, "-m", "harness.stage_timing", str(cell),
+                               str(out)], capture_output=True, text=True, check=False)
+        if done.returncode != 0 or not out.exists():
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"timing the stages of {config.run_name} in place failed "
+                               f"(exit {done.returncode}: {last})")
+        return InPlaceStages.from_json(json.loads(out.read_text()))
 
 
 def _saved_activations(config: DistbenchConfig, spec: Any, cache: FactsCache) -> Any:
@@ -526,7 +604,8 @@ class MissingMeasurement(ConfigError):
 
 
 # The lists of a facts file, in FactsStore's field order.
-_FACTS_LISTS = ("step_times", "layer_profiles", "runtimes", "saved_activations")
+_FACTS_LISTS = ("step_times", "layer_profiles", "runtimes", "saved_activations",
+                "stages_in_place")
 
 
 def _entries(data: dict[str, Any], name: str) -> list[dict[str, Any]]:
@@ -665,6 +744,7 @@ class FactsStore:
     layer_profiles: list[dict[str, Any]] = field(default_factory=list)
     runtimes: list[dict[str, Any]] = field(default_factory=list)
     saved_activations: list[dict[str, Any]] = field(default_factory=list)
+    stages_in_place: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def load(cls, path: Path | str, hardware: str | None = None) -> FactsStore:
@@ -689,7 +769,8 @@ class FactsStore:
                                       "step_times": self.step_times,
                                       "layer_profiles": self.layer_profiles,
                                       "runtimes": self.runtimes,
-                                      "saved_activations": self.saved_activations})
+                                      "saved_activations": self.saved_activations,
+                                      "stages_in_place": self.stages_in_place})
         return self.path
 
     def record_step(self, *, network: str, dataset: str, device: str, batch: int,
@@ -739,6 +820,23 @@ class FactsStore:
         if not found:
             return None
         return float(max(found, key=lambda entry: entry.get("measured_at", ""))["mb"])
+
+    def record_in_place(self, key: Sequence[Any], timed: InPlaceStages,
+                        device_name: str | None = None) -> None:
+        """Keep a pipeline's stages timed in place for `in_place_key` `key`."""
+        entry = {"key": list(key), "device_name": device_name, **timed.to_json()}
+        self.stages_in_place = [old for old in self.stages_in_place
+                                if (old.get("key"), old.get("device_name"))
+                                != (entry["key"], device_name)] + [entry]
+
+    def in_place(self, key: Sequence[Any], device_name: str | None = None
+                 ) -> InPlaceStages | None:
+        """The newest stages timed in place for `key` (on `device_name` when given)."""
+        found = [entry for entry in self.stages_in_place if entry.get("key") == list(key)
+                 and device_name in (None, entry.get("device_name"))]
+        if not found:
+            return None
+        return InPlaceStages.from_json(max(found, key=lambda e: e.get("measured_at", "")))
 
     def record_saved(self, network: str, dataset: str, saved: Any) -> None:
         """Keep what autograd saves per layer of a network (`predict.activations`; sizes,

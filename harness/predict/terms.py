@@ -34,6 +34,7 @@ from harness.config import DistbenchConfig
 from harness.hardware_profile import HardwareProfile
 from harness.partition import StagePlan
 from harness.predict import activations, allreduce, memory, overlap
+from harness.stage_times import InPlaceStages
 from harness.units import BYTES_PER_MB
 
 
@@ -100,6 +101,9 @@ class CellFacts:
     plan: StagePlan | None = None  # pipelines: layers and replicas per stage
     probe_seconds: float = 0.0  # how long measuring these facts took (0 when cached)
     runtime_mb: float = 0.0  # a worker process's memory besides the model (`predict.runtime`)
+    # Pipelines: the plan's stages timed in place (`harness.stage_timing`), where measured;
+    # their time equations then read it instead of the layers' shares of `step_seconds`.
+    stages_in_place: InPlaceStages | None = None
 
     @property
     def activation_mb_per_sample(self) -> float:

@@ -26,7 +26,9 @@ The kept profiles predate the probe's measurement of what an allreduce between t
 from a CPU worker's compute beside it (`compute_lost_ms_per_mb`); `data/calibrate_emulated-
 2026-11-29-compute-lost.json` holds the profiles the probe measured on the same VM and links
 later that day, and the models are judged with that fact added to the kept profiles (their
-links stay the kept ones).
+links stay the kept ones). Likewise the kept facts predate GPipe's stages timed in place
+(`harness.stage_timing`): `data/calibrate_emulated-2026-11-29-stages-in-place.json` holds each
+of its plans timed on the same VM later that day, added to the kept facts of both hardware.
 """
 
 from __future__ import annotations
@@ -55,13 +57,25 @@ FITS = {"full": [], "small": ["--fit-on", "resnet18,vgg11"]}
 
 
 COMPUTE_LOST = DATA / "calibrate_emulated-2026-11-29-compute-lost.json"
+STAGES_IN_PLACE = DATA / "calibrate_emulated-2026-11-29-stages-in-place.json"
 
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = _extracted(ARCHIVE, tmp_path_factory.mktemp("calibrate_emulated"))
     _add_compute_lost(root)
+    _add_stages_in_place(root)
     return root
+
+
+def _add_stages_in_place(root: Path) -> None:
+    """The later timings of GPipe's plans in the kept facts (the module's docstring)."""
+    timed = json.loads(STAGES_IN_PLACE.read_text())["stages_in_place"]
+    for hardware in json.loads(COMPUTE_LOST.read_text())["profiles"]:
+        path = root / "facts" / f"{hardware}.json"
+        data = json.loads(path.read_text()) if path.exists() else {"hardware": hardware}
+        data["stages_in_place"] = timed
+        path.write_text(json.dumps(data))
 
 
 def _add_compute_lost(root: Path) -> None:

@@ -163,7 +163,7 @@ def updates_per_pass(config: DistbenchConfig) -> float:
 
 PLANNER = StagePlanner(
     plan=stage_plan, needs_profile=lambda config: gpipe_settings(config).balance is None,
-    updates_per_pass=updates_per_pass)
+    updates_per_pass=updates_per_pass, timed_in_place=True)
 
 
 def recompute_share(recompute: Recompute, micro_batches: int) -> float:
@@ -176,18 +176,28 @@ def recompute_share(recompute: Recompute, micro_batches: int) -> float:
 def epoch_terms(config: DistbenchConfig, facts: CellFacts,
                 profile: HardwareProfile | None) -> EpochTerms:
     """GPipe per batch: the schedule over the plan's real stages (`gpipe.schedule_seconds`,
-    Eq. 6.1 generalised to uneven stages and recomputation) and Eq. 6.2's transfers."""
+    Eq. 6.1 generalised to uneven stages and recomputation) and Eq. 6.2's transfers. A stage's
+    work is its layers' shares of one sequential step at the micro-batch, or, where an analysis
+    timed the plan's stages in place (`CellFacts.stages_in_place`), what each stage took in a
+    process of its own: the shares missed that by up to 23 % (BENCHMARKS.md section 15)."""
     assert profile is not None and facts.plan is not None
     settings, plan, steps = gpipe_settings(config), facts.plan, batches_per_epoch(config)
     micro_batches = settings.micro_batch_count(config)
-    t = facts.step_seconds  # one sequential step at the micro-batch size
-    stages = [equations.StageWork(
-        forward_s=t * sum(layer.forward_share for layer in facts.layers[s.first:s.end]),
-        backward_s=t * sum(layer.backward_share for layer in facts.layers[s.first:s.end]),
-        update_s=t * sum(layer.update_share for layer in facts.layers[s.first:s.end]))
-        for s in plan.stages]
-    compute = equations.schedule_seconds(
-        stages, micro_batches, recompute_share(settings.recompute, micro_batches))
+    in_place = facts.stages_in_place
+    if in_place is not None and len(in_place.stages) == len(plan.stages):
+        # as the stages ran in their own processes, the recomputation in their backward
+        stages = [equations.StageWork(stage.forward_s, stage.backward_s, stage.update_s)
+                  for stage in in_place.stages]
+        recomputed = 0.0
+    else:
+        t = facts.step_seconds  # one sequential step at the micro-batch size
+        stages = [equations.StageWork(
+            forward_s=t * sum(layer.forward_share for layer in facts.layers[s.first:s.end]),
+            backward_s=t * sum(layer.backward_share for layer in facts.layers[s.first:s.end]),
+            update_s=t * sum(layer.update_share for layer in facts.layers[s.first:s.end]))
+            for s in plan.stages]
+        recomputed = recompute_share(settings.recompute, micro_batches)
+    compute = equations.schedule_seconds(stages, micro_batches, recomputed)
     boundaries = [facts.layers[stage.end - 1].activation_mb_per_sample
                   for stage in plan.stages[:-1]]
     costs = equations.link_costs(boundaries, facts.step_batch, profile,
