@@ -146,3 +146,17 @@ def spawn_workers(function: Callable[..., None], args: tuple, nprocs: int) -> No
     multiprocessing.set_forkserver_preload([*_WORKER_PRELOAD, function.__module__])
     torch.multiprocessing.start_processes(function, args=args, nprocs=nprocs, join=True,
                                           start_method="forkserver")
+
+
+def assert_stage_phases(metrics: dict, stages: int) -> None:
+    """A pipeline cell's record says where each stage spent its epochs: its own phases
+    (`<phase>_seconds_per_epoch_stage<k>`), which the workers' means blur."""
+    import pytest
+
+    for stage in range(stages):
+        phases = {phase: metrics[f"{phase}_seconds_per_epoch_stage{stage}"]
+                  for phase in ("forward", "backward", "optimizer")}
+        assert phases["forward"] > 0 and phases["backward"] > 0
+        assert sum(phases.values()) < metrics["seconds_per_epoch_max"]
+    per_stage = [metrics[f"forward_seconds_per_epoch_stage{k}"] for k in range(stages)]
+    assert metrics["forward_seconds_per_epoch"] == pytest.approx(sum(per_stage) / stages)
