@@ -124,21 +124,22 @@ def test_the_table_says_where_the_links_speeds_come_from(output_root: Path) -> N
     from harness.compose import compose_config
     from harness.config import validate
     from harness.hardware_profile import COMPUTE_LOST_FACT, HardwareProfile, profile_path
+    from harness.recommend import link_line
 
-    _kept_facts(output_root, {128: 0.010, 64: 0.006})
     ask = ["dataset=mnist", "network=mobilenetv2", "hardware=titanrtx_cluster"]
-    done = _recommend(output_root, *ask)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert ("links: hardware titanrtx_cluster's configured speeds (no harness.probe profile "
-            "yet; python -m harness.probe hardware=titanrtx_cluster measures them)"
-            ) in done.stdout.splitlines()
-    configured = HardwareProfile.from_config(validate(compose_config(ask)).hardware)
+    hardware = validate(compose_config(ask)).hardware
+    configured = HardwareProfile.from_config(hardware)
+    assert link_line(hardware, configured) == (
+        "links: hardware titanrtx_cluster's configured speeds (no harness.probe profile yet; "
+        "python -m harness.probe hardware=titanrtx_cluster measures them)")
+    assert link_line(hardware, None) is None  # one worker: no link
     measured = HardwareProfile(configured.hardware, "measured", configured.workers,
                                configured.nodes, configured.links,
                                facts={"measured_at": "2026-11-29T11:13:30+00:00",
                                       COMPUTE_LOST_FACT: 2.41})
     measured.save(profile_path(output_root, "titanrtx_cluster"))
-    done = _recommend(output_root, *ask)
+    _kept_facts(output_root, {128: 0.010, 64: 0.006})
+    done = _recommend(output_root, *ask)  # the table, as a user reads it
     assert done.returncode == 0, done.stderr[-3000:]
     assert ("links: measured by harness.probe, 2026-11-29T11:13:30+00:00; an allreduce between "
             "nodes takes 2.41 ms of a worker's compute per MB") in done.stdout.splitlines()
