@@ -359,7 +359,7 @@ def _stages_in_place(config: DistbenchConfig, plan: StagePlan | None,
     key = in_place_key(config, plan)
     if key not in cache.in_place:
         # any device of the kind (in the key), as a layer profile: a timing kept on another
-        # machine's CPU is read, and says where it was measured
+        # machine's CPU is read (its entry names the device it was timed on)
         path = facts_path(_facts_root(config, cache), config.hardware.name)
         kept = FactsStore.load(path, config.hardware.name).in_place(key)
         if kept is None and cache.time_in_place and probes_here(config, cache):
@@ -726,7 +726,8 @@ class FactsStore:
                              profile: NetworkProfile.to_dict()}, ...],
          "runtimes": [{key, device_name, mb, measured_at}, ...],
          "saved_activations": [{network, dataset, measured_at,
-                                saved: predict.activations.SavedActivations}, ...]}
+                                saved: predict.activations.SavedActivations}, ...],
+         "stages_in_place": [{key, device_name, stages, reference_ms, measured_at}, ...]}
 
     `seconds` is the median of one sequential training step (forward, backward, update) at
     `batch` on the device `device_name` of kind `device` (`threads`: torch's threads on a CPU,
@@ -734,7 +735,8 @@ class FactsStore:
     their quartiles `q1_seconds` and `q3_seconds`) of a probe asked for at most `probe_asked`
     (fewer once steady: `harness.timing_rule.ProbeLength`). A runtime share (`predict.runtime`)
     is kept per `predict.runtime.probe_key` (`key`), what autograd saves per layer (sizes, on a
-    CPU) per network. A new measurement replaces an older one of the
+    CPU) per network, a pipeline's stages timed in place (`harness.stage_times.InPlaceStages`)
+    per `in_place_key`. A new measurement replaces an older one of the
     same key; `save` writes atomically (`harness.records.results.write_json_atomic`).
     """
 
