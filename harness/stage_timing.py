@@ -24,8 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.cli import command, exit_on_bad_input
-from harness.config import ConfigError, DistbenchConfig
-from harness.distributions.registry import config_from_record
+from harness.config import DistbenchConfig
+from harness.records.recorded_runs import config_file
 from harness.stage_times import InPlaceStages, StageSeconds
 from harness.worker.steadiness import machine_speed_ms
 
@@ -93,13 +93,8 @@ def parser() -> argparse.ArgumentParser:
 @command
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    from omegaconf import OmegaConf
-
     with exit_on_bad_input():
-        data = OmegaConf.to_container(OmegaConf.load(args.cell_config))
-        if not isinstance(data, dict):
-            raise ConfigError(f"{args.cell_config}: not a config (a mapping)")
-        config = config_from_record({str(key): value for key, value in data.items()})
+        config = config_file(args.cell_config)
     timed = time_stages(config, args.out.parent / f"{args.out.stem}-cell")
     args.out.write_text(json.dumps(timed.to_json(), indent=1))
 

@@ -23,8 +23,15 @@ def recorded_config(client: Any, run: Any, scratch: Path) -> DistbenchConfig:
     as strings), read beside the store or downloaded into `scratch`
     (`harness.records.artifacts`), typed against today's schema."""
     run_id = run.info.run_id
-    local = artifact_file(client, run, "config.yaml", scratch / run_id)
-    data = OmegaConf.to_container(OmegaConf.load(local))
+    return config_file(artifact_file(client, run, "config.yaml", scratch / run_id),
+                       f"run {run_id}: its config.yaml")
+
+
+def config_file(path: Path, what: str | None = None) -> DistbenchConfig:
+    """A resolved config saved as YAML (a run's `config.yaml`, a cell handed to a command),
+    typed against today's schema; ConfigError naming `what` (else the file) if it is not a
+    mapping."""
+    data = OmegaConf.to_container(OmegaConf.load(path))
     if not isinstance(data, dict):
-        raise ConfigError(f"run {run_id}: its config.yaml is not a mapping")
+        raise ConfigError(f"{what or path} is not a mapping")
     return config_from_record({str(key): value for key, value in data.items()})
