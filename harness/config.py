@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import re
 import typing
 from dataclasses import dataclass, field
@@ -738,13 +739,17 @@ class DistbenchConfig:
         return " ".join(parts)
 
 
-def validate(cfg: DictConfig) -> DistbenchConfig:
-    """Check a composed config and return it as typed objects; raise ConfigError if invalid."""
+def validate(cfg: DictConfig, *, owned: bool = False) -> DistbenchConfig:
+    """Check a composed config and return it as typed objects; raise ConfigError if invalid.
+    `cfg` is left as it was, unless the caller gives it away (`owned`: composed for this call
+    alone; the dry run's cells), which saves a copy of it."""
     job = without_hydra(cfg)
     _check_known_keys(job, DistbenchConfig, "")
-    cfg = with_per_model_settings(job, copy_first=job is cfg)  # else `job` is a copy already
+    if job.get("per_model"):  # else nothing to apply, and nothing to copy: to_object reads
+        # an empty per_model as the field's default. `job` is a copy where Hydra's node went.
+        job = with_per_model_settings(job, copy_first=job is cfg and not owned)
     try:
-        config = OmegaConf.to_object(cfg)
+        config = OmegaConf.to_object(job)
     except OmegaConfBaseException as err:
         # OmegaConf wraps errors raised in __post_init__; surface ours unchanged.
         if isinstance(err.__cause__, ConfigError):
@@ -786,13 +791,20 @@ def _check_known_keys(node: Any, schema: type, prefix: str) -> None:
     own_type = OmegaConf.get_type(node)
     if own_type is not None and dataclasses.is_dataclass(own_type):
         schema = own_type
-    types = typing.get_type_hints(schema)  # resolves the string annotations of this module
+    types = _type_hints(schema)
     fields = [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
     for key in node.keys():
         if key not in fields:
             raise ConfigError(unknown_key(f"{prefix}{key!s}", schema,
                                           override_value(node._get_node(str(key)))))
         _check_known_keys(node._get_node(str(key)), types[str(key)], f"{prefix}{key}.")
+
+
+@functools.cache
+def _type_hints(schema: type) -> dict[str, Any]:
+    """The schema's fields' types, its string annotations resolved (once per schema: resolving
+    them was a sixth of checking a cell)."""
+    return typing.get_type_hints(schema)
 
 
 def unknown_key(full_key: str, schema: type, value: str | None = None) -> str:

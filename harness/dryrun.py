@@ -77,7 +77,7 @@ def plan_cell(number: int, cfg: DictConfig, launcher: DictConfig,
     (`launcher_error`)."""
     from harness.config import validate
 
-    cell = validate(cfg)
+    cell = validate(cfg, owned=True)  # composed for this plan alone
     if launcher_error is not None:
         return PlannedCell(number, cell, launcher_error)
     try:

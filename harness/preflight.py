@@ -10,9 +10,11 @@ command turns into one line and exit status 2 (harness.cli), before anything is 
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -34,12 +36,27 @@ def check_runs_here(config: DistbenchConfig) -> None:
 def check_device_here(config: DistbenchConfig) -> None:
     """hardware.device=cuda needs a CUDA device on this machine."""
     if config.hardware.device is Device.cuda:
-        import torch  # (only here: the config checks themselves need no torch)
-
-        require(torch.cuda.is_available(), "hardware.device", "cuda",
+        require(torch_sees_cuda(), "hardware.device", "cuda",
                f"torch sees no CUDA device on this machine (hardware={config.hardware.name}); "
                f"allowed here: cpu (a sweep, -m, with hydra/launcher=submitit_slurm runs "
                f"on a cluster's GPUs)")
+
+
+# What a GPU driver puts on a Linux machine: NVIDIA's (`/proc/driver/nvidia`), AMD's for ROCm
+# (`/dev/kfd`), WSL's GPU paravirtualisation (`/dev/dxg`). torch sees no CUDA device without one.
+_GPU_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/kfd", "/dev/dxg")
+
+
+@functools.cache
+def torch_sees_cuda() -> bool:
+    """torch.cuda.is_available(), asked once per process, and without importing torch (3 s)
+    on a Linux machine that has no GPU driver at all: a dry run of a GPU cluster's grid on a
+    login node or a laptop."""
+    if sys.platform == "linux" and not any(map(os.path.exists, _GPU_DRIVER_PATHS)):
+        return False
+    import torch  # (only here: the config checks themselves need no torch)
+
+    return torch.cuda.is_available()
 
 
 def check_data_here(config: DistbenchConfig) -> None:

@@ -1,13 +1,16 @@
 """A dry run's cells composed and checked on every core this process may use (`plan_cells`).
 
-Hydra composes a cell of the thesis grid in about 60 ms of one core (BENCHMARKS.md section 16),
-and no cell's composition or check depends on another's. So the cells are cut into chunks, and
-each chunk is planned in a child forked from this process, which holds everything composing
-needs (Hydra's config loader, the files read once, the sweep's master config); the planned
-cells come back in order. A child composes exactly as this process would: the same code on a
-copy of the same state. A chunk that meets a cell that cannot be planned (an invalid config)
-returns the cells planned before it, and that cell is planned again here, where its error ends
-the dry run exactly as without the children (one line, exit status 2).
+A cell of the thesis grid is composed and checked in about 8 ms of one core
+(`launchers.swapped_groups`, BENCHMARKS.md section 16), and no cell's composition or check
+depends on another's. So the cells are cut into chunks, and each chunk is planned in a child
+forked from this process, which holds everything composing needs (Hydra's config loader, the
+files read once, the sweep's master config); the planned cells come back in order. Cells that
+share work (composed from the same Hydra composition, which a child makes once) go to the same
+chunk. A child composes exactly as this process would: the same code on a copy of the same
+state. A chunk that meets a cell that cannot be planned (an invalid config) returns the cells
+planned before it; the children end, and every cell not planned yet is planned here, in
+order, where the first invalid one ends the dry run exactly as without the children (one line,
+exit status 2).
 
 A child is forked only from a process of one thread (the command line's dry run: no MLflow
 client, no progress bar yet, CUDA untouched), so that no lock another thread held can be
@@ -22,7 +25,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
 from workloads.progress import steps
@@ -42,16 +45,19 @@ def usable_cores() -> int:
 
 def plan_cells(cells: Sequence[list[str]], plan_one: Callable[[int, list[str]], Planned],
                plan_here: Callable[[int, list[str]], Planned], *, desc: str,
-               workers: int | None = None) -> list[Planned]:
+               workers: int | None = None,
+               shares: Callable[[list[str]], Hashable] | None = None) -> list[Planned]:
     """`plan_one(number, overrides)` of every cell, in order, on `workers` cores (all usable by
-    default). `plan_here` plans a cell in this process: every cell on one core, and a cell a
-    child could not plan (it raises there, as it would have serially, or plans it)."""
+    default). `plan_here` plans a cell in this process: every cell on one core, and from the
+    first cell a child could not plan on, every cell not planned yet, in order (the first
+    invalid one raises as it would have one after another). Cells of the same `shares(overrides)`
+    share work a child does once (`launchers.swapped_groups`: what they are composed from), so
+    they are planned in the same child."""
     workers = usable_cores() if workers is None else workers
-    chunks = [range(start, min(start + CHUNK_CELLS, len(cells)))
-              for start in range(0, len(cells), CHUNK_CELLS)]
-    planned: list[Planned] = []
+    chunks = _chunks(cells, shares)
     if workers < 2 or len(chunks) < 2 or threading.active_count() > 1:
         with steps(len(cells), desc, "cell(s)", enabled=len(cells) > 1) as shown:
+            planned = []
             for number, overrides in enumerate(cells):
                 planned.append(plan_here(number, overrides))
                 shown.update()
@@ -59,21 +65,41 @@ def plan_cells(cells: Sequence[list[str]], plan_one: Callable[[int, list[str]], 
     _work[:] = [plan_one, cells]
     sys.stdout.flush()  # else a child could write this process' buffered output once more
     sys.stderr.flush()
+    found: dict[int, Planned] = {}
     try:
         # forked before the progress bar starts its thread
         with multiprocessing.get_context("fork").Pool(
                 min(workers, len(chunks)), initializer=_as_a_child) as pool, \
                 steps(len(cells), desc, "cell(s)") as shown:
             for chunk, (done, stopped_at) in zip(chunks, pool.imap(_plan_chunk, chunks)):
-                planned += done
+                found.update(zip(chunk, done))
                 shown.update(len(done))
-                if stopped_at is not None:  # its error, raised here; or the rest, here
-                    for number in range(stopped_at, chunk.stop):
-                        planned.append(plan_here(number, cells[number]))
-                        shown.update()
+                if stopped_at is not None:
+                    break
+            pool.terminate()  # the children end before any cell is planned here
+            for number, overrides in enumerate(cells):
+                if number not in found:
+                    found[number] = plan_here(number, overrides)
+                    shown.update()
     finally:
         _work.clear()
-    return planned
+    return [found[number] for number in range(len(cells))]
+
+
+def _chunks(cells: Sequence[list[str]], shares: Callable[[list[str]], Hashable] | None
+            ) -> list[list[int]]:
+    """The cells' numbers cut into chunks of at least CHUNK_CELLS (but the last), each made of
+    whole groups of cells that share work (in the order a group first appears), so that one
+    child does each group's shared work; in order where nothing is shared."""
+    groups: dict[Hashable, list[int]] = {}
+    for number, overrides in enumerate(cells):
+        groups.setdefault(number if shares is None else shares(overrides), []).append(number)
+    chunks: list[list[int]] = [[]]
+    for members in groups.values():
+        if len(chunks[-1]) >= CHUNK_CELLS:
+            chunks.append([])
+        chunks[-1] += members
+    return [chunk for chunk in chunks if chunk]
 
 
 def _as_a_child() -> None:
@@ -84,7 +110,7 @@ def _as_a_child() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _plan_chunk(chunk: range) -> tuple[list[Any], int | None]:
+def _plan_chunk(chunk: list[int]) -> tuple[list[Any], int | None]:
     """In a child: the chunk's planned cells, up to the first that could not be planned (and
     its number; None when all were)."""
     plan_one, cells = _work

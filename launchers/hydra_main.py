@@ -299,6 +299,7 @@ def _dry_run(hydra: Hydra, overrides: list[str], *, sweep: bool,
     run is listed with it, not raised: that is what a dry run of a cluster's grid is for."""
     # Imported where cells are composed: a TAB of the shell completion needs none of it.
     from launchers import cell_pool, cells
+    from launchers.swapped_groups import SwappedGroups
 
     if sweep:
         master, job_overrides = _sweep_cells(hydra, overrides)
@@ -317,9 +318,12 @@ def _dry_run(hydra: Hydra, overrides: list[str], *, sweep: bool,
     except ConfigError as err:  # e.g. SLURM's sbatch missing here: the cells are listed still
         launcher_error = " ".join(str(err).split())
 
+    # A sweep's cells from a few of Hydra's compositions (launchers.swapped_groups), each
+    # equal to the cell Hydra composes for its launcher but for Hydra's own node
+    composer = SwappedGroups.of_sweep(hydra.config_loader, master) if sweep else None
+
     def plan_one(number: int, cell_overrides: list[str]) -> dryrun.PlannedCell:
-        config = (cells.cell_config(hydra.config_loader, master, cell_overrides, number)
-                  if sweep else master)
+        config = master if composer is None else composer.compose(cell_overrides)
         return dryrun.plan_cell(number, config, master.hydra, size_cell, launcher_error)
 
     def plan_here(number: int, cell_overrides: list[str]) -> dryrun.PlannedCell:
@@ -328,9 +332,10 @@ def _dry_run(hydra: Hydra, overrides: list[str], *, sweep: bool,
         raise AssertionError("unreachable")  # for type checkers: the block returns or exits
 
     with cells_not_kept():  # composed once each: nothing composes them again
-        # on every core (launchers.cell_pool): Hydra composes about 15 cells a second a core
-        planned = cell_pool.plan_cells(job_overrides, plan_one, plan_here,
-                                       desc="composing cells")
+        # on every core (launchers.cell_pool), the cells composed from the same base together
+        planned = cell_pool.plan_cells(
+            job_overrides, plan_one, plan_here, desc="composing cells",
+            shares=None if composer is None else composer.common_part)
     print(dryrun.report(command,
                         str(master.hydra.runtime.choices.get("hydra/launcher")), planned,
                         dryrun.predict(planned)), flush=True)

@@ -150,3 +150,16 @@ def test_the_launcher_of_a_multi_worker_pipeline_cell_leaves_torch_to_its_worker
     assert outcome["status"] == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "starting 2 worker process(es)" in done.stdout
     assert not {"torch", "torchvision"} & set(outcome["loaded"]), outcome["loaded"]
+
+
+@pytest.mark.skipif(any(map(os.path.exists, ("/proc/driver/nvidia", "/dev/kfd", "/dev/dxg"))),
+                    reason="this machine has a GPU driver: whether torch sees CUDA is torch's")
+def test_a_dry_run_of_a_gpu_cluster_on_a_machine_without_a_gpu_driver_loads_no_torch(
+        tmp_path: Path) -> None:
+    """Listing a GPU cluster's grid from a laptop or a login node: each CUDA cell is listed as
+    unable to run here, without asking torch (3 s) whether it sees a CUDA device."""
+    outcome, done = _run(tmp_path, "hardware=titanrtx_cluster", "distribution=ddp",
+                         "--dry-run", f"run.output_dir={tmp_path / 'outputs'}")
+    assert outcome["status"] == 0, done.stderr[-2000:]
+    assert "torch sees no CUDA device on this machine" in done.stdout
+    assert "torch" not in outcome["loaded"], outcome["loaded"]
