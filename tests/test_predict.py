@@ -222,9 +222,11 @@ def test_pipedream_epoch_is_pipeline_depth_plus_the_bottleneck_interval() -> Non
     assert split.compute_s == pytest.approx(0.2 + 0.3 + 9 * 0.3)
     assert split.communication_s == pytest.approx(2 * 0.00101 + 9 * 0.00202)
     # Make the replicated stage the bottleneck: its interval is halved by its two replicas.
+    # Each replica trains 5 of the 10 minibatches one after another, the first two together:
+    # the depth, then 4 more of a replica's periods; 5 allreduces each (the depth has none).
     stages[0] = PipelineStage(0.8, 2, 8.0, 1.0)
     split = epoch_split(stages, 10, _uniform(3))
-    assert split.compute_s == pytest.approx(0.8 + 0.3 + 9 * 0.8 / 2)
-    assert split.communication_s == pytest.approx(2 * 0.00101 + 9 * (2 * 0.00101 + 0.00802) / 2)
+    assert split.compute_s == pytest.approx(0.8 + 0.3 + 4 * 0.8)
+    assert split.communication_s == pytest.approx(2 * 0.00101 + 4 * 2 * 0.00101 + 5 * 0.00802)
     assert split.seconds == pytest.approx(split.compute_s + split.communication_s)
     assert epoch_split(stages, 0, _uniform(3)).seconds == 0.0

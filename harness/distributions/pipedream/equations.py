@@ -15,10 +15,18 @@ and the pipeline delivers one minibatch every
     I = max_s (w_s + x_s) / r_s
 
 (the replicas of a stage share its minibatches). The first minibatch needs the whole pipeline
-depth, sum_s w_s + 2 * sum_boundaries c_j, before the steady state takes over, so an epoch of
-N minibatches takes
+depth, sum_s w_s + 2 * sum_boundaries c_j, before the steady state takes over. Each replica of
+the bottleneck stage b (the argmax of I) then trains its N / r_b minibatches one after another,
+and its first r_b minibatches start together, so an epoch of N minibatches takes
 
-    T = (sum_s w_s + 2 * sum_j c_j) + (N - 1) * I
+    T = (sum_s w_s + 2 * sum_j c_j) + (N / r_b - 1) * (w_b + x_b) + AR_b(r_b)
+
+(the depth holds no allreduce: the first minibatch's is the last term). With r_b = 1 this is
+depth + (N - 1) * I. Counting the depth and then N - 1 intervals I for a replicated bottleneck,
+as this model did before, over-counts w_b and its transfers by (1 - 1/r_b) of them and
+under-counts AR_b / r_b: on the kept
+emulated calibration (8 minibatches an epoch) PipeDream `2` of VGG-16 at 100 Mbit/s was 10 %
+under its measurement, ResNet-50's at 1 Gbit/s 10 % over (BENCHMARKS.md section 15).
 
 The fill at the start and the drain at the end of 1F1B's warm-up are this depth once: the
 warm-up's extra forwards are done while the first minibatch still travels. The bottleneck
@@ -132,12 +140,15 @@ def epoch_split(stages: Sequence[PipelineStage], minibatches: int,
     allreduces = stage_allreduce_seconds(stages, profile)
     bottleneck = max(range(len(stages)), key=lambda s: (
         stages[s].compute_s + transfers[s] + allreduces[s]) / stages[s].replicas)
-    replicas = stages[bottleneck].replicas
-    steady = minibatches - 1
+    # Each replica of the bottleneck trains its N / r minibatches one after another: after the
+    # first one's depth, N / r - 1 more of its periods (r = 1: the N - 1 intervals). Its first
+    # r minibatches start together, so the depth counts one of them, not r. Every minibatch
+    # on a replica ends in the replicas' allreduce, the first one's too (the depth has none).
+    per_replica = minibatches / stages[bottleneck].replicas
     compute = sum(stage.compute_s for stage in stages) + \
-        steady * stages[bottleneck].compute_s / replicas
-    transfer = 2 * sum(boundaries) + steady * transfers[bottleneck] / replicas
-    return EpochSplit(compute, transfer, steady * allreduces[bottleneck] / replicas)
+        (per_replica - 1) * stages[bottleneck].compute_s
+    transfer = 2 * sum(boundaries) + (per_replica - 1) * transfers[bottleneck]
+    return EpochSplit(compute, transfer, per_replica * allreduces[bottleneck])
 
 
 def _first_workers(stages: Sequence[PipelineStage]) -> list[int]:
