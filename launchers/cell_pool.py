@@ -88,17 +88,22 @@ def plan_cells(cells: Sequence[list[str]], plan_one: Callable[[int, list[str]], 
 
 def _chunks(cells: Sequence[list[str]], shares: Callable[[list[str]], Hashable] | None
             ) -> list[list[int]]:
-    """The cells' numbers cut into chunks of at least CHUNK_CELLS (but the last), each made of
-    whole groups of cells that share work (in the order a group first appears), so that one
-    child does each group's shared work; in order where nothing is shared."""
+    """The cells' numbers cut into chunks of CHUNK_CELLS to twice that (the last may hold
+    fewer), a group of cells that share work kept in one chunk where it fits in twice
+    CHUNK_CELLS (groups in the order they first appear), so that one child does the group's
+    shared work; a larger group is cut (each child then does its work once: cheap against
+    the cores a single child would leave idle). In order where nothing is shared."""
     groups: dict[Hashable, list[int]] = {}
     for number, overrides in enumerate(cells):
         groups.setdefault(number if shares is None else shares(overrides), []).append(number)
     chunks: list[list[int]] = [[]]
     for members in groups.values():
-        if len(chunks[-1]) >= CHUNK_CELLS:
-            chunks.append([])
-        chunks[-1] += members
+        while members:
+            if len(chunks[-1]) >= CHUNK_CELLS:
+                chunks.append([])
+            room = 2 * CHUNK_CELLS - len(chunks[-1])
+            chunks[-1] += members[:room]
+            members = members[room:]
     return [chunk for chunk in chunks if chunk]
 
 

@@ -128,3 +128,22 @@ def test_a_dry_run_ended_by_sigterm_leaves_no_child_composing(tmp_path: Path) ->
         assert alive == []
     finally:
         command.kill()
+
+
+def test_cells_that_share_work_are_chunked_together_and_a_large_group_is_cut() -> None:
+    from launchers.cell_pool import CHUNK_CELLS, _chunks
+
+    # 3 groups of 24 (the thesis grid's shape): one chunk each, in the order they appear
+    cells = [[f"a={number % 3}"] for number in range(72)]
+    chunks = _chunks(cells, lambda overrides: overrides[0])
+    assert [sorted({number % 3 for number in chunk}) for chunk in chunks] == [[0], [1], [2]]
+    assert sorted(number for chunk in chunks for number in chunk) == list(range(72))
+    # one group of every cell: cut, so that every core gets some
+    chunks = _chunks([["same"]] * 100, lambda overrides: overrides[0])
+    assert len(chunks) > 2 and max(map(len, chunks)) <= 2 * CHUNK_CELLS
+    assert [number for chunk in chunks for number in chunk] == list(range(100))
+    # nothing shared: in order, CHUNK_CELLS each
+    count = 2 * CHUNK_CELLS + 8
+    chunks = _chunks([[str(number)] for number in range(count)], None)
+    assert chunks == [list(range(0, CHUNK_CELLS)), list(range(CHUNK_CELLS, 2 * CHUNK_CELLS)),
+                      list(range(2 * CHUNK_CELLS, count))]
