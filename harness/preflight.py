@@ -44,7 +44,7 @@ def check_device_here(config: DistbenchConfig) -> None:
 
 # What a GPU driver puts on a Linux machine: NVIDIA's (`/proc/driver/nvidia`), AMD's for ROCm
 # (`/dev/kfd`), WSL's GPU paravirtualisation (`/dev/dxg`). torch sees no CUDA device without one.
-_GPU_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/kfd", "/dev/dxg")
+GPU_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/kfd", "/dev/dxg")
 
 
 @functools.cache
@@ -52,7 +52,7 @@ def torch_sees_cuda() -> bool:
     """torch.cuda.is_available(), asked once per process, and without importing torch (3 s)
     on a Linux machine that has no GPU driver at all: a dry run of a GPU cluster's grid on a
     login node or a laptop."""
-    if sys.platform == "linux" and not any(map(os.path.exists, _GPU_DRIVER_PATHS)):
+    if sys.platform == "linux" and not any(map(os.path.exists, GPU_DRIVER_PATHS)):
         return False
     import torch  # (only here: the config checks themselves need no torch)
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.preflight import GPU_DRIVER_PATHS
+
 HEAVY = ("torch", "torchvision", "numpy", "mlflow", "matplotlib", "submitit")
 
 # Runs `python -m MODULE ARGS` in this interpreter, then writes its exit status and which of
@@ -152,7 +154,7 @@ def test_the_launcher_of_a_multi_worker_pipeline_cell_leaves_torch_to_its_worker
     assert not {"torch", "torchvision"} & set(outcome["loaded"]), outcome["loaded"]
 
 
-@pytest.mark.skipif(any(map(os.path.exists, ("/proc/driver/nvidia", "/dev/kfd", "/dev/dxg"))),
+@pytest.mark.skipif(any(map(os.path.exists, GPU_DRIVER_PATHS)),
                     reason="this machine has a GPU driver: whether torch sees CUDA is torch's")
 def test_a_dry_run_of_a_gpu_cluster_on_a_machine_without_a_gpu_driver_loads_no_torch(
         tmp_path: Path) -> None:

@@ -627,9 +627,9 @@ def device_present(config: DistbenchConfig) -> bool:
     """Whether this machine has the hardware's kind of device (every machine has a CPU)."""
     if config.hardware.device.value != "cuda":
         return True
-    import torch  # only a CUDA hardware asks it
+    from harness.preflight import torch_sees_cuda  # only a CUDA hardware asks it
 
-    return torch.cuda.is_available()
+    return torch_sees_cuda()
 
 
 def probes_here(config: DistbenchConfig, cache: FactsCache) -> bool:
