@@ -5,6 +5,7 @@ command line does."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,11 +16,13 @@ import time
 from pathlib import Path
 
 _PLAN = """
-import json, os, sys
+import json, os, sys, time
 from launchers.cell_pool import plan_cells
 
 parent = os.getpid()
 def plan_one(number, overrides):
+    if os.getpid() != parent:
+        time.sleep(STALL_IN_CHILD)
     if number in FAIL_IN_CHILD and os.getpid() != parent:
         raise ValueError(f"cell {number} refused in a child")
     return [number, overrides, os.getpid() == parent]
@@ -36,12 +39,18 @@ print(json.dumps(plan_cells(cells, plan_one, plan_here, desc="composing cells",
 """
 
 
+def _plan_script(workers: int, fail_in_child: set[int] = frozenset(),
+                 fail_here: set[int] = frozenset(), stall_in_child_s: float = 0.0) -> list[str]:
+    script = f"FAIL_IN_CHILD = {set(fail_in_child)!r}\nFAIL_HERE = {set(fail_here)!r}\n" \
+             f"WORKERS = {workers}\nSTALL_IN_CHILD = {stall_in_child_s}\n" + \
+             textwrap.dedent(_PLAN)
+    return [sys.executable, "-c", script]
+
+
 def _planned(workers: int, fail_in_child: set[int] = frozenset(),
              fail_here: set[int] = frozenset()) -> subprocess.CompletedProcess[str]:
-    script = f"FAIL_IN_CHILD = {set(fail_in_child)!r}\nFAIL_HERE = {set(fail_here)!r}\n" \
-             f"WORKERS = {workers}\n" + textwrap.dedent(_PLAN)
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, cwd=Path(__file__).parents[1])
+    return subprocess.run(_plan_script(workers, fail_in_child, fail_here), capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).parents[1])
 
 
 def test_the_cells_come_back_in_order_planned_in_children() -> None:
@@ -105,9 +114,35 @@ def test_a_dry_run_on_every_core_lists_what_one_core_lists(tmp_path: Path) -> No
 
 
 
-def test_a_dry_run_ended_by_sigterm_leaves_no_child_composing(tmp_path: Path) -> None:
-    """The children end with the pool: SIGTERM to the command (its handler raises SystemExit,
-    which the pool's exit turns into SIGTERM to each child, whose own handler is the default)."""
+def test_children_busy_with_cells_end_with_a_killed_parent() -> None:
+    """SIGKILL runs no code of the command, and a child busy with its chunk would go on
+    composing (a thesis grid's pipeline cell loads torch, seconds of CPU) before it found the
+    pool gone: the kernel ends it with its parent."""
+    import psutil
+
+    command = subprocess.Popen(_plan_script(workers=2, stall_in_child_s=600),
+                               cwd=Path(__file__).parents[1], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        parent = psutil.Process(command.pid)
+        deadline = time.monotonic() + 60
+        while len(parent.children()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        children = parent.children()
+        assert len(children) == 2, "the pool forked no two children"
+        command.kill()
+        assert command.wait(timeout=30) == -signal.SIGKILL
+        _, alive = psutil.wait_procs(children, timeout=5)
+        assert alive == []
+    finally:
+        command.kill()
+
+
+def test_a_dry_run_ended_by_sigterm_as_it_forks_leaves_no_child(tmp_path: Path) -> None:
+    """SIGTERM to the command (its handler raises SystemExit, which the pool's exit turns into
+    SIGTERM to each child, whose own handler is the default) as soon as its first child
+    exists, maybe while the pool is still forking the others: SystemExit inside
+    `Pool.__init__` ends no child, the kernel does (PR_SET_PDEATHSIG)."""
     import psutil
 
     command = subprocess.Popen(
@@ -119,12 +154,17 @@ def test_a_dry_run_ended_by_sigterm_leaves_no_child_composing(tmp_path: Path) ->
         deadline = time.monotonic() + 120
         while not parent.children() and time.monotonic() < deadline:
             assert command.poll() is None, "the dry run ended before it forked"
-            time.sleep(0.05)
-        children = parent.children()
+            time.sleep(0.002)
+        children = {child.pid: child for child in parent.children()}
         assert children, "no child composing cells"
         command.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while command.poll() is None and time.monotonic() < deadline:  # every child forked
+            with contextlib.suppress(psutil.NoSuchProcess):
+                children.update((child.pid, child) for child in parent.children())
+            time.sleep(0.002)
         assert command.wait(timeout=30) == 143
-        _, alive = psutil.wait_procs(children, timeout=5)
+        _, alive = psutil.wait_procs(list(children.values()), timeout=10)
         assert alive == []
     finally:
         command.kill()
