@@ -24,6 +24,10 @@ from workloads.datasets.atomic import write_json_atomic
 PROFILE_FILE = "hardware_profile.json"
 # The facts key of what an allreduce between nodes takes from a CPU worker's compute.
 COMPUTE_LOST_FACT = "compute_lost_ms_per_mb"
+# The facts key of an all-gather and a reduce-scatter among all the workers, between nodes,
+# each timed after a stretch of compute as FSDP issues them
+# (`harness.worker.probe_worker.measure_collectives_after_compute`).
+COLLECTIVES_AFTER_COMPUTE_FACT = "collectives_after_compute"
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,36 @@ def fit_cost(nbytes: list[float], seconds: list[float]) -> Cost:
         largest = max(range(n), key=lambda i: nbytes[i])
         slope = seconds[largest] / nbytes[largest]
     return Cost(latency_s=seconds[smallest], bandwidth_bytes_per_s=1 / slope)
+
+
+@dataclass(frozen=True)
+class MeasuredCurve:
+    """A transfer's seconds against its size where no straight line holds (an emulated link's
+    bucket lets a small message through at once; a large one meets TCP's losses at the
+    link's queue): priced between two measured sizes on the straight line through them (so
+    continuous), above the largest at the slope of the two largest (never below the largest's
+    time), below the smallest at its time."""
+
+    nbytes: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.nbytes) != len(self.seconds) or len(self.nbytes) < 2 or \
+                list(self.nbytes) != sorted(set(self.nbytes)):
+            raise ValueError(f"a measured curve needs two or more distinct sizes, in order, "
+                             f"each with its seconds: {self.nbytes} / {self.seconds}")
+
+    def seconds_at(self, nbytes: float) -> float:
+        sizes, seconds = self.nbytes, self.seconds
+        if nbytes <= sizes[0]:
+            return seconds[0]
+        if nbytes >= sizes[-1]:
+            slope = max(seconds[-1] - seconds[-2], 0.0) / (sizes[-1] - sizes[-2])
+            return seconds[-1] + slope * (nbytes - sizes[-1])
+        high = next(i for i, size in enumerate(sizes) if size >= nbytes)
+        low = high - 1
+        share = (nbytes - sizes[low]) / (sizes[high] - sizes[low])
+        return seconds[low] + share * (seconds[high] - seconds[low])
 
 
 @dataclass(frozen=True)
@@ -123,6 +157,19 @@ class HardwareProfile:
         runs beside it (`harness.worker.probe_worker.measure_compute_lost`); 0 where the
         probe measured none (one machine, GPUs, a profile from before it measured this)."""
         return float(self.facts.get(COMPUTE_LOST_FACT, 0.0)) / 1e3
+
+    def collective_after_compute(self, collective: str, workers: int) -> MeasuredCurve | None:
+        """`collective` ("all_gather": the gathered bytes; "reduce_scatter": the bytes
+        reduced) among `workers` workers between nodes, timed after compute as FSDP issues
+        it; None where the probe measured none among that many (one machine, GPUs, a profile
+        from before it measured this)."""
+        measured = self.facts.get(COLLECTIVES_AFTER_COMPUTE_FACT)
+        if not measured or measured.get("workers") != workers or collective not in measured:
+            return None
+        by_size = dict(zip((float(n) for n in measured["bytes"]),
+                           (float(s) for s in measured[collective])))
+        sizes = sorted(by_size)
+        return MeasuredCurve(tuple(sizes), tuple(by_size[size] for size in sizes))
 
     def to_json(self) -> dict[str, Any]:
         def entry(item: Link | AllreduceCost) -> dict[str, Any]:

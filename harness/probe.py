@@ -38,6 +38,7 @@ from harness.config import (
     without_hydra,
 )
 from harness.hardware_profile import (
+    COLLECTIVES_AFTER_COMPUTE_FACT,
     COMPUTE_LOST_FACT,
     PROFILE_FILE,
     HardwareProfile,
@@ -134,6 +135,13 @@ def summary(profile: HardwareProfile) -> str:
     if COMPUTE_LOST_FACT in profile.facts:
         lines.append(f"an allreduce between nodes takes {profile.facts[COMPUTE_LOST_FACT]:.2f} "
                      f"ms of a worker's compute per MB, beside it")
+    after = profile.facts.get(COLLECTIVES_AFTER_COMPUTE_FACT)
+    if after:  # FSDP's collectives, priced from these (distributions.fsdp)
+        largest = max(range(len(after["bytes"])), key=lambda i: after["bytes"][i])
+        lines.append(f"after {after['compute_before_ms']:.0f} ms of compute, FSDP's all-gather "
+                     f"of {after['bytes'][largest] / 1e6:.1f} MB among {after['workers']} takes "
+                     f"{after['all_gather'][largest] * 1e3:.1f} ms, its reduce-scatter "
+                     f"{after['reduce_scatter'][largest] * 1e3:.1f} ms")
     return "\n".join(lines)
 
 

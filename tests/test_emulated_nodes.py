@@ -85,6 +85,17 @@ def test_the_probe_measures_the_shaped_rate(emulated_nodes: object, output_root:
     assert len(profile.facts["compute_lost_ms_per_mb_per_worker"]) == 2
     assert 0 < profile.compute_lost_s_per_mb() < 0.1
     assert "ms of a worker's compute per MB" in done.stdout
+    # FSDP's collectives timed after compute, at each size: a 4 MB all-gather puts 2 MB on
+    # each worker's link, which the rate lets through in no less than 2 MB / 25 MB/s, less
+    # its bucket
+    after = profile.facts["collectives_after_compute"]
+    assert (after["workers"], after["bytes"]) == (2, [8.0, 1048576.0, 4194304.0])
+    gather = profile.collective_after_compute("all_gather", 2)
+    scatter = profile.collective_after_compute("reduce_scatter", 2)
+    assert gather is not None and scatter is not None
+    assert gather.seconds_at(4194304) >= (4194304 / 2 - 256 * 1024) / RATE_BYTES_PER_S
+    assert scatter.seconds_at(4194304) >= (4194304 / 2 - 256 * 1024) / RATE_BYTES_PER_S
+    assert "FSDP's all-gather" in done.stdout
 
 
 def _listening(namespace: str) -> dict[int, set[str]]:

@@ -287,6 +287,40 @@ def test_across_nodes_a_collective_costs_its_wire_bytes() -> None:
     assert within == pytest.approx(gather + scatter + 3e-3 + 0.05)
 
 
+def test_across_nodes_a_collective_costs_what_the_probe_timed_after_compute() -> None:
+    """Where the probe timed FSDP's collectives after compute among the shard group's
+    workers (CPU workers across nodes), each unit's all-gather and reduce-scatter is priced
+    from those times, between two sizes on the straight line through them; elsewhere (one
+    host's nodes, GPUs, a group of another size) by its share of the allreduce."""
+    facts = _facts()
+    measured = {"workers": 2, "compute_before_ms": 20.0, "bytes": [1e6, 1e7, 1e8],
+                "all_gather": [0.002, 0.05, 0.7], "reduce_scatter": [0.003, 0.08, 1.0]}
+    allreduce = [AllreduceCost(2, Cost(1e-3, 1e9))]
+    profile = HardwareProfile("emulated_2nodes_1gbit", "measured", 2, 2, [], allreduce,
+                              {"collectives_after_compute": measured})
+    across = step_communication_seconds(_config(hardware="emulated_2nodes_1gbit"), facts,
+                                        profile)
+    # units of 10, 30 and 60 MB: 10 MB is the middle size; 30 and 60 MB between 10 and 100 MB
+    gather = {10: 0.05, 30: 0.05 + 0.65 * 20 / 90, 60: 0.05 + 0.65 * 50 / 90}
+    scatter = {10: 0.08, 30: 0.08 + 0.92 * 20 / 90, 60: 0.08 + 0.92 * 50 / 90}
+    assert across == pytest.approx(sum(2 * gather[mb] + scatter[mb] for mb in (10, 30, 60)))
+    kept = step_communication_seconds(
+        _config("distribution.reshard_after_forward=false", hardware="emulated_2nodes_1gbit"),
+        facts, profile)
+    assert kept == pytest.approx(sum(gather[mb] + scatter[mb] for mb in (10, 30, 60)))
+    # the shares where the profile cannot say: a group of 4, one host's nodes
+    wider = HardwareProfile("emulated_2nodes_1gbit", "measured", 4, 2, [], [
+        AllreduceCost(4, Cost(1e-3, 1e9))], {"collectives_after_compute": measured})
+    assert step_communication_seconds(
+        _config("hardware.workers_per_node=2", hardware="emulated_2nodes_1gbit"), facts,
+        wider) == pytest.approx(0.5 * 2 * (3e-3 + 0.1) + 1.0 * (3e-3 + 0.1))
+    one_host = HardwareProfile("slurm_local_2nodes", "measured", 2, 2, [], allreduce,
+                               {"collectives_after_compute": measured})
+    assert step_communication_seconds(_config(hardware="slurm_local_2nodes"), facts,
+                                      one_host) == pytest.approx(
+        0.75 * 2 * (3e-3 + 0.1) + 1.3 * (3e-3 + 0.1))
+
+
 def test_the_copies_around_the_collectives_are_fsdps_own_term_on_cpu_workers() -> None:
     """MB gathered and reduced per step (2 x 100 resharded, 100 kept, bfloat16 halves the
     gathers) times the steps, per ms of `fsdp_copies`; prior 0 keeps the raw equation as it

@@ -6,11 +6,19 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from mlflow.tracking import MlflowClient
 
 from harness.compose import compose_config
 from harness.config import ConfigError, validate
-from harness.hardware_profile import Cost, HardwareProfile, fit_cost, profile_path
+from harness.hardware_profile import (
+    Cost,
+    HardwareProfile,
+    MeasuredCurve,
+    fit_cost,
+    profile_path,
+)
 from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from tests.helpers import run_module
 
@@ -29,6 +37,50 @@ def test_the_fit_reads_latency_at_the_smallest_message_and_bandwidth_from_the_sl
 def test_a_flat_fit_falls_back_to_the_largest_message_rate() -> None:
     cost = fit_cost([8.0, 1e6], [2e-3, 1e-3])  # noise: the larger message was faster
     assert cost.bandwidth_bytes_per_s == pytest.approx(1e6 / 1e-3)
+
+
+def test_a_measured_curve_prices_between_its_sizes_on_straight_lines() -> None:
+    # an emulated link's shape: a small message within the bucket, a large one's losses
+    curve = MeasuredCurve((8.0, 1e6, 8e6), (0.0035, 0.03, 0.5))
+    assert [curve.seconds_at(n) for n in (8.0, 1e6, 8e6)] == [0.0035, 0.03, 0.5]
+    assert curve.seconds_at(1.0) == 0.0035  # below the smallest: its time
+    assert curve.seconds_at(4.5e6) == pytest.approx(0.03 + 0.47 / 2)
+    assert curve.seconds_at(16e6) == pytest.approx(0.5 + 0.47 / 7e6 * 8e6)  # the last slope
+    with pytest.raises(ValueError, match="two or more distinct sizes"):
+        MeasuredCurve((1e6, 1e6), (0.1, 0.2))
+
+
+@given(st.lists(st.tuples(st.floats(1.0, 1e9), st.floats(1e-6, 10.0)), min_size=2,
+                max_size=6, unique_by=lambda point: point[0]),
+       st.floats(0.0, 2e9))
+def test_a_measured_curve_is_continuous_and_never_leaves_its_neighbours(
+        points: list[tuple[float, float]], nbytes: float) -> None:
+    points.sort()
+    curve = MeasuredCurve(tuple(n for n, _ in points), tuple(s for _, s in points))
+    seconds = curve.seconds_at(nbytes)
+    if nbytes >= points[-1][0]:  # beyond the largest: at least its time
+        assert seconds >= points[-1][1]
+        return
+    below = [s for n, s in points if n <= nbytes] or [points[0][1]]
+    above = [s for n, s in points if n >= nbytes]
+    low, high = below[-1], above[0]
+    assert min(low, high) - 1e-12 <= seconds <= max(low, high) + 1e-12
+    nudged = curve.seconds_at(nbytes * (1 + 1e-9))
+    assert nudged == pytest.approx(seconds, rel=1e-6, abs=1e-9)
+
+
+def test_the_collectives_timed_after_compute_round_trip_through_the_profile() -> None:
+    measured = {"workers": 2, "compute_before_ms": 20.0, "bytes": [8e6, 8.0],
+                "all_gather": [0.5, 0.001], "reduce_scatter": [0.7, 0.002]}
+    profile = HardwareProfile.from_json(HardwareProfile(
+        "emulated_2nodes_1gbit", "measured", 2, 2, [], [],
+        {"collectives_after_compute": measured}).to_json())
+    assert profile.collective_after_compute("all_gather", 2) == MeasuredCurve(
+        (8.0, 8e6), (0.001, 0.5))  # in order of size
+    assert profile.collective_after_compute("reduce_scatter", 2).seconds == (0.002, 0.7)
+    assert profile.collective_after_compute("all_gather", 4) is None  # measured among 2
+    assert HardwareProfile("local_2cpu", "measured", 2, 1, [], []).collective_after_compute(
+        "all_gather", 2) is None
 
 
 def test_a_profile_from_the_configured_speeds_uses_intra_and_inter_node_links() -> None:

@@ -9,6 +9,7 @@ import datetime as dt
 import functools
 import itertools
 import logging
+import math
 import os
 import socket
 import statistics
@@ -24,6 +25,7 @@ from omegaconf import DictConfig
 from harness.config import DistbenchConfig, ProbeConfig, validate
 from harness.distributed import WorkerSession, worker_session
 from harness.hardware_profile import (
+    COLLECTIVES_AFTER_COMPUTE_FACT,
     COMPUTE_LOST_FACT,
     PROFILE_FILE,
     AllreduceCost,
@@ -151,6 +153,73 @@ def measure_compute_lost(session: WorkerSession, probe: ProbeConfig) -> float:
     return statistics.median(lost_ms_per_mb)
 
 
+# The compute before each of FSDP's collectives as the probe times them: a unit's forward or
+# backward on the calibration's networks takes a few to a few tens of ms on one core, and 20
+# ms refills an emulated link's 256 KB bucket at 100 Mbit/s.
+_COMPUTE_BEFORE_COLLECTIVE_S = 0.02
+
+
+def measure_collectives_after_compute(probe: ProbeConfig) -> dict[str, list[float]]:
+    """Mean seconds of an all-gather (of `size` bytes gathered) and a reduce-scatter (of
+    `size` bytes reduced) among all the workers at each probe size, each after
+    `_COMPUTE_BEFORE_COLLECTIVE_S` of compute on this worker's cores, as FSDP issues them
+    (this worker's clock: a member's is the group's). Between nodes neither is a share of an
+    allreduce of the same bytes: measured across two emulated nodes (BENCHMARKS.md section
+    17), an all-gather of a few MB after compute took 0.7 of an allreduce where its bytes on
+    the wire are half of one (a single bulk send per direction meets TCP's losses at the
+    link's queue, which the allreduce's chunks, each waiting on the other worker's, do not),
+    and one within the link's bucket passed at once. The mean, not the median: a step pays
+    the sum of its collectives, and a small one after compute took either about 0.5 or about
+    3.8 ms, one time or the other; so a size is repeated, where it is quick, until 1 s of it
+    is timed (`_more_repeats`)."""
+    workers = dist.get_world_size()
+    left, right = torch.ones(_KERNEL_SIZE, _KERNEL_SIZE), torch.full(
+        (_KERNEL_SIZE, _KERNEL_SIZE), 0.5)
+    fewest = max(probe.repeats // 2, 3)
+    measured: dict[str, list[float]] = {"all_gather": [], "reduce_scatter": []}
+    for nbytes in probe.message_bytes:
+        elements = max(nbytes // 4 // workers, 1) * workers
+        whole, shard = torch.zeros(elements), torch.zeros(elements // workers)
+        collectives = {
+            "all_gather": functools.partial(dist.all_gather_into_tensor, whole, shard),
+            "reduce_scatter": functools.partial(dist.reduce_scatter_tensor, shard, whole)}
+        for name, collective in collectives.items():
+            dist.barrier()
+            seconds = _timed_after_compute(collective, probe.warmup, fewest, (left, right))
+            seconds += _timed_after_compute(collective, 0, _more_repeats(seconds, fewest),
+                                            (left, right))
+            measured[name].append(statistics.fmean(seconds))
+    return measured
+
+
+def _timed_after_compute(collective: Callable[[], object], warmup: int, repeats: int,
+                         operands: tuple[torch.Tensor, torch.Tensor]) -> list[float]:
+    """Seconds of `repeats` runs of `collective` after `warmup` ones, each after
+    `_COMPUTE_BEFORE_COLLECTIVE_S` of compute."""
+    seconds = []
+    for repeat in range(warmup + repeats):
+        computed_until = time.perf_counter() + _COMPUTE_BEFORE_COLLECTIVE_S
+        while time.perf_counter() < computed_until:
+            _kernel(*operands)
+        start = time.perf_counter()
+        collective()
+        if repeat >= warmup:
+            seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def _more_repeats(seconds: list[float], fewest: int) -> int:
+    """Further runs until 1 s of a size is timed, at most 7 times `fewest` (a quick
+    collective's mean over many, a slow one's over a few): decided on the group's slowest
+    total, so that every worker runs as many."""
+    total = torch.tensor([sum(seconds)], dtype=torch.float64)
+    dist.all_reduce(total, op=dist.ReduceOp.MAX)
+    if total.item() >= 1.0:
+        return 0
+    mean = total.item() / len(seconds)
+    return min(math.ceil((1.0 - total.item()) / max(mean, 1e-9)), 7 * fewest)
+
+
 def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
     """One worker of the probe; rank 0 assembles, writes and returns the profile."""
     log_to_stderr()
@@ -173,8 +242,13 @@ def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
         allreduce = measure_allreduce(session, device, config.probe)
         # Only where it is used: CPU workers on nodes of their own, whose allreduces run
         # beside the backward (on one machine they take their turn; a GPU's run on its links).
+        between_cpu_nodes = device.type == "cpu" and config.hardware.nodes > 1
         lost = (session.all_gather(measure_compute_lost(session, config.probe))
-                if device.type == "cpu" and config.hardware.nodes > 1 else None)
+                if between_cpu_nodes else None)
+        # FSDP's collectives take their turn with a CPU worker's compute between nodes
+        # (distributions.fsdp), where no share of an allreduce prices them
+        after_compute = (measure_collectives_after_compute(config.probe)
+                         if between_cpu_nodes else None)
         # The node as the scheduler names it (SLURM's test cluster runs its nodes on one host).
         hosts = session.all_gather(os.environ.get("SLURMD_NODENAME", socket.gethostname()))
         shaping = session.all_gather(None if session.link is None else session.link.shaping)
@@ -186,6 +260,10 @@ def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
     if lost is not None:  # every worker's; the models read the median
         profile.facts[COMPUTE_LOST_FACT] = statistics.median(lost)
         profile.facts["compute_lost_ms_per_mb_per_worker"] = lost
+    if after_compute is not None:
+        profile.facts[COLLECTIVES_AFTER_COMPUTE_FACT] = {
+            "workers": env.world_size, "compute_before_ms": _COMPUTE_BEFORE_COLLECTIVE_S * 1e3,
+            "bytes": [float(n) for n in config.probe.message_bytes], **after_compute}
     profile.save(output_dir / PROFILE_FILE)
     return profile.to_json()
 

@@ -28,7 +28,11 @@ from a CPU worker's compute beside it (`compute_lost_ms_per_mb`); `data/calibrat
 later that day, and the models are judged with that fact added to the kept profiles (their
 links stay the kept ones). Likewise the kept facts predate GPipe's stages timed in place
 (`harness.stage_timing`): `data/calibrate_emulated-2026-11-29-stages-in-place.json` holds each
-of its plans timed on the same VM later that day, added to the kept facts of both hardware.
+of its plans timed on the same VM later that day, added to the kept facts of both hardware; and
+the kept profiles predate the probe's timing of FSDP's all-gather and reduce-scatter after
+compute (`collectives_after_compute`, which FSDP's model prices its collectives between nodes
+from): `data/calibrate_emulated-2026-11-29-collectives-after-compute.json` holds the profiles
+that first measured it, on the same VM and links at 17:42-17:46 UTC, added in the same way.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.hardware_profile import COMPUTE_LOST_FACT
+from harness.hardware_profile import COLLECTIVES_AFTER_COMPUTE_FACT, COMPUTE_LOST_FACT
 
 pytestmark = pytest.mark.perf
 
@@ -57,6 +61,7 @@ FITS = {"full": [], "small": ["--fit-on", "resnet18,vgg11"]}
 
 
 COMPUTE_LOST = DATA / "calibrate_emulated-2026-11-29-compute-lost.json"
+COLLECTIVES_AFTER_COMPUTE = DATA / "calibrate_emulated-2026-11-29-collectives-after-compute.json"
 STAGES_IN_PLACE = DATA / "calibrate_emulated-2026-11-29-stages-in-place.json"
 HARDWARE = ("emulated_2nodes_1gbit", "emulated_2nodes_100mbit")  # the calibration's
 
@@ -64,7 +69,8 @@ HARDWARE = ("emulated_2nodes_1gbit", "emulated_2nodes_100mbit")  # the calibrati
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = _extracted(ARCHIVE, tmp_path_factory.mktemp("calibrate_emulated"))
-    _add_compute_lost(root)
+    _add_later_facts(root, COMPUTE_LOST, COMPUTE_LOST_FACT)
+    _add_later_facts(root, COLLECTIVES_AFTER_COMPUTE, COLLECTIVES_AFTER_COMPUTE_FACT)
     _add_stages_in_place(root)
     return root
 
@@ -79,14 +85,14 @@ def _add_stages_in_place(root: Path) -> None:
         path.write_text(json.dumps(data))
 
 
-def _add_compute_lost(root: Path) -> None:
-    """The later probe's `compute_lost` facts in the kept profiles (the module's docstring)."""
-    later = json.loads(COMPUTE_LOST.read_text())["profiles"]
+def _add_later_facts(root: Path, probed: Path, fact: str) -> None:
+    """A later probe's facts named `fact...` in the kept profiles (the module's docstring)."""
+    later = json.loads(probed.read_text())["profiles"]
     for hardware, profile in later.items():
         kept = root / "hardware_profiles" / f"{hardware}.json"
         data = json.loads(kept.read_text())
         data["facts"].update({key: value for key, value in profile["facts"].items()
-                              if key.startswith(COMPUTE_LOST_FACT)})
+                              if key.startswith(fact)})
         kept.write_text(json.dumps(data))
 
 

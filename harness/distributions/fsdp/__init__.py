@@ -54,6 +54,7 @@ from harness.predict.terms import (
     layer_forward_share,
     memory_stage,
 )
+from harness.units import BYTES_PER_MB
 
 # An all-gather or a reduce-scatter of M bytes, as a multiple of an allreduce of M bytes among
 # the same workers (what the hardware probe measures). A ring allreduce is a reduce-scatter
@@ -65,13 +66,15 @@ CUDA_SHARE = {"all_gather": 0.5, "reduce_scatter": 0.5}
 
 
 GLOO_SHARE = {"all_gather": 0.75, "reduce_scatter": 1.3}
-# The same collectives over gloo between nodes, where the link, not the cores, sets their pace:
-# the probed allreduce across a link runs at the link's rate (BENCHMARKS.md section 15: 119.4
-# MB/s over a 120.0 MB/s link), so a collective costs what it puts on the wire. Measured on the
-# links' counters of the emulated sweep (`link_sent_mb`): an FSDP2 step with
+# The same collectives over gloo between nodes, where the link, not the cores, sets their pace,
+# priced by their bytes on the wire where the probe did not time them after compute
+# (`HardwareProfile.collective_after_compute`, which prices them where it did): measured on the
+# links' counters of the emulated sweep (`link_sent_mb`), an FSDP2 step with
 # `reshard_after_forward` sends 2.08-2.10 times what a DDP step of the same network sends (one
 # allreduce of the gradients): an all-gather puts half an allreduce's bytes on the wire
-# ((W-1)/W of the data against 2(W-1)/W), gloo's reduce-scatter a whole allreduce's.
+# ((W-1)/W of the data against 2(W-1)/W), gloo's reduce-scatter a whole allreduce's. Their
+# time is not in proportion (BENCHMARKS.md section 17): after compute an all-gather of a
+# few MB took 0.7 of an allreduce, one within the link's bucket passed at once.
 GLOO_ACROSS_NODES_SHARE = {"all_gather": 0.5, "reduce_scatter": 1.0}
 
 # FSDP2's own free parameter: around every collective it copies on the worker's cores (each
@@ -157,6 +160,23 @@ def _share(config: DistbenchConfig, collective: str) -> float:
     return GLOO_SHARE[collective]
 
 
+def collective_seconds(config: DistbenchConfig, profile: HardwareProfile, collective: str,
+                       megabytes: float) -> float:
+    """One all-gather (of `megabytes` gathered) or reduce-scatter (of `megabytes` reduced)
+    among the cell's shard group: as the probe timed it after compute where the group's CPU
+    workers span nodes and the profile holds that among as many workers (such a collective
+    takes its turn with the compute, and its time follows no straight line in its size),
+    else as its share of the probed allreduce of the same bytes (`_share`)."""
+    shards = fsdp_settings(config).shards(config)
+    if shards < 2 or megabytes <= 0:
+        return 0.0
+    if config.hardware.device.value != "cuda" and config.hardware.group_crosses_links(shards):
+        measured = profile.collective_after_compute(collective, shards)
+        if measured is not None:
+            return measured.seconds_at(megabytes * BYTES_PER_MB)
+    return _share(config, collective) * allreduce_seconds(profile, shards, megabytes, 1)
+
+
 def step_collective_mb(config: DistbenchConfig, facts: CellFacts) -> tuple[float, float]:
     """(MB all-gathered, MB reduce-scattered) in one step: every unit's weights once per
     gather (twice when resharded after forward; bfloat16 with mixed precision), its float32
@@ -188,12 +208,13 @@ def step_communication_seconds(config: DistbenchConfig, facts: CellFacts,
     replicas = config.world_size // shards
     units = _units(facts)
     gathers = 2 if settings.reshard_after_forward else 1
-    gathered_mb, gradient_mb = step_collective_mb(config, facts)
-    seconds = _share(config, "all_gather") * allreduce_seconds(
-        profile, shards, gathered_mb, gathers * len(units))
-    seconds += _share(config, "reduce_scatter") * allreduce_seconds(
-        profile, shards, gradient_mb, len(units))
+    precision = _BFLOAT16_SHARE if settings.mixed_precision else 1.0
+    gradient_scale = facts.gradient_mb / max(facts.weights_mb, 1e-12)
+    seconds = sum(gathers * collective_seconds(config, profile, "all_gather", unit * precision)
+                  + collective_seconds(config, profile, "reduce_scatter", unit * gradient_scale)
+                  for unit in units)
     if replicas > 1:
+        gradient_mb = step_collective_mb(config, facts)[1]
         seconds += allreduce_seconds(profile, replicas, gradient_mb / shards, len(units))
     return seconds
 
@@ -226,7 +247,7 @@ def unit_work(config: DistbenchConfig, facts: CellFacts,
     for group in groups:
         weights = sum(layer.weights_mb for layer in group)
         gradient = weights * gradient_scale
-        reduce = _share(config, "reduce_scatter") * allreduce_seconds(profile, shards, gradient, 1)
+        reduce = collective_seconds(config, profile, "reduce_scatter", gradient)
         if replicas > 1:
             reduce += allreduce_seconds(profile, replicas, gradient / shards, 1)
         units.append(UnitWork(
@@ -234,8 +255,7 @@ def unit_work(config: DistbenchConfig, facts: CellFacts,
             * facts.step_seconds,
             backward_s=sum(layer_backward_share(facts, layer) for layer in group)
             * facts.step_seconds,
-            gather_s=_share(config, "all_gather") * allreduce_seconds(
-                profile, shards, weights * precision, 1),
+            gather_s=collective_seconds(config, profile, "all_gather", weights * precision),
             reduce_s=reduce))
     return units
 
