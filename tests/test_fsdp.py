@@ -28,6 +28,7 @@ from harness.config import ConfigError, DistbenchConfig, validate
 from harness.distributions.fsdp import (
     COPIES,
     FSDPConfig,
+    collective_seconds,
     memory_per_worker,
     step_communication_seconds,
 )
@@ -289,9 +290,9 @@ def test_across_nodes_a_collective_costs_its_wire_bytes() -> None:
 
 def test_across_nodes_a_collective_costs_what_the_probe_timed_after_compute() -> None:
     """Where the probe timed FSDP's collectives after compute among the shard group's
-    workers (CPU workers across nodes), each unit's all-gather and reduce-scatter is priced
-    from those times, between two sizes on the straight line through them; elsewhere (one
-    host's nodes, GPUs, a group of another size) by its share of the allreduce."""
+    workers (CPU workers: across nodes, or on one machine's cores), each unit's all-gather and
+    reduce-scatter is priced from those times, between two sizes on the straight line through
+    them; elsewhere (GPUs, a group of another size) by its share of the allreduce."""
     facts = _facts()
     measured = {"workers": 2, "compute_before_ms": 20.0, "bytes": [1e6, 1e7, 1e8],
                 "all_gather": [0.002, 0.05, 0.7], "reduce_scatter": [0.003, 0.08, 1.0]}
@@ -314,11 +315,13 @@ def test_across_nodes_a_collective_costs_what_the_probe_timed_after_compute() ->
     assert step_communication_seconds(
         _config("hardware.workers_per_node=2", hardware="emulated_2nodes_1gbit"), facts,
         wider) == pytest.approx(0.5 * 2 * (3e-3 + 0.1) + 1.0 * (3e-3 + 0.1))
-    one_host = HardwareProfile("slurm_local_2nodes", "measured", 2, 2, [], allreduce,
-                               {"collectives_after_compute": measured})
-    assert step_communication_seconds(_config(hardware="slurm_local_2nodes"), facts,
-                                      one_host) == pytest.approx(
-        0.75 * 2 * (3e-3 + 0.1) + 1.3 * (3e-3 + 0.1))
+    one_machine = HardwareProfile("local_2cpu", "measured", 2, 1, [], allreduce,
+                                  {"collectives_after_compute": measured})
+    assert step_communication_seconds(_config(hardware="local_2cpu"), facts, one_machine) == \
+        pytest.approx(across)
+    gpus = _config("hardware.device=cuda", hardware="local_2cpu")
+    assert collective_seconds(gpus, one_machine, "all_gather", 10.0) == pytest.approx(
+        0.5 * (1e-3 + 0.01))  # NCCL's half of the allreduce, on GPUs' own links
 
 
 def test_the_copies_around_the_collectives_are_fsdps_own_term_on_cpu_workers() -> None:

@@ -128,6 +128,12 @@ def test_the_probe_measures_two_local_workers_and_records_the_profile(
     # Workers of one machine take turns: what a collective takes from the compute beside it
     # is not measured there (it is measured between nodes, tests/test_emulated_nodes.py).
     assert profile.compute_lost_s_per_mb() == 0.0
+    # FSDP's collectives, timed after compute as FSDP runs them, at each size
+    for collective in ("all_gather", "reduce_scatter"):
+        timed = profile.collective_after_compute(collective, 2)
+        assert timed is not None and timed.nbytes == (8.0, 65536.0, 1048576.0)
+        assert all(seconds > 0 for seconds in timed.seconds)
+    assert "after 20 ms of compute, FSDP's all-gather of 1.0 MB among 2 takes" in done.stdout
     client = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
     (run,) = client.search_runs([client.get_experiment_by_name("hardware_probe").experiment_id])
     assert run.data.metrics["link_latency_us_max"] == pytest.approx(link.cost.latency_s * 1e6)

@@ -163,12 +163,13 @@ def measure_collectives_after_compute(probe: ProbeConfig) -> dict[str, list[floa
     """Mean seconds of an all-gather (of `size` bytes gathered) and a reduce-scatter (of
     `size` bytes reduced) among all the workers at each probe size, each after
     `_COMPUTE_BEFORE_COLLECTIVE_S` of compute on this worker's cores, as FSDP issues them
-    (this worker's clock: a member's is the group's). Between nodes neither is a share of an
-    allreduce of the same bytes: measured across two emulated nodes (BENCHMARKS.md section
-    17), an all-gather of a few MB after compute took 0.7 of an allreduce where its bytes on
-    the wire are half of one (a single bulk send per direction meets TCP's losses at the
-    link's queue, which the allreduce's chunks, each waiting on the other worker's, do not),
-    and one within the link's bucket passed at once. The mean, not the median: a step pays
+    (this worker's clock: a member's is the group's). Neither is a fixed share of an allreduce
+    of the same bytes timed back to back (BENCHMARKS.md section 17): across two emulated
+    nodes an all-gather of a few MB after compute took 0.7 of one where its bytes on the wire
+    are half of one (a single bulk send per direction meets TCP's losses at the link's queue,
+    which the allreduce's chunks, each waiting on the other worker's, do not), one within the
+    link's bucket passed at once; on one machine's cores a 33.6 MB all-gather took 1.3 of one
+    (0.75 back to back). The mean, not the median: a step pays
     the sum of its collectives, and a small one after compute took either about 0.5 or about
     3.8 ms, one time or the other; so a size is repeated, where it is quick, until 1 s of it
     is timed (`_more_repeats`)."""
@@ -209,7 +210,7 @@ def _timed_after_compute(collective: Callable[[], object], warmup: int, repeats:
 
 
 def _more_repeats(seconds: list[float], fewest: int) -> int:
-    """Further runs until 1 s of a size is timed, at most 7 times `fewest` (a quick
+    """Further runs until 1 s of a size is timed, at most 3 times `fewest` (a quick
     collective's mean over many, a slow one's over a few): decided on the group's slowest
     total, so that every worker runs as many."""
     total = torch.tensor([sum(seconds)], dtype=torch.float64)
@@ -217,7 +218,7 @@ def _more_repeats(seconds: list[float], fewest: int) -> int:
     if total.item() >= 1.0:
         return 0
     mean = total.item() / len(seconds)
-    return min(math.ceil((1.0 - total.item()) / max(mean, 1e-9)), 7 * fewest)
+    return min(math.ceil((1.0 - total.item()) / max(mean, 1e-9)), 3 * fewest)
 
 
 def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
@@ -245,10 +246,9 @@ def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
         between_cpu_nodes = device.type == "cpu" and config.hardware.nodes > 1
         lost = (session.all_gather(measure_compute_lost(session, config.probe))
                 if between_cpu_nodes else None)
-        # FSDP's collectives take their turn with a CPU worker's compute between nodes
-        # (distributions.fsdp), where no share of an allreduce prices them
+        # FSDP's collectives take their turn with a CPU worker's compute (distributions.fsdp)
         after_compute = (measure_collectives_after_compute(config.probe)
-                         if between_cpu_nodes else None)
+                         if device.type == "cpu" else None)
         # The node as the scheduler names it (SLURM's test cluster runs its nodes on one host).
         hosts = session.all_gather(os.environ.get("SLURMD_NODENAME", socket.gethostname()))
         shaping = session.all_gather(None if session.link is None else session.link.shaping)

@@ -57,11 +57,14 @@ from harness.predict.terms import (
 from harness.units import BYTES_PER_MB
 
 # An all-gather or a reduce-scatter of M bytes, as a multiple of an allreduce of M bytes among
-# the same workers (what the hardware probe measures). A ring allreduce is a reduce-scatter
-# followed by an all-gather, so on NCCL each is half of one. gloo's are not: measured on a
-# 2-core machine (2 and 4 workers, 4-16 MB, median of 12 after 3 warm-up), its all-gather took
-# 0.65-0.81 of an allreduce and its reduce-scatter 1.21-1.43
-# (tests/benchmarks/test_fsdp_collectives.py measures them again).
+# the same workers (what the hardware probe measures), for a profile that holds no timing of
+# the collectives themselves: on CPU workers the probe times them after compute, as FSDP
+# issues them (`collective_seconds`), and no share is used. A ring allreduce is a
+# reduce-scatter followed by an all-gather, so on NCCL each is half of one. gloo's are not:
+# measured on a 2-core machine (2 and 4 workers, 4-16 MB, median of 12 after 3 warm-up, back
+# to back), its all-gather took 0.65-0.81 of an allreduce and its reduce-scatter 1.21-1.43
+# (tests/benchmarks/test_fsdp_collectives.py measures them again); after 20 ms of compute,
+# as FSDP runs them, a 33.6 MB all-gather took 1.3 (BENCHMARKS.md section 17).
 CUDA_SHARE = {"all_gather": 0.5, "reduce_scatter": 0.5}
 
 
@@ -163,14 +166,16 @@ def _share(config: DistbenchConfig, collective: str) -> float:
 def collective_seconds(config: DistbenchConfig, profile: HardwareProfile, collective: str,
                        megabytes: float) -> float:
     """One all-gather (of `megabytes` gathered) or reduce-scatter (of `megabytes` reduced)
-    among the cell's shard group: as the probe timed it after compute where the group's CPU
-    workers span nodes and the profile holds that among as many workers (such a collective
-    takes its turn with the compute, and its time follows no straight line in its size),
-    else as its share of the probed allreduce of the same bytes (`_share`)."""
+    among the cell's shard group: on CPU workers, as the probe timed it after compute where
+    the profile holds that among as many workers (such a collective takes its turn with the
+    compute, and its time follows no straight line in its size: a share of the allreduce
+    timed back to back priced FSDP 18 % too fast on one machine's cores and 12 % between
+    emulated nodes, BENCHMARKS.md section 17), else as its share of the probed allreduce of
+    the same bytes (`_share`)."""
     shards = fsdp_settings(config).shards(config)
     if shards < 2 or megabytes <= 0:
         return 0.0
-    if config.hardware.device.value != "cuda" and config.hardware.group_crosses_links(shards):
+    if config.hardware.device.value != "cuda":
         measured = profile.collective_after_compute(collective, shards)
         if measured is not None:
             return measured.seconds_at(megabytes * BYTES_PER_MB)
