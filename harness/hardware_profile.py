@@ -161,14 +161,16 @@ class HardwareProfile:
     def collective_after_compute(self, collective: str, workers: int) -> MeasuredCurve | None:
         """`collective` ("all_gather": the gathered bytes; "reduce_scatter": the bytes
         reduced) among `workers` workers between nodes, timed after compute as FSDP issues
-        it; None where the probe measured none among that many (one machine, GPUs, a profile
-        from before it measured this)."""
+        it; None where the probe measured none among that many (GPUs, a profile from before it
+        measured this) or at fewer than two sizes."""
         measured = self.facts.get(COLLECTIVES_AFTER_COMPUTE_FACT)
         if not measured or measured.get("workers") != workers or collective not in measured:
             return None
         by_size = dict(zip((float(n) for n in measured["bytes"]),
                            (float(s) for s in measured[collective])))
         sizes = sorted(by_size)
+        if len(sizes) < 2:  # probe.message_bytes=[8,8]: no line to price on
+            return None
         return MeasuredCurve(tuple(sizes), tuple(by_size[size] for size in sizes))
 
     def to_json(self) -> dict[str, Any]:

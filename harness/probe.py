@@ -136,11 +136,11 @@ def summary(profile: HardwareProfile) -> str:
         lines.append(f"an allreduce between nodes takes {profile.facts[COMPUTE_LOST_FACT]:.2f} "
                      f"ms of a worker's compute per MB, beside it")
     after = profile.facts.get(COLLECTIVES_AFTER_COMPUTE_FACT)
-    if after:  # FSDP's collectives, priced from these (distributions.fsdp)
+    if after:  # the collectives FSDP's model prices its own from (distributions.fsdp)
         largest = max(range(len(after["bytes"])), key=lambda i: after["bytes"][i])
-        lines.append(f"after {after['compute_before_ms']:.0f} ms of compute, FSDP's all-gather "
-                     f"of {after['bytes'][largest] / 1e6:.1f} MB among {after['workers']} takes "
-                     f"{after['all_gather'][largest] * 1e3:.1f} ms, its reduce-scatter "
+        lines.append(f"after {after['compute_before_ms']:.0f} ms of compute, an all-gather of "
+                     f"{after['bytes'][largest] / 1e6:.1f} MB among {after['workers']} takes "
+                     f"{after['all_gather'][largest] * 1e3:.1f} ms, a reduce-scatter "
                      f"{after['reduce_scatter'][largest] * 1e3:.1f} ms")
     return "\n".join(lines)
 

@@ -81,6 +81,9 @@ def test_the_collectives_timed_after_compute_round_trip_through_the_profile() ->
     assert profile.collective_after_compute("all_gather", 4) is None  # measured among 2
     assert HardwareProfile("local_2cpu", "measured", 2, 1, [], []).collective_after_compute(
         "all_gather", 2) is None
+    one_size = {**measured, "bytes": [8.0, 8.0]}  # probe.message_bytes=[8,8]
+    assert HardwareProfile("local_2cpu", "measured", 2, 1, [], [], {
+        "collectives_after_compute": one_size}).collective_after_compute("all_gather", 2) is None
 
 
 def test_a_profile_from_the_configured_speeds_uses_intra_and_inter_node_links() -> None:
@@ -133,7 +136,7 @@ def test_the_probe_measures_two_local_workers_and_records_the_profile(
         timed = profile.collective_after_compute(collective, 2)
         assert timed is not None and timed.nbytes == (8.0, 65536.0, 1048576.0)
         assert all(seconds > 0 for seconds in timed.seconds)
-    assert "after 20 ms of compute, FSDP's all-gather of 1.0 MB among 2 takes" in done.stdout
+    assert "after 20 ms of compute, an all-gather of 1.0 MB among 2 takes" in done.stdout
     client = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
     (run,) = client.search_runs([client.get_experiment_by_name("hardware_probe").experiment_id])
     assert run.data.metrics["link_latency_us_max"] == pytest.approx(link.cost.latency_s * 1e6)

@@ -169,10 +169,9 @@ def measure_collectives_after_compute(probe: ProbeConfig) -> dict[str, list[floa
     are half of one (a single bulk send per direction meets TCP's losses at the link's queue,
     which the allreduce's chunks, each waiting on the other worker's, do not), one within the
     link's bucket passed at once; on one machine's cores a 33.6 MB all-gather took 1.3 of one
-    (0.75 back to back). The mean, not the median: a step pays
-    the sum of its collectives, and a small one after compute took either about 0.5 or about
-    3.8 ms, one time or the other; so a size is repeated, where it is quick, until 1 s of it
-    is timed (`_more_repeats`)."""
+    (0.75 back to back). The mean, not the median: a step pays the sum of its collectives, and
+    a small one after compute took either about 0.5 or about 3.8 ms, one time or the other; so
+    a size is repeated, where it is quick, until 1 s of it is timed (`_more_repeats`)."""
     workers = dist.get_world_size()
     left, right = torch.ones(_KERNEL_SIZE, _KERNEL_SIZE), torch.full(
         (_KERNEL_SIZE, _KERNEL_SIZE), 0.5)
@@ -243,9 +242,8 @@ def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
         allreduce = measure_allreduce(session, device, config.probe)
         # Only where it is used: CPU workers on nodes of their own, whose allreduces run
         # beside the backward (on one machine they take their turn; a GPU's run on its links).
-        between_cpu_nodes = device.type == "cpu" and config.hardware.nodes > 1
         lost = (session.all_gather(measure_compute_lost(session, config.probe))
-                if between_cpu_nodes else None)
+                if device.type == "cpu" and config.hardware.nodes > 1 else None)
         # FSDP's collectives take their turn with a CPU worker's compute (distributions.fsdp)
         after_compute = (measure_collectives_after_compute(config.probe)
                          if device.type == "cpu" else None)
