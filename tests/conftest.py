@@ -29,7 +29,8 @@ _SUITE_STARTED = time.monotonic()
 # which stop it first) run in one process, one after another: this machine has one /etc/slurm
 # and one set of daemons. They go first, being the longest unit of work.
 CLUSTER_MODULES = ("tests/test_slurm.py", "tests/test_slurm_plugin_config.py",
-                   "tests/test_emulated_nodes.py", "tests/benchmarks/test_emulated_faults.py")
+                   "tests/test_emulated_nodes.py", "tests/benchmarks/test_emulated_faults.py",
+                   "tests/benchmarks/test_fsdp_units_across_nodes.py")
 _CLUSTER_FIXTURES = frozenset({"slurm_cluster", "emulated_nodes"})
 
 
