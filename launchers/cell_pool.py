@@ -20,12 +20,14 @@ cells, the cells are planned here, one after another.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import multiprocessing.pool
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from harness.processes import ends_with_parent
@@ -37,6 +39,9 @@ Planned = TypeVar("Planned")
 CHUNK_CELLS = 16
 # What the forked children plan: (plan_one, every cell's overrides), set while `plan_cells` runs.
 _work: list[Any] = []
+# The signals whose handlers in a command raise (KeyboardInterrupt; SystemExit:
+# `harness.cli.end_like_ctrl_c_on_sigterm`), held while the pool is built.
+_RAISING_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def usable_cores() -> int:
@@ -69,9 +74,7 @@ def plan_cells(cells: Sequence[list[str]], plan_one: Callable[[int, list[str]], 
     found: dict[int, Planned] = {}
     try:
         # forked before the progress bar starts its thread
-        with multiprocessing.get_context("fork").Pool(
-                min(workers, len(chunks)), initializer=_as_a_child,
-                initargs=(os.getpid(), ends_with_parent())) as pool, \
+        with _children(min(workers, len(chunks))) as pool, \
                 steps(len(cells), desc, "cell(s)") as shown:
             for chunk, (done, stopped_at) in zip(chunks, pool.imap(_plan_chunk, chunks)):
                 found.update(zip(chunk, done))
@@ -109,6 +112,26 @@ def _chunks(cells: Sequence[list[str]], shares: Callable[[list[str]], Hashable] 
     return [chunk for chunk in chunks if chunk]
 
 
+@contextlib.contextmanager
+def _children(count: int) -> Iterator[multiprocessing.pool.Pool]:
+    """A pool of `count` forked children, ended (terminated) on leaving. SIGINT and SIGTERM
+    are held (blocked) while it is built: their handlers raise, and `Pool.__init__` is not
+    safe against an exception raised in the middle of it (a SIGTERM just after its last fork
+    left a pool whose thread kept forking children and a command that hung at exit, joining
+    them: 1 dry run in 14 ended as it forked). A signal held meanwhile arrives once the pool
+    is built, where leaving ends the children."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _RAISING_SIGNALS)
+    try:
+        pool = multiprocessing.get_context("fork").Pool(
+            count, initializer=_as_a_child, initargs=(os.getpid(), ends_with_parent()))
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        raise
+    with pool:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        yield pool
+
+
 def _as_a_child(parent: int, end_with_parent: Callable[[], None] | None) -> None:
     """A child ends when the pool ends it (SIGTERM: not this process' handler, which would
     raise SystemExit inside the pool's machinery, and hang it), and leaves Ctrl-C (SIGINT, sent
@@ -119,6 +142,7 @@ def _as_a_child(parent: int, end_with_parent: Callable[[], None] | None) -> None
     their first fork left a child behind without it)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _RAISING_SIGNALS)  # held while forking
     if end_with_parent is not None:
         end_with_parent()
     if os.getppid() != parent:  # the parent ended before the kernel was told to end this

@@ -15,6 +15,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 _PLAN = """
 import json, os, sys, time
 from launchers.cell_pool import plan_cells
@@ -187,3 +189,77 @@ def test_cells_that_share_work_are_chunked_together_and_a_large_group_is_cut() -
     chunks = _chunks([[str(number)] for number in range(count)], None)
     assert chunks == [list(range(0, CHUNK_CELLS)), list(range(CHUNK_CELLS, 2 * CHUNK_CELLS)),
                       list(range(2 * CHUNK_CELLS, count))]
+
+
+# Where the command sends itself SIGTERM while the pool is built (the handler, which raises
+# SystemExit, runs in the 0.2 s sleep that follows unless the signal is held).
+_SIGTERM_WHILE_BUILDING = """
+import os, signal, sys, time
+import multiprocessing.pool as mpool
+from harness.cli import end_like_ctrl_c_on_sigterm
+from launchers.cell_pool import plan_cells
+
+def sigterm_here():
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)
+
+if AT == "after the first fork":
+    make_process = mpool.Pool.Process
+    def process(ctx, *args, **kwargs):
+        child = make_process(ctx, *args, **kwargs)
+        start = child.start
+        def start_then_sigterm():
+            start()
+            sigterm_here()
+        child.start = start_then_sigterm
+        return child
+    mpool.Pool.Process = staticmethod(process)
+elif AT == "after the last fork":
+    repopulate = mpool.Pool._repopulate_pool
+    def repopulate_then_sigterm(self):
+        repopulate(self)
+        sigterm_here()
+    mpool.Pool._repopulate_pool = repopulate_then_sigterm
+else:  # as the pool's first thread starts
+    handle_workers = mpool.Pool._handle_workers
+    def sigterm_then_handle(*args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        handle_workers(*args)
+    mpool.Pool._handle_workers = staticmethod(sigterm_then_handle)
+
+end_like_ctrl_c_on_sigterm()
+cells = [[f"run.epochs={n + 1}"] for n in range(50)]
+plan_cells(cells, lambda number, _: number, lambda number, _: number, desc="composing",
+           workers=2)
+print("planned every cell", flush=True)
+"""
+
+
+@pytest.mark.parametrize("moment", ["after the first fork", "after the last fork",
+                                    "as the pool's first thread starts"])
+def test_sigterm_while_the_pool_is_built_ends_the_command_and_its_children(
+        moment: str, tmp_path: Path) -> None:
+    """Deterministic: `Pool.__init__` raising SystemExit after its last fork left a pool whose
+    thread forked children again, and the command hung at exit joining them (before the
+    signals were held while building it)."""
+    marker = str(tmp_path / "marker")  # in the command line of the command and its children
+    script = f"AT = {moment!r}\n" + textwrap.dedent(_SIGTERM_WHILE_BUILDING)
+    ended = subprocess.run([sys.executable, "-c", script, marker], capture_output=True,
+                           text=True, timeout=60, cwd=Path(__file__).parents[1])
+    assert ended.returncode == 143, ended.stderr[-2000:]
+    assert "planned every cell" not in ended.stdout
+    assert "Exception ignored" not in ended.stderr  # no handler ran where it is swallowed
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _processes_with(marker):
+        time.sleep(0.1)
+    assert _processes_with(marker) == []
+
+
+def _processes_with(marker: str) -> list[int]:
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        if marker in (process.info["cmdline"] or []):
+            found.append(process.info["pid"])
+    return found
