@@ -42,6 +42,7 @@ them into the status, and the sweep's summary table says why each failed cell fa
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import contextlib
 import dataclasses
@@ -50,6 +51,7 @@ import os
 import select
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, ParamSpec, TypeVar
@@ -282,11 +284,69 @@ def _stdout_reader_gone() -> bool:
 def end_like_ctrl_c_on_sigterm() -> None:
     """SIGTERM (`kill`, `scancel`, a shutdown) ends this process as Ctrl-C does, through its
     `finally` blocks: a sweep closes its MLflow parent run (KILLED) and its cell's workers,
-    which follow the launcher, end themselves; by default the process would just vanish."""
-    def leave(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)  # the shell's status for "ended by signal signum"
+    which follow the launcher, end themselves; by default the process would just vanish.
+    Neither signal is lost where Python drops the exception its handler raises
+    (`raise_signals_again_where_dropped`)."""
+    signal.signal(signal.SIGTERM, _leave)
+    raise_signals_again_where_dropped()
 
-    signal.signal(signal.SIGTERM, leave)
+
+class EndedBySignal(SystemExit):
+    """The SystemExit that SIGTERM's handler raises: its code is the shell's status for "ended
+    by signal signum" (128 + signum)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+def _leave(signum: int, frame: object) -> None:
+    raise EndedBySignal(signum)
+
+
+# How long after a signal's exception was dropped it is raised again: a destructor or a fork
+# hook is over by then.
+RAISE_AGAIN_AFTER_S = 0.01
+
+
+def raise_signals_again_where_dropped() -> None:
+    """Python runs a signal's handler at the next bytecode of the main thread, and where that
+    is a destructor, a weakref callback or a fork hook (logging's runs at every fork) the
+    exception it raises cannot propagate: Python prints "Exception ignored in ..." and goes
+    on. A SIGTERM or Ctrl-C that lands there would be lost, and a sweep asked to end would
+    run its cells to the end (measured: a SIGTERM handled in a fork hook or a `__del__` left
+    the command running, exit status 0). This hook raises such a signal again, whose handler
+    then runs where its exception propagates. Idempotent."""
+    if getattr(sys.unraisablehook, "raises_signals_again", False):
+        return
+    dropped_by = sys.unraisablehook
+
+    def raise_again(unraisable: Any) -> None:
+        signum = _signal_of(unraisable.exc_value)
+        if signum is None:
+            dropped_by(unraisable)
+            return
+        # Raised again from another thread, a moment later: raised from here (or at once),
+        # its handler would run in this hook, where its exception is dropped once more. Where
+        # it lands in such a place again, this hook raises it again.
+        again = threading.Timer(RAISE_AGAIN_AFTER_S, _thread.interrupt_main, args=(signum,))
+        again.daemon = True
+        with contextlib.suppress(RuntimeError):  # at interpreter shutdown: it ends anyway
+            again.start()
+
+    raise_again.raises_signals_again = True  # type: ignore[attr-defined]
+    sys.unraisablehook = raise_again
+
+
+def _signal_of(error: BaseException | None) -> int | None:
+    """The signal whose handler raised `error` (this module's SIGTERM handler, or Python's
+    default SIGINT handler) while it is still that signal's handler; None otherwise."""
+    if isinstance(error, EndedBySignal) and signal.getsignal(error.signum) is _leave:
+        return error.signum
+    if isinstance(error, KeyboardInterrupt) and \
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        return signal.SIGINT
+    return None
 
 
 # (run name, status, one-line reason) of every cell this process ran or launched: a sweep's
