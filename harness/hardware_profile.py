@@ -11,6 +11,7 @@ MB/s (decimal), as people quote them.
 
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,8 +25,8 @@ from workloads.datasets.atomic import write_json_atomic
 PROFILE_FILE = "hardware_profile.json"
 # The facts key of what an allreduce between nodes takes from a CPU worker's compute.
 COMPUTE_LOST_FACT = "compute_lost_ms_per_mb"
-# The facts key of an all-gather and a reduce-scatter among all the workers, between nodes,
-# each timed after a stretch of compute as FSDP issues them
+# The facts key of an all-gather and a reduce-scatter among all the (CPU) workers, each timed
+# after a stretch of compute as FSDP issues them
 # (`harness.worker.probe_worker.measure_collectives_after_compute`).
 COLLECTIVES_AFTER_COMPUTE_FACT = "collectives_after_compute"
 
@@ -101,7 +102,7 @@ class MeasuredCurve:
         if nbytes >= sizes[-1]:
             slope = max(seconds[-1] - seconds[-2], 0.0) / (sizes[-1] - sizes[-2])
             return seconds[-1] + slope * (nbytes - sizes[-1])
-        high = next(i for i, size in enumerate(sizes) if size >= nbytes)
+        high = bisect.bisect_left(sizes, nbytes)  # the first measured size >= nbytes
         low = high - 1
         share = (nbytes - sizes[low]) / (sizes[high] - sizes[low])
         return seconds[low] + share * (seconds[high] - seconds[low])
@@ -160,9 +161,9 @@ class HardwareProfile:
 
     def collective_after_compute(self, collective: str, workers: int) -> MeasuredCurve | None:
         """`collective` ("all_gather": the gathered bytes; "reduce_scatter": the bytes
-        reduced) among `workers` workers between nodes, timed after compute as FSDP issues
-        it; None where the probe measured none among that many (GPUs, a profile from before it
-        measured this) or at fewer than two sizes."""
+        reduced) among `workers` CPU workers, timed after compute as FSDP issues it; None where
+        the probe measured none among that many (GPUs, a profile from before it measured this)
+        or at fewer than two sizes."""
         measured = self.facts.get(COLLECTIVES_AFTER_COMPUTE_FACT)
         if not measured or measured.get("workers") != workers or collective not in measured:
             return None

@@ -113,6 +113,10 @@ _KERNEL_SIZE, _KERNEL_PRODUCTS = 384, 4
 _COMPUTE_LOST_MAX_BYTES = 8_388_608
 
 
+def _kernel_operands() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.ones(_KERNEL_SIZE, _KERNEL_SIZE), torch.full((_KERNEL_SIZE, _KERNEL_SIZE), 0.5)
+
+
 def _kernel(left: torch.Tensor, right: torch.Tensor) -> None:
     for _ in range(_KERNEL_PRODUCTS):
         torch.mm(left, right)
@@ -126,8 +130,7 @@ def measure_compute_lost(session: WorkerSession, probe: ProbeConfig) -> float:
     on this worker's cores while the allreduce is in flight, its time against the kernel's
     time alone (`predict.overlap.Timeline`: the compute beside a collective is that much
     longer)."""
-    left, right = torch.ones(_KERNEL_SIZE, _KERNEL_SIZE), torch.full(
-        (_KERNEL_SIZE, _KERNEL_SIZE), 0.5)
+    left, right = _kernel_operands()
     alone = []
     for _ in range(probe.warmup + 5 * probe.repeats):
         start = time.perf_counter()
@@ -173,8 +176,7 @@ def measure_collectives_after_compute(probe: ProbeConfig) -> dict[str, list[floa
     a small one after compute took either about 0.5 or about 3.8 ms, one time or the other; so
     a size is repeated, where it is quick, until 1 s of it is timed (`_more_repeats`)."""
     workers = dist.get_world_size()
-    left, right = torch.ones(_KERNEL_SIZE, _KERNEL_SIZE), torch.full(
-        (_KERNEL_SIZE, _KERNEL_SIZE), 0.5)
+    left, right = _kernel_operands()
     fewest = max(probe.repeats // 2, 3)
     measured: dict[str, list[float]] = {"all_gather": [], "reduce_scatter": []}
     for nbytes in probe.message_bytes:
