@@ -24,8 +24,15 @@ install() {
         echo "[slurm] installed"; return
     fi
     [ "$(id -u)" = 0 ] || { echo "[slurm] installing needs root" >&2; exit 1; }
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
+    # One installer at a time (the tests' two processes may both need SLURM): apt-get refuses
+    # to start while another holds its lock; the second finds it installed once the first ends.
+    exec 9>/tmp/distbench-slurm-install.lock
+    flock 9
+    if ! { command -v slurmctld >/dev/null && command -v munged >/dev/null; }; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
+    fi
+    exec 9>&-
 }
 
 write_config() {

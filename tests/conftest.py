@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO_ROOT
-
-SLURM_SCRIPT = REPO_ROOT / "scripts" / "slurm_local.sh"
+from tests.helpers import SLURM_SCRIPT, install_slurm_where_missing
 
 # The whole suite's time budget on CI (2 cores, no GPU; BENCHMARKS.md "The test suite's time").
 # A run of the whole suite that takes longer says so at its end, with what to do: the guard
@@ -138,12 +136,9 @@ def emulated_nodes(request: pytest.FixtureRequest) -> Iterator[object]:
     reason = emulation_unavailable()
     if reason is not None:
         pytest.skip(reason)
-    if shutil.which("slurmctld") is None:
-        if shutil.which("apt-get") is None:
-            pytest.skip("SLURM is not installed and this machine cannot install it (apt-get)")
-        installed = subprocess.run(["bash", str(SLURM_SCRIPT), "install"], capture_output=True,
-                                   text=True, timeout=600)
-        assert installed.returncode == 0, installed.stdout + installed.stderr
+    refused = install_slurm_where_missing()
+    if refused is not None:
+        pytest.skip(refused)
     # One SLURM cluster at a time: the loopback one of another module may still run.
     subprocess.run(["bash", str(SLURM_SCRIPT), "stop"], capture_output=True, timeout=120)
     from harness.compose import compose_config

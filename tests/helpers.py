@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+SLURM_SCRIPT = REPO_ROOT / "scripts" / "slurm_local.sh"
 
 
 def tiny_overrides(output_root: Path, *extra: str) -> list[str]:
@@ -160,3 +162,18 @@ def assert_stage_phases(metrics: dict, stages: int) -> None:
         assert sum(phases.values()) < metrics["seconds_per_epoch_max"]
     per_stage = [metrics[f"forward_seconds_per_epoch_stage{k}"] for k in range(stages)]
     assert metrics["forward_seconds_per_epoch"] == pytest.approx(sum(per_stage) / stages)
+
+
+def install_slurm_where_missing() -> str | None:
+    """Install SLURM (`scripts/slurm_local.sh install`) where it is missing and this machine
+    can (root, apt-get); None once it is installed, else why not. For tests that need SLURM's
+    commands without a cluster (a sweep's input is checked against an installed sbatch), which
+    may run before any cluster module installed it."""
+    if shutil.which("slurmctld") is not None and shutil.which("sbatch") is not None:
+        return None
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return "SLURM is not installed and this machine cannot install it (needs root and apt-get)"
+    installed = subprocess.run(["bash", str(SLURM_SCRIPT), "install"], capture_output=True,
+                               text=True, timeout=600)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    return None

@@ -12,7 +12,7 @@ import pytest
 
 from harness.compose import compose_config
 from harness.config import ConfigError, validate
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, install_slurm_where_missing
 from tests.in_process import listing, refusal_broken, run_in_process
 
 NETWORKS = ("bert_large, gpt2_large, gpt2_medium, gpt2_small, gpt2_tiny, gpt2_xl, hf, llama3_8b, "
@@ -31,6 +31,9 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     import json
     import subprocess
 
+    # A row whose sweep goes to SLURM is checked past "SLURM is not installed" only where it is
+    # (the cluster modules, in the other process, may not have installed it yet).
+    install_slurm_where_missing()
     root = tmp_path_factory.mktemp("bad-inputs")
     done = subprocess.run([sys.executable, "-m", "tests.test_bad_input", str(root)],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
