@@ -19,8 +19,12 @@ state="${DISTBENCH_SLURM_DIR:-/tmp/distbench-slurm}"
 conf_dir=/etc/slurm
 nodes=(node1 node2)
 
+installed() {
+    command -v slurmctld >/dev/null && command -v munged >/dev/null
+}
+
 install() {
-    if command -v slurmctld >/dev/null && command -v munged >/dev/null; then
+    if installed; then
         echo "[slurm] installed"; return
     fi
     [ "$(id -u)" = 0 ] || { echo "[slurm] installing needs root" >&2; exit 1; }
@@ -28,7 +32,7 @@ install() {
     # to start while another holds its lock; the second finds it installed once the first ends.
     exec 9>/tmp/distbench-slurm-install.lock
     flock 9
-    if ! { command -v slurmctld >/dev/null && command -v munged >/dev/null; }; then
+    if ! installed; then
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
     fi

@@ -258,8 +258,5 @@ def test_sigterm_while_the_pool_is_built_ends_the_command_and_its_children(
 def _processes_with(marker: str) -> list[int]:
     import psutil
 
-    found = []
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        if marker in (process.info["cmdline"] or []):
-            found.append(process.info["pid"])
-    return found
+    return [process.info["pid"] for process in psutil.process_iter(["pid", "cmdline"])
+            if marker in (process.info["cmdline"] or [])]
