@@ -189,7 +189,8 @@ def test_a_grid_measured_here_is_fitted_reported_and_recommended(output_root: Pa
     assert "Leave one network out" in report and "measured fastest" in report
     assert fit["hardware"]["local_2cpu"]["cells"] == 10
     assert set(fit["hardware"]["local_2cpu"]["params"]) == {
-        "contention", "communication", "fsdp_copies", "horovod_background"}
+        "contention", "communication", "fsdp_copies", "horovod_background",
+        "pipedream_flatten"}
     assert len(fit["recommendations"]) == 2  # one verdict per workload
     # GPipe's two plans (one per network) were timed in place, once each, and kept.
     facts = json.loads((output_root / "facts" / "local_2cpu.json").read_text())

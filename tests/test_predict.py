@@ -230,3 +230,37 @@ def test_pipedream_epoch_is_pipeline_depth_plus_the_bottleneck_interval() -> Non
     assert split.communication_s == pytest.approx(2 * 0.00101 + 4 * 2 * 0.00101 + 5 * 0.00802)
     assert split.seconds == pytest.approx(split.compute_s + split.communication_s)
     assert epoch_split(stages, 0, _uniform(3)).seconds == 0.0
+    # What the bottleneck's replica flattens for its allreduces: its 8 MB, for each of its 5
+    # minibatches; an unreplicated bottleneck flattens nothing.
+    assert split.flattened_mb == pytest.approx(5 * 8.0)
+    assert epoch_split([PipelineStage(0.2, 1, 8.0, 1.0), PipelineStage(0.3, 1, 4.0, 0.0)],
+                       10, _uniform(2)).flattened_mb == 0.0
+
+
+def test_pipedreams_flattening_is_its_own_term_on_cpu_workers() -> None:
+    """A replicated stage's gradients flattened into its replicas' one message and back, per
+    ms of `pipedream_flatten` per MB: the weights of the stage, once per minibatch of a
+    replica; prior 0 keeps the raw equation; none without replicas or on GPUs."""
+    from harness.distributions.pipedream import FLATTEN
+    from harness.distributions.registry import spec_named
+
+    pipedream = spec_named("pipedream")
+    layer = LayerFacts(weights_mb=15.0, activation_mb_per_sample=0.1, compute_share=0.5)
+    facts = CellFacts(weights_mb=30.0, gradient_mb=30.0, input_mb_per_sample=0.01,
+                      layers=[layer, layer], step_seconds=1.0, step_batch=32,
+                      plan=StagePlan.of([2], [2]))
+
+    def flatten_s(*overrides: str, plan: StagePlan = facts.plan) -> float:
+        config = validate(compose_config([
+            "distribution=pipedream", "hardware=local_2cpu", "distribution.batch_size=32",
+            "dataset.num_samples=512", *overrides]))
+        terms = pipedream.epoch_terms(config, CellFacts(**{**facts.__dict__, "plan": plan}),
+                                      HardwareProfile.from_config(config.hardware))
+        assert terms.seconds() == terms.seconds({FLATTEN.name: FLATTEN.prior})
+        return terms.coefficients().get(FLATTEN.name, 0.0)
+
+    assert FLATTEN in pipedream.free_parameters and FLATTEN.prior == 0.0
+    # 16 minibatches of 32, 8 a replica, 30 MB each: 240 MB, seconds per ms per MB
+    assert flatten_s("distribution.stages=2") == pytest.approx(8 * 30.0 / 1000)
+    assert flatten_s("distribution.stages=straight", plan=StagePlan.of([1, 1])) == 0.0
+    assert flatten_s("distribution.stages=2", "hardware.device=cuda") == 0.0

@@ -61,10 +61,30 @@ from harness.partition import (
     plan_pipedream,
 )
 from harness.predict import memory
-from harness.predict.terms import CellFacts, EpochTerms, burst_bytes, memory_stage
+from harness.predict.terms import (
+    CellFacts,
+    EpochTerms,
+    FreeParameter,
+    burst_bytes,
+    memory_stage,
+)
 
 # `distribution.stages` shorthand for one unreplicated stage per worker.
 STRAIGHT = "straight"
+
+# PipeDream's own free parameter: after each backward a replica of a replicated stage copies
+# its gradients into one message (`torch.cat`, a fresh tensor every minibatch), allreduces it,
+# divides it and reads the gradients back out of it, on the cores that compute, and waits for
+# the slower replica. On `local_2cpu` that optimizer phase took 2.3-2.5 ms per MB of the
+# stage's weights for all four calibration networks (VGG-11: 93 ms a minibatch, DDP's update
+# and wait 36), where the probe's allreduce is 0.74 ms per MB and the same allreduce after
+# compute 0.77: the cat alone took 17 ms of VGG-11's 36.9 MB (BENCHMARKS.md section 17,
+# "fifteenth session").
+FLATTEN = FreeParameter(
+    "pipedream_flatten",
+    "ms of a worker's cores per MB of a replicated stage's gradients, each minibatch: the "
+    "copies into and out of its replicas' one allreduce message, and their wait for each "
+    "other; PipeDream only, 0 where workers have devices of their own", 0.0, 10.0)
 
 
 class BatchDivision(str, Enum):
@@ -190,13 +210,17 @@ def pipeline_stages(config: DistbenchConfig, facts: CellFacts) -> list[equations
 
 def epoch_terms(config: DistbenchConfig, facts: CellFacts,
                 profile: HardwareProfile | None) -> EpochTerms:
-    """Pipeline depth, then one minibatch per bottleneck interval (`equations`)."""
+    """Pipeline depth, then one minibatch per bottleneck interval (`equations`), and on CPU
+    workers the replicas' flattening of their gradients (`FLATTEN`)."""
     assert profile is not None and facts.plan is not None
     steps = minibatches(config, facts.plan.replicas)
     split = equations.epoch_split(pipeline_stages(config, facts), steps, profile,
                                   burst_bytes=burst_bytes(config))
+    model_terms: tuple[tuple[FreeParameter, float], ...] = ()
+    if config.hardware.device.value != "cuda" and split.flattened_mb > 0:
+        model_terms = ((FLATTEN, split.flattened_mb / 1000),)  # FLATTEN is in ms per MB
     return EpochTerms(split.compute_s, split.allreduce_s, split.transfer_s, steps,
-                      concurrent=True)
+                      concurrent=True, model_terms=model_terms)
 
 
 def held_sends(config: DistbenchConfig, replicas: list[int], index: int) -> int:
@@ -251,4 +275,5 @@ SPEC = DistributionSpec(
     name="pipedream", title="PipeDream", settings=PipeDreamConfig,
     trainer=trainer_in(f"{__name__}.trainer", "pipedream_trainer"),
     epoch_terms=epoch_terms, memory_per_worker=memory_per_worker, candidates=candidates,
-    label=label, pinned_overrides=pinned_overrides, stage_planner=PLANNER)
+    label=label, pinned_overrides=pinned_overrides, stage_planner=PLANNER,
+    free_parameters=(FLATTEN,))

@@ -72,6 +72,10 @@ class EpochSplit:
     compute_s: float
     transfer_s: float
     allreduce_s: float = 0.0
+    # MB of gradients the bottleneck's replica flattens into its allreduce's one message
+    # (and reads back out) in the epoch: its weights once per minibatch it trains, 0 where
+    # the bottleneck is not replicated (the model's `FLATTEN` term prices them).
+    flattened_mb: float = 0.0
 
     @property
     def communication_s(self) -> float:
@@ -148,7 +152,9 @@ def epoch_split(stages: Sequence[PipelineStage], minibatches: int,
     compute = sum(stage.compute_s for stage in stages) + \
         (per_replica - 1) * stages[bottleneck].compute_s
     transfer = 2 * sum(boundaries) + (per_replica - 1) * transfers[bottleneck]
-    return EpochSplit(compute, transfer, per_replica * allreduces[bottleneck])
+    flattened = per_replica * stages[bottleneck].weights_mb \
+        if stages[bottleneck].replicas > 1 else 0.0
+    return EpochSplit(compute, transfer, per_replica * allreduces[bottleneck], flattened)
 
 
 def _first_workers(stages: Sequence[PipelineStage]) -> list[int]:
