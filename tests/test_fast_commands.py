@@ -136,15 +136,9 @@ def test_a_command_of_overrides_refuses_bad_input_without_loading_torch(
 
 def test_the_launcher_of_a_multi_worker_pipeline_cell_leaves_torch_to_its_workers(
         tmp_path: Path) -> None:
-    """A 2-worker cell typed at the prompt: its launcher checks it (a pipeline's layer count,
-    counted once per version of the network code: here beforehand), starts its workers and
+    """A 2-worker cell typed at the prompt, on a machine that never ran it: its launcher checks
+    it (a built-in pipeline's layer count is kept with the code), starts its workers and
     records it; only the workers load torch."""
-    from workloads.datasets.spec import DATASET_SPECS
-    from workloads.networks.layer_counts import remembered_layer_count
-    from workloads.networks.ref import NetworkRef
-
-    remembered_layer_count(NetworkRef.builtin("mobilenetv2"), DATASET_SPECS["mnist"],
-                           os.environ["DISTBENCH_CACHE_DIR"])  # what the cell's check asks
     outcome, done = _run(tmp_path, "distribution=gpipe", "hardware=local_2cpu",
                          "dataset=mnist", "network=mobilenetv2", "dataset.num_samples=16",
                          "distribution.batch_size=8", "run.epochs=1", "run.warmup_batches=0",

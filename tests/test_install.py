@@ -141,6 +141,7 @@ def test_the_wheel_ships_every_config_and_console_command(installed: Installed) 
                for path in CONF_DIR.rglob("*.yaml")}
     assert "harness/conf/config.yaml" in configs
     assert configs <= names, sorted(configs - names)
+    assert "workloads/networks/layer_counts.json" in names  # the counts kept with the code
     assert not any("__pycache__" in name for name in names)
     assert dict(scripts["console_scripts"]) == _console_scripts()
     assert all((installed.bin / command).exists() for command in COMMANDS)

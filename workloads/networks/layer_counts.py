@@ -9,6 +9,14 @@ dataset shape, and per version of that code: distbench's own network code (a dig
 `workloads/networks/`) and the installed library the network comes from. A user's own module
 (`network=module`) is counted afresh each time: its code can change between two commands
 without any version saying so. Nothing here imports torch.
+
+The built-in networks' counts on every image dataset are also kept with the code
+(`layer_counts.json` beside this module, written by `python -m workloads.networks.layer_counts`),
+under the same names as the cache's entries: a machine that never ran a pipeline cell (a login
+node, a first dry run) checks one without loading torch, and a command that only checks its
+input still writes nothing. A count of other network code or other library versions has
+another name, so it is never read from there (counted instead); `tests/test_layer_counts.py`
+says when the kept file is no longer this code's.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from workloads.networks.ref import (
 _LIBRARIES = {BUILTIN: ("torch", "torchvision"), TORCHVISION: ("torch", "torchvision"),
               TIMM: ("torch", "timm"), HF: ("torch", "transformers")}
 _FOLDER = "layer-counts"
+_KEPT = Path(__file__).with_name("layer_counts.json")
 
 
 def remembered_layer_count(ref: NetworkRef, dataset: DatasetSpec, cache_dir: str | Path, *,
@@ -50,6 +59,8 @@ def remembered_layer_count(ref: NetworkRef, dataset: DatasetSpec, cache_dir: str
     if entry is not None:
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             return int(json.loads(entry.read_text())["layers"])
+        if entry.name in kept_counts():
+            return kept_counts()[entry.name]
     from workloads.networks.layers import layer_count  # builds the network: torch
 
     count = layer_count(ref, dataset)
@@ -94,3 +105,45 @@ def _network_code_digest() -> str:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
+
+
+@functools.cache
+def kept_counts() -> dict[str, int]:
+    """The counts kept with the code (`_KEPT`), by the name a cache entry of the same network,
+    dataset and code has; none where the file is missing or unreadable."""
+    try:
+        kept = json.loads(_KEPT.read_text())["layers"]
+        return {str(name): int(count) for name, count in kept.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def builtin_counts() -> dict[str, int]:
+    """Every built-in network on every image dataset, counted now (loads torch), by the name
+    its cache entry has: what `_KEPT` holds for today's code."""
+    from workloads.datasets.spec import DATASET_SPECS, IMAGE
+    from workloads.networks.layers import NETWORK_NAMES, layer_count
+
+    counts = {}
+    for network in NETWORK_NAMES:
+        ref = NetworkRef.builtin(network)
+        for dataset in DATASET_SPECS.values():
+            entry = _entry_path(ref, dataset, ".") if dataset.kind == IMAGE else None
+            if entry is not None:
+                counts[entry.name] = layer_count(ref, dataset)
+    return counts
+
+
+def main() -> None:
+    """Write `_KEPT` anew from the built-in networks as today's code builds them."""
+    counts = builtin_counts()
+    write_json_atomic(_KEPT, {
+        "about": "layer counts of the built-in networks on every image dataset, by cache "
+                 "entry name (workloads/networks/layer_counts.py); written by python -m "
+                 "workloads.networks.layer_counts",
+        "layers": dict(sorted(counts.items()))})
+    print(f"{len(counts)} counts kept in {_KEPT}")
+
+
+if __name__ == "__main__":
+    main()
