@@ -96,3 +96,21 @@ def test_a_count_kept_with_the_code_is_read_unbuilt_and_writes_nothing(
     entry.parent.mkdir(parents=True)
     entry.write_text(json.dumps({"layers": 7}))
     assert remembered.remembered_layer_count(ref, CIFAR, tmp_path) == 7
+
+
+@pytest.mark.parametrize("kept", ["{not json", '{"layers": [1, 2]}', None], ids=[
+    "unreadable", "not a table", "missing"])
+def test_a_kept_file_that_cannot_be_read_leaves_counting_to_the_network(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kept: str | None) -> None:
+    path = tmp_path / "layer_counts.json"
+    if kept is not None:
+        path.write_text(kept)
+    monkeypatch.setattr(remembered, "_KEPT", path)
+    remembered.kept_counts.cache_clear()
+    try:
+        assert remembered.kept_counts() == {}
+        assert remembered.remembered_layer_count(NetworkRef.builtin("resnet18"), MNIST,
+                                                 tmp_path) == layer_count("resnet18", MNIST)
+    finally:
+        monkeypatch.undo()
+        remembered.kept_counts.cache_clear()  # the real file again, for the tests after
