@@ -3,6 +3,8 @@ analysis and the recommender take (`harness.predict.cell.epoch_terms`)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from harness.compose import compose_config
@@ -254,7 +256,7 @@ def test_pipedreams_flattening_is_its_own_term_on_cpu_workers() -> None:
         config = validate(compose_config([
             "distribution=pipedream", "hardware=local_2cpu", "distribution.batch_size=32",
             "dataset.num_samples=512", *overrides]))
-        terms = pipedream.epoch_terms(config, CellFacts(**{**facts.__dict__, "plan": plan}),
+        terms = pipedream.epoch_terms(config, dataclasses.replace(facts, plan=plan),
                                       HardwareProfile.from_config(config.hardware))
         assert terms.seconds() == terms.seconds({FLATTEN.name: FLATTEN.prior})
         return terms.coefficients().get(FLATTEN.name, 0.0)

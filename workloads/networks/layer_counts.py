@@ -59,8 +59,9 @@ def remembered_layer_count(ref: NetworkRef, dataset: DatasetSpec, cache_dir: str
     if entry is not None:
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             return int(json.loads(entry.read_text())["layers"])
-        if entry.name in kept_counts():
-            return kept_counts()[entry.name]
+        kept = kept_counts().get(entry.name)
+        if kept is not None:
+            return kept
     from workloads.networks.layers import layer_count  # builds the network: torch
 
     count = layer_count(ref, dataset)
@@ -125,12 +126,12 @@ def builtin_counts() -> dict[str, int]:
     from workloads.datasets.spec import DATASET_SPECS, IMAGE
     from workloads.networks.layers import NETWORK_NAMES, layer_count
 
+    images = [dataset for dataset in DATASET_SPECS.values() if dataset.kind == IMAGE]
     counts = {}
-    for network in NETWORK_NAMES:
-        ref = NetworkRef.builtin(network)
-        for dataset in DATASET_SPECS.values():
-            entry = _entry_path(ref, dataset, ".") if dataset.kind == IMAGE else None
-            if entry is not None:
+    for ref in map(NetworkRef.builtin, NETWORK_NAMES):
+        for dataset in images:
+            entry = _entry_path(ref, dataset, ".")
+            if entry is not None:  # None: torch or torchvision is not installed
                 counts[entry.name] = layer_count(ref, dataset)
     return counts
 
