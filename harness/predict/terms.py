@@ -121,6 +121,10 @@ class EpochTerms:
     # Several workers compute at once (every multi-worker model): their compute is what the
     # contention factor scales. A sequential cell's compute is the probe itself.
     concurrent: bool = False
+    # The compute was timed as the cell runs it, its workers computing at once (a pipeline's
+    # stages timed in place, `CellFacts.stages_in_place`): the contention is in it already,
+    # so the contention factor does not scale it again; it is fixed seconds.
+    compute_timed_concurrently: bool = False
     # Terms of the model's own free parameters (each declared in its spec): (parameter,
     # seconds per unit of it). Horovod's: the compute that shares its cores with its
     # background thread.
@@ -134,12 +138,14 @@ class EpochTerms:
         """Seconds per unit of each free parameter: the row of a (linear) fit."""
         if not self.concurrent:
             return {}
-        return {CONTENTION.name: self.compute_s, COMMUNICATION.name: self.communication_s,
+        contended = 0.0 if self.compute_timed_concurrently else self.compute_s
+        return {CONTENTION.name: contended, COMMUNICATION.name: self.communication_s,
                 **{parameter.name: seconds for parameter, seconds in self.model_terms}}
 
     def fixed_s(self) -> float:
         """The seconds no free parameter scales."""
-        return 0.0 if self.concurrent else self.compute_s
+        scaled = self.concurrent and not self.compute_timed_concurrently
+        return 0.0 if scaled else self.compute_s
 
     def seconds(self, params: dict[str, float] | None = None) -> float:
         values = {**SHARED_RAW, **{parameter.name: parameter.prior

@@ -179,12 +179,16 @@ def epoch_terms(config: DistbenchConfig, facts: CellFacts,
     Eq. 6.1 generalised to uneven stages and recomputation) and Eq. 6.2's transfers. A stage's
     work is its layers' shares of one sequential step at the micro-batch, or, where an analysis
     timed the plan's stages in place (`CellFacts.stages_in_place`), what each stage took in a
-    process of its own: the shares missed that by up to 23 % (BENCHMARKS.md section 15)."""
+    process of its own: the shares missed that by up to 23 % (BENCHMARKS.md section 15).
+    Those processes computed at once, on the cores the cell's workers share: the contention is
+    in the timing, and the contention factor scales only compute from the shares (a worker
+    alone, the probe)."""
     assert profile is not None and facts.plan is not None
     settings, plan, steps = gpipe_settings(config), facts.plan, batches_per_epoch(config)
     micro_batches = settings.micro_batch_count(config)
     in_place = facts.stages_in_place
-    if in_place is not None and len(in_place.stages) == len(plan.stages):
+    timed_concurrently = in_place is not None and len(in_place.stages) == len(plan.stages)
+    if in_place is not None and timed_concurrently:
         # as the stages ran in their own processes, the recomputation in their backward
         stages = [equations.StageWork(stage.forward_s, stage.backward_s, stage.update_s)
                   for stage in in_place.stages]
@@ -204,7 +208,7 @@ def epoch_terms(config: DistbenchConfig, facts: CellFacts,
                                  burst_bytes=burst_bytes(config))
     return EpochTerms(steps * compute, 0.0,
                       steps * equations.communication_seconds(costs, micro_batches), steps,
-                      concurrent=True)
+                      concurrent=True, compute_timed_concurrently=timed_concurrently)
 
 
 def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.WorkerMemory]:
