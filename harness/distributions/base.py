@@ -91,5 +91,11 @@ class Trainer(ABC):
         """Config values the trainer resolved (a planned balance), recorded with the cell."""
         return {}
 
+    def finish(self) -> None:
+        """Stop what the trainer runs beside its training (Horovod's background thread), once
+        its last epoch is timed and evaluated: the reference kernel timed next is to measure
+        the machine, not the trainer (`harness.worker.steadiness`)."""
+        return None  # most models run nothing beside their training
+
 
 TrainerFactory = Callable[[TrainingContext], Trainer]

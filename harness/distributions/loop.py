@@ -60,6 +60,8 @@ class BatchLoopTrainer(Trainer):
         self.heartbeat = context.heartbeat
         # Objects that must live as long as training does (e.g. Horovod's rendezvous server).
         self.keep_alive: list[object] = []
+        # What stops the model's work beside training once it is over (`Trainer.finish`).
+        self.finishers: list[Callable[[], None]] = []
         self.initial = InitialState.capture(self.network, self.optimizer)
 
     def evaluation_model(self) -> nn.Module:
@@ -74,6 +76,10 @@ class BatchLoopTrainer(Trainer):
 
     def reset(self) -> None:
         self.initial.restore(self.network, self.optimizer)
+
+    def finish(self) -> None:
+        for finisher in self.finishers:
+            finisher()
 
     def warm_up(self, batches: int) -> None:
         if batches <= 0:

@@ -101,8 +101,8 @@ class WorkerMeasurement:
     # MB the node's link and its loopback carried during the session (harness.distributed.
     # NodeLink.traffic), reported by the first worker of each node of a cell spanning nodes.
     link_traffic: dict[str, float] = field(default_factory=dict)
-    # The reference kernel's seconds right before the first timed epoch and right after the
-    # last (harness.worker.steadiness): how much this worker's machine changed speed meanwhile.
+    # The reference kernel's seconds before the trainer was built and after it finished
+    # (harness.worker.steadiness): how much this worker's machine changed speed meanwhile.
     reference_seconds: tuple[float, float] = (0.0, 0.0)
 
 
@@ -335,6 +335,9 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
     context = TrainingContext(config=config, workload=workload, device=device,
                               clock=PhaseClock(device, enabled=config.run.phase_timing),
                               session=session, heartbeat=beat)
+    # The machine's speed before the trainer starts anything beside its training (Horovod's
+    # background thread), as after `Trainer.finish`: the kernel times the machine, not the cell.
+    reference_before = reference_seconds(device)
     trainer = spec_of(config).trainer(context)
     progress.batches = trainer.worker_batches(progress.batches)
     memory = PeakMemory(device)
@@ -344,15 +347,14 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
     trainer.warm_up(config.run.warmup_batches)
     events.init_stop(config, run_facts(config, workload, trainer))
     epochs, seeds, outcomes = [], [], []
-    with memory.left_out():  # the reference kernel's memory is no part of the cell's
-        reference_before = reference_seconds(device)  # the machine's speed as timing starts
     for repeat in range(config.run.repeats):
         seeds.append(repeat_seed(config.run.seed, repeat))
         trained, outcome = train_repeat(config, context, trainer, repeat, seeds[-1], events,
                                         progress, measured)
         epochs += trained
         outcomes.append(outcome)
-    with memory.left_out():
+    trainer.finish()
+    with memory.left_out():  # the reference kernel's memory is no part of the cell's
         reference_after = reference_seconds(device)
     return WorkerMeasurement(epochs=epochs, seeds=seeds, peak_memory_mb=memory.peak_mb(),
                              memory_kind=memory.kind,
