@@ -187,11 +187,12 @@ def epoch_terms(config: DistbenchConfig, facts: CellFacts,
     settings, plan, steps = gpipe_settings(config), facts.plan, batches_per_epoch(config)
     micro_batches = settings.micro_batch_count(config)
     in_place = facts.stages_in_place
-    timed_concurrently = in_place is not None and len(in_place.stages) == len(plan.stages)
-    if in_place is not None and timed_concurrently:
+    timed = in_place.stages if in_place is not None else ()
+    timed_concurrently = len(timed) == len(plan.stages)
+    if timed_concurrently:
         # as the stages ran in their own processes, the recomputation in their backward
         stages = [equations.StageWork(stage.forward_s, stage.backward_s, stage.update_s)
-                  for stage in in_place.stages]
+                  for stage in timed]
         recomputed = 0.0
     else:
         t = facts.step_seconds  # one sequential step at the micro-batch size
