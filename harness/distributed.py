@@ -88,6 +88,11 @@ class WorkerSession:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def barrier(self) -> None:
+        """Wait until every rank gets here (nothing for a single worker)."""
+        if self.backend is not None:
+            dist.barrier()
+
     def all_gather(self, value: Any) -> list[Any]:
         """Every rank's `value`, in rank order (just [value] for a single worker)."""
         if self.backend is None:

@@ -337,7 +337,7 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
                               session=session, heartbeat=beat)
     # The machine's speed before the trainer starts anything beside its training (Horovod's
     # background thread), as after `Trainer.finish`: the kernel times the machine, not the cell.
-    reference_before = reference_seconds(device)
+    reference_before = machine_speed(device, session)
     trainer = spec_of(config).trainer(context)
     progress.batches = trainer.worker_batches(progress.batches)
     memory = PeakMemory(device)
@@ -355,7 +355,7 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
         outcomes.append(outcome)
     trainer.finish()
     with memory.left_out():  # the reference kernel's memory is no part of the cell's
-        reference_after = reference_seconds(device)
+        reference_after = machine_speed(device, session)
     return WorkerMeasurement(epochs=epochs, seeds=seeds, peak_memory_mb=memory.peak_mb(),
                              memory_kind=memory.kind,
                              parameter_digest=parameter_digest(workload.model),
@@ -364,6 +364,15 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
                              resolved_config=trainer.resolved_config(),
                              outcomes=outcomes,
                              reference_seconds=(reference_before, reference_after))
+
+
+def machine_speed(device: torch.device, session: WorkerSession) -> float:
+    """The reference kernel's seconds (`harness.worker.steadiness`), timed by the cell's
+    workers together: none times it while another still builds its trainer or finishes it (a
+    Horovod worker's background thread runs from `hvd.init` to `hvd.shutdown`, on the cores
+    the others time their kernel on: with it, 4 of 8 Horovod cells were still flagged)."""
+    session.barrier()
+    return reference_seconds(device)
 
 
 def run_facts(config: DistbenchConfig, workload: Workload, trainer: Trainer) -> RunFacts:

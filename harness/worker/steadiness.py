@@ -5,10 +5,10 @@ it ran: another job on the cores, a host that throttles or steals time from this
 witnesses, both recorded with every cell:
 
 - a fixed reference kernel (the same matrix products, on one thread of the cell's device),
-  timed on every worker before its trainer is built and after the trainer finished
-  (`Trainer.finish`), so that nothing the cell runs beside its training (Horovod's background
-  thread) is timed with it: a machine that slowed down or sped up during the cell shows as a
-  drift between the two. One thread,
+  timed by all the cell's workers together (after a barrier) before their trainers are built
+  and after the trainers finished (`Trainer.finish`), so that nothing the cell runs beside its
+  training (Horovod's background thread) is timed with it: a machine that slowed down or sped
+  up during the cell shows as a drift between the two. One thread,
   because the kernel must measure the machine, not OpenMP: on this 2-core VM the same products
   on two threads took 42-184 ms from one trial to the next on an idle machine, on one thread
   17.1-17.2 ms;
