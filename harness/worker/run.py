@@ -335,9 +335,7 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
     context = TrainingContext(config=config, workload=workload, device=device,
                               clock=PhaseClock(device, enabled=config.run.phase_timing),
                               session=session, heartbeat=beat)
-    # The machine's speed before the trainer starts anything beside its training (Horovod's
-    # background thread), as after `Trainer.finish`: the kernel times the machine, not the cell.
-    reference_before = machine_speed(device, session)
+    reference_before = machine_speed(device, session)  # before the trainer starts anything
     trainer = spec_of(config).trainer(context)
     progress.batches = trainer.worker_batches(progress.batches)
     memory = PeakMemory(device)
