@@ -111,6 +111,9 @@ _KERNEL_SIZE, _KERNEL_PRODUCTS = 384, 4
 # A collective of at most this many bytes (the largest probe size below it): on a 100 Mbit/s
 # link 8 MB takes 0.7 s, and the measurement repeats it.
 _COMPUTE_LOST_MAX_BYTES = 8_388_608
+# Timed repeats of the allreduce beside the kernel, at the least, and the kernel's timings
+# alone before each (about 30 ms of them).
+_COMPUTE_LOST_FEWEST_REPEATS, _KERNEL_TIMINGS_ALONE = 5, 9
 
 
 def _kernel_operands() -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,19 +132,22 @@ def measure_compute_lost(session: WorkerSession, probe: ProbeConfig) -> float:
     compute meanwhile. Measured as the harness's workers meet it: a kernel run over and over
     on this worker's cores while the allreduce is in flight, its time against the kernel's
     time alone (`predict.overlap.Timeline`: the compute beside a collective is that much
-    longer)."""
+    longer).
+
+    The loss is a few per cent of the time the allreduce is in flight (on a 200 Mbit/s link,
+    about 15 ms of 330), so each repeat times the kernel alone just before it (a drift of the
+    cores' speed between a timing made once and the repeat reads as a loss of either sign),
+    keeps the loss's sign until the median, and at least `_COMPUTE_LOST_FEWEST_REPEATS` are
+    timed: one repeat per worker read anywhere from 0 to 9.9 ms/MB on the same link."""
     left, right = _kernel_operands()
-    alone = []
-    for _ in range(probe.warmup + 5 * probe.repeats):
-        start = time.perf_counter()
-        _kernel(left, right)
-        alone.append(time.perf_counter() - start)
-    kernel_s = statistics.median(alone[probe.warmup:])
     nbytes = max([n for n in probe.message_bytes if n <= _COMPUTE_LOST_MAX_BYTES]
                  or [min(probe.message_bytes)])
     tensor = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32)
+    megabytes = tensor.numel() * 4 / 1e6
     lost_ms_per_mb = []
-    for repeat in range(probe.warmup + max(probe.repeats // 2, 1)):
+    repeats = max(probe.repeats // 2, _COMPUTE_LOST_FEWEST_REPEATS)
+    for repeat in range(probe.warmup + repeats):
+        kernel_s = _kernel_seconds_alone(left, right)
         dist.barrier()
         start = time.perf_counter()
         work = dist.all_reduce(tensor, async_op=True)
@@ -152,8 +158,19 @@ def measure_compute_lost(session: WorkerSession, probe: ProbeConfig) -> float:
         lost_s = time.perf_counter() - start - kernels * kernel_s
         work.wait()
         if repeat >= probe.warmup:
-            lost_ms_per_mb.append(max(lost_s, 0.0) * 1e3 / (tensor.numel() * 4 / 1e6))
-    return statistics.median(lost_ms_per_mb)
+            lost_ms_per_mb.append(lost_s * 1e3 / megabytes)
+    return max(statistics.median(lost_ms_per_mb), 0.0)
+
+
+def _kernel_seconds_alone(left: torch.Tensor, right: torch.Tensor) -> float:
+    """The kernel's median time over `_KERNEL_TIMINGS_ALONE` runs (the first one untimed)."""
+    _kernel(left, right)
+    seconds = []
+    for _ in range(_KERNEL_TIMINGS_ALONE):
+        start = time.perf_counter()
+        _kernel(left, right)
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
 
 
 # The compute before each of FSDP's collectives as the probe times them: a unit's forward or
