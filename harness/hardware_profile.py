@@ -243,6 +243,21 @@ def _configured_cost(hardware: HardwareConfig, kind: str) -> Cost:
     return Cost(latency / 1e6, bandwidth * BYTES_PER_MB)
 
 
+def link_line(hardware: HardwareConfig, profile: HardwareProfile | None) -> str | None:
+    """Where the links' speeds come from (none for a single worker, which never talks)."""
+    if profile is None:
+        return None
+    if profile.source != "measured":
+        return (f"links: hardware {hardware.name}'s configured speeds (no harness.probe "
+                f"profile yet; python -m harness.probe hardware={hardware.name} measures them)")
+    when = profile.facts.get("measured_at", "at an unknown time")
+    line = f"links: measured by harness.probe, {when}"
+    if profile.compute_lost_s_per_mb() > 0:
+        line += (f"; an allreduce between nodes takes {1e3 * profile.compute_lost_s_per_mb():.2f}"
+                 f" ms of a worker's compute per MB")
+    return line
+
+
 def profile_path(output_root: Path, hardware: str) -> Path:
     """Where the latest measured profile of `hardware` is kept for the predictors."""
     return Path(output_root) / "hardware_profiles" / f"{hardware}.json"

@@ -55,9 +55,9 @@ from harness.analysis.calibration import (
 from harness.analysis.report import setting_label
 from harness.cli import BAD_INPUT_ERRORS, bad_input_message, command
 from harness.compose import compose_config
-from harness.config import ConfigError, DistbenchConfig, HardwareConfig, validate
+from harness.config import ConfigError, DistbenchConfig, validate
 from harness.distributions.registry import spec_of, specs
-from harness.hardware_profile import HardwareProfile, profile_for
+from harness.hardware_profile import link_line, profile_for
 from harness.partition import StagePlan
 from harness.predict.cell import cost_per_epoch, epoch_terms, memory_per_worker_mb
 from harness.predict.facts import (
@@ -413,21 +413,6 @@ def best_by(options: Sequence[Option], objective: str) -> Option | None:
 def step_times(cache: FactsCache) -> list[StepTime]:
     """The sequential step times the predictions used, by batch."""
     return sorted(cache.sources.values(), key=lambda step: step.batch)
-
-
-def link_line(hardware: HardwareConfig, profile: HardwareProfile | None) -> str | None:
-    """Where the links' speeds come from (none for a single worker, which never talks)."""
-    if profile is None:
-        return None
-    if profile.source != "measured":
-        return (f"links: hardware {hardware.name}'s configured speeds (no harness.probe "
-                f"profile yet; python -m harness.probe hardware={hardware.name} measures them)")
-    when = profile.facts.get("measured_at", "at an unknown time")
-    line = f"links: measured by harness.probe, {when}"
-    if profile.compute_lost_s_per_mb() > 0:
-        line += (f"; an allreduce between nodes takes {1e3 * profile.compute_lost_s_per_mb():.2f}"
-                 f" ms of a worker's compute per MB")
-    return line
 
 
 def source_lines(cache: FactsCache) -> list[str]:

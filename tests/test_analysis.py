@@ -153,6 +153,35 @@ def test_each_hardware_is_judged_apart_and_a_cell_measured_twice_is_one_candidat
     assert slow.recommended.measured_s == pytest.approx(5.0)  # the median of 5.1 and 4.9
 
 
+def test_the_analysis_says_whether_the_links_were_probed(tmp_path: Path) -> None:
+    """An analysis of a store the probe never measured prices the links at the hardware's
+    configured speeds and fits `communication` against them: it says so, with the command,
+    and fit.json keeps which links the fit stands on."""
+    from harness.analysis.__main__ import _links_entry, hardware_profiles, link_lines
+    from harness.hardware_profile import HardwareProfile, profile_path
+
+    cells = [_cell("a", 2.0, "hardware=local_2cpu", "distribution=ddp"),
+             _cell("b", 2.0, "hardware=local_2cpu", "distribution=sequential"),
+             _cell("c", 2.0)]  # one worker (the default hardware): no link to speak of
+    profiles = hardware_profiles(cells, tmp_path)
+    assert profiles["local_2cpu"] is not None and profiles["local_2cpu"].source != "measured"
+    (configured,) = link_lines(cells, profiles, tmp_path)
+    assert configured.startswith("local_2cpu's links: its configured speeds, not measured")
+    assert f"python -m harness.probe hardware=local_2cpu run.output_dir={tmp_path}" \
+        in configured
+    assert _links_entry(profiles["local_2cpu"]) == "configured"
+    assert _links_entry(None) is None
+
+    probed = replace(profiles["local_2cpu"], source="measured",
+                     facts={"measured_at": "2026-11-30T06:31:22+00:00"})
+    probed.save(profile_path(tmp_path, "local_2cpu"))
+    profiles = hardware_profiles(cells, tmp_path)
+    assert isinstance(profiles["local_2cpu"], HardwareProfile)
+    assert link_lines(cells, profiles, tmp_path) == [
+        "local_2cpu's links: measured by harness.probe, 2026-11-30T06:31:22+00:00"]
+    assert _links_entry(profiles["local_2cpu"]) == "measured 2026-11-30T06:31:22+00:00"
+
+
 # Every model with the calibration sweep's own settings (GPipe: 4 micro-batches): a model's
 # settings are its own, so they come with its option of sweep/calibrate_local.
 GRID = ["dataset=mnist", "network=mobilenetv2,resnet18",
@@ -188,6 +217,10 @@ def test_a_grid_measured_here_is_fitted_reported_and_recommended(output_root: Pa
     report = (folder / "report.md").read_text()
     assert "Leave one network out" in report and "measured fastest" in report
     assert fit["hardware"]["local_2cpu"]["cells"] == 10
+    # no probe ran here: the links are the configured ones, and the analysis says so
+    assert "local_2cpu's links: its configured speeds, not measured" in analysis.stdout
+    assert fit["hardware"]["local_2cpu"]["links"] == "configured"
+    assert "## Links the predictions used" in report
     assert set(fit["hardware"]["local_2cpu"]["params"]) == {
         "contention", "communication", "fsdp_copies", "horovod_background",
         "pipedream_flatten"}

@@ -123,8 +123,12 @@ def test_the_table_says_where_the_links_speeds_come_from(output_root: Path) -> N
     profile, with what an allreduce between nodes takes from a CPU worker's compute."""
     from harness.compose import compose_config
     from harness.config import validate
-    from harness.hardware_profile import COMPUTE_LOST_FACT, HardwareProfile, profile_path
-    from harness.recommend import link_line
+    from harness.hardware_profile import (
+        COMPUTE_LOST_FACT,
+        HardwareProfile,
+        link_line,
+        profile_path,
+    )
 
     ask = ["dataset=mnist", "network=mobilenetv2", "hardware=titanrtx_cluster"]
     hardware = validate(compose_config(ask)).hardware
@@ -352,8 +356,8 @@ def test_the_fit_is_chosen_by_coverage_or_named_and_models_it_did_not_calibrate_
     assert answer["uncalibrated_models"] == ["fsdp", "horovod", "pipedream"]
     assert answer["calibrate"] == (
         "python -m harness +sweep=calibrate_local hydra.sweeper.params.hardware="
-        "titanrtx_cluster hardware.nodes=1, then python -m harness.analysis "
-        "tracking.experiment=calibrate_local")
+        "titanrtx_cluster hardware.nodes=1, python -m harness.probe hardware=titanrtx_cluster "
+        "hardware.nodes=1, then python -m harness.analysis tracking.experiment=calibrate_local")
     errors = {"ddp": 8.0, "gpipe": 10.0, "sequential": 4.0}
     for option in answer["options"]:  # the kept step times have no spread: only the error
         seconds, model = option["seconds_per_epoch"], option["distribution"]

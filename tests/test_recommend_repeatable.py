@@ -133,8 +133,9 @@ def test_the_table_says_what_its_numbers_are_for(two_runs: TwoRuns) -> None:
     assert ("range (cal no: ddp, fsdp, gpipe, horovod, pipedream, sequential): uncalibrated "
             "(no fit of this hardware): the raw equations' error, x/3 to x3 "
             "(docs/recommend.md)") in lines
-    assert ("to calibrate hardware=local_2cpu: python -m harness +sweep=calibrate_local, then "
-            "python -m harness.analysis tracking.experiment=calibrate_local") in lines
+    assert ("to calibrate hardware=local_2cpu: python -m harness +sweep=calibrate_local, "
+            "python -m harness.probe hardware=local_2cpu, then python -m harness.analysis "
+            "tracking.experiment=calibrate_local") in lines
     assert lines[0].endswith("parameters: raw equations (no analysis of hardware=local_2cpu "
                              "found)")
 

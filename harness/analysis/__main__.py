@@ -44,7 +44,7 @@ from harness.analysis.report import setting_label, write_report
 from harness.cli import command
 from harness.compose import compose_config
 from harness.config import ConfigError, DistbenchConfig, validate
-from harness.hardware_profile import profile_for
+from harness.hardware_profile import HardwareProfile, link_line, profile_for, profile_path
 from harness.predict.cell import epoch_terms, memory_per_worker_mb
 from harness.predict.facts import (
     FactsCache,
@@ -66,21 +66,59 @@ from workloads.progress import track
 FIT_FILE = "fit.json"
 
 
+def hardware_profiles(cells: Sequence[MeasuredCell],
+                      output_root: Path) -> dict[str, HardwareProfile | None]:
+    """The link profile the predictions use for each hardware of the cells (`profile_for`:
+    the latest `harness.probe` measured under `output_root`, else the configured speeds;
+    None for one worker), one file read per hardware."""
+    profiles: dict[str, HardwareProfile | None] = {}
+    for cell in cells:
+        hardware = cell.config.hardware
+        if hardware.name not in profiles:
+            profiles[hardware.name] = profile_for(hardware, output_root)
+    return profiles
+
+
+def link_lines(cells: Sequence[MeasuredCell], profiles: dict[str, HardwareProfile | None],
+               output_root: Path) -> list[str]:
+    """Where each hardware's link speeds come from. Configured speeds are a guess the fitted
+    `communication` factor then makes up for, and a profile probed after the analysis would
+    meet a factor fitted against the guess: said, with the command that measures them."""
+    lines = []
+    configs = {cell.config.hardware.name: cell.config.hardware for cell in cells}
+    for name, profile in sorted(profiles.items()):
+        line = link_line(configs[name], profile)
+        if line is None:
+            continue
+        if profile is not None and profile.source != "measured":
+            line = (f"{name}'s links: its configured speeds, not measured (no harness.probe "
+                    f"profile in {profile_path(output_root, name).parent}); the fitted "
+                    f"communication factor makes up for how far they are off, and would not "
+                    f"match a profile probed later: python -m harness.probe hardware={name} "
+                    f"run.output_dir={output_root}, then analyse again")
+        else:
+            line = f"{name}'s {line}"
+        lines.append(line)
+    return lines
+
+
 def predict_cells(cells: Sequence[MeasuredCell], output_root: Path, cache: FactsCache, *,
-                  at_cells_speed: bool = True) -> list[CellPrediction]:
+                  at_cells_speed: bool = True,
+                  profiles: dict[str, HardwareProfile | None] | None = None
+                  ) -> list[CellPrediction]:
     """The raw equations' terms and memory for every measured cell; `at_cells_speed`: a step
     time taken from sequential cells is moved to the machine speed each cell ran at
-    (`predict.facts.at_machine_speed`)."""
-    predictions, profiles = [], {}
+    (`predict.facts.at_machine_speed`); `profiles`: each hardware's links
+    (`hardware_profiles`, read here when not given)."""
+    predictions = []
+    if profiles is None:
+        profiles = hardware_profiles(cells, output_root)
     for cell in track(cells, len(cells), "predicting cells", "cell(s)"):
         facts, scale = gather(cell.config, cache), 1.0
         step = step_time_source(cell.config, cache)
         if at_cells_speed:
             facts, scale = at_machine_speed(facts, step, cell.reference_ms)
-        hardware = cell.config.hardware
-        if hardware.name not in profiles:  # one file read per hardware, not per cell
-            profiles[hardware.name] = profile_for(hardware, output_root)
-        profile = profiles[hardware.name]
+        profile = profiles[cell.config.hardware.name]
         predictions.append(CellPrediction(
             cell, epoch_terms(cell.config, facts, profile),
             max(memory_per_worker_mb(cell.config, facts)),
@@ -150,8 +188,13 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
     fit_on = _fit_on(cells, fit_on_networks)
     noise = noise_floor_per_model(cells)
     overall = noise_floor(cells)
+    profiles = hardware_profiles(cells, output_root)
+    links = link_lines(cells, profiles, output_root)
+    for line in links:
+        print(line)
     started = time.perf_counter()
-    predictions = predict_cells(cells, output_root, cache, at_cells_speed=at_cells_speed)
+    predictions = predict_cells(cells, output_root, cache, at_cells_speed=at_cells_speed,
+                                profiles=profiles)
     probe_seconds = time.perf_counter() - started
     step_times = step_times_used(cache)
     scaled = [f"{workload}, batch {step.batch}" for workload, step in step_times
@@ -180,7 +223,8 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
                          by_network=by_network, table=table, verdicts=verdicts,
                          params=params, runtime_mb=runtime, probe_seconds=probe_seconds,
                          fit_verdicts=fit_verdicts, single_network=note, noise=noise,
-                         overall_noise=overall, step_times=step_times, speed=speed)
+                         overall_noise=overall, step_times=step_times, speed=speed,
+                         links=links)
     fit_path = folder / FIT_FILE
     write_json_atomic(fit_path, {
         "experiment": experiment, "tracking_uri": uri, "cells": len(cells),
@@ -189,7 +233,7 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
                               "sigma": parameter.sigma}
                        for name, parameter in PARAMETERS.items()},
         "hardware": {hardware: _hardware_entry(hardware, [p.cell for p in fitted], params,
-                                               runtime)
+                                               runtime, profiles.get(hardware))
                      for hardware in params},
         # The networks fitted on (null: every network of the grid); the others were only
         # predicted, which is how a small calibration is judged against a larger grid.
@@ -246,16 +290,27 @@ def _fit_on(cells: Sequence[MeasuredCell],
 
 def _hardware_entry(hardware: str, cells: Sequence[MeasuredCell],
                     params: dict[str, dict[str, float]],
-                    runtime: dict[str, float]) -> dict[str, Any]:
+                    runtime: dict[str, float],
+                    profile: HardwareProfile | None = None) -> dict[str, Any]:
     """fit.json's entry of one hardware: its parameters, and what they were fitted on (cells,
-    networks, cells per model: what `harness.recommend` counts as calibrated)."""
+    networks, cells per model: what `harness.recommend` counts as calibrated; the links:
+    when `harness.probe` measured them, "configured" for the config's speeds, null for one
+    worker)."""
     own = [cell for cell in cells if cell.config.hardware.name == hardware]
     models: dict[str, int] = {}
     for cell in own:
         models[cell.model] = models.get(cell.model, 0) + 1
     return {"params": params[hardware], "runtime_mb": runtime[hardware], "cells": len(own),
             "networks": sorted({cell.network for cell in own}),
-            "models": dict(sorted(models.items()))}
+            "models": dict(sorted(models.items())), "links": _links_entry(profile)}
+
+
+def _links_entry(profile: HardwareProfile | None) -> str | None:
+    if profile is None:
+        return None
+    if profile.source != "measured":
+        return "configured"
+    return f"measured {profile.facts.get('measured_at', 'at an unknown time')}"
 
 
 def residuals(by_cell: Sequence[CellPrediction], by_network: Sequence[CellPrediction],

@@ -40,10 +40,13 @@ def calibrate_commands(hardware: HardwareConfig) -> str:
     """The commands that fit the models for `hardware`, as one line for the user: the
     calibration sweep (made for local_2cpu) on it, on one node (the sweep's pipelines have a
     stage per worker, and its smallest network 15 layers: a 4 x 4 cluster's 16 are too many),
-    then the analysis."""
-    on = ("" if hardware.name == "local_2cpu"
-          else f" hydra.sweeper.params.hardware={hardware.name} hardware.nodes=1")
-    return (f"python -m harness +sweep={CALIBRATION_SWEEP}{on}, then python -m harness.analysis "
+    then the probe of its links, as the cells ran (without it the analysis fits against the
+    configured speeds), then the analysis."""
+    one_node = "" if hardware.name == "local_2cpu" else " hardware.nodes=1"
+    on = "" if hardware.name == "local_2cpu" \
+        else f" hydra.sweeper.params.hardware={hardware.name}{one_node}"
+    return (f"python -m harness +sweep={CALIBRATION_SWEEP}{on}, python -m harness.probe "
+            f"hardware={hardware.name}{one_node}, then python -m harness.analysis "
             f"tracking.experiment={CALIBRATION_SWEEP}")
 
 

@@ -96,12 +96,13 @@ def write_report(folder: Path, *, experiment: str, uri: str,
                  noise: dict[str, NoiseFloor] | None = None,
                  overall_noise: NoiseFloor | None = None,
                  step_times: Sequence[tuple[str, StepTime]] = (),
-                 speed: Sequence[str] = ()) -> list[Path]:
+                 speed: Sequence[str] = (), links: Sequence[str] = ()) -> list[Path]:
     """Write the plots and report.md into `folder`; return the files written.
     `single_network`: why leave one network out could not be measured (`fit.
     leave_one_network_out_note`), said first; its columns then read n/a. `noise`: each
     model's measurement noise floor (harness.analysis.noise), beside its errors.
-    `step_times`: the sequential step times the predictions used, each with its workload."""
+    `step_times`: the sequential step times the predictions used, each with its workload;
+    `links`: where each hardware's link speeds came from (`analysis.link_lines`)."""
     noise = noise or {}
     folder.mkdir(parents=True, exist_ok=True)
     plots = [plot_speedup(folder / "speedup.png", by_network),
@@ -153,6 +154,8 @@ def write_report(folder: Path, *, experiment: str, uri: str,
               f"median gap; the runtime share itself is measured) is {mb:.0f} MB per worker."
               for hardware, mb in runtime_mb.items()),
         *_step_time_section(step_times, speed),
+        *(["", "## Links the predictions used", "", *(f"- {line}" for line in links)]
+          if links else []),
         "", "## Every cell, network held out", "",
         "| workload | configuration | hardware | measured s | raw s | raw err % | predicted s "
         "| err % | compute s | allreduce s | transfer s | peak MB | predicted MB | mem err % |",
