@@ -258,6 +258,17 @@ def link_line(hardware: HardwareConfig, profile: HardwareProfile | None) -> str 
     return line
 
 
+def links_label(profile: HardwareProfile | None) -> str | None:
+    """Which links a prediction priced, in a word a fit keeps (fit.json's `links`): "measured
+    <when harness.probe measured them>", "configured" (the config's speeds); None for one
+    worker."""
+    if profile is None:
+        return None
+    if profile.source != "measured":
+        return "configured"
+    return f"measured {profile.facts.get('measured_at', 'at an unknown time')}"
+
+
 def profile_path(output_root: Path, hardware: str) -> Path:
     """Where the latest measured profile of `hardware` is kept for the predictors."""
     return Path(output_root) / "hardware_profiles" / f"{hardware}.json"

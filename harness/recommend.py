@@ -57,7 +57,7 @@ from harness.cli import BAD_INPUT_ERRORS, bad_input_message, command
 from harness.compose import compose_config
 from harness.config import ConfigError, DistbenchConfig, validate
 from harness.distributions.registry import spec_of, specs
-from harness.hardware_profile import link_line, profile_for
+from harness.hardware_profile import HardwareProfile, link_line, links_label, profile_for
 from harness.partition import StagePlan
 from harness.predict.cell import cost_per_epoch, epoch_terms, memory_per_worker_mb
 from harness.predict.facts import (
@@ -415,6 +415,20 @@ def step_times(cache: FactsCache) -> list[StepTime]:
     return sorted(cache.sources.values(), key=lambda step: step.batch)
 
 
+def links_since_fit(fitted: Fitted, profile: HardwareProfile | None) -> str | None:
+    """A line where the links the fit priced its cells with are not the ones priced now (a
+    profile probed after the analysis, or one moved aside): its `communication` factor made up
+    for the former's error, not the latter's. None where they agree, or either is unknown."""
+    fit = fitted.fit
+    now = links_label(profile)
+    if fit is None or fit.links is None or now is None or fit.links == now:
+        return None
+    return (f"links changed since the fit: it priced its cells with links {fit.links}, "
+            f"these are {now}; its communication factor belongs to the former: python -m "
+            f"harness.analysis tracking.experiment={fit.path.parent.name} fits it again "
+            f"(the fit: {fit.path})")
+
+
 def source_lines(cache: FactsCache) -> list[str]:
     """Where the measured inputs of the predictions come from, for the user to judge."""
     lines = ["step times (one sequential training step):"] if step_times(cache) else []
@@ -607,9 +621,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if flags.json:
         print_json(config, options, skipped, fitted, cache, flags.objective, elapsed)
     else:
-        links = link_line(config.hardware, profile)
-        print_table(config, options, skipped, fitted,
-                    [*source_lines(cache), *([links] if links else [])], flags.objective,
+        links = [line for line in (link_line(config.hardware, profile),
+                                    links_since_fit(fitted, profile)) if line]
+        print_table(config, options, skipped, fitted, [*source_lines(cache), *links],
+                    flags.objective,
                     common_overrides(config, overrides), cache.missing_step_time)
     # Not on stdout, which a later run repeats exactly.
     measured = ", ".join(cache.measured) or "nothing (all facts were kept from earlier runs)"

@@ -157,8 +157,8 @@ def test_the_analysis_says_whether_the_links_were_probed(tmp_path: Path) -> None
     """An analysis of a store the probe never measured prices the links at the hardware's
     configured speeds and fits `communication` against them: it says so, with the command,
     and fit.json keeps which links the fit stands on."""
-    from harness.analysis.__main__ import _links_entry, hardware_profiles, link_lines
-    from harness.hardware_profile import HardwareProfile, profile_path
+    from harness.analysis.__main__ import hardware_profiles, link_lines
+    from harness.hardware_profile import HardwareProfile, links_label, profile_path
 
     cells = [_cell("a", 2.0, "hardware=local_2cpu", "distribution=ddp"),
              _cell("b", 2.0, "hardware=local_2cpu", "distribution=sequential"),
@@ -169,8 +169,8 @@ def test_the_analysis_says_whether_the_links_were_probed(tmp_path: Path) -> None
     assert configured.startswith("local_2cpu's links: its configured speeds, not measured")
     assert f"python -m harness.probe hardware=local_2cpu run.output_dir={tmp_path}" \
         in configured
-    assert _links_entry(profiles["local_2cpu"]) == "configured"
-    assert _links_entry(None) is None
+    assert links_label(profiles["local_2cpu"]) == "configured"
+    assert links_label(None) is None
 
     probed = replace(profiles["local_2cpu"], source="measured",
                      facts={"measured_at": "2026-11-30T06:31:22+00:00"})
@@ -179,7 +179,7 @@ def test_the_analysis_says_whether_the_links_were_probed(tmp_path: Path) -> None
     assert isinstance(profiles["local_2cpu"], HardwareProfile)
     assert link_lines(cells, profiles, tmp_path) == [
         "local_2cpu's links: measured by harness.probe, 2026-11-30T06:31:22+00:00"]
-    assert _links_entry(profiles["local_2cpu"]) == "measured 2026-11-30T06:31:22+00:00"
+    assert links_label(profiles["local_2cpu"]) == "measured 2026-11-30T06:31:22+00:00"
 
 
 # Every model with the calibration sweep's own settings (GPipe: 4 micro-batches): a model's

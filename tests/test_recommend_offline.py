@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -147,6 +148,37 @@ def test_the_table_says_where_the_links_speeds_come_from(output_root: Path) -> N
     assert done.returncode == 0, done.stderr[-3000:]
     assert ("links: measured by harness.probe, 2026-11-29T11:13:30+00:00; an allreduce between "
             "nodes takes 2.41 ms of a worker's compute per MB") in done.stdout.splitlines()
+
+
+def test_links_probed_after_the_fit_are_named_beside_its_factor(tmp_path: Path) -> None:
+    """A fit keeps the links it priced its cells with; where the links priced now differ (a
+    probe after the analysis), the table says the fit's communication factor belongs to the
+    others, and how to fit it again."""
+    from harness.analysis.calibration import FitCoverage, Fitted
+    from harness.compose import compose_config
+    from harness.config import validate
+    from harness.hardware_profile import HardwareProfile
+    from harness.recommend import links_since_fit
+
+    hardware = validate(compose_config(["hardware=local_2cpu"])).hardware
+    configured = HardwareProfile.from_config(hardware)
+    probed = replace(configured, source="measured",
+                     facts={"measured_at": "2026-11-30T06:31:22+00:00"})
+    path = tmp_path / "analysis" / "calibrate_local" / "fit.json"
+
+    def fit(links: str | None) -> Fitted:
+        return Fitted({}, 0.0, str(path), hardware="local_2cpu", fit=FitCoverage(
+            path, "local_2cpu", 56, ("resnet18", "vgg11"), {"ddp": 8}, 0.0, links))
+
+    assert links_since_fit(fit("configured"), probed) == (
+        "links changed since the fit: it priced its cells with links configured, these are "
+        "measured 2026-11-30T06:31:22+00:00; its communication factor belongs to the former: "
+        "python -m harness.analysis tracking.experiment=calibrate_local fits it again (the "
+        f"fit: {path})")
+    assert links_since_fit(fit("measured 2026-11-30T06:31:22+00:00"), probed) is None
+    assert links_since_fit(fit(None), probed) is None  # a fit from before it kept its links
+    assert links_since_fit(Fitted.raw("no fit"), probed) is None
+    assert links_since_fit(fit("configured"), None) is None  # one worker: no link
 
 
 def _log_sequential_cell(output_root: Path, overrides: list[str], seconds_per_epoch: float,

@@ -44,7 +44,13 @@ from harness.analysis.report import setting_label, write_report
 from harness.cli import command
 from harness.compose import compose_config
 from harness.config import ConfigError, DistbenchConfig, validate
-from harness.hardware_profile import HardwareProfile, link_line, profile_for, profile_path
+from harness.hardware_profile import (
+    HardwareProfile,
+    link_line,
+    links_label,
+    profile_for,
+    profile_path,
+)
 from harness.predict.cell import epoch_terms, memory_per_worker_mb
 from harness.predict.facts import (
     FactsCache,
@@ -302,15 +308,7 @@ def _hardware_entry(hardware: str, cells: Sequence[MeasuredCell],
         models[cell.model] = models.get(cell.model, 0) + 1
     return {"params": params[hardware], "runtime_mb": runtime[hardware], "cells": len(own),
             "networks": sorted({cell.network for cell in own}),
-            "models": dict(sorted(models.items())), "links": _links_entry(profile)}
-
-
-def _links_entry(profile: HardwareProfile | None) -> str | None:
-    if profile is None:
-        return None
-    if profile.source != "measured":
-        return "configured"
-    return f"measured {profile.facts.get('measured_at', 'at an unknown time')}"
+            "models": dict(sorted(models.items())), "links": links_label(profile)}
 
 
 def residuals(by_cell: Sequence[CellPrediction], by_network: Sequence[CellPrediction],

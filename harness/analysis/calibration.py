@@ -60,6 +60,9 @@ class FitCoverage:
     networks: tuple[str, ...]
     models: dict[str, int]  # cells per distribution model on this hardware
     modified: float  # the file's mtime: the last tie-break
+    # The links the fit priced its cells with (`hardware_profile.links_label`): "measured
+    # <when>", "configured"; None where the fit predates the entry or had one worker.
+    links: str | None = None
 
     @property
     def leave_one_network_out(self) -> bool:
@@ -115,7 +118,7 @@ def coverage(path: Path, hardware: str, data: dict[str, Any] | None = None
         return None
     return FitCoverage(path, hardware, int(entry.get("cells", 0)),
                        tuple(entry.get("networks") or ()), _models(data, hardware),
-                       path.stat().st_mtime)
+                       path.stat().st_mtime, entry.get("links"))
 
 
 def _models(data: dict[str, Any], hardware: str) -> dict[str, int]:
