@@ -42,7 +42,6 @@ them into the status, and the sweep's summary table says why each failed cell fa
 
 from __future__ import annotations
 
-import _thread
 import argparse
 import contextlib
 import dataclasses
@@ -329,13 +328,25 @@ def raise_signals_again_where_dropped() -> None:
         # Raised again from another thread, a moment later: raised from here (or at once),
         # its handler would run in this hook, where its exception is dropped once more. Where
         # it lands in such a place again, this hook raises it again.
-        again = threading.Timer(RAISE_AGAIN_AFTER_S, _thread.interrupt_main, args=(signum,))
+        again = threading.Timer(RAISE_AGAIN_AFTER_S, _signal_main_thread, args=(signum,))
         again.daemon = True
         with contextlib.suppress(RuntimeError):  # at interpreter shutdown: it ends anyway
             again.start()
 
     raise_again.raises_signals_again = True  # type: ignore[attr-defined]
     sys.unraisablehook = raise_again
+
+
+def _signal_main_thread(signum: int) -> None:
+    """`signum` sent again to the main thread itself, as the first one was: a blocking call
+    there (a sleep, a wait for a cell's workers) returns at once to run its handler.
+    `_thread.interrupt_main` only schedules the handler for the main thread's next bytecode,
+    after such a call has ended by itself (measured: a Ctrl-C dropped in a destructor before a
+    2 s sleep ended the command after the sleep, and once on CI not at all)."""
+    main = threading.main_thread().ident
+    if main is not None:
+        with contextlib.suppress(OSError):  # the main thread has ended: so does the process
+            signal.pthread_kill(main, signum)
 
 
 def _signal_of(error: BaseException | None) -> int | None:

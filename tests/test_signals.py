@@ -44,16 +44,18 @@ elif WHERE == "garbage collection":
     cycle.itself = cycle
     del cycle
     gc.collect()
-time.sleep(2)
+time.sleep(30)  # a blocking call (a launcher waiting for a cell): the signal ends it at once
 print("went on", flush=True)
 """
 
 
 def _signalled_where_dropped(where: str, signum: int) -> subprocess.CompletedProcess[str]:
+    """The script run in a fresh interpreter; it times out (the test fails) where the signal
+    raised again waits for the script's 30 s sleep to end instead of ending it."""
     script = f"WHERE = {where!r}\nSIGNUM = {int(signum)}\n" + \
         textwrap.dedent(_SIGNAL_WHERE_DROPPED)
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60, cwd=Path(__file__).parents[1])
+                          timeout=20, cwd=Path(__file__).parents[1])
 
 
 @pytest.mark.parametrize("where", ["fork hook", "destructor", "weakref callback",
