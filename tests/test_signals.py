@@ -18,6 +18,9 @@ _SIGNAL_WHERE_DROPPED = """
 import gc, os, signal, subprocess, sys, time, weakref
 from harness.cli import end_like_ctrl_c_on_sigterm
 
+# Ctrl-C as a command in the foreground meets it: a shell starts its background jobs with
+# SIGINT ignored, and Python then leaves it ignored (a suite run with `nohup ... &`)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 end_like_ctrl_c_on_sigterm()
 
 def signal_here():
