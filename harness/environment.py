@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from harness.allocator import host_allocator
 from harness.seeding import determinism_facts
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +43,7 @@ def capture_environment(device: torch.device) -> dict[str, str]:
         "cpu_model": cpu_model(),
         "cpu_count": str(os.cpu_count()),
         "torch_threads": str(torch.get_num_threads()),
+        "host_allocator": host_allocator(),
         "device_type": device.type,
         "device_name": device_name(device),
         "cuda_device_count": str(torch.cuda.device_count()),

@@ -51,6 +51,8 @@ def test_a_cell_trains_measures_and_lands_in_mlflow(output_root: Path, tmp_path:
     assert tags["status"] == "ok"
     for key in ("torch_version", "device_name", "host", "git_commit", "python_version"):
         assert tags[key]
+    # The worker kept freed memory (harness.allocator), and the record says so.
+    assert tags["host_allocator"].startswith("glibc malloc: freed memory kept"), tags
     artifacts = {a.path for a in _store(output_root).list_artifacts(run.info.run_id)}
     assert {"result.json", "config.yaml"} <= artifacts
     epochs = _store(output_root).get_metric_history(run.info.run_id, "epoch_seconds")

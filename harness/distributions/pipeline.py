@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from harness.allocator import keep_freed_memory
 from harness.config import DistbenchConfig
 from harness.distributions.base import TrainingContext
 from harness.distributions.spec import StagePlanner
@@ -39,6 +40,7 @@ def profile_network(config: DistbenchConfig, layers: Sequence[nn.Module],
     `harness.profiler.profile_layers`). A worker's layers are built on the CPU: on a
     GPU they are profiled there and put back, so that this worker's GPU holds only its own
     stage once the stages are built (a CUDA sample against CPU weights failed on an H100)."""
+    keep_freed_memory()  # timed as a worker steps (harness.allocator)
     generator = torch.Generator().manual_seed(config.run.seed)
     sample, _ = config.dataset.spec.example_batch(config.distribution.step_batch(config),
                                                   generator)

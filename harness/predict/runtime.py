@@ -168,6 +168,7 @@ def _probe(request: dict[str, Any]) -> dict[str, float]:
     import torch
 
     import harness.worker.run  # noqa: F401
+    from harness.allocator import keep_freed_memory
     from harness.config import OptimizerConfig
     from harness.distributions.registry import specs
     from harness.workload import build_optimizer
@@ -176,6 +177,7 @@ def _probe(request: dict[str, Any]) -> dict[str, float]:
     from workloads.task import task_loss
 
     specs()  # every model's module, trainers among them
+    keep_freed_memory()  # as a worker allocates
     if request["threads"] is not None:
         torch.set_num_threads(request["threads"])
     cuda = request["device"] == "cuda"

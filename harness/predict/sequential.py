@@ -37,6 +37,7 @@ def measure_batch_seconds(config: DistbenchConfig, *, batch_size: int, probe_bat
     # the commands' --help never need.
     import torch
 
+    from harness.allocator import keep_freed_memory
     from harness.distributed import WorkerSession
     from harness.distributions.base import TrainingContext
     from harness.distributions.sequential.trainer import sequential_trainer
@@ -51,6 +52,7 @@ def measure_batch_seconds(config: DistbenchConfig, *, batch_size: int, probe_bat
     dataset = replace(config.dataset, num_samples=batch_size * (probe_batches + warmup_batches))
     probe_config = replace(config, distribution=distribution, dataset=dataset)
     device = select_device(probe_config)
+    keep_freed_memory()  # timed as a worker steps (harness.allocator)
     if probe_config.hardware.cpu_threads is not None:
         torch.set_num_threads(probe_config.hardware.cpu_threads)
     context = TrainingContext(

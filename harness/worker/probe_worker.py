@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
+from harness.allocator import keep_freed_memory
 from harness.config import DistbenchConfig, ProbeConfig, validate
 from harness.distributed import WorkerSession, worker_session
 from harness.hardware_profile import (
@@ -249,6 +250,7 @@ def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
     config = validate(cfg)
     env = worker_environment()
     device = select_device(config, env.local_rank)
+    keep_freed_memory()  # its compute timed as a cell's workers step (harness.allocator)
     with worker_session(env, device, backend=config.distribution.backend,
                         timeout_s=config.run.progress_timeout_s,
                         link=config.hardware.link) as session:

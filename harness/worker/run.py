@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 import torch
 from torch.distributed.tensor import DTensor
 
+from harness.allocator import keep_freed_memory
 from harness.config import DistbenchConfig, RunConfig
 from harness.distributed import WorkerSession, worker_session
 from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
@@ -553,6 +554,7 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
     report.
     """
     config = cell.config
+    keep_freed_memory()  # every step pays no page faults for memory freed by the last one
     env = worker_environment()
     output_dir = Path(output_dir or _hydra_output_dir() or _fresh_run_dir(config))
     started = now()
