@@ -618,12 +618,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     options, skipped = rank(config, fitted, cache, output_root, overrides, flags.objective,
                             checked)
     elapsed = time.perf_counter() - started
+    links = {"links": link_line(config.hardware, profile),
+             "links_since_fit": links_since_fit(fitted, profile)}
     if flags.json:
-        print_json(config, options, skipped, fitted, cache, flags.objective, elapsed)
+        print_json(config, options, skipped, fitted, cache, flags.objective, elapsed, links)
     else:
-        links = [line for line in (link_line(config.hardware, profile),
-                                    links_since_fit(fitted, profile)) if line]
-        print_table(config, options, skipped, fitted, [*source_lines(cache), *links],
+        print_table(config, options, skipped, fitted,
+                    [*source_lines(cache), *(line for line in links.values() if line)],
                     flags.objective,
                     common_overrides(config, overrides), cache.missing_step_time)
     # Not on stdout, which a later run repeats exactly.
@@ -632,7 +633,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def print_json(config: DistbenchConfig, options: Sequence[Option], skipped: Sequence[str],
-               fitted: Fitted, cache: FactsCache, objective: str, elapsed: float) -> None:
+               fitted: Fitted, cache: FactsCache, objective: str, elapsed: float,
+               links: dict[str, str | None]) -> None:
+    """The table's answer as JSON; `links`: where the links priced come from (`links`, None
+    with one worker) and whether they differ from the fit's (`links_since_fit`, else None)."""
     best, fastest, cheapest = (recommendation(options, objective, fitted.noise_percent),
                                best_by(options, "time"), best_by(options, "cost"))
     found = tie(options, objective, fitted.noise_percent)
@@ -663,7 +667,7 @@ def print_json(config: DistbenchConfig, options: Sequence[Option], skipped: Sequ
                "options": [asdict(o) for o in options], "skipped": skipped,
                "step_times": [{**asdict(step), "scaled": step.scaled}
                               for step in step_times(cache)],
-               "layer_profile": sorted(set(cache.profile_sources.values()))},
+               "layer_profile": sorted(set(cache.profile_sources.values())), **links},
               sys.stdout, indent=2)
     sys.stdout.write("\n")
 

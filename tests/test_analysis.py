@@ -251,6 +251,9 @@ def test_a_grid_measured_here_is_fitted_reported_and_recommended(output_root: Pa
         assert tie["tied"][0] == answer["options"][0]["label"]
         assert answer["recommended"] == tie["chosen"] and tie["chosen"] in tie["tied"]
     assert answer["prediction_seconds"] > 0
+    # No probe ran: the links priced are the config's, as the fit's were, and it says so.
+    assert answer["links"].startswith("links: hardware local_2cpu's configured speeds")
+    assert answer["links_since_fit"] is None
     # Compared with the measured fastest of the same workload. Reported, not asserted: on
     # 2 shared cores the measured order of close configurations is itself noise.
     verdict = next(v for v in fit["recommendations"] if v["workload"][1] == "mobilenetv2")

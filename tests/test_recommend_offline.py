@@ -105,6 +105,9 @@ def test_a_facts_file_of_the_device_is_used_and_named(output_root: Path) -> None
     assert all(step["source"] == source and step["device_name"] == GPU_NAME
                for step in steps.values())
     assert answer["layer_profile"] == [source]
+    # No probe here and no fit: the config's link speeds, said as the table says it.
+    assert answer["links"].startswith("links: hardware titanrtx_cluster's configured speeds")
+    assert answer["links_since_fit"] is None
     options = {option["label"]: option for option in answer["options"]}
     # sequential: 70000 // 128 = 546 steps of 0.010 s (raw equations: no analysis here)
     assert MNIST_IMAGES // 128 == 546
