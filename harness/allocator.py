@@ -8,8 +8,9 @@ threshold adapts to the blocks freed), so the same step pays a different number 
 different processes. Measured on this VM (BENCHMARKS.md section 17, eighteenth session),
 MobileNetV2/MNIST at batch 32, one thread: 11-34 thousand page faults a step and 477-534 ms a
 step alone, 515-584 ms for each of two processes stepping at once; with the memory kept, 0 faults,
-462 ms alone and 456-470 ms for each of two. It was the "contention" between a node's workers
-the time models fitted, and most of DDP's time on `local_2cpu` they could not explain.
+462 ms alone and 456-470 ms for each of two. The faults were part of what the time models
+fitted as "contention" between a node's workers (two at once read 0.96-1.13 of one alone by
+the default, 1.00 kept), and of DDP's time on `local_2cpu` they could not explain.
 
 Keeping freed memory is what PyTorch's CPU performance guide reaches with jemalloc or TCMalloc
 ("reusing memory as much as possible"); on a GPU the caching allocator does it for device
