@@ -250,8 +250,7 @@ def link_line(hardware: HardwareConfig, profile: HardwareProfile | None) -> str 
     if profile.source != "measured":
         return (f"links: hardware {hardware.name}'s configured speeds (no harness.probe "
                 f"profile yet; python -m harness.probe hardware={hardware.name} measures them)")
-    when = profile.facts.get("measured_at", "at an unknown time")
-    line = f"links: measured by harness.probe, {when}"
+    line = f"links: measured by harness.probe, {_measured_at(profile)}"
     if profile.compute_lost_s_per_mb() > 0:
         line += (f"; an allreduce between nodes takes {1e3 * profile.compute_lost_s_per_mb():.2f}"
                  f" ms of a worker's compute per MB")
@@ -266,7 +265,11 @@ def links_label(profile: HardwareProfile | None) -> str | None:
         return None
     if profile.source != "measured":
         return "configured"
-    return f"measured {profile.facts.get('measured_at', 'at an unknown time')}"
+    return f"measured {_measured_at(profile)}"
+
+
+def _measured_at(profile: HardwareProfile) -> str:
+    return str(profile.facts.get("measured_at", "at an unknown time"))
 
 
 def profile_path(output_root: Path, hardware: str) -> Path:

@@ -93,32 +93,27 @@ def link_lines(cells: Sequence[MeasuredCell], profiles: dict[str, HardwareProfil
     lines = []
     configs = {cell.config.hardware.name: cell.config.hardware for cell in cells}
     for name, profile in sorted(profiles.items()):
-        line = link_line(configs[name], profile)
-        if line is None:
+        if profile is None:  # one worker: no link
             continue
-        if profile is not None and profile.source != "measured":
-            line = (f"{name}'s links: its configured speeds, not measured (no harness.probe "
-                    f"profile in {profile_path(output_root, name).parent}); the fitted "
-                    f"communication factor makes up for how far they are off, and would not "
-                    f"match a profile probed later: python -m harness.probe hardware={name} "
-                    f"run.output_dir={output_root}, then analyse again")
-        else:
-            line = f"{name}'s {line}"
-        lines.append(line)
+        if profile.source == "measured":
+            lines.append(f"{name}'s {link_line(configs[name], profile)}")
+            continue
+        lines.append(f"{name}'s links: its configured speeds, not measured (no harness.probe "
+                     f"profile in {profile_path(output_root, name).parent}); the fitted "
+                     f"communication factor makes up for how far they are off, and would not "
+                     f"match a profile probed later: python -m harness.probe hardware={name} "
+                     f"run.output_dir={output_root}, then analyse again")
     return lines
 
 
-def predict_cells(cells: Sequence[MeasuredCell], output_root: Path, cache: FactsCache, *,
-                  at_cells_speed: bool = True,
-                  profiles: dict[str, HardwareProfile | None] | None = None
-                  ) -> list[CellPrediction]:
-    """The raw equations' terms and memory for every measured cell; `at_cells_speed`: a step
-    time taken from sequential cells is moved to the machine speed each cell ran at
-    (`predict.facts.at_machine_speed`); `profiles`: each hardware's links
-    (`hardware_profiles`, read here when not given)."""
+def predict_cells(cells: Sequence[MeasuredCell], cache: FactsCache,
+                  profiles: dict[str, HardwareProfile | None], *,
+                  at_cells_speed: bool = True) -> list[CellPrediction]:
+    """The raw equations' terms and memory for every measured cell, each hardware's links
+    from `profiles` (`hardware_profiles`); `at_cells_speed`: a step time taken from
+    sequential cells is moved to the machine speed each cell ran at
+    (`predict.facts.at_machine_speed`)."""
     predictions = []
-    if profiles is None:
-        profiles = hardware_profiles(cells, output_root)
     for cell in track(cells, len(cells), "predicting cells", "cell(s)"):
         facts, scale = gather(cell.config, cache), 1.0
         step = step_time_source(cell.config, cache)
@@ -199,8 +194,7 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
     for line in links:
         print(line)
     started = time.perf_counter()
-    predictions = predict_cells(cells, output_root, cache, at_cells_speed=at_cells_speed,
-                                profiles=profiles)
+    predictions = predict_cells(cells, cache, profiles, at_cells_speed=at_cells_speed)
     probe_seconds = time.perf_counter() - started
     step_times = step_times_used(cache)
     scaled = [f"{workload}, batch {step.batch}" for workload, step in step_times
@@ -297,7 +291,7 @@ def _fit_on(cells: Sequence[MeasuredCell],
 def _hardware_entry(hardware: str, cells: Sequence[MeasuredCell],
                     params: dict[str, dict[str, float]],
                     runtime: dict[str, float],
-                    profile: HardwareProfile | None = None) -> dict[str, Any]:
+                    profile: HardwareProfile | None) -> dict[str, Any]:
     """fit.json's entry of one hardware: its parameters, and what they were fitted on (cells,
     networks, cells per model: what `harness.recommend` counts as calibrated; the links:
     when `harness.probe` measured them, "configured" for the config's speeds, null for one
