@@ -15,7 +15,7 @@ from harness.analysis.fit import (
     held_out,
     signed_error,
 )
-from harness.analysis.grid import MeasuredCell
+from harness.analysis.grid import MeasuredCell, one_per_cell
 from harness.analysis.recommendations import judge
 from harness.compose import compose_config
 from harness.config import validate
@@ -146,11 +146,42 @@ def test_each_hardware_is_judged_apart_and_a_cell_measured_twice_is_one_candidat
     slow_link = [prediction("d2", 9.0, 9.0, "ddp", "emulated_2nodes_100mbit", "ddp-100m"),
                  prediction("s2", 5.1, 5.0, "sequential", "emulated_2nodes_100mbit", "seq-100m"),
                  prediction("s3", 4.9, 5.0, "sequential", "emulated_2nodes_100mbit", "seq-100m")]
-    verdicts = {v.hardware: v for v in judge(fast_link + slow_link)}
+    merged = {p.cell.cell_key: p for p in fast_link + slow_link}
+    for cell in one_per_cell([p.cell for p in fast_link + slow_link]):
+        merged[cell.cell_key] = replace(merged[cell.cell_key], cell=cell)
+    verdicts = {v.hardware: v for v in judge(list(merged.values()))}
     assert verdicts["emulated_2nodes_1gbit"].recommended.cell.run_id == "d1"
     slow = verdicts["emulated_2nodes_100mbit"]
-    assert slow.candidates == 2 and slow.correct
+    assert slow.candidates == 2 and slow.correct and slow.recommended.cell.runs == 2
     assert slow.recommended.measured_s == pytest.approx(5.0)  # the median of 5.1 and 4.9
+
+
+def test_a_cell_measured_in_several_runs_counts_once_at_its_steady_runs() -> None:
+    """A re-measured cell is one observation: a run the machine disturbed gives way to the
+    steady run that measured it again; two steady runs stand at their median; where no run was
+    steady the cell stays unsteady, at the median of all. Cells keep the order they were first
+    measured in."""
+    ddp = _cell("d", 1.0, "distribution=ddp", "hardware=local_2cpu")
+    runs = [replace(ddp, run_id="d1", cell_key="d", seconds_per_epoch=9.0, steady=False,
+                    reference_ms=20.0),
+            replace(ddp, run_id="o1", cell_key="o", seconds_per_epoch=3.0),
+            replace(ddp, run_id="u1", cell_key="u", seconds_per_epoch=4.0, steady=False),
+            replace(ddp, run_id="d2", cell_key="d", seconds_per_epoch=5.0, reference_ms=10.0),
+            replace(ddp, run_id="r1", cell_key="r", seconds_per_epoch=6.0, repeat_std=0.1),
+            replace(ddp, run_id="u2", cell_key="u", seconds_per_epoch=5.0, steady=False),
+            replace(ddp, run_id="r2", cell_key="r", seconds_per_epoch=7.0, peak_memory_mb=300.0)]
+    cells = one_per_cell(runs)
+    assert [cell.cell_key for cell in cells] == ["d", "o", "u", "r"]
+    by_key = {cell.cell_key: cell for cell in cells}
+    replaced = by_key["d"]  # the unsteady 9.0 s run measured again: only the steady one counts
+    assert (replaced.seconds_per_epoch, replaced.steady, replaced.runs) == (5.0, True, 1)
+    assert replaced.run_id == "d2" and replaced.reference_ms == 10.0
+    assert by_key["o"] is runs[1]
+    assert (by_key["u"].seconds_per_epoch, by_key["u"].steady, by_key["u"].runs) == (4.5, False, 2)
+    both = by_key["r"]
+    assert (both.seconds_per_epoch, both.peak_memory_mb, both.runs) == (6.5, 200.0, 2)
+    assert both.repeat_std is None  # two runs' repeats are not one run's spread
+    assert one_per_cell([ddp, replace(ddp, run_id="e")]) == [ddp, replace(ddp, run_id="e")]
 
 
 def test_the_analysis_says_whether_the_links_were_probed(tmp_path: Path) -> None:

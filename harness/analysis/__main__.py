@@ -37,7 +37,7 @@ from harness.analysis.fit import (
     runtime_per_hardware,
     signed_error,
 )
-from harness.analysis.grid import MeasuredCell, load_grid
+from harness.analysis.grid import MeasuredCell, load_grid, one_per_cell
 from harness.analysis.noise import NoiseFloor, noise_floor, noise_floor_per_model
 from harness.analysis.recommendations import judge, memory_verdicts
 from harness.analysis.report import setting_label, write_report
@@ -173,7 +173,11 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
     output_root = Path(config.run.output_dir)
     uri = tracking_uri(config.tracking.uri, output_root)
     measured = load_grid(uri, experiment, statuses=("ok", "oom"))
-    cells = [cell for cell in measured if cell.status == "ok"]
+    runs = [cell for cell in measured if cell.status == "ok"]
+    cells = one_per_cell(runs)
+    if len(cells) < len(runs):
+        print(f"{len(runs)} runs of {len(cells)} cells: each cell measured in more than one "
+              f"run counts once, at the median of its steady runs")
     unsteady = [cell for cell in cells if not cell.steady]
     if exclude_unsteady and unsteady:
         cells = [cell for cell in cells if cell.steady]
@@ -187,8 +191,10 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
         raise ConfigError(f"tracking.experiment={experiment!r}: no finished (status ok) cells "
                           f"at {uri}; measure a grid first")
     fit_on = _fit_on(cells, fit_on_networks)
-    noise = noise_floor_per_model(cells)
-    overall = noise_floor(cells)
+    # The floor is measured between the runs of one cell, so on the runs, not the merged cells.
+    measured_runs = [run for run in runs if run.steady] if exclude_unsteady else runs
+    noise = noise_floor_per_model(measured_runs)
+    overall = noise_floor(measured_runs)
     profiles = hardware_profiles(cells, output_root)
     links = link_lines(cells, profiles, output_root)
     for line in links:

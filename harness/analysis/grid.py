@@ -8,8 +8,10 @@ whose values MLflow keeps as strings.
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.config import ConfigError, DistbenchConfig
@@ -38,6 +40,9 @@ class MeasuredCell:
     # How fast the machine was while the cell ran: the reference kernel's milliseconds
     # (harness.worker.steadiness.machine_speed_ms); None for a cell recorded without it.
     reference_ms: float | None = None
+    # How many runs its figures are the median of (`one_per_cell`): more than one where the
+    # cell was measured again.
+    runs: int = 1
 
     @property
     def fitted_in_memory(self) -> bool:
@@ -99,3 +104,33 @@ def load_grid(uri: str, experiment: str, *,
                                       cell_key=run.data.tags.get(CELL_KEY_TAG, ""),
                                       reference_ms=machine_speed_ms(metrics)))
     return cells
+
+
+def one_per_cell(runs: Sequence[MeasuredCell]) -> list[MeasuredCell]:
+    """Each cell once, however many runs measured it (an unsteady cell measured again, cells
+    re-measured at random, a sweep repeated), in the order each was first measured.
+
+    A cell measured in several runs stands at the median of its steady runs: a run the machine
+    disturbed is what measuring again replaces. Where no run was steady it stands at the median
+    of all of them and stays unsteady. Counting each run apart would weigh a re-measured cell
+    twice in the fit, and leave-one-cell-out would hold out one run while its twin stays in the
+    fit. The runs themselves are still what the noise floor is measured on
+    (`harness.analysis.noise`)."""
+    groups: dict[str, list[MeasuredCell]] = {}
+    for run in runs:
+        groups.setdefault(run.cell_key or run.run_id, []).append(run)
+    return [_merged(group) for group in groups.values()]
+
+
+def _merged(group: Sequence[MeasuredCell]) -> MeasuredCell:
+    if len(group) == 1:
+        return group[0]
+    chosen = [run for run in group if run.steady] or list(group)
+    references = [run.reference_ms for run in chosen if run.reference_ms is not None]
+    # The latest chosen run's identity; the medians of what was measured.
+    return replace(chosen[-1],
+                   seconds_per_epoch=statistics.median(r.seconds_per_epoch for r in chosen),
+                   peak_memory_mb=statistics.median(r.peak_memory_mb for r in chosen),
+                   repeat_std=chosen[-1].repeat_std if len(chosen) == 1 else None,
+                   reference_ms=statistics.median(references) if references else None,
+                   runs=len(chosen))

@@ -8,9 +8,8 @@ the recommended configuration measured than the fastest.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from harness.analysis.fit import CellPrediction, runtime_mb
 from harness.analysis.grid import MeasuredCell
@@ -47,11 +46,12 @@ def _fits_memory(prediction: CellPrediction) -> bool:
 def judge(predictions: Sequence[CellPrediction]) -> list[WorkloadVerdict]:
     """One verdict per workload and hardware with two or more measured configurations: the
     recommender answers for the hardware it is asked about, so a grid over two link rates
-    judges each rate's answer (the fastest may change with the rate)."""
+    judges each rate's answer (the fastest may change with the rate). Each cell once: a cell
+    measured in several runs is merged first (`harness.analysis.grid.one_per_cell`)."""
     verdicts = []
     for workload, hardware in sorted({(p.cell.workload, _hardware(p)) for p in predictions}):
-        cells = _one_per_cell([p for p in predictions
-                               if p.cell.workload == workload and _hardware(p) == hardware])
+        cells = [p for p in predictions
+                 if p.cell.workload == workload and _hardware(p) == hardware]
         if len(cells) < 2:
             continue
         allowed = [p for p in cells if _fits_memory(p)] or cells
@@ -60,19 +60,6 @@ def judge(predictions: Sequence[CellPrediction]) -> list[WorkloadVerdict]:
             recommended=min(allowed, key=lambda p: p.fitted_s),
             raw_recommended=min(allowed, key=lambda p: p.raw_s), hardware=hardware))
     return verdicts
-
-
-def _one_per_cell(predictions: Sequence[CellPrediction]) -> list[CellPrediction]:
-    """A configuration measured in several runs (a re-run of an unsteady cell, a sweep
-    repeated) is one candidate, measured at the median of its runs: else a run of the
-    recommended configuration a little slower than another run of the same would count as a
-    miss."""
-    runs: dict[str, list[CellPrediction]] = {}
-    for prediction in predictions:
-        runs.setdefault(prediction.cell.cell_key or prediction.cell.run_id, []).append(prediction)
-    return [group[0] if len(group) == 1 else replace(group[0], cell=replace(
-        group[0].cell, seconds_per_epoch=statistics.median(p.measured_s for p in group)))
-        for group in runs.values()]
 
 
 def _hardware(prediction: CellPrediction) -> str:
