@@ -256,21 +256,27 @@ MIN_RUN_FLOOR_CELLS = 5
 
 
 def _noise_floor(data: dict[str, Any]) -> tuple[float, str]:
-    """fit.json's noise floor (percent) and which: between two runs of one cell where at least
-    MIN_RUN_FLOOR_CELLS cells measured it (a recommendation is compared with another run, and
-    back-to-back repeats differ less: harness.analysis.noise), else over both kinds of repeated
-    measurement; 0 where it measured none."""
+    """fit.json's noise floor for ties (`noise_for_ties`)."""
     by_kind = data.get("noise_floor_by_kind")
     overall = by_kind.get("all") if isinstance(by_kind, dict) else None
     runs = overall.get("runs") if isinstance(overall, dict) else None
-    if isinstance(runs, dict):
-        percent, cells = _percent(runs.get("percent")), runs.get("cells")
-        if percent is not None and isinstance(cells, int) and cells >= MIN_RUN_FLOOR_CELLS:
-            return percent, f"between runs ({cells} cells)"
+    runs_percent = _percent(runs.get("percent")) if isinstance(runs, dict) else None
+    runs_cells = runs.get("cells") if isinstance(runs, dict) else None
     floors = data.get("noise_floor_percent")
-    value = _percent(floors.get("all") if isinstance(floors, dict) else None)
-    if value is not None:
-        return value, "between any two measurements"
+    return noise_for_ties(runs_percent, runs_cells if isinstance(runs_cells, int) else 0,
+                          _percent(floors.get("all") if isinstance(floors, dict) else None))
+
+
+def noise_for_ties(runs_percent: float | None, runs_cells: int,
+                   overall_percent: float | None) -> tuple[float, str]:
+    """The noise floor (percent) two options are tied within, and which: between two runs of
+    one cell where at least MIN_RUN_FLOOR_CELLS cells measured it (a recommendation is
+    compared with another run, and back-to-back repeats differ less: harness.analysis.noise),
+    else over both kinds of repeated measurement; 0 where none was measured (None)."""
+    if runs_percent is not None and runs_cells >= MIN_RUN_FLOOR_CELLS:
+        return runs_percent, f"between runs ({runs_cells} cells)"
+    if overall_percent is not None:
+        return overall_percent, "between any two measurements"
     return 0.0, "not measured"
 
 
