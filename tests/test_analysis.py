@@ -16,7 +16,7 @@ from harness.analysis.fit import (
     signed_error,
 )
 from harness.analysis.grid import MeasuredCell, one_per_cell
-from harness.analysis.recommendations import judge
+from harness.analysis.recommendations import judge, tie_summary
 from harness.compose import compose_config
 from harness.config import validate
 from harness.predict.parameters import RAW
@@ -129,6 +129,35 @@ def test_a_recommendation_miss_reports_the_time_lost() -> None:
     assert verdict.recommended.cell.run_id == "slow"
     assert not verdict.correct and verdict.time_lost_percent == pytest.approx(50.0)
     assert verdict.hardware == "local_2cpu"
+
+
+def test_a_verdict_judges_the_recommenders_answer_with_its_tie_rule() -> None:
+    """The recommender calls options predicted within the models' error and the noise of one
+    another tied, and takes the one with fewer workers: the verdict judges that answer too, and
+    says whether the measured fastest was among the options it called tied."""
+    def prediction(run_id: str, seconds: float, fitted: float, *overrides: str) -> CellPrediction:
+        return CellPrediction(_cell(run_id, seconds, *overrides), EpochTerms(1.0, steps=1), 1.0,
+                              fitted_s=fitted, memory_fitted_mb=100.0)
+
+    ddp = prediction("ddp", 3.0, 2.00, "distribution=ddp", "hardware=local_2cpu")
+    sequential = prediction("seq", 3.3, 2.10, "distribution=sequential", "hardware=local_2cpu")
+    (tied,) = judge([ddp, sequential], errors={"ddp": 4.0, "sequential": 3.0},
+                    noise_percent=2.0)  # margin sqrt(16 + 9 + 8) = 5.7 % > the 5 % predicted
+    assert tied.correct and tied.tie is not None
+    assert tied.tie.margin_percent == pytest.approx(33 ** 0.5)
+    assert tied.named is sequential and tied.tie.decided_by == "fewer workers"
+    assert not tied.named_correct and tied.named_time_lost_percent == pytest.approx(10.0)
+    assert tied.fastest_among_tied and tied.tied_predictions == [ddp, sequential]
+    summary = tie_summary([tied])
+    assert summary is not None and "1 of 1 answers were ties" in summary
+    assert "right for 0 (worst time lost 10.0 %)" in summary
+    # Apart by more than the margin, or a model without a measured error: no tie.
+    (apart,) = judge([ddp, sequential], errors={"ddp": 1.0, "sequential": 1.0},
+                     noise_percent=1.0)
+    (unknown,) = judge([ddp, sequential], errors={"sequential": 3.0}, noise_percent=2.0)
+    for verdict in (apart, unknown):
+        assert verdict.tie is None and verdict.named is ddp and not verdict.fastest_among_tied
+    assert tie_summary([apart, unknown]) is None
 
 
 def test_each_hardware_is_judged_apart_and_a_cell_measured_twice_is_one_candidate() -> None:
@@ -256,6 +285,12 @@ def test_a_grid_measured_here_is_fitted_reported_and_recommended(output_root: Pa
         "contention", "communication", "fsdp_copies", "horovod_background",
         "pipedream_flatten"}
     assert len(fit["recommendations"]) == 2  # one verdict per workload
+    for verdict in fit["recommendations"]:  # and the recommender's answer, its tie rule applied
+        if verdict["tied"]:
+            assert verdict["tied"][0] == verdict["recommended"]
+            assert verdict["named"] in verdict["tied"]
+        else:
+            assert verdict["named"] == verdict["recommended"] and not verdict["fastest_among_tied"]
     # GPipe's two plans (one per network) were timed in place, once each, and kept.
     facts = json.loads((output_root / "facts" / "local_2cpu.json").read_text())
     assert sorted(entry["key"][0] for entry in facts["stages_in_place"]) == [

@@ -27,6 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from harness.analysis.calibration import noise_for_ties
 from harness.analysis.fit import (
     CellPrediction,
     accuracy,
@@ -39,7 +40,7 @@ from harness.analysis.fit import (
 )
 from harness.analysis.grid import MeasuredCell, load_grid, one_per_cell
 from harness.analysis.noise import NoiseFloor, noise_floor, noise_floor_per_model
-from harness.analysis.recommendations import judge, memory_verdicts
+from harness.analysis.recommendations import judge, memory_verdicts, tie_summary
 from harness.analysis.report import setting_label, write_report
 from harness.cli import command
 from harness.compose import compose_config
@@ -219,7 +220,12 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
     # hardware to fit on); with one network there is nothing to judge them by.
     note = leave_one_network_out_note(predictions)
     table = accuracy(by_cell, by_network, by_family)
-    verdicts = judge([p for p in by_network if p.fitted_from > 0])
+    # Judged as the recommender answers from this fit: its ties take each model's error on an
+    # unseen network and the grid's noise floor (harness.analysis.calibration).
+    verdicts = judge([p for p in by_network if p.fitted_from > 0],
+                     errors={row.model: row.network_mape for row in table
+                             if math.isfinite(row.network_mape)},
+                     noise_percent=tie_noise_percent(overall))
     fit_verdicts = memory_verdicts(measured, lambda cell: max(memory_per_worker_mb(
         cell.config, gather(cell.config, cache, timed=False))), predictions)
     fitted = [p for p in predictions if fit_on(p.cell)]
@@ -263,7 +269,12 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
             "workload": list(v.workload), "hardware": v.hardware,
             "fastest": setting_label(v.fastest.cell.config),
             "recommended": setting_label(v.recommended.cell.config),
-            "correct": v.correct, "time_lost_percent": v.time_lost_percent}
+            "correct": v.correct, "time_lost_percent": v.time_lost_percent,
+            # what the recommender names, its tie rule applied, and the options it called tied
+            "named": setting_label(v.named.cell.config), "named_correct": v.named_correct,
+            "named_time_lost_percent": v.named_time_lost_percent,
+            "tied": [setting_label(p.cell.config) for p in v.tied_predictions],
+            "fastest_among_tied": v.fastest_among_tied}
             for v in verdicts],
         "residuals": residuals(by_cell, by_network, by_family),
         "fit_in_memory": [{"run": v.cell.run_name, "status": v.cell.status,
@@ -351,6 +362,12 @@ def _log(uri: str, experiment: str, table, verdicts, files: list[Path]) -> None:
               f"{err}); the report is on disk", file=sys.stderr)
 
 
+def tie_noise_percent(floor: NoiseFloor) -> float:
+    """The noise floor the recommender's ties would take from this grid's fit.json."""
+    return noise_for_ties(floor.runs.percent if floor.runs.measured else None, floor.runs.cells,
+                          floor.percent if floor.measured else None)[0]
+
+
 def _kinds(floor: NoiseFloor) -> dict[str, dict[str, float | int | None]]:
     return {kind: {"percent": part.percent if part.measured else None, "cells": part.cells}
             for kind, part in (("repeats", floor.repeats), ("runs", floor.runs))}
@@ -398,6 +415,9 @@ def _print_summary(table, verdicts, fit_verdicts, folder: Path,  # noqa: ANN001
         print(f"recommendations right for {sum(v.correct for v in verdicts)} of "
               f"{len(verdicts)} workloads with their network held out (worst time lost "
               f"{lost:.1f} %)")
+        ties = tie_summary(verdicts)
+        if ties:
+            print(f"  {ties}")
     if fit_verdicts:
         print(f"fit in memory predicted right for {sum(v.right for v in fit_verdicts)} of "
               f"{len(fit_verdicts)} cells with a memory limit "

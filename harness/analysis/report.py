@@ -23,7 +23,7 @@ from harness.analysis.fit import (
     signed_error,
 )
 from harness.analysis.noise import NoiseFloor
-from harness.analysis.recommendations import MemoryVerdict, WorkloadVerdict
+from harness.analysis.recommendations import MemoryVerdict, WorkloadVerdict, tie_summary
 from harness.config import DistbenchConfig
 from harness.distributions.registry import baseline, spec_of
 from harness.partition import StagePlan
@@ -43,6 +43,15 @@ def setting_label(config: DistbenchConfig, plan: StagePlan | None = None) -> str
 
 def workload_label(workload: tuple[str, str]) -> str:
     return f"{workload[1]} / {workload[0]}"
+
+
+def _tied(verdict: WorkloadVerdict) -> str:
+    """The options the tie rule held tied (the measured fastest in bold), with the margin."""
+    if verdict.tie is None:
+        return "-"
+    labels = [f"**{setting_label(p.cell.config)}**" if p is verdict.fastest
+              else setting_label(p.cell.config) for p in verdict.tied_predictions]
+    return f"{', '.join(labels)} ({verdict.tie.margin_percent:.1f} %)"
 
 
 def _on_hardware(verdict: WorkloadVerdict, verdicts: Sequence[WorkloadVerdict]) -> str:
@@ -136,14 +145,18 @@ def write_report(folder: Path, *, experiment: str, uri: str,
         *_family_section(table),
         "", "## Recommendations, network held out, against the measured fastest", "",
         "| workload | configurations | measured fastest | recommended | right | time lost % "
+        "| tied within error and noise | the tie rule names | right | time lost % "
         "| raw equations recommend | raw time lost % |",
-        "|---|---:|---|---|---|---:|---|---:|",
+        "|---|---:|---|---|---|---:|---|---|---|---:|---|---:|",
         *(f"| {workload_label(v.workload)}{_on_hardware(v, verdicts)} | {v.candidates} | "
           f"{setting_label(v.fastest.cell.config)} ({v.fastest.measured_s:.3f} s) | "
           f"{setting_label(v.recommended.cell.config)} | {'yes' if v.correct else 'no'} | "
-          f"{v.time_lost_percent:.1f} | {setting_label(v.raw_recommended.cell.config)} | "
+          f"{v.time_lost_percent:.1f} | {_tied(v)} | {setting_label(v.named.cell.config)} | "
+          f"{'yes' if v.named_correct else 'no'} | {v.named_time_lost_percent:.1f} | "
+          f"{setting_label(v.raw_recommended.cell.config)} | "
           f"{v.raw_time_lost_percent:.1f} |" for v in verdicts),
-        "", f"Right: {sum(v.correct for v in verdicts)} of {len(verdicts)} workloads.",
+        "", f"Right: {sum(v.correct for v in verdicts)} of {len(verdicts)} workloads"
+            f"{'; ' + ties if (ties := tie_summary(verdicts)) else ''}.",
         *_fit_section(fit_verdicts),
         "", "## Fitted parameters (all cells of each hardware; what the recommender uses)", "",
         "| hardware | parameter | value | prior | meaning |", "|---|---|---:|---:|---|",
