@@ -22,7 +22,12 @@ from harness.compose import compose_config
 from harness.config import validate
 from harness.predict.ties import break_tie, tie_with_fastest
 from harness.records.mlflow_store import DEFAULT_STORE_FILE
-from harness.worker.steadiness import UNSTEADY_FOOTNOTE, Steadiness, reference_seconds
+from harness.worker.steadiness import (
+    UNSTEADY_FOOTNOTE,
+    Steadiness,
+    memory_reference_seconds,
+    reference_seconds,
+)
 from launchers.cells import summary_table
 from tests.helpers import run_module
 
@@ -45,8 +50,27 @@ def test_drift_or_spread_beyond_the_threshold_makes_a_cell_unsteady() -> None:
     assert one_epoch.epoch_cv is None and one_epoch.steady
 
 
-def test_the_reference_kernel_is_timed_on_the_device() -> None:
+def test_the_memory_bound_kernel_flags_a_host_whose_memory_bandwidth_moved() -> None:
+    """The matrix products run from the caches: a host whose memory bandwidth others took
+    shows only in the streaming kernel, and that alone makes the cell unsteady."""
+    held = Steadiness([0.027], [0.027], [[2.0, 2.0]], threshold=0.10,
+                      memory_before=[0.029, 0.028], memory_after=[0.030, 0.0385])
+    assert held.drift == 0.0 and held.memory_drift == pytest.approx(0.375)
+    assert held.reasons == ["the memory-bound reference kernel ran 38% slower after the cell "
+                            "than before it (the host's memory bandwidth moved)"]
+    metrics = held.metrics()
+    assert metrics["memory_kernel_ms_after"] == pytest.approx(38.5)
+    assert metrics["memory_kernel_drift"] == pytest.approx(0.375) and metrics["steady"] == 0.0
+    assert "memory-bound kernel +37.5%" in held.text()
+    # a cell recorded without it (a result of before): nothing said, nothing flagged
+    untimed = Steadiness([0.027], [0.027], [[2.0, 2.0]], threshold=0.10)
+    assert untimed.steady and "memory_kernel_drift" not in untimed.metrics()
+    assert "memory-bound" not in untimed.text()
+
+
+def test_the_reference_kernels_are_timed_on_the_device() -> None:
     assert reference_seconds("cpu") > 0
+    assert memory_reference_seconds("cpu") > 0
 
 
 def test_the_sweep_table_marks_an_unsteady_cell_and_says_why() -> None:
@@ -93,6 +117,9 @@ def test_a_cell_disturbed_mid_run_is_flagged_unsteady(output_root: Path) -> None
     assert result["status"] == "ok", result["error"]
     assert result["metrics"]["steady"] == 0.0, result["environment"]["steadiness"]
     assert result["environment"]["steadiness"].startswith("unsteady: ")
+    for kernel in ("reference_kernel", "memory_kernel"):  # both witnesses timed around it
+        assert result["metrics"][f"{kernel}_ms_before"] > 0
+        assert result["metrics"][f"{kernel}_ms_after"] > 0
     client = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
     run = client.get_run(result["mlflow_run_id"])
     assert run.data.metrics["steady"] == 0.0

@@ -58,7 +58,7 @@ from harness.worker.memory_limit import (
     lift_memory_limit,
     oom_error,
 )
-from harness.worker.steadiness import Steadiness, reference_seconds
+from harness.worker.steadiness import Steadiness, memory_reference_seconds, reference_seconds
 from harness.worker.watchdog import ProgressWatchdog
 from harness.worker_env import WorkerEnvironment, worker_environment
 from harness.workload import Workload, build_workload
@@ -105,6 +105,8 @@ class WorkerMeasurement:
     # The reference kernel's seconds before the trainer was built and after it finished
     # (harness.worker.steadiness): how much this worker's machine changed speed meanwhile.
     reference_seconds: tuple[float, float] = (0.0, 0.0)
+    # The memory-bound reference kernel's, timed with it.
+    memory_reference_seconds: tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,9 @@ class Measurement:
         return Steadiness(reference_before=[w.reference_seconds[0] for w in self.workers],
                           reference_after=[w.reference_seconds[1] for w in self.workers],
                           repeat_epochs=self.repeat_epoch_seconds(),
-                          threshold=self.steadiness_threshold)
+                          threshold=self.steadiness_threshold,
+                          memory_before=[w.memory_reference_seconds[0] for w in self.workers],
+                          memory_after=[w.memory_reference_seconds[1] for w in self.workers])
 
     @property
     def seeds(self) -> list[int]:
@@ -336,7 +340,7 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
     context = TrainingContext(config=config, workload=workload, device=device,
                               clock=PhaseClock(device, enabled=config.run.phase_timing),
                               session=session, heartbeat=beat)
-    reference_before = machine_speed(device, session)  # before the trainer starts anything
+    speed_before = machine_speed(device, session)  # before the trainer starts anything
     trainer = spec_of(config).trainer(context)
     progress.batches = trainer.worker_batches(progress.batches)
     memory = PeakMemory(device)
@@ -354,7 +358,7 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
         outcomes.append(outcome)
     trainer.finish()
     with memory.left_out():  # the reference kernel's memory is no part of the cell's
-        reference_after = machine_speed(device, session)
+        speed_after = machine_speed(device, session)
     return WorkerMeasurement(epochs=epochs, seeds=seeds, peak_memory_mb=memory.peak_mb(),
                              memory_kind=memory.kind,
                              parameter_digest=parameter_digest(workload.model),
@@ -362,16 +366,18 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
                              extra_metrics=trainer.extra_metrics(),
                              resolved_config=trainer.resolved_config(),
                              outcomes=outcomes,
-                             reference_seconds=(reference_before, reference_after))
+                             reference_seconds=(speed_before[0], speed_after[0]),
+                             memory_reference_seconds=(speed_before[1], speed_after[1]))
 
 
-def machine_speed(device: torch.device, session: WorkerSession) -> float:
-    """The reference kernel's seconds (`harness.worker.steadiness`), timed by the cell's
-    workers together: none times it while another still builds its trainer or finishes it (a
-    Horovod worker's background thread runs from `hvd.init` to `hvd.shutdown`, on the cores
-    the others time their kernel on: with it, 4 of 8 Horovod cells were still flagged)."""
+def machine_speed(device: torch.device, session: WorkerSession) -> tuple[float, float]:
+    """The reference kernels' seconds (`harness.worker.steadiness`: the matrix products, then
+    the memory-bound one), timed by the cell's workers together: none times them while another
+    still builds its trainer or finishes it (a Horovod worker's background thread runs from
+    `hvd.init` to `hvd.shutdown`, on the cores the others time their kernel on: with it, 4 of 8
+    Horovod cells were still flagged)."""
     session.barrier()
-    return reference_seconds(device)
+    return reference_seconds(device), memory_reference_seconds(device)
 
 
 def run_facts(config: DistbenchConfig, workload: Workload, trainer: Trainer) -> RunFacts:

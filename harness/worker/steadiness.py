@@ -12,6 +12,13 @@ witnesses, both recorded with every cell:
   because the kernel must measure the machine, not OpenMP: on this 2-core VM the same products
   on two threads took 42-184 ms from one trial to the next on an idle machine, on one thread
   17.1-17.2 ms;
+- a memory-bound reference kernel (streaming additions over arrays far larger than the caches),
+  timed with it: the matrix products run from the caches and do not see a host whose memory
+  bandwidth others take. Over four quiet minutes here (BENCHMARKS.md section 17, nineteenth
+  session) the products held within 26.3-27.1 ms while the streaming kernel went from 28 to
+  39 ms in episodes of a few seconds, and a MobileNetV2 step (memory-bound: depthwise
+  convolutions) from 425 to 573 ms with it (correlation 0.72 with the streaming kernel, 0.48
+  with the products; ResNet-18's steps moved 2 %);
 - the spread of the cell's own epochs (their coefficient of variation within each repeat): a
   disturbance that came and went between the two timings shows there.
 
@@ -64,6 +71,40 @@ def reference_seconds(device: object = "cpu") -> float:
         torch.set_num_threads(threads)
 
 
+# The memory-bound kernel, per device type: (elements of each of its three float32 arrays,
+# additions per trial). On a CPU three 64 MB arrays (past any cache of this VM's), four
+# additions: about 29 ms here. On a GPU 256 MB arrays and 32 additions, a few milliseconds at
+# an H200's bandwidth (not yet measured on one).
+_MEMORY_KERNEL = {"cpu": (16 * 2**20, 4), "cuda": (64 * 2**20, 32)}
+
+
+def memory_reference_seconds(device: object = "cpu") -> float:
+    """Median seconds of the memory-bound reference kernel on `device` (one CPU thread,
+    restored after): `out = a + b` over arrays far larger than the caches, timed
+    REFERENCE_TRIALS times after one untimed trial (which also faults the arrays in)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    elements, additions = _MEMORY_KERNEL.get(torch.device(device).type, _MEMORY_KERNEL["cpu"])  # type: ignore[call-overload]
+    try:
+        left = torch.ones(elements, device=device)  # type: ignore[call-overload]
+        right = torch.full((elements,), 0.5, device=device)  # type: ignore[call-overload]
+        out = torch.empty(elements, device=device)  # type: ignore[call-overload]
+        trials = []
+        for trial in range(REFERENCE_TRIALS + 1):
+            _synchronize(device)
+            started = time.perf_counter()
+            for _ in range(additions):
+                torch.add(left, right, out=out)
+            _synchronize(device)
+            if trial:
+                trials.append(time.perf_counter() - started)
+        return statistics.median(trials)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _synchronize(device: object) -> None:
     import torch
 
@@ -81,14 +122,20 @@ class Steadiness:
     # The epochs' seconds of each repeat (the cell's, i.e. its slowest worker's).
     repeat_epochs: Sequence[Sequence[float]]
     threshold: float
+    # Per worker: the memory-bound kernel's seconds before and after (empty: not timed).
+    memory_before: Sequence[float] = ()
+    memory_after: Sequence[float] = ()
 
     @property
     def drift(self) -> float:
         """The largest relative change of the reference kernel over the cell, on any worker
         (+0.25: 25 % slower after the cell than before)."""
-        changes = [after / before - 1 for before, after in
-                   zip(self.reference_before, self.reference_after) if before > 0]
-        return max(changes, key=abs, default=0.0)
+        return _largest_change(self.reference_before, self.reference_after)
+
+    @property
+    def memory_drift(self) -> float:
+        """The same of the memory-bound kernel (0 where it was not timed)."""
+        return _largest_change(self.memory_before, self.memory_after)
 
     @property
     def epoch_cv(self) -> float | None:
@@ -106,6 +153,11 @@ class Steadiness:
             direction = "slower" if self.drift > 0 else "faster"
             reasons.append(f"the reference kernel ran {abs(self.drift):.0%} {direction} after "
                            f"the cell than before it")
+        if abs(self.memory_drift) > self.threshold:
+            direction = "slower" if self.memory_drift > 0 else "faster"
+            reasons.append(f"the memory-bound reference kernel ran {abs(self.memory_drift):.0%} "
+                           f"{direction} after the cell than before it (the host's memory "
+                           f"bandwidth moved)")
         cv = self.epoch_cv
         if cv is not None and cv > self.threshold:
             reasons.append(f"its epochs varied by {cv:.0%} (coefficient of variation)")
@@ -122,6 +174,11 @@ class Steadiness:
             "reference_kernel_ms_after": 1e3 * max(self.reference_after, default=0.0),
             "reference_kernel_drift": self.drift,
         }
+        if self.memory_before and self.memory_after:
+            measured.update({
+                "memory_kernel_ms_before": 1e3 * max(self.memory_before),
+                "memory_kernel_ms_after": 1e3 * max(self.memory_after),
+                "memory_kernel_drift": self.memory_drift})
         if self.epoch_cv is not None:
             measured["epoch_cv"] = self.epoch_cv
         return measured
@@ -130,11 +187,18 @@ class Steadiness:
         """One line for the record: 'steady (...)' or 'unsteady: why; why'."""
         cv = self.epoch_cv
         figures = (f"reference kernel {self.drift:+.1%} over the cell"
+                   + (f", memory-bound kernel {self.memory_drift:+.1%}" if self.memory_before
+                      else "")
                    + (f", epochs cv {cv:.1%}" if cv is not None else "")
                    + f"; threshold {self.threshold:.0%}")
         if self.steady:
             return f"steady ({figures})"
         return f"unsteady: {'; '.join(self.reasons)} ({figures})"
+
+
+def _largest_change(before: Sequence[float], after: Sequence[float]) -> float:
+    changes = [end / start - 1 for start, end in zip(before, after) if start > 0]
+    return max(changes, key=abs, default=0.0)
 
 
 def machine_speed_ms(metrics: Mapping[str, float]) -> float | None:
