@@ -372,12 +372,22 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
 
 def machine_speed(device: torch.device, session: WorkerSession) -> tuple[float, float]:
     """The reference kernels' seconds (`harness.worker.steadiness`: the matrix products, then
-    the memory-bound one), timed by the cell's workers together: none times them while another
-    still builds its trainer or finishes it (a Horovod worker's background thread runs from
-    `hvd.init` to `hvd.shutdown`, on the cores the others time their kernel on: with it, 4 of 8
-    Horovod cells were still flagged)."""
+    the memory-bound one). The products are timed by the cell's workers together: none times
+    them while another still builds its trainer or finishes it (a Horovod worker's background
+    thread runs from `hvd.init` to `hvd.shutdown`, on the cores the others time their kernel
+    on: with it, 4 of 8 Horovod cells were still flagged). The memory-bound kernel is timed by
+    one worker at a time, the others waiting at a barrier: two streams at once share the
+    memory bandwidth, and how much of their trials overlapped read as drift (28 to 46 ms for
+    the same two workers of one cell, before and after)."""
     session.barrier()
-    return reference_seconds(device), memory_reference_seconds(device)
+    compute = reference_seconds(device)
+    memory = 0.0
+    for turn in range(session.env.world_size):
+        session.barrier()
+        if turn == session.env.rank:
+            memory = memory_reference_seconds(device)
+    session.barrier()  # nobody goes on to build or record while the last one times it
+    return compute, memory
 
 
 def run_facts(config: DistbenchConfig, workload: Workload, trainer: Trainer) -> RunFacts:
