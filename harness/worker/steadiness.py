@@ -18,7 +18,8 @@ witnesses, both recorded with every cell:
   session) the products held within 26.3-27.1 ms while the streaming kernel went from 28 to
   39 ms in episodes of a few seconds, and a MobileNetV2 step (memory-bound: depthwise
   convolutions) from 425 to 573 ms with it (correlation 0.72 with the streaming kernel, 0.48
-  with the products; ResNet-18's steps moved 2 %);
+  with the products; ResNet-18's steps moved 2 %). The workers time it one at a time
+  (`harness.worker.run.machine_speed`): two streams at once share the bandwidth;
 - the spread of the cell's own epochs (their coefficient of variation within each repeat): a
   disturbance that came and went between the two timings shows there.
 
