@@ -50,19 +50,18 @@ def test_drift_or_spread_beyond_the_threshold_makes_a_cell_unsteady() -> None:
     assert one_epoch.epoch_cv is None and one_epoch.steady
 
 
-def test_the_memory_bound_kernel_flags_a_host_whose_memory_bandwidth_moved() -> None:
-    """The matrix products run from the caches: a host whose memory bandwidth others took
-    shows only in the streaming kernel, and that alone makes the cell unsteady."""
+def test_the_memory_bound_kernel_is_recorded_not_judged() -> None:
+    """The streaming kernel's snapshot before and after a cell moved by up to 18 % around cells
+    whose epochs held within 4 %: it is recorded beside the products, and flags nothing."""
     held = Steadiness([0.027], [0.027], [[2.0, 2.0]], threshold=0.10,
                       memory_before=[0.029, 0.028], memory_after=[0.030, 0.0385])
     assert held.drift == 0.0 and held.memory_drift == pytest.approx(0.375)
-    assert held.reasons == ["the memory-bound reference kernel ran 38% slower after the cell "
-                            "than before it (the host's memory bandwidth moved)"]
+    assert held.steady and held.reasons == []
     metrics = held.metrics()
     assert metrics["memory_kernel_ms_after"] == pytest.approx(38.5)
-    assert metrics["memory_kernel_drift"] == pytest.approx(0.375) and metrics["steady"] == 0.0
+    assert metrics["memory_kernel_drift"] == pytest.approx(0.375) and metrics["steady"] == 1.0
     assert "memory-bound kernel +37.5%" in held.text()
-    # a cell recorded without it (a result of before): nothing said, nothing flagged
+    # a cell recorded without it (a result of before): nothing said
     untimed = Steadiness([0.027], [0.027], [[2.0, 2.0]], threshold=0.10)
     assert untimed.steady and "memory_kernel_drift" not in untimed.metrics()
     assert "memory-bound" not in untimed.text()
