@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 # The reference kernel, per device type: (matrix size, products). On a CPU 24 products of two
@@ -56,24 +56,10 @@ def reference_seconds(device: object = "cpu") -> float:
     """Median seconds of the reference kernel on `device`, on one CPU thread (restored after)."""
     import torch
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     size, products = _KERNEL.get(torch.device(device).type, _KERNEL["cpu"])  # type: ignore[call-overload]
-    try:
-        left = torch.ones(size, size, device=device)  # type: ignore[call-overload]
-        right = torch.full((size, size), 0.5, device=device)  # type: ignore[call-overload]
-        trials = []
-        for trial in range(REFERENCE_TRIALS + 1):  # the first warms the allocator and caches
-            _synchronize(device)
-            started = time.perf_counter()
-            for _ in range(products):
-                torch.mm(left, right)
-            _synchronize(device)
-            if trial:
-                trials.append(time.perf_counter() - started)
-        return statistics.median(trials)
-    finally:
-        torch.set_num_threads(threads)
+    left = torch.ones(size, size, device=device)  # type: ignore[call-overload]
+    right = torch.full((size, size), 0.5, device=device)  # type: ignore[call-overload]
+    return _median_trial_seconds(device, lambda: torch.mm(left, right), products)
 
 
 # The memory-bound kernel, per device type: (elements of each of its three float32 arrays,
@@ -85,23 +71,32 @@ _MEMORY_KERNEL = {"cpu": (16 * 2**20, 4), "cuda": (64 * 2**20, 32)}
 
 def memory_reference_seconds(device: object = "cpu") -> float:
     """Median seconds of the memory-bound reference kernel on `device` (one CPU thread,
-    restored after): `out = a + b` over arrays far larger than the caches, timed
-    REFERENCE_TRIALS times after one untimed trial (which also faults the arrays in)."""
+    restored after): `out = a + b` over arrays far larger than the caches (the untimed first
+    trial also faults them in)."""
+    import torch
+
+    elements, additions = _MEMORY_KERNEL.get(torch.device(device).type, _MEMORY_KERNEL["cpu"])  # type: ignore[call-overload]
+    left = torch.ones(elements, device=device)  # type: ignore[call-overload]
+    right = torch.full((elements,), 0.5, device=device)  # type: ignore[call-overload]
+    out = torch.empty(elements, device=device)  # type: ignore[call-overload]
+    return _median_trial_seconds(device, lambda: torch.add(left, right, out=out), additions)
+
+
+def _median_trial_seconds(device: object, operation: Callable[[], object],
+                          repeats: int) -> float:
+    """Median seconds of `repeats` runs of `operation`, over REFERENCE_TRIALS trials after one
+    untimed trial (which warms the allocator and caches), on one CPU thread (restored after)."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    elements, additions = _MEMORY_KERNEL.get(torch.device(device).type, _MEMORY_KERNEL["cpu"])  # type: ignore[call-overload]
     try:
-        left = torch.ones(elements, device=device)  # type: ignore[call-overload]
-        right = torch.full((elements,), 0.5, device=device)  # type: ignore[call-overload]
-        out = torch.empty(elements, device=device)  # type: ignore[call-overload]
         trials = []
         for trial in range(REFERENCE_TRIALS + 1):
             _synchronize(device)
             started = time.perf_counter()
-            for _ in range(additions):
-                torch.add(left, right, out=out)
+            for _ in range(repeats):
+                operation()
             _synchronize(device)
             if trial:
                 trials.append(time.perf_counter() - started)
