@@ -57,6 +57,7 @@ MAX_LATENCY_US = 1e9  # 1,000 s
 MAX_PRICE_PER_HOUR = 1e6
 MAX_EPOCHS = 1_000_000
 MAX_REPEATS = 100_000
+MAX_PROBE_ROUNDS = 100  # each round repeats the whole probe: 100 of them take hours
 MAX_MESSAGE_BYTES = 2**34  # 16 GiB: more than one device holds
 NAME_CHARS = 255
 MAX_BUFFER_MB = 1e5  # a gradient bucket or fusion buffer: at most a device's memory
@@ -602,6 +603,10 @@ class ProbeConfig:
     repeats: int = field(default=10, metadata=integer(1, MAX_REPEATS, "repetitions"))
     # Untimed repetitions first (connection set-up, allocator).
     warmup: int = field(default=2, metadata=integer(0, MAX_REPEATS, "repetitions"))
+    # Every figure is measured this many times, one round after the other, and kept at its
+    # median across them; their spread is the probe's own noise, kept in the profile
+    # (harness.probe_rounds). 1 round: its noise is not known.
+    rounds: int = field(default=3, metadata=integer(1, MAX_PROBE_ROUNDS, "rounds"))
 
     def __post_init__(self) -> None:
         require(len(self.message_bytes) >= 2 and all(size > 0 for size in self.message_bytes),

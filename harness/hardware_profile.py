@@ -19,6 +19,7 @@ from typing import Any
 
 from harness.cli import StateError
 from harness.config import ConfigError, HardwareConfig
+from harness.probe_rounds import ROUNDS_FACT, largest_spread
 from harness.units import BYTES_PER_MB
 from workloads.datasets.atomic import write_json_atomic
 
@@ -251,6 +252,11 @@ def link_line(hardware: HardwareConfig, profile: HardwareProfile | None) -> str 
         return (f"links: hardware {hardware.name}'s configured speeds (no harness.probe "
                 f"profile yet; python -m harness.probe hardware={hardware.name} measures them)")
     line = f"links: measured by harness.probe, {_measured_at(profile)}"
+    rounds = profile.facts.get(ROUNDS_FACT)
+    spread = largest_spread(rounds)
+    if rounds is not None and spread is not None:  # a profile from before rounds has none
+        line += (f", in {rounds['rounds']} rounds (their spread up to {spread:.0%}: "
+                 f"harness.probe's own noise)")
     if profile.compute_lost_s_per_mb() > 0:
         line += (f"; an allreduce between nodes takes {1e3 * profile.compute_lost_s_per_mb():.2f}"
                  f" ms of a worker's compute per MB")

@@ -11,8 +11,10 @@ over the same torch.distributed backend the distribution models use:
 - allreduce: among the first k workers for every k from 2 to W, at every message size.
 
 Each figure is the median of `probe.repeats` timed repetitions after `probe.warmup` untimed
-ones, with devices synchronised. Rank 0 writes the profile (`hardware_profile.json`) into the
-probe's directory and as the latest profile of the hardware
+ones, with devices synchronised; the whole is measured `probe.rounds` times, one round after
+the other, each figure kept at its median across the rounds and their spread recorded beside
+it (`harness.probe_rounds`): the probe's own noise. Rank 0 writes the profile
+(`hardware_profile.json`) into the probe's directory and as the latest profile of the hardware
 (`<run.output_dir>/hardware_profiles/<hardware>.json`, which the predictors read), and logs it
 to MLflow (experiment `hardware_probe`).
 """
@@ -45,6 +47,7 @@ from harness.hardware_profile import (
     profile_path,
 )
 from harness.preflight import check_device_here, check_launcher, check_writable_dir
+from harness.probe_rounds import ROUNDS_FACT, largest_spread, spread_line
 from harness.records.mlflow_store import tracking_uri
 from harness.records.tracking import log_run
 from harness.worker_env import log_to_stderr
@@ -103,6 +106,12 @@ def record_profile(profile: HardwareProfile, config: DistbenchConfig, output_dir
                 entry.cost.bandwidth_bytes_per_s / 1e6
         if COMPUTE_LOST_FACT in profile.facts:
             metrics[COMPUTE_LOST_FACT] = float(profile.facts[COMPUTE_LOST_FACT])
+        rounds = profile.facts.get(ROUNDS_FACT)
+        if rounds is not None:
+            metrics["rounds"] = float(rounds["rounds"])
+            spread = largest_spread(rounds)
+            if spread is not None:
+                metrics["rounds_spread_max"] = spread
         try:
             log_run(uri=tracking_uri(config.tracking.uri, config.run.output_dir),
                     experiment=EXPERIMENT, run_name=f"probe-{profile.hardware}",
@@ -132,6 +141,8 @@ def summary(profile: HardwareProfile) -> str:
         lines.append(f"allreduce among {entry.workers}: latency "
                      f"{entry.cost.latency_s * 1e6:.1f} us, bandwidth "
                      f"{entry.cost.bandwidth_bytes_per_s / 1e6:.1f} MB/s")
+    if ROUNDS_FACT in profile.facts:
+        lines.append(spread_line(profile.facts[ROUNDS_FACT]))
     if COMPUTE_LOST_FACT in profile.facts:
         lines.append(f"an allreduce between nodes takes {profile.facts[COMPUTE_LOST_FACT]:.2f} "
                      f"ms of a worker's compute per MB, beside it")

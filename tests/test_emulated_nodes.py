@@ -69,7 +69,7 @@ def test_cells_across_emulated_nodes_talk_over_the_shaped_link_only(
 def test_the_probe_measures_the_shaped_rate(emulated_nodes: object, output_root: Path) -> None:
     done = _harness(output_root, "harness.probe", "hydra/launcher=submitit_slurm",
                     f"hardware={EMULATED_HARDWARE}", "probe.repeats=3", "probe.warmup=1",
-                    "probe.message_bytes=[8,1048576,4194304]")
+                    "probe.message_bytes=[8,1048576,4194304]", "probe.rounds=2")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     (path,) = (output_root / "hardware_profiles").glob("*.json")
     profile = HardwareProfile.load(path)
@@ -85,6 +85,8 @@ def test_the_probe_measures_the_shaped_rate(emulated_nodes: object, output_root:
     assert len(profile.facts["compute_lost_ms_per_mb_per_worker"]) == 2
     assert 0 < profile.compute_lost_s_per_mb() < 0.1
     assert "ms of a worker's compute per MB" in done.stdout
+    # each worker's loss measured in both rounds, its median kept
+    assert "compute lost" in profile.facts["probe_rounds"]["spread"]
     # FSDP's collectives timed after compute, at each size: a 4 MB all-gather puts 2 MB on
     # each worker's link, which the rate lets through in no less than 2 MB / 25 MB/s, less
     # its bucket

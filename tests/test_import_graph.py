@@ -207,7 +207,7 @@ HARNESS_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
       "harness.predict", "harness.predict.terms", "harness.predict.memory",
       "harness.predict.allreduce", "harness.predict.activations", "harness.predict.overlap",
       "harness.metrics", "harness.allocator", "harness.timing_rule", "harness.distributed",
-      "harness.links",
+      "harness.links", "harness.probe_rounds",
       "harness.workload", "harness.evaluation", "harness.profiler", "harness.environment",
       "harness.preflight")),
     ("the distribution models", ("harness.distributions.*",)),

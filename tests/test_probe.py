@@ -17,12 +17,22 @@ from harness.hardware_profile import (
     HardwareProfile,
     MeasuredCurve,
     fit_cost,
+    link_line,
     profile_path,
+)
+from harness.probe_rounds import (
+    ROUNDS_FACT,
+    largest_spread,
+    median_across_rounds,
+    rounds_fact,
+    spread_across_rounds,
+    spread_line,
 )
 from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from tests.helpers import run_module
 
-SMALL_PROBE = ["probe.repeats=3", "probe.warmup=1", "probe.message_bytes=[8,65536,1048576]"]
+SMALL_PROBE = ["probe.repeats=3", "probe.warmup=1", "probe.message_bytes=[8,65536,1048576]",
+               "probe.rounds=2"]
 
 
 def test_the_fit_reads_latency_at_the_smallest_message_and_bandwidth_from_the_slope() -> None:
@@ -137,11 +147,56 @@ def test_the_probe_measures_two_local_workers_and_records_the_profile(
         assert timed is not None and timed.nbytes == (8.0, 65536.0, 1048576.0)
         assert all(seconds > 0 for seconds in timed.seconds)
     assert "after 20 ms of compute, an all-gather of 1.0 MB among 2 takes" in done.stdout
+    # Every figure measured in two rounds, kept at their median, their spread beside it
+    rounds = profile.facts[ROUNDS_FACT]
+    figures = {"link 0-1", "allreduce among 2", "all_gather after compute",
+               "reduce_scatter after compute"}
+    assert rounds["rounds"] == 2 and set(rounds["values"]) == set(rounds["spread"]) == figures
+    assert all(len(values) == 2 and all(len(sizes) == 3 for sizes in values)
+               for values in rounds["values"].values())
+    assert link.samples["seconds"] == pytest.approx(
+        [sum(sizes) / 2 for sizes in zip(*rounds["values"]["link 0-1"])])
+    assert "measured in 2 rounds, each figure the median across them" in done.stdout
+    assert ", in 2 rounds (their spread up to" in link_line(
+        validate(compose_config(["hardware=local_2cpu"])).hardware, profile)
     client = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
     (run,) = client.search_runs([client.get_experiment_by_name("hardware_probe").experiment_id])
     assert run.data.metrics["link_latency_us_max"] == pytest.approx(link.cost.latency_s * 1e6)
+    assert run.data.metrics["rounds"] == 2
+    assert run.data.metrics["rounds_spread_max"] == pytest.approx(max(rounds["spread"].values()))
     assert run.data.params["hardware.name"] == "local_2cpu"
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["hardware_profile.json"]
+
+
+def test_a_round_disturbed_for_seconds_does_not_move_the_probes_figures() -> None:
+    """One round of three met a disturbance (the 8-byte ping-pong at 1620 us, as a probe
+    started at a sweep's end read it, against 84 us): each size's median across the rounds is
+    a quiet round's, and the rounds' spread says that they disagreed."""
+    quiet, disturbed = [84e-6, 1.0e-3, 9.0e-3], [1620e-6, 1.2e-3, 9.5e-3]
+    rounds = [quiet, disturbed, [90e-6, 1.1e-3, 8.8e-3]]
+    assert median_across_rounds(rounds) == [90e-6, 1.1e-3, 9.0e-3]
+    spread = spread_across_rounds(rounds)
+    assert spread == pytest.approx((1.2e-3 - 1.0e-3) / 1.1e-3)  # the median size's spread
+    assert spread_across_rounds([quiet]) is None  # one round: its noise is unknown
+    fact = rounds_fact({"link 0-1": rounds})
+    assert fact["rounds"] == 3 and largest_spread(fact) == pytest.approx(spread)
+    assert "link 0-1 18%" in spread_line(fact)
+    one = rounds_fact({"link 0-1": [quiet]})
+    assert largest_spread(one) is None and "its spread is not known" in spread_line(one)
+    with pytest.raises(ValueError, match="one value per size"):
+        median_across_rounds([quiet, quiet[:2]])
+
+
+@given(st.lists(st.lists(st.floats(1e-7, 10.0), min_size=3, max_size=3), min_size=1,
+                max_size=7))
+def test_a_figures_median_across_rounds_lies_within_them(rounds: list[list[float]]) -> None:
+    medians = median_across_rounds(rounds)
+    for size, median in enumerate(medians):
+        values = [values[size] for values in rounds]
+        assert min(values) <= median <= max(values)
+    spread = spread_across_rounds(rounds)
+    assert (spread is None) == (len(rounds) == 1)
+    assert spread is None or spread >= 0
 
 
 def test_the_probe_refuses_a_single_worker(output_root: Path) -> None:

@@ -15,6 +15,7 @@ import socket
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from harness.hardware_profile import (
     fit_cost,
 )
 from harness.metrics import median_seconds
+from harness.probe_rounds import ROUNDS_FACT, median_across_rounds, rounds_fact
 from harness.worker_env import log_to_stderr, worker_environment
 
 log = logging.getLogger(__name__)
@@ -257,48 +259,107 @@ def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
         if not env.is_distributed:
             raise RuntimeError(f"hardware={config.hardware.name} has one worker: there is "
                                f"nothing to probe between workers")
-        log.info("rank %d: probing %d links and allreduce among 2..%d workers", env.rank,
-                 env.world_size * (env.world_size - 1) // 2, env.world_size)
-        links = session.all_gather(measure_links(session, device, config.probe))
-        allreduce = measure_allreduce(session, device, config.probe)
-        # Only where it is used: CPU workers on nodes of their own, whose allreduces run
-        # beside the backward (on one machine they take their turn; a GPU's run on its links).
-        lost = (session.all_gather(measure_compute_lost(session, config.probe))
-                if device.type == "cpu" and config.hardware.nodes > 1 else None)
-        # FSDP's collectives take their turn with a CPU worker's compute (distributions.fsdp)
-        after_compute = (measure_collectives_after_compute(config.probe)
-                         if device.type == "cpu" else None)
+        log.info("rank %d: probing %d links and allreduce among 2..%d workers, %d round(s)",
+                 env.rank, env.world_size * (env.world_size - 1) // 2, env.world_size,
+                 config.probe.rounds)
+        rounds = [measure_round(session, device, config) for _ in range(config.probe.rounds)]
         # The node as the scheduler names it (SLURM's test cluster runs its nodes on one host).
         hosts = session.all_gather(os.environ.get("SLURMD_NODENAME", socket.gethostname()))
         shaping = session.all_gather(None if session.link is None else session.link.shaping)
     if not env.is_main:
         return None
-    profile = assemble_profile(config, device, session, links, allreduce, hosts)
+    figures = round_figures(rounds)
+    profile = assemble_profile(config, device, session, figures, hosts)
+    profile.facts[ROUNDS_FACT] = rounds_fact(figures)
     if any(shaping):  # emulated nodes: how each node's link was shaped (hardware.link)
         profile.facts["link_shaping"] = shaping
-    if lost is not None:  # every worker's; the models read the median
+    if rounds[0].lost is not None:  # every worker's; the models read the median
+        lost = median_across_rounds(figures[_LOST])
         profile.facts[COMPUTE_LOST_FACT] = statistics.median(lost)
         profile.facts["compute_lost_ms_per_mb_per_worker"] = lost
-    if after_compute is not None:
+    if rounds[0].after_compute is not None:
         profile.facts[COLLECTIVES_AFTER_COMPUTE_FACT] = {
             "workers": env.world_size, "compute_before_ms": _COMPUTE_BEFORE_COLLECTIVE_S * 1e3,
-            "bytes": [float(n) for n in config.probe.message_bytes], **after_compute}
+            "bytes": [float(n) for n in config.probe.message_bytes],
+            **{name: median_across_rounds(figures[_after_compute(name)])
+               for name in _AFTER_COMPUTE}}
     profile.save(output_dir / PROFILE_FILE)
     return profile.to_json()
 
 
+@dataclass(frozen=True)
+class ProbeRound:
+    """One round of every figure, as rank 0 holds them (every worker's links and losses)."""
+
+    links: dict[tuple[int, int], list[float]]  # (i, j), i < j -> one-way seconds per size
+    allreduce: dict[int, list[float]]  # among the first k -> seconds per size
+    lost: list[float] | None  # per worker, ms of compute per MB (CPU workers between nodes)
+    after_compute: dict[str, list[float]] | None  # all_gather, reduce_scatter -> s per size
+
+
+def measure_round(session: WorkerSession, device: torch.device,
+                  config: DistbenchConfig) -> ProbeRound:
+    """Every figure once (`probe.rounds` of these, one after the other: a disturbance of a
+    few seconds meets one round, and each figure is the median across them)."""
+    by_rank = session.all_gather(measure_links(session, device, config.probe))
+    links = {pair: seconds for measured in by_rank for pair, seconds in measured.items()}
+    allreduce = measure_allreduce(session, device, config.probe)
+    # Only where it is used: CPU workers on nodes of their own, whose allreduces run
+    # beside the backward (on one machine they take their turn; a GPU's run on its links).
+    lost = (session.all_gather(measure_compute_lost(session, config.probe))
+            if device.type == "cpu" and config.hardware.nodes > 1 else None)
+    # FSDP's collectives take their turn with a CPU worker's compute (distributions.fsdp)
+    after_compute = (measure_collectives_after_compute(config.probe)
+                     if device.type == "cpu" else None)
+    return ProbeRound(links, allreduce, lost, after_compute)
+
+
+_LOST = "compute lost"
+_AFTER_COMPUTE = ("all_gather", "reduce_scatter")
+
+
+def _link(pair: tuple[int, int]) -> str:
+    return f"link {pair[0]}-{pair[1]}"
+
+
+def _allreduce(workers: int) -> str:
+    return f"allreduce among {workers}"
+
+
+def _after_compute(collective: str) -> str:
+    return f"{collective} after compute"
+
+
+def round_figures(rounds: list[ProbeRound]) -> dict[str, list[list[float]]]:
+    """Each figure's values per round, by the name the profile's rounds fact gives it."""
+    first = rounds[0]
+    figures = {_link(pair): [r.links[pair] for r in rounds] for pair in sorted(first.links)}
+    figures.update({_allreduce(k): [r.allreduce[k] for r in rounds]
+                    for k in sorted(first.allreduce)})
+    if first.lost is not None:
+        figures[_LOST] = [r.lost or [] for r in rounds]
+    if first.after_compute is not None:
+        figures.update({_after_compute(name): [(r.after_compute or {})[name] for r in rounds]
+                        for name in _AFTER_COMPUTE})
+    return figures
+
+
 def assemble_profile(config: DistbenchConfig, device: torch.device, session: WorkerSession,
-                     links: list[dict[tuple[int, int], list[float]]],
-                     allreduce: dict[int, list[float]], hosts: list[str]) -> HardwareProfile:
+                     figures: dict[str, list[list[float]]], hosts: list[str]) -> HardwareProfile:
+    """The profile of the figures' medians across the rounds (`round_figures`)."""
     sizes = [float(n) for n in config.probe.message_bytes]
     per_node = config.hardware.workers_per_node
+    pairs = itertools.combinations(range(session.env.world_size), 2)
+    workers = range(2, session.env.world_size + 1)
+    links = {pair: median_across_rounds(figures[_link(pair)]) for pair in pairs}
+    allreduce = {k: median_across_rounds(figures[_allreduce(k)]) for k in workers}
     measured_links = [
         Link(low, high, low // per_node == high // per_node, fit_cost(sizes, seconds),
              {"bytes": sizes, "seconds": seconds})
-        for by_rank in links for (low, high), seconds in sorted(by_rank.items())]
+        for (low, high), seconds in links.items()]
     measured_allreduce = [AllreduceCost(k, fit_cost(sizes, seconds),
                                         {"bytes": sizes, "seconds": seconds})
-                          for k, seconds in sorted(allreduce.items())]
+                          for k, seconds in allreduce.items()]
     facts = {"device": device.type, "backend": session.backend, "hosts": hosts,
              "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
              "repeats": config.probe.repeats}
