@@ -109,6 +109,8 @@ class Option:
     range_source: str = ""
     # The fit's error of the model on an unseen network, percent (None: uncalibrated).
     error_percent: float | None = None
+    # The memory model's error on an unseen network, percent (None: not measured).
+    memory_error_percent: float | None = None
 
 
 def worker_counts(config: DistbenchConfig) -> list[tuple[int, int]]:
@@ -298,7 +300,8 @@ def _predict(candidate: DistbenchConfig, asked: DistbenchConfig, fitted: Fitted,
         plan.stage_string() if plan is not None else None,
         list(plan.balance) if plan is not None else None,
         step.measured_batch if step is not None and step.scaled else None,
-        calibration.calibrated, calibration.why, calibration.error_percent)
+        calibration.calibrated, calibration.why, calibration.error_percent,
+        calibration.memory_error_percent)
 
 
 def _step_spread(step: StepTime | None, median: float) -> tuple[float, float]:

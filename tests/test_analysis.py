@@ -351,10 +351,11 @@ def test_analysis_and_recommend_reject_bad_input_in_one_line(output_root: Path) 
 def _write_fit(folder: Path, hardware: dict[str, dict[str, float]], *,
                networks: tuple[str, ...] = ("mobilenetv2", "resnet18"),
                models: dict[str, int] | None = None,
-               errors: dict[str, float] | None = None) -> Path:
+               errors: dict[str, float] | None = None,
+               memory_errors: dict[str, float] | None = None) -> Path:
     """A fit.json as `harness.analysis` writes it, by hand: `hardware`'s parameters, fitted on
-    cells of `networks` and `models` (cells per model), with `errors` (leave one network out,
-    percent) per model."""
+    cells of `networks` and `models` (cells per model), with `errors` and `memory_errors` of
+    the time and memory models (leave one network out, percent) per model."""
     models = {"ddp": 2, "sequential": 2} if models is None else models
     errors = {model: 5.0 for model in models} if errors is None else errors
     folder.mkdir(parents=True)
@@ -363,8 +364,9 @@ def _write_fit(folder: Path, hardware: dict[str, dict[str, float]], *,
         "hardware": {name: {"params": params, "runtime_mb": 100.0,
                             "cells": sum(models.values()), "networks": list(networks),
                             "models": models} for name, params in hardware.items()},
-        "accuracy": [{"model": model, "network_mape": error} for model, error in
-                     errors.items()]}))
+        "accuracy": [{"model": model, "network_mape": error,
+                      "memory_mape": (memory_errors or {}).get(model, float("nan"))}
+                     for model, error in errors.items()]}))
     return path
 
 
@@ -433,8 +435,12 @@ def test_a_fit_calibrates_only_the_models_it_measured_with_two_networks(
 
     params = {"local_2cpu": {"contention": 1.1}}
     two = Fitted.load(_write_fit(output_root / "analysis" / "two", params,
-                                 errors={"ddp": 8.0, "sequential": 4.0}), "local_2cpu")
+                                 errors={"ddp": 8.0, "sequential": 4.0},
+                                 memory_errors={"ddp": 4.8}), "local_2cpu")
     ddp, horovod = two.calibration("ddp"), two.calibration("horovod")
+    # the memory model's error too, which less memory must beat to break a tie (NaN: none)
+    assert (ddp.memory_error_percent, two.calibration("sequential").memory_error_percent) == \
+        (4.8, None)
     assert ddp.calibrated and ddp.widen(0.9, 1.0, 1.1) == pytest.approx((0.9 * 0.92, 1.1 * 1.08))
     assert not horovod.calibrated and "has no cell of the model" in horovod.why
     assert horovod.widen(0.9, 1.0, 1.1) == pytest.approx((0.9 / RAW_ERROR_FACTOR,

@@ -225,7 +225,9 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
     verdicts = judge([p for p in by_network if p.fitted_from > 0],
                      errors={row.model: row.network_mape for row in table
                              if math.isfinite(row.network_mape)},
-                     noise_percent=tie_noise_percent(overall))
+                     noise_percent=tie_noise_percent(overall),
+                     memory_errors={row.model: row.memory_mape for row in table
+                                    if math.isfinite(row.memory_mape)})
     fit_verdicts = memory_verdicts(measured, lambda cell: max(memory_per_worker_mb(
         cell.config, gather(cell.config, cache, timed=False))), predictions)
     fitted = [p for p in predictions if fit_on(p.cell)]

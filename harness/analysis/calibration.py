@@ -163,6 +163,9 @@ class ModelCalibration:
     calibrated: bool
     error_percent: float | None  # the fit's leave-one-network-out error; None: uncalibrated
     why: str  # what the range is made of, for the user
+    # The memory model's error on an unseen network, percent (None: not measured): what less
+    # memory must beat to break a tie (harness.predict.ties).
+    memory_error_percent: float | None = None
 
     def widen(self, low: float, seconds: float, high: float) -> tuple[float, float]:
         """The range: the step times' spread put through the equations, widened by the fit's
@@ -191,6 +194,9 @@ class Fitted:
     # is: between two runs of a cell where enough cells measured it, else over both kinds.
     noise_percent: float = 0.0
     noise_kind: str = "not measured"
+    # Per calibrated model, the memory model's error on an unseen network, percent (fit.json's
+    # `accuracy[].memory_mape`).
+    memory_errors: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def raw(cls, why: str, hardware: str = "") -> Fitted:
@@ -206,9 +212,12 @@ class Fitted:
         if found is None:
             return cls.raw(f"{path} fitted no cell of hardware={hardware}", hardware)
         entry = data["hardware"][hardware]
-        errors = _held_out_errors(data, found) if found.leave_one_network_out else {}
+        held_out = found.leave_one_network_out
+        errors = _held_out_errors(data, found, "network_mape") if held_out else {}
+        memory_errors = _held_out_errors(data, found, "memory_mape") if held_out else {}
         return cls({**RAW, **entry["params"]}, float(entry.get("runtime_mb", 0.0)),
-                   found.describe(), errors, found, hardware, *_noise_floor(data))
+                   found.describe(), errors, found, hardware, *_noise_floor(data),
+                   memory_errors=memory_errors)
 
     @property
     def noise_text(self) -> str:
@@ -226,7 +235,7 @@ class Fitted:
         if model in self.errors:
             return ModelCalibration(True, self.errors[model],
                                     f"the fit's error on an unseen network, "
-                                    f"{self.errors[model]:.1f}%")
+                                    f"{self.errors[model]:.1f}%", self.memory_errors.get(model))
         if self.fit is None:
             why = "no fit of this hardware"
         elif model not in self.fit.models:
@@ -287,15 +296,16 @@ def _percent(value: object) -> float | None:
     return None
 
 
-def _held_out_errors(data: dict[str, Any], found: FitCoverage) -> dict[str, float]:
-    """fit.json's leave-one-network-out error per model (percent), where finite, for the
-    models the fit holds cells of on this hardware."""
+def _held_out_errors(data: dict[str, Any], found: FitCoverage, key: str) -> dict[str, float]:
+    """fit.json's leave-one-network-out error per model (percent; `key`: `network_mape` of
+    the time, `memory_mape` of the memory per worker), where finite, for the models the fit
+    holds cells of on this hardware."""
     rows = data.get("accuracy") or []
     errors = {}
     for row in rows:
         if not isinstance(row, dict) or row.get("model") not in found.models:
             continue
-        value = row.get("network_mape")
+        value = row.get(key)
         if isinstance(value, (int, float)) and math.isfinite(value):
             errors[str(row["model"])] = float(value)
     return errors

@@ -86,10 +86,11 @@ def tie_summary(verdicts: Sequence[WorkloadVerdict]) -> str | None:
     lost = max(v.named_time_lost_percent for v in verdicts)
     return (f"with its tie rule (harness.recommend: options predicted within the models' "
             f"error and the noise of one another are tied, and the one with fewer workers or "
-            f"less memory taken), {len(tied)} of {len(verdicts)} answers were ties, and the "
-            f"recommender's answer was right for {sum(v.named_correct for v in verdicts)} "
-            f"(worst time lost {lost:.1f} %); of the {len(missed)} misses of the predicted "
-            f"fastest, {warned} were inside a tie it declared")
+            f"less memory beyond the memory models' error taken), {len(tied)} of "
+            f"{len(verdicts)} answers were ties, and the recommender's answer was right for "
+            f"{sum(v.named_correct for v in verdicts)} (worst time lost {lost:.1f} %); of the "
+            f"{len(missed)} misses of the predicted fastest, {warned} were inside a tie it "
+            f"declared")
 
 
 def _fits_memory(prediction: CellPrediction) -> bool:
@@ -104,6 +105,7 @@ class _Option:
 
     prediction: CellPrediction
     error_percent: float | None  # its model's error on an unseen network (None: not measured)
+    memory_error_percent: float | None = None  # the same of its memory model
 
     @property
     def label(self) -> str:
@@ -131,14 +133,16 @@ class _Option:
 
 
 def judge(predictions: Sequence[CellPrediction], *, errors: Mapping[str, float] | None = None,
-          noise_percent: float = 0.0) -> list[WorkloadVerdict]:
+          noise_percent: float = 0.0, memory_errors: Mapping[str, float] | None = None
+          ) -> list[WorkloadVerdict]:
     """One verdict per workload and hardware with two or more measured configurations: the
     recommender answers for the hardware it is asked about, so a grid over two link rates
     judges each rate's answer (the fastest may change with the rate). Each cell once: a cell
     measured in several runs is merged first (`harness.analysis.grid.one_per_cell`).
     `errors`: each model's error on an unseen network, percent (a model without one is
     uncalibrated and ties with none); `noise_percent`: the noise floor two options are tied
-    within (`harness.analysis.calibration.noise_for_ties`)."""
+    within (`harness.analysis.calibration.noise_for_ties`); `memory_errors`: each memory
+    model's error on an unseen network, which less memory must beat to break a tie."""
     verdicts = []
     for workload, hardware in sorted({(p.cell.workload, _hardware(p)) for p in predictions}):
         cells = [p for p in predictions
@@ -147,7 +151,8 @@ def judge(predictions: Sequence[CellPrediction], *, errors: Mapping[str, float] 
             continue
         allowed = sorted([p for p in cells if _fits_memory(p)] or cells,
                          key=lambda p: p.fitted_s)
-        options = [_Option(p, (errors or {}).get(p.cell.model)) for p in allowed]
+        options = [_Option(p, (errors or {}).get(p.cell.model),
+                           (memory_errors or {}).get(p.cell.model)) for p in allowed]
         verdicts.append(WorkloadVerdict(
             workload, len(cells), fastest=min(cells, key=lambda p: p.measured_s),
             recommended=allowed[0], raw_recommended=min(allowed, key=lambda p: p.raw_s),

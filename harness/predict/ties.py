@@ -7,6 +7,12 @@ the predicted time alone would then pick one at random, so the recommender says 
 options are tied and breaks the tie by what is certain: fewer workers, then less memory per
 worker, then lower cost, and says which decided.
 
+Memory is predicted too, and with an error of its own (the memory model's on an unseen
+network, fit.json's `accuracy[].memory_mape`: 5-17 % per model on `local_2cpu`), so less
+memory decides only where it is less beyond the two models' memory errors: before, PipeDream
+`1-1` was taken over DDP for a predicted 4 % less memory per worker, within those errors, and
+ran 7-12 % slower (BENCHMARKS.md section 17, twentieth session).
+
 Only calibrated options can tie: an uncalibrated one carries the raw equations' error (a factor
 of 3 either way), within which every option would tie with every other; it is ranked by its
 prediction and marked uncalibrated instead.
@@ -37,6 +43,8 @@ class Ranked(Protocol):
     def calibrated(self) -> bool: ...
     @property
     def error_percent(self) -> float | None: ...
+    @property
+    def memory_error_percent(self) -> float | None: ...
 
 
 def tie_margin_percent(a: Ranked, b: Ranked, noise_percent: float) -> float:
@@ -88,19 +96,45 @@ def tie_with_fastest(options: Sequence[Ranked], noise_percent: float) -> Tie | N
     return Tie(tied, chosen, decided_by, widest)
 
 
+def memory_margin_percent(a: Ranked, b: Ranked) -> float:
+    """How far apart (percent of the smaller) two options' predicted memory per worker may be
+    and still count as equal: their memory models' errors added in quadrature (0 where
+    neither was measured: then only equal memory is equal)."""
+    errors = [option.memory_error_percent or 0.0 for option in (a, b)]
+    return math.hypot(*errors)
+
+
 def break_tie(tied: Sequence[Ranked]) -> tuple[Ranked, str]:
-    """The tied option with the fewest workers, then the least memory per worker, then the
-    lowest cost (where priced), then the fastest prediction; and which of them decided."""
-    keys = (("fewer workers", lambda option: option.workers),
-            ("less memory per worker", lambda option: round(option.memory_mb)),
-            ("lower cost", lambda option: option.cost_per_epoch
-             if option.cost_per_epoch is not None else math.inf))
+    """The tied option with the fewest workers, then the least memory per worker beyond the
+    memory models' error, then the lowest cost (where priced), then the fastest prediction;
+    and which of them decided."""
     remaining = list(tied)
-    for reason, key in keys:
-        best = min(key(option) for option in remaining)
-        kept = [option for option in remaining if key(option) == best]
+    for reason, keep in (("fewer workers", _fewest_workers),
+                         ("less memory per worker", _least_memory),
+                         ("lower cost", _lowest_cost)):
+        kept = keep(remaining)
         if len(kept) < len(remaining) and kept:
             if len(kept) == 1:
                 return kept[0], reason
             remaining = kept
     return remaining[0], "the shortest predicted time (the tie-breaks left them equal)"
+
+
+def _fewest_workers(options: Sequence[Ranked]) -> list[Ranked]:
+    fewest = min(option.workers for option in options)
+    return [option for option in options if option.workers == fewest]
+
+
+def _least_memory(options: Sequence[Ranked]) -> list[Ranked]:
+    """The options whose memory is the least's, within the memory models' error (and half a
+    MB: a rounding's worth)."""
+    least = min(options, key=lambda option: option.memory_mb)
+    return [option for option in options
+            if option.memory_mb - least.memory_mb
+            <= max(least.memory_mb * memory_margin_percent(option, least) / 100, 0.5)]
+
+
+def _lowest_cost(options: Sequence[Ranked]) -> list[Ranked]:
+    costs = [math.inf if option.cost_per_epoch is None else option.cost_per_epoch
+             for option in options]
+    return [option for option, cost in zip(options, costs) if cost == min(costs)]
