@@ -301,6 +301,10 @@ def test_less_memory_breaks_a_tie_only_beyond_the_memory_models_error() -> None:
         ddp, "the shortest predicted time (the tie-breaks left them equal)")
     lean = _Option("pipedream x2 st1-1", 2, 10.2, 700, memory_error_percent=11.7)
     assert break_tie([ddp, lean]) == (lean, "less memory per worker")
+    found = tie_with_fastest([ddp, lean], noise_percent=1.0)
+    assert found is not None and found.line().endswith(
+        "taking pipedream x2 st1-1, the one with less memory per worker (700 MB against ddp "
+        "x2's 1000 MB, 30 % less; the memory models' error 12.6 %)")
     # within the memory models' error, the cheaper of the two
     priced = [_Option("a", 2, 10.0, 1000, cost_per_epoch=0.02, memory_error_percent=5.0),
               _Option("b", 2, 10.1, 980, cost_per_epoch=0.01, memory_error_percent=5.0)]

@@ -72,7 +72,22 @@ class Tie:
         floor = f"; noise {noise}" if noise else ""
         return (f"tied within the models' error and the measurement noise (up to "
                 f"{self.margin_percent:.1f} %{floor}): {times}; taking {self.chosen.label}, the "
-                f"one with {self.decided_by}")
+                f"one with {self.decided_by}{self._memory_figures()}")
+
+    def _memory_figures(self) -> str:
+        """Where less memory decided: by how much, against which margin (the numbers)."""
+        if self.decided_by != "less memory per worker":
+            return ""
+        chosen = self.chosen
+        others = [option for option in self.tied
+                  if option is not chosen and option.workers == chosen.workers]
+        if not others:
+            return ""
+        next_least = min(others, key=lambda option: option.memory_mb)
+        less = (1 - chosen.memory_mb / next_least.memory_mb) * 100
+        return (f" ({chosen.memory_mb:.0f} MB against {next_least.label}'s "
+                f"{next_least.memory_mb:.0f} MB, {less:.0f} % less; the memory models' error "
+                f"{memory_margin_percent(chosen, next_least):.1f} %)")
 
 
 def tie_with_fastest(options: Sequence[Ranked], noise_percent: float) -> Tie | None:
