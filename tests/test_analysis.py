@@ -277,6 +277,10 @@ def test_a_grid_measured_here_is_fitted_reported_and_recommended(output_root: Pa
     report = (folder / "report.md").read_text()
     assert "Leave one network out" in report and "measured fastest" in report
     assert fit["hardware"]["local_2cpu"]["cells"] == 10
+    # every cell's row says how many runs its measured time is the median of (one each here)
+    rows = [line for line in report.splitlines() if " | local_2cpu | " in line
+            and line.count("|") == 16]
+    assert len(rows) == 10 and all(line.split(" | ")[4] == "1" for line in rows)
     # no probe ran here: the links are the configured ones, and the analysis says so
     assert "local_2cpu's links: its configured speeds, not measured" in analysis.stdout
     assert fit["hardware"]["local_2cpu"]["links"] == "configured"

@@ -170,9 +170,12 @@ def write_report(folder: Path, *, experiment: str, uri: str,
         *(["", "## Links the predictions used", "", *(f"- {line}" for line in links)]
           if links else []),
         "", "## Every cell, network held out", "",
-        "| workload | configuration | hardware | measured s | raw s | raw err % | predicted s "
-        "| err % | compute s | allreduce s | transfer s | peak MB | predicted MB | mem err % |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "Measured: the median of a cell's steady runs, where it was measured in several "
+        "(`runs`: a cell measured once carries the machine's drift of that minute).", "",
+        "| workload | configuration | hardware | measured s | runs | raw s | raw err % "
+        "| predicted s | err % | compute s | allreduce s | transfer s | peak MB | predicted MB "
+        "| mem err % |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *(_cell_row(p) for p in by_network),
         "", *(f"![{plot.stem}]({plot.name})" for plot in plots), "",
     ]
@@ -216,7 +219,7 @@ def _fit_section(verdicts: Sequence[MemoryVerdict]) -> list[str]:
 def _cell_row(p: CellPrediction) -> str:
     config, terms = p.cell.config, p.terms
     return (f"| {workload_label(p.cell.workload)} | {setting_label(config)} | "
-            f"{config.hardware.name} | {p.measured_s:.3f} | {p.raw_s:.3f} | "
+            f"{config.hardware.name} | {p.measured_s:.3f} | {p.cell.runs} | {p.raw_s:.3f} | "
             f"{signed_error(p.raw_s, p.measured_s):+.1f} | {p.fitted_s:.3f} | "
             f"{signed_error(p.fitted_s, p.measured_s):+.1f} | {terms.compute_s:.3f} | "
             f"{terms.allreduce_s:.3f} | {terms.transfer_s:.3f} | "
