@@ -255,6 +255,21 @@ def test_hardware_currency_is_checked_and_leaves_cell_keys_as_they_were() -> Non
     assert cell_key(before) == cell_key(resolved)
 
 
+def test_probe_rounds_leaves_cell_keys_as_they_were() -> None:
+    """`probe.rounds` joined after cells were recorded, and no cell reads it: a cell keyed
+    before it existed, or with any number of rounds, keeps its key (an interrupted sweep
+    resumes, its runs merge with later ones)."""
+    from harness.compose import compose_config
+    from harness.config import resolved_container
+    from harness.records.resume import cell_key
+
+    resolved = resolved_container(compose_config([]))
+    before = json.loads(json.dumps(resolved))
+    del before["probe"]["rounds"]  # a cell keyed before the key existed
+    assert cell_key(before) == cell_key(resolved) == cell_key(
+        resolved_container(compose_config(["probe.rounds=1"])))
+
+
 def test_hardware_one_host_leaves_cell_keys_as_they_were_and_set_is_another_cell() -> None:
     """`hardware.one_host` joined after cells were recorded: false (each node a machine of
     its own) is what its absence meant, so those cells keep their keys; true is another

@@ -39,10 +39,12 @@ INDEX_DIR = "cells"
 # Bumped when the key's recipe changes, so old keys never alias new ones.
 _KEY_FORMAT = 1
 # Config keys that say where things go or how they are shown, not what is measured.
-# hardware.currency came after cells were keyed: leaving it out keeps their keys.
+# hardware.currency came after cells were keyed: leaving it out keeps their keys; so did
+# probe.rounds, which `harness.probe` reads and a cell never does.
 _VOLATILE_KEYS = (("run", "output_dir"), ("run", "progress"), ("dataset", "cache_dir"),
                   ("tracking", "uri"), ("tracking", "enabled"), ("hardware", "currency"),
-                  ("run", "submission_org"), ("run", "steadiness_threshold"))
+                  ("run", "submission_org"), ("run", "steadiness_threshold"),
+                  ("probe", "rounds"))
 
 
 # Settings added after cells were recorded, whose value here means what their absence meant:
