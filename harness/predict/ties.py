@@ -61,7 +61,7 @@ class Tie:
 
     tied: list[Ranked]
     chosen: Ranked
-    decided_by: str  # "fewer workers", "less memory per worker", "lower cost", "time"
+    decided_by: str  # FEWER_WORKERS, LESS_MEMORY, LOWER_COST, or the shortest predicted time
     margin_percent: float  # the widest margin that tied an option with the fastest
 
     def line(self, noise: str = "") -> str:
@@ -76,7 +76,7 @@ class Tie:
 
     def _memory_figures(self) -> str:
         """Where less memory decided: by how much, against which margin (the numbers)."""
-        if self.decided_by != "less memory per worker":
+        if self.decided_by != LESS_MEMORY:
             return ""
         chosen = self.chosen
         others = [option for option in self.tied
@@ -111,6 +111,10 @@ def tie_with_fastest(options: Sequence[Ranked], noise_percent: float) -> Tie | N
     return Tie(tied, chosen, decided_by, widest)
 
 
+# What broke a tie, as the recommender says it ("taking X, the one with ...").
+FEWER_WORKERS, LESS_MEMORY, LOWER_COST = "fewer workers", "less memory per worker", "lower cost"
+
+
 def memory_margin_percent(a: Ranked, b: Ranked) -> float:
     """How far apart (percent of the smaller) two options' predicted memory per worker may be
     and still count as equal: their memory models' errors added in quadrature (0 where
@@ -124,9 +128,8 @@ def break_tie(tied: Sequence[Ranked]) -> tuple[Ranked, str]:
     memory models' error, then the lowest cost (where priced), then the fastest prediction;
     and which of them decided."""
     remaining = list(tied)
-    for reason, keep in (("fewer workers", _fewest_workers),
-                         ("less memory per worker", _least_memory),
-                         ("lower cost", _lowest_cost)):
+    for reason, keep in ((FEWER_WORKERS, _fewest_workers), (LESS_MEMORY, _least_memory),
+                         (LOWER_COST, _lowest_cost)):
         kept = keep(remaining)
         if len(kept) < len(remaining) and kept:
             if len(kept) == 1:
