@@ -45,6 +45,8 @@ def check_device_here(config: DistbenchConfig) -> None:
 # What a GPU driver puts on a Linux machine: NVIDIA's (`/proc/driver/nvidia`), AMD's for ROCm
 # (`/dev/kfd`), WSL's GPU paravirtualisation (`/dev/dxg`). torch sees no CUDA device without one.
 GPU_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/kfd", "/dev/dxg")
+# A sweep's passes (`hydra.launcher.passes`): each repeats the whole sweep; a hundred take days.
+MAX_PASSES = 100
 
 
 @functools.cache
@@ -147,6 +149,11 @@ def check_launcher(hydra: DictConfig, *, sweep: bool) -> None:
         sample = launcher.remeasure_sample
         require(sample >= 0, "hydra.launcher.remeasure_sample", sample,
                 "finished cells chosen at random to measure again; allowed: 0 (none) or more")
+    if "passes" in launcher:  # its type is the launcher's
+        passes = launcher.passes
+        require(1 <= passes <= MAX_PASSES, "hydra.launcher.passes", passes,
+                f"runs of every cell, one pass over the sweep after another; allowed: 1 to "
+                f"{MAX_PASSES}")
     if sweep and is_slurm_launcher(hydra) and shutil.which("sbatch") is None:
         raise ConfigError("hydra/launcher=submitit_slurm is invalid here: SLURM is not "
                           "installed (no sbatch on PATH); allowed: serial_local (the default, "

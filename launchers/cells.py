@@ -8,9 +8,10 @@ here, from the reports its workers left, so that the sweep's record has every ce
 
 from __future__ import annotations
 
+import copy
 import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -24,7 +25,7 @@ from harness.records.mlflow_store import tracking_uri
 from harness.records.outcome import record_failure, summarize_rank_reports
 from harness.records.record import keep_logging_when_the_disk_fails
 from harness.records.results import RESULT_FILE, RunStatus, read_rank_reports, read_result
-from harness.records.resume import cell_key, finished_result
+from harness.records.resume import cell_key, finished_result, finished_runs
 from harness.records.sweep_summary import SweepSummary, is_reused, mark_reused
 from harness.records.tracking import result_recorded_for
 from harness.spread import STD_FOOTNOTE, std_column
@@ -127,18 +128,22 @@ def reuse_asked(launcher: Any) -> dict[str, Any]:
     return {"force": bool(launcher["force"]),
             "remeasure_unsteady": bool(launcher.get("remeasure_unsteady", False)),
             "remeasure_sample": int(launcher.get("remeasure_sample", 0)),
-            "remeasure_seed": int(launcher.get("remeasure_seed", 0))}
+            "remeasure_seed": int(launcher.get("remeasure_seed", 0)),
+            # the serial local launcher's (`SerialLocalConf.passes`); a SLURM sweep makes one
+            "passes": int(launcher.get("passes", 1))}
 
 
 def finished_earlier(prepared: Sequence[PreparedCell[Any]], *, force: bool,
                      remeasure_unsteady: bool = False, remeasure_sample: int = 0,
-                     remeasure_seed: int = 0) -> tuple[dict[int, dict[str, Any]], set[int]]:
+                     remeasure_seed: int = 0, passes: int = 1
+                     ) -> tuple[dict[int, dict[str, Any]], set[int]]:
     """The results of the cells that already finished (status ok) in an earlier run of the same
     sweep, by position in `prepared`, marked as reused (`harness.records.sweep_summary`); those
     cells are skipped, and said so. With `force`, none: every cell runs again; with
     `remeasure_unsteady`, those measured while the machine was unsteady run again; with
     `remeasure_sample`, that many of the others chosen at random (`remeasured_at_random`),
-    whose positions come second."""
+    whose positions come second. With `passes`, a cell is finished once that many of its runs
+    finished ok (`harness.records.resume.finished_runs`; `runs_to_make` schedules the rest)."""
     if force:
         return {}, set()
     done, unsteady = {}, 0
@@ -147,7 +152,8 @@ def finished_earlier(prepared: Sequence[PreparedCell[Any]], *, force: bool,
         if result is not None and remeasure_unsteady and is_unsteady(result.get("metrics", {})):
             unsteady += 1
             continue
-        if result is not None:
+        if result is not None and (passes == 1 or finished_runs(
+                cell.cell.run.output_dir, cell_key(cell.config)) >= passes):
             done[index] = mark_reused(result)
     sampled = remeasured_at_random(prepared, done, remeasure_sample, remeasure_seed)
     upload_pending(prepared, done)
@@ -170,6 +176,51 @@ def finished_earlier(prepared: Sequence[PreparedCell[Any]], *, force: bool,
         print(f"[distbench] {len(done)} of {len(prepared)} cells already finished; "
               f"hydra.launcher.force=true runs them again", flush=True)
     return done, sampled
+
+
+def runs_to_make(prepared: Sequence[PreparedCell[Any]], done: Collection[int], *, passes: int,
+                 force: bool) -> list[tuple[int, int]]:
+    """The runs a sweep of `passes` passes makes, in the order it makes them: (pass, position
+    in `prepared`), pass after pass, each pass in the sweep's order, so that a cell's runs are
+    a pass's minutes apart rather than back to back (a cell's back-to-back repeats share the
+    machine's state of that minute: its clock, its neighbours, its memory bandwidth).
+
+    A cell in `done` makes none; with `force`, every other makes `passes`; else as many as it
+    lacks of `passes` runs that finished ok, and at least one (a cell not done whose count is
+    full was chosen to be measured again: at random, or as unsteady, or its latest run
+    failed). Its first is in the first pass, so that an interrupted sweep run again goes on
+    where it stopped."""
+    wanted = {}
+    for index, cell in enumerate(prepared):
+        if index in done:
+            continue
+        made = 0 if force else finished_runs(cell.cell.run.output_dir, cell_key(cell.config))
+        wanted[index] = max(passes - made, 1)
+    return [(number, index) for number in range(1, max(wanted.values(), default=0) + 1)
+            for index in sorted(wanted) if wanted[index] >= number]
+
+
+def in_pass(cell: PreparedCell[Size], number: int) -> PreparedCell[Size]:
+    """The cell as pass `number` of its sweep runs it (`runs_to_make`): after the first, in a
+    directory of its own beside the first pass's (`<job>-pass<number>`), so that each run
+    keeps its own record; the same cell otherwise, the same cell key."""
+    if number == 1:
+        return cell
+    subdir = f"{cell.output_dir.name}-pass{number}"
+    config = copy.deepcopy(cell.config)
+    with open_dict(config.hydra.sweep):
+        config.hydra.sweep.subdir = subdir
+    return replace(cell, overrides=[*cell.overrides, f"hydra.sweep.subdir={subdir}"],
+                   config=config)
+
+
+def announce_pass(number: int, runs: Sequence[tuple[int, int]], passes: int) -> None:
+    """Say that the sweep's pass `number` begins (`runs_to_make`), and why it runs cells
+    again."""
+    count = sum(1 for made_in, _ in runs if made_in == number)
+    print(f"[distbench] pass {number}: {count} cell(s) measured again, minutes after their "
+          f"run in the pass before (hydra.launcher.passes={passes}: the analysis takes each "
+          f"cell's median run and the noise between its runs)", flush=True)
 
 
 def upload_pending(prepared: Sequence[PreparedCell[Any]], done: dict[int, dict[str, Any]]

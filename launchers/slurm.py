@@ -280,7 +280,7 @@ _GENERIC_KEYS = {"timeout_min", "cpus_per_task", "mem_gb", "stderr_to_stdout"}
 _OWN_KEYS = {"submitit_folder", "nodes", "tasks_per_node", "gpus_per_node", "gpus_per_task",
              "name", "exclusive", "one_cell_at_a_time", "grace_after_result_s", "max_num_timeout",
              "array_parallelism", "wait_for_completion", "force", "_target_",
-             "remeasure_unsteady", "remeasure_sample", "remeasure_seed",
+             "remeasure_unsteady", "remeasure_sample", "remeasure_seed", "passes",
              "unavailable_nodes_timeout_s"}
 
 

@@ -328,6 +328,10 @@ BAD_INPUTS: list[Bad] = [
          "hydra.launcher.grace_after_result_s=nan is invalid"),
     _bad("harness", f"{SWEEP} hydra.launcher.remeasure_sample=-1",
          "hydra.launcher.remeasure_sample=-1 is invalid: finished cells chosen at random"),
+    _bad("harness", f"{SWEEP} hydra.launcher.passes=0",
+         "hydra.launcher.passes=0 is invalid: runs of every cell, one pass over the sweep after "
+         "another; allowed: 1 to 100"),
+    _bad("harness", f"{SWEEP} hydra.launcher.passes=101", "hydra.launcher.passes=101 is invalid"),
     # combinations
     _bad("harness", "distribution.batch_size=100000000 dataset.num_samples=null",
          "distribution.batch_size=100000000 is invalid"),

@@ -107,3 +107,97 @@ def test_the_cell_key_ignores_where_outputs_go_but_not_what_is_measured() -> Non
     assert base == cell_key(compose_config(["run.output_dir=/b", "run.progress=false"]))
     assert base != cell_key(compose_config(["run.epochs=4"]))
     assert base != cell_key(compose_config(["tracking.experiment=other"]))
+
+
+def test_a_sweep_of_two_passes_measures_each_cell_in_two_runs_a_pass_apart(
+        output_root: Path) -> None:
+    """`hydra.launcher.passes=2`: the sweep measures its cells, then all of them again, each
+    run in its own directory and MLflow run; a re-run finds both and runs nothing."""
+    args = [*SWEEP, "run.epochs=1", f"run.output_dir={output_root}", "hydra.launcher.passes=2"]
+    swept = run_module("harness", args, cwd=output_root.parent)
+    assert swept.returncode == 0, swept.stderr[-3000:]
+    assert "pass 2: 1 cell(s) measured again, minutes after their run in the pass before " \
+           "(hydra.launcher.passes=2" in swept.stdout, swept.stdout
+    ((sweep_dir, runs),) = _sweep_results(output_root).items()
+    assert len(runs) == 2 and all(run["status"] == "ok" for run in runs), runs
+    directories = sorted(Path(run["output_dir"]).name for run in runs)
+    assert directories == ["0", "0-pass2"]
+    first, second = sorted(runs, key=lambda run: run["finished_at"])
+    assert Path(second["output_dir"]).name == "0-pass2"
+    assert first["cell_key"] == second["cell_key"]  # one cell, measured twice
+    assert _cell_runs(output_root) == Counter({(first["cell_key"], "ok"): 2})
+    again = run_module("harness", args, cwd=output_root.parent)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "1 cell(s) already measured, nothing to run" in again.stdout, again.stdout
+
+
+class _Run:
+    def __init__(self, output_dir: Path) -> None:
+        self.output_dir = output_dir
+
+
+class _Cell:
+    def __init__(self, output_dir: Path) -> None:
+        self.run = _Run(output_dir)
+        self.run_name = "cell"
+
+
+class _Prepared:
+    """What `runs_to_make` reads of a prepared cell: where its results go, and its config."""
+
+    def __init__(self, output_root: Path, number: int) -> None:
+        self.job_num = number
+        self.cell = _Cell(output_root)
+        self.config = {"run": {"epochs": number}}
+
+
+def _recorded(output_root: Path, cell: _Prepared, status: str, directory: str) -> None:
+    from harness.records.resume import index_result
+
+    index_result(output_root, cell_key(cell.config), {
+        "status": status, "run_name": "cell", "output_dir": str(output_root / directory),
+        "finished_at": "2026-11-30T18:00:00+00:00"})
+
+
+def test_passes_make_the_runs_each_cell_lacks_pass_after_pass(tmp_path: Path) -> None:
+    """Each cell lacks `passes` runs less those that finished ok: its first missing one is in
+    the first pass, so that a sweep run again goes on where it stopped."""
+    from launchers.cells import runs_to_make
+
+    fresh, once, failed, full = (_Prepared(tmp_path, number) for number in range(4))
+    _recorded(tmp_path, once, "ok", "a")
+    _recorded(tmp_path, failed, "ok", "b")
+    _recorded(tmp_path, failed, "failed", "c")  # one ok run, and its latest failed
+    _recorded(tmp_path, full, "ok", "d")
+    _recorded(tmp_path, full, "ok", "e")
+    cells = [fresh, once, failed, full]
+    assert runs_to_make(cells, {3}, passes=3, force=False) == [  # type: ignore[arg-type]
+        (1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2), (3, 0)]
+    # force: every cell not reused makes all its passes anew
+    assert runs_to_make(cells, set(), passes=2, force=True) == [  # type: ignore[arg-type]
+        (1, 0), (1, 1), (1, 2), (1, 3), (2, 0), (2, 1), (2, 2), (2, 3)]
+    # one pass: every cell not reused runs once, as a sweep always did; a cell whose count is
+    # full but was chosen to run again (at random, or as unsteady) runs once more
+    assert runs_to_make(cells, {1}, passes=1, force=False) == [  # type: ignore[arg-type]
+        (1, 0), (1, 2), (1, 3)]
+
+
+def test_a_cells_index_entry_counts_its_runs_that_finished_ok(tmp_path: Path) -> None:
+    from harness.records.resume import finished_runs, index_path
+
+    cell = _Prepared(tmp_path, 0)
+    key = cell_key(cell.config)
+    assert finished_runs(tmp_path, key) == 0
+    _recorded(tmp_path, cell, "ok", "a")
+    _recorded(tmp_path, cell, "ok", "a")  # the same result again (rank 0, then its launcher)
+    assert finished_runs(tmp_path, key) == 1
+    _recorded(tmp_path, cell, "timeout", "b")
+    _recorded(tmp_path, cell, "ok", "c")
+    assert finished_runs(tmp_path, key) == 2
+    # An entry written before the count was kept: one run, if its latest was ok.
+    entry = json.loads(index_path(tmp_path, key).read_text())
+    del entry["ok_runs"]
+    index_path(tmp_path, key).write_text(json.dumps(entry))
+    assert finished_runs(tmp_path, key) == 1
+    _recorded(tmp_path, cell, "ok", "d")
+    assert finished_runs(tmp_path, key) == 2

@@ -281,6 +281,26 @@ def test_a_forced_rerun_cancels_the_earlier_jobs_still_queued(slurm_cluster: Non
     assert not (earlier_sweep / "1" / "result.json").exists()
 
 
+def test_a_sweep_of_two_passes_submits_the_second_once_the_first_has_ended(
+        slurm_cluster: None, output_root: Path) -> None:
+    """`hydra.launcher.passes=2` on SLURM: every cell's second run is submitted after the
+    first pass's jobs have all ended, each run in its own directory and MLflow run."""
+    cells = ["distribution=sequential", "dataset.num_samples=32", "run.epochs=1,2",
+             "hydra.launcher.passes=2"]
+    out = _rerun(output_root, *cells)
+    assert "pass 2: 2 cell(s) measured again" in out, out[-3000:]
+    assert out.count("SLURM job") == 4, out[-3000:]
+    runs = {path.parent.name: json.loads(path.read_text())
+            for path in (output_root / "sweeps").glob("*/*/*/result.json")}
+    assert sorted(runs) == ["0", "0-pass2", "1", "1-pass2"]
+    assert all(r["status"] == "ok" for r in runs.values()), [r["error"] for r in runs.values()]
+    first_pass_ended = max(dt.datetime.fromisoformat(runs[d]["finished_at"]) for d in "01")
+    assert all(dt.datetime.fromisoformat(runs[f"{d}-pass2"]["started_at"]) >= first_pass_ended
+               for d in "01")
+    assert _cell_runs(output_root) == Counter({(runs[d]["cell_key"], "ok"): 2 for d in "01"})
+    assert "2 cell(s) already measured, nothing to run" in _rerun(output_root, *cells)
+
+
 def test_the_probe_measures_the_link_between_two_slurm_nodes(slurm_cluster: None,
                                                              output_root: Path) -> None:
     from harness.hardware_profile import HardwareProfile, profile_path

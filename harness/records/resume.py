@@ -75,11 +75,45 @@ def job_note_path(output_root: str | Path, key: str) -> Path:
 
 
 def index_result(output_root: str | Path, key: str, result: dict[str, Any]) -> None:
-    """Point the cell's index entry at `result` (its latest result.json)."""
-    write_json_atomic(index_path(output_root, key), {
+    """Point the cell's index entry at `result` (its latest result.json), counting the cell's
+    runs that finished ok (`ok_runs`): a sweep of `hydra.launcher.passes` measures a cell until
+    it has that many. The same result indexed again (rank 0 and then a launcher) counts once."""
+    path = index_path(output_root, key)
+    entry = _entry(path)
+    result_path = str(Path(result["output_dir"]) / RESULT_FILE)
+    earlier = _ok_runs_of(entry) if entry is not None else 0
+    if entry is not None and entry.get("result") == result_path:
+        earlier -= entry.get("status") == RunStatus.ok.value  # this result, counted before
+    ok_now = result["status"] == RunStatus.ok.value
+    write_json_atomic(path, {
         "cell_key": key, "status": result["status"], "run_name": result["run_name"],
-        "result": str(Path(result["output_dir"]) / RESULT_FILE),
-        "finished_at": result["finished_at"]})
+        "result": result_path, "finished_at": result["finished_at"],
+        "ok_runs": earlier + ok_now})
+
+
+def _entry(path: Path) -> dict[str, Any] | None:
+    """The index entry at `path`, or None where there is none or it is not one (said once, by
+    `latest_result`, when the sweep looks for the cell's result)."""
+    try:
+        entry = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return entry if isinstance(entry, dict) else None
+
+
+def _ok_runs_of(entry: dict[str, Any]) -> int:
+    """How many of the cell's runs finished ok, by its index entry. Entries written before the
+    count was kept say only their latest run's status: one run, if that one was ok."""
+    count = entry.get("ok_runs")
+    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+        return count
+    return int(entry.get("status") == RunStatus.ok.value)
+
+
+def finished_runs(output_root: str | Path, key: str) -> int:
+    """How many runs of the cell finished ok under `output_root` (0 where it has no entry)."""
+    entry = _entry(index_path(output_root, key))
+    return _ok_runs_of(entry) if entry is not None else 0
 
 
 def latest_result(output_root: str | Path, key: str) -> dict[str, Any] | None:

@@ -40,6 +40,12 @@ class SerialLocalConf(LocalQueueConf):
     # being noisy (harness.analysis.noise; launchers.cells.remeasured_at_random).
     remeasure_sample: int = 0
     remeasure_seed: int = 0
+    # Measure every cell in this many runs, one pass over the sweep after another (its runs a
+    # pass's minutes apart, not back to back), each pass in the sweep's order: the analysis
+    # takes a cell's median run and measures the noise between runs on every cell. A re-run
+    # counts each cell's runs that finished ok and makes only the ones it lacks
+    # (launchers.cells.runs_to_make).
+    passes: int = 1
     # After a cell's rank 0 has recorded it (or exited), how many seconds its other workers
     # may take to exit by themselves before they are ended (a frozen peer must not hold the
     # sweep): the same key as the SLURM launcher's.
@@ -79,23 +85,26 @@ class SerialLocalLauncher(LocalLauncher):
         prepared = cells.prepare_sweep(self.hydra_context.config_loader, self.config,
                                        job_overrides, initial_job_idx,
                                        size_cell=cells.single_node_workers)
-        done, _ = cells.finished_earlier(prepared, **cells.reuse_asked(self.params))
+        reuse = cells.reuse_asked(self.params)
+        done, _ = cells.finished_earlier(prepared, **reuse)
+        runs = cells.runs_to_make(prepared, done, passes=reuse["passes"], force=reuse["force"])
         timeout_min = int(self.params["timeout_min"])
-        results: list[dict] = []  # reused cells' and run cells', in cell order
-        job_ids = []
+        # Each cell's latest outcome (reused, or the last run made), by position in `prepared`.
+        results: dict[int, dict] = dict(done)
+        job_ids = {index: "skipped" for index in done}
         # The sweep's MLflow parent run, only once every cell is valid and some cell runs; its
         # summary is made of `results`, as the summary table is.
-        with (sweep_parent_run(self.config, cells_to_run=len(prepared) - len(done),
-                               results=results),
-              # Over the cells that run: skipped ones would make its rate thousands of cells/s.
+        with (sweep_parent_run(self.config, cells_to_run=len(runs), results=results.values()),
+              # Over the runs made: skipped cells would make its rate thousands of cells/s.
               # In a file: a line as each cell ends.
-              steps(len(prepared) - len(done), "sweep", "cell(s)",
-                    enabled=len(done) < len(prepared), first_line_s=0, every_s=0) as bar):
-            for index, cell in enumerate(prepared):
-                if index in done:
-                    results.append(done[index])
-                    job_ids.append("skipped")
-                    continue
+              steps(len(runs), "sweep", "cell(s)", enabled=bool(runs), first_line_s=0,
+                    every_s=0) as bar):
+            current_pass = 1
+            for number, index in runs:
+                if number != current_pass:
+                    current_pass = number
+                    cells.announce_pass(number, runs, reuse["passes"])
+                cell = cells.in_pass(prepared[index], number)
                 outcome, job = run_cell_job(
                     self, cell.overrides, "hydra.sweep.dir", cell.job_num,
                     f"job_id_for_{cell.job_num}", Singleton.get_state(), config=cell.config,
@@ -104,7 +113,8 @@ class SerialLocalLauncher(LocalLauncher):
                     grace_s=float(self.params["grace_after_result_s"]),
                     name=str(cell.config.hydra.job.name),
                     label=f"cell {cell.job_num} ({cell.cell.run_name})")
-                results.append(outcome)
-                job_ids.append(job.job_id)
+                results[index] = outcome
+                job_ids[index] = job.job_id
                 bar.update()
-        return cells.sweep_returns(prepared, results, job_ids)
+        return cells.sweep_returns(prepared, [results[i] for i in range(len(prepared))],
+                                   [job_ids[i] for i in range(len(prepared))])

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.singleton import Singleton
@@ -84,6 +85,9 @@ class SlurmCellsConf(SlurmQueueConf):
     # being noisy (harness.analysis.noise; launchers.cells.remeasured_at_random).
     remeasure_sample: int = 0
     remeasure_seed: int = 0
+    # Measure every cell in this many runs, one pass over the sweep after another (each pass
+    # submitted once the one before has ended): as the serial local launcher's.
+    passes: int = 1
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="slurm_cells", node=SlurmCellsConf,
@@ -119,8 +123,6 @@ class SlurmCellsLauncher(SlurmLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
-        from harness.records.outcome import now
-        from harness.records.resume import cell_key
         from harness.records.sweep_runs import sweep_parent_run
         from harness.records.sweep_summary import mark_reused
         from launchers import cells, slurm, slurm_resume
@@ -141,54 +143,72 @@ class SlurmCellsLauncher(SlurmLauncher):
             prepared, done.keys() | sampled, force=reuse["force"],
             remeasure_unsteady=reuse["remeasure_unsteady"])
         done.update({index: mark_reused(result) for index, result in earlier.finished.items()})
-        # Cells whose earlier job still runs are followed, not submitted again.
-        followed = sorted(earlier.following)
-        submitted = [earlier.following[index] for index in followed]
-        positions = list(followed)  # each followed or submitted cell's position in `prepared`
+        # A cell whose earlier job still runs is followed, not submitted again: that job is its
+        # first run of the first pass.
+        runs = cells.runs_to_make(prepared, done, passes=reuse["passes"], force=reuse["force"])
         results: dict[int, dict] = dict(done)  # by position in `prepared`, filled as cells end
         job_ids = {index: "skipped" for index in done}
         # The sweep's MLflow parent run, only once every cell is valid and some cell runs
         # (cells followed from an earlier sweep included); its id reaches the jobs it submits;
         # its summary is made of `results`, as the summary table is.
-        with sweep_parent_run(self.config, cells_to_run=len(prepared) - len(done),
-                              results=results.values()):
-            started = now()
-            for index, cell in enumerate(prepared):
-                if index in done or index in earlier.following:
-                    continue
-                job = slurm.submit_cell(
-                    self, cell.overrides, "hydra.sweep.dir", cell.job_num,
-                    f"job_id_for_{cell.job_num}", Singleton.get_state(),
-                    folder=Path(self.params["submitit_folder"]),
-                    parameters=slurm.executor_parameters(cell.size, self.params, cell.cell,
-                                                         cell.job_num),
-                    max_num_timeout=int(self.params["max_num_timeout"]))
-                # Noted before it is announced: a re-run after this process dies must find it.
-                slurm.write_job_note(cell.cell.run.output_dir, cell_key(cell.config), slurm.JobNote(
-                    job_id=job.job_id, folder=str(Path(self.params["submitit_folder"]).absolute()),
-                    output_dir=str(cell.output_dir.absolute()), tasks=cell.size.tasks,
-                    submitted_at=now()))
-                print(f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): SLURM job "
-                      f"{job.job_id}, {cell.size.nodes} node(s) x {cell.size.tasks_per_node} "
-                      f"task(s), in {cell.output_dir}", flush=True)
-                submitted.append(slurm.SubmittedCell(job, cell.output_dir, cell.size.tasks))
-                positions.append(index)
-
-            with steps(len(submitted), "sweep", "cell(s)", first_line_s=0, every_s=0) as bar:
-                def record(ended: slurm.SubmittedCell) -> None:
-                    index = positions[submitted.index(ended)]
-                    job_ids[index] = ended.job.job_id
-                    logs = f"SLURM job {ended.job.job_id} ended {ended.state}\n" + \
-                        cells.worker_logs_tail(ended.job, ended.tasks)
-                    results[index] = cells.cell_outcome(
-                        prepared[index].config, ended.output_dir,
-                        ended_as=slurm.status_of_state(ended.state), logs=logs, started=started,
-                        cause=ended.never_started or slurm.cause_of_state(ended.state))
-                    bar.update()
-
-                slurm.wait_for_cells(submitted, grace_s=float(self.params["grace_after_result_s"]),
-                                     unavailable_limit_s=float(
-                                         self.params["unavailable_nodes_timeout_s"]),
-                                     on_end=record)
+        with (sweep_parent_run(self.config, cells_to_run=len(runs), results=results.values()),
+              steps(len(runs), "sweep", "cell(s)", enabled=bool(runs), first_line_s=0,
+                    every_s=0) as bar):
+            for number in sorted({made_in for made_in, _ in runs}):
+                if number > 1:
+                    cells.announce_pass(number, runs, reuse["passes"])
+                self._run_pass(prepared, [(index, cells.in_pass(prepared[index], number))
+                                          for made_in, index in runs if made_in == number],
+                               earlier.following if number == 1 else {}, results, job_ids, bar)
         return cells.sweep_returns(prepared, [results[i] for i in range(len(prepared))],
                                    [job_ids[i] for i in range(len(prepared))])
+
+    def _run_pass(self, prepared: Sequence[Any], in_pass: list[tuple[int, Any]],
+                  followed: dict[int, Any], results: dict[int, dict], job_ids: dict[int, str],
+                  bar: Any) -> None:
+        """One pass of the sweep (`launchers.cells.runs_to_make`): submit its cells (`in_pass`:
+        position in `prepared`, the cell as `launchers.cells.in_pass` made it), follow instead
+        those whose earlier job still runs (`followed`, by position), and wait until every one
+        has ended, its outcome in `results` and its job in `job_ids` by position."""
+        from harness.records.outcome import now
+        from harness.records.resume import cell_key
+        from launchers import cells, slurm
+
+        positions = sorted(followed)  # each followed or submitted cell's position in `prepared`
+        submitted = [followed[index] for index in positions]
+        started = now()
+        for index, cell in in_pass:
+            if index in followed:
+                continue
+            job = slurm.submit_cell(
+                self, cell.overrides, "hydra.sweep.dir", cell.job_num,
+                f"job_id_for_{cell.job_num}", Singleton.get_state(),
+                folder=Path(self.params["submitit_folder"]),
+                parameters=slurm.executor_parameters(cell.size, self.params, cell.cell,
+                                                     cell.job_num),
+                max_num_timeout=int(self.params["max_num_timeout"]))
+            # Noted before it is announced: a re-run after this process dies must find it.
+            slurm.write_job_note(cell.cell.run.output_dir, cell_key(cell.config), slurm.JobNote(
+                job_id=job.job_id, folder=str(Path(self.params["submitit_folder"]).absolute()),
+                output_dir=str(cell.output_dir.absolute()), tasks=cell.size.tasks,
+                submitted_at=now()))
+            print(f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): SLURM job "
+                  f"{job.job_id}, {cell.size.nodes} node(s) x {cell.size.tasks_per_node} "
+                  f"task(s), in {cell.output_dir}", flush=True)
+            submitted.append(slurm.SubmittedCell(job, cell.output_dir, cell.size.tasks))
+            positions.append(index)
+
+        def record(ended: slurm.SubmittedCell) -> None:
+            index = positions[submitted.index(ended)]
+            job_ids[index] = ended.job.job_id
+            logs = f"SLURM job {ended.job.job_id} ended {ended.state}\n" + \
+                cells.worker_logs_tail(ended.job, ended.tasks)
+            results[index] = cells.cell_outcome(
+                prepared[index].config, ended.output_dir,
+                ended_as=slurm.status_of_state(ended.state), logs=logs, started=started,
+                cause=ended.never_started or slurm.cause_of_state(ended.state))
+            bar.update()
+
+        slurm.wait_for_cells(submitted, grace_s=float(self.params["grace_after_result_s"]),
+                             unavailable_limit_s=float(self.params["unavailable_nodes_timeout_s"]),
+                             on_end=record)
