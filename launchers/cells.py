@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import random
+import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -293,11 +294,33 @@ def cell_outcome(config: DictConfig, output_dir: Path, *, ended_as: RunStatus | 
                                         cell.tracking.experiment, checked.key, output_dir)
         if elsewhere is not None:
             return elsewhere
-    summarized, ranks = summarize_rank_reports(read_rank_reports(output_dir), cell.world_size,
-                                               RunStatus.failed)
+    reports = read_rank_reports(output_dir)
+    summarized, ranks = summarize_rank_reports(reports, cell.world_size, RunStatus.failed)
     status = ended_as or summarized
+    raised = raised_before_reporting(logs) if status is RunStatus.failed and not reports else None
+    if cause is None and raised is not None:
+        cause = f"the cell ended without a result: {raised}, before it could report (below)"
     lines = [cause or _CAUSES.get(status, "the cell ended without a result"), *ranks, logs]
     return record_failure(checked, output_dir, status, "\n".join(lines), started=started)
+
+
+_WORKER_LOG_HEADER = re.compile(r"^--- worker (\d+) stderr \(end\):$", re.MULTILINE)
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)"
+                             r"(?::.*)?$")
+
+
+def raised_before_reporting(logs: str) -> str | None:
+    """"worker N raised <the exception's line>" where a worker's log (`worker_logs_tail`) ends
+    in a Python traceback: the worker raised before distbench's code could report (e.g. while
+    submitit unpickled its job, importing a launcher module); None where no log does, as for a
+    worker killed by a signal, whose log ends wherever the kill found it."""
+    parts = _WORKER_LOG_HEADER.split(logs)  # text before, then (worker, its log) pairs
+    for worker, text in zip(parts[1::2], parts[2::2], strict=True):
+        lines = [line for line in text.splitlines() if line.strip()]
+        if lines and _EXCEPTION_LINE.match(lines[-1]) and \
+                any(line.startswith("Traceback (most recent call last)") for line in lines):
+            return f"worker {worker} raised {lines[-1][:300]}"
+    return None
 
 
 def worker_logs_tail(job: submitit.Job, tasks: int, characters: int = 2000) -> str:

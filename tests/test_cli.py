@@ -205,6 +205,37 @@ def test_a_killed_cell_is_recorded_and_the_sweep_goes_on(output_root: Path) -> N
     assert by_dataset["cifar10"]["status"] == "ok"
 
 
+# The end of a worker's stderr where it raised while submitit unpickled its job (a launcher
+# module that failed to import, seen in a calibration sweep), and of one killed mid-epoch.
+_RAISED_LOG = """submitit ERROR (2026-11-30 17:57:06,886) - Submitted job triggered an exception
+Traceback (most recent call last):
+  File ".venv/lib/python3.11/site-packages/submitit/core/utils.py", line 232, in pickle_load
+    return pickle.load(ifile)
+           ^^^^^^^^^^^^^^^^^^
+  File "/work/main/hydra_plugins/distbench_launcher/slurm_cells.py", line 170, in SlurmCellsLauncher
+    job_ids: dict[int, str], bar: Any) -> None:
+                                  ^^^
+NameError: name 'Any' is not defined. Did you mean: 'any'?
+"""
+_KILLED_LOG = """[2026-11-30 17:55:43,654][harness.worker.run][INFO] - epoch 1/2: 9.041 s
+"""
+
+
+def test_a_worker_that_raised_before_it_could_report_is_named_first() -> None:
+    """A cell whose workers raised before distbench's code ran records the exception in its
+    first line, not the guess a killed worker gets; a log that ends anywhere else (a kill
+    finds it mid-line) says nothing."""
+    from launchers.cells import raised_before_reporting
+
+    logs = f"--- worker 0 stderr (end):\n{_KILLED_LOG}--- worker 1 stderr (end):\n{_RAISED_LOG}"
+    assert raised_before_reporting(logs) == \
+        "worker 1 raised NameError: name 'Any' is not defined. Did you mean: 'any'?"
+    assert raised_before_reporting(f"--- worker 0 stderr (end):\n{_KILLED_LOG}") is None
+    # a traceback logged earlier (a warning's, a retried step's) and the worker went on
+    assert raised_before_reporting(
+        f"--- worker 0 stderr (end):\n{_RAISED_LOG}{_KILLED_LOG}") is None
+
+
 def _wait_for_cell_process(output_root: Path, timeout: float) -> int:
     """The pid of the first cell's worker process, as soon as it exists."""
     deadline = time.monotonic() + timeout
