@@ -11,6 +11,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from mlflow.tracking import MlflowClient
 
 from harness.records.mlflow_store import DEFAULT_STORE_FILE
@@ -201,3 +204,32 @@ def test_a_cells_index_entry_counts_its_runs_that_finished_ok(tmp_path: Path) ->
     assert finished_runs(tmp_path, key) == 1
     _recorded(tmp_path, cell, "ok", "d")
     assert finished_runs(tmp_path, key) == 2
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(made=st.lists(st.integers(0, 4), max_size=6), passes=st.integers(1, 5),
+       force=st.booleans(), data=st.data())
+def test_the_runs_of_any_sweep_make_up_each_cells_passes(
+        tmp_path_factory: pytest.TempPathFactory, made: list[int], passes: int, force: bool,
+        data: st.DataObject) -> None:
+    """Whatever runs the cells made earlier, whichever are reused: a reused cell makes none,
+    every other as many as it lacks of `passes` (all of them with `force`; one at least), pass
+    after pass from the first, each pass in the sweep's order and each cell once in it."""
+    from launchers.cells import runs_to_make
+
+    root = tmp_path_factory.mktemp("runs")
+    cells = [_Prepared(root, number) for number in range(len(made))]
+    for cell, count in zip(cells, made, strict=True):
+        for run in range(count):
+            _recorded(root, cell, "ok", f"{cell.job_num}-{run}")
+    done = data.draw(st.sets(st.sampled_from(range(len(cells))) if cells else st.nothing()))
+    runs = runs_to_make(cells, done, passes=passes, force=force)  # type: ignore[arg-type]
+    for index, count in enumerate(made):
+        wanted = 0 if index in done else passes if force else max(passes - count, 1)
+        assert [number for number, cell in runs if cell == index] == list(range(1, wanted + 1))
+    numbers = [number for number, _ in runs]
+    assert numbers == sorted(numbers)
+    for number in set(numbers):
+        in_pass = [cell for made_in, cell in runs if made_in == number]
+        assert in_pass == sorted(set(in_pass))
