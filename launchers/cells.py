@@ -130,7 +130,6 @@ def reuse_asked(launcher: Any) -> dict[str, Any]:
             "remeasure_unsteady": bool(launcher.get("remeasure_unsteady", False)),
             "remeasure_sample": int(launcher.get("remeasure_sample", 0)),
             "remeasure_seed": int(launcher.get("remeasure_seed", 0)),
-            # the serial local launcher's (`SerialLocalConf.passes`); a SLURM sweep makes one
             "passes": int(launcher.get("passes", 1))}
 
 

@@ -7,7 +7,9 @@ a new timestamped sweep directory.
 
 The index lives under the output root, one small file per key (`<run.output_dir>/cells/
 <key>.json`), pointing to the cell's latest result.json; result.json stays the source of
-truth (the index entry is only trusted when the result it points to carries the same key).
+truth (the index entry is only trusted when the result it points to carries the same key). The
+entry also counts the cell's runs that finished ok (`ok_runs`), which a sweep of several passes
+(`hydra.launcher.passes`) measures each cell up to.
 Rank 0 writes the entry right after result.json, so a cell that recorded itself while no
 launcher was watching (a SLURM job whose submitting shell was gone) is found as well.
 
