@@ -146,15 +146,21 @@ def finished_earlier(prepared: Sequence[PreparedCell[Any]], *, force: bool,
     finished ok (`harness.records.resume.finished_runs`; `runs_to_make` schedules the rest)."""
     if force:
         return {}, set()
-    done, unsteady = {}, 0
+    done, unsteady, short = {}, 0, 0
     for index, cell in enumerate(prepared):
         result = finished_result(cell.cell.run.output_dir, cell_key(cell.config))
         if result is not None and remeasure_unsteady and is_unsteady(result.get("metrics", {})):
             unsteady += 1
             continue
-        if result is not None and (passes == 1 or finished_runs(
-                cell.cell.run.output_dir, cell_key(cell.config)) >= passes):
+        made = finished_runs(cell.cell.run.output_dir, cell_key(cell.config)) if passes > 1 else 1
+        if result is not None and made >= passes:
             done[index] = mark_reused(result)
+        elif 0 < made < passes:
+            short += 1
+    if short:  # an earlier run of the sweep stopped between its passes, or had fewer
+        print(f"[distbench] {short} cell(s) measured earlier in fewer than {passes} runs that "
+              f"finished ok: each makes the runs it lacks (hydra.launcher.passes={passes})",
+              flush=True)
     sampled = remeasured_at_random(prepared, done, remeasure_sample, remeasure_seed)
     upload_pending(prepared, done)
     if unsteady:

@@ -132,6 +132,13 @@ def test_a_sweep_of_two_passes_measures_each_cell_in_two_runs_a_pass_apart(
     again = run_module("harness", args, cwd=output_root.parent)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "1 cell(s) already measured, nothing to run" in again.stdout, again.stdout
+    # Asked for a third pass, the cell makes the one run it lacks, and the sweep says why.
+    third = run_module("harness", [*args, "hydra.launcher.passes=3"], cwd=output_root.parent)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "1 cell(s) measured earlier in fewer than 3 runs that finished ok: each makes the " \
+           "runs it lacks (hydra.launcher.passes=3)" in third.stdout, third.stdout
+    assert third.stdout.count("starting 1 worker process(es)") == 1, third.stdout
+    assert _cell_runs(output_root) == Counter({(first["cell_key"], "ok"): 3})
 
 
 class _Run:
