@@ -220,10 +220,14 @@ def in_pass(cell: PreparedCell[Size], number: int) -> PreparedCell[Size]:
                    config=config)
 
 
-def announce_pass(number: int, runs: Sequence[tuple[int, int]], passes: int) -> None:
-    """Say that the sweep's pass `number` begins (`runs_to_make`), and why it runs cells
-    again."""
-    count = sum(1 for made_in, _ in runs if made_in == number)
+def by_pass(runs: Sequence[tuple[int, int]]) -> list[tuple[int, list[int]]]:
+    """`runs_to_make`'s runs grouped by pass: (pass, the positions it runs, in order)."""
+    return [(number, [index for made_in, index in runs if made_in == number])
+            for number in sorted({made_in for made_in, _ in runs})]
+
+
+def announce_pass(number: int, count: int, passes: int) -> None:
+    """Say that the sweep's pass `number` begins, running `count` cells again, and why."""
     print(f"[distbench] pass {number}: {count} cell(s) measured again, minutes after their "
           f"run in the pass before (hydra.launcher.passes={passes}: the analysis takes each "
           f"cell's median run and the noise between its runs)", flush=True)

@@ -99,22 +99,21 @@ class SerialLocalLauncher(LocalLauncher):
               # In a file: a line as each cell ends.
               steps(len(runs), "sweep", "cell(s)", enabled=bool(runs), first_line_s=0,
                     every_s=0) as bar):
-            current_pass = 1
-            for number, index in runs:
-                if number != current_pass:
-                    current_pass = number
-                    cells.announce_pass(number, runs, reuse["passes"])
-                cell = cells.in_pass(prepared[index], number)
-                outcome, job = run_cell_job(
-                    self, cell.overrides, "hydra.sweep.dir", cell.job_num,
-                    f"job_id_for_{cell.job_num}", Singleton.get_state(), config=cell.config,
-                    output_dir=cell.output_dir, folder=Path(self.params["submitit_folder"]),
-                    workers=cell.size, timeout_min=timeout_min,
-                    grace_s=float(self.params["grace_after_result_s"]),
-                    name=str(cell.config.hydra.job.name),
-                    label=f"cell {cell.job_num} ({cell.cell.run_name})")
-                results[index] = outcome
-                job_ids[index] = job.job_id
-                bar.update()
+            for number, indices in cells.by_pass(runs):
+                if number > 1:
+                    cells.announce_pass(number, len(indices), reuse["passes"])
+                for index in indices:
+                    cell = cells.in_pass(prepared[index], number)
+                    outcome, job = run_cell_job(
+                        self, cell.overrides, "hydra.sweep.dir", cell.job_num,
+                        f"job_id_for_{cell.job_num}", Singleton.get_state(), config=cell.config,
+                        output_dir=cell.output_dir, folder=Path(self.params["submitit_folder"]),
+                        workers=cell.size, timeout_min=timeout_min,
+                        grace_s=float(self.params["grace_after_result_s"]),
+                        name=str(cell.config.hydra.job.name),
+                        label=f"cell {cell.job_num} ({cell.cell.run_name})")
+                    results[index] = outcome
+                    job_ids[index] = job.job_id
+                    bar.update()
         return cells.sweep_returns(prepared, [results[i] for i in range(len(prepared))],
                                    [job_ids[i] for i in range(len(prepared))])

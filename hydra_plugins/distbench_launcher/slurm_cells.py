@@ -154,11 +154,11 @@ class SlurmCellsLauncher(SlurmLauncher):
         with (sweep_parent_run(self.config, cells_to_run=len(runs), results=results.values()),
               steps(len(runs), "sweep", "cell(s)", enabled=bool(runs), first_line_s=0,
                     every_s=0) as bar):
-            for number in sorted({made_in for made_in, _ in runs}):
+            for number, indices in cells.by_pass(runs):
                 if number > 1:
-                    cells.announce_pass(number, runs, reuse["passes"])
+                    cells.announce_pass(number, len(indices), reuse["passes"])
                 self._run_pass(prepared, [(index, cells.in_pass(prepared[index], number))
-                                          for made_in, index in runs if made_in == number],
+                                          for index in indices],
                                earlier.following if number == 1 else {}, results, job_ids, bar)
         return cells.sweep_returns(prepared, [results[i] for i in range(len(prepared))],
                                    [job_ids[i] for i in range(len(prepared))])
