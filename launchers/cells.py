@@ -8,10 +8,11 @@ here, from the reports its workers left, so that the sweep's record has every ce
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -220,10 +221,31 @@ def in_pass(cell: PreparedCell[Size], number: int) -> PreparedCell[Size]:
                    config=config)
 
 
-def by_pass(runs: Sequence[tuple[int, int]]) -> list[tuple[int, list[int]]]:
-    """`runs_to_make`'s runs grouped by pass: (pass, the positions it runs, in order)."""
-    return [(number, [index for made_in, index in runs if made_in == number])
-            for number in sorted({made_in for made_in, _ in runs})]
+@contextlib.contextmanager
+def running_sweep(config: DictConfig, runs: Sequence[tuple[int, int]],
+                  results: Collection[dict[str, Any]]) -> Iterator[Any]:
+    """Around a launcher's runs (`runs_to_make`): the sweep's MLflow parent run, only once
+    every cell is valid and some cell runs, its summary made of `results` (each cell's latest
+    outcome, filled meanwhile), as the summary table is; and the progress over the runs (not
+    the skipped cells, which would make its rate thousands of cells/s; in a file, a line as
+    each cell ends), which it yields."""
+    from harness.records.sweep_runs import sweep_parent_run
+    from workloads.progress import steps
+
+    with (sweep_parent_run(config, cells_to_run=len(runs), results=results),
+          steps(len(runs), "sweep", "cell(s)", enabled=bool(runs), first_line_s=0,
+                every_s=0) as bar):
+        yield bar
+
+
+def each_pass(runs: Sequence[tuple[int, int]], passes: int) -> Iterator[tuple[int, list[int]]]:
+    """`runs_to_make`'s runs, pass by pass: (pass, the positions it runs, in order), saying
+    as each pass after the first begins why it runs cells again."""
+    for number in sorted({made_in for made_in, _ in runs}):
+        indices = [index for made_in, index in runs if made_in == number]
+        if number > 1:
+            announce_pass(number, len(indices), passes)
+        yield number, indices
 
 
 def announce_pass(number: int, count: int, passes: int) -> None:

@@ -76,10 +76,8 @@ class SerialLocalLauncher(LocalLauncher):
                initial_job_idx: int) -> Sequence[JobReturn]:
         from hydra.core.singleton import Singleton
 
-        from harness.records.sweep_runs import sweep_parent_run
         from launchers import cells
         from launchers.local import run_cell_job
-        from workloads.progress import steps
 
         assert self.config is not None and self.hydra_context is not None
         prepared = cells.prepare_sweep(self.hydra_context.config_loader, self.config,
@@ -92,16 +90,8 @@ class SerialLocalLauncher(LocalLauncher):
         # Each cell's latest outcome (reused, or the last run made), by position in `prepared`.
         results: dict[int, dict] = dict(done)
         job_ids = {index: "skipped" for index in done}
-        # The sweep's MLflow parent run, only once every cell is valid and some cell runs; its
-        # summary is made of `results`, as the summary table is.
-        with (sweep_parent_run(self.config, cells_to_run=len(runs), results=results.values()),
-              # Over the runs made: skipped cells would make its rate thousands of cells/s.
-              # In a file: a line as each cell ends.
-              steps(len(runs), "sweep", "cell(s)", enabled=bool(runs), first_line_s=0,
-                    every_s=0) as bar):
-            for number, indices in cells.by_pass(runs):
-                if number > 1:
-                    cells.announce_pass(number, len(indices), reuse["passes"])
+        with cells.running_sweep(self.config, runs, results.values()) as bar:
+            for number, indices in cells.each_pass(runs, reuse["passes"]):
                 for index in indices:
                     cell = cells.in_pass(prepared[index], number)
                     outcome, job = run_cell_job(

@@ -123,10 +123,8 @@ class SlurmCellsLauncher(SlurmLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
-        from harness.records.sweep_runs import sweep_parent_run
         from harness.records.sweep_summary import mark_reused
         from launchers import cells, slurm, slurm_resume
-        from workloads.progress import steps
 
         assert self.config is not None and self.hydra_context is not None
         prepared = cells.prepare_sweep(
@@ -148,15 +146,10 @@ class SlurmCellsLauncher(SlurmLauncher):
         runs = cells.runs_to_make(prepared, done, passes=reuse["passes"], force=reuse["force"])
         results: dict[int, dict] = dict(done)  # by position in `prepared`, filled as cells end
         job_ids = {index: "skipped" for index in done}
-        # The sweep's MLflow parent run, only once every cell is valid and some cell runs
-        # (cells followed from an earlier sweep included); its id reaches the jobs it submits;
-        # its summary is made of `results`, as the summary table is.
-        with (sweep_parent_run(self.config, cells_to_run=len(runs), results=results.values()),
-              steps(len(runs), "sweep", "cell(s)", enabled=bool(runs), first_line_s=0,
-                    every_s=0) as bar):
-            for number, indices in cells.by_pass(runs):
-                if number > 1:
-                    cells.announce_pass(number, len(indices), reuse["passes"])
+        # Cells followed from an earlier sweep count among the runs; the sweep's parent run id
+        # reaches the jobs it submits.
+        with cells.running_sweep(self.config, runs, results.values()) as bar:
+            for number, indices in cells.each_pass(runs, reuse["passes"]):
                 self._run_pass(prepared, [(index, cells.in_pass(prepared[index], number))
                                           for index in indices],
                                earlier.following if number == 1 else {}, results, job_ids, bar)
