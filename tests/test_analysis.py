@@ -289,6 +289,14 @@ def test_a_grid_measured_here_is_fitted_reported_and_recommended(output_root: Pa
         "contention", "communication", "fsdp_copies", "horovod_background",
         "pipedream_flatten"}
     assert len(fit["recommendations"]) == 2  # one verdict per workload
+    # judged again with each network's step time from its own one-worker cells (both
+    # networks' sequential cells ran at batch 8): every model but the sequential one
+    at_cells = fit["step_from_cells"]
+    assert {row["model"] for row in at_cells["accuracy"]} <= {
+        "ddp", "horovod", "gpipe", "pipedream"}
+    assert at_cells["accuracy"] and at_cells["recommendations"] == 2
+    assert "step time from its own one-worker cells" in analysis.stdout
+    assert "## Accuracy with each network's step time from its own one-worker cells" in report
     for verdict in fit["recommendations"]:  # and the recommender's answer, its tie rule applied
         if verdict["tied"]:
             assert verdict["tied"][0] == verdict["recommended"]
@@ -561,3 +569,56 @@ def test_the_analysis_says_which_workloads_cells_ran_at_another_speed_than_their
         "one-worker cells, scaled by the reference kernel: x1.25-x1.25, median x1.25)"]
     assert speed_lines(drifted[1:], scaling=False) == [
         "step times used at the machine speed they were measured at (--no-speed-scaling)"]
+
+
+def test_a_step_time_the_grids_one_worker_cells_measured_comes_first_when_asked() -> None:
+    """On `local_2cpu` a probe's step times were 0.86-1.13 of the grid's own one-worker cells,
+    and every cell of a network carried its probe's miss: the second judgement takes each
+    network's step from its one-worker cells, where they ran at the batch; elsewhere (GPipe's
+    micro-batch) the facts file's, as always."""
+    from harness.analysis.step_from_cells import cells_step_cache
+    from harness.predict.facts import _step_seconds, cache_for
+    from harness.predict.steps import MeasuredStep
+
+    config = validate(compose_config(["dataset=mnist", "network=vgg11", "hardware=local_2cpu",
+                                      "distribution=sequential"]))
+    workload = ("vgg11", "mnist", "cpu", config.hardware.cpu_threads)
+    probed = [MeasuredStep(32, 0.30, "facts file F"), MeasuredStep(8, 0.09, "facts file F")]
+    in_cells = MeasuredStep(32, 0.33, "MLflow run R", 1, reference_ms=27.0,
+                            reference_in_cells=True)
+    cache = cache_for(5, probe=False)
+    cache.recorded[workload] = ([*probed, in_cells], ["F", "R"])
+    assert _step_seconds(config, 32, cache) == 0.30  # the facts file first, by default
+    cache.profiles["kept"] = "a layer profile"
+    at_cells = cells_step_cache(cache)
+    assert at_cells.profiles is cache.profiles and not at_cells.step_seconds
+    at_cells.recorded[workload] = cache.recorded[workload]
+    assert _step_seconds(config, 32, at_cells) == 0.33
+    source = at_cells.sources[next(iter(at_cells.sources))]
+    assert source.reference_in_cells and source.reference_ms == 27.0
+    assert _step_seconds(config, 8, at_cells) == 0.09  # no one-worker cell ran batch 8
+    assert [step.source for step in cache.sources.values()] == ["facts file F"]
+
+
+def test_the_second_judgement_is_reported_beside_the_probes() -> None:
+    """The models judged with each network's step from its own one-worker cells: a table
+    without the sequential model, and the recommendations, on the console, in report.md and
+    in fit.json."""
+    from harness.analysis.report import _step_from_cells_section
+    from harness.analysis.step_from_cells import StepFromCells
+
+    cells = [_cell(f"c{i}", 2.0 + i, "network=vgg11", "hardware=local_2cpu", distribution)
+             for i, distribution in enumerate(["distribution=sequential", "distribution=ddp"])]
+    predictions = held_out([CellPrediction(cell, _concurrent(1.5, 0.2), 50.0)
+                            for cell in cells], group=lambda cell: cell.run_id)
+    table = [row for row in accuracy(predictions, predictions) if row.model == "ddp"]
+    judged = StepFromCells(table, [], cells=1, of=2)
+    lines = judged.lines()
+    assert lines[0].startswith("held out by network, each network's step time from its own "
+                               "one-worker cells (1 of 2 cells;")
+    assert [line.split()[0] for line in lines[2:]] == ["ddp"]
+    section = "\n".join(_step_from_cells_section(judged))
+    assert "## Accuracy with each network's step time from its own one-worker cells" in section
+    assert "Recommendations right for 0 of 0 workloads" in section
+    assert judged.to_json()["accuracy"][0]["model"] == "ddp"
+    assert _step_from_cells_section(None) == []

@@ -11,7 +11,9 @@ shared machine's speed drifts over the hours (a workload whose one-worker cells 
 faster than its probe says is named). `--no-probe` reuses the facts measured earlier
 (`<run.output_dir>/facts/<hardware>.json`, else the grid's sequential cells, each cell then
 scaled to the speed it ran at by the reference kernels) and times no step; a layer profile
-the facts file lacks is still taken on this CPU (shares, not times).
+the facts file lacks is still taken on this CPU (shares, not times). Where the grid has
+one-worker cells the models are judged a second time with each network's step time from them
+(`harness.analysis.step_from_cells`): the models' own error, apart from the probe's.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from harness.analysis.grid import MeasuredCell, load_grid, one_per_cell
 from harness.analysis.noise import NoiseFloor, noise_floor, noise_floor_per_model
 from harness.analysis.recommendations import judge, memory_verdicts, tie_summary
 from harness.analysis.report import setting_label, write_report
+from harness.analysis.step_from_cells import StepFromCells, judge_with_steps_from_cells
 from harness.cli import command
 from harness.compose import compose_config
 from harness.config import ConfigError, DistbenchConfig, validate
@@ -228,6 +231,10 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
                      noise_percent=tie_noise_percent(overall),
                      memory_errors={row.model: row.memory_mape for row in table
                                     if math.isfinite(row.memory_mape)})
+    at_cells_step = None if note is not None else judge_with_steps_from_cells(
+        cells, cache, lambda facts: predict_cells(cells, facts, profiles,
+                                                  at_cells_speed=at_cells_speed),
+        fit_on=fit_on, noise_percent=tie_noise_percent(overall))
     fit_verdicts = memory_verdicts(measured, lambda cell: max(memory_per_worker_mb(
         cell.config, gather(cell.config, cache, timed=False))), predictions)
     fitted = [p for p in predictions if fit_on(p.cell)]
@@ -238,7 +245,7 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
                          params=params, runtime_mb=runtime, probe_seconds=probe_seconds,
                          fit_verdicts=fit_verdicts, single_network=note, noise=noise,
                          overall_noise=overall, step_times=step_times, speed=speed,
-                         links=links)
+                         links=links, at_cells_step=at_cells_step)
     fit_path = folder / FIT_FILE
     write_json_atomic(fit_path, {
         "experiment": experiment, "tracking_uri": uri, "cells": len(cells),
@@ -278,6 +285,10 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
             "tied": [setting_label(p.cell.config) for p in v.tied_predictions],
             "fastest_among_tied": v.fastest_among_tied}
             for v in verdicts],
+        # The same judgement with each network's step time from its own one-worker cells
+        # (harness.analysis.step_from_cells; null for a grid without them): the models' own
+        # error, without the probe's drift from the cells.
+        "step_from_cells": at_cells_step.to_json() if at_cells_step else None,
         "residuals": residuals(by_cell, by_network, by_family),
         "fit_in_memory": [{"run": v.cell.run_name, "status": v.cell.status,
                            "predicted_mb": v.predicted_mb, "limit_mb": v.limit_mb,
@@ -285,7 +296,8 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
                           for v in fit_verdicts],
     })
     _log(uri, experiment, table, verdicts, [*files, fit_path])
-    _print_summary(table, verdicts, fit_verdicts, folder, note, noise, overall)
+    _print_summary(table, verdicts, fit_verdicts, folder, note, noise, overall,
+                   at_cells_step)
     return folder
 
 
@@ -383,7 +395,8 @@ def _noise_column(noise: dict[str, NoiseFloor], model: str) -> str:
 def _print_summary(table, verdicts, fit_verdicts, folder: Path,  # noqa: ANN001
                    single_network: str | None = None,
                    noise: dict[str, NoiseFloor] | None = None,
-                   overall: NoiseFloor | None = None) -> None:
+                   overall: NoiseFloor | None = None,
+                   at_cells_step: StepFromCells | None = None) -> None:
     noise = noise or {}
     if overall is not None:
         print(overall.text() + "; an error below it cannot be told from the cells' noise")
@@ -420,6 +433,8 @@ def _print_summary(table, verdicts, fit_verdicts, folder: Path,  # noqa: ANN001
         ties = tie_summary(verdicts)
         if ties:
             print(f"  {ties}")
+    for line in at_cells_step.lines() if at_cells_step else []:
+        print(line)
     if fit_verdicts:
         print(f"fit in memory predicted right for {sum(v.right for v in fit_verdicts)} of "
               f"{len(fit_verdicts)} cells with a memory limit "

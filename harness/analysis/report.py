@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from harness.analysis.step_from_cells import StepFromCells
+
 
 def setting_label(config: DistbenchConfig, plan: StagePlan | None = None) -> str:
     """A configuration in a few characters: the model and its main settings (a pipeline
@@ -105,13 +107,16 @@ def write_report(folder: Path, *, experiment: str, uri: str,
                  noise: dict[str, NoiseFloor] | None = None,
                  overall_noise: NoiseFloor | None = None,
                  step_times: Sequence[tuple[str, StepTime]] = (),
-                 speed: Sequence[str] = (), links: Sequence[str] = ()) -> list[Path]:
+                 speed: Sequence[str] = (), links: Sequence[str] = (),
+                 at_cells_step: StepFromCells | None = None) -> list[Path]:
     """Write the plots and report.md into `folder`; return the files written.
     `single_network`: why leave one network out could not be measured (`fit.
     leave_one_network_out_note`), said first; its columns then read n/a. `noise`: each
     model's measurement noise floor (harness.analysis.noise), beside its errors.
     `step_times`: the sequential step times the predictions used, each with its workload;
-    `links`: where each hardware's link speeds came from (`analysis.link_lines`)."""
+    `links`: where each hardware's link speeds came from (`analysis.link_lines`);
+    `at_cells_step`: the models judged with each network's step time from its own one-worker
+    cells (`analysis.step_from_cells`), None where the grid has none."""
     noise = noise or {}
     folder.mkdir(parents=True, exist_ok=True)
     plots = [plot_speedup(folder / "speedup.png", by_network),
@@ -143,6 +148,7 @@ def write_report(folder: Path, *, experiment: str, uri: str,
           f"{_percent(a.memory_mape)} | {a.cell_mape:.1f} | "
           f"{a.raw_mape:.1f} | {a.raw_worst:.1f} |" for a in table),
         *_family_section(table),
+        *_step_from_cells_section(at_cells_step),
         "", "## Recommendations, network held out, against the measured fastest", "",
         "| workload | configurations | measured fastest | recommended | right | time lost % "
         "| tied within error and noise | the tie rule names | right | time lost % "
@@ -182,6 +188,25 @@ def write_report(folder: Path, *, experiment: str, uri: str,
     report = folder / "report.md"
     report.write_text("\n".join(lines))
     return [report, *plots]
+
+
+def _step_from_cells_section(judged: StepFromCells | None) -> list[str]:
+    """The models judged again with each network's step time from its own one-worker cells:
+    the gap to the table above is the probe's drift from the cells, not the models'."""
+    if judged is None:
+        return []
+    return ["", "## Accuracy with each network's step time from its own one-worker cells", "",
+            f"The same fit and hold-out, {judged.cells} of {judged.of} cells predicted from "
+            "the step time their network's sequential cells measured (minutes from its other "
+            "cells; scaled by the reference kernels) instead of the probe's: what is left is "
+            "the models' own error, and the gap to the table above is the step time's. Not "
+            "judged here: the sequential model (its cells are its step time) and cells at a "
+            "batch no one-worker cell ran (GPipe's micro-batch). Recommendations right for "
+            f"{judged.right} of {len(judged.verdicts)} workloads (worst time lost "
+            f"{judged.worst_lost:.1f} %).", "",
+            "| model | cells | MAPE | worst | bias |", "|---|---:|---:|---:|---:|",
+            *(f"| {row.model} | {row.cells} | {row.network_mape:.1f} | "
+              f"{row.network_worst:.1f} | {row.network_bias:+.1f} |" for row in judged.table)]
 
 
 def _percent(value: float, spec: str = ".1f") -> str:

@@ -99,6 +99,11 @@ class FactsCache:
     # candidate plans would each take a short training run).
     time_in_place: bool = False
     in_place: dict[tuple[Any, ...], InPlaceStages | None] = field(default_factory=dict)
+    # True: a step time at a batch the grid's own one-worker cells ran at comes from those
+    # cells (MLflow), before the facts file and the probe: a network's step measured minutes
+    # from its other cells, as long as they ran, rather than a probe's few batches at another
+    # time (`harness.analysis` judges the models that way too, beside the probe's judgement).
+    steps_from_cells: bool = False
 
 
 def command_parser(prog: str, description: str | None, *,
@@ -188,7 +193,10 @@ def _step_key(config: DistbenchConfig, batch: int, cache: FactsCache) -> tuple[A
 def _step_seconds(config: DistbenchConfig, batch: int, cache: FactsCache) -> float:
     key = _step_key(config, batch, cache)
     if key not in cache.step_seconds:
-        if probes_here(config, cache):
+        in_cells = _step_from_cells(config, batch, cache) if cache.steps_from_cells else None
+        if in_cells is not None:
+            found = in_cells
+        elif probes_here(config, cache):
             found = (_kept_step(config, batch, cache) if cache.reuse else None) \
                 or _probe_step(config, batch, cache)
         else:
@@ -196,6 +204,15 @@ def _step_seconds(config: DistbenchConfig, batch: int, cache: FactsCache) -> flo
         cache.step_seconds[key] = found.seconds
         cache.sources[key] = found
     return cache.step_seconds[key]
+
+
+def _step_from_cells(config: DistbenchConfig, batch: int,
+                     cache: FactsCache) -> StepTime | None:
+    """The step time at `batch` the grid's one-worker cells measured (their median, with their
+    reference kernel), None where none ran at that batch."""
+    measured, _ = _recorded(config, cache)
+    exact = [step for step in measured if step.reference_in_cells and step.batch == batch]
+    return min(exact, key=lambda step: step.rank).at(batch) if exact else None
 
 
 def step_times_used(cache: FactsCache) -> list[tuple[str, StepTime]]:
@@ -671,6 +688,17 @@ def _keep(config: DistbenchConfig, cache: FactsCache,
 def recorded_step_time(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepTime:
     """The step time at `batch` from the facts file and MLflow's sequential cells (not timed
     here); MissingMeasurement if neither holds any for the workload on the device."""
+    measured, looked = _recorded(config, cache)
+    found = choose_step_time(measured, batch)
+    if found is None:
+        raise MissingMeasurement(_missing_message(config, batch, looked))
+    return found
+
+
+def _recorded(config: DistbenchConfig,
+              cache: FactsCache) -> tuple[list[MeasuredStep], list[str]]:
+    """The step times the facts file and MLflow's sequential cells hold for `config`'s
+    workload on its device (read once per cache), and where they were looked for."""
     workload = (config.network.key, config.dataset.key,
                 config.hardware.device.value, _threads(config))
     if workload not in cache.recorded:
@@ -678,11 +706,7 @@ def recorded_step_time(config: DistbenchConfig, batch: int, cache: FactsCache) -
         in_file = FactsStore.load(path, config.hardware.name).steps(*workload)
         in_mlflow, mlflow_looked = sequential_steps(config, uri=cache.tracking_uri)
         cache.recorded[workload] = ([*in_file, *in_mlflow], [str(path), mlflow_looked])
-    measured, looked = cache.recorded[workload]
-    found = choose_step_time(measured, batch)
-    if found is None:
-        raise MissingMeasurement(_missing_message(config, batch, looked))
-    return found
+    return cache.recorded[workload]
 
 
 def _missing_message(config: DistbenchConfig, batch: int, looked: Sequence[str]) -> str:
