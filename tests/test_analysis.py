@@ -622,3 +622,21 @@ def test_the_second_judgement_is_reported_beside_the_probes() -> None:
     assert "Recommendations right for 0 of 0 workloads" in section
     assert judged.to_json()["accuracy"][0]["model"] == "ddp"
     assert _step_from_cells_section(None) == []
+
+
+def test_the_second_judgement_is_left_out_where_a_step_time_is_not_to_be_had(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A step time the main judgement probed but could not keep (an unwritable facts file) is
+    not timed again for the second: that judgement is left out, with one line, and the
+    analysis goes on."""
+    from harness.analysis.step_from_cells import judge_with_steps_from_cells
+    from harness.predict.facts import MissingMeasurement, cache_for
+
+    def predict(cache: object) -> list[CellPrediction]:
+        raise MissingMeasurement("hardware=local_2cpu: no sequential step time measured")
+
+    judged = judge_with_steps_from_cells([], cache_for(5), predict, fit_on=lambda cell: True,
+                                         noise_percent=0.0)
+    assert judged is None
+    assert "not judged with the one-worker cells' step times: hardware=local_2cpu" in \
+        capsys.readouterr().err

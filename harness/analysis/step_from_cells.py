@@ -20,6 +20,7 @@ only predicted, for the recommendations).
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -27,7 +28,7 @@ from harness.analysis.fit import Accuracy, CellPrediction, accuracy, held_out
 from harness.analysis.grid import MeasuredCell
 from harness.analysis.recommendations import WorkloadVerdict, judge
 from harness.distributions.registry import baseline
-from harness.predict.facts import FactsCache, step_time_source
+from harness.predict.facts import FactsCache, MissingMeasurement, step_time_source
 
 
 @dataclass(frozen=True)
@@ -85,9 +86,16 @@ def judge_with_steps_from_cells(
         predict: Callable[[FactsCache], list[CellPrediction]], *,
         fit_on: Callable[[MeasuredCell], bool], noise_percent: float) -> StepFromCells | None:
     """The second judgement (module docstring); None where no cell's step time came from its
-    network's one-worker cells (a grid without sequential cells)."""
+    network's one-worker cells (a grid without sequential cells), or where a step time the
+    main judgement probed was not kept (an unwritable facts file) and is not to be had without
+    timing it again: the main judgement stands, and this one is not made."""
     at_cells = cells_step_cache(cache)
-    predictions = predict(at_cells)
+    try:
+        predictions = predict(at_cells)
+    except MissingMeasurement as missing:
+        print(f"distbench: not judged with the one-worker cells' step times: {missing}",
+              file=sys.stderr, flush=True)
+        return None
     from_cells = {p.cell.run_id for p in predictions if _step_from_cells(p, at_cells)}
     if not from_cells:
         return None
