@@ -197,12 +197,12 @@ def _step_from_cells_section(judged: StepFromCells | None) -> list[str]:
         return []
     return ["", "## Accuracy with each network's step time from its own one-worker cells", "",
             f"The same fit and hold-out, {judged.cells} of {judged.of} cells predicted from "
-            "the step time their network's sequential cells measured (minutes from its other "
+            "the step time their network's one-worker cells measured (minutes from its other "
             "cells; scaled by the reference kernels) instead of the probe's: what is left is "
             "the models' own error, and the gap to the table above is the step time's. Not "
-            "judged here: the sequential model (its cells are its step time) and cells at a "
-            "batch no one-worker cell ran (GPipe's micro-batch). Recommendations right for "
-            f"{judged.right} of {len(judged.verdicts)} workloads (worst time lost "
+            "judged here: the one-worker model (its cells are its step time) and cells at a "
+            "batch no one-worker cell ran (a pipeline's micro-batches). Recommendations right "
+            f"for {judged.right} of {len(judged.verdicts)} workloads (worst time lost "
             f"{judged.worst_lost:.1f} %).", "",
             "| model | cells | MAPE | worst | bias |", "|---|---:|---:|---:|---:|",
             *(f"| {row.model} | {row.cells} | {row.network_mape:.1f} | "

@@ -3,7 +3,7 @@
 Every prediction stands on a sequential step time. The analysis' main judgement takes it from
 a probe of a few batches, timed once, minutes to hours away from the cells: what a
 recommendation for a network never measured gets. On a shared host the probe and the cells
-then ran at different speeds: on `local_2cpu` one probe's step times were 0.86-1.13 of the
+then ran at different speeds: on `local_2cpu` two probes' step times were 0.86-1.13 of the
 grid's own one-worker cells (two probes four minutes apart disagreed as much), and every cell of
 a network carried its probe's miss (BENCHMARKS.md section 17, twenty-second session).
 
