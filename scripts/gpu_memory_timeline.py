@@ -18,6 +18,12 @@ them, for sequential cells (one worker, the harness's own network, optimizer and
 - the model's terms for the same cell (`predict.cell.memory_terms_per_worker`, the CUDA
   context left out as `max_memory_allocated` leaves it out).
 
+With `--owners NETWORK:BATCH ...` it runs real cells instead, in this process, as a worker
+runs them (`harness.worker.run.run_cell`, the harness's data, warm-up, epochs and evaluation),
+with the CUDA allocator's history on, and names what is alive at the trace's peak: each live
+block's size grouped by the innermost frame of this repository's code that allocated it, beside
+the cell's recorded peak. That is where a real cell's peak parts from the bare step's.
+
 Needs a CUDA device; runs from a checkout (`harness/conf` linked to `conf/` where distbench
 is not installed), as scripts/gpu_check.sh does. Written for the next session lent a GPU: it
 has not run on one yet (its CPU parts, the saved bytes and the model's terms, have).
@@ -144,6 +150,95 @@ def measure_cell(network: str, batch: int, hardware: str, facts: FactsCache) -> 
     return row
 
 
+def peak_owners(entries: list[dict[str, Any]], top: int = 12) -> dict[str, Any]:
+    """Replay the allocator's history (`alloc` adds a block, `free_completed` removes it):
+    the peak of the allocated bytes, and the blocks alive at it grouped by who allocated them
+    (the innermost frame of this repository's code, and the innermost frame of all)."""
+    allocated, peak, peak_at = 0, 0, -1
+    for index, entry in enumerate(entries):
+        if entry["action"] == "alloc":
+            allocated += entry["size"]
+        elif entry["action"] == "free_completed":
+            allocated -= entry["size"]
+        if allocated > peak:
+            peak, peak_at = allocated, index
+    live: dict[int, dict[str, Any]] = {}
+    for entry in entries[:peak_at + 1]:
+        if entry["action"] == "alloc":
+            live[entry["addr"]] = entry
+        elif entry["action"] == "free_completed":
+            live.pop(entry["addr"], None)
+    groups: dict[str, list[int]] = {}
+    for entry in live.values():
+        groups.setdefault(_owner(entry.get("frames") or []), []).append(entry["size"])
+    ranked = sorted(groups.items(), key=lambda item: -sum(item[1]))
+    return {"peak_mb": round(peak / BYTES_PER_MB, 1), "entries": len(entries),
+            "peak_at_entry": peak_at,
+            "owners": [{"mb": round(sum(sizes) / BYTES_PER_MB, 1), "blocks": len(sizes),
+                        "where": where} for where, sizes in ranked[:top]]}
+
+
+def _owner(frames: list[dict[str, Any]]) -> str:
+    """`repo_file:line function <- innermost function`: who allocated a block."""
+    def text(frame: dict[str, Any]) -> str:
+        return f"{frame['filename'].rsplit('/', 1)[-1]}:{frame['line']} {frame['name']}"
+    ours = next((frame for frame in frames
+                 if any(part in frame["filename"] for part in ("/harness/", "/workloads/"))),
+                None)
+    innermost = text(frames[0]) if frames else "?"
+    return f"{text(ours)} <- {innermost}" if ours is not None else innermost
+
+
+def owners_of_a_real_cell(network: str, batch: int, hardware: str) -> dict[str, Any]:
+    """A real cell (CIFAR-10, one epoch, as `gpu_check.sh`'s memory_grid runs it) in this
+    process with the allocator's history on: its recorded peak and who holds the trace's."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from harness.records.cell import check_cell
+    from harness.worker.run import run_cell
+
+    overrides = [f"network={network}", "dataset=cifar10", f"hardware={hardware}",
+                 f"distribution.batch_size={batch}", "dataset.num_samples=1024",
+                 "run.epochs=1", "run.warmup_batches=2", "run.progress=false",
+                 "tracking.enabled=false"]
+    gc_collect_everything()
+    torch.cuda.memory._record_memory_history(enabled="all", context="alloc",
+                                             stacks="python", max_entries=2_000_000)
+    with tempfile.TemporaryDirectory() as out:
+        overrides.append(f"run.output_dir={out}")
+        result = run_cell(check_cell(compose_config(overrides)), output_dir=Path(out) / "cell")
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    entries = [entry for trace in snapshot["device_traces"] for entry in trace]
+    row = {"network": network, "batch": batch, "status": result["status"],
+           "recorded_peak_mb": result.get("metrics", {}).get("peak_memory_mb"),
+           **peak_owners(entries)}
+    gc_collect_everything()
+    return row
+
+
+def gc_collect_everything() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+
+def print_owners(rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        print(f"\n{row['network']} b{row['batch']} ({row['status']}): recorded peak "
+              f"{row['recorded_peak_mb']} MB; the trace's peak {row['peak_mb']} MB at entry "
+              f"{row['peak_at_entry']} of {row['entries']}; alive there:")
+        for owner in row["owners"]:
+            print(f"  {owner['mb']:9.1f} MB {owner['blocks']:5d} blocks  {owner['where']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu_memory_timeline.py",
                                      description=__doc__.split("\n")[0])
@@ -152,7 +247,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", nargs="+", type=int, default=[32, 128])
     parser.add_argument("--hardware", default="h100_1gpu")
     parser.add_argument("--json", help="also write the rows as JSON here")
+    parser.add_argument("--owners", nargs="+", metavar="NETWORK:BATCH",
+                        help="run these real cells with the allocator's history and name "
+                             "what is alive at their peak (instead of the bare steps)")
     args = parser.parse_args(argv)
+    if args.owners:
+        rows = []
+        for cell in args.owners:
+            network, batch = cell.split(":")
+            rows.append(owners_of_a_real_cell(network, int(batch), args.hardware))
+            print_owners(rows[-1:])
+        if args.json:
+            with open(args.json, "w") as stream:
+                json.dump(rows, stream, indent=1)
+        return 0
     rows = []
     facts = FactsCache(probe=False)  # one network's facts serve each of its batches
     print(f"{'network':12} {'batch':>5} {'model':>8} {'peak':>8} {'fwd+':>8} {'bwd peak+':>9} "

@@ -3,10 +3,11 @@ result.json below it), with the memory model's prediction beside each worker's m
 
 What a cell measured is compared with the part of the prediction that its measurement counts.
 On CUDA the harness records the CUDA allocator's peak (`torch.cuda.max_memory_allocated`),
-which leaves the CUDA context out: the prediction then is every term but the runtime share
-(`predict.runtime`: the context on CUDA, printed in its own column). On a CPU the recorded peak
-is the process's resident set, and the whole prediction counts. `scripts/gpu_check.sh` runs
-this after its cells (BENCHMARKS.md section 13).
+which leaves the CUDA context out: the prediction then is every term less the context (the
+part of the runtime share, `predict.runtime`, outside torch's allocator, printed in its own
+column; the math libraries' workspaces, the share's other part, are in the allocator's
+peak). On a CPU the recorded peak is the process's resident set, and the whole prediction
+counts. `scripts/gpu_check.sh` runs this after its cells (BENCHMARKS.md sections 13, 18).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ sys.path.insert(0, str(ROOT))  # run as a file from a checkout: the harness besi
 from harness.distributions.registry import config_from_record  # noqa: E402
 from harness.predict.cell import memory_terms_per_worker  # noqa: E402
 from harness.predict.facts import FactsCache, gather  # noqa: E402
+from harness.predict.runtime import RuntimeProbe, probe_key  # noqa: E402
 
 
 def worker_peaks(result: dict[str, Any]) -> list[float]:
@@ -41,13 +43,26 @@ def compare_memory(result: dict[str, Any], cache: FactsCache) -> dict[str, Any]:
     cuda = config.hardware.device.value == "cuda"
     try:
         terms = memory_terms_per_worker(config, gather(config, cache, timed=False))
+        context = context_mb(config) if cuda else 0.0
     except Exception as err:  # noqa: BLE001 - a report row, not a crash of the report
         return {"prediction_error": f"{type(err).__name__}: {err}"}
-    predicted = [term.total - (term.runtime if cuda else 0.0) for term in terms]
+    predicted = [term.total - context for term in terms]
     measured = worker_peaks(result)
-    return {"runtime_mb": terms[0].runtime, "predicted_mb": predicted, "measured_mb": measured,
+    return {"runtime_mb": terms[0].runtime, "context_mb": context, "predicted_mb": predicted,
+            "measured_mb": measured,
             "error": [(p - m) / m for p, m in zip(predicted, measured)],
             "terms": {name: value for name, value in vars(terms[0]).items()}}
+
+
+_contexts: dict[tuple[Any, ...], float] = {}
+
+
+def context_mb(config: Any) -> float:
+    """The CUDA context of a worker of `config`, measured once per runtime probe key."""
+    key = probe_key(config)
+    if key not in _contexts:
+        _contexts[key] = RuntimeProbe(config).reading()["context_mb"]
+    return _contexts[key]
 
 
 def summarise(result: dict[str, Any], cache: FactsCache) -> dict[str, Any]:
@@ -82,7 +97,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             measured = "/".join(f"{m:.0f}" for m in row["measured_mb"])
             predicted = "/".join(f"{p:.0f}" for p in row["predicted_mb"])
             error = "/".join(f"{e:+.0%}" for e in row["error"])
-            runtime = f"{row['runtime_mb']:.0f}"
+            runtime = f"{row['context_mb']:.0f}"
         lines.append(f"{row['cell']:44} {row['status']:7} {row['seconds_per_epoch_median']:11.4f} "
                      f"{spread:>19} {row['samples_per_second'] or 0:10.0f} {measured:>9} "
                      f"{predicted:>9} {error:>8} {runtime:>7}")

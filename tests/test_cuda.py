@@ -186,3 +186,19 @@ def test_a_pipeline_profiles_its_cpu_built_layers_on_the_gpu_and_puts_them_back(
 
     assert profile.device == "cuda:0" and len(profile.layers) == len(layers)
     assert {p.device.type for layer in layers for p in layer.parameters()} == {"cpu"}
+
+
+@needs_cuda
+def test_the_runtime_share_on_cuda_is_the_context_and_the_math_libraries_workspaces() -> None:
+    """`predict.runtime` on CUDA: the context outside torch's allocator, and the workspaces
+    cuBLAS and cuBLASLt keep in it (on an H200 the real cells' peaks held two blocks of
+    32 MiB beyond the model: BENCHMARKS.md section 18)."""
+    from harness.predict.runtime import RuntimeProbe
+
+    reading = RuntimeProbe(validate(compose_config([
+        "dataset=cifar10", "hardware=h100_1gpu", "tracking.enabled=false"]))).reading()
+
+    assert reading["context_mb"] > 100  # a CUDA context is hundreds of MB (804 on an H100)
+    assert 0 < reading["workspaces_mb"] < 1000
+    assert reading["runtime_mb"] == pytest.approx(reading["context_mb"]
+                                                  + reading["workspaces_mb"])

@@ -151,6 +151,29 @@ def test_a_cells_workers_from_its_facts() -> None:
         [first.total + 50, second.total + 50])
 
 
+def test_on_cuda_the_backward_adds_no_temporaries_and_a_worker_keeps_its_starting_weights(
+        ) -> None:
+    """The same facts on a CPU and on CUDA: the backward's temporaries only on the CPU (the
+    CUDA allocator reuses the blocks of the saved tensors each backward frees), the copy of
+    the starting weights only on CUDA (on a CPU it stays in the fitted remainder: BENCHMARKS.md
+    section 18)."""
+    from harness.compose import compose_config
+    from harness.config import validate
+    from harness.predict.cell import memory_terms_per_worker
+    from harness.predict.terms import CellFacts, LayerFacts
+
+    layers = [LayerFacts(1.0, saved.output_mb_per_sample, 0.25, saved=saved)
+              for saved in _layers()]
+    facts = CellFacts(4.0, 4.0, 1.0, layers, 0.0, 32, runtime_mb=900)
+    on = {hardware: memory_terms_per_worker(validate(compose_config([
+        "dataset=mnist", f"hardware={hardware}", "distribution.batch_size=32"])), facts)[0]
+        for hardware in ("local_cpu", "h100_1gpu")}
+    cpu, cuda = on["local_cpu"], on["h100_1gpu"]
+    assert cpu.backward == pytest.approx(64.25) and cuda.backward == 0
+    assert (cpu.initial, cuda.initial) == (0, cuda.weights) == (0, 4)
+    assert cpu.total - cuda.total == pytest.approx(64.25 - 4)
+
+
 def test_saved_activations_are_measured_per_layer_and_affine_in_the_batch() -> None:
     from harness.predict import activations
     from workloads.datasets import dataset_spec

@@ -8,7 +8,7 @@ from __future__ import annotations
 from harness.config import DistbenchConfig
 from harness.distributions.registry import spec_of
 from harness.hardware_profile import HardwareProfile
-from harness.predict.memory import WorkerMemory
+from harness.predict.memory import WorkerMemory, held_on_the_device
 from harness.predict.terms import CellFacts, EpochTerms, batches_per_epoch
 
 
@@ -32,8 +32,11 @@ def memory_per_worker_mb(config: DistbenchConfig, facts: CellFacts, *,
 
 
 def memory_terms_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[WorkerMemory]:
-    """Every worker's predicted peak, term by term (`predict.memory.WorkerMemory`)."""
-    return spec_of(config).memory_per_worker(config, facts)
+    """Every worker's predicted peak, term by term (`predict.memory.WorkerMemory`): its
+    model's terms, and what every model's worker holds besides (`held_on_the_device`)."""
+    cuda = config.hardware.device.value == "cuda"
+    return [held_on_the_device(worker, cuda=cuda)
+            for worker in spec_of(config).memory_per_worker(config, facts)]
 
 
 def cost_per_epoch(config: DistbenchConfig, seconds: float) -> float | None:

@@ -18,7 +18,16 @@ PipeDream's stage memory in their `equations`):
 - backward temporaries: while one entry of the layer list runs its backward, its saved
   tensors are still held and the gradients of its inputs and internal tensors are being
   made, about as many bytes again: the largest entry's saved bytes (a whole residual block for
-  a ResNet, one layer for a VGG);
+  a ResNet, one layer for a VGG), on a CPU. On CUDA none (`held_on_the_device`): each
+  entry's saved tensors are freed as its backward runs and the caching allocator hands their
+  blocks to the next gradients, so the backward peaked 8-56 MB above the forward's end
+  whatever the batch, within the gradients counted whole (on an H200, four networks at
+  batches 32 and 128: BENCHMARKS.md section 13);
+- on CUDA, the starting weights: a copy of each worker's weights and buffers, taken when its
+  trainer is built, from which every repeat starts (`distributions.state.InitialState`; the
+  optimizer's state is empty then: momentum is made at the first step). A CPU worker holds
+  the copy too, but its resident set was predicted no better with it (BENCHMARKS.md section
+  18): what the CPU cells teach stays in the fitted remainder there;
 - GPipe per recompute mode: `always` keeps each micro-batch's stage input and output, plus one
   micro-batch's saved activations while it is recomputed; `except_last` keeps the last
   micro-batch's saved activations instead of recomputing them; `never` keeps every
@@ -31,13 +40,14 @@ PipeDream's stage memory in their `equations`):
   epoch's end (`held_sends_mb`);
 - the runtime share: what the process holds besides the model (on a CPU the interpreter,
   torch's libraries, the dataset and data loader, measured by `predict.runtime`; on CUDA
-  the context), plus what an analysis learnt from other networks' cells (a remainder).
+  the context, and the workspaces cuBLAS and cuBLASLt keep in torch's allocator), plus
+  what an analysis learnt from other networks' cells (a remainder).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,7 @@ class WorkerMemory:
     backward: float = 0.0  # backward temporaries
     stashed: float = 0.0
     runtime: float = 0.0
+    initial: float = 0.0  # the starting weights' copy (`held_on_the_device`)
 
     @property
     def total(self) -> float:
@@ -111,6 +122,16 @@ def data_parallel_memory(weights_mb: float, trainable_mb: float, stage: StageFac
                         optimizer_state_mb(weights_mb, optimizer_states), buffer_mb,
                         activations_mb(stage, batch_size),
                         backward=backward_temporaries_mb(stage, batch_size), runtime=runtime_mb)
+
+
+def held_on_the_device(worker: WorkerMemory, *, cuda: bool) -> WorkerMemory:
+    """On CUDA, what every model's worker holds besides its model's own terms (module
+    docstring): the copy of its starting weights (the size of the weights it holds), and no
+    backward temporaries. Both read off the CUDA allocator's history of real cells on an H200
+    (BENCHMARKS.md section 18); a CPU worker's terms are returned as they are."""
+    if not cuda:
+        return worker
+    return replace(worker, initial=worker.weights, backward=0.0)
 
 
 def fits(predicted_mb: Sequence[float], device_memory_gb: float | None) -> bool:

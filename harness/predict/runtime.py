@@ -11,10 +11,13 @@ negligible). That carries to a network no cell has measured, where a constant fi
 cells would carry only the networks it was fitted on.
 
 On CUDA the share is the context (what the driver, cuBLAS and cuDNN take on the device besides
-torch's tensors), measured the same way: the device's used memory (`torch.cuda.mem_get_info`)
-less what torch's allocator reserved (not yet checked on a GPU); note that the CUDA peak
-the harness records (`max_memory_allocated`) leaves the context out, so a comparison with it
-must subtract this share, while the fit on a device must count it.
+torch's tensors: the device's used memory, `torch.cuda.mem_get_info`, less what torch's
+allocator reserved), plus the workspaces cuBLAS and cuBLASLt take from torch's allocator at a
+worker's first matrix product and keep for the process (32 MiB each on an H200; what the
+allocator still holds once the tiny network, its optimizer and its batch are gone). The CUDA
+peak the harness records (`max_memory_allocated`) counts the workspaces and leaves the context
+out, so a comparison with it must subtract the context (`RuntimeProbe.reading()`'s
+`context_mb`), while the fit on a device must count both.
 
 `python -m harness.predict.runtime '<json>'` is the probe (its argument: the data set's
 settings, threads, device); `measure_runtime_mb` runs it, `RuntimeProbe` starts it and reads it
@@ -71,6 +74,11 @@ class RuntimeProbe:
             raise ProbeFailed(f"the runtime memory probe failed: {err}") from err
 
     def result(self, *, timeout_s: float = 300.0) -> float:
+        return self.reading(timeout_s=timeout_s)["runtime_mb"]
+
+    def reading(self, *, timeout_s: float = 300.0) -> dict[str, float]:
+        """The probe's whole reading: `runtime_mb`, and on CUDA its parts `context_mb` and
+        `workspaces_mb`."""
         try:
             stdout, stderr = self.process.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired as err:
@@ -80,7 +88,8 @@ class RuntimeProbe:
             raise ProbeFailed(f"the runtime memory probe failed "
                               f"({_ending(self.process.returncode)}): "
                               f"{failure_reason(stderr, width=300)}")
-        return float(json.loads(stdout.strip().splitlines()[-1])["runtime_mb"])
+        return {key: float(value)
+                for key, value in json.loads(stdout.strip().splitlines()[-1]).items()}
 
     def stop(self) -> None:
         self.process.kill()
@@ -208,12 +217,33 @@ def _probe(request: dict[str, Any]) -> dict[str, float]:
         optimizer.step()
         optimizer.zero_grad()
     if cuda:
-        torch.cuda.synchronize()
-        # Used on the device less what torch's allocator reserved: the context (and what any
-        # other process holds there: run the probe on an idle device).
-        free, total = torch.cuda.mem_get_info()
-        return {"runtime_mb": (total - free - torch.cuda.memory_reserved()) / BYTES_PER_MB}
+        del model, optimizer, images, labels, loss  # the tiny network's: not the share
+        return _cuda_share()
     return {"runtime_mb": _resident_mb()}
+
+
+def _cuda_share() -> dict[str, float]:
+    """The context, and the math libraries' workspaces in torch's allocator (module
+    docstring), with no tensor of the probe's left. A matrix product and a linear layer with
+    a bias first: the steadiness check's kernel and a network's classifier, the calls that
+    make cuBLAS's and cuBLASLt's workspaces in a worker."""
+    import gc
+
+    import torch
+
+    operand = torch.ones(64, 64, device="cuda")
+    torch.mm(operand, operand)
+    torch.nn.functional.linear(operand, operand, operand[0])
+    del operand
+    gc.collect()
+    torch.cuda.synchronize()
+    workspaces = torch.cuda.memory_allocated() / BYTES_PER_MB
+    # Used on the device less what torch's allocator reserved: the context (and what any
+    # other process holds there: run the probe on an idle device).
+    free, total = torch.cuda.mem_get_info()
+    context = (total - free - torch.cuda.memory_reserved()) / BYTES_PER_MB
+    return {"runtime_mb": context + workspaces, "context_mb": context,
+            "workspaces_mb": workspaces}
 
 
 if __name__ == "__main__":
