@@ -150,10 +150,29 @@ def measure_cell(network: str, batch: int, hardware: str, facts: FactsCache) -> 
     return row
 
 
+def left_out_of_the_peak(entries: list[dict[str, Any]]) -> set[int]:
+    """The entries of blocks the worker leaves out of a cell's peak: those the steadiness
+    check's reference kernels (`machine_speed`) allocate and free again (timed before the peak
+    is reset and inside `PeakMemory.left_out()` after it). What the kernels leave allocated
+    (cuBLAS's workspace, made at their first matrix product) stays in."""
+    skipped: set[int] = set()
+    open_allocs: dict[int, int] = {}  # address -> index of its alloc under machine_speed
+    for index, entry in enumerate(entries):
+        if entry["action"] == "alloc" and any(
+                frame["name"] == "machine_speed" for frame in entry.get("frames") or []):
+            open_allocs[entry["addr"]] = index
+        elif entry["action"] == "free_completed" and entry["addr"] in open_allocs:
+            skipped.update((open_allocs.pop(entry["addr"]), index))
+    return skipped
+
+
 def peak_owners(entries: list[dict[str, Any]], top: int = 12) -> dict[str, Any]:
-    """Replay the allocator's history (`alloc` adds a block, `free_completed` removes it):
-    the peak of the allocated bytes, and the blocks alive at it grouped by who allocated them
-    (the innermost frame of this repository's code, and the innermost frame of all)."""
+    """Replay the allocator's history (`alloc` adds a block, `free_completed` removes it),
+    without what the worker leaves out (`left_out_of_the_peak`): the peak of the allocated
+    bytes, and the blocks alive at it grouped by who allocated them (the innermost frame of
+    this repository's code, and the innermost frame of all)."""
+    skipped = left_out_of_the_peak(entries)
+    entries = [entry for index, entry in enumerate(entries) if index not in skipped]
     allocated, peak, peak_at = 0, 0, -1
     for index, entry in enumerate(entries):
         if entry["action"] == "alloc":
