@@ -114,12 +114,14 @@ def children_with_environment(pid: int, name: str, value: str) -> list[ProcessId
     return matching
 
 
-def end_tree(root: int, *, step_s: float, reap: Callable[[], object] = lambda: None) -> None:
-    """End `root` and every process below it, and return once all are gone: each signal of
-    ENDING_SIGNALS in turn, each followed by SIGCONT so that a stopped process acts on it,
-    `step_s` apart, until none is left. The tree is collected as it is seen, so a process whose
-    parent died (and which was reparented) is still ended. `reap` is called before each look:
-    a caller that is `root`'s parent reaps it there (e.g. submitit's `job.done()`)."""
+def end_tree(root: int, *, step_s: float, reap: Callable[[], object] = lambda: None,
+             signals: tuple[signal.Signals, ...] = ENDING_SIGNALS) -> None:
+    """End `root` and every process below it, and return once all are gone: each of `signals`
+    (ENDING_SIGNALS unless told) in turn, each followed by SIGCONT so that a stopped process
+    acts on it, `step_s` apart, until none is left. The tree is collected as it is seen, so a
+    process whose parent died (and which was reparented) is still ended. `reap` is called
+    before each look: a caller that is `root`'s parent reaps it there (e.g. submitit's
+    `job.done()`)."""
     tree: set[ProcessId] = set()
 
     def alive() -> set[ProcessId]:
@@ -130,7 +132,7 @@ def end_tree(root: int, *, step_s: float, reap: Callable[[], object] = lambda: N
             tree.update(descendants(root))
         return {process for process in tree if process.alive()}
 
-    for sig in ENDING_SIGNALS:
+    for sig in signals:
         running = alive()
         if not running:
             return

@@ -39,7 +39,12 @@ from typing import Any, TextIO
 import submitit
 from tqdm import tqdm
 
-from harness.processes import ProcessId, children_with_environment, end_tree
+from harness.processes import (
+    ENDING_SIGNALS,
+    ProcessId,
+    children_with_environment,
+    end_tree,
+)
 from harness.records.record import LAUNCHER_RECORDS_ENV
 from harness.records.results import RESULT_FILE, RunStatus
 from harness.worker_env import MASTER_PORT_ENV, free_port, log_to_stderr
@@ -161,14 +166,31 @@ def wait_for_cell(job: submitit.Job, output_dir: Path, *, timeout_s: float,
             if ended is None and (recorded(result_path, uploading=not records_cell)
                                   or rank0.exited()):
                 ended = now
-            if ended is not None and now - ended > grace_s:
+            if ended is not None and (now - ended > grace_s or every_worker_returned(job)):
                 break
             if now > deadline:
                 end_cell(job)
                 return True
             time.sleep(_POLL_S if ended is None else _POLL_AFTER_RESULT_S)
-        end_cell(job)
+        end_cell(job, signals=(signal.SIGKILL,) if every_worker_returned(job) else ENDING_SIGNALS)
     return False
+
+
+def every_worker_returned(job: submitit.Job) -> bool:
+    """Whether every worker's function returned and submitit saved its value: then all a
+    worker has left is the interpreter's exit, which takes a process that imported torch
+    about 1.2 s on this machine (BENCHMARKS.md section 16), every cell of a sweep; the launcher
+    ends them instead. A worker whose function raised is left to exit by itself: it is still
+    printing its traceback."""
+    tasks = [job.task(rank) for rank in range(job.num_tasks)] if job.num_tasks > 1 else [job]
+    for task in tasks:
+        try:
+            outcome, _ = submitit.core.utils.pickle_load(task.paths.result_pickle)
+        except (OSError, EOFError, ValueError):  # not saved yet (submitit renames it whole)
+            return False
+        if outcome != "success":
+            return False
+    return True
 
 
 def recorded(result_path: Path, *, uploading: bool = True) -> bool:
@@ -307,14 +329,16 @@ class _Rank0:
 END_STEP_S = 5.0
 
 
-def end_cell(job: submitit.Job, step_s: float = END_STEP_S) -> None:
+def end_cell(job: submitit.Job, step_s: float = END_STEP_S,
+             signals: tuple[signal.Signals, ...] = ENDING_SIGNALS) -> None:
     """End every process of the cell and return once all are gone: SIGINT (what submitit's
     cancel sends, which its controller forwards to the workers), then SIGTERM (which the
     controller forwards; its workers only log it), then SIGKILL, each to the controller and
-    all its descendants with a SIGCONT (`harness.processes.end_tree`)."""
+    all its descendants with a SIGCONT (`harness.processes.end_tree`); or only `signals`."""
     controller = _controller_pid(job)
     if controller is not None:
-        end_tree(controller, step_s=step_s, reap=job.done)  # done() reaps the controller
+        end_tree(controller, step_s=step_s, reap=job.done,  # done() reaps the controller
+                 signals=signals)
 
 
 def _controller_pid(job: submitit.Job) -> int | None:
