@@ -26,6 +26,7 @@ import codecs
 import contextlib
 import json
 import os
+import pickle
 import re
 import shlex
 import signal
@@ -183,14 +184,31 @@ def every_worker_returned(job: submitit.Job) -> bool:
     ends them instead. A worker whose function raised is left to exit by itself: it is still
     printing its traceback."""
     tasks = [job.task(rank) for rank in range(job.num_tasks)] if job.num_tasks > 1 else [job]
-    for task in tasks:
-        try:
-            outcome, _ = submitit.core.utils.pickle_load(task.paths.result_pickle)
-        except (OSError, EOFError, ValueError):  # not saved yet (submitit renames it whole)
-            return False
-        if outcome != "success":
-            return False
-    return True
+    return all(_saved_outcome(task.paths.result_pickle) == "success" for task in tasks)
+
+
+class _HoldsObjects(Exception):
+    """The saved value holds objects of some module's classes."""
+
+
+class _BuiltinsOnly(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise _HoldsObjects(f"{module}.{name}")
+
+
+def _saved_outcome(path: Path) -> str | None:
+    """What submitit saved for a worker, "success" or "error" (None: nothing yet; it renames
+    the file into place whole), read without importing anything: unpickling a worker's value
+    could load torch into the launcher (`tests/test_fast_commands.py`). An error is saved as
+    ("error", its traceback's text); a value that holds objects is therefore a success."""
+    try:
+        with open(path, "rb") as stream:
+            outcome, _ = _BuiltinsOnly(stream).load()
+    except (FileNotFoundError, EOFError, pickle.UnpicklingError):  # not there, or not whole
+        return None
+    except _HoldsObjects:
+        return "success"
+    return str(outcome)
 
 
 def recorded(result_path: Path, *, uploading: bool = True) -> bool:
