@@ -151,8 +151,7 @@ def test_a_cells_workers_from_its_facts() -> None:
         [first.total + 50, second.total + 50])
 
 
-def test_on_cuda_the_backward_adds_no_temporaries_and_a_worker_keeps_its_starting_weights(
-        ) -> None:
+def test_on_cuda_no_backward_temporaries_and_a_copy_of_the_starting_weights() -> None:
     """The same facts on a CPU and on CUDA: the backward's temporaries only on the CPU (the
     CUDA allocator reuses the blocks of the saved tensors each backward frees), the copy of
     the starting weights only on CUDA (on a CPU it stays in the fitted remainder: BENCHMARKS.md
