@@ -25,7 +25,6 @@ sys.path.insert(0, str(ROOT))  # run as a file from a checkout: the harness besi
 from harness.distributions.registry import config_from_record  # noqa: E402
 from harness.predict.cell import memory_terms_per_worker  # noqa: E402
 from harness.predict.facts import FactsCache, gather  # noqa: E402
-from harness.predict.runtime import RuntimeProbe, probe_key  # noqa: E402
 
 
 def worker_peaks(result: dict[str, Any]) -> list[float]:
@@ -40,29 +39,19 @@ def compare_memory(result: dict[str, Any], cache: FactsCache) -> dict[str, Any]:
     """Predicted against measured peak per worker; the error is (predicted - measured) /
     measured. A prediction that cannot be made is reported with its reason."""
     config = config_from_record(result["config"])
-    cuda = config.hardware.device.value == "cuda"
     try:
-        terms = memory_terms_per_worker(config, gather(config, cache, timed=False))
-        context = context_mb(config) if cuda else 0.0
+        facts = gather(config, cache, timed=False)
+        terms = memory_terms_per_worker(config, facts)
     except Exception as err:  # noqa: BLE001 - a report row, not a crash of the report
         return {"prediction_error": f"{type(err).__name__}: {err}"}
-    predicted = [term.total - context for term in terms]
+    # the part of the runtime share the recorded peak leaves out (predict.cell.recorded_peak_mb)
+    predicted = [term.total - facts.context_mb for term in terms]
     measured = worker_peaks(result)
-    return {"runtime_mb": terms[0].runtime, "context_mb": context, "predicted_mb": predicted,
+    return {"runtime_mb": terms[0].runtime, "context_mb": facts.context_mb,
+            "predicted_mb": predicted,
             "measured_mb": measured,
             "error": [(p - m) / m for p, m in zip(predicted, measured)],
             "terms": {name: value for name, value in vars(terms[0]).items()}}
-
-
-_contexts: dict[tuple[Any, ...], float] = {}
-
-
-def context_mb(config: Any) -> float:
-    """The CUDA context of a worker of `config`, measured once per runtime probe key."""
-    key = probe_key(config)
-    if key not in _contexts:
-        _contexts[key] = RuntimeProbe(config).reading()["context_mb"]
-    return _contexts[key]
 
 
 def summarise(result: dict[str, Any], cache: FactsCache) -> dict[str, Any]:

@@ -173,6 +173,56 @@ def test_on_cuda_no_backward_temporaries_and_a_copy_of_the_starting_weights() ->
     assert cpu.total - cuda.total == pytest.approx(64.25 - 4)
 
 
+def test_a_cuda_cells_recorded_peak_is_predicted_without_the_context() -> None:
+    """A CUDA cell records the allocator's peak, which leaves the CUDA context out; compared
+    with it, the prediction leaves the context out too, while what is to fit the device
+    counts it. (Made-up facts: no GPU here; tests/test_cuda.py measures the context on one.)"""
+    from harness.analysis.fit import runtime_mb
+    from harness.compose import compose_config
+    from harness.config import validate
+    from harness.predict.cell import memory_per_worker_mb, recorded_peak_mb
+    from harness.predict.terms import CellFacts, LayerFacts
+
+    layers = [LayerFacts(1.0, saved.output_mb_per_sample, 0.25, saved=saved)
+              for saved in _layers()]
+    on_cuda = CellFacts(4.0, 4.0, 1.0, layers, 0.0, 32, runtime_mb=900, context_mb=836)
+    config = validate(compose_config([
+        "dataset=mnist", "hardware=h100_1gpu", "distribution.batch_size=32"]))
+    fills = max(memory_per_worker_mb(config, on_cuda))
+    assert recorded_peak_mb(config, on_cuda) == pytest.approx(fills - 836)
+    # A CPU's recorded peak is the process's: all of it counts.
+    on_cpu = CellFacts(4.0, 4.0, 1.0, layers, 0.0, 32, runtime_mb=900)
+    cpu = validate(compose_config([
+        "dataset=mnist", "hardware=local_cpu", "distribution.batch_size=32"]))
+    assert recorded_peak_mb(cpu, on_cpu) == max(memory_per_worker_mb(cpu, on_cpu))
+    # A cell that measured what the model says: the remainder the analysis learns is 0, not
+    # minus the context (which the recommender would then take off every CUDA prediction).
+    from harness.analysis.fit import CellPrediction
+    from harness.analysis.grid import MeasuredCell
+    from harness.predict.terms import EpochTerms
+
+    cell = MeasuredCell("run", "cell", config, 1.0, peak_memory_mb=fills - 836)
+    predicted = CellPrediction(cell, EpochTerms(1.0), recorded_peak_mb(config, on_cuda))
+    assert runtime_mb([predicted]) == pytest.approx(0)
+
+
+def test_a_runtime_share_keeps_its_context_apart_in_the_facts_file(tmp_path) -> None:
+    """The facts file keeps the CUDA context beside the runtime share; a share kept before
+    it was (no `context_mb`) reads as none of it left out."""
+    from harness.predict.facts import FactsStore, RuntimeShare
+
+    path = tmp_path / "h100_1gpu.json"
+    store = FactsStore.load(path, "h100_1gpu")
+    store.record_runtime(("mnist", "synthetic"), RuntimeShare(900.0, 836.0), device_name="H100")
+    store.runtimes.append({"key": ["cifar10"], "device_name": "H100", "mb": 700.0,
+                           "measured_at": "2026-11-01T00:00:00+00:00"})
+    store.save()
+    kept = FactsStore.load(path, "h100_1gpu")
+    assert kept.runtime(("mnist", "synthetic"), "H100") == RuntimeShare(900.0, 836.0)
+    assert kept.runtime(("cifar10",), "H100") == RuntimeShare(700.0, 0.0)
+    assert kept.runtime(("cifar10",), "A100") is None
+
+
 def test_saved_activations_are_measured_per_layer_and_affine_in_the_batch() -> None:
     from harness.predict import activations
     from workloads.datasets import dataset_spec

@@ -55,7 +55,7 @@ from harness.hardware_profile import (
     profile_for,
     profile_path,
 )
-from harness.predict.cell import epoch_terms, memory_per_worker_mb
+from harness.predict.cell import epoch_terms, memory_per_worker_mb, recorded_peak_mb
 from harness.predict.facts import (
     FactsCache,
     at_machine_speed,
@@ -126,7 +126,7 @@ def predict_cells(cells: Sequence[MeasuredCell], cache: FactsCache,
         profile = profiles[cell.config.hardware.name]
         predictions.append(CellPrediction(
             cell, epoch_terms(cell.config, facts, profile),
-            max(memory_per_worker_mb(cell.config, facts)),
+            recorded_peak_mb(cell.config, facts),
             speed_ratio=speed_ratio(step, cell.reference_ms), speed_scaled=scale != 1.0))
     return predictions
 

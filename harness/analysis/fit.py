@@ -39,7 +39,8 @@ class CellPrediction:
     cell: MeasuredCell
     terms: EpochTerms
     memory_model_mb: float  # the memory model's peak per worker (max worker), its measured
-    # runtime share included; what the cells teach on top is `runtime_mb`'s remainder
+    # runtime share included, as the cell records it (`predict.cell.recorded_peak_mb`: on
+    # CUDA without the context); what the cells teach on top is `runtime_mb`'s remainder
     fitted_s: float = float("nan")  # held out: parameters fitted without this cell's group
     fitted_from: int = 0  # training cells behind `fitted_s` (0: raw equation)
     memory_fitted_mb: float = float("nan")  # with the held-out runtime share

@@ -185,7 +185,8 @@ class MemoryVerdict:
 def memory_verdicts(cells: Sequence[MeasuredCell], model_mb: Callable[[MeasuredCell], float],
                     predictions: Sequence[CellPrediction]) -> list[MemoryVerdict]:
     """A verdict for every cell whose hardware sets `device_memory_gb`: `model_mb` is the
-    memory model's peak per worker without the runtime share, which is learnt from the
+    memory model's peak per worker as it fills the device (its measured runtime share, a CUDA
+    context included); what the model misses beside it (`runtime_mb`) is learnt from the
     finished cells of other networks on the same kind of device (leave one network out)."""
     verdicts = []
     for cell in cells:

@@ -31,6 +31,17 @@ def memory_per_worker_mb(config: DistbenchConfig, facts: CellFacts, *,
     return [worker.total + runtime_mb for worker in memory_terms_per_worker(config, facts)]
 
 
+def recorded_peak_mb(config: DistbenchConfig, facts: CellFacts) -> float:
+    """The largest worker's predicted peak as its cell records it, to be compared with the
+    recorded `peak_memory_mb`: on CUDA the cell records the allocator's peak
+    (`max_memory_allocated`), which leaves the context out (`CellFacts.context_mb`), while a
+    prediction of what fits a device must count it (`memory_per_worker_mb`). Compared with the
+    context counted, every CUDA cell read as over-predicted by it, and the remainder the
+    analysis learns from the cells (`harness.analysis.fit.runtime_mb`) came out near minus the
+    context, which the recommender would then have taken off every CUDA prediction."""
+    return max(memory_per_worker_mb(config, facts)) - facts.context_mb
+
+
 def memory_terms_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[WorkerMemory]:
     """Every worker's predicted peak, term by term (`predict.memory.WorkerMemory`): its
     model's terms, and what every model's worker holds besides (`held_on_the_device`)."""

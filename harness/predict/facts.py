@@ -83,7 +83,7 @@ class FactsCache:
     # (the memory model then falls back to layer outputs and no runtime share).
     measure_memory: bool = True
     saved_activations: dict[tuple[str, str], Any] = field(default_factory=dict)
-    runtime: dict[tuple[Any, ...], float] = field(default_factory=dict)
+    runtime: dict[tuple[Any, ...], RuntimeShare] = field(default_factory=dict)
     # Why no step time could be had (MissingMeasurement's message: what to measure, where),
     # once a recommendation fell back to memory only; None while times are known.
     missing_step_time: str | None = None
@@ -158,7 +158,7 @@ def gather(config: DistbenchConfig, cache: FactsCache, *, timed: bool = True) ->
     with _runtime_measured_meanwhile(config, cache):
         if workload not in cache.static:
             cache.static[workload] = describe_network(config)
-    runtime_mb = _runtime_mb(config, cache)
+    runtime = _runtime_share(config, cache)
     static = cache.static[workload]
     batch = config.distribution.step_batch(config)
     seconds = _step_seconds(config, batch, cache) if timed else float("nan")
@@ -178,7 +178,8 @@ def gather(config: DistbenchConfig, cache: FactsCache, *, timed: bool = True) ->
                      gradient_tensors=static["gradient_tensors"],
                      input_mb_per_sample=input_mb, layers=layers, step_seconds=seconds,
                      step_batch=batch, plan=plan, stages_in_place=in_place,
-                     probe_seconds=time.perf_counter() - started, runtime_mb=runtime_mb)
+                     probe_seconds=time.perf_counter() - started, runtime_mb=runtime.mb,
+                     context_mb=runtime.context_mb)
 
 
 def _threads(config: DistbenchConfig) -> int | None:
@@ -445,13 +446,25 @@ def _saved_activations(config: DistbenchConfig, spec: Any, cache: FactsCache) ->
     return kept
 
 
-def _runtime_mb(config: DistbenchConfig, cache: FactsCache) -> float:
-    """A worker process's memory besides the model (`predict.runtime`), measured once per
-    `probe_key` in a fresh process and kept in the facts file (a fresh process's resident set
-    varies by a few MB from run to run); 0 with `measure_memory=False`, and without the
-    device unless the facts file holds one measured there."""
+@dataclass(frozen=True)
+class RuntimeShare:
+    """A worker process's memory besides the model (`predict.runtime`), and the part of it a
+    cell's recorded peak leaves out: on CUDA the context (the driver's, cuBLAS's and cuDNN's
+    memory outside torch's allocator, which `max_memory_allocated` does not see); 0 on a CPU,
+    whose recorded peak is the process's resident set, and in a share kept before the
+    context was kept apart."""
+
+    mb: float
+    context_mb: float = 0.0
+
+
+def _runtime_share(config: DistbenchConfig, cache: FactsCache) -> RuntimeShare:
+    """The runtime share of `config`'s worker, measured once per `probe_key` in a fresh
+    process and kept in the facts file (a fresh process's resident set varies by a few MB from
+    run to run); none with `measure_memory=False`, and without the device unless the facts
+    file holds one measured there."""
     if not cache.measure_memory:
-        return 0.0
+        return RuntimeShare(0.0)
     from harness.predict.runtime import probe_key
 
     with _runtime_measured_meanwhile(config, cache):
@@ -461,7 +474,7 @@ def _runtime_mb(config: DistbenchConfig, cache: FactsCache) -> float:
 
 @contextlib.contextmanager
 def _runtime_measured_meanwhile(config: DistbenchConfig, cache: FactsCache) -> Iterator[None]:
-    """On leaving, `cache.runtime` holds the runtime share of `config`'s worker (`_runtime_mb`):
+    """On leaving, `cache.runtime` holds the runtime share of `config`'s worker (`_runtime_share`):
     kept, or measured by a probe that ran while the block did (it measures memory, not time: a
     block that times nothing); the probe is ended if the block fails."""
     from harness.predict.runtime import RuntimeProbe, probe_key
@@ -481,24 +494,25 @@ def _runtime_measured_meanwhile(config: DistbenchConfig, cache: FactsCache) -> I
     except BaseException:
         probe.stop()
         raise
-    measured = probe.result()
+    reading = probe.reading()
+    measured = RuntimeShare(reading["runtime_mb"], reading.get("context_mb", 0.0))
     cache.measured.append("a worker's runtime memory")
     _keep(config, cache, lambda store: store.record_runtime(
-        key, mb=measured, device_name=_device_name(config)))
+        key, measured, device_name=_device_name(config)))
     cache.runtime[key] = measured
 
 
 def _kept_runtime(config: DistbenchConfig, key: tuple[Any, ...],
-                  cache: FactsCache) -> float | None:
-    """The runtime share kept for `key` where one is to be used (0 where none is kept and the
-    device is not here); None: it is to be measured here."""
+                  cache: FactsCache) -> RuntimeShare | None:
+    """The runtime share kept for `key` where one is to be used (none where none is kept and
+    the device is not here); None: it is to be measured here."""
     path = facts_path(_facts_root(config, cache), config.hardware.name)
     here = device_present(config)
     if cache.reuse or not here:
         kept = FactsStore.load(path, config.hardware.name).runtime(
             key, device_name=_device_name(config) if here else None)
         if kept is not None or not here:
-            return float(kept or 0.0)
+            return kept or RuntimeShare(0.0)
     return None
 
 
@@ -748,7 +762,7 @@ class FactsStore:
                          probe_asked, reference_ms, measured_at}, ...],
          "layer_profiles": [{network, dataset, device, device_name, threads, measured_at,
                              profile: NetworkProfile.to_dict()}, ...],
-         "runtimes": [{key, device_name, mb, measured_at}, ...],
+         "runtimes": [{key, device_name, mb, context_mb, measured_at}, ...],
          "saved_activations": [{network, dataset, measured_at,
                                 saved: predict.activations.SavedActivations}, ...],
          "stages_in_place": [{key, device_name, stages, reference_ms, measured_at}, ...]}
@@ -831,21 +845,23 @@ class FactsStore:
             if any(old.get(k) != entry[k] for k in _PROFILE_KEY)
             or _profile_batch(old) != profile.batch_size] + [entry]
 
-    def record_runtime(self, key: Sequence[Any], *, mb: float,
+    def record_runtime(self, key: Sequence[Any], share: RuntimeShare,
                        device_name: str | None = None) -> None:
         """Keep a worker's measured runtime share for `predict.runtime.probe_key` `key`."""
-        entry = {"key": list(key), "device_name": device_name, "mb": mb, "measured_at": _now()}
+        entry = {"key": list(key), "device_name": device_name, "mb": share.mb,
+                 "context_mb": share.context_mb, "measured_at": _now()}
         self.runtimes = [old for old in self.runtimes
                          if (old.get("key"), old.get("device_name")) != (entry["key"],
                                                                          device_name)] + [entry]
 
-    def runtime(self, key: Sequence[Any], device_name: str | None = None) -> float | None:
+    def runtime(self, key: Sequence[Any], device_name: str | None = None) -> RuntimeShare | None:
         """The newest runtime share kept for `key` (measured on `device_name` when given)."""
         found = [entry for entry in self.runtimes if entry.get("key") == list(key)
                  and device_name in (None, entry.get("device_name"))]
         if not found:
             return None
-        return float(max(found, key=lambda entry: entry.get("measured_at", ""))["mb"])
+        newest = max(found, key=lambda entry: entry.get("measured_at", ""))
+        return RuntimeShare(float(newest["mb"]), float(newest.get("context_mb", 0.0)))
 
     def record_in_place(self, key: Sequence[Any], timed: InPlaceStages,
                         device_name: str | None = None) -> None:

@@ -16,8 +16,9 @@ allocator reserved), plus the workspaces cuBLAS and cuBLASLt take from torch's a
 worker's first matrix product and keep for the process (32 MiB each on an H200; what the
 allocator still holds once the tiny network, its optimizer and its batch are gone). The CUDA
 peak the harness records (`max_memory_allocated`) counts the workspaces and leaves the context
-out, so a comparison with it must subtract the context (`RuntimeProbe.reading()`'s
-`context_mb`), while the fit on a device must count both.
+out, so a comparison with it subtracts the context (`RuntimeProbe.reading()`'s `context_mb`,
+kept apart in the facts file: `predict.facts.RuntimeShare`, `predict.cell.recorded_peak_mb`),
+while what is to fit a device counts both.
 
 `python -m harness.predict.runtime '<json>'` is the probe (its argument: the data set's
 settings, threads, device); `measure_runtime_mb` runs it, `RuntimeProbe` starts it and reads it

@@ -101,6 +101,9 @@ class CellFacts:
     plan: StagePlan | None = None  # pipelines: layers and replicas per stage
     probe_seconds: float = 0.0  # how long measuring these facts took (0 when cached)
     runtime_mb: float = 0.0  # a worker process's memory besides the model (`predict.runtime`)
+    # Of `runtime_mb`, what a cell's recorded peak leaves out: on CUDA the context, outside
+    # torch's allocator (`predict.facts.RuntimeShare`); 0 on a CPU.
+    context_mb: float = 0.0
     # Pipelines: the plan's stages timed in place (`harness.stage_timing`), where measured;
     # their time equations then read it instead of the layers' shares of `step_seconds`.
     stages_in_place: InPlaceStages | None = None
