@@ -209,6 +209,7 @@ def test_a_cuda_cells_recorded_peak_is_predicted_without_the_context() -> None:
 def test_a_runtime_share_keeps_its_context_apart_in_the_facts_file(tmp_path) -> None:
     """The facts file keeps the CUDA context beside the runtime share; a share kept before
     it was (no `context_mb`) reads as none of it left out."""
+    from harness.config import ConfigError
     from harness.predict.facts import FactsStore, RuntimeShare
 
     path = tmp_path / "h100_1gpu.json"
@@ -221,6 +222,11 @@ def test_a_runtime_share_keeps_its_context_apart_in_the_facts_file(tmp_path) -> 
     assert kept.runtime(("mnist", "synthetic"), "H100") == RuntimeShare(900.0, 836.0)
     assert kept.runtime(("cifar10",), "H100") == RuntimeShare(700.0, 0.0)
     assert kept.runtime(("cifar10",), "A100") is None
+    # a damaged entry names the file (a hand-edited one), not a ValueError's traceback
+    kept.runtimes.append({"key": ["imagenet"], "mb": 700.0, "context_mb": "a lot"})
+    with pytest.raises(ConfigError) as damaged:
+        kept.runtime(("imagenet",))
+    assert str(damaged.value).startswith(f"{path}: the runtime share kept for ['imagenet']")
 
 
 def test_saved_activations_are_measured_per_layer_and_affine_in_the_batch() -> None:

@@ -860,8 +860,12 @@ class FactsStore:
                  and device_name in (None, entry.get("device_name"))]
         if not found:
             return None
-        newest = max(found, key=lambda entry: entry.get("measured_at", ""))
-        return RuntimeShare(float(newest["mb"]), float(newest.get("context_mb", 0.0)))
+        newest = max(found, key=lambda entry: str(entry.get("measured_at", "")))
+        try:
+            return RuntimeShare(float(newest["mb"]), float(newest.get("context_mb", 0.0)))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ConfigError(f"{self.path}: the runtime share kept for {list(key)} is not in "
+                              f"today's format ({err}); measure it again") from None
 
     def record_in_place(self, key: Sequence[Any], timed: InPlaceStages,
                         device_name: str | None = None) -> None:
