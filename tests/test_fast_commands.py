@@ -159,3 +159,19 @@ def test_a_dry_run_of_a_gpu_cluster_on_a_machine_without_a_gpu_driver_loads_no_t
     assert outcome["status"] == 0, done.stderr[-2000:]
     assert "torch sees no CUDA device on this machine" in done.stdout
     assert "torch" not in outcome["loaded"], outcome["loaded"]
+
+
+def test_a_process_that_imported_the_harness_freezes_its_objects_at_exit(
+        tmp_path: Path) -> None:
+    """The interpreter's last collection would walk every object torch made (about a second
+    of every command's and worker's exit): the harness freezes them in an exit handler. An
+    exit handler registered before the harness' import runs after its own (last registered,
+    first run) and sees them frozen; the time saved is a benchmark's
+    (tests/benchmarks/test_command_latency.py)."""
+    code = ("import atexit, gc, os\n"
+            "atexit.register(lambda: os.write(1, str(gc.get_freeze_count()).encode()))\n"
+            "import harness, torch\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout) > 10_000, done.stdout  # torch's objects, frozen

@@ -78,3 +78,30 @@ def test_the_thesis_grids_dry_run(benchmark, tmp_path: Path) -> None:  # noqa: A
     benchmark.pedantic(lambda: None, rounds=1)
     print(f"python -m harness +sweep=thesis_grid --dry-run: "
           f"median {median:.2f} s over 3 (min {min(rounds):.2f}, max {max(rounds):.2f})")
+
+
+# A worker's imports, then its last act: the wall clock, written where the parent reads it.
+_LAST_LINE = ("import os, time\n"
+              "import harness.worker, harness.distributions.registry, torch, torchvision, mlflow\n"
+              "os.write(2, repr(time.time()).encode())\n")
+
+
+def _exit_seconds(cwd: Path) -> float:
+    """Seconds from a process's last line to its exit, as its parent sees it."""
+    done = subprocess.run([sys.executable, "-c", _LAST_LINE], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+    ended = time.time()
+    assert done.returncode == 0, done.stderr[-2000:]
+    return ended - float(done.stderr.strip().splitlines()[-1])
+
+
+def test_a_process_that_imported_torch_exits_at_once(benchmark, tmp_path: Path) -> None:  # noqa: ANN001
+    """The exit every command, worker and probe pays after its work (`harness/__init__.py`'s
+    exit hook: 1.5-1.8 s without it on the calibration VM, 0.3-0.5 s with it)."""
+    _exit_seconds(tmp_path)  # warm the file system's caches
+    rounds = [_exit_seconds(tmp_path) for _ in range(ROUNDS)]
+    median = statistics.median(rounds)
+    benchmark.extra_info.update(median_s=median, spread_s=max(rounds) - min(rounds))
+    benchmark.pedantic(lambda: None, rounds=1)
+    print(f"exit after a worker's imports: median {median:.2f} s over {ROUNDS} "
+          f"(min {min(rounds):.2f}, max {max(rounds):.2f})")
