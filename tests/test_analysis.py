@@ -559,10 +559,13 @@ def test_the_analysis_says_which_workloads_cells_ran_at_another_speed_than_their
         return CellPrediction(cell, EpochTerms(2.0, steps=10), 50.0, speed_ratio=17.8 / 13.8)
 
     drifted = [one_worker("a", 2.44, "resnet50"), one_worker("b", 2.1, "vgg11")]
-    lines = speed_lines(drifted, scaling=True)
-    assert len(lines) == 1 and lines[0].startswith(
+    spread, named = speed_lines(drifted, scaling=True)
+    assert named.startswith(
         "resnet50/mnist on local_2cpu: its one-worker cells took x1.22 the time its step times "
         "say (threshold 10%), the reference kernel x1.29: the machine was slower")
+    # how far every workload's cells stood from their step times, the ones within it included
+    assert spread.startswith("the one-worker cells took x1.05-x1.22 the time their step times "
+                             "say (median x1.14, 2 workloads)")
     scaled = replace(drifted[0], speed_scaled=True, speed_ratio=1.25)
     assert speed_lines([scaled], scaling=True) == [
         "1 of 1 cells predicted at the machine speed they ran at (step times from the grid's "

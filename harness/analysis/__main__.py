@@ -133,10 +133,12 @@ def predict_cells(cells: Sequence[MeasuredCell], cache: FactsCache,
 
 def speed_lines(predictions: Sequence[CellPrediction], *, scaling: bool) -> list[str]:
     """What the machine's speed while the cells ran did to the predictions: how many step
-    times were moved to it, and each workload whose one-worker cells ran slower or faster than
-    its probed step time says by more than the cells' steadiness threshold (a one-worker cell
-    is that step time, batch after batch: the gap is the machine's drift between the cells and
-    the probe, and every cell of the workload carries it)."""
+    times were moved to it, how far the one-worker cells stood from the step times they were
+    predicted from (the range over workloads), and each workload whose one-worker cells ran
+    slower or faster than its probed step time says by more than the cells' steadiness
+    threshold (a one-worker cell is that step time, batch after batch: the gap is the
+    machine's drift between the cells and the probe, and every cell of the workload carries
+    it)."""
     scaled = sorted(p.speed_ratio for p in predictions if p.speed_scaled)
     lines = []
     if scaled:
@@ -152,8 +154,18 @@ def speed_lines(predictions: Sequence[CellPrediction], *, scaling: bool) -> list
         if p.cell.config.world_size == 1 and not p.speed_scaled and p.raw_s > 0:
             by_workload.setdefault((p.cell.network, p.cell.config.dataset.key,
                                     p.cell.config.hardware.name), []).append(p)
+    ratios = {workload: statistics.median(p.cell.seconds_per_epoch / p.raw_s for p in own)
+              for workload, own in by_workload.items()}
+    if len(ratios) > 1:  # the spread first: how far the step times stood from the cells
+        low, middle, high = min(ratios.values()), statistics.median(ratios.values()), \
+            max(ratios.values())
+        lines.append(f"the one-worker cells took x{low:.2f}-x{high:.2f} the time their step "
+                     f"times say (median x{middle:.2f}, {len(ratios)} workloads): the machine's "
+                     f"drift between the cells and the step times, which every cell of a "
+                     f"workload carries (the judgement with the cells' own step times leaves "
+                     f"it out)")
     for (network, dataset, hardware), own in sorted(by_workload.items()):
-        ratio = statistics.median(p.cell.seconds_per_epoch / p.raw_s for p in own)
+        ratio = ratios[(network, dataset, hardware)]
         threshold = own[0].cell.config.run.steadiness_threshold
         if abs(ratio - 1) > threshold:
             kernel = statistics.median(p.speed_ratio for p in own)
