@@ -851,6 +851,14 @@ def test_the_fuzzer_draws_every_flag_of_every_command() -> None:
 
 
 if __name__ == "__main__":  # the subprocess of the tests: python -m tests.test_fuzz_commands ROOT N
+    # The libraries the commands load, imported once before the first draw: what a library
+    # writes as it is imported is this interpreter's, not a draw's (torch._dynamo, which
+    # torchvision imports, makes its cache directory $TMPDIR/torchinductor_<user> then; the
+    # first draw to load torchvision was judged to have written it). What a command writes
+    # while it runs is still judged.
+    import torch  # noqa: F401
+    import torchvision  # noqa: F401
+
     _root = Root(Path(sys.argv[1]))
     _report = fuzz(_root, int(sys.argv[2]))
     (_root.path / "report.json").write_text(json.dumps(_report.to_json(), indent=1))
