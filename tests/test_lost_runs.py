@@ -65,6 +65,27 @@ def test_a_diverged_loss_is_recorded_diverged_and_run_again(output_root: Path,
     assert finished_result(output_root, result["cell_key"]) is None
 
 
+def test_an_evaluation_that_is_not_finite_after_finite_training_names_the_forward_batch(
+        output_root: Path) -> None:
+    """torchvision's EfficientNet-B0 trained on forward passes of 2 CIFAR-10 samples evaluates
+    to NaN (its BatchNorm's running statistics; its training losses are finite): recorded
+    `diverged`, and the error names the forward pass's samples and what to change, not only
+    the learning rate (found by the open-networks benchmark, BENCHMARKS.md section 12)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "network=torchvision", "network.arch=efficientnet_b0",
+         "dataset=cifar10", "dataset.num_samples=16", "distribution.batch_size=2",
+         "run.epochs=1", "run.warmup_batches=1", "run.progress=false",
+         f"run.output_dir={output_root}"],
+        cwd=output_root.parent, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    result = _only_result(output_root)
+    assert result["status"] == "diverged", result["error"]
+    assert result["error"].startswith("eval loss nan after epoch 1/1: not finite, though every "
+                                      "training loss of the epoch was")
+    assert "forward passes of 2 sample(s)" in result["error"]
+    assert "distribution.batch_size" in result["error"] and "run.eval=false" in result["error"]
+
+
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
                          ids=["SIGINT", "SIGTERM"])
 def test_an_interrupted_single_process_cell_keeps_its_measured_epochs(

@@ -438,7 +438,8 @@ def train_repeat(config: DistbenchConfig, context: TrainingContext, trainer: Tra
         if context.workload.eval_dataset is None:
             continue
         evaluations.append(evaluate_epoch(context, trainer, events, repeat, epoch))
-        check_finite_eval_loss(evaluations[-1].loss, label)
+        check_finite_eval_loss(evaluations[-1].loss, label,
+                               context.config.distribution.step_batch(context.config))
         if run.target_accuracy is not None and evaluations[-1].accuracy >= run.target_accuracy:
             reached = True
             break

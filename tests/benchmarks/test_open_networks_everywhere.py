@@ -34,17 +34,20 @@ from tests.test_open_networks import USER_MODELS
 pytestmark = pytest.mark.perf
 
 MODELS = ",".join(sorted(specs()))
-SMALL = ["dataset.num_samples=64", "distribution.batch_size=8", "run.epochs=1",
-         "run.warmup_batches=1", "run.progress=false"]
+SMALL = ["run.epochs=1", "run.warmup_batches=1", "run.progress=false"]
+BATCH_8 = ["dataset.num_samples=64", "distribution.batch_size=8"]
 NETWORKS = {
     "user module": ["network=module", "network.target=userlm.models:build",
                     "network.blocks=blocks", "dataset=tokens", "dataset.seq_len=32",
-                    "optimizer.name=adamw", "optimizer.lr=0.003"],
+                    "optimizer.name=adamw", "optimizer.lr=0.003", *BATCH_8],
+    # batch 16: GPipe's 4 micro-batches of 2 samples leave EfficientNet-B0's BatchNorm running
+    # statistics that evaluate to NaN (the cell is recorded diverged; 4 samples evaluate)
     "torchvision efficientnet_b0": ["network=torchvision", "network.arch=efficientnet_b0",
-                                    "dataset=cifar10"],
-    "timm resnet10t": ["network=timm", "network.arch=resnet10t", "dataset=cifar10"],
+                                    "dataset=cifar10", "dataset.num_samples=128",
+                                    "distribution.batch_size=16"],
+    "timm resnet10t": ["network=timm", "network.arch=resnet10t", "dataset=cifar10", *BATCH_8],
     "hf gpt2": ["network=gpt2_tiny", "dataset=tokens", "dataset.seq_len=64",
-                "optimizer.name=adamw", "optimizer.lr=0.003"],
+                "optimizer.name=adamw", "optimizer.lr=0.003", *BATCH_8],
 }
 WHERE = {"local": ["hardware=local_2cpu"],
          "slurm 2 nodes": ["hydra/launcher=submitit_slurm", "hardware=slurm_local_2nodes"]}
@@ -55,7 +58,7 @@ def _sweep(root: Path, where: str, network: str) -> list[dict]:
     env = dict(os.environ, PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join([str(root / "packages"), str(REPO_ROOT)]))
     done = subprocess.run(
-        # each model with the calibration's settings (GPipe's 4 micro-batches divide batch 8)
+        # each model with the calibration's settings (GPipe's 4 micro-batches divide the batch)
         [sys.executable, "-m", "harness", "-m", f"+sweep/calibrate_local={MODELS}",
          *NETWORKS[network],
          *SMALL, *WHERE[where], f"run.output_dir={output}"],
