@@ -86,6 +86,28 @@ def test_an_evaluation_that_is_not_finite_after_finite_training_names_the_forwar
     assert "distribution.batch_size" in result["error"] and "run.eval=false" in result["error"]
 
 
+def test_only_a_network_that_keeps_running_statistics_is_told_about_them() -> None:
+    """A network without BatchNorm (a transformer's LayerNorm normalises by each sample's own
+    statistics in either mode) is not sent to its batch size: the error says what is known."""
+    from torch import nn
+
+    from harness.worker.divergence import (
+        DivergedError,
+        check_finite_eval_loss,
+        keeps_running_statistics,
+    )
+
+    assert keeps_running_statistics(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)))
+    assert not keeps_running_statistics(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)))
+    assert not keeps_running_statistics(nn.BatchNorm2d(4, track_running_stats=False))
+    check_finite_eval_loss(0.5, "epoch 1/1", 2, running_statistics=False)  # finite: passes
+    with pytest.raises(DivergedError) as raised:
+        check_finite_eval_loss(float("inf"), "epoch 1/1", 2, running_statistics=False)
+    message = str(raised.value)
+    assert message.startswith("eval loss inf after epoch 1/1: not finite, though every training")
+    assert "BatchNorm" not in message and "run.eval=false" in message
+
+
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
                          ids=["SIGINT", "SIGTERM"])
 def test_an_interrupted_single_process_cell_keeps_its_measured_epochs(

@@ -7,6 +7,10 @@ shows it and is recorded `diverged`, not `ok`; a re-run then trains it again
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class DivergedError(RuntimeError):
@@ -23,21 +27,36 @@ def check_finite_losses(batch_losses: dict[int, float], where: str) -> None:
                                 f"data)")
 
 
-def check_finite_eval_loss(loss: float, where: str, forward_batch: int) -> None:
+def check_finite_eval_loss(loss: float, where: str, forward_batch: int,
+                           running_statistics: bool) -> None:
     """Raise DivergedError when the evaluation after the epoch `where` gave a non-finite loss.
 
     It is checked after the epoch's training losses were found finite, so what differs is the
-    network's evaluation mode: BatchNorm normalises by the running statistics it gathered from
-    `forward_batch` samples at a time (a pipeline's micro-batch) instead of the batch's own.
-    Measured: torchvision's EfficientNet-B0 on CIFAR-10 trained one short epoch at forward
-    passes of 2 samples (GPipe, batch 8, 4 micro-batches) evaluates to NaN at any learning
-    rate tried (0.01, 0.001), and evaluates finite from 4 samples on (BENCHMARKS.md section 12).
+    network's evaluation mode. Where the network keeps running statistics (BatchNorm's:
+    `running_statistics`), it normalises by those it gathered from `forward_batch` samples at a
+    time (a pipeline's micro-batch) instead of the batch's own. Measured: torchvision's
+    EfficientNet-B0 on CIFAR-10 trained one short epoch at forward passes of 2 samples (GPipe,
+    batch 8, 4 micro-batches) evaluates to NaN at any learning rate tried (0.01, 0.001), and
+    evaluates finite from 4 samples on (BENCHMARKS.md section 12).
     """
-    if not math.isfinite(loss):
-        raise DivergedError(
-            f"eval loss {loss} after {where}: not finite, though every training loss of the "
-            f"epoch was; in evaluation mode the network normalises by the running statistics "
-            f"BatchNorm gathered from forward passes of {forward_batch} sample(s): more samples "
-            f"per forward pass (distribution.batch_size, fewer distribution.micro_batches), or "
-            f"run.eval=false to time the training alone (else lower optimizer.lr, or check the "
-            f"data)")
+    if math.isfinite(loss):
+        return
+    if running_statistics:
+        cause = (f"in evaluation mode the network normalises by the running statistics "
+                 f"(BatchNorm's) it gathered from forward passes of {forward_batch} sample(s): "
+                 f"more samples per forward pass (distribution.batch_size, fewer "
+                 f"distribution.micro_batches), or")
+    else:
+        cause = (f"the network computes otherwise in evaluation mode (forward passes of "
+                 f"{forward_batch} sample(s) in training):")
+    raise DivergedError(f"eval loss {loss} after {where}: not finite, though every training "
+                        f"loss of the epoch was; {cause} run.eval=false to time the training "
+                        f"alone (else lower optimizer.lr, or check the data)")
+
+
+def keeps_running_statistics(model: nn.Module) -> bool:
+    """Whether a module of `model` normalises by statistics it keeps from training (BatchNorm,
+    an InstanceNorm that tracks them) rather than by the batch's own in evaluation mode."""
+    return any(getattr(module, "track_running_stats", False)
+               and getattr(module, "running_var", None) is not None
+               for module in model.modules())

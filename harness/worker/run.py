@@ -45,7 +45,12 @@ from harness.records.results import (
     write_worker_presence,
 )
 from harness.seeding import repeat_seed, seed_everything, set_deterministic
-from harness.worker.divergence import DivergedError, check_finite_eval_loss, check_finite_losses
+from harness.worker.divergence import (
+    DivergedError,
+    check_finite_eval_loss,
+    check_finite_losses,
+    keeps_running_statistics,
+)
 from harness.worker.interruption import (
     add_measured_epochs,
     interrupted_error,
@@ -439,7 +444,8 @@ def train_repeat(config: DistbenchConfig, context: TrainingContext, trainer: Tra
             continue
         evaluations.append(evaluate_epoch(context, trainer, events, repeat, epoch))
         check_finite_eval_loss(evaluations[-1].loss, label,
-                               context.config.distribution.step_batch(context.config))
+                               context.config.distribution.step_batch(context.config),
+                               keeps_running_statistics(context.workload.model))
         if run.target_accuracy is not None and evaluations[-1].accuracy >= run.target_accuracy:
             reached = True
             break
