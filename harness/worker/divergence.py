@@ -27,21 +27,21 @@ def check_finite_losses(batch_losses: dict[int, float], where: str) -> None:
                                 f"data)")
 
 
-def check_finite_eval_loss(loss: float, where: str, forward_batch: int,
-                           running_statistics: bool) -> None:
+def check_finite_eval_loss(loss: float, where: str, forward_batch: int, model: nn.Module) -> None:
     """Raise DivergedError when the evaluation after the epoch `where` gave a non-finite loss.
 
     It is checked after the epoch's training losses were found finite, so what differs is the
-    network's evaluation mode. Where the network keeps running statistics (BatchNorm's:
-    `running_statistics`), it normalises by those it gathered from `forward_batch` samples at a
-    time (a pipeline's micro-batch) instead of the batch's own. Measured: torchvision's
+    network's evaluation mode. Where the network keeps running statistics (BatchNorm's: looked
+    up in `model` only once the loss is not finite, since it walks every module), it normalises
+    by those it gathered from `forward_batch` samples at a time (a pipeline's micro-batch)
+    instead of the batch's own. Measured: torchvision's
     EfficientNet-B0 on CIFAR-10 trained one short epoch at forward passes of 2 samples (GPipe,
     batch 8, 4 micro-batches) evaluates to NaN at any learning rate tried (0.01, 0.001), and
     evaluates finite from 4 samples on (BENCHMARKS.md section 12).
     """
     if math.isfinite(loss):
         return
-    if running_statistics:
+    if keeps_running_statistics(model):
         cause = (f"in evaluation mode the network normalises by the running statistics "
                  f"(BatchNorm's) it gathered from forward passes of {forward_batch} sample(s): "
                  f"more samples per forward pass (distribution.batch_size, fewer "

@@ -49,7 +49,6 @@ from harness.worker.divergence import (
     DivergedError,
     check_finite_eval_loss,
     check_finite_losses,
-    keeps_running_statistics,
 )
 from harness.worker.interruption import (
     add_measured_epochs,
@@ -445,7 +444,7 @@ def train_repeat(config: DistbenchConfig, context: TrainingContext, trainer: Tra
         evaluations.append(evaluate_epoch(context, trainer, events, repeat, epoch))
         check_finite_eval_loss(evaluations[-1].loss, label,
                                context.config.distribution.step_batch(context.config),
-                               keeps_running_statistics(context.workload.model))
+                               context.workload.model)
         if run.target_accuracy is not None and evaluations[-1].accuracy >= run.target_accuracy:
             reached = True
             break
