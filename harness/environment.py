@@ -41,6 +41,7 @@ def capture_environment(device: torch.device) -> dict[str, str]:
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cpu_model": cpu_model(),
+        "cpu_capability": cpu_capability(),
         "cpu_count": str(os.cpu_count()),
         "torch_threads": str(torch.get_num_threads()),
         "host_allocator": host_allocator(),
@@ -134,6 +135,15 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def cpu_capability() -> str:
+    """The instruction set torch's CPU kernels dispatch to here (`AVX512`, `AVX2`, ...).
+
+    Recorded because the model name does not tell hosts apart: this VM read "AMD EPYC" on every
+    day, and on 2026-12-02 came up where torch chose AVX2 kernels, the reference kernel reading
+    93 ms against 17-30 ms on earlier days (BENCHMARKS.md section 17)."""
+    return str(torch.backends.cpu.get_cpu_capability())
 
 
 @cache

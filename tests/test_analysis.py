@@ -213,6 +213,29 @@ def test_a_cell_measured_in_several_runs_counts_once_at_its_steady_runs() -> Non
     assert one_per_cell([ddp, replace(ddp, run_id="e")]) == [ddp, replace(ddp, run_id="e")]
 
 
+def test_a_grid_measured_on_two_machines_says_so() -> None:
+    """On 2026-12-02 this VM, "AMD EPYC" as on every day, came up where torch chose AVX2
+    kernels and the reference kernel read 93 ms against 17-30 ms before: a grid resumed across
+    such a move mixes two machines' times, which no fit can tell from model error. The tags
+    tell the machines apart; the analysis names each hardware whose cells span more than one."""
+    from harness.analysis.grid import machine_label, mixed_machine_lines
+
+    cpu = {"device_type": "cpu", "device_name": "AMD EPYC"}
+    assert machine_label({**cpu, "cpu_capability": "AVX2"}) == "AMD EPYC (AVX2)"
+    assert machine_label(cpu) == ""  # recorded before the capability was: not counted
+    assert machine_label({"device_type": "cuda", "device_name": "NVIDIA H200"}) == "NVIDIA H200"
+    local = [replace(_cell(name, 2.0, "hardware=local_2cpu"), machine=machine)
+             for name, machine in (("a", "AMD EPYC (AVX512)"), ("b", "AMD EPYC (AVX2)"),
+                                   ("c", "AMD EPYC (AVX512)"), ("d", ""))]
+    other = [replace(_cell("e", 2.0), machine="AMD EPYC (AVX2)")]  # another hardware config
+    assert mixed_machine_lines([*local, *other]) == [
+        "hardware=local_2cpu: its cells were measured on 2 machines (AMD EPYC (AVX2): 1 "
+        "cell(s); AMD EPYC (AVX512): 2 cell(s)): their times are not comparable; measure them "
+        "again on one machine (hydra.launcher.force=true) or analyse each machine's cells in an "
+        "experiment of their own"]
+    assert mixed_machine_lines([local[0], local[2], local[3], *other]) == []
+
+
 def test_the_analysis_says_whether_the_links_were_probed(tmp_path: Path) -> None:
     """An analysis of a store the probe never measured prices the links at the hardware's
     configured speeds and fits `communication` against them: it says so, with the command,

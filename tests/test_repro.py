@@ -116,8 +116,8 @@ def test_reseeding_the_loader_gives_the_order_of_that_seed(output_root: Path) ->
 ENVIRONMENT_TAGS = (
     "distbench_version", "git_commit", "git_dirty", "python_version", "torch_version",
     "cuda_version", "cudnn_version", "nccl_version", "horovod_version", "device_name",
-    "cuda_device_count", "cuda_device_names", "gpu_driver_version", "cpu_model", "host",
-    "slurm_job_id", "slurm_nodelist", "deterministic_algorithms", "cublas_workspace_config")
+    "cuda_device_count", "cuda_device_names", "gpu_driver_version", "cpu_model", "cpu_capability",
+    "host", "slurm_job_id", "slurm_nodelist", "deterministic_algorithms", "cublas_workspace_config")
 
 
 def test_slurm_facts_come_from_the_job_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -174,6 +174,8 @@ def test_repeats_are_seeded_apart_summarised_and_recorded(output_root: Path) -> 
         assert tags[key], key
     assert tags["deterministic_algorithms"] == "true"
     assert tags["cublas_workspace_config"] == ":4096:8"
+    # the instruction set torch's kernels used: what tells two hosts of one CPU model apart
+    assert tags["cpu_capability"] == str(torch.backends.cpu.get_cpu_capability())
     logs = ["mllog.txt", "mllog-2.txt", "mllog-3.txt"]  # one MLPerf log per repeat
     assert set(logs) <= {a.path for a in client.list_artifacts(run.info.run_id)}
 

@@ -43,6 +43,9 @@ class MeasuredCell:
     # How many runs its figures are the median of (`one_per_cell`): more than one where the
     # cell was measured again.
     runs: int = 1
+    # Which machine measured it (`machine_label`): "" for a cell recorded before the CPU's
+    # instruction set was (`harness.environment.cpu_capability`).
+    machine: str = ""
 
     @property
     def fitted_in_memory(self) -> bool:
@@ -102,8 +105,36 @@ def load_grid(uri: str, experiment: str, *,
                                       steady=metrics.get("steady", 1.0) != 0.0,
                                       repeat_std=repeat_std(metrics),
                                       cell_key=run.data.tags.get(CELL_KEY_TAG, ""),
-                                      reference_ms=machine_speed_ms(metrics)))
+                                      reference_ms=machine_speed_ms(metrics),
+                                      machine=machine_label(run.data.tags)))
     return cells
+
+
+def machine_label(tags: dict[str, str]) -> str:
+    """The machine a cell ran on, from its tags: the device's name and, on a CPU, the
+    instruction set torch's kernels used ("AMD EPYC (AVX2)"); "" where either is not recorded."""
+    name = tags.get("device_name", "")
+    if tags.get("device_type") != "cpu":
+        return name
+    capability = tags.get("cpu_capability", "")
+    return f"{name} ({capability})" if name and capability else ""
+
+
+def mixed_machine_lines(cells: Sequence[MeasuredCell]) -> list[str]:
+    """One line for each hardware config whose cells were measured on more than one machine
+    (cells of an unknown machine are not counted): their times are not comparable, and a fit
+    over them learns the difference between the machines as model error."""
+    by_hardware: dict[str, dict[str, int]] = {}
+    for cell in cells:
+        if cell.machine:
+            counts = by_hardware.setdefault(cell.config.hardware.name, {})
+            counts[cell.machine] = counts.get(cell.machine, 0) + 1
+    return [f"hardware={hardware}: its cells were measured on {len(counts)} machines "
+            f"({'; '.join(f'{machine}: {n} cell(s)' for machine, n in sorted(counts.items()))}): "
+            f"their times are not comparable; measure them again on one machine "
+            f"(hydra.launcher.force=true) or analyse each machine's cells in an experiment "
+            f"of their own"
+            for hardware, counts in sorted(by_hardware.items()) if len(counts) > 1]
 
 
 def one_per_cell(runs: Sequence[MeasuredCell]) -> list[MeasuredCell]:
