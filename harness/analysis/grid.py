@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import statistics
 import tempfile
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -124,11 +125,10 @@ def mixed_machine_lines(cells: Sequence[MeasuredCell]) -> list[str]:
     """One line for each hardware config whose cells were measured on more than one machine
     (cells of an unknown machine are not counted): their times are not comparable, and a fit
     over them learns the difference between the machines as model error."""
-    by_hardware: dict[str, dict[str, int]] = {}
+    by_hardware: dict[str, Counter[str]] = {}
     for cell in cells:
         if cell.machine:
-            counts = by_hardware.setdefault(cell.config.hardware.name, {})
-            counts[cell.machine] = counts.get(cell.machine, 0) + 1
+            by_hardware.setdefault(cell.config.hardware.name, Counter())[cell.machine] += 1
     return [f"hardware={hardware}: its cells were measured on {len(counts)} machines "
             f"({'; '.join(f'{machine}: {n} cell(s)' for machine, n in sorted(counts.items()))}): "
             f"their times are not comparable; measure them again on one machine "

@@ -34,10 +34,10 @@ def check_finite_eval_loss(loss: float, where: str, forward_batch: int, model: n
     network's evaluation mode. Where the network keeps running statistics (BatchNorm's: looked
     up in `model` only once the loss is not finite, since it walks every module), it normalises
     by those it gathered from `forward_batch` samples at a time (a pipeline's micro-batch)
-    instead of the batch's own. Measured: torchvision's
-    EfficientNet-B0 on CIFAR-10 trained one short epoch at forward passes of 2 samples (GPipe,
-    batch 8, 4 micro-batches) evaluates to NaN at any learning rate tried (0.01, 0.001), and
-    evaluates finite from 4 samples on (BENCHMARKS.md section 12).
+    instead of the batch's own. Measured: torchvision's EfficientNet-B0 on CIFAR-10 trained one
+    short epoch at forward passes of 2 samples (GPipe, batch 8, 4 micro-batches) evaluates to
+    NaN at any learning rate tried (0.01, 0.001), and evaluates finite from 4 samples on
+    (BENCHMARKS.md section 12).
     """
     if math.isfinite(loss):
         return
