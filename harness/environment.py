@@ -126,6 +126,28 @@ def device_name(device: torch.device) -> str:
     return cpu_model()
 
 
+def machine_label(tags: dict[str, str]) -> str:
+    """The machine a cell ran on, from its recorded environment (`capture_environment`'s
+    tags): the device's name and, on a CPU, the instruction set torch's kernels used ("AMD EPYC
+    (AVX2)"); "" where either is not recorded. Times measured under two labels are not
+    comparable: the CPU's name alone did not tell this VM's hosts apart (`cpu_capability`)."""
+    name = tags.get("device_name", "")
+    if tags.get("device_type") != "cpu":
+        return name
+    capability = tags.get("cpu_capability", "")
+    return f"{name} ({capability})" if name and capability else ""
+
+
+def machine_name(device_type: str) -> str:
+    """This machine's `machine_label` for a device of kind `device_type` ("cpu", "cuda": the
+    first GPU), under which measurements are kept (`harness.predict.facts`) so that a step
+    time taken on another machine is never reused here as if it were this one's."""
+    if device_type == "cuda":
+        return torch.cuda.get_device_name(0)
+    return machine_label({"device_type": "cpu", "device_name": cpu_model(),
+                          "cpu_capability": cpu_capability()})
+
+
 @cache
 def cpu_model() -> str:
     try:

@@ -218,7 +218,8 @@ def test_a_grid_measured_on_two_machines_says_so() -> None:
     kernels and the reference kernel read 93 ms against 17-30 ms before: a grid resumed across
     such a move mixes two machines' times, which no fit can tell from model error. The tags
     tell the machines apart; the analysis names each hardware whose cells span more than one."""
-    from harness.analysis.grid import machine_label, mixed_machine_lines
+    from harness.analysis.grid import mixed_machine_lines
+    from harness.environment import machine_label
 
     cpu = {"device_type": "cpu", "device_name": "AMD EPYC"}
     assert machine_label({**cpu, "cpu_capability": "AVX2"}) == "AMD EPYC (AVX2)"
@@ -234,6 +235,31 @@ def test_a_grid_measured_on_two_machines_says_so() -> None:
         "again on one machine (hydra.launcher.force=true) or analyse each machine's cells in an "
         "experiment of their own"]
     assert mixed_machine_lines([local[0], local[2], local[3], *other]) == []
+
+
+def test_step_times_from_another_machine_than_the_cells_are_named() -> None:
+    """A step time probed by an analysis on another machine, or read from a facts file kept
+    there (--no-probe), holds that machine's speed: the analysis names it with the cells'
+    machine. Step times taken from the cells themselves are the cells' machine's."""
+    from harness.analysis.grid import step_time_machine_lines
+    from harness.predict.steps import StepTime
+
+    cells = [replace(_cell(name, 2.0), machine="AMD EPYC (AVX2)") for name in ("a", "b")]
+    here = StepTime(32, 0.5, "facts file f.json", 32, "AMD EPYC (AVX2)")
+    away = [StepTime(batch, 0.1, "facts file f.json", batch, "AMD EPYC (AVX512)")
+            for batch in (8, 16, 32, 64)]
+    from_cells = StepTime(32, 0.5, "MLflow runs", 32, "AMD EPYC (AVX512)",
+                          reference_in_cells=True)
+    unnamed = StepTime(32, 0.5, "facts file f.json", 32)  # kept before machines were named
+    used = [("resnet18/mnist on cpu", here), *(("vgg11/mnist on cpu", step) for step in away),
+            ("resnet18/cifar10 on cpu", from_cells), ("vgg11/cifar10 on cpu", unnamed)]
+    assert step_time_machine_lines(used, cells) == [
+        "4 step time(s) the predictions use were measured on AMD EPYC (AVX512) (vgg11/mnist on "
+        "cpu, batch 8; vgg11/mnist on cpu, batch 16; vgg11/mnist on cpu, batch 32; ...), the "
+        "cells on AMD EPYC (AVX2): the predictions hold the other machine's speed; run the "
+        "analysis on the cells' machine (or --no-probe with a facts file probed there)"]
+    # cells recorded before their machine was: nothing to compare with
+    assert step_time_machine_lines(used, [replace(cell, machine="") for cell in cells]) == []
 
 
 def test_the_analysis_says_whether_the_links_were_probed(tmp_path: Path) -> None:

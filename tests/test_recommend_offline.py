@@ -303,6 +303,10 @@ def test_a_probe_here_is_kept_in_the_facts_file_and_read_back_without_probing(
     # kept with it (a 24-product kernel of milliseconds), but timed outside any cell
     assert 0.1 < entry["reference_ms"] < 1000 and used.reference_ms == entry["reference_ms"]
     assert not used.reference_in_cells
+    # kept under this machine: the CPU's name and the instruction set torch's kernels use
+    from harness.environment import cpu_capability, cpu_model
+
+    assert entry["device_name"] == used.device_name == f"{cpu_model()} ({cpu_capability()})"
 
     offline = cache_for(1, probe=False)
     offline.measure_memory = False
@@ -334,6 +338,16 @@ def test_a_probe_here_is_kept_in_the_facts_file_and_read_back_without_probing(
         cache = cache_for(5, reuse=True)
         cache.measure_memory = False
         assert gather(config, cache).step_seconds > 0 and cache.measured == measured
+    # A step time kept on another machine is timed again, not reused: this VM's hosts all read
+    # "AMD EPYC" and differed 3-5x in speed by instruction set (BENCHMARKS.md section 17).
+    store = FactsStore.load(facts_path(output_root, "local_cpu"))
+    store.step_times = [{**step, "device_name": f"{cpu_model()} (another instruction set)"}
+                        for step in store.step_times]
+    store.save()
+    cache = cache_for(1, reuse=True)
+    cache.measure_memory = False
+    assert gather(config, cache).step_seconds > 0
+    assert cache.measured == ["the step time at batch 4"]
 
 
 def test_the_batch_rule_prefers_an_exact_batch_then_the_nearest_scaled_per_sample() -> None:

@@ -40,7 +40,13 @@ from harness.analysis.fit import (
     runtime_per_hardware,
     signed_error,
 )
-from harness.analysis.grid import MeasuredCell, load_grid, mixed_machine_lines, one_per_cell
+from harness.analysis.grid import (
+    MeasuredCell,
+    load_grid,
+    mixed_machine_lines,
+    one_per_cell,
+    step_time_machine_lines,
+)
 from harness.analysis.noise import NoiseFloor, noise_floor, noise_floor_per_model
 from harness.analysis.recommendations import judge, memory_verdicts, tie_summary
 from harness.analysis.report import setting_label, write_report
@@ -225,8 +231,10 @@ def analyse(config: DistbenchConfig, *, experiment: str, cache: FactsCache,
         print(f"{len(scaled)} step time(s) scaled per sample from another batch, none measured "
               f"there ({'; '.join(scaled[:3])}{'; ...' if len(scaled) > 3 else ''}): report.md "
               f"lists where every step time came from")
-    # A grid measured on two machines first: no speed scaling makes their cells comparable.
-    speed = [*mixed_machine_lines(cells), *speed_lines(predictions, scaling=at_cells_speed)]
+    # A grid measured on two machines, or step times from another machine than the cells',
+    # first: no speed scaling makes those comparable.
+    speed = [*mixed_machine_lines(cells), *step_time_machine_lines(step_times, cells),
+             *speed_lines(predictions, scaling=at_cells_speed)]
     for line in speed:
         print(line)
     by_cell = held_out(predictions, group=lambda cell: cell.run_id, fit_on=fit_on)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.config import ConfigError, DistbenchConfig
+from harness.environment import machine_label
+from harness.predict.steps import StepTime
 from harness.records.recorded_runs import recorded_config
 from harness.records.results import RunStatus
 from harness.records.tracking import CELL_KEY_TAG
@@ -111,16 +113,6 @@ def load_grid(uri: str, experiment: str, *,
     return cells
 
 
-def machine_label(tags: dict[str, str]) -> str:
-    """The machine a cell ran on, from its tags: the device's name and, on a CPU, the
-    instruction set torch's kernels used ("AMD EPYC (AVX2)"); "" where either is not recorded."""
-    name = tags.get("device_name", "")
-    if tags.get("device_type") != "cpu":
-        return name
-    capability = tags.get("cpu_capability", "")
-    return f"{name} ({capability})" if name and capability else ""
-
-
 def mixed_machine_lines(cells: Sequence[MeasuredCell]) -> list[str]:
     """One line for each hardware config whose cells were measured on more than one machine
     (cells of an unknown machine are not counted): their times are not comparable, and a fit
@@ -135,6 +127,28 @@ def mixed_machine_lines(cells: Sequence[MeasuredCell]) -> list[str]:
             f"(hydra.launcher.force=true) or analyse each machine's cells in an experiment "
             f"of their own"
             for hardware, counts in sorted(by_hardware.items()) if len(counts) > 1]
+
+
+def step_time_machine_lines(step_times: Sequence[tuple[str, StepTime]],
+                            cells: Sequence[MeasuredCell]) -> list[str]:
+    """One line for each machine other than the cells' that measured step times the
+    predictions use (probed by an analysis run elsewhere, or read from a facts file kept on
+    another machine with --no-probe). Such a step time holds that machine's speed: the
+    reference kernel scales only step times taken from the cells themselves
+    (`predict.facts.at_machine_speed`), and across instruction sets not even those reliably.
+    Silent where no cell names its machine (recorded before `cpu_capability` was)."""
+    machines = {cell.machine for cell in cells if cell.machine}
+    foreign: dict[str, list[str]] = {}
+    for workload, step in step_times:
+        if machines and not step.reference_in_cells and step.device_name \
+                and step.device_name not in machines:
+            foreign.setdefault(step.device_name, []).append(f"{workload}, batch {step.batch}")
+    cells_on = "; ".join(sorted(machines))
+    return [f"{len(used)} step time(s) the predictions use were measured on {machine} "
+            f"({'; '.join(used[:3])}{'; ...' if len(used) > 3 else ''}), the cells on "
+            f"{cells_on}: the predictions hold the other machine's speed; run the analysis on "
+            f"the cells' machine (or --no-probe with a facts file probed there)"
+            for machine, used in sorted(foreign.items())]
 
 
 def one_per_cell(runs: Sequence[MeasuredCell]) -> list[MeasuredCell]:

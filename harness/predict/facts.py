@@ -672,15 +672,11 @@ def _facts_root(config: DistbenchConfig, cache: FactsCache) -> Path:
 
 
 def _device_name(config: DistbenchConfig) -> str:
-    """The name of the device a probe here runs on (`torch.cuda.get_device_name`, else the
-    CPU model)."""
-    from harness.environment import cpu_model
+    """The machine a probe here runs on (`torch.cuda.get_device_name`, else the CPU model and
+    the instruction set torch's kernels use: `harness.environment.machine_name`)."""
+    from harness.environment import machine_name
 
-    if config.hardware.device.value == "cuda":
-        import torch
-
-        return torch.cuda.get_device_name(0)
-    return cpu_model()
+    return machine_name(config.hardware.device.value)
 
 
 def _keep(config: DistbenchConfig, cache: FactsCache,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.config import DistbenchConfig
+from harness.environment import machine_label
 from harness.predict.steps import MeasuredStep
 from harness.records.mlflow_store import store_not_created, tracking_failure, tracking_uri
 from harness.records.results import RunStatus
@@ -31,7 +32,7 @@ class _Cell:
     hardware: str
     batch: int
     step_seconds: float
-    device_name: str | None
+    device_name: str | None  # its machine (`harness.environment.machine_label`) where recorded
     reference_ms: float | None  # the machine's speed while it ran (steadiness.machine_speed_ms)
 
 
@@ -107,5 +108,6 @@ def _cells(uri: str, config: DistbenchConfig) -> list[_Cell]:
                 continue
             cells.append(_Cell(run.info.run_id, cell.hardware.name, cell.batch_size,
                                metrics["seconds_per_epoch"] / batches,
-                               run.data.tags.get("device_name"), machine_speed_ms(metrics)))
+                               machine_label(run.data.tags) or run.data.tags.get("device_name"),
+                               machine_speed_ms(metrics)))
     return cells
