@@ -334,6 +334,11 @@ def test_a_grid_measured_here_is_fitted_reported_and_recommended(output_root: Pa
     assert "local_2cpu's links: its configured speeds, not measured" in analysis.stdout
     assert fit["hardware"]["local_2cpu"]["links"] == "configured"
     assert "## Links the predictions used" in report
+    # the machine its cells ran on, this one: the probe here measured on it too, unnamed
+    from harness.environment import machine_name
+
+    assert fit["hardware"]["local_2cpu"]["machines"] == [machine_name("cpu")]
+    assert "step time(s) the predictions use were measured on" not in analysis.stdout
     assert set(fit["hardware"]["local_2cpu"]["params"]) == {
         "contention", "communication", "fsdp_copies", "horovod_background",
         "pipedream_flatten"}
@@ -381,6 +386,7 @@ def test_a_grid_measured_here_is_fitted_reported_and_recommended(output_root: Pa
     # No probe ran: the links priced are the config's, as the fit's were, and it says so.
     assert answer["links"].startswith("links: hardware local_2cpu's configured speeds")
     assert answer["links_since_fit"] is None
+    assert answer["machine_since_fit"] is None  # step times probed here, where the cells ran
     # Compared with the measured fastest of the same workload. Reported, not asserted: on
     # 2 shared cores the measured order of close configurations is itself noise.
     verdict = next(v for v in fit["recommendations"] if v["workload"][1] == "mobilenetv2")

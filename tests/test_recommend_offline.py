@@ -122,6 +122,38 @@ def test_a_facts_file_of_the_device_is_used_and_named(output_root: Path) -> None
     assert path.read_text() == kept  # nothing measured here, nothing written
 
 
+def test_step_times_from_another_machine_than_the_fits_cells_are_named(tmp_path: Path) -> None:
+    """A fit keeps the machines its cells ran on; where the step times a recommendation uses
+    were measured on another (this VM's hosts all read "AMD EPYC" and ran 3-5x apart by
+    instruction set), the table says so, and how to fit the parameters for this machine."""
+    from harness.analysis.calibration import FitCoverage, Fitted, calibrate_commands
+    from harness.compose import compose_config
+    from harness.config import validate
+    from harness.predict.steps import StepTime
+    from harness.recommend import machine_since_fit
+
+    hardware = validate(compose_config(["hardware=local_2cpu"])).hardware
+    path = tmp_path / "analysis" / "calibrate_local" / "fit.json"
+
+    def fit(*machines: str) -> Fitted:
+        return Fitted({}, 0.0, str(path), hardware="local_2cpu", fit=FitCoverage(
+            path, "local_2cpu", 56, ("resnet18", "vgg11"), {"ddp": 8}, 0.0, "configured",
+            machines))
+
+    steps = [StepTime(batch, 0.1, "facts file f.json", batch, "AMD EPYC (AVX2)")
+             for batch in (16, 32)]
+    assert machine_since_fit(fit("AMD EPYC (AVX512)"), steps, hardware) == (
+        "machine changed since the fit: its cells ran on AMD EPYC (AVX512), the step times "
+        "used on another (batch 16, batch 32 on AMD EPYC (AVX2)); its parameters were learnt "
+        f"at the former's speed: {calibrate_commands(hardware)} on this machine fit them for "
+        f"it (the fit: {path})")
+    assert machine_since_fit(fit("AMD EPYC (AVX2)"), steps, hardware) is None
+    assert machine_since_fit(fit(), steps, hardware) is None  # a fit from before it kept them
+    assert machine_since_fit(Fitted.raw("no fit"), steps, hardware) is None
+    unnamed = [StepTime(16, 0.1, "MLflow runs", 16)]  # a cell recorded before its machine was
+    assert machine_since_fit(fit("AMD EPYC (AVX512)"), unnamed, hardware) is None
+
+
 def test_the_table_says_where_the_links_speeds_come_from(output_root: Path) -> None:
     """The configured speeds until harness.probe has measured the links, then the probe's
     profile, with what an allreduce between nodes takes from a CPU worker's compute."""

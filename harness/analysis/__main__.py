@@ -347,14 +347,15 @@ def _hardware_entry(hardware: str, cells: Sequence[MeasuredCell],
     """fit.json's entry of one hardware: its parameters, and what they were fitted on (cells,
     networks, cells per model: what `harness.recommend` counts as calibrated; the links:
     when `harness.probe` measured them, "configured" for the config's speeds, null for one
-    worker)."""
+    worker; the machines the cells ran on, `harness.environment.machine_label`)."""
     own = [cell for cell in cells if cell.config.hardware.name == hardware]
     models: dict[str, int] = {}
     for cell in own:
         models[cell.model] = models.get(cell.model, 0) + 1
     return {"params": params[hardware], "runtime_mb": runtime[hardware], "cells": len(own),
             "networks": sorted({cell.network for cell in own}),
-            "models": dict(sorted(models.items())), "links": links_label(profile)}
+            "models": dict(sorted(models.items())), "links": links_label(profile),
+            "machines": sorted({cell.machine for cell in own if cell.machine})}
 
 
 def residuals(by_cell: Sequence[CellPrediction], by_network: Sequence[CellPrediction],

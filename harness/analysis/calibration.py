@@ -63,6 +63,9 @@ class FitCoverage:
     # The links the fit priced its cells with (`hardware_profile.links_label`): "measured
     # <when>", "configured"; None where the fit predates the entry or had one worker.
     links: str | None = None
+    # The machines its cells ran on (`harness.environment.machine_label`); () where the fit
+    # predates the entry or its cells did not record their machine.
+    machines: tuple[str, ...] = ()
 
     @property
     def leave_one_network_out(self) -> bool:
@@ -104,7 +107,7 @@ def _check_fit_entry(hardware: str, entry: object) -> None:
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in params.values()):
         raise TypeError(f"{where}.params is not an object of numbers")
     for key, kind in (("cells", int), ("runtime_mb", (int, float)), ("networks", list),
-                      ("models", dict)):
+                      ("models", dict), ("machines", list)):
         if entry.get(key) is not None and not isinstance(entry[key], kind):
             raise TypeError(f"{where}.{key} is a JSON {type(entry[key]).__name__}")
 
@@ -118,7 +121,8 @@ def coverage(path: Path, hardware: str, data: dict[str, Any] | None = None
         return None
     return FitCoverage(path, hardware, int(entry.get("cells", 0)),
                        tuple(entry.get("networks") or ()), _models(data, hardware),
-                       path.stat().st_mtime, entry.get("links"))
+                       path.stat().st_mtime, entry.get("links"),
+                       tuple(entry.get("machines") or ()))
 
 
 def _models(data: dict[str, Any], hardware: str) -> dict[str, int]:

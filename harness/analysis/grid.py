@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness.config import ConfigError, DistbenchConfig
 from harness.environment import machine_label
-from harness.predict.steps import StepTime
+from harness.predict.steps import StepTime, steps_from_other_machines
 from harness.records.recorded_runs import recorded_config
 from harness.records.results import RunStatus
 from harness.records.tracking import CELL_KEY_TAG
@@ -138,17 +138,15 @@ def step_time_machine_lines(step_times: Sequence[tuple[str, StepTime]],
     (`predict.facts.at_machine_speed`), and across instruction sets not even those reliably.
     Silent where no cell names its machine (recorded before `cpu_capability` was)."""
     machines = {cell.machine for cell in cells if cell.machine}
-    foreign: dict[str, list[str]] = {}
-    for workload, step in step_times:
-        if machines and not step.reference_in_cells and step.device_name \
-                and step.device_name not in machines:
-            foreign.setdefault(step.device_name, []).append(f"{workload}, batch {step.batch}")
-    cells_on = "; ".join(sorted(machines))
+    other = steps_from_other_machines(
+        ((f"{workload}, batch {step.batch}", step) for workload, step in step_times
+         if not step.reference_in_cells), machines)
     return [f"{len(used)} step time(s) the predictions use were measured on {machine} "
             f"({'; '.join(used[:3])}{'; ...' if len(used) > 3 else ''}), the cells on "
-            f"{cells_on}: the predictions hold the other machine's speed; run the analysis on "
-            f"the cells' machine (or --no-probe with a facts file probed there)"
-            for machine, used in sorted(foreign.items())]
+            f"{'; '.join(sorted(machines))}: the predictions hold the other machine's speed; "
+            f"run the analysis on the cells' machine (or --no-probe with a facts file probed "
+            f"there)"
+            for machine, used in other.items()]
 
 
 def one_per_cell(runs: Sequence[MeasuredCell]) -> list[MeasuredCell]:

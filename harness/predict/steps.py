@@ -7,7 +7,7 @@ Its own module because both sources of measured steps use it: the facts file
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -98,3 +98,17 @@ def choose_step_time(measured: Sequence[MeasuredStep], batch: int) -> StepTime |
     best = min(measured, key=lambda step: (abs(math.log2(step.batch / batch)), step.rank,
                                            -step.batch))
     return best.at(batch)
+
+
+def steps_from_other_machines(used: Iterable[tuple[str, StepTime]],
+                              machines: Collection[str]) -> dict[str, list[str]]:
+    """The step times in `used` (each with what it is of, "resnet18/mnist on cpu, batch 32")
+    measured on a machine not in `machines`, the ones they are to be compared with, by machine
+    (`harness.environment.machine_label`); none where `machines` is empty or a step time's
+    machine is not recorded. A step time holds its machine's speed: this VM's hosts, all
+    "AMD EPYC", ran 3-5x apart by instruction set (BENCHMARKS.md section 17)."""
+    other: dict[str, list[str]] = {}
+    for what, step in used:
+        if machines and step.device_name and step.device_name not in machines:
+            other.setdefault(step.device_name, []).append(what)
+    return dict(sorted(other.items()))
