@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.config import ConfigError, DistbenchConfig
-from harness.environment import machine_label
 from harness.predict.steps import StepTime, steps_from_other_machines
 from harness.records.recorded_runs import recorded_config
 from harness.records.results import RunStatus
@@ -83,6 +82,7 @@ def load_grid(uri: str, experiment: str, *,
     """The experiment's cells with one of `statuses` (`ok`: finished; `oom`: did not fit),
     oldest first (a sweep's parent run, the probe and analysis runs carry no cell status and
     are skipped)."""
+    from harness.environment import machine_label  # loads torch: not on `--help`'s path
     from harness.records.mlflow_store import open_store
 
     # One tiny config file per run: MLflow's per-download progress bar would only be noise.

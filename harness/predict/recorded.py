@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.config import DistbenchConfig
-from harness.environment import machine_label
 from harness.predict.steps import MeasuredStep
 from harness.records.mlflow_store import store_not_created, tracking_failure, tracking_uri
 from harness.records.results import RunStatus
@@ -72,6 +71,7 @@ def sequential_steps(config: DistbenchConfig, *,
 
 def _cells(uri: str, config: DistbenchConfig) -> list[_Cell]:
     from harness.distributions.registry import baseline
+    from harness.environment import machine_label  # loads torch: not on `--help`'s path
     from harness.predict.terms import batches_per_epoch
     from harness.records.mlflow_store import open_store
     from harness.records.recorded_runs import recorded_config
