@@ -22,12 +22,16 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
 from harness.config import ConfigError, DistbenchConfig
 from harness.preflight import check_runs_here, check_writable_dir, is_slurm_launcher
+
+if TYPE_CHECKING:  # loaded where predictions are made: a plain listing needs neither
+    from harness.analysis.calibration import Fitted
+    from harness.predict.steps import StepTime
 
 DRY_RUN_FLAG = "--dry-run"
 _NONE = "-"
@@ -64,6 +68,8 @@ class Predictions:
 
     seconds: dict[int, float] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)  # the fits used, one line each
+    # Where a fit's parameters may not hold for the facts used (`machine_since_fit`).
+    warnings: list[str] = field(default_factory=list)
     missing: dict[str, list[int]] = field(default_factory=dict)  # reason -> cell numbers
 
 
@@ -98,11 +104,12 @@ def predict(cells: Sequence[PlannedCell]) -> Predictions:
     from harness.distributions.registry import specs
     from harness.hardware_profile import profile_for
     from harness.predict.cell import epoch_terms
-    from harness.predict.facts import FactsCache, gather
+    from harness.predict.facts import FactsCache, gather, step_time_used
 
     predictions = Predictions()
     fits: dict[tuple[str, str], Fitted | None] = {}
     caches: dict[str, FactsCache] = {}
+    steps: dict[tuple[str, str], dict[str, StepTime]] = {}  # per fit: the step times used
     for planned in cells:
         config = planned.config
         root, hardware = config.run.output_dir, config.hardware.name
@@ -130,7 +137,26 @@ def predict(cells: Sequence[PlannedCell]) -> Predictions:
             _missing(predictions, " ".join(str(err).split()), planned)
             continue
         predictions.seconds[planned.number] = terms.seconds(fitted.params)
+        step = step_time_used(config, cache)
+        if step is not None:
+            what = f"{config.network.key}/{config.dataset.key}, batch {step.batch}"
+            steps.setdefault((root, hardware), {})[what] = step
+    predictions.warnings = _machine_lines(cells, fits, steps)
     return predictions
+
+
+def _machine_lines(cells: Sequence[PlannedCell], fits: dict[tuple[str, str], Fitted | None],
+                   steps: dict[tuple[str, str], dict[str, StepTime]]) -> list[str]:
+    """For each fit, a line where the step times its cells' predictions used were measured
+    on another machine than the fit's cells (`harness.analysis.calibration.machine_since_fit`):
+    a dry run reads whatever facts were kept, wherever they were measured."""
+    from harness.analysis.calibration import machine_since_fit
+
+    hardware = {(p.config.run.output_dir, p.config.hardware.name): p.config.hardware
+                for p in cells}
+    lines = (machine_since_fit(fitted, sorted(used.items()), hardware[key])
+             for key, used in steps.items() if (fitted := fits[key]) is not None)
+    return [line for line in lines if line]
 
 
 def _unpredictable(config: DistbenchConfig) -> str | None:
@@ -215,6 +241,7 @@ def report(what: str, launcher: str, cells: Sequence[PlannedCell],
 
 def _prediction_lines(cells: Sequence[PlannedCell], predictions: Predictions) -> list[str]:
     lines = [f"s/epoch predicted with {source}" for source in predictions.sources]
+    lines += predictions.warnings
     for reason, numbers in predictions.missing.items():
         lines.append(f"no prediction for {_numbers(numbers, len(cells))}: {reason}")
     predicted = [planned for planned in cells if planned.number in predictions.seconds]

@@ -51,11 +51,12 @@ from harness.analysis.calibration import (
     Fitted,
     calibrate_commands,
     choose_fit,
+    machine_since_fit,
 )
 from harness.analysis.report import setting_label
 from harness.cli import BAD_INPUT_ERRORS, bad_input_message, command
 from harness.compose import compose_config
-from harness.config import ConfigError, DistbenchConfig, HardwareConfig, validate
+from harness.config import ConfigError, DistbenchConfig, validate
 from harness.distributions.registry import spec_of, specs
 from harness.hardware_profile import HardwareProfile, link_line, links_label, profile_for
 from harness.partition import StagePlan
@@ -69,7 +70,7 @@ from harness.predict.facts import (
     step_time_source,
 )
 from harness.predict.memory import fits
-from harness.predict.steps import StepTime, steps_from_other_machines
+from harness.predict.steps import StepTime
 from harness.predict.ties import Tie, tie_with_fastest
 from harness.preflight import check_writable_dir
 
@@ -432,23 +433,6 @@ def links_since_fit(fitted: Fitted, profile: HardwareProfile | None) -> str | No
             f"(the fit: {fit.path})")
 
 
-def machine_since_fit(fitted: Fitted, steps: Sequence[StepTime],
-                      hardware: HardwareConfig) -> str | None:
-    """A line where step times the predictions use were measured on another machine than the
-    fit's cells: its parameters (overheads, the communication factor) were learnt against
-    that machine's speed. None where they agree, or either machine is not recorded."""
-    fit = fitted.fit
-    other = steps_from_other_machines(((f"batch {step.batch}", step) for step in steps),
-                                      fit.machines if fit is not None else ())
-    if fit is None or not other:
-        return None
-    where = "; ".join(f"{', '.join(batches)} on {machine}" for machine, batches in other.items())
-    return (f"machine changed since the fit: its cells ran on {'; '.join(fit.machines)}, the "
-            f"step times used on another ({where}); its parameters were learnt at the "
-            f"former's speed: {calibrate_commands(hardware)} on this machine fit them for it "
-            f"(the fit: {fit.path})")
-
-
 def source_lines(cache: FactsCache) -> list[str]:
     """Where the measured inputs of the predictions come from, for the user to judge."""
     lines = ["step times (one sequential training step):"] if step_times(cache) else []
@@ -640,8 +624,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     elapsed = time.perf_counter() - started
     links = {"links": link_line(config.hardware, profile),
              "links_since_fit": links_since_fit(fitted, profile),
-             "machine_since_fit": machine_since_fit(fitted, step_times(cache),
-                                                    config.hardware)}
+             "machine_since_fit": machine_since_fit(
+                 fitted, [(f"batch {step.batch}", step) for step in step_times(cache)],
+                 config.hardware)}
     if flags.json:
         print_json(config, options, skipped, fitted, cache, flags.objective, elapsed, links)
     else:

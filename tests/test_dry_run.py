@@ -177,19 +177,21 @@ def test_a_dry_run_of_a_local_sweep_lists_its_cells_and_writes_nothing(tmp_path:
 
 
 def _fitted(root: Path, hardware: str, params: dict[str, float], *, device: str,
-            threads: int | None, batches: tuple[int, ...], seconds: float) -> Path:
-    """A fit of `hardware` under `root` (3 cells, `params`) and ResNet-18/MNIST's step time at
-    `batches`, as an analysis and a probe leave them; the fit's path."""
+            threads: int | None, batches: tuple[int, ...], seconds: float,
+            machines: tuple[str, ...] = (), step_machine: str | None = None) -> Path:
+    """A fit of `hardware` under `root` (3 cells, `params`, run on `machines`) and
+    ResNet-18/MNIST's step time at `batches` (measured on `step_machine`), as an analysis and
+    a probe leave them; the fit's path."""
     from harness.predict.facts import FactsStore, facts_path
 
     fit = root / "analysis" / "calibrated" / "fit.json"
     fit.parent.mkdir(parents=True)
     fit.write_text(json.dumps({"hardware": {hardware: {
-        "params": params, "runtime_mb": 0.0, "cells": 3}}}))
+        "params": params, "runtime_mb": 0.0, "cells": 3, "machines": list(machines)}}}))
     store = FactsStore.load(facts_path(root, hardware), hardware)
     for batch in batches:
         store.record_step(network="resnet18", dataset="mnist", device=device, threads=threads,
-                          batch=batch, seconds=seconds)
+                          batch=batch, seconds=seconds, device_name=step_machine)
     store.save()
     return fit
 
@@ -217,6 +219,38 @@ def test_a_dry_run_predicts_each_cell_and_the_sweep_from_the_hardware_fit(
     assert (f"predicted training time: {total:.1f} s for 2 of 3 cells (2 epochs x 1 repeat "
             f"each; warm-up, start-up and data generation not included)") in listing.notes
     assert sorted(root.rglob("*")) == before  # no mlflow.db, no facts measured
+
+
+def test_a_dry_run_names_step_times_measured_on_another_machine_than_the_fits_cells(
+        tmp_path: Path) -> None:
+    """A dry run reads whatever facts were kept: where its step times were measured on another
+    machine than the fit's cells (this VM's hosts all read "AMD EPYC", 3-5x apart), it says so
+    under the predictions, as the recommender does, with the commands that fit this machine."""
+    from harness.analysis.calibration import calibrate_commands
+    from harness.compose import compose_config
+    from harness.config import validate
+
+    root = tmp_path / "outputs"
+    fit = _fitted(root, "local_2cpu", {"contention": 1.5, "communication": 2.0},
+                  device="cpu", threads=1, batches=(128,), seconds=0.25,
+                  machines=("AMD EPYC (AVX512)",), step_machine="AMD EPYC (AVX2)")
+    listing = dry_run("-m", "distribution=sequential,ddp", "hardware=local_2cpu",
+                      "dataset.num_samples=512", f"run.output_dir={root}")
+    assert {row["s/epoch"] for row in listing.rows} != {"-"}  # predicted all the same
+    hardware = validate(compose_config(["hardware=local_2cpu"])).hardware
+    assert (f"machine changed since the fit: its cells ran on AMD EPYC (AVX512), the step "
+            f"times used on another (resnet18/mnist, batch 128 on AMD EPYC (AVX2)); its "
+            f"parameters were learnt at the former's speed: {calibrate_commands(hardware)} on "
+            f"this machine fit them for it (the fit: {fit})") in listing.notes
+    # The same machine, or a fit that does not name its machines: no line.
+    for machines in (("AMD EPYC (AVX2)",), ()):
+        again = tmp_path / f"again{len(machines)}"
+        _fitted(again, "local_2cpu", {"contention": 1.5, "communication": 2.0},
+                device="cpu", threads=1, batches=(128,), seconds=0.25, machines=machines,
+                step_machine="AMD EPYC (AVX2)")
+        listing = dry_run("-m", "distribution=sequential,ddp", "hardware=local_2cpu",
+                          "dataset.num_samples=512", f"run.output_dir={again}")
+        assert not any(note.startswith("machine changed") for note in listing.notes)
 
 
 def test_a_dry_run_takes_no_layer_profile_for_collectives_that_hide_behind_the_compute(

@@ -140,7 +140,8 @@ def test_step_times_from_another_machine_than_the_fits_cells_are_named(tmp_path:
             path, "local_2cpu", 56, ("resnet18", "vgg11"), {"ddp": 8}, 0.0, "configured",
             machines))
 
-    steps = [StepTime(batch, 0.1, "facts file f.json", batch, "AMD EPYC (AVX2)")
+    steps = [(f"batch {batch}", StepTime(batch, 0.1, "facts file f.json", batch,
+                                         "AMD EPYC (AVX2)"))
              for batch in (16, 32)]
     assert machine_since_fit(fit("AMD EPYC (AVX512)"), steps, hardware) == (
         "machine changed since the fit: its cells ran on AMD EPYC (AVX512), the step times "
@@ -150,7 +151,8 @@ def test_step_times_from_another_machine_than_the_fits_cells_are_named(tmp_path:
     assert machine_since_fit(fit("AMD EPYC (AVX2)"), steps, hardware) is None
     assert machine_since_fit(fit(), steps, hardware) is None  # a fit from before it kept them
     assert machine_since_fit(Fitted.raw("no fit"), steps, hardware) is None
-    unnamed = [StepTime(16, 0.1, "MLflow runs", 16)]  # a cell recorded before its machine was
+    # A cell recorded before its machine was:
+    unnamed = [("batch 16", StepTime(16, 0.1, "MLflow runs", 16))]
     assert machine_since_fit(fit("AMD EPYC (AVX512)"), unnamed, hardware) is None
 
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.config import ConfigError, HardwareConfig
 from harness.predict.parameters import RAW
+from harness.predict.steps import StepTime, steps_from_other_machines
 
 # How far the raw (uncalibrated) equations have missed measured cells, as a factor either way:
 # an uncalibrated option's range is its prediction / RAW_ERROR_FACTOR to its prediction x
@@ -266,6 +267,23 @@ class Fitted:
 # Fewest cells measured in two steady runs for their median to stand for the fit's noise
 # between runs (a median of fewer is one or two cells' luck).
 MIN_RUN_FLOOR_CELLS = 5
+
+
+def machine_since_fit(fitted: Fitted, used: Iterable[tuple[str, StepTime]],
+                      hardware: HardwareConfig) -> str | None:
+    """A line where step times predictions use (each with what it is of: "batch 32") were
+    measured on another machine than the fit's cells: its parameters (overheads, the
+    communication factor) were learnt against that machine's speed. None where they agree,
+    or either machine is not recorded. `harness.recommend` and the dry run print it."""
+    fit = fitted.fit
+    other = steps_from_other_machines(used, fit.machines if fit is not None else ())
+    if fit is None or not other:
+        return None
+    where = "; ".join(f"{', '.join(steps)} on {machine}" for machine, steps in other.items())
+    return (f"machine changed since the fit: its cells ran on {'; '.join(fit.machines)}, the "
+            f"step times used on another ({where}); its parameters were learnt at the "
+            f"former's speed: {calibrate_commands(hardware)} on this machine fit them for it "
+            f"(the fit: {fit.path})")
 
 
 def _noise_floor(data: dict[str, Any]) -> tuple[float, str]:
