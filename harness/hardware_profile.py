@@ -137,7 +137,7 @@ class HardwareProfile:
     nodes: int
     links: list[Link]
     allreduce: list[AllreduceCost] = field(default_factory=list)
-    facts: dict[str, Any] = field(default_factory=dict)  # device, backend, hosts, when
+    facts: dict[str, Any] = field(default_factory=dict)  # device, backend, hosts, machine, when
 
     def link(self, src: int, dst: int) -> Cost:
         """L and BW from `src` to `dst` (a link measured one way serves both ways)."""
@@ -251,7 +251,9 @@ def link_line(hardware: HardwareConfig, profile: HardwareProfile | None) -> str 
     if profile.source != "measured":
         return (f"links: hardware {hardware.name}'s configured speeds (no harness.probe "
                 f"profile yet; python -m harness.probe hardware={hardware.name} measures them)")
-    line = f"links: measured by harness.probe, {_measured_at(profile)}"
+    machine = profile.facts.get("machine")  # absent from profiles probed before it was kept
+    line = (f"links: measured by harness.probe"
+            f"{f' on {machine}' if machine else ''}, {_measured_at(profile)}")
     rounds = profile.facts.get(ROUNDS_FACT)
     spread = largest_spread(rounds)
     if rounds is not None and spread is not None:  # a profile from before rounds has none

@@ -116,7 +116,8 @@ def record_profile(profile: HardwareProfile, config: DistbenchConfig, output_dir
             log_run(uri=tracking_uri(config.tracking.uri, config.run.output_dir),
                     experiment=EXPERIMENT, run_name=f"probe-{profile.hardware}",
                     params=probe_params(config), metrics=metrics,
-                    tags={"hardware": profile.hardware, "output_dir": str(output_dir)},
+                    tags={"hardware": profile.hardware, "output_dir": str(output_dir),
+                          "machine": str(profile.facts.get("machine"))},
                     artifacts=[output_dir / PROFILE_FILE])
         except Exception as err:  # noqa: BLE001 - the profile on disk is the result
             log.warning("MLflow could not record the probe (%s); profile kept in %s", err,
@@ -131,7 +132,8 @@ def probe_params(config: DistbenchConfig) -> dict[str, Any]:
 
 def summary(profile: HardwareProfile) -> str:
     lines = [f"hardware {profile.hardware}: {profile.workers} workers on {profile.nodes} "
-             f"node(s), {profile.facts.get('backend')} on {profile.facts.get('device')}",
+             f"node(s), {profile.facts.get('backend')} on {profile.facts.get('device')}"
+             + (f" ({profile.facts['machine']})" if profile.facts.get("machine") else ""),
              f"{'link':<10} {'same node':>9} {'latency us':>11} {'bandwidth MB/s':>15}"]
     for link in profile.links:
         lines.append(f"{link.src:>3} -> {link.dst:<3} {str(link.same_node):>9} "

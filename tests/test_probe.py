@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from harness.compose import compose_config
 from harness.config import ConfigError, validate
+from harness.environment import machine_name
 from harness.hardware_profile import (
     Cost,
     HardwareProfile,
@@ -157,14 +158,19 @@ def test_the_probe_measures_two_local_workers_and_records_the_profile(
     assert link.samples["seconds"] == pytest.approx(
         [sum(sizes) / 2 for sizes in zip(*rounds["values"]["link 0-1"])])
     assert "measured in 2 rounds, each figure the median across them" in done.stdout
-    assert ", in 2 rounds (their spread up to" in link_line(
-        validate(compose_config(["hardware=local_2cpu"])).hardware, profile)
+    # The machine it measured (loopback's speed is the host's), named where the links are used
+    machine = machine_name("cpu")
+    assert profile.facts["machine"] == machine and f"gloo on cpu ({machine})" in done.stdout
+    line = link_line(validate(compose_config(["hardware=local_2cpu"])).hardware, profile)
+    assert line is not None and line.startswith(f"links: measured by harness.probe on {machine}, ")
+    assert ", in 2 rounds (their spread up to" in line
     client = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
     (run,) = client.search_runs([client.get_experiment_by_name("hardware_probe").experiment_id])
     assert run.data.metrics["link_latency_us_max"] == pytest.approx(link.cost.latency_s * 1e6)
     assert run.data.metrics["rounds"] == 2
     assert run.data.metrics["rounds_spread_max"] == pytest.approx(max(rounds["spread"].values()))
     assert run.data.params["hardware.name"] == "local_2cpu"
+    assert run.data.tags["machine"] == machine
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["hardware_profile.json"]
 
 

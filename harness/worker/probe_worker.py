@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 from harness.allocator import keep_freed_memory
 from harness.config import DistbenchConfig, ProbeConfig, validate
 from harness.distributed import WorkerSession, worker_session
+from harness.environment import machine_name
 from harness.hardware_profile import (
     COLLECTIVES_AFTER_COMPUTE_FACT,
     COMPUTE_LOST_FACT,
@@ -360,7 +361,10 @@ def assemble_profile(config: DistbenchConfig, device: torch.device, session: Wor
     measured_allreduce = [AllreduceCost(k, fit_cost(sizes, seconds),
                                         {"bytes": sizes, "seconds": seconds})
                           for k, seconds in allreduce.items()]
+    # The machine rank 0 runs on: link speeds over loopback or shared memory are the host's,
+    # as a step time is (`harness.environment.machine_name`).
     facts = {"device": device.type, "backend": session.backend, "hosts": hosts,
+             "machine": machine_name(device.type),
              "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
              "repeats": config.probe.repeats}
     return HardwareProfile(config.hardware.name, "measured", session.env.world_size,
