@@ -104,7 +104,7 @@ def predict(cells: Sequence[PlannedCell]) -> Predictions:
     from harness.distributions.registry import specs
     from harness.hardware_profile import profile_for
     from harness.predict.cell import epoch_terms
-    from harness.predict.facts import FactsCache, gather, step_time_used
+    from harness.predict.facts import FactsCache, gather, step_time_source
 
     predictions = Predictions()
     fits: dict[tuple[str, str], Fitted | None] = {}
@@ -137,7 +137,7 @@ def predict(cells: Sequence[PlannedCell]) -> Predictions:
             _missing(predictions, " ".join(str(err).split()), planned)
             continue
         predictions.seconds[planned.number] = terms.seconds(fitted.params)
-        step = step_time_used(config, cache)
+        step = step_time_source(config, cache)
         if step is not None:
             what = f"{config.network.key}/{config.dataset.key}, batch {step.batch}"
             steps.setdefault((root, hardware), {})[what] = step

@@ -186,13 +186,6 @@ def _threads(config: DistbenchConfig) -> int | None:
     return config.hardware.cpu_threads if config.hardware.device.value == "cpu" else None
 
 
-def step_time_used(config: DistbenchConfig, cache: FactsCache) -> StepTime | None:
-    """The sequential step time `gather` used for `config` (where it came from, on which
-    machine), None before it was gathered or where it was not timed."""
-    batch = config.distribution.step_batch(config)
-    return cache.sources.get(_step_key(config, batch, cache))
-
-
 def _step_key(config: DistbenchConfig, batch: int, cache: FactsCache) -> tuple[Any, ...]:
     return (config.network.key, config.dataset.key, config.hardware.device.value,
             _threads(config), batch, cache.probe_batches)
