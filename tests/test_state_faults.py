@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from harness.cli import ENVIRONMENT_EXIT_CODE
 
@@ -130,3 +132,51 @@ def test_a_failing_runtime_memory_probe_is_one_line_with_its_error(
     assert "\n" not in message
     assert message.endswith({"traceback": "(exit status 1): MemoryError: cannot allocate 64 MB",
                              "killed": "(killed by SIGKILL): no error recorded"}[ending]), message
+
+
+# Any JSON value, for fuzzing what a damaged or hand-edited fit.json holds where a field is.
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8)
+_FIT_FIELDS = ("cells", "runtime_mb", "networks", "models", "links", "machines")
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(entry=st.fixed_dictionaries(
+    {"params": st.just({"contention": 1.0}) | _JSON},
+    optional={key: _JSON for key in _FIT_FIELDS}),
+    accuracy=_JSON, residuals=_JSON, noise=_JSON)
+def test_any_fit_entry_is_read_or_named_in_one_line(tmp_path: Path, entry: dict[str, object],
+                                                      accuracy: object, residuals: object,
+                                                      noise: object) -> None:
+    """A fit.json whose fields hold any JSON value (a table of bad inputs holds only what
+    someone thought of): it is refused as a ConfigError naming the file, or everything the
+    commands print of it (its description, the models' calibration, `--json`'s summary, the
+    machine and links lines) is made without an exception."""
+    from harness.analysis.calibration import Fitted, machine_since_fit
+    from harness.compose import compose_config
+    from harness.config import ConfigError, validate
+    from harness.hardware_profile import HardwareProfile
+    from harness.predict.steps import StepTime
+    from harness.recommend import links_since_fit
+
+    fit = tmp_path / "fit.json"
+    fit.write_text(json.dumps({"hardware": {"local_2cpu": entry}, "accuracy": accuracy,
+                               "residuals": residuals, "noise_floor_percent": noise}))
+    try:
+        fitted = Fitted.load(fit, "local_2cpu")
+    except ConfigError as err:
+        assert f"--fit={fit} is invalid" in str(err)
+        return
+    hardware = validate(compose_config(["hardware=local_2cpu"])).hardware
+    step = StepTime(32, 0.1, "facts file f.json", 32, "some other machine")
+    assert isinstance(fitted.source, str) and isinstance(fitted.noise_text, str)
+    for model in ("ddp", "gpipe"):
+        assert isinstance(fitted.calibration(model).why, str)
+    json.dumps(fitted.summary())
+    line = machine_since_fit(fitted, [("batch 32", step)], hardware)
+    assert line is None or line.startswith("machine changed since the fit")
+    links_since_fit(fitted, HardwareProfile.from_config(hardware))

@@ -108,9 +108,14 @@ def _check_fit_entry(hardware: str, entry: object) -> None:
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in params.values()):
         raise TypeError(f"{where}.params is not an object of numbers")
     for key, kind in (("cells", int), ("runtime_mb", (int, float)), ("networks", list),
-                      ("models", dict), ("machines", list)):
+                      ("models", dict), ("machines", list), ("links", str)):
         if entry.get(key) is not None and not isinstance(entry[key], kind):
             raise TypeError(f"{where}.{key} is a JSON {type(entry[key]).__name__}")
+    for key in ("networks", "machines"):  # names, joined into the lines the commands print
+        if not all(isinstance(name, str) for name in entry.get(key) or ()):
+            raise TypeError(f"{where}.{key} is not a list of names")
+    if not all(isinstance(count, int) for count in (entry.get("models") or {}).values()):
+        raise TypeError(f"{where}.models is not an object of cell counts")
 
 
 def coverage(path: Path, hardware: str, data: dict[str, Any] | None = None
@@ -120,7 +125,7 @@ def coverage(path: Path, hardware: str, data: dict[str, Any] | None = None
     entry = data["hardware"].get(hardware)
     if entry is None:
         return None
-    return FitCoverage(path, hardware, int(entry.get("cells", 0)),
+    return FitCoverage(path, hardware, int(entry.get("cells") or 0),
                        tuple(entry.get("networks") or ()), _models(data, hardware),
                        path.stat().st_mtime, entry.get("links"),
                        tuple(entry.get("machines") or ()))
@@ -136,7 +141,8 @@ def _models(data: dict[str, Any], hardware: str) -> dict[str, int]:
         return {}  # residuals do not say their hardware: no model counts as covered
     counts: dict[str, int] = {}
     for row in data.get("residuals") or []:
-        counts[str(row["model"])] = counts.get(str(row["model"]), 0) + 1
+        if isinstance(row, dict) and "model" in row:
+            counts[str(row["model"])] = counts.get(str(row["model"]), 0) + 1
     return counts
 
 
@@ -220,7 +226,7 @@ class Fitted:
         held_out = found.leave_one_network_out
         errors = _held_out_errors(data, found, "network_mape") if held_out else {}
         memory_errors = _held_out_errors(data, found, "memory_mape") if held_out else {}
-        return cls({**RAW, **entry["params"]}, float(entry.get("runtime_mb", 0.0)),
+        return cls({**RAW, **entry["params"]}, float(entry.get("runtime_mb") or 0.0),
                    found.describe(), errors, found, hardware, *_noise_floor(data),
                    memory_errors=memory_errors)
 
