@@ -7,6 +7,7 @@ files, the commands' real entry points, in this process."""
 from __future__ import annotations
 
 import json
+import math
 import stat
 import sys
 from pathlib import Path
@@ -180,3 +181,36 @@ def test_any_fit_entry_is_read_or_named_in_one_line(tmp_path: Path, entry: dict[
     line = machine_since_fit(fitted, [("batch 32", step)], hardware)
     assert line is None or line.startswith("machine changed since the fit")
     links_since_fit(fitted, HardwareProfile.from_config(hardware))
+
+
+_STEP_FIELDS = ("batch", "seconds", "q1_seconds", "q3_seconds", "probe_batches", "probe_asked",
+                "reference_ms", "measured_at", "device_name")
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fields=st.fixed_dictionaries({}, optional={key: _JSON for key in _STEP_FIELDS}),
+       second=st.booleans())
+def test_any_kept_step_time_is_read_or_named_in_one_line(tmp_path: Path, fields: dict[str, object],
+                                                         second: bool) -> None:
+    """A facts file's step time whose fields hold any JSON value (beside a sound one of
+    another batch, or alone): the file is refused naming it and how to recover, or the step
+    times it gives are numbers a prediction can use."""
+    from harness.predict.facts import FactsStore, MissingMeasurement
+    from harness.predict.steps import choose_step_time
+
+    workload = {"network": "resnet18", "dataset": "mnist", "device": "cpu", "threads": 1}
+    sound = {**workload, "batch": 64, "seconds": 0.5, "measured_at": "2026-12-02T10:00:00"}
+    path = tmp_path / "local_2cpu.json"
+    path.write_text(json.dumps({"step_times": [{**workload, **fields},
+                                               *([sound] if second else [])]}))
+    try:
+        steps = FactsStore.load(path, "local_2cpu").steps("resnet18", "mnist", "cpu", 1)
+    except MissingMeasurement as err:
+        assert str(path) in str(err) and "move it away" in str(err)
+        return
+    for step in steps:
+        assert step.batch > 0 and math.isfinite(step.seconds) and step.seconds > 0
+        chosen = choose_step_time(steps, 32)
+        assert chosen is not None and chosen.seconds > 0
+        assert isinstance(chosen.describe(), str)

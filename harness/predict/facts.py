@@ -648,6 +648,28 @@ def _entries(data: dict[str, Any], name: str) -> list[dict[str, Any]]:
     return entries
 
 
+def _check_step_entry(where: str, entry: dict[str, Any]) -> None:
+    """TypeError naming a kept step time's field that is not what `record_step` writes: read
+    far from the file otherwise (a prediction's float() or a batch of 0, found by fuzzing)."""
+    def number(value: object) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and math.isfinite(value) and value >= 0
+
+    checks = {"batch": lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+              "seconds": lambda v: number(v) and v > 0}
+    optional = {"q1_seconds": number, "q3_seconds": number,
+                "reference_ms": lambda v: number(v) and v > 0,
+                "probe_batches": checks["batch"], "probe_asked": checks["batch"],
+                "measured_at": lambda v: isinstance(v, str),
+                "device_name": lambda v: isinstance(v, str)}
+    for name, sound in checks.items():
+        if not sound(entry.get(name)):
+            raise TypeError(f"{where}.{name} is {json.dumps(entry.get(name))}")
+    for name, sound in optional.items():
+        if entry.get(name) is not None and not sound(entry[name]):
+            raise TypeError(f"{where}.{name} is {json.dumps(entry[name])}")
+
+
 def facts_path(output_root: Path | str, hardware: str) -> Path:
     """The facts measured for hardware configuration `hardware`:
     `<run.output_dir>/facts/<hardware>.json`."""
@@ -792,8 +814,10 @@ class FactsStore:
             data = json.loads(path.read_text())
             if not isinstance(data, dict):
                 raise TypeError(f"a JSON {type(data).__name__}, not an object")
-            return cls(path, str(data.get("hardware") or hardware or path.stem),
-                       *(_entries(data, name) for name in _FACTS_LISTS))
+            lists = [_entries(data, name) for name in _FACTS_LISTS]
+            for position, entry in enumerate(data.get("step_times") or []):
+                _check_step_entry(f"step_times[{position}]", entry)
+            return cls(path, str(data.get("hardware") or hardware or path.stem), *lists)
         except (OSError, ValueError, AttributeError, TypeError) as err:
             raise MissingMeasurement(f"{path}: not a readable distbench facts file ({err}); "
                                      f"move it away and measure again") from None
