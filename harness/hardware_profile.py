@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,25 @@ class Cost:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Cost:
-        return cls(data["latency_us"] / 1e6, data["bandwidth_mbps"] * BYTES_PER_MB)
+        """ValueError naming a latency or bandwidth no transfer could have (found by fuzzing:
+        a bandwidth of 0 or a list was read far from the file, as a ZeroDivisionError)."""
+        latency, bandwidth = data["latency_us"], data["bandwidth_mbps"]
+        if not (_finite(latency) and latency >= 0 and _finite(bandwidth) and bandwidth > 0):
+            raise ValueError(f"latency_us {json.dumps(latency)}, bandwidth_mbps "
+                             f"{json.dumps(bandwidth)}: not a latency >= 0 and a bandwidth > 0")
+        return cls(latency / 1e6, bandwidth * BYTES_PER_MB)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+def _count(value: object, what: str) -> int:
+    """A worker index or count of a profile; ValueError naming it otherwise."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{what} {json.dumps(value)} is not a worker index or count")
+    return value
 
 
 def fit_cost(nbytes: list[float], seconds: list[float]) -> Cost:
@@ -186,12 +205,17 @@ class HardwareProfile:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> HardwareProfile:
-        links = [Link(d["src"], d["dst"], d["same_node"], Cost.from_json(d), d.get("samples", {}))
+        links = [Link(_count(d["src"], "src"), _count(d["dst"], "dst"), bool(d["same_node"]),
+                      Cost.from_json(d), d.get("samples") or {})
                  for d in data["links"]]
-        allreduce = [AllreduceCost(d["workers"], Cost.from_json(d), d.get("samples", {}))
-                     for d in data.get("allreduce", [])]
+        allreduce = [AllreduceCost(_count(d["workers"], "allreduce workers"), Cost.from_json(d),
+                                   d.get("samples") or {})
+                     for d in data.get("allreduce") or []]
+        facts = data.get("facts") or {}
+        if not isinstance(facts, dict):
+            raise TypeError(f"facts is a JSON {type(facts).__name__}, not an object")
         return cls(data["hardware"], data["source"], data["workers"], data["nodes"], links,
-                   allreduce, data.get("facts", {}))
+                   allreduce, facts)
 
     def save(self, path: Path) -> Path:
         write_json_atomic(path, self.to_json())

@@ -214,3 +214,37 @@ def test_any_kept_step_time_is_read_or_named_in_one_line(tmp_path: Path, fields:
         chosen = choose_step_time(steps, 32)
         assert chosen is not None and chosen.seconds > 0
         assert isinstance(chosen.describe(), str)
+
+
+_LINK_FIELDS = ("src", "dst", "same_node", "latency_us", "bandwidth_mbps")
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(link=st.fixed_dictionaries({}, optional={key: _JSON for key in _LINK_FIELDS}),
+       workers=_JSON, facts=_JSON)
+def test_any_probed_link_is_read_or_named_in_one_line(tmp_path: Path, link: dict[str, object],
+                                                      workers: object, facts: object) -> None:
+    """A hardware profile whose link or allreduce entry holds any JSON value where a number
+    is: it is refused naming the file and how to recover (StateError), or what the predictions
+    ask of it is a time of a transfer, never a ZeroDivisionError or a negative time."""
+    from harness.cli import StateError
+    from harness.compose import compose_config
+    from harness.config import validate
+    from harness.hardware_profile import HardwareProfile, link_line
+
+    sound = {"latency_us": 300.0, "bandwidth_mbps": 1000.0}
+    path = tmp_path / "local_2cpu.json"
+    path.write_text(json.dumps({
+        "hardware": "local_2cpu", "source": "measured", "workers": 2, "nodes": 1,
+        "facts": facts, "links": [{"src": 0, "dst": 1, "same_node": True, **sound, **link}],
+        "allreduce": [{**sound, "workers": workers}]}))
+    try:
+        profile = HardwareProfile.load(path)
+    except StateError as err:
+        assert str(path) in str(err) and "harness.probe" in str(err)
+        return
+    for cost in [link.cost for link in profile.links] + [a.cost for a in profile.allreduce]:
+        assert 0 <= cost.seconds(1e6) < math.inf
+    hardware = validate(compose_config(["hardware=local_2cpu"])).hardware
+    assert isinstance(link_line(hardware, profile), str)
