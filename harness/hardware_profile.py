@@ -71,9 +71,42 @@ def _finite(value: object) -> bool:
         and math.isfinite(value)
 
 
-def _count(value: object, what: str) -> int:
-    """A worker index or count of a profile; ValueError naming it otherwise."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+def _check_facts(facts: object) -> None:
+    """TypeError naming a profile fact the predictions or the probe's summary read that is not
+    what `harness.probe` writes (found by fuzzing: each was read far from the file)."""
+    if not isinstance(facts, dict):
+        raise TypeError(f"facts is a JSON {type(facts).__name__}, not an object")
+    lost = facts.get(COMPUTE_LOST_FACT)
+    if lost is not None and not (_finite(lost) and lost >= 0):
+        raise TypeError(f"facts.{COMPUTE_LOST_FACT} is {json.dumps(lost)}")
+    rounds = facts.get(ROUNDS_FACT)
+    if rounds is not None and not (
+            isinstance(rounds, dict) and _finite(rounds.get("rounds", 1))
+            and isinstance(rounds.get("spread") or {}, dict)
+            and all(_finite(v) for v in (rounds.get("spread") or {}).values())):
+        raise TypeError(f"facts.{ROUNDS_FACT} is not a count of rounds with a spread per figure")
+    after = facts.get(COLLECTIVES_AFTER_COMPUTE_FACT)
+    if after is not None and not _sizes_and_times(after):
+        raise TypeError(f"facts.{COLLECTIVES_AFTER_COMPUTE_FACT} is not a worker count with "
+                        f"times per message size")
+
+
+def _sizes_and_times(after: object) -> bool:
+    """Whether `after` is what the probe keeps of collectives timed after compute."""
+    if not isinstance(after, dict) or not _finite(after.get("compute_before_ms", 0)):
+        return False
+    sizes = after.get("bytes")
+    if not isinstance(sizes, list) or not all(_finite(n) and n >= 0 for n in sizes):
+        return False
+    return all(isinstance(after.get(name), list) and len(after[name]) == len(sizes)
+               and all(_finite(t) and t >= 0 for t in after[name])
+               for name in ("all_gather", "reduce_scatter") if name in after)
+
+
+def _count(value: object, what: str, least: int = 0) -> int:
+    """A worker index (or a count of at least `least`) of a profile; ValueError naming it
+    otherwise."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
         raise ValueError(f"{what} {json.dumps(value)} is not a worker index or count")
     return value
 
@@ -208,12 +241,12 @@ class HardwareProfile:
         links = [Link(_count(d["src"], "src"), _count(d["dst"], "dst"), bool(d["same_node"]),
                       Cost.from_json(d), d.get("samples") or {})
                  for d in data["links"]]
-        allreduce = [AllreduceCost(_count(d["workers"], "allreduce workers"), Cost.from_json(d),
+        allreduce = [AllreduceCost(_count(d["workers"], "allreduce workers", 2), Cost.from_json(d),
                                    d.get("samples") or {})
                      for d in data.get("allreduce") or []]
         facts = data.get("facts") or {}
-        if not isinstance(facts, dict):
-            raise TypeError(f"facts is a JSON {type(facts).__name__}, not an object")
+        _check_facts(facts)
+        facts = {name: value for name, value in facts.items() if value is not None}  # no fact
         return cls(data["hardware"], data["source"], data["workers"], data["nodes"], links,
                    allreduce, facts)
 

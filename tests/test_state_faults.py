@@ -222,7 +222,12 @@ _LINK_FIELDS = ("src", "dst", "same_node", "latency_us", "bandwidth_mbps")
 @settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(link=st.fixed_dictionaries({}, optional={key: _JSON for key in _LINK_FIELDS}),
-       workers=_JSON, facts=_JSON)
+       workers=_JSON, facts=_JSON | st.fixed_dictionaries({}, optional={
+           "compute_lost_ms_per_mb": _JSON, "probe_rounds": _JSON,
+           "probe_rounds_spread": _JSON,
+           "collectives_after_compute": _JSON | st.fixed_dictionaries({}, optional={
+               key: _JSON for key in ("workers", "bytes", "all_gather", "reduce_scatter",
+                                      "compute_before_ms")})}))
 def test_any_probed_link_is_read_or_named_in_one_line(tmp_path: Path, link: dict[str, object],
                                                       workers: object, facts: object) -> None:
     """A hardware profile whose link or allreduce entry holds any JSON value where a number
@@ -232,6 +237,7 @@ def test_any_probed_link_is_read_or_named_in_one_line(tmp_path: Path, link: dict
     from harness.compose import compose_config
     from harness.config import validate
     from harness.hardware_profile import HardwareProfile, link_line
+    from harness.probe import summary
 
     sound = {"latency_us": 300.0, "bandwidth_mbps": 1000.0}
     path = tmp_path / "local_2cpu.json"
@@ -248,3 +254,8 @@ def test_any_probed_link_is_read_or_named_in_one_line(tmp_path: Path, link: dict
         assert 0 <= cost.seconds(1e6) < math.inf
     hardware = validate(compose_config(["hardware=local_2cpu"])).hardware
     assert isinstance(link_line(hardware, profile), str)
+    assert isinstance(summary(profile), str)  # what harness.probe prints of it
+    assert 0 <= profile.compute_lost_s_per_mb() < math.inf
+    for collective in ("all_gather", "reduce_scatter"):
+        curve = profile.collective_after_compute(collective, 2)
+        assert curve is None or 0 <= curve.seconds_at(1e6) < math.inf
