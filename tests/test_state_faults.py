@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from harness.cli import ENVIRONMENT_EXIT_CODE
@@ -144,7 +144,7 @@ _JSON = st.recursive(
 _FIT_FIELDS = ("cells", "runtime_mb", "networks", "models", "links", "machines")
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(entry=st.fixed_dictionaries(
     {"params": st.just({"contention": 1.0}) | _JSON},
@@ -187,7 +187,7 @@ _STEP_FIELDS = ("batch", "seconds", "q1_seconds", "q3_seconds", "probe_batches",
                 "reference_ms", "measured_at", "device_name")
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fields=st.fixed_dictionaries({}, optional={key: _JSON for key in _STEP_FIELDS}),
        second=st.booleans())
@@ -219,7 +219,7 @@ def test_any_kept_step_time_is_read_or_named_in_one_line(tmp_path: Path, fields:
 _LINK_FIELDS = ("src", "dst", "same_node", "latency_us", "bandwidth_mbps")
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(link=st.fixed_dictionaries({}, optional={key: _JSON for key in _LINK_FIELDS}),
        workers=_JSON, facts=_JSON | st.fixed_dictionaries({}, optional={
@@ -259,3 +259,57 @@ def test_any_probed_link_is_read_or_named_in_one_line(tmp_path: Path, link: dict
     for collective in ("all_gather", "reduce_scatter"):
         curve = profile.collective_after_compute(collective, 2)
         assert curve is None or 0 <= curve.seconds_at(1e6) < math.inf
+
+
+_LAYER = {"index": 0, "type": "Conv2d", "forward_ms": 1.0, "backward_ms": 2.0, "update_ms": 0.1,
+          "activation_mb": 0.5, "parameter_mb": 0.2}
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(measured_at=_JSON, layer=st.fixed_dictionaries({}, optional=dict.fromkeys(_LAYER, _JSON)),
+       profile=st.fixed_dictionaries({}, optional=dict.fromkeys(("batch_size", "device"),
+                                                                _JSON)),
+       runtime=st.fixed_dictionaries({}, optional=dict.fromkeys(("mb", "context_mb"), _JSON)),
+       stage=st.fixed_dictionaries({}, optional=dict.fromkeys(
+           ("forward_s", "backward_s", "update_s"), _JSON)),
+       reference_ms=_JSON)
+@example(measured_at=None, layer={}, profile={}, runtime={}, stage={}, reference_ms=None)
+def test_any_kept_profile_runtime_or_stage_is_read_or_named_in_one_line(
+        tmp_path: Path, measured_at: object, layer: dict[str, object],
+        profile: dict[str, object], runtime: dict[str, object], stage: dict[str, object],
+        reference_ms: object) -> None:
+    """A facts file's layer profile, runtime share or stages timed in place whose fields hold
+    any JSON value (beside a sound entry of the same key): refused naming the file, or read as
+    numbers a prediction can use."""
+    from harness.config import ConfigError
+    from harness.predict.facts import FactsStore, MissingMeasurement
+
+    workload = {"network": "resnet18", "dataset": "mnist", "device": "cpu", "threads": 1}
+    sound_profile = {"batch_size": 32, "device": "cpu", "layers": [_LAYER]}
+    stages = {"forward_s": 0.1, "backward_s": 0.2, "update_s": 0.01}
+    path = tmp_path / "local_2cpu.json"
+    path.write_text(json.dumps({
+        "layer_profiles": [{**workload, "measured_at": "2026-12-01", "profile": sound_profile},
+                           {**workload, "measured_at": measured_at, "profile": {
+                               **sound_profile, **profile, "layers": [{**_LAYER, **layer}]}}],
+        "runtimes": [{"key": ["k"], "mb": 10.0, "measured_at": "2026-12-01"},
+                     {"key": ["k"], "measured_at": measured_at, **runtime}],
+        "stages_in_place": [{"key": ["k"], "stages": [stages], "measured_at": "2026-12-01"},
+                            {"key": ["k"], "stages": [{**stages, **stage}],
+                             "reference_ms": reference_ms, "measured_at": measured_at}]}))
+    try:
+        store = FactsStore.load(path, "local_2cpu")
+        kept = store.profile("resnet18", "mnist", "cpu", 1, batch=32)
+        share = store.runtime(["k"])
+        in_place = store.in_place(["k"])
+    except (MissingMeasurement, ConfigError) as err:
+        assert str(path) in str(err), err
+        return
+    assert kept.batch_size > 0 and all(
+        math.isfinite(layer.compute_ms(1.0)) and layer.compute_ms(1.0) >= 0
+        and layer.activation_mb >= 0 and layer.parameter_mb >= 0 for layer in kept.layers)
+    assert share is not None and share.mb >= 0 and share.context_mb >= 0
+    assert in_place is not None and all(
+        math.isfinite(s.forward_s + s.backward_s + s.update_s) for s in in_place.stages)
+    assert in_place.reference_ms is None or in_place.reference_ms > 0

@@ -648,26 +648,81 @@ def _entries(data: dict[str, Any], name: str) -> list[dict[str, Any]]:
     return entries
 
 
-def _check_step_entry(where: str, entry: dict[str, Any]) -> None:
-    """TypeError naming a kept step time's field that is not what `record_step` writes: read
-    far from the file otherwise (a prediction's float() or a batch of 0, found by fuzzing)."""
-    def number(value: object) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) \
-            and math.isfinite(value) and value >= 0
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) and value >= 0
 
-    checks = {"batch": lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
-              "seconds": lambda v: number(v) and v > 0}
-    optional = {"q1_seconds": number, "q3_seconds": number,
-                "reference_ms": lambda v: number(v) and v > 0,
-                "probe_batches": checks["batch"], "probe_asked": checks["batch"],
-                "measured_at": lambda v: isinstance(v, str),
-                "device_name": lambda v: isinstance(v, str)}
-    for name, sound in checks.items():
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _text(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _positive(value: Any) -> bool:
+    return _number(value) and value > 0
+
+
+# What each kept entry's fields must be (required, then optional: null or absent allowed),
+# as `FactsStore.record_*` write them. Checked at load, so that a hand-edited or damaged file
+# is named in one line instead of a float() or a comparison failing far from it (found by
+# fuzzing: tests/test_state_faults.py).
+_Fields = tuple[dict[str, Callable[[Any], bool]], dict[str, Callable[[Any], bool]]]
+_KEPT: dict[str, _Fields] = {
+    "step_times": ({"batch": _positive_int, "seconds": _positive},
+                   {"q1_seconds": _number, "q3_seconds": _number, "reference_ms": _positive,
+                    "probe_batches": _positive_int, "probe_asked": _positive_int,
+                    "measured_at": _text, "device_name": _text}),
+    "layer_profiles": ({"profile": lambda v: isinstance(v, dict)},
+                       {"measured_at": _text, "device_name": _text}),
+    "runtimes": ({"mb": _number}, {"context_mb": _number, "measured_at": _text,
+                                   "device_name": _text}),
+    "stages_in_place": ({"stages": lambda v: isinstance(v, list)},
+                        {"reference_ms": _positive, "measured_at": _text,
+                         "device_name": _text}),
+    "saved_activations": ({}, {"measured_at": _text}),
+}
+_PROFILE: _Fields = ({"batch_size": _positive_int, "device": _text,
+                      "layers": lambda v: isinstance(v, list)}, {})
+_LAYER: _Fields = ({"index": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+           "type": _text, **dict.fromkeys(("forward_ms", "backward_ms", "update_ms",
+                                           "activation_mb", "parameter_mb"), _number)}, {})
+_STAGE: _Fields = (dict.fromkeys(("forward_s", "backward_s", "update_s"), _number), {})
+
+
+def _when(entry: dict[str, Any]) -> str:
+    """When a kept entry was measured, for "the newest": "" where not recorded (null)."""
+    return str(entry.get("measured_at") or "")
+
+
+def _check_fields(where: str, entry: object, fields: _Fields) -> None:
+    """TypeError naming the first field of `entry` that is not what is kept there."""
+    if not isinstance(entry, dict):
+        raise TypeError(f"{where} is a JSON {type(entry).__name__}, not an object")
+    required, optional = fields
+    for name, sound in required.items():
         if not sound(entry.get(name)):
             raise TypeError(f"{where}.{name} is {json.dumps(entry.get(name))}")
     for name, sound in optional.items():
         if entry.get(name) is not None and not sound(entry[name]):
             raise TypeError(f"{where}.{name} is {json.dumps(entry[name])}")
+
+
+def _check_kept(name: str, entries: list[dict[str, Any]]) -> None:
+    """Every entry of the facts file's list `name`, and what it nests (a layer profile's
+    layers, the stages timed in place), checked (`_KEPT`)."""
+    for position, entry in enumerate(entries):
+        where = f"{name}[{position}]"
+        _check_fields(where, entry, _KEPT[name])
+        if name == "layer_profiles":
+            _check_fields(f"{where}.profile", entry["profile"], _PROFILE)
+            for index, layer in enumerate(entry["profile"]["layers"]):
+                _check_fields(f"{where}.profile.layers[{index}]", layer, _LAYER)
+        if name == "stages_in_place":
+            for index, stage in enumerate(entry["stages"]):
+                _check_fields(f"{where}.stages[{index}]", stage, _STAGE)
 
 
 def facts_path(output_root: Path | str, hardware: str) -> Path:
@@ -815,8 +870,8 @@ class FactsStore:
             if not isinstance(data, dict):
                 raise TypeError(f"a JSON {type(data).__name__}, not an object")
             lists = [_entries(data, name) for name in _FACTS_LISTS]
-            for position, entry in enumerate(data.get("step_times") or []):
-                _check_step_entry(f"step_times[{position}]", entry)
+            for name, entries in zip(_FACTS_LISTS, lists):
+                _check_kept(name, entries)
             return cls(path, str(data.get("hardware") or hardware or path.stem), *lists)
         except (OSError, ValueError, AttributeError, TypeError) as err:
             raise MissingMeasurement(f"{path}: not a readable distbench facts file ({err}); "
@@ -880,7 +935,7 @@ class FactsStore:
                  and device_name in (None, entry.get("device_name"))]
         if not found:
             return None
-        newest = max(found, key=lambda entry: str(entry.get("measured_at", "")))
+        newest = max(found, key=_when)
         try:
             return RuntimeShare(float(newest["mb"]), float(newest.get("context_mb", 0.0)))
         except (KeyError, TypeError, ValueError) as err:
@@ -902,7 +957,7 @@ class FactsStore:
                  and device_name in (None, entry.get("device_name"))]
         if not found:
             return None
-        return InPlaceStages.from_json(max(found, key=lambda e: e.get("measured_at", "")))
+        return InPlaceStages.from_json(max(found, key=_when))
 
     def record_saved(self, network: str, dataset: str, saved: Any) -> None:
         """Keep what autograd saves per layer of a network (`predict.activations`; sizes,
@@ -944,8 +999,7 @@ class FactsStore:
                     entry.get("threads")) == (network, dataset, device, threads) \
                     and device_name in (None, entry.get("device_name")):
                 batch = int(entry["batch"])
-                if batch not in newest or entry.get("measured_at", "") >= \
-                        newest[batch].get("measured_at", ""):
+                if batch not in newest or _when(entry) >= _when(newest[batch]):
                     newest[batch] = entry
         return [self._measured_step(entry) for _, entry in sorted(newest.items())]
 
@@ -976,7 +1030,7 @@ class FactsStore:
         # the batch's (else the nearest batch's), then the newest (the later kept on a tie)
         _, _, _, data = max(
             (-abs(_profile_batch(entry) - batch) if batch is not None else 0,
-             entry.get("measured_at", ""), position, entry["profile"])
+             _when(entry), position, entry["profile"])
             for position, entry in enumerate(found))
         try:
             return NetworkProfile(int(data["batch_size"]), str(data["device"]),
