@@ -133,10 +133,15 @@ def _allowed_one(accepts: Accepts, value: Any) -> str | None:
     return None if ok else f"allowed: {accepts.describe()}"
 
 
+def finite_number(value: object) -> bool:
+    """Whether `value` is a finite int or float, not a bool (JSON's true is Python's 1): what
+    a setting's number, and a number read back from a state file, must be."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
 def _number_ok(accepts: Accepts, value: Any) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    if isinstance(value, float) and not math.isfinite(value):
+    if not finite_number(value):
         return False
     low, high = accepts.low, accepts.high
     above_low = low is None or (value > low if accepts.low_open else value >= low)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import bisect
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.accepts import finite_number
 from harness.cli import StateError
 from harness.config import ConfigError, HardwareConfig
 from harness.probe_rounds import ROUNDS_FACT, largest_spread
@@ -60,15 +60,11 @@ class Cost:
         """ValueError naming a latency or bandwidth no transfer could have (found by fuzzing:
         a bandwidth of 0 or a list was read far from the file, as a ZeroDivisionError)."""
         latency, bandwidth = data["latency_us"], data["bandwidth_mbps"]
-        if not (_finite(latency) and latency >= 0 and _finite(bandwidth) and bandwidth > 0):
+        if not (finite_number(latency) and latency >= 0
+                and finite_number(bandwidth) and bandwidth > 0):
             raise ValueError(f"latency_us {json.dumps(latency)}, bandwidth_mbps "
                              f"{json.dumps(bandwidth)}: not a latency >= 0 and a bandwidth > 0")
         return cls(latency / 1e6, bandwidth * BYTES_PER_MB)
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value)
 
 
 def _check_facts(facts: object) -> None:
@@ -77,13 +73,13 @@ def _check_facts(facts: object) -> None:
     if not isinstance(facts, dict):
         raise TypeError(f"facts is a JSON {type(facts).__name__}, not an object")
     lost = facts.get(COMPUTE_LOST_FACT)
-    if lost is not None and not (_finite(lost) and lost >= 0):
+    if lost is not None and not (finite_number(lost) and lost >= 0):
         raise TypeError(f"facts.{COMPUTE_LOST_FACT} is {json.dumps(lost)}")
     rounds = facts.get(ROUNDS_FACT)
     if rounds is not None and not (
-            isinstance(rounds, dict) and _finite(rounds.get("rounds", 1))
+            isinstance(rounds, dict) and finite_number(rounds.get("rounds", 1))
             and isinstance(rounds.get("spread") or {}, dict)
-            and all(_finite(v) for v in (rounds.get("spread") or {}).values())):
+            and all(finite_number(v) for v in (rounds.get("spread") or {}).values())):
         raise TypeError(f"facts.{ROUNDS_FACT} is not a count of rounds with a spread per figure")
     after = facts.get(COLLECTIVES_AFTER_COMPUTE_FACT)
     if after is not None and not _sizes_and_times(after):
@@ -93,13 +89,13 @@ def _check_facts(facts: object) -> None:
 
 def _sizes_and_times(after: object) -> bool:
     """Whether `after` is what the probe keeps of collectives timed after compute."""
-    if not isinstance(after, dict) or not _finite(after.get("compute_before_ms", 0)):
+    if not isinstance(after, dict) or not finite_number(after.get("compute_before_ms", 0)):
         return False
     sizes = after.get("bytes")
-    if not isinstance(sizes, list) or not all(_finite(n) and n >= 0 for n in sizes):
+    if not isinstance(sizes, list) or not all(finite_number(n) and n >= 0 for n in sizes):
         return False
     return all(isinstance(after.get(name), list) and len(after[name]) == len(sizes)
-               and all(_finite(t) and t >= 0 for t in after[name])
+               and all(finite_number(t) and t >= 0 for t in after[name])
                for name in ("all_gather", "reduce_scatter") if name in after)
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.accepts import finite_number
 from harness.config import ConfigError, HardwareConfig
 from harness.predict.parameters import RAW
 from harness.predict.steps import StepTime, steps_from_other_machines
@@ -319,8 +320,8 @@ def noise_for_ties(runs_percent: float | None, runs_cells: int,
 
 def _percent(value: object) -> float | None:
     """A finite number of fit.json's, else None (null: not measured)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
+    if finite_number(value):
+        return float(value)  # type: ignore[arg-type]
     return None
 
 

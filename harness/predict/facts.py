@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from harness.accepts import finite_number
 from harness.config import ConfigError, DistbenchConfig
 from harness.distributions.registry import baseline, settings, spec_of
 from harness.partition import StagePlan
@@ -648,9 +649,8 @@ def _entries(data: dict[str, Any], name: str) -> list[dict[str, Any]]:
     return entries
 
 
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value) and value >= 0
+def _number(value: Any) -> bool:
+    return finite_number(value) and value >= 0
 
 
 def _positive_int(value: object) -> bool:
