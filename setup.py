@@ -3,14 +3,14 @@
 The code's packages, found as setuptools would, and the configs: the repository's top-level
 `conf/` stays where a user looks for the grid's axes and is installed as the package
 `harness.conf` (with each config group a subpackage), so that Hydra finds it as
-`pkg://harness.conf` (harness.compose.CONFIG_PATH) in a checkout's editable install and in an
-installed wheel alike. Found, not listed, so that a new module or config group is shipped
-without editing a list."""
+`pkg://harness.conf` (harness.commands.compose.CONFIG_PATH) in a checkout's editable install and in
+an installed wheel alike. Found, not listed, so that a new module or config group is shipped without
+editing a list."""
 
 from setuptools import find_namespace_packages, setup
 
 CODE_PACKAGES = ["harness", "workloads", "launchers", "hydra_plugins"]
-CONFIG_PACKAGE = "harness.conf"  # = harness.compose.CONFIG_MODULE
+CONFIG_PACKAGE = "harness.conf"  # = harness.commands.compose.CONFIG_MODULE
 CONFIG_DIR = "conf"
 
 setup(

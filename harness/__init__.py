@@ -1,7 +1,7 @@
 """distbench's engine: configs, workers, distribution models, predictions and analysis.
 
 Importing it registers one exit hook (below), and nothing else: a command's imports stay its
-own (tests/test_fast_commands.py).
+own (tests/meta/test_fast_commands.py).
 """
 
 import atexit

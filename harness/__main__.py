@@ -10,8 +10,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from harness.cli import noted, one_door
-from harness.compose import CONFIG_PATH
+from harness.cli.cell_results import noted
+from harness.cli.errors import one_door
+from harness.commands.compose import CONFIG_PATH
 from harness.distributions.registry import register_configs
 from harness.records.cell import check_cell
 from launchers.hydra_main import run_hydra_main
@@ -24,7 +25,7 @@ with one_door():  # a model another package registered that cannot be loaded: on
 def main(cfg: DictConfig) -> dict[str, Any]:
     # The worker's modules (and torch) load below, in the process that trains the cell:
     # --help, shell completion, bad input and the launcher of a multi-worker cell go without.
-    from harness.worker_env import worker_environment
+    from harness.system.worker_env import worker_environment
 
     cell = check_cell(cfg)  # bad input: one line, exit status 2 (run_hydra_main below)
     config = cell.config
@@ -50,7 +51,7 @@ def main(cfg: DictConfig) -> dict[str, Any]:
 def cli() -> None:
     """The `distbench` console command: `python -m harness` under its own name, which bash can
     complete (`eval "$(distbench -sc install=bash)"`; it cannot complete `python -m`). Any
-    exception that escapes leaves as one line (harness.cli.one_door)."""
+    exception that escapes leaves as one line (harness.cli.errors.one_door)."""
     with one_door():
         run_hydra_main(main)
 

@@ -17,9 +17,10 @@ import argparse
 import json
 import sys
 
-from harness.cli import command, overrides_of, overrides_parser
-from harness.compose import compose_config
-from harness.config import ConfigError, validate
+from harness.cli.arguments import overrides_of, overrides_parser
+from harness.cli.errors import command
+from harness.commands.compose import compose_config
+from harness.config.schema import ConfigError, validate
 from harness.distributions.registry import spec_of, specs
 
 

@@ -13,7 +13,7 @@ over the same torch.distributed backend the distribution models use:
 Each figure is the median of `probe.repeats` timed repetitions after `probe.warmup` untimed
 ones, with devices synchronised; the whole is measured `probe.rounds` times, one round after
 the other, each figure kept at its median across the rounds and their spread recorded beside
-it (`harness.probe_rounds`): the probe's own noise. Rank 0 writes the profile
+it (`harness.profiles.rounds`): the probe's own noise. Rank 0 writes the profile
 (`hardware_profile.json`) into the probe's directory and as the latest profile of the hardware
 (`<run.output_dir>/hardware_profiles/<hardware>.json`, which the predictors read), and logs it
 to MLflow (experiment `hardware_probe`).
@@ -30,27 +30,29 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from harness.cli import command, exit_on_bad_input, overrides_of, overrides_parser
-from harness.compose import compose_config
-from harness.config import (
+from harness.cli.arguments import overrides_of, overrides_parser
+from harness.cli.bad_input import exit_on_bad_input
+from harness.cli.errors import command
+from harness.cli.preflight import check_device_here, check_launcher, check_writable_dir
+from harness.commands.compose import compose_config
+from harness.config.schema import (
     ConfigError,
     DistbenchConfig,
     LinkEmulation,
     validate,
     without_hydra,
 )
-from harness.hardware_profile import (
+from harness.profiles.hardware import (
     COLLECTIVES_AFTER_COMPUTE_FACT,
     COMPUTE_LOST_FACT,
     PROFILE_FILE,
     HardwareProfile,
     profile_path,
 )
-from harness.preflight import check_device_here, check_launcher, check_writable_dir
-from harness.probe_rounds import ROUNDS_FACT, largest_spread, spread_line
+from harness.profiles.rounds import ROUNDS_FACT, largest_spread, spread_line
 from harness.records.mlflow_store import tracking_uri
 from harness.records.tracking import log_run
-from harness.worker_env import log_to_stderr
+from harness.system.worker_env import log_to_stderr
 
 log = logging.getLogger(__name__)
 

@@ -54,12 +54,14 @@ from harness.analysis.calibration import (
     machine_since_fit,
 )
 from harness.analysis.report import setting_label
-from harness.cli import BAD_INPUT_ERRORS, bad_input_message, command
-from harness.compose import compose_config
-from harness.config import ConfigError, DistbenchConfig, validate
+from harness.cli.bad_input import BAD_INPUT_ERRORS, bad_input_message
+from harness.cli.errors import command
+from harness.cli.preflight import check_writable_dir
+from harness.commands.compose import compose_config
+from harness.config.schema import ConfigError, DistbenchConfig, validate
+from harness.costs.memory import fits
+from harness.costs.partition import StagePlan
 from harness.distributions.registry import spec_of, specs
-from harness.hardware_profile import HardwareProfile, link_line, links_label, profile_for
-from harness.partition import StagePlan
 from harness.predict.cell import cost_per_epoch, epoch_terms, memory_per_worker_mb
 from harness.predict.facts import (
     FactsCache,
@@ -69,14 +71,13 @@ from harness.predict.facts import (
     gather,
     step_time_source,
 )
-from harness.predict.memory import fits
-from harness.predict.steps import StepTime
 from harness.predict.ties import Tie, tie_with_fastest
-from harness.preflight import check_writable_dir
+from harness.profiles.hardware import HardwareProfile, link_line, links_label, profile_for
+from harness.profiles.steps import StepTime
 
 OBJECTIVES = ("time", "cost")
-# `--probe-spread`'s default here (`harness.timing_rule.ProbeLength`): the probe stops after 3
-# timed steps within 5 % of one another (a ResNet-50 step of 5.6 s on one core varies by 3 %).
+# `--probe-spread`'s default here (`harness.measure.timing_rule.ProbeLength`): the probe stops after
+# 3 timed steps within 5 % of one another (a ResNet-50 step of 5.6 s on one core varies by 3 %).
 RECOMMEND_PROBE_SPREAD = 0.05
 
 
@@ -556,7 +557,7 @@ def verdict_lines(options: Sequence[Option], objective: str,
 
 def parser() -> argparse.ArgumentParser:
     """The command's flags (the rest of its arguments are config overrides): a function of
-    its own so that tests can list them (tests/test_fuzz_commands.py fuzzes every flag)."""
+    its own so that tests can list them (tests/fuzz/test_commands.py fuzzes every flag)."""
     # A step timed within 5 %: the recommender's ranges are wider (the fit's held-out error,
     # or x3 uncalibrated); an analysis fits to its step times and keeps the probe's 2 %.
     parser = command_parser("python -m harness.recommend", __doc__,
@@ -616,7 +617,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise ConfigError(f"--fit={fit_path} is invalid: no such file")
     fitted = Fitted.load(fit_path, config.hardware.name)
     # A damaged measured profile stops here, in one line, before minutes of probing would end
-    # in every option skipped (harness.hardware_profile.HardwareProfile.load).
+    # in every option skipped (harness.profiles.hardware.HardwareProfile.load).
     profile = profile_for(config.hardware, output_root)
     check_writable_dir("run.output_dir", config.run.output_dir)  # facts measured here go there
     options, skipped = rank(config, fitted, cache, output_root, overrides, flags.objective,

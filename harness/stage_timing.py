@@ -8,7 +8,7 @@ this command trains the cell `CELL_CONFIG` (a resolved config, YAML) for a few b
 machine, every stage a worker process of its own (the cell's workers on one node, each with
 the cell's threads; no link shaped, nothing recorded in MLflow), and writes what each stage
 spent per micro-batch in each phase (`<phase>_seconds_per_epoch_stage<k>` of the cell's
-record) to OUT (JSON, `harness.stage_times.InPlaceStages`). The links between the stages are
+record) to OUT (JSON, `harness.profiles.stages.InPlaceStages`). The links between the stages are
 the models' business; only the compute is taken from here.
 
 The analysis runs it in a process of its own (`predict.facts`), which keeps the launchers out
@@ -23,11 +23,12 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from harness.cli import command, exit_on_bad_input
-from harness.config import DistbenchConfig
+from harness.cli.bad_input import exit_on_bad_input
+from harness.cli.errors import command
+from harness.config.schema import DistbenchConfig
+from harness.measure.steadiness import machine_speed_ms
+from harness.profiles.stages import InPlaceStages, StageSeconds
 from harness.records.recorded_runs import config_file
-from harness.stage_times import InPlaceStages, StageSeconds
-from harness.worker.steadiness import machine_speed_ms
 
 # Batches timed after the warm-up: each batch runs every micro-batch through every stage.
 TIMED_BATCHES = 3

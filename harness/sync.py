@@ -26,10 +26,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.cli import command, exit_on_bad_input, overrides_of, overrides_parser
-from harness.compose import compose_or_exit
-from harness.config import ConfigError
-from harness.preflight import expand_user
+from harness.cli.arguments import overrides_of, overrides_parser
+from harness.cli.bad_input import exit_on_bad_input
+from harness.cli.errors import command
+from harness.cli.preflight import expand_user
+from harness.commands.compose import compose_or_exit
+from harness.config.schema import ConfigError
 from harness.records.mlflow_store import open_store, tracking_failure, tracking_uri
 from harness.records.pending import sync_result
 from harness.records.results import RESULT_FILE
@@ -82,8 +84,9 @@ def sync(output_root: Path, uri: str) -> int:
 
 @command
 def check_reachable(uri: str) -> None:
-    """Fail (one line naming tracking.uri, exit 3: harness.cli.one_door) when the store cannot
-    be opened or answer a query, even with nothing pending: "synced to" must mean it could."""
+    """Fail (one line naming tracking.uri, exit 3: harness.cli.errors.one_door) when the store
+    cannot be opened or answer a query, even with nothing pending: "synced to" must mean it
+    could."""
     client = open_store(uri)
     client.search_experiments(max_results=1)
 

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from harness.processes import ends_with_parent
+from harness.system.processes import ends_with_parent
 from workloads.progress import steps
 
 Planned = TypeVar("Planned")
@@ -40,7 +40,7 @@ CHUNK_CELLS = 16
 # What the forked children plan: (plan_one, every cell's overrides), set while `plan_cells` runs.
 _work: list[Any] = []
 # The signals whose handlers in a command raise (KeyboardInterrupt; SystemExit:
-# `harness.cli.end_like_ctrl_c_on_sigterm`), held while the pool is built.
+# `harness.cli.signals.end_like_ctrl_c_on_sigterm`), held while the pool is built.
 _RAISING_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 

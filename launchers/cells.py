@@ -19,9 +19,17 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from harness.cli import exit_on_bad_input, failure_reason, note_cell_results
-from harness.config import ConfigError, DistbenchConfig, validate
-from harness.preflight import check_launcher, check_runs_here, check_writable_dir, is_slurm_launcher
+from harness.cli.bad_input import exit_on_bad_input
+from harness.cli.cell_results import failure_reason, note_cell_results
+from harness.cli.preflight import (
+    check_launcher,
+    check_runs_here,
+    check_writable_dir,
+    is_slurm_launcher,
+)
+from harness.config.schema import ConfigError, DistbenchConfig, validate
+from harness.measure.spread import STD_FOOTNOTE, std_column
+from harness.measure.steadiness import UNSTEADY_FOOTNOTE, UNSTEADY_MARK, is_unsteady
 from harness.records.cell import check_cell
 from harness.records.mlflow_store import tracking_uri
 from harness.records.outcome import record_failure, summarize_rank_reports
@@ -30,8 +38,6 @@ from harness.records.results import RESULT_FILE, RunStatus, read_rank_reports, r
 from harness.records.resume import cell_key, finished_result, finished_runs
 from harness.records.sweep_summary import SweepSummary, is_reused, mark_reused
 from harness.records.tracking import result_recorded_for
-from harness.spread import STD_FOOTNOTE, std_column
-from harness.worker.steadiness import UNSTEADY_FOOTNOTE, UNSTEADY_MARK, is_unsteady
 
 if TYPE_CHECKING:  # the launchers that hold jobs import submitit; checking a sweep needs none
     import submitit

@@ -15,7 +15,7 @@ scripts/slurm_local.sh install`):
   networks (RFC 2544): it collides with no network this machine is on;
 - its link is shaped where traffic leaves the node (`tc qdisc ... tbf` on eth0's egress, as
   `hardware.link` says), so every byte between two nodes crosses one shaped link; each cell on
-  the hardware shapes it again as its own config says (harness.links), so one cluster serves
+  the hardware shapes it again as its own config says (harness.runtime.links), so one cluster serves
   sweeps over link rates;
 - its own share of the cores: its slurmd, and so every job step on it, runs under `taskset`
   with cores of its own (this machine's cores split evenly between the nodes);
@@ -44,8 +44,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.cli import StateError, command
-from harness.config import ConfigError, HardwareConfig, LinkEmulation
+from harness.cli.errors import StateError, command
+from harness.config.schema import ConfigError, HardwareConfig, LinkEmulation
 
 STATE_DIR = Path(os.environ.get("DISTBENCH_EMULATED_DIR", "/tmp/distbench-emulated"))
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
@@ -238,7 +238,8 @@ def bring_up_network(cluster: Cluster) -> None:
 
 
 def shape_links(cluster: Cluster, link: LinkEmulation) -> None:
-    """Shape every node's link where traffic leaves the node (as a cell does: harness.links)."""
+    """Shape every node's link where traffic leaves the node (as a cell does:
+    harness.runtime.links)."""
     for node in cluster.nodes:
         run(*in_namespace(node, "tc", "qdisc", "replace", "dev", NODE_INTERFACE, "root",
                           *link.tbf_arguments()))
@@ -491,9 +492,9 @@ def status_lines() -> list[str]:
 
 @command
 def main(argv: Sequence[str] | None = None) -> None:
-    from harness.cli import ArgumentParser
-    from harness.compose import compose_config
-    from harness.config import validate
+    from harness.cli.arguments import ArgumentParser
+    from harness.commands.compose import compose_config
+    from harness.config.schema import validate
 
     parser = ArgumentParser(prog="python -m launchers.emulated",
                             description=__doc__.split("\n\n")[0])

@@ -6,7 +6,7 @@ Hydra creates the run or sweep directory, and the sweep's MLflow parent run, bef
 function or the launcher sees the config; bad input must be refused before that, with one line
 and exit status 2 (`harness.cli`). Checking a sweep is preparing its cells as the launchers do
 (`launchers.cells.prepare_sweep`), so this lives with them, above the core: composing one config
-is `harness.compose.compose_config`.
+is `harness.commands.compose.compose_config`.
 """
 
 from __future__ import annotations
@@ -22,21 +22,17 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from harness import dryrun
-from harness.accepts import Accepts, allowed, shown
-from harness.cli import (
-    ArgumentParser,
-    end_like_ctrl_c_on_sigterm,
-    exit_on_bad_input,
-    exit_on_failed_cells,
-    forget_cell_results,
-    refuse_dashes_as_value,
-)
-from harness.compose import CONFIG_MODULE
-from harness.config import ConfigError, validate
+from harness.cli.arguments import ArgumentParser, refuse_dashes_as_value
+from harness.cli.bad_input import exit_on_bad_input
+from harness.cli.cell_results import exit_on_failed_cells, forget_cell_results
+from harness.cli.preflight import check_hydra_dir, check_launcher, check_runs_here
+from harness.cli.signals import end_like_ctrl_c_on_sigterm
+from harness.commands import dryrun
+from harness.commands.compose import CONFIG_MODULE
+from harness.commands.dryrun import DRY_RUN_FLAG
+from harness.config.accepts import Accepts, allowed, shown
+from harness.config.schema import ConfigError, validate
 from harness.distributions.registry import register_configs
-from harness.dryrun import DRY_RUN_FLAG
-from harness.preflight import check_hydra_dir, check_launcher, check_runs_here
 from launchers.config_files import cells_not_kept, config_files_read_once
 from launchers.hydra_private import BasicSweeper, Hydra, composing_hydra, get_args_parser
 from launchers.sweep_lock import claim_output_root
@@ -92,7 +88,7 @@ def check_hydra_main(argv: Sequence[str]) -> None:
     which exits with status 2 on the first bad one). Commands that run nothing (--help, --cfg,
     --info, ...) and another config directory or name are left to Hydra; `--cfg` of a sweep
     first says on stderr that it shows the base config. With `--dry-run` the same cells are
-    listed instead, and the process exits with status 0 (`harness.dryrun`)."""
+    listed instead, and the process exits with status 0 (`harness.commands.dryrun`)."""
     parser = get_args_parser()
     parser.error = ArgumentParser.error.__get__(parser)  # type: ignore[method-assign]
     parser._get_values = functools.partial(refuse_dashes_as_value, parser)  # type: ignore[method-assign]
@@ -294,7 +290,7 @@ def _sweep_cells(hydra: Hydra, overrides: list[str]
 
 def _dry_run(hydra: Hydra, overrides: list[str], *, sweep: bool,
              command: str) -> NoReturn:
-    """List the cells `command` would run (`harness.dryrun`), composed and
+    """List the cells `command` would run (`harness.commands.dryrun`), composed and
     validated as above, and exit with status 0. What would stop a valid cell where it would
     run is listed with it, not raised: that is what a dry run of a cluster's grid is for."""
     # Imported where cells are composed: a TAB of the shell completion needs none of it.

@@ -22,7 +22,7 @@ sweep directory first: `launchers.hydra_main`), and a sweep composes every cell 
   (public itself) hands out, whose `get_mode`, `compose_config` and `config_loader` the check
   calls: the only way to compose a sweep's config as a multirun does.
 
-No other module imports `hydra._internal` (`tests/test_hydra_private.py` checks it, and that
+No other module imports `hydra._internal` (`tests/meta/test_hydra_private.py` checks it, and that
 each name here still has what distbench calls, so that an upgrade of Hydra past the pinned
 1.3 line fails in one test that names what moved).
 """

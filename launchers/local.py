@@ -40,15 +40,15 @@ from typing import Any, TextIO
 import submitit
 from tqdm import tqdm
 
-from harness.processes import (
+from harness.records.record import LAUNCHER_RECORDS_ENV
+from harness.records.results import RESULT_FILE, RunStatus
+from harness.system.processes import (
     ENDING_SIGNALS,
     ProcessId,
     children_with_environment,
     end_tree,
 )
-from harness.records.record import LAUNCHER_RECORDS_ENV
-from harness.records.results import RESULT_FILE, RunStatus
-from harness.worker_env import MASTER_PORT_ENV, free_port, log_to_stderr
+from harness.system.worker_env import MASTER_PORT_ENV, free_port, log_to_stderr
 from workloads.progress import BARS, PROGRESS_ENV, mode
 
 # After rank 0 recorded the cell, how long the other workers may take to exit by themselves.
@@ -199,7 +199,7 @@ class _BuiltinsOnly(pickle.Unpickler):
 def _saved_outcome(path: Path) -> str | None:
     """What submitit saved for a worker, "success" or "error" (None: nothing yet; it renames
     the file into place whole), read without importing anything: unpickling a worker's value
-    could load torch into the launcher (`tests/test_fast_commands.py`). An error is saved as
+    could load torch into the launcher (`tests/meta/test_fast_commands.py`). An error is saved as
     ("error", its traceback's text); a value that holds objects is therefore a success."""
     try:
         with open(path, "rb") as stream:
@@ -352,7 +352,7 @@ def end_cell(job: submitit.Job, step_s: float = END_STEP_S,
     """End every process of the cell and return once all are gone: SIGINT (what submitit's
     cancel sends, which its controller forwards to the workers), then SIGTERM (which the
     controller forwards; its workers only log it), then SIGKILL, each to the controller and
-    all its descendants with a SIGCONT (`harness.processes.end_tree`); or only `signals`."""
+    all its descendants with a SIGCONT (`harness.system.processes.end_tree`); or only `signals`."""
     controller = _controller_pid(job)
     if controller is not None:
         end_tree(controller, step_s=step_s, reap=job.done,  # done() reaps the controller
@@ -370,7 +370,7 @@ def run_local_cell(cfg: Any, output_dir: Path, *, workers: int, timeout_min: int
     """`python -m harness` for a cell with several workers: start them, wait (showing what
     rank 0 prints, as a cell of one worker shows it), return the result (rank 0's record, or
     the record of how the cell failed)."""
-    from harness.config import validate
+    from harness.config.schema import validate
 
     outcome, _ = run_cell_job(_logged_run_cell, cfg, output_dir, config=cfg,
                               output_dir=output_dir, folder=output_dir / ".submitit" / "%j",

@@ -52,7 +52,7 @@ from typing import Any
 
 import submitit
 
-from harness.config import ConfigError, DistbenchConfig, HardwareConfig
+from harness.config.schema import ConfigError, DistbenchConfig, HardwareConfig
 from harness.records.results import RESULT_FILE, RunStatus, rank_report_path, worker_presence_path
 from harness.records.resume import job_note_path
 from workloads.datasets.atomic import write_json_atomic
@@ -385,8 +385,8 @@ def requeued_even_if_slurm_ends_scontrol(
     runs inside that step: when the signal reaches it before it exits, submitit's
     `check_call` raises CalledProcessError (died with SIGTERM) from the signal handler, in the
     middle of the cell, and rank 0 recorded the re-queued try as `failed` (seen in a run of
-    tests/test_slurm_plugin_config.py, 2026-11-28: the launcher then read the cell as ended
-    and its re-queued job never ran). The job was re-queued all the same (the SIGTERM is
+    tests/integration/test_slurm_plugin_config.py, 2026-11-28: the launcher then read the cell as
+    ended and its re-queued job never ran). The job was re-queued all the same (the SIGTERM is
     SLURM's doing so): this try ends as submitit ends one it re-queued.
     """
     def requeue_then_exit(signum: int, frame: Any) -> None:

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.measure.steadiness import is_unsteady
 from harness.records.results import RESULT_FILE, RunStatus
 from harness.records.resume import cell_key, index_result
-from harness.worker.steadiness import is_unsteady
 from launchers import cells, slurm
 from launchers.cells import PreparedCell
 

@@ -22,8 +22,9 @@ then putting in the `dataset` node of `dataset=cifar10` and the `network` node o
 
 Any other override (a `key=value`, an appended group `+a/b=x`, a group that fails a check) stays
 with the others, composed by Hydra. The result is the cell's config without Hydra's own node
-(what `harness.config.validate` reads), equal to Hydra's composition of the cell minus that node:
-`tests/test_swapped_groups.py` compares both for every cell of the sweeps in `conf/sweep/`.
+(what `harness.config.schema.validate` reads), equal to Hydra's composition of the cell minus that
+node: `tests/unit/launchers/test_swapped_groups.py` compares both for every cell of the sweeps in
+`conf/sweep/`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from hydra.core.override_parser.types import Override, OverrideType, ValueType
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from harness.config import without_hydra
+from harness.config.schema import without_hydra
 
 _PRIMARY = "config"  # the primary config's path in a defaults list (conf/config.yaml)
 
@@ -107,7 +108,7 @@ class SwappedGroups:
     def _swapped_into(self, base: DictConfig, options: dict[str, str]) -> DictConfig:
         """A copy of `base` with each group's node that of its option's own composition. The
         nodes swapped out are not copied (a placeholder stands in, as in
-        `harness.config.without_hydra`); OmegaConf copies a node as it is set."""
+        `harness.config.schema.without_hydra`); OmegaConf copies a node as it is set."""
         placeholders = {id(base._get_node(self._groups[group])): DictConfig({})
                         for group in options}
         config = copy.deepcopy(base, memo=placeholders)

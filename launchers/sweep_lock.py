@@ -3,7 +3,7 @@ sweep is using is refused in one line naming it, before anything is written.
 
 Two sweeps into one output root would share its cell index (each re-runs, or overwrites, what
 the other measures) and run their cells at the same time on one machine's cores, timing each
-other instead of the cells. The live sweep holds an advisory lock (`harness.filelock`) for as
+other instead of the cells. The live sweep holds an advisory lock (`harness.system.filelock`) for as
 long as its process lives, and writes who it is into the lock's file; the kernel drops the
 lock when that process ends, however it ends, so a killed sweep never blocks the next one.
 The file is this machine's, under the temporary directory (`distbench-sweeps/<hash of the
@@ -21,8 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness.config import ConfigError
-from harness.filelock import try_lock
+from harness.config.schema import ConfigError
+from harness.system.filelock import try_lock
 
 _LOCK_DIR = "distbench-sweeps"
 # The descriptors of the locks this process holds: open until it ends.

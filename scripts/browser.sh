@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The headless browser of the MLflow UI test (tests/test_mlflow_ui.py): Debian's chromium,
+# The headless browser of the MLflow UI test (tests/integration/test_mlflow_ui.py): Debian's chromium,
 # driven by the Python playwright package (a test dependency) without a browser download.
 #
 #   bash scripts/browser.sh install   # apt-get chromium (root, Debian); quick when installed

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA path on one GPU, as BENCHMARKS.md section 13 measured it: the CUDA tests
-# (tests/test_cuda.py: a cell on cuda, DDP and FSDP2 over a real NCCL group of one rank), cells
+# (tests/integration/test_cuda.py: a cell on cuda, DDP and FSDP2 over a real NCCL group of one rank), cells
 # that train on the GPU (ResNet-18 on MNIST, Llama-tiny and GPT-2 small on tokens), the memory
 # model against the CUDA allocator's peak (4 networks x 2 batch sizes), DDP and FSDP2 with one
 # worker, and two workers on the one GPU (DDP over gloo; GPipe, which cannot run there). Then
@@ -46,7 +46,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
 "nccl", torch.cuda.nccl.version(), torch.cuda.get_device_name(0))'
 
-step tests "$py" -m pytest tests/test_cuda.py -q -p no:cacheprovider -rs
+step tests "$py" -m pytest tests/integration/test_cuda.py -q -p no:cacheprovider -rs
 
 # Training: seconds per epoch over 3 repeats (each 3 epochs, 2 for GPT-2).
 cell resnet18_mnist network=resnet18 dataset=mnist dataset.num_samples=16384 \

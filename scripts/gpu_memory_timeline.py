@@ -36,12 +36,13 @@ import json
 import sys
 from typing import Any
 
-from harness.compose import compose_config
-from harness.config import validate
-from harness.predict import activations
+from harness.commands.compose import compose_config
+from harness.config.schema import validate
+from harness.config.units import BYTES_PER_MB
+from harness.costs import activations
+from harness.measure import saved_activations
 from harness.predict.cell import memory_terms_per_worker
 from harness.predict.facts import FactsCache, gather
-from harness.units import BYTES_PER_MB
 
 # The saved bytes of a network on a device, measured once whatever the batch (they are affine
 # in it: `predict.activations`).
@@ -52,7 +53,8 @@ def saved_mb(config: Any, batch: int, device: str) -> tuple[float, float, float]
     """(per sample, constant, total at `batch`) MB autograd saves in one forward, on `device`."""
     key = (config.network.key, device)
     if key not in _saved:
-        _saved[key] = activations.measure(config.network.ref, config.dataset.spec, device=device)
+        _saved[key] = saved_activations.measure(config.network.ref, config.dataset.spec,
+                                                device=device)
     measured = _saved[key]
     per_sample = sum(layer.mb_per_sample() for layer in measured.layers)
     constant = sum(layer.mb_constant() for layer in measured.layers)
@@ -66,8 +68,8 @@ def step_timeline(config: Any) -> dict[str, float]:
 
     import torch
 
-    from harness.worker.steadiness import reference_seconds
-    from harness.workload import build_workload
+    from harness.measure.steadiness import reference_seconds
+    from harness.runtime.workload import build_workload
     from workloads.task import task_loss
 
     gc.collect()  # what an earlier cell or measurement left unreachable goes first

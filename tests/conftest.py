@@ -26,8 +26,10 @@ _SUITE_STARTED = time.monotonic()
 # once). The modules that bring up a SLURM cluster (the loopback one, or the emulated nodes,
 # which stop it first) run in one process, one after another: this machine has one /etc/slurm
 # and one set of daemons. They go first, being the longest unit of work.
-CLUSTER_MODULES = ("tests/test_slurm.py", "tests/test_slurm_plugin_config.py",
-                   "tests/test_emulated_nodes.py", "tests/benchmarks/test_emulated_faults.py",
+CLUSTER_MODULES = ("tests/integration/test_slurm.py",
+                   "tests/integration/test_slurm_plugin_config.py",
+                   "tests/integration/test_emulated_nodes.py",
+                   "tests/benchmarks/test_emulated_faults.py",
                    "tests/benchmarks/test_fsdp_units_across_nodes.py")
 _CLUSTER_FIXTURES = frozenset({"slurm_cluster", "emulated_nodes"})
 
@@ -81,10 +83,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     # The suite's time scales with the host: on one whose reference kernel read 93 ms it took
     # 46 min, where 21 min on hosts at 17-30 ms (BENCHMARKS.md section 16). Timed now, after
     # the tests, on a quiet machine: which of the two the overrun is.
-    from harness.worker.steadiness import reference_seconds
+    from harness.measure.steadiness import reference_seconds
 
     terminalreporter.write_line(
-        f"distbench: this host's reference kernel (harness/worker/steadiness.py) reads "
+        f"distbench: this host's reference kernel (harness/measure/steadiness.py) reads "
         f"{reference_seconds() * 1e3:.0f} ms now, 17-30 ms on the hosts the budget was measured "
         f"on: where it reads several times that, the host got slower, not only the suite")
 
@@ -149,8 +151,8 @@ def emulated_nodes(request: pytest.FixtureRequest) -> Iterator[object]:
         pytest.skip(refused)
     # One SLURM cluster at a time: the loopback one of another module may still run.
     subprocess.run(["bash", str(SLURM_SCRIPT), "stop"], capture_output=True, timeout=120)
-    from harness.compose import compose_config
-    from harness.config import validate
+    from harness.commands.compose import compose_config
+    from harness.config.schema import validate
     from launchers import emulated
 
     hardware = getattr(request.module, "EMULATED_HARDWARE", "emulated_2nodes_200mbit")

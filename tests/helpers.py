@@ -92,7 +92,7 @@ def starting_mlflow_server(backend_store: Path, cwd: Path,
     import signal
     import time
 
-    from harness.worker_env import free_port
+    from harness.system.worker_env import free_port
 
     port = free_port()
     server = subprocess.Popen(
@@ -129,7 +129,7 @@ def starting_mlflow_server(backend_store: Path, cwd: Path,
 
 # What every worker started by `spawn_workers` imports: loaded once, in the forkserver.
 _WORKER_PRELOAD = ["torch", "torch.distributed", "harness.worker.run", "harness.distributions",
-                   "harness.compose", "harness.workload"]
+                   "harness.commands.compose", "harness.runtime.workload"]
 
 
 def spawn_workers(function: Callable[..., None], args: tuple, nprocs: int) -> None:

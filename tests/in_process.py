@@ -1,7 +1,7 @@
 """A command's real entry point (`python -m <module>`) run inside this process, and the promise
 bad input must keep (harness.cli): exit status 2, one line on stderr starting 'distbench: ', no
-traceback, nothing written. Shared by the bad-input table (tests/test_bad_input.py) and the
-command fuzzer (tests/test_fuzz_commands.py): each runs many command lines in ONE subprocess,
+traceback, nothing written. Shared by the bad-input table (tests/faults/test_bad_input.py) and the
+command fuzzer (tests/fuzz/test_commands.py): each runs many command lines in ONE subprocess,
 since a fresh interpreter per command line costs ~4 s of imports on 2 CPU cores."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def run_in_process(command: str, argv: Sequence[str], work: Path, capture: Path,
 
     from hydra.core.global_hydra import GlobalHydra
 
-    import harness.cli
+    import harness.cli.errors
 
     watched = work if watched is None else watched
 
@@ -62,7 +62,7 @@ def run_in_process(command: str, argv: Sequence[str], work: Path, capture: Path,
         os.environ.update(dict(env))
         os.chdir(work)
         sys.argv = [command, *argv]
-        harness.cli._settings_in_use.clear()  # a fresh process has noted none
+        harness.cli.errors._settings_in_use.clear()  # a fresh process has noted none
         if command != "harness":  # imported by an earlier run: runpy would warn
             sys.modules.pop(command, None)
         sys.modules.pop(f"{command}.__main__", None)  # a package's, likewise

@@ -51,16 +51,10 @@ from harness.analysis.noise import NoiseFloor, noise_floor, noise_floor_per_mode
 from harness.analysis.recommendations import judge, memory_verdicts, tie_summary
 from harness.analysis.report import setting_label, write_report
 from harness.analysis.step_from_cells import StepFromCells, judge_with_steps_from_cells
-from harness.cli import command
-from harness.compose import compose_config
-from harness.config import ConfigError, DistbenchConfig, validate
-from harness.hardware_profile import (
-    HardwareProfile,
-    link_line,
-    links_label,
-    profile_for,
-    profile_path,
-)
+from harness.cli.errors import command
+from harness.cli.preflight import check_writable_dir
+from harness.commands.compose import compose_config
+from harness.config.schema import ConfigError, DistbenchConfig, validate
 from harness.predict.cell import epoch_terms, memory_per_worker_mb, recorded_peak_mb
 from harness.predict.facts import (
     FactsCache,
@@ -73,7 +67,13 @@ from harness.predict.facts import (
     step_times_used,
 )
 from harness.predict.parameters import PARAMETERS
-from harness.preflight import check_writable_dir
+from harness.profiles.hardware import (
+    HardwareProfile,
+    link_line,
+    links_label,
+    profile_for,
+    profile_path,
+)
 from harness.records.mlflow_store import tracking_uri
 from harness.records.tracking import log_run
 from workloads.datasets.atomic import write_json_atomic
@@ -347,7 +347,7 @@ def _hardware_entry(hardware: str, cells: Sequence[MeasuredCell],
     """fit.json's entry of one hardware: its parameters, and what they were fitted on (cells,
     networks, cells per model: what `harness.recommend` counts as calibrated; the links:
     when `harness.probe` measured them, "configured" for the config's speeds, null for one
-    worker; the machines the cells ran on, `harness.environment.machine_label`)."""
+    worker; the machines the cells ran on, `harness.runtime.environment.machine_label`)."""
     own = [cell for cell in cells if cell.config.hardware.name == hardware]
     models: dict[str, int] = {}
     for cell in own:
@@ -469,7 +469,7 @@ def parser() -> argparse.ArgumentParser:
     flags = command_parser("python -m harness.analysis", __doc__)
     flags.add_argument("--exclude-unsteady", action="store_true",
                        help="leave out of the fit the cells measured while the machine was "
-                            "unsteady (harness.worker.steadiness; the sweep table marks them '~')")
+                            "unsteady (harness.measure.steadiness; the sweep table marks them '~')")
     flags.add_argument("--fit-on", metavar="NETWORK[,NETWORK...]", type=_network_list,
                        default=(),
                        help="fit on these networks' cells only, as a small calibration "

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.accepts import finite_number
-from harness.config import ConfigError, HardwareConfig
+from harness.config.accepts import finite_number
+from harness.config.schema import ConfigError, HardwareConfig
 from harness.predict.parameters import RAW
-from harness.predict.steps import StepTime, steps_from_other_machines
+from harness.profiles.steps import StepTime, steps_from_other_machines
 
 # How far the raw (uncalibrated) equations have missed measured cells, as a factor either way:
 # an uncalibrated option's range is its prediction / RAW_ERROR_FACTOR to its prediction x
@@ -65,7 +65,7 @@ class FitCoverage:
     # The links the fit priced its cells with (`hardware_profile.links_label`): "measured
     # <when>", "configured"; None where the fit predates the entry or had one worker.
     links: str | None = None
-    # The machines its cells ran on (`harness.environment.machine_label`); () where the fit
+    # The machines its cells ran on (`harness.runtime.environment.machine_label`); () where the fit
     # predates the entry or its cells did not record their machine.
     machines: tuple[str, ...] = ()
 

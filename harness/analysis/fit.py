@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.analysis.grid import MeasuredCell
+from harness.costs.terms import EpochTerms
 from harness.predict.parameters import PARAMETERS, RAW
-from harness.predict.terms import EpochTerms
 
 
 @dataclass(frozen=True)

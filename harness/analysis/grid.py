@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from harness.config import ConfigError, DistbenchConfig
-from harness.predict.steps import StepTime, steps_from_other_machines
+from harness.config.schema import ConfigError, DistbenchConfig
+from harness.measure.spread import repeat_std
+from harness.measure.steadiness import machine_speed_ms
+from harness.profiles.steps import StepTime, steps_from_other_machines
 from harness.records.recorded_runs import recorded_config
 from harness.records.results import RunStatus
 from harness.records.tracking import CELL_KEY_TAG
-from harness.spread import repeat_std
-from harness.worker.steadiness import machine_speed_ms
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class MeasuredCell:
     seconds_per_epoch: float  # NaN for a cell that did not fit (status oom)
     peak_memory_mb: float
     status: str = "ok"  # `ok`, or `oom`: a cell that ran out of its device's memory
-    # Measured while the machine held still (harness.worker.steadiness; cells recorded before it
+    # Measured while the machine held still (harness.measure.steadiness; cells recorded before it
     # was measured count as steady).
     steady: bool = True
     # The standard deviation of seconds per epoch over the cell's repeats (None: one repeat).
@@ -40,13 +40,13 @@ class MeasuredCell:
     # The cell's identity (harness.records.resume.cell_key): the same cell measured in several runs.
     cell_key: str = ""
     # How fast the machine was while the cell ran: the reference kernel's milliseconds
-    # (harness.worker.steadiness.machine_speed_ms); None for a cell recorded without it.
+    # (harness.measure.steadiness.machine_speed_ms); None for a cell recorded without it.
     reference_ms: float | None = None
     # How many runs its figures are the median of (`one_per_cell`): more than one where the
     # cell was measured again.
     runs: int = 1
     # Which machine measured it (`machine_label`): "" for a cell recorded before the CPU's
-    # instruction set was (`harness.environment.cpu_capability`).
+    # instruction set was (`harness.runtime.environment.cpu_capability`).
     machine: str = ""
 
     @property
@@ -82,8 +82,8 @@ def load_grid(uri: str, experiment: str, *,
     """The experiment's cells with one of `statuses` (`ok`: finished; `oom`: did not fit),
     oldest first (a sweep's parent run, the probe and analysis runs carry no cell status and
     are skipped)."""
-    from harness.environment import machine_label  # loads torch: not on `--help`'s path
     from harness.records.mlflow_store import open_store
+    from harness.runtime.environment import machine_label  # loads torch: not on `--help`'s path
 
     # One tiny config file per run: MLflow's per-download progress bar would only be noise.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

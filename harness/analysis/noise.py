@@ -8,7 +8,7 @@ analysis states every model's error beside it. Two kinds of repeated measurement
   cell's expected difference between two measurements is 1.128 s / m;
 - a cell measured more than once (the same cell key in several runs, e.g. a sweep measured
   again): the mean absolute difference between its steady runs' seconds per epoch, over their
-  mean. A run measured while the machine was unsteady (`harness.worker.steadiness`) is left out of
+  mean. A run measured while the machine was unsteady (`harness.measure.steadiness`) is left out of
   this figure: the cells re-measured because they were unsteady were chosen for being noisy,
   and their first run is what a fit can leave out (`--exclude-unsteady`); cells re-measured
   at random (`hydra.launcher.remeasure_sample`) give the floor a next run is judged against.

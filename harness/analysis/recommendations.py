@@ -21,7 +21,7 @@ from typing import cast
 
 from harness.analysis.fit import CellPrediction, runtime_mb
 from harness.analysis.grid import MeasuredCell
-from harness.predict.memory import fits
+from harness.costs.memory import fits
 from harness.predict.ties import Tie, tie_with_fastest
 
 

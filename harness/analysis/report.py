@@ -24,11 +24,11 @@ from harness.analysis.fit import (
 )
 from harness.analysis.noise import NoiseFloor
 from harness.analysis.recommendations import MemoryVerdict, WorkloadVerdict, tie_summary
-from harness.config import DistbenchConfig
+from harness.config.schema import DistbenchConfig
+from harness.costs.partition import StagePlan
 from harness.distributions.registry import baseline, spec_of
-from harness.partition import StagePlan
 from harness.predict.parameters import PARAMETERS
-from harness.predict.steps import StepTime
+from harness.profiles.steps import StepTime
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from harness.metrics import PhaseClock
+from harness.measure.metrics import PhaseClock
 
 if TYPE_CHECKING:
-    from harness.config import DistbenchConfig
-    from harness.distributed import WorkerSession
-    from harness.workload import Workload
+    from harness.config.schema import DistbenchConfig
+    from harness.runtime.distributed import WorkerSession
+    from harness.runtime.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class Trainer(ABC):
     def finish(self) -> None:
         """Stop what the trainer runs beside its training (Horovod's background thread), once
         its last epoch is timed and evaluated: the reference kernel timed next is to measure
-        the machine, not the trainer (`harness.worker.steadiness`)."""
+        the machine, not the trainer (`harness.measure.steadiness`)."""
         return None  # most models run nothing beside their training
 
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
 from harness.distributions.state import InitialState, epoch_losses
-from harness.metrics import device_time, synchronize
+from harness.measure.metrics import device_time, synchronize
 from workloads.task import TaskLoss
 
 

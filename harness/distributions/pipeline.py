@@ -18,13 +18,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from harness.allocator import keep_freed_memory
-from harness.config import DistbenchConfig
+from harness.config.schema import DistbenchConfig
+from harness.costs.partition import StagePlan
 from harness.distributions.base import TrainingContext
 from harness.distributions.spec import StagePlanner
-from harness.network_profile import NetworkProfile
-from harness.partition import StagePlan
-from harness.profiler import profile_layers
+from harness.measure.allocator import keep_freed_memory
+from harness.measure.profiler import profile_layers
+from harness.profiles.network import NetworkProfile
 from workloads.datasets.loader import fetch_batch
 from workloads.networks import to_layer_list
 
@@ -37,10 +37,10 @@ def profile_network(config: DistbenchConfig, layers: Sequence[nn.Module],
                     device: torch.device, *, spread: float = 0.0) -> NetworkProfile:
     """Each layer's forward, backward and update time, at the batch one stage processes at a
     time (the model's step batch), on `device` (fewer runs once steady within `spread`:
-    `harness.profiler.profile_layers`). A worker's layers are built on the CPU: on a
+    `harness.measure.profiler.profile_layers`). A worker's layers are built on the CPU: on a
     GPU they are profiled there and put back, so that this worker's GPU holds only its own
     stage once the stages are built (a CUDA sample against CPU weights failed on an H100)."""
-    keep_freed_memory()  # timed as a worker steps (harness.allocator)
+    keep_freed_memory()  # timed as a worker steps (harness.measure.allocator)
     generator = torch.Generator().manual_seed(config.run.seed)
     sample, _ = config.dataset.spec.example_batch(config.distribution.step_batch(config),
                                                   generator)

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.accepts import integer
-from harness.config import ConfigError, DistbenchConfig, DistributionConfig, require
+from harness.config.accepts import integer
+from harness.config.schema import ConfigError, DistbenchConfig, DistributionConfig, require
 from workloads.networks.ref import NetworkError
 
 
@@ -92,7 +92,7 @@ def pipeline_layer_count(cell: DistbenchConfig) -> int:
     that the launcher checking a sweep's pipeline cells loads no torch: a worker of a cell
     keeps the count it checked (it has torch loaded, and its cell passed its launcher's
     checks); a command checking its input keeps nothing, since bad input writes nothing."""
-    from harness.worker_env import worker_environment
+    from harness.system.worker_env import worker_environment
     from workloads.networks.layer_counts import remembered_layer_count
 
     try:

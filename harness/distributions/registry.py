@@ -19,7 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 import harness.distributions as package
-from harness.config import ConfigError, DistbenchConfig, DistributionConfig, validate
+from harness.config.schema import ConfigError, DistbenchConfig, DistributionConfig, validate
 from harness.distributions import plugins
 from harness.distributions.spec import DistributionSpec
 

@@ -15,12 +15,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from harness.config import DistbenchConfig, DistributionConfig
-from harness.hardware_profile import HardwareProfile
-from harness.network_profile import NetworkProfile
-from harness.partition import StagePlan
-from harness.predict.memory import WorkerMemory
-from harness.predict.terms import CellFacts, EpochTerms, FreeParameter
+from harness.config.schema import DistbenchConfig, DistributionConfig
+from harness.costs.memory import WorkerMemory
+from harness.costs.partition import StagePlan
+from harness.costs.terms import CellFacts, EpochTerms, FreeParameter
+from harness.profiles.hardware import HardwareProfile
+from harness.profiles.network import NetworkProfile
 
 if TYPE_CHECKING:  # the trainer's types: a spec names its trainer, and imports it never
     from harness.distributions.base import Trainer, TrainerFactory, TrainingContext
@@ -71,7 +71,7 @@ class DistributionSpec:
     # the typed settings: a subclass of DistributionConfig, the Hydra schema of its config file
     settings: type[DistributionConfig]
     trainer: TrainerFactory  # builds one worker's trainer
-    # the cell's epoch split by physical cause (`harness.predict.terms`); the profile is None
+    # the cell's epoch split by physical cause (`harness.costs.terms`); the profile is None
     # only for a one-worker cell
     epoch_terms: Callable[[DistbenchConfig, CellFacts, HardwareProfile | None], EpochTerms]
     # every worker's predicted peak memory, term by term

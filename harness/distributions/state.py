@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from harness.distributed import WorkerSession
+from harness.runtime.distributed import WorkerSession
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,15 @@
 """One cell's predicted seconds per epoch and memory per worker, for any distribution model:
 each model's own equations (`DistributionSpec.epoch_terms`, `.memory_per_worker`, in its
 module of `harness.distributions`) on the cell's measured facts. What the terms are is in
-`harness.predict.terms`."""
+`harness.costs.terms`."""
 
 from __future__ import annotations
 
-from harness.config import DistbenchConfig
+from harness.config.schema import DistbenchConfig
+from harness.costs.memory import WorkerMemory, held_on_the_device
+from harness.costs.terms import CellFacts, EpochTerms, batches_per_epoch
 from harness.distributions.registry import spec_of
-from harness.hardware_profile import HardwareProfile
-from harness.predict.memory import WorkerMemory, held_on_the_device
-from harness.predict.terms import CellFacts, EpochTerms, batches_per_epoch
+from harness.profiles.hardware import HardwareProfile
 
 
 def epoch_terms(config: DistbenchConfig, facts: CellFacts,

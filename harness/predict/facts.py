@@ -40,19 +40,19 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from harness.accepts import finite_number
-from harness.config import ConfigError, DistbenchConfig
+from harness.config.accepts import finite_number
+from harness.config.schema import ConfigError, DistbenchConfig
+from harness.config.units import BYTES_PER_MB
+from harness.costs.partition import StagePlan
+from harness.costs.terms import CellFacts, LayerFacts, allreduces_overlap_backward
 from harness.distributions.registry import baseline, settings, spec_of
-from harness.partition import StagePlan
+from harness.measure.timing_rule import STEADY_SPREAD
 from harness.predict.recorded import sequential_steps
-from harness.predict.steps import MeasuredStep, StepTime, choose_step_time
-from harness.predict.terms import CellFacts, LayerFacts, allreduces_overlap_backward
-from harness.stage_times import InPlaceStages
-from harness.timing_rule import STEADY_SPREAD
-from harness.units import BYTES_PER_MB
+from harness.profiles.stages import InPlaceStages
+from harness.profiles.steps import MeasuredStep, StepTime, choose_step_time
 
 # Untimed steps at most: a fresh process runs its first steps slower (allocator, kernel caches);
-# warming up ends earlier once it has taken a second (`harness.timing_rule`).
+# warming up ends earlier once it has taken a second (`harness.measure.timing_rule`).
 _PROBE_WARMUP = 4
 
 
@@ -62,7 +62,7 @@ class FactsCache:
 
     probe_batches: int = 5  # timed, at most
     # Fewer once the timed batches' interquartile range is within this share of their median
-    # (`harness.timing_rule.ProbeLength`; 0: always `probe_batches`).
+    # (`harness.measure.timing_rule.ProbeLength`; 0: always `probe_batches`).
     probe_spread: float = STEADY_SPREAD
     step_seconds: dict[tuple[Any, ...], float] = field(default_factory=dict)
     profiles: dict[tuple[Any, ...], Any] = field(default_factory=dict)  # NetworkProfile
@@ -112,7 +112,7 @@ def command_parser(prog: str, description: str | None, *,
     """The options of the commands that measure facts (analysis, recommend); the rest of
     their arguments are config overrides (`parse_known_args`). `probe_spread`: the default of
     `--probe-spread`, the spread of the probe's timed batches at which it stops early."""
-    from harness.cli import ArgumentParser  # a wrong flag: one line, exit status 2
+    from harness.cli.arguments import ArgumentParser  # a wrong flag: one line, exit status 2
 
     parser = ArgumentParser(prog=prog, description=description,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,7 +149,7 @@ def gather(config: DistbenchConfig, cache: FactsCache, *, timed: bool = True) ->
     """Facts for `config`, measuring on this machine what `cache` does not hold yet.
     `timed=False` skips the step time (NaN): what a memory-only prediction needs, e.g. for a
     cell that did not fit, whose batch may not fit this machine either."""
-    from harness.describe import FLOAT32_BYTES
+    from harness.measure.network_facts import FLOAT32_BYTES
 
     started = time.perf_counter()
     spec = config.dataset.spec
@@ -229,7 +229,7 @@ def step_times_used(cache: FactsCache) -> list[tuple[str, StepTime]]:
 
 def speed_ratio(step: StepTime | None, reference_ms: float | None) -> float:
     """How much slower the machine ran a cell than when `step` was measured: the cell's
-    reference kernel (`harness.worker.steadiness`) over the one timed around the step time;
+    reference kernel (`harness.measure.steadiness`) over the one timed around the step time;
     NaN where either was not recorded."""
     if step is None or not step.reference_ms or not reference_ms:
         return float("nan")
@@ -278,8 +278,8 @@ def _kept_step(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepTi
 def _probe_step(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepTime:
     """Time the step on this machine's device and keep it in the facts file; what is used is
     then read back from the file, as a later run reads it."""
-    from harness.predict.sequential import measure_batch_seconds
-    from harness.worker.steadiness import reference_seconds
+    from harness.measure.steadiness import reference_seconds
+    from harness.worker.step_time import measure_batch_seconds
 
     one_worker = settings(baseline().name, batch_size=batch,
                           backend=config.distribution.backend)
@@ -430,7 +430,7 @@ def _saved_activations(config: DistbenchConfig, spec: Any, cache: FactsCache) ->
     once per (network, dataset) on this machine's CPU; None with `measure_memory=False`."""
     if not cache.measure_memory:
         return None
-    from harness.predict import activations
+    from harness.measure import saved_activations
 
     key = (config.network.key, config.dataset.key)
     if key in cache.saved_activations:
@@ -439,7 +439,7 @@ def _saved_activations(config: DistbenchConfig, spec: Any, cache: FactsCache) ->
     kept = FactsStore.load(path, config.hardware.name).saved(*key) if cache.reuse else None
     if kept is None:
         with _torch_threads(2):  # sizes, not times: the thread count only changes how long
-            kept = activations.measure(config.network.ref, spec, seed=config.run.seed)
+            kept = saved_activations.measure(config.network.ref, spec, seed=config.run.seed)
         cache.measured.append(f"the saved activations of {key[0]}")
         if probes_here(config, cache):  # a machine without the device keeps nothing
             _keep(config, cache, lambda store: store.record_saved(*key, kept))
@@ -466,7 +466,7 @@ def _runtime_share(config: DistbenchConfig, cache: FactsCache) -> RuntimeShare:
     file holds one measured there."""
     if not cache.measure_memory:
         return RuntimeShare(0.0)
-    from harness.predict.runtime import probe_key
+    from harness.worker.runtime_memory import probe_key
 
     with _runtime_measured_meanwhile(config, cache):
         pass
@@ -478,7 +478,7 @@ def _runtime_measured_meanwhile(config: DistbenchConfig, cache: FactsCache) -> I
     """On leaving, `cache.runtime` holds the runtime share of `config`'s worker (`_runtime_share`):
     kept, or measured by a probe that ran while the block did (it measures memory, not time: a
     block that times nothing); the probe is ended if the block fails."""
-    from harness.predict.runtime import RuntimeProbe, probe_key
+    from harness.worker.runtime_memory import RuntimeProbe, probe_key
 
     key = probe_key(config)
     if not cache.measure_memory or key in cache.runtime:
@@ -542,7 +542,7 @@ CPU_PROFILE_LIMIT_BYTES = 4 * 1024**3
 
 def describe_network(config: DistbenchConfig) -> dict[str, Any]:
     """`harness.describe`'s facts of the cell's network (traced on the meta device)."""
-    from harness.describe import describe
+    from harness.measure.network_facts import describe
 
     return describe(config.network.ref, config.dataset.spec)
 
@@ -552,8 +552,8 @@ def parameter_profile(static: dict[str, Any], batch: int, device: str) -> Any:
     block's forward and backward are about 2 and 4 FLOPs per parameter and token), with a
     floor for layers without any: what balances stages, and sizes their memory, where the
     network cannot be profiled here. Times are relative (1 ms per million parameters)."""
-    from harness.describe import FLOAT32_BYTES
-    from harness.network_profile import LayerProfile, NetworkProfile
+    from harness.measure.network_facts import FLOAT32_BYTES
+    from harness.profiles.network import LayerProfile, NetworkProfile
 
     layers = [LayerProfile(index=fact["index"], type=fact["type"],
                            forward_ms=max(fact["parameters"], 1) / 1e6,
@@ -668,7 +668,7 @@ def _positive(value: Any) -> bool:
 # What each kept entry's fields must be (required, then optional: null or absent allowed),
 # as `FactsStore.record_*` write them. Checked at load, so that a hand-edited or damaged file
 # is named in one line instead of a float() or a comparison failing far from it (found by
-# fuzzing: tests/test_state_faults.py).
+# fuzzing: tests/faults/test_damaged_state_files.py).
 _Fields = tuple[dict[str, Callable[[Any], bool]], dict[str, Callable[[Any], bool]]]
 _KEPT: dict[str, _Fields] = {
     "step_times": ({"batch": _positive_int, "seconds": _positive},
@@ -735,7 +735,7 @@ def device_present(config: DistbenchConfig) -> bool:
     """Whether this machine has the hardware's kind of device (every machine has a CPU)."""
     if config.hardware.device.value != "cuda":
         return True
-    from harness.preflight import torch_sees_cuda  # only a CUDA hardware asks it
+    from harness.cli.preflight import torch_sees_cuda  # only a CUDA hardware asks it
 
     return torch_sees_cuda()
 
@@ -750,8 +750,8 @@ def _facts_root(config: DistbenchConfig, cache: FactsCache) -> Path:
 
 def _device_name(config: DistbenchConfig) -> str:
     """The machine a probe here runs on (`torch.cuda.get_device_name`, else the CPU model and
-    the instruction set torch's kernels use: `harness.environment.machine_name`)."""
-    from harness.environment import machine_name
+    the instruction set torch's kernels use: `harness.runtime.environment.machine_name`)."""
+    from harness.runtime.environment import machine_name
 
     return machine_name(config.hardware.device.value)
 
@@ -844,11 +844,12 @@ class FactsStore:
     `batch` on the device `device_name` of kind `device` (`threads`: torch's threads on a CPU,
     null on CUDA or for torch's default), over `probe_batches` timed steps (`batch_seconds`,
     their quartiles `q1_seconds` and `q3_seconds`) of a probe asked for at most `probe_asked`
-    (fewer once steady: `harness.timing_rule.ProbeLength`). A runtime share (`predict.runtime`)
-    is kept per `predict.runtime.probe_key` (`key`), what autograd saves per layer (sizes, on a
-    CPU) per network, a pipeline's stages timed in place (`harness.stage_times.InPlaceStages`)
-    per `in_place_key`. A new measurement replaces an older one of the
-    same key; `save` writes atomically (`harness.records.results.write_json_atomic`).
+    (fewer once steady: `harness.measure.timing_rule.ProbeLength`). A runtime share
+    (`predict.runtime`) is kept per `predict.runtime.probe_key` (`key`), what autograd saves per
+    layer (sizes, on a CPU) per network, a pipeline's stages timed in place
+    (`harness.profiles.stages.InPlaceStages`) per `in_place_key`. A new measurement replaces an
+    older one of the same key; `save` writes atomically
+    (`harness.records.results.write_json_atomic`).
     """
 
     path: Path
@@ -911,7 +912,7 @@ class FactsStore:
 
     def record_profile(self, *, network: str, dataset: str, device: str, profile: Any,
                        threads: int | None = None, device_name: str | None = None) -> None:
-        """Keep a network's per-layer profile (a `harness.profiler.NetworkProfile`)."""
+        """Keep a network's per-layer profile (a `harness.measure.profiler.NetworkProfile`)."""
         entry = {"network": network, "dataset": dataset, "device": device,
                  "device_name": device_name, "threads": threads, "measured_at": _now(),
                  "profile": profile.to_dict()}
@@ -971,7 +972,7 @@ class FactsStore:
 
     def saved(self, network: str, dataset: str) -> Any:
         """The saved activations kept for a network (a `SavedActivations`), or None."""
-        from harness.predict.activations import LayerSaved, SavedActivations, SavedGroup
+        from harness.costs.activations import LayerSaved, SavedActivations, SavedGroup
 
         found = [entry["saved"] for entry in self.saved_activations
                  if (entry.get("network"), entry.get("dataset")) == (network, dataset)]
@@ -1019,7 +1020,7 @@ class FactsStore:
         """The newest layer profile kept for the workload on the device (the one named
         `device_name` when given; a NetworkProfile), at `batch` where one was taken there, else
         at the nearest batch kept; or None."""
-        from harness.network_profile import LayerProfile, NetworkProfile
+        from harness.profiles.network import LayerProfile, NetworkProfile
 
         found = [entry for entry in self.layer_profiles
                  if (entry.get("network"), entry.get("dataset"), entry.get("device"),

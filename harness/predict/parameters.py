@@ -1,13 +1,13 @@
 """Every free parameter of the time equations: the two every multi-worker model shares
-(`harness.predict.terms.SHARED_PARAMETERS`: contention, communication), then those the models
+(`harness.costs.terms.SHARED_PARAMETERS`: contention, communication), then those the models
 declare for terms of their own (`DistributionSpec.free_parameters`, in the registry's order),
 and all of them at their raw values. What a fit fits and a report lists
 (`harness.analysis.fit`)."""
 
 from __future__ import annotations
 
+from harness.costs.terms import SHARED_PARAMETERS, FreeParameter
 from harness.distributions.registry import specs
-from harness.predict.terms import SHARED_PARAMETERS, FreeParameter
 
 
 def _every_parameter() -> dict[str, FreeParameter]:

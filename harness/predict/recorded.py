@@ -16,11 +16,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.config import DistbenchConfig
-from harness.predict.steps import MeasuredStep
+from harness.config.schema import DistbenchConfig
+from harness.measure.steadiness import machine_speed_ms
+from harness.profiles.steps import MeasuredStep
 from harness.records.mlflow_store import store_not_created, tracking_failure, tracking_uri
 from harness.records.results import RunStatus
-from harness.worker.steadiness import machine_speed_ms
 
 _SHOWN_RUN_IDS = 3
 
@@ -31,7 +31,8 @@ class _Cell:
     hardware: str
     batch: int
     step_seconds: float
-    device_name: str | None  # its machine (`harness.environment.machine_label`) where recorded
+    # its machine (`harness.runtime.environment.machine_label`) where recorded
+    device_name: str | None
     reference_ms: float | None  # the machine's speed while it ran (steadiness.machine_speed_ms)
 
 
@@ -70,11 +71,11 @@ def sequential_steps(config: DistbenchConfig, *,
 
 
 def _cells(uri: str, config: DistbenchConfig) -> list[_Cell]:
+    from harness.costs.terms import batches_per_epoch
     from harness.distributions.registry import baseline
-    from harness.environment import machine_label  # loads torch: not on `--help`'s path
-    from harness.predict.terms import batches_per_epoch
     from harness.records.mlflow_store import open_store
     from harness.records.recorded_runs import recorded_config
+    from harness.runtime.environment import machine_label  # loads torch: not on `--help`'s path
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     client = open_store(uri)  # checked, and bounded like a cell's (2 retries)

@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from harness.config import DistbenchConfig, resolved_container, validate
+from harness.config.schema import DistbenchConfig, resolved_container, validate
 from harness.records.resume import cell_key
 
 

@@ -48,12 +48,12 @@ from typing import TYPE_CHECKING, Any
 from mlperf_logging.mllog import constants
 from mlperf_logging.mllog.mllog import MLLogger
 
-from harness.environment import PROJECT_ROOT
+from harness.runtime.environment import PROJECT_ROOT
 
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from harness.config import DistbenchConfig
+    from harness.config.schema import DistbenchConfig
 
 MLLOG_FILE = "mllog.txt"
 DIVISION = constants.OPEN

@@ -18,9 +18,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.cli import StateError, note_setting
-from harness.filelock import held
+from harness.cli.errors import StateError, note_setting
 from harness.records.empty_store import seed_new_store
+from harness.system.filelock import held
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.processes import ended_here
 from harness.records.cell import CheckedCell
 from harness.records.record import record
 from harness.records.results import CellResult, RunStatus, read_rank_reports, read_worker_presence
+from harness.system.processes import ended_here
 
 if TYPE_CHECKING:
     import torch
@@ -86,7 +86,9 @@ def new_result(cell: CheckedCell, output_dir: Path, started: str, device: torch.
                 status: RunStatus, error: str | None) -> CellResult:
     """A cell's record before (or without) its measurement: its resolved config, the machine it
     ran on, its status and error."""
-    from harness.environment import capture_environment  # torch's facts: a worker's, or asked
+    from harness.runtime.environment import (
+        capture_environment,  # torch's facts: a worker's, or asked
+    )
 
     resolved = copy.deepcopy(cell.resolved)  # the record's own: the measurement adds to it
     resolved["distribution"]["batch_size"] = cell.config.batch_size  # what Table 3.3 resolved to

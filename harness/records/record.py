@@ -35,12 +35,12 @@ from typing import Any, TextIO
 
 from omegaconf import OmegaConf
 
-from harness.config import DistbenchConfig
+from harness.config.schema import DistbenchConfig
+from harness.measure.spread import spread_text
 from harness.records.mlflow_store import tracking_failure, tracking_uri
 from harness.records.results import MLLOG_GLOB, RESULT_FILE, CellResult, RunStatus, write_result
 from harness.records.resume import index_result
 from harness.records.tracking import record_cell
-from harness.spread import spread_text
 from workloads.datasets.atomic import write_text_atomic
 
 log = logging.getLogger(__name__)

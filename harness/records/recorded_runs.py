@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from harness.config import ConfigError, DistbenchConfig
+from harness.config.schema import ConfigError, DistbenchConfig
 from harness.distributions.registry import config_from_record
 from harness.records.artifacts import artifact_file
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from harness.config import resolved_container
+from harness.config.schema import resolved_container
 from harness.records.results import RESULT_FILE, RunStatus
 from workloads.datasets.atomic import write_json_atomic
 

@@ -18,7 +18,6 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from harness.processes import start_time
 from harness.records.mlflow_store import (
     KIND_TAG,
     SWEEP_KIND,
@@ -30,6 +29,7 @@ from harness.records.mlflow_store import (
     tracking_uri,
 )
 from harness.records.sweep_summary import SweepSummary
+from harness.system.processes import start_time
 
 log = logging.getLogger(__name__)
 

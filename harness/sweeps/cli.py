@@ -30,10 +30,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.cli import ArgumentParser, command
-from harness.compose import compose_config
-from harness.config import ConfigError, validate
-from harness.preflight import check_writable_dir
+from harness.cli.arguments import ArgumentParser
+from harness.cli.errors import command
+from harness.cli.preflight import check_writable_dir
+from harness.commands.compose import compose_config
+from harness.config.schema import ConfigError, validate
 from harness.records.mlflow_store import tracking_uri
 from harness.sweeps.compare import (
     FASTER,

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from harness.config import ConfigError
+from harness.config.schema import ConfigError
 from harness.distributions.registry import setting_names
-from harness.spread import student_t_975
+from harness.measure.spread import student_t_975
 
 # A cell's grid position: what the sweep files vary. `balance` is not in it: a profile-
 # balanced pipeline may split its layers differently from one measurement to the next.

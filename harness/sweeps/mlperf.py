@@ -64,11 +64,11 @@ from mlperf_logging.compliance_checker import mlp_compliance
 from mlperf_logging.compliance_checker.mlp_parser import parse_file
 from mlperf_logging.mllog import constants
 
-from harness import compliance
-from harness.compliance import RULESET, USAGE
-from harness.config import ConfigError
+from harness.config.schema import ConfigError
 from harness.distributions.registry import setting_names, specs
+from harness.records import compliance
 from harness.records.artifacts import artifact_file, artifact_names
+from harness.records.compliance import RULESET, USAGE
 from harness.records.eventlog import log_file_name
 from harness.records.results import RESULT_FILE
 

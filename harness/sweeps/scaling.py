@@ -22,7 +22,7 @@ matplotlib.use("Agg")  # files only: no display on a cluster node
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
 import pandas as pd  # noqa: E402
 
-from harness.partition import parse_stages  # noqa: E402
+from harness.costs.partition import parse_stages  # noqa: E402
 
 WORKLOAD = ["dataset", "network", "num_samples", "device"]
 PANELS_PER_ROW = 5  # workloads side by side; more go to further rows
@@ -139,7 +139,7 @@ def _plot_workload(scaling_: Scaling, workload: str, top: plt.Axes, bottom: plt.
 
 
 def check_plot_suffix(path: Path, allowed: Sequence[str] = (".png", ".svg", ".pdf")) -> None:
-    from harness.config import ConfigError
+    from harness.config.schema import ConfigError
 
     if path.suffix.lower() not in allowed:
         raise ConfigError(f"--out={path} is invalid: allowed: a file name ending in "

@@ -23,8 +23,8 @@ from typing import Any
 
 import pandas as pd
 
-from harness.cli import failure_reason
-from harness.config import ConfigError, DistbenchConfig
+from harness.cli.cell_results import failure_reason
+from harness.config.schema import ConfigError, DistbenchConfig
 from harness.distributions.registry import setting_names
 from harness.records.mlflow_store import KIND_TAG, SWEEP_KIND, quiet_store_logs, store_not_created
 from harness.records.recorded_runs import recorded_config

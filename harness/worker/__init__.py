@@ -4,8 +4,9 @@
 submit) and writes its records (`harness.records`); `divergence` ends a cell whose loss is no
 longer finite, `interruption` records a single-process cell ended by a signal, `watchdog`
 ends a worker that stops making progress (a hang), `memory_limit` holds a CPU cell to
-`hardware.device_memory_gb`, `steadiness` times a reference kernel before and after the cell;
-`probe_worker` is what the workers of `python -m harness.probe` measure.
+`hardware.device_memory_gb`; `probe_worker` is what the workers of `python -m harness.probe`
+measure, `step_time` a sequential step timed on one worker (the statistical model's T_seq),
+`runtime_memory` a worker process's memory besides the model, in a fresh process.
 
 Above the records and the distribution models; below prediction, analysis, the commands and
 the launchers, which start workers but never import what they train with (`run` loads torch).

@@ -4,8 +4,8 @@ SIGTERM (`kill`, a shutdown) keeps what it measured: `harness.worker.run.run_cel
 for the signal (130, 143), instead of a traceback (SIGINT) or nothing at all (SIGTERM). A cell
 of a sweep is its launcher's to record, as before.
 
-SIGTERM reaches Python as `SystemExit(143)` (`harness.cli.end_like_ctrl_c_on_sigterm`), SIGINT
-as `KeyboardInterrupt`; both unwind the measurement through its `finally` blocks (the memory
+SIGTERM reaches Python as `SystemExit(143)` (`harness.cli.signals.end_like_ctrl_c_on_sigterm`),
+SIGINT as `KeyboardInterrupt`; both unwind the measurement through its `finally` blocks (the memory
 limit is lifted, the watchdog stopped, data-loader workers ended) before the cell is recorded.
 """
 

@@ -26,10 +26,10 @@ torch makes by the gigabyte without touching it; a cgroup's memory limit needs a
 cgroup hierarchy and ends the process with the OOM killer's SIGKILL (no rank report).
 
 **What the budget means.** The harness reports a CPU worker's peak memory as its peak resident
-set (VmHWM, `harness.metrics.PeakMemory`), which is not what `VmData` counts: a fresh worker's
-RSS is mostly library code (file-backed), its VmData mostly memory reserved and never touched
-(libraries' data, thread stacks). So the limit is set relative to where the worker stands when
-its cell starts:
+set (VmHWM, `harness.measure.metrics.PeakMemory`), which is not what `VmData` counts: a fresh
+worker's RSS is mostly library code (file-backed), its VmData mostly memory reserved and never
+touched (libraries' data, thread stacks). So the limit is set relative to where the worker stands
+when its cell starts:
 
     RLIMIT_DATA = VmData_now + (device_memory_gb x 10^9 - VmRSS_now)
 
@@ -68,7 +68,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.config import Device, HardwareConfig
+from harness.config.schema import Device, HardwareConfig
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,10 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from harness.allocator import keep_freed_memory
-from harness.config import DistbenchConfig, ProbeConfig, validate
-from harness.distributed import WorkerSession, worker_session
-from harness.environment import machine_name
-from harness.hardware_profile import (
+from harness.config.schema import DistbenchConfig, ProbeConfig, validate
+from harness.measure.allocator import keep_freed_memory
+from harness.measure.metrics import median_seconds
+from harness.profiles.hardware import (
     COLLECTIVES_AFTER_COMPUTE_FACT,
     COMPUTE_LOST_FACT,
     PROFILE_FILE,
@@ -36,9 +35,10 @@ from harness.hardware_profile import (
     Link,
     fit_cost,
 )
-from harness.metrics import median_seconds
-from harness.probe_rounds import ROUNDS_FACT, median_across_rounds, rounds_fact
-from harness.worker_env import log_to_stderr, worker_environment
+from harness.profiles.rounds import ROUNDS_FACT, median_across_rounds, rounds_fact
+from harness.runtime.distributed import WorkerSession, worker_session
+from harness.runtime.environment import machine_name
+from harness.system.worker_env import log_to_stderr, worker_environment
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +253,7 @@ def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
     config = validate(cfg)
     env = worker_environment()
     device = select_device(config, env.local_rank)
-    keep_freed_memory()  # its compute timed as a cell's workers step (harness.allocator)
+    keep_freed_memory()  # its compute timed as a cell's workers step (harness.measure.allocator)
     with worker_session(env, device, backend=config.distribution.backend,
                         timeout_s=config.run.progress_timeout_s,
                         link=config.hardware.link) as session:
@@ -362,7 +362,7 @@ def assemble_profile(config: DistbenchConfig, device: torch.device, session: Wor
                                         {"bytes": sizes, "seconds": seconds})
                           for k, seconds in allreduce.items()]
     # The machine rank 0 runs on: link speeds over loopback or shared memory are the host's,
-    # as a step time is (`harness.environment.machine_name`).
+    # as a step time is (`harness.runtime.environment.machine_name`).
     facts = {"device": device.type, "backend": session.backend, "hosts": hosts,
              "machine": machine_name(device.type),
              "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

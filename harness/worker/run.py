@@ -24,15 +24,12 @@ from typing import Any, NoReturn
 import torch
 from torch.distributed.tensor import DTensor
 
-from harness.allocator import keep_freed_memory
-from harness.config import DistbenchConfig, RunConfig
-from harness.distributed import WorkerSession, worker_session
+from harness.config.schema import DistbenchConfig, RunConfig
 from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
 from harness.distributions.registry import spec_of
-from harness.environment import start_conditions
-from harness.evaluation import Evaluation, evaluate
-from harness.metrics import PeakMemory, PhaseClock, RepeatStatistics, Summary
-from harness.processes import this_process
+from harness.measure.allocator import keep_freed_memory
+from harness.measure.metrics import PeakMemory, PhaseClock, RepeatStatistics, Summary
+from harness.measure.steadiness import Steadiness, memory_reference_seconds, reference_seconds
 from harness.records.cell import CheckedCell
 from harness.records.eventlog import EventLog, RunFacts, precision_name
 from harness.records.outcome import merge_rank_reports, new_result, now, record_failure
@@ -44,7 +41,13 @@ from harness.records.results import (
     write_rank_report,
     write_worker_presence,
 )
-from harness.seeding import repeat_seed, seed_everything, set_deterministic
+from harness.runtime.distributed import WorkerSession, worker_session
+from harness.runtime.environment import start_conditions
+from harness.runtime.evaluation import Evaluation, evaluate
+from harness.runtime.seeding import repeat_seed, seed_everything, set_deterministic
+from harness.runtime.workload import Workload, build_workload
+from harness.system.processes import this_process
+from harness.system.worker_env import WorkerEnvironment, worker_environment
 from harness.worker.divergence import (
     DivergedError,
     check_finite_eval_loss,
@@ -62,10 +65,7 @@ from harness.worker.memory_limit import (
     lift_memory_limit,
     oom_error,
 )
-from harness.worker.steadiness import Steadiness, memory_reference_seconds, reference_seconds
 from harness.worker.watchdog import ProgressWatchdog
-from harness.worker_env import WorkerEnvironment, worker_environment
-from harness.workload import Workload, build_workload
 from workloads.networks import build_network
 from workloads.progress import Progress, steps
 
@@ -103,11 +103,11 @@ class WorkerMeasurement:
     # result's config, as the batch size from Table 3.3 is.
     resolved_config: dict[str, Any] = field(default_factory=dict)
     outcomes: list[RepeatOutcome] = field(default_factory=list)  # one per repeat
-    # MB the node's link and its loopback carried during the session (harness.distributed.
+    # MB the node's link and its loopback carried during the session (harness.runtime.distributed.
     # NodeLink.traffic), reported by the first worker of each node of a cell spanning nodes.
     link_traffic: dict[str, float] = field(default_factory=dict)
     # The reference kernel's seconds before the trainer was built and after it finished
-    # (harness.worker.steadiness): how much this worker's machine changed speed meanwhile.
+    # (harness.measure.steadiness): how much this worker's machine changed speed meanwhile.
     reference_seconds: tuple[float, float] = (0.0, 0.0)
     # The memory-bound reference kernel's, timed with it.
     memory_reference_seconds: tuple[float, float] = (0.0, 0.0)
@@ -375,7 +375,7 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
 
 
 def machine_speed(device: torch.device, session: WorkerSession) -> tuple[float, float]:
-    """The reference kernels' seconds (`harness.worker.steadiness`: the matrix products, then
+    """The reference kernels' seconds (`harness.measure.steadiness`: the matrix products, then
     the memory-bound one). The products are timed by the cell's workers together: none times
     them while another still builds its trainer or finishes it (a Horovod worker's background
     thread runs from `hvd.init` to `hvd.shutdown`, on the cores the others time their kernel

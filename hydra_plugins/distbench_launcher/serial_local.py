@@ -33,7 +33,7 @@ class SerialLocalConf(LocalQueueConf):
     # (by default a re-run sweep skips them: see harness.records.resume).
     force: bool = False
     # Run again the cells that finished ok but were measured while the machine was unsteady
-    # (harness.worker.steadiness; the summary table marks them '~'); the others are still skipped.
+    # (harness.measure.steadiness; the summary table marks them '~'); the others are still skipped.
     remeasure_unsteady: bool = False
     # Run again this many of the cells that finished ok, chosen at random (seeded by
     # remeasure_seed): their two runs measure the noise between runs on cells nobody chose for

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from harness.distributions.fsdp import GLOO_SHARE
 from tests.helpers import spawn_workers
-from tests.test_pipeline_gpipe import free_port
+from tests.unit.harness.distributions.test_gpipe import free_port
 
 pytestmark = pytest.mark.perf
 

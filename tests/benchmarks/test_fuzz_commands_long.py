@@ -1,6 +1,6 @@
 """The command fuzzer's long profile (issue 24): LONG_DRAWS drawn command lines through every
 command's real entry point, each refused in one line with exit status 2 and nothing written,
-or run as promised, and no file outside the temporary root (tests/test_fuzz_commands.py has the
+or run as promised, and no file outside the temporary root (tests/fuzz/test_commands.py has the
 property, the short profile the suite runs and the regression cases). A benchmark:
 `python -m pytest -m perf tests/benchmarks/test_fuzz_commands_long.py` (BENCHMARKS.md
 section 14 has its time)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_fuzz_commands import assert_kept_every_promise, fuzz_in_subprocess
+from tests.fuzz.test_commands import assert_kept_every_promise, fuzz_in_subprocess
 
 pytestmark = pytest.mark.perf
 

@@ -1,5 +1,5 @@
 """The config fuzzer's long profile (issue 24): 5,000 drawn settings, each valid within its
-declaration or refused in one line (tests/test_fuzz_config.py has the property and the short
+declaration or refused in one line (tests/fuzz/test_config.py has the property and the short
 profile the suite runs). A benchmark: `python -m pytest -m perf
 tests/benchmarks/test_fuzz_config_long.py` (about 12 minutes on 2 cores)."""
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.test_fuzz_config import KEYS, VALUES, check_one_setting
+from tests.fuzz.test_config import KEYS, VALUES, check_one_setting
 
 pytestmark = pytest.mark.perf
 

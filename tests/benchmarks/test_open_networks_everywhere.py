@@ -29,7 +29,7 @@ import pytest
 
 from harness.distributions.registry import specs
 from tests.helpers import REPO_ROOT
-from tests.test_open_networks import USER_MODELS
+from tests.integration.test_open_networks import USER_MODELS
 
 pytestmark = pytest.mark.perf
 

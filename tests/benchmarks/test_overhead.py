@@ -21,14 +21,14 @@ import pytest
 import torch
 from torch import nn
 
-from harness.compose import compose_config
-from harness.config import DistbenchConfig, validate
-from harness.distributed import WorkerSession
+from harness.commands.compose import compose_config
+from harness.config.schema import DistbenchConfig, validate
 from harness.distributions.base import TrainingContext
 from harness.distributions.loop import BatchLoopTrainer
-from harness.metrics import PhaseClock
-from harness.worker_env import WorkerEnvironment
-from harness.workload import Workload, build_workload
+from harness.measure.metrics import PhaseClock
+from harness.runtime.distributed import WorkerSession
+from harness.runtime.workload import Workload, build_workload
+from harness.system.worker_env import WorkerEnvironment
 
 pytestmark = pytest.mark.perf
 

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.hardware_profile import COLLECTIVES_AFTER_COMPUTE_FACT, COMPUTE_LOST_FACT
+from harness.profiles.hardware import COLLECTIVES_AFTER_COMPUTE_FACT, COMPUTE_LOST_FACT
 
 pytestmark = pytest.mark.perf
 

@@ -22,9 +22,9 @@ against 1/256 = 0.0039 for guessing, and the best possible loss (the chain's ent
 1.429 nats against ln 256 = 5.545 (`best_next_token_accuracy`, `MarkovChain.entropy_rate`).
 Nothing beyond the previous token helps, so a bigram model can already reach both: a bigram
 logit table (nn.Embedding(256, 256)) trained with Adam (lr 0.1, batches of 16 x 64 tokens)
-reaches an eval loss of 1.49 and an eval accuracy of 0.60 in 100 steps (tests/test_token_data.py);
-a 2-layer causal transformer (width 64, AdamW lr 3e-3, batches of 32 x 128) went from 5.75 to
-1.69 in 50 steps and 1.50 in 300.
+reaches an eval loss of 1.49 and an eval accuracy of 0.60 in 100 steps
+(tests/unit/workloads/datasets/test_tokens.py); a 2-layer causal transformer (width 64, AdamW lr
+3e-3, batches of 32 x 128) went from 5.75 to 1.69 in 50 steps and 1.50 in 300.
 
 The chain depends on (seed, vocab_size) only; each split walks it with its own random stream, so
 the eval split holds different sequences of the same chain (as the synthetic images' eval split

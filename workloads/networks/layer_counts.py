@@ -15,8 +15,9 @@ The built-in networks' counts on every image dataset are also kept with the code
 under the same names as the cache's entries: a machine that never ran a pipeline cell (a login
 node, a first dry run) checks one without loading torch, and a command that only checks its
 input still writes nothing. A count of other network code or other library versions has
-another name, so it is never read from there (counted instead); `tests/test_layer_counts.py`
-says when the kept file is no longer this code's.
+another name, so it is never read from there (counted instead);
+`tests/unit/workloads/networks/test_layer_counts.py` says when the kept file is no longer this
+code's.
 """
 
 from __future__ import annotations

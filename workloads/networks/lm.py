@@ -6,7 +6,7 @@
 of single-tensor adapters around the model's own submodules (no copies): the token embedding,
 one entry per transformer block, and the head. FSDP shards each entry (one unit per block) and
 the pipelines split at block boundaries; the whole computes exactly the Hugging Face model's
-logits (tests/test_lm_networks.py compares them).
+logits (tests/unit/workloads/networks/test_lm.py compares them).
 
 The config follows the dataset (vocabulary, positions) unless the preset fixes it, and is
 changed from the transformers defaults where this benchmark needs it:

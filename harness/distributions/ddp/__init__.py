@@ -17,12 +17,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from harness.accepts import number
-from harness.config import MAX_BUFFER_MB, DistbenchConfig, DistributionConfig
+from harness.config.accepts import number
+from harness.config.schema import MAX_BUFFER_MB, DistbenchConfig, DistributionConfig
+from harness.costs import memory
+from harness.costs.terms import CellFacts, EpochTerms, data_parallel_terms, replica_memory
 from harness.distributions.spec import DistributionSpec, at_every_count, trainer_in, workers_label
-from harness.hardware_profile import HardwareProfile
-from harness.predict import memory
-from harness.predict.terms import CellFacts, EpochTerms, data_parallel_terms, replica_memory
+from harness.profiles.hardware import HardwareProfile
 
 # DDP's first gradient bucket is small (torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES), so
 # that the first allreduce starts early in the backward pass.

@@ -15,11 +15,11 @@ Each entry of the network's layer list that has parameters is one FSDP unit (its
   same shard (one per shard group) also allreduce its gradient.
 
 Every collective goes through torch.distributed: gloo on CPU (torch 2.14 supports FSDP2's
-all-gather and reduce-scatter there: tests/test_fsdp.py trains it), NCCL on CUDA.
-Mixed precision (`mixed_precision: true`) gathers and computes in bfloat16 and reduces
-gradients in float32; BatchNorm layers keep float32 parameters (their own units, without the
-input cast: torch's BatchNorm takes a bfloat16 input with float32 statistics, not bfloat16
-parameters with float32 statistics).
+all-gather and reduce-scatter there: tests/unit/harness/distributions/test_fsdp.py trains it), NCCL
+on CUDA. Mixed precision (`mixed_precision: true`) gathers and computes in bfloat16 and reduces
+gradients in float32; BatchNorm layers keep float32 parameters (their own units, without the input
+cast: torch's BatchNorm takes a bfloat16 input with float32 statistics, not bfloat16 parameters with
+float32 statistics).
 """
 
 from __future__ import annotations
@@ -28,21 +28,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.accepts import integer
-from harness.batch_sizes import nearest_divisors
-from harness.config import DistbenchConfig, DistributionConfig, require
-from harness.distributions.spec import (
-    DistributionSpec,
-    WorkerCounts,
-    candidate,
-    candidate_settings,
-    trainer_in,
-)
-from harness.hardware_profile import HardwareProfile
-from harness.partition import StagePlan
-from harness.predict import memory
-from harness.predict.overlap import COMPUTE, LINK, prefetched
-from harness.predict.terms import (
+from harness.config.accepts import integer
+from harness.config.batch_sizes import nearest_divisors
+from harness.config.schema import DistbenchConfig, DistributionConfig, require
+from harness.config.units import BYTES_PER_MB
+from harness.costs import memory
+from harness.costs.overlap import COMPUTE, LINK, prefetched
+from harness.costs.partition import StagePlan
+from harness.costs.terms import (
     CellFacts,
     EpochTerms,
     FreeParameter,
@@ -54,7 +47,14 @@ from harness.predict.terms import (
     layer_forward_share,
     memory_stage,
 )
-from harness.units import BYTES_PER_MB
+from harness.distributions.spec import (
+    DistributionSpec,
+    WorkerCounts,
+    candidate,
+    candidate_settings,
+    trainer_in,
+)
+from harness.profiles.hardware import HardwareProfile
 
 # An all-gather or a reduce-scatter of M bytes, as a multiple of an allreduce of M bytes among
 # the same workers (what the hardware probe measures), for a profile that holds no timing of

@@ -13,7 +13,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from harness.config import DistbenchConfig
+from harness.config.schema import DistbenchConfig
 from harness.distributions.base import TrainingContext
 from harness.distributions.fsdp import FSDPConfig, fsdp_settings
 from harness.distributions.loop import BatchLoopTrainer

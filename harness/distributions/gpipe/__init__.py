@@ -23,9 +23,18 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
 
-from harness.accepts import integer
-from harness.batch_sizes import largest_divisor, nearest_divisors
-from harness.config import DistbenchConfig, require
+from harness.config.accepts import integer
+from harness.config.batch_sizes import largest_divisor, nearest_divisors
+from harness.config.schema import DistbenchConfig, require
+from harness.costs import memory
+from harness.costs.partition import StagePlan, balanced_partition, check_balance
+from harness.costs.terms import (
+    CellFacts,
+    EpochTerms,
+    batches_per_epoch,
+    burst_bytes,
+    memory_stage,
+)
 from harness.distributions.gpipe import equations
 from harness.distributions.pipeline_config import PipelineConfig
 from harness.distributions.spec import (
@@ -36,17 +45,8 @@ from harness.distributions.spec import (
     candidate_settings,
     trainer_in,
 )
-from harness.hardware_profile import HardwareProfile
-from harness.network_profile import NetworkProfile
-from harness.partition import StagePlan, balanced_partition, check_balance
-from harness.predict import memory
-from harness.predict.terms import (
-    CellFacts,
-    EpochTerms,
-    batches_per_epoch,
-    burst_bytes,
-    memory_stage,
-)
+from harness.profiles.hardware import HardwareProfile
+from harness.profiles.network import NetworkProfile
 
 
 class Recompute(str, Enum):

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.hardware_profile import HardwareProfile
-from harness.predict.memory import (
+from harness.config.units import BYTES_PER_MB
+from harness.costs.memory import (
     StageFacts,
     WorkerMemory,
     activations_mb,
@@ -30,7 +30,7 @@ from harness.predict.memory import (
     gradients_mb,
     optimizer_state_mb,
 )
-from harness.units import BYTES_PER_MB
+from harness.profiles.hardware import HardwareProfile
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from harness.distributions.pipeline import (
     stage_module,
 )
 from harness.distributions.state import InitialState, assemble_network, epoch_losses
-from harness.metrics import PhaseClock, device_time, synchronize
+from harness.measure.metrics import PhaseClock, device_time, synchronize
 from workloads.task import TaskLoss
 
 

@@ -15,12 +15,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from harness.accepts import number
-from harness.config import MAX_BUFFER_MB, DistbenchConfig, DistributionConfig
-from harness.distributions.spec import DistributionSpec, at_every_count, trainer_in, workers_label
-from harness.hardware_profile import HardwareProfile
-from harness.predict import memory
-from harness.predict.terms import (
+from harness.config.accepts import number
+from harness.config.schema import MAX_BUFFER_MB, DistbenchConfig, DistributionConfig
+from harness.costs import memory
+from harness.costs.terms import (
     BACKWARD_SHARE,
     CellFacts,
     EpochTerms,
@@ -28,6 +26,8 @@ from harness.predict.terms import (
     data_parallel_terms,
     replica_memory,
 )
+from harness.distributions.spec import DistributionSpec, at_every_count, trainer_in, workers_label
+from harness.profiles.hardware import HardwareProfile
 
 MAX_CYCLE_TIME_MS = 1e6  # 1,000 s between fusion cycles: a cell would never finish
 

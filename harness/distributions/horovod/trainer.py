@@ -7,11 +7,11 @@ import os
 import threading
 from typing import Any
 
-from harness.distributed import WorkerSession
 from harness.distributions.base import TrainingContext
 from harness.distributions.horovod import horovod_settings
 from harness.distributions.loop import BatchLoopTrainer
-from harness.worker_env import WorkerEnvironment, interface_of, listen_address
+from harness.runtime.distributed import WorkerSession
+from harness.system.worker_env import WorkerEnvironment, interface_of, listen_address
 
 _BYTES_PER_MIB = 1024 * 1024  # Horovod reads its fusion threshold in bytes
 
@@ -37,7 +37,7 @@ def horovod_trainer(context: TrainingContext) -> BatchLoopTrainer:
     # No hvd.broadcast_optimizer_state: a freshly built optimizer has no state, the same on
     # every rank, and Horovod would initialise it by an SGD step with zero gradients, which with
     # weight decay shrinks every weight and seeds the momentum: a step no other model takes
-    # (tests/test_trajectories.py compares the trajectories).
+    # (tests/integration/test_trajectories.py compares the trajectories).
     trainer.keep_alive.append(rendezvous)  # rank 0's server must outlive every rank's training
     # Horovod's background thread wakes every cycle_time_ms on the cores the worker shares
     # (CPU workers): left running, it is what the reference kernel after the cell would time

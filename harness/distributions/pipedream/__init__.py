@@ -35,8 +35,24 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from harness.accepts import text
-from harness.config import ConfigError, DistbenchConfig, require
+from harness.config.accepts import text
+from harness.config.schema import ConfigError, DistbenchConfig, require
+from harness.costs import memory
+from harness.costs.partition import (
+    LinkModel,
+    StagePlan,
+    balanced_partition,
+    check_balance,
+    parse_stages,
+    plan_pipedream,
+)
+from harness.costs.terms import (
+    CellFacts,
+    EpochTerms,
+    FreeParameter,
+    burst_bytes,
+    memory_stage,
+)
 from harness.distributions.onefoneb import (
     divisible_batches,
 )
@@ -50,24 +66,8 @@ from harness.distributions.spec import (
     candidate_settings,
     trainer_in,
 )
-from harness.hardware_profile import HardwareProfile
-from harness.network_profile import NetworkProfile
-from harness.partition import (
-    LinkModel,
-    StagePlan,
-    balanced_partition,
-    check_balance,
-    parse_stages,
-    plan_pipedream,
-)
-from harness.predict import memory
-from harness.predict.terms import (
-    CellFacts,
-    EpochTerms,
-    FreeParameter,
-    burst_bytes,
-    memory_stage,
-)
+from harness.profiles.hardware import HardwareProfile
+from harness.profiles.network import NetworkProfile
 
 # `distribution.stages` shorthand for one unreplicated stage per worker.
 STRAIGHT = "straight"
@@ -103,7 +103,7 @@ class PipeDreamConfig(PipelineConfig):
     name: str = "pipedream"
     # Replicas per stage joined by '-', e.g. "2-1-1" (sums to the worker count); "straight" =
     # one stage per worker, none replicated (the true 1F1B pipeline, whatever the worker
-    # count); null = planned from the profile (harness.partition.plan_pipedream).
+    # count); null = planned from the profile (harness.costs.partition.plan_pipedream).
     stages: str | None = field(default=None, metadata=text(255))
     batch_division: BatchDivision = BatchDivision.drop
 

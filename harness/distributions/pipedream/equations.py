@@ -41,9 +41,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.hardware_profile import HardwareProfile
-from harness.predict.allreduce import ring_allreduce_seconds
-from harness.predict.memory import (
+from harness.config.units import BYTES_PER_MB
+from harness.costs.allreduce import ring_allreduce_seconds
+from harness.costs.memory import (
     StageFacts,
     WorkerMemory,
     activations_mb,
@@ -51,7 +51,7 @@ from harness.predict.memory import (
     gradients_mb,
     optimizer_state_mb,
 )
-from harness.units import BYTES_PER_MB
+from harness.profiles.hardware import HardwareProfile
 
 
 @dataclass(frozen=True)

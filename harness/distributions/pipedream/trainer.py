@@ -32,7 +32,7 @@ from harness.distributions.pipeline import (
     stage_module,
 )
 from harness.distributions.state import InitialState, assemble_network, epoch_losses
-from harness.metrics import device_time, synchronize
+from harness.measure.metrics import device_time, synchronize
 from workloads.networks import build_network, to_layer_list
 from workloads.task import TaskLoss
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from harness.config import DistbenchConfig, DistributionConfig, HardwareConfig
+from harness.config.schema import DistbenchConfig, DistributionConfig, HardwareConfig
+from harness.costs.memory import WorkerMemory
+from harness.costs.partition import StagePlan
+from harness.costs.terms import CellFacts, EpochTerms, batches_per_epoch, replica_memory
 from harness.distributions.spec import (
     DistributionSpec,
     WorkerCounts,
@@ -13,10 +16,7 @@ from harness.distributions.spec import (
     candidate_settings,
     trainer_in,
 )
-from harness.hardware_profile import HardwareProfile
-from harness.partition import StagePlan
-from harness.predict.memory import WorkerMemory
-from harness.predict.terms import CellFacts, EpochTerms, batches_per_epoch, replica_memory
+from harness.profiles.hardware import HardwareProfile
 
 
 @dataclass

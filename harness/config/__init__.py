@@ -1,0 +1,10 @@
+"""Configuration: what a cell is, typed and checked, before anything runs.
+
+`schema` (the dataclasses Hydra composes into: dataset, network, distribution, hardware, run;
+their validation, and `ConfigError`, the bad input every command refuses in one line),
+`accepts` (the checks a value of any setting passes: integers, finite numbers, names),
+`batch_sizes` (Table 3.3's batch size per network and model) and `units` (MB).
+
+The lowest layer of `harness`: it imports no other package of `harness`, only `workloads`'
+dataset and network specs, and loads no torch (a command's `--help` and bad input stay fast).
+"""

@@ -1,0 +1,13 @@
+"""The cost models: seconds per epoch and memory per worker as plain arithmetic over a cell's
+facts (the thesis' chapters 4-6, symbols as in its Table 5.1: docs/thesis.md).
+
+`terms` (the epoch split by cause and the free parameters every model shares), `memory`
+(weights, gradients, optimizer state, activations per worker), `allreduce` (Eq. 5.1's ring),
+`overlap` (a step's compute and collectives on a timeline: what hides behind what),
+`activations` (what autograd saves per layer, as records, and a stage's share of it) and
+`partition` (stage plans that balance a pipeline's layers by their cost).
+
+Pure: no trainer, no worker, no torch, no torch.distributed. Imports `harness.config` and
+`harness.profiles` only. The distribution models (`harness.distributions.<name>`) put these
+terms together for a cell; units are seconds, MB (10^6 bytes) and MB/s.
+"""

@@ -1,0 +1,73 @@
+"""A SQLite MLflow store moved or copied with its `mlartifacts/` (a cluster's results analysed
+on a laptop) reads its runs' artifacts from beside itself, not from the absolute folder MLflow
+recorded when the runs were written (`harness.records.artifacts`). A real store, real files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from harness.commands.compose import compose_config
+from harness.config.schema import without_hydra
+from harness.records.artifacts import artifact_file, artifact_names
+from harness.records.mlflow_store import experiment_id, open_store
+from harness.records.recorded_runs import recorded_config
+from harness.records.results import RESULT_FILE
+from harness.records.tracking import _complete
+
+
+def _store_with_one_cell(folder: Path) -> tuple[str, str]:
+    """A store in `folder` with one finished cell run holding config.yaml and result.json;
+    returns the store's URI and the run's id."""
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    client = open_store(uri)
+    run = client.create_run(experiment_id(client, "moved", uri))
+    files = folder / "cell"
+    files.mkdir()
+    config = without_hydra(compose_config(["network=vgg11", "distribution=ddp"]))
+    (files / "config.yaml").write_text(OmegaConf.to_yaml(config))
+    (files / RESULT_FILE).write_text(json.dumps({"status": "ok"}))
+    for name in ("config.yaml", RESULT_FILE):
+        client.log_artifact(run.info.run_id, str(files / name))
+    client.set_terminated(run.info.run_id)
+    return uri, run.info.run_id
+
+
+def test_a_moved_store_reads_its_runs_artifacts_from_beside_itself(tmp_path: Path) -> None:
+    written, moved = tmp_path / "cluster", tmp_path / "laptop"
+    written.mkdir()
+    _, run_id = _store_with_one_cell(written)
+    shutil.copytree(written, moved)
+    shutil.rmtree(written)  # the folder the store recorded is gone
+
+    client = open_store(f"sqlite:///{moved / 'mlflow.db'}")
+    run = client.get_run(run_id)
+    assert str(written) in run.info.artifact_uri  # MLflow still names where it was written
+    assert client.list_artifacts(run_id) == []  # ... and finds nothing there
+    assert artifact_names(client, run) == {"config.yaml", RESULT_FILE}
+    config = recorded_config(client, run, tmp_path / "scratch")
+    assert (config.network.key, config.distribution.name) == ("vgg11", "ddp")
+    assert json.loads(artifact_file(client, run, RESULT_FILE, tmp_path).read_text()) == \
+        {"status": "ok"}
+    # complete: `harness.sync` would otherwise delete it as an upload that broke off
+    assert _complete(client, run)
+
+
+def test_a_copy_reads_its_own_artifacts_and_a_store_in_place_is_read_as_before(
+        tmp_path: Path) -> None:
+    written, copied = tmp_path / "original", tmp_path / "copy"
+    written.mkdir()
+    _, run_id = _store_with_one_cell(written)
+    shutil.copytree(written, copied)
+    (written / "mlartifacts").rename(written / "elsewhere")  # the original's are not read
+
+    in_place = open_store(f"sqlite:///{copied / 'mlflow.db'}")
+    run = in_place.get_run(run_id)
+    assert artifact_file(in_place, run, "config.yaml", tmp_path).is_relative_to(copied)
+    # the original store, its artifacts gone from beside it and from where it recorded them
+    original = open_store(f"sqlite:///{written / 'mlflow.db'}")
+    assert artifact_names(original, original.get_run(run_id)) == set()
+    assert not _complete(original, original.get_run(run_id))
