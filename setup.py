@@ -15,10 +15,13 @@ CONFIG_DIR = "conf"
 
 setup(
     packages=[
-        *find_namespace_packages(include=[p for root in CODE_PACKAGES
-                                          for p in (root, f"{root}.*")]),
-        *(f"{CONFIG_PACKAGE}{group[len(CONFIG_DIR):]}"
-          for group in find_namespace_packages(include=[CONFIG_DIR, f"{CONFIG_DIR}.*"])),
+        *find_namespace_packages(
+            include=[p for root in CODE_PACKAGES for p in (root, f"{root}.*")]
+        ),
+        *(
+            f"{CONFIG_PACKAGE}{group[len(CONFIG_DIR) :]}"
+            for group in find_namespace_packages(include=[CONFIG_DIR, f"{CONFIG_DIR}.*"])
+        ),
     ],
     package_dir={CONFIG_PACKAGE: CONFIG_DIR},
 )

@@ -35,11 +35,17 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         from launchers.local import GRACE_AFTER_RESULT_S, run_local_cell
 
         hydra_config = HydraConfig.get()
-        return noted(run_local_cell(cfg, Path(hydra_config.runtime.output_dir),
-                                    workers=single_node_workers(config),
-                                    timeout_min=int(hydra_config.launcher.timeout_min),
-                                    grace_s=float(hydra_config.launcher.get(
-                                        "grace_after_result_s", GRACE_AFTER_RESULT_S))))
+        return noted(
+            run_local_cell(
+                cfg,
+                Path(hydra_config.runtime.output_dir),
+                workers=single_node_workers(config),
+                timeout_min=int(hydra_config.launcher.timeout_min),
+                grace_s=float(
+                    hydra_config.launcher.get("grace_after_result_s", GRACE_AFTER_RESULT_S)
+                ),
+            )
+        )
     from harness.worker.run import run_cell  # this process is the cell's only worker
 
     result = noted(run_cell(cell))  # a cell that did not end ok: exit status 1 (harness.cli)

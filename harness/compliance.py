@@ -29,8 +29,9 @@ def log_files(paths: list[Path]) -> list[Path]:
             found = sorted(path.glob(MLLOG_GLOB)) if path.is_dir() else [path]
             readable = bool(found) and all(file.is_file() for file in found)
         except OSError as err:  # e.g. a name longer than the file system allows
-            raise ConfigError(f"{_short(path)} is invalid: {err.strerror or err}; "
-                              f"{allowed}") from None
+            raise ConfigError(
+                f"{_short(path)} is invalid: {err.strerror or err}; {allowed}"
+            ) from None
         if not readable:
             raise ConfigError(f"{_short(path)} is invalid: {allowed}")
         files += found
@@ -40,7 +41,7 @@ def log_files(paths: list[Path]) -> list[Path]:
 def _short(path: Path, width: int = 120) -> str:
     """`path` as a line can hold it: a very long one cut in the middle."""
     text = str(path)
-    return text if len(text) <= width else f"{text[:width // 2]}...{text[-width // 2:]}"
+    return text if len(text) <= width else f"{text[: width // 2]}...{text[-width // 2 :]}"
 
 
 def _rules_dir(path: Path) -> Path:
@@ -52,23 +53,36 @@ def _rules_dir(path: Path) -> Path:
         check_writable_dir("--write-rules", str(path))
         return path.resolve()
     except OSError as err:
-        raise ConfigError(f"--write-rules={_short(path)} is invalid: {err.strerror or err}; "
-                          f"allowed: a directory this user can write in") from None
+        raise ConfigError(
+            f"--write-rules={_short(path)} is invalid: {err.strerror or err}; "
+            f"allowed: a directory this user can write in"
+        ) from None
 
 
 def parser() -> ArgumentParser:
     """The command's arguments: a function of its own so that tests can list them
     (tests/fuzz/test_commands.py fuzzes every flag)."""
-    parser = ArgumentParser(prog="python -m harness.compliance", description=__doc__.split(
-        "\n\n")[0])
-    parser.add_argument("paths", nargs="*", type=Path, metavar="PATH",
-                        help="an MLPerf log, or a cell directory (every mllog*.txt in it)")
-    parser.add_argument("--stock", action="store_true",
-                        help=f"the installed ruleset {RULESET} unchanged (it admits only "
-                             f"MLPerf's benchmark names)")
-    parser.add_argument("--write-rules", type=Path, metavar="DIR",
-                        help="write the rules to DIR and print MLPerf's own command that "
-                             "checks a log with them")
+    parser = ArgumentParser(
+        prog="python -m harness.compliance", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        type=Path,
+        metavar="PATH",
+        help="an MLPerf log, or a cell directory (every mllog*.txt in it)",
+    )
+    parser.add_argument(
+        "--stock",
+        action="store_true",
+        help=f"the installed ruleset {RULESET} unchanged (it admits only MLPerf's benchmark names)",
+    )
+    parser.add_argument(
+        "--write-rules",
+        type=Path,
+        metavar="DIR",
+        help="write the rules to DIR and print MLPerf's own command that checks a log with them",
+    )
     return parser
 
 

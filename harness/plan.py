@@ -34,8 +34,10 @@ def main(argv: list[str] | None = None) -> None:
     planner = spec_of(config).stage_planner
     if planner is None:
         pipelines = [spec.name for spec in specs().values() if spec.stage_planner is not None]
-        raise ConfigError(f"distribution={config.distribution.name} is invalid for "
-                          f"harness.plan: allowed: {', '.join(pipelines)}")
+        raise ConfigError(
+            f"distribution={config.distribution.name} is invalid for "
+            f"harness.plan: allowed: {', '.join(pipelines)}"
+        )
     # Only now: --help and bad input are answered without loading torch.
     import torch
 
@@ -47,21 +49,27 @@ def main(argv: list[str] | None = None) -> None:
     layers = to_layer_list(config.network.ref, build_network(config.network.ref, spec))
     if config.hardware.cpu_threads is not None:
         torch.set_num_threads(config.hardware.cpu_threads)
-    profile = profile_network(config, layers, torch.device("cpu")) \
-        if planner.needs_profile(config) else None
+    profile = (
+        profile_network(config, layers, torch.device("cpu"))
+        if planner.needs_profile(config)
+        else None
+    )
     try:
         plan = planner.plan(config, len(layers), profile)
     except ValueError as err:  # the partitioner's checks name the key and what is allowed
         raise ConfigError(str(err)) from None
     report: dict[str, object] = {
-        "network": config.network.label, "dataset": config.dataset.key,
-        "distribution": config.distribution.name, "workers": config.world_size,
-        "num_layers": len(layers), "profile_batch_size": config.distribution.step_batch(config),
+        "network": config.network.label,
+        "dataset": config.dataset.key,
+        "distribution": config.distribution.name,
+        "workers": config.world_size,
+        "num_layers": len(layers),
+        "profile_batch_size": config.distribution.step_batch(config),
         **plan.to_dict(),
     }
     if profile is not None:
         costs = profile.compute_ms(planner.updates_per_pass(config))
-        report["stage_compute_ms"] = [sum(costs[s.first:s.end]) for s in plan.stages]
+        report["stage_compute_ms"] = [sum(costs[s.first : s.end]) for s in plan.stages]
         report["profile"] = profile.to_dict()
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")

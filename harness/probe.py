@@ -59,8 +59,9 @@ log = logging.getLogger(__name__)
 EXPERIMENT = "hardware_probe"
 
 
-def launch_probe(cfg: DictConfig, config: DistbenchConfig, output_dir: Path,
-                 launcher: dict[str, Any] | None) -> HardwareProfile:
+def launch_probe(
+    cfg: DictConfig, config: DistbenchConfig, output_dir: Path, launcher: dict[str, Any] | None
+) -> HardwareProfile:
     """Start the probe's workers (locally, or on SLURM when `launcher` holds SLURM settings)
     and return the profile rank 0 wrote."""
     from harness.worker.probe_worker import probe_worker  # the workers' code: torch, only now
@@ -71,19 +72,29 @@ def launch_probe(cfg: DictConfig, config: DistbenchConfig, output_dir: Path,
     if launcher is None:
         from launchers.local import submit_local, wait_for_cell
 
-        job = submit_local(probe_worker, cfg, output_dir, folder=folder, tasks=workers,
-                           timeout_min=timeout_min, name="distbench-probe")
+        job = submit_local(
+            probe_worker,
+            cfg,
+            output_dir,
+            folder=folder,
+            tasks=workers,
+            timeout_min=timeout_min,
+            name="distbench-probe",
+        )
         wait_for_cell(job, output_dir, timeout_s=60 * timeout_min, result_file=PROFILE_FILE)
     else:
         from launchers import slurm
 
         size = slurm.job_size(config.hardware, workers, launcher)
         parameters = slurm.executor_parameters(
-            size, {**launcher, "one_cell_at_a_time": False}, config)
-        job = slurm.submit_cell(probe_worker, cfg, output_dir, folder=folder,
-                                parameters=parameters)
-        slurm.wait_for_cells([slurm.SubmittedCell(job, output_dir, workers, PROFILE_FILE)],
-                             grace_s=20, on_end=lambda cell: None)
+            size, {**launcher, "one_cell_at_a_time": False}, config
+        )
+        job = slurm.submit_cell(probe_worker, cfg, output_dir, folder=folder, parameters=parameters)
+        slurm.wait_for_cells(
+            [slurm.SubmittedCell(job, output_dir, workers, PROFILE_FILE)],
+            grace_s=20,
+            on_end=lambda cell: None,
+        )
     if not (output_dir / PROFILE_FILE).exists():
         from launchers.cells import worker_logs_tail
 
@@ -98,14 +109,19 @@ def record_profile(profile: HardwareProfile, config: DistbenchConfig, output_dir
         metrics = {"workers": float(profile.workers)}
         latencies = [link.cost.latency_s * 1e6 for link in profile.links]
         bandwidths = [link.cost.bandwidth_bytes_per_s / 1e6 for link in profile.links]
-        metrics.update({"link_latency_us_max": max(latencies),
-                        "link_latency_us_min": min(latencies),
-                        "link_bandwidth_mbps_min": min(bandwidths),
-                        "link_bandwidth_mbps_max": max(bandwidths)})
+        metrics.update(
+            {
+                "link_latency_us_max": max(latencies),
+                "link_latency_us_min": min(latencies),
+                "link_bandwidth_mbps_min": min(bandwidths),
+                "link_bandwidth_mbps_max": max(bandwidths),
+            }
+        )
         for entry in profile.allreduce:
             metrics[f"allreduce_latency_us_w{entry.workers}"] = entry.cost.latency_s * 1e6
-            metrics[f"allreduce_bandwidth_mbps_w{entry.workers}"] = \
+            metrics[f"allreduce_bandwidth_mbps_w{entry.workers}"] = (
                 entry.cost.bandwidth_bytes_per_s / 1e6
+            )
         if COMPUTE_LOST_FACT in profile.facts:
             metrics[COMPUTE_LOST_FACT] = float(profile.facts[COMPUTE_LOST_FACT])
         rounds = profile.facts.get(ROUNDS_FACT)
@@ -115,15 +131,21 @@ def record_profile(profile: HardwareProfile, config: DistbenchConfig, output_dir
             if spread is not None:
                 metrics["rounds_spread_max"] = spread
         try:
-            log_run(uri=tracking_uri(config.tracking.uri, config.run.output_dir),
-                    experiment=EXPERIMENT, run_name=f"probe-{profile.hardware}",
-                    params=probe_params(config), metrics=metrics,
-                    tags={"hardware": profile.hardware, "output_dir": str(output_dir),
-                          "machine": str(profile.facts.get("machine"))},
-                    artifacts=[output_dir / PROFILE_FILE])
+            log_run(
+                uri=tracking_uri(config.tracking.uri, config.run.output_dir),
+                experiment=EXPERIMENT,
+                run_name=f"probe-{profile.hardware}",
+                params=probe_params(config),
+                metrics=metrics,
+                tags={
+                    "hardware": profile.hardware,
+                    "output_dir": str(output_dir),
+                    "machine": str(profile.facts.get("machine")),
+                },
+                artifacts=[output_dir / PROFILE_FILE],
+            )
         except Exception as err:  # noqa: BLE001 - the profile on disk is the result
-            log.warning("MLflow could not record the probe (%s); profile kept in %s", err,
-                        latest)
+            log.warning("MLflow could not record the probe (%s); profile kept in %s", err, latest)
     return latest
 
 
@@ -133,30 +155,40 @@ def probe_params(config: DistbenchConfig) -> dict[str, Any]:
 
 
 def summary(profile: HardwareProfile) -> str:
-    lines = [f"hardware {profile.hardware}: {profile.workers} workers on {profile.nodes} "
-             f"node(s), {profile.facts.get('backend')} on {profile.facts.get('device')}"
-             + (f" ({profile.facts['machine']})" if profile.facts.get("machine") else ""),
-             f"{'link':<10} {'same node':>9} {'latency us':>11} {'bandwidth MB/s':>15}"]
+    lines = [
+        f"hardware {profile.hardware}: {profile.workers} workers on {profile.nodes} "
+        f"node(s), {profile.facts.get('backend')} on {profile.facts.get('device')}"
+        + (f" ({profile.facts['machine']})" if profile.facts.get("machine") else ""),
+        f"{'link':<10} {'same node':>9} {'latency us':>11} {'bandwidth MB/s':>15}",
+    ]
     for link in profile.links:
-        lines.append(f"{link.src:>3} -> {link.dst:<3} {str(link.same_node):>9} "
-                     f"{link.cost.latency_s * 1e6:>11.1f} "
-                     f"{link.cost.bandwidth_bytes_per_s / 1e6:>15.1f}")
+        lines.append(
+            f"{link.src:>3} -> {link.dst:<3} {str(link.same_node):>9} "
+            f"{link.cost.latency_s * 1e6:>11.1f} "
+            f"{link.cost.bandwidth_bytes_per_s / 1e6:>15.1f}"
+        )
     for entry in profile.allreduce:
-        lines.append(f"allreduce among {entry.workers}: latency "
-                     f"{entry.cost.latency_s * 1e6:.1f} us, bandwidth "
-                     f"{entry.cost.bandwidth_bytes_per_s / 1e6:.1f} MB/s")
+        lines.append(
+            f"allreduce among {entry.workers}: latency "
+            f"{entry.cost.latency_s * 1e6:.1f} us, bandwidth "
+            f"{entry.cost.bandwidth_bytes_per_s / 1e6:.1f} MB/s"
+        )
     if ROUNDS_FACT in profile.facts:
         lines.append(spread_line(profile.facts[ROUNDS_FACT]))
     if COMPUTE_LOST_FACT in profile.facts:
-        lines.append(f"an allreduce between nodes takes {profile.facts[COMPUTE_LOST_FACT]:.2f} "
-                     f"ms of a worker's compute per MB, beside it")
+        lines.append(
+            f"an allreduce between nodes takes {profile.facts[COMPUTE_LOST_FACT]:.2f} "
+            f"ms of a worker's compute per MB, beside it"
+        )
     after = profile.facts.get(COLLECTIVES_AFTER_COMPUTE_FACT)
     if after:  # the collectives FSDP's model prices its own from (distributions.fsdp)
         largest = max(range(len(after["bytes"])), key=lambda i: after["bytes"][i])
-        lines.append(f"after {after['compute_before_ms']:.0f} ms of compute, an all-gather of "
-                     f"{after['bytes'][largest] / 1e6:.1f} MB among {after['workers']} takes "
-                     f"{after['all_gather'][largest] * 1e3:.1f} ms, a reduce-scatter "
-                     f"{after['reduce_scatter'][largest] * 1e3:.1f} ms")
+        lines.append(
+            f"after {after['compute_before_ms']:.0f} ms of compute, an all-gather of "
+            f"{after['bytes'][largest] / 1e6:.1f} MB among {after['workers']} takes "
+            f"{after['all_gather'][largest] * 1e3:.1f} ms, a reduce-scatter "
+            f"{after['reduce_scatter'][largest] * 1e3:.1f} ms"
+        )
     return "\n".join(lines)
 
 
@@ -174,7 +206,8 @@ def main(argv: list[str] | None = None) -> None:
             raise ConfigError(
                 f"hardware={config.hardware.name} is invalid for the probe: it has "
                 f"{config.hardware.world_size} worker; allowed: hardware with 2 or more "
-                f"(hardware.nodes x hardware.workers_per_node)")
+                f"(hardware.nodes x hardware.workers_per_node)"
+            )
         launcher = slurm_launcher_settings(cfg)
         check_launcher(cfg.hydra, sweep=launcher is not None)
         if launcher is None:  # the probe's workers run here
@@ -195,14 +228,17 @@ def main(argv: list[str] | None = None) -> None:
 def link_check(profile: HardwareProfile, link: LinkEmulation) -> str:
     """The links between nodes as measured, against the rate they are shaped to."""
     rate = link.bytes_per_s / 1e6
-    measured = [entry.cost.bandwidth_bytes_per_s / 1e6 for entry in profile.links
-                if not entry.same_node]
+    measured = [
+        entry.cost.bandwidth_bytes_per_s / 1e6 for entry in profile.links if not entry.same_node
+    ]
     if not measured:
         return f"links shaped to {link.rate_mbit:g} Mbit/s ({rate:.1f} MB/s): none probed"
     worst = max(measured, key=lambda value: abs(value / rate - 1))
-    return (f"links shaped to {link.rate_mbit:g} Mbit/s ({rate:.1f} MB/s): measured "
-            f"{min(measured):.1f}-{max(measured):.1f} MB/s (at most {worst / rate - 1:+.1%} "
-            f"off the rate)")
+    return (
+        f"links shaped to {link.rate_mbit:g} Mbit/s ({rate:.1f} MB/s): measured "
+        f"{min(measured):.1f}-{max(measured):.1f} MB/s (at most {worst / rate - 1:+.1%} "
+        f"off the rate)"
+    )
 
 
 def slurm_launcher_settings(cfg: DictConfig) -> dict[str, Any] | None:

@@ -124,7 +124,7 @@ def worker_counts(config: DistbenchConfig) -> list[tuple[int, int]]:
 
 
 def _powers_of_two(limit: int) -> list[int]:
-    values = [2 ** k for k in range(int(math.log2(limit)) + 1)] if limit >= 1 else []
+    values = [2**k for k in range(int(math.log2(limit)) + 1)] if limit >= 1 else []
     return sorted(set(values + [limit]))
 
 
@@ -182,8 +182,9 @@ def _shape(override: str) -> str:
     return key if "." in key else override
 
 
-def _built_candidates(config: DistbenchConfig, given: frozenset[str]
-                      ) -> tuple[list[DistbenchConfig], list[str]]:
+def _built_candidates(
+    config: DistbenchConfig, given: frozenset[str]
+) -> tuple[list[DistbenchConfig], list[str]]:
     """Each model's candidates at each worker count (one count at a time, so that a count a
     model cannot use skips only that count), and why the counts that failed did."""
     built: list[DistbenchConfig] = []
@@ -207,8 +208,10 @@ def _refuse_or_skip(err: Exception, label: str, given: frozenset[str]) -> str:
     message = bad_input_message(err)
     key = re.match(r"[+~]*([\w.]+)\s*[=:]", message)
     if key is not None and key[1] in given and key[1] not in _OPTION_KEYS:
-        raise ConfigError(f"{message} (for the recommender's candidate {label}, built from "
-                          f"the settings asked for)") from None
+        raise ConfigError(
+            f"{message} (for the recommender's candidate {label}, built from "
+            f"the settings asked for)"
+        ) from None
     return f"{label}: {message}"
 
 
@@ -217,9 +220,15 @@ def candidates(config: DistbenchConfig) -> list[DistbenchConfig]:
     return check_candidates(config).configs
 
 
-def rank(config: DistbenchConfig, fitted: Fitted, cache: FactsCache, output_root: Path,
-         given: Sequence[str] = (), objective: str = "time",
-         checked: Candidates | None = None) -> tuple[list[Option], list[str]]:
+def rank(
+    config: DistbenchConfig,
+    fitted: Fitted,
+    cache: FactsCache,
+    output_root: Path,
+    given: Sequence[str] = (),
+    objective: str = "time",
+    checked: Candidates | None = None,
+) -> tuple[list[Option], list[str]]:
     """Options sorted best first by `objective` (time, or cost then time), and why the
     candidates that could not be built or predicted failed. `given`: the overrides `config`
     was composed from, which every option's `python -m harness` command builds on
@@ -231,23 +240,33 @@ def rank(config: DistbenchConfig, fitted: Fitted, cache: FactsCache, output_root
     for candidate in checked.configs:
         label = setting_label(candidate)
         try:
-            options.append(_predict(candidate, config, fitted, cache, output_root, commands,
-                                    timed=timed))
+            options.append(
+                _predict(candidate, config, fitted, cache, output_root, commands, timed=timed)
+            )
         except MissingMeasurement as missing:
             # No step time on the device yet: the times cannot be ranked, but the memory
             # question can still be answered for every option (`rank_by_memory`).
             if not timed:
                 raise
             timed, cache.missing_step_time = False, str(missing)
-            options.append(_predict(candidate, config, fitted, cache, output_root, commands,
-                                    timed=False))
+            options.append(
+                _predict(candidate, config, fitted, cache, output_root, commands, timed=False)
+            )
         # e.g. more stages than layers; a measured profile without links among this many
         # workers (KeyError: it was probed on fewer)
         except (ConfigError, ValueError, KeyError) as err:
             skipped.append(f"{label}: {err.args[0] if isinstance(err, KeyError) else err}")
     if not timed:  # options predicted before the step time was found missing have times
-        options = [replace(option, seconds_per_epoch=math.nan, seconds_low=math.nan,
-                           seconds_high=math.nan, cost_per_epoch=None) for option in options]
+        options = [
+            replace(
+                option,
+                seconds_per_epoch=math.nan,
+                seconds_low=math.nan,
+                seconds_high=math.nan,
+                cost_per_epoch=None,
+            )
+            for option in options
+        ]
         options.sort(key=_memory_ranking)
         return options, skipped
     options.sort(key=_ranking(objective))
@@ -274,17 +293,25 @@ class Commands:
     given: frozenset[str]
 
 
-def _predict(candidate: DistbenchConfig, asked: DistbenchConfig, fitted: Fitted,
-             cache: FactsCache, output_root: Path, commands: Commands,
-             timed: bool = True) -> Option:
+def _predict(
+    candidate: DistbenchConfig,
+    asked: DistbenchConfig,
+    fitted: Fitted,
+    cache: FactsCache,
+    output_root: Path,
+    commands: Commands,
+    timed: bool = True,
+) -> Option:
     facts = gather(candidate, cache, timed=timed)
     model = candidate.distribution.name
     step = step_time_source(candidate, cache) if timed else None
     if timed:
         profile = profile_for(candidate.hardware, output_root)
         seconds = epoch_terms(candidate, facts, profile).seconds(fitted.params)
-        low, high = (_epoch_seconds_at(candidate, facts, profile, fitted, spread)
-                     for spread in _step_spread(step, facts.step_seconds))
+        low, high = (
+            _epoch_seconds_at(candidate, facts, profile, fitted, spread)
+            for spread in _step_spread(step, facts.step_seconds)
+        )
     else:
         seconds = low = high = math.nan
     calibration = fitted.calibration(model)
@@ -294,16 +321,27 @@ def _predict(candidate: DistbenchConfig, asked: DistbenchConfig, fitted: Fitted,
     plan = facts.plan
     own = option_overrides(candidate, asked, plan, commands.given)
     return Option(
-        setting_label(candidate, plan=plan), model, candidate.world_size, seconds,
-        low, high, max(memory),
+        setting_label(candidate, plan=plan),
+        model,
+        candidate.world_size,
+        seconds,
+        low,
+        high,
+        max(memory),
         None if memory_gb is None else fits(memory, memory_gb),
-        cost_per_epoch(candidate, seconds) if timed else None, [*commands.common, *own], own,
-        candidate.batch_size, candidate.distribution.own_settings(candidate),
+        cost_per_epoch(candidate, seconds) if timed else None,
+        [*commands.common, *own],
+        own,
+        candidate.batch_size,
+        candidate.distribution.own_settings(candidate),
         plan.stage_string() if plan is not None else None,
         list(plan.balance) if plan is not None else None,
         step.measured_batch if step is not None and step.scaled else None,
-        calibration.calibrated, calibration.why, calibration.error_percent,
-        calibration.memory_error_percent)
+        calibration.calibrated,
+        calibration.why,
+        calibration.error_percent,
+        calibration.memory_error_percent,
+    )
 
 
 def _step_spread(step: StepTime | None, median: float) -> tuple[float, float]:
@@ -313,10 +351,12 @@ def _step_spread(step: StepTime | None, median: float) -> tuple[float, float]:
     return step.low, step.high
 
 
-def _epoch_seconds_at(candidate: DistbenchConfig, facts: Any, profile: Any, fitted: Fitted,
-                      step_seconds: float) -> float:
-    return epoch_terms(candidate, replace(facts, step_seconds=step_seconds),
-                       profile).seconds(fitted.params)
+def _epoch_seconds_at(
+    candidate: DistbenchConfig, facts: Any, profile: Any, fitted: Fitted, step_seconds: float
+) -> float:
+    return epoch_terms(candidate, replace(facts, step_seconds=step_seconds), profile).seconds(
+        fitted.params
+    )
 
 
 # The overrides an option sets itself; the user's own of these keys do not carry over (nor
@@ -339,8 +379,9 @@ def common_overrides(config: DistbenchConfig, given: Sequence[str]) -> list[str]
     if "hardware.name" not in keys:
         chosen.append(f"hardware={config.hardware.name}")
     chosen = [choice for choice in chosen if choice.split("=")[0] not in keys]
-    return chosen + [override.input_line for override in parsed
-                     if not _options_own(override.key_or_group)]
+    return chosen + [
+        override.input_line for override in parsed if not _options_own(override.key_or_group)
+    ]
 
 
 def _parsed(overrides: Sequence[str]) -> list[Any]:
@@ -353,8 +394,12 @@ def _keys(overrides: Sequence[str]) -> set[str]:
     return {override.key_or_group for override in _parsed(overrides)}
 
 
-def option_overrides(candidate: DistbenchConfig, asked: DistbenchConfig,
-                     plan: StagePlan | None, given: frozenset[str] = frozenset()) -> list[str]:
+def option_overrides(
+    candidate: DistbenchConfig,
+    asked: DistbenchConfig,
+    plan: StagePlan | None,
+    given: frozenset[str] = frozenset(),
+) -> list[str]:
     """What trains `candidate` on top of `common_overrides`: the model, its worker count
     (where not the hardware's, or where the user set it: `given`), the batch size, the model's
     own settings that are not its defaults, and what the model pins
@@ -368,8 +413,15 @@ def option_overrides(candidate: DistbenchConfig, asked: DistbenchConfig,
     own.append(f"distribution.batch_size={candidate.batch_size}")
     pinned = spec_of(candidate).pinned_overrides(candidate, plan)
     pinned_keys = {override.split("=")[0] for override in pinned}
-    return own + [override for override in _changed_settings(candidate)
-                  if override.split("=")[0] not in pinned_keys] + pinned
+    return (
+        own
+        + [
+            override
+            for override in _changed_settings(candidate)
+            if override.split("=")[0] not in pinned_keys
+        ]
+        + pinned
+    )
 
 
 def _changed_settings(candidate: DistbenchConfig) -> list[str]:
@@ -377,8 +429,11 @@ def _changed_settings(candidate: DistbenchConfig) -> list[str]:
     user's, carried over to the candidates of the model asked about)."""
     distribution = candidate.distribution
     defaults = type(distribution)(name=distribution.name).own_settings_raw()
-    return [f"distribution.{key}={_override_value(value)}"
-            for key, value in distribution.own_settings_raw().items() if value != defaults[key]]
+    return [
+        f"distribution.{key}={_override_value(value)}"
+        for key, value in distribution.own_settings_raw().items()
+        if value != defaults[key]
+    ]
 
 
 def _override_value(value: Any) -> str:
@@ -389,8 +444,9 @@ def _override_value(value: Any) -> str:
     return str(getattr(value, "value", value))
 
 
-def recommendation(options: Sequence[Option], objective: str = "time",
-                   noise_percent: float = 0.0) -> Option | None:
+def recommendation(
+    options: Sequence[Option], objective: str = "time", noise_percent: float = 0.0
+) -> Option | None:
     """The best-ranked option not predicted to run out of memory (unknown counts as fit); by
     time, where the fastest ones are tied within the models' error and the noise, the one the
     tie-break takes (`tie`)."""
@@ -404,8 +460,14 @@ def tie(options: Sequence[Option], objective: str, noise_percent: float) -> Tie 
     """The tie among the fastest options that may fit (harness.predict.ties), by time only."""
     if objective != "time":
         return None
-    return tie_with_fastest([option for option in options if option.fits_memory is not False
-                             and not math.isnan(option.seconds_per_epoch)], noise_percent)
+    return tie_with_fastest(
+        [
+            option
+            for option in options
+            if option.fits_memory is not False and not math.isnan(option.seconds_per_epoch)
+        ],
+        noise_percent,
+    )
 
 
 def best_by(options: Sequence[Option], objective: str) -> Option | None:
@@ -428,42 +490,49 @@ def links_since_fit(fitted: Fitted, profile: HardwareProfile | None) -> str | No
     now = links_label(profile)
     if fit is None or fit.links is None or now is None or fit.links == now:
         return None
-    return (f"links changed since the fit: it priced its cells with links {fit.links}, "
-            f"these are {now}; its communication factor belongs to the former: python -m "
-            f"harness.analysis tracking.experiment={fit.path.parent.name} fits it again "
-            f"(the fit: {fit.path})")
+    return (
+        f"links changed since the fit: it priced its cells with links {fit.links}, "
+        f"these are {now}; its communication factor belongs to the former: python -m "
+        f"harness.analysis tracking.experiment={fit.path.parent.name} fits it again "
+        f"(the fit: {fit.path})"
+    )
 
 
 def source_lines(cache: FactsCache) -> list[str]:
     """Where the measured inputs of the predictions come from, for the user to judge."""
     lines = ["step times (one sequential training step):"] if step_times(cache) else []
     lines += [f"  {step.describe()}" for step in step_times(cache)]
-    lines += [f"layer profile (pipelines): {source}"
-              for source in cache.profile_sources.values()]
+    lines += [f"layer profile (pipelines): {source}" for source in cache.profile_sources.values()]
     if any(step.scaled for step in step_times(cache)):
-        lines.append("  * scaled per sample from another batch size: measure that batch on the "
-                     "device for a firmer number")
+        lines.append(
+            "  * scaled per sample from another batch size: measure that batch on the "
+            "device for a firmer number"
+        )
     return lines
 
 
-def header_lines(config: DistbenchConfig, fitted: Fitted,
-                 models: Sequence[str] = ()) -> list[str]:
+def header_lines(config: DistbenchConfig, fitted: Fitted, models: Sequence[str] = ()) -> list[str]:
     """What the table's numbers are: which fit, epoch size, range (for the options' `models`),
     memory, cost."""
     hardware = config.hardware
     samples = config.samples_per_epoch
-    whole = ("all of " if config.dataset.num_samples is None else "dataset.num_samples of ") \
-        + config.dataset.key
-    lines = [f"{config.network.label} on {config.dataset.key}, hardware "
-             f"{hardware.name} ({hardware.world_size} workers); parameters: {fitted.source}",
-             f"s/epoch: seconds per epoch of {samples} "
-             f"{'sequences' if config.dataset.spec.tokens else 'images'} ({whole})"]
+    whole = (
+        "all of " if config.dataset.num_samples is None else "dataset.num_samples of "
+    ) + config.dataset.key
+    lines = [
+        f"{config.network.label} on {config.dataset.key}, hardware "
+        f"{hardware.name} ({hardware.world_size} workers); parameters: {fitted.source}",
+        f"s/epoch: seconds per epoch of {samples} "
+        f"{'sequences' if config.dataset.spec.tokens else 'images'} ({whole})",
+    ]
     lines += range_lines(config, fitted, models)
     if hardware.device_memory_gb is None:
         lines.append("fits: unknown for all (hardware.device_memory_gb is not set)")
     if hardware.price_per_device_hour is not None:
-        lines.append(f"cost: {hardware.price_per_device_hour:g} {currency(config)} per "
-                     f"device-hour (hardware.price_per_device_hour), for the devices in use")
+        lines.append(
+            f"cost: {hardware.price_per_device_hour:g} {currency(config)} per "
+            f"device-hour (hardware.price_per_device_hour), for the devices in use"
+        )
     return lines
 
 
@@ -474,8 +543,10 @@ def range_lines(config: DistbenchConfig, fitted: Fitted, models: Sequence[str]) 
     lines = []
     if calibrated:
         errors = ", ".join(f"{model} {fitted.errors[model]:.1f}%" for model in calibrated)
-        lines.append(f"range (cal yes): the step times' quartiles over the probe's batches, "
-                     f"widened by the fit's error on a network it was not fitted on ({errors})")
+        lines.append(
+            f"range (cal yes): the step times' quartiles over the probe's batches, "
+            f"widened by the fit's error on a network it was not fitted on ({errors})"
+        )
     uncalibrated: dict[str, list[str]] = {}
     for model in sorted(set(models) - set(calibrated)):
         why = fitted.calibration(model).why
@@ -483,8 +554,9 @@ def range_lines(config: DistbenchConfig, fitted: Fitted, models: Sequence[str]) 
     for why, names in uncalibrated.items():
         lines.append(f"range (cal no: {', '.join(names)}): {why} (docs/recommend.md)")
     if uncalibrated:
-        lines.append(f"to calibrate hardware={config.hardware.name}: "
-                     f"{calibrate_commands(config.hardware)}")
+        lines.append(
+            f"to calibrate hardware={config.hardware.name}: {calibrate_commands(config.hardware)}"
+        )
     return lines
 
 
@@ -492,56 +564,88 @@ def currency(config: DistbenchConfig) -> str:
     return config.hardware.currency or "(hardware.currency not set)"
 
 
-def print_table(config: DistbenchConfig, options: Sequence[Option], skipped: Sequence[str],
-                fitted: Fitted, sources: Sequence[str] = (), objective: str = "time",
-                common: Sequence[str] = (), missing_step_time: str | None = None) -> None:
+def print_table(
+    config: DistbenchConfig,
+    options: Sequence[Option],
+    skipped: Sequence[str],
+    fitted: Fitted,
+    sources: Sequence[str] = (),
+    objective: str = "time",
+    common: Sequence[str] = (),
+    missing_step_time: str | None = None,
+) -> None:
     models = [option.distribution for option in options]
     for line in [*header_lines(config, fitted, models), *sources]:
         print(line)
     if missing_step_time is not None:
-        print(f"s/epoch: not predicted: no step time of {config.network.label} has been "
-              f"measured on {config.hardware.device.value} yet; memory per worker is "
-              f"predicted for every option (ranked: fits first, then least memory)")
+        print(
+            f"s/epoch: not predicted: no step time of {config.network.label} has been "
+            f"measured on {config.hardware.device.value} yet; memory per worker is "
+            f"predicted for every option (ranked: fits first, then least memory)"
+        )
     priced = config.hardware.price_per_device_hour is not None
-    print(f"ranked by {objective} (--objective {objective}); every option trains with: "
-          f"python -m harness {shlex.join(common)} + its overrides")
+    print(
+        f"ranked by {objective} (--objective {objective}); every option trains with: "
+        f"python -m harness {shlex.join(common)} + its overrides"
+    )
     cost_title = f"{config.hardware.currency or 'cost'}/epoch" if priced else ""
-    print(f"{'#':>3}  {'configuration':<24}{'s/epoch':>10} {'range':>19}{'cal':>4}"
-          f"{'MB/worker':>11}{'fits':>9}{cost_title:>12}  overrides")
+    print(
+        f"{'#':>3}  {'configuration':<24}{'s/epoch':>10} {'range':>19}{'cal':>4}"
+        f"{'MB/worker':>11}{'fits':>9}{cost_title:>12}  overrides"
+    )
     for index, option in enumerate(options, 1):
         scaled = "*" if option.step_time_scaled_from is not None else " "
         timed = not math.isnan(option.seconds_per_epoch)
         spread = f"{option.seconds_low:.3f}-{option.seconds_high:.3f}" if timed else "-"
         fit = {True: "yes", False: "NO", None: "unknown"}[option.fits_memory]
-        cost = (f"{option.cost_per_epoch:>12.4f}" if option.cost_per_epoch is not None
-                else f"{'-':>12}") if priced else ""
+        cost = (
+            (
+                f"{option.cost_per_epoch:>12.4f}"
+                if option.cost_per_epoch is not None
+                else f"{'-':>12}"
+            )
+            if priced
+            else ""
+        )
         seconds = f"{option.seconds_per_epoch:>10.3f}" if timed else f"{'-':>10}"
         calibrated = "yes" if option.calibrated else "no"
-        print(f"{index:>3}  {option.label:<24}{seconds}{scaled}"
-              f"{spread:>19}{calibrated:>4}{option.memory_mb:>11.0f}{fit:>9}{cost}  "
-              f"{shlex.join(option.own_overrides)}")
+        print(
+            f"{index:>3}  {option.label:<24}{seconds}{scaled}"
+            f"{spread:>19}{calibrated:>4}{option.memory_mb:>11.0f}{fit:>9}{cost}  "
+            f"{shlex.join(option.own_overrides)}"
+        )
     for reason in skipped:
         print(f"     skipped {reason}")
-    for line in verdict_lines(options, objective, missing_step_time, fitted.noise_percent,
-                              fitted.noise_text):
+    for line in verdict_lines(
+        options, objective, missing_step_time, fitted.noise_percent, fitted.noise_text
+    ):
         print(line)
 
 
-def verdict_lines(options: Sequence[Option], objective: str,
-                  missing_step_time: str | None = None,
-                  noise_percent: float = 0.0, noise: str = "") -> list[str]:
+def verdict_lines(
+    options: Sequence[Option],
+    objective: str,
+    missing_step_time: str | None = None,
+    noise_percent: float = 0.0,
+    noise: str = "",
+) -> list[str]:
     """The fastest and the cheapest where they differ, then the recommendation with its
     command (last). Without a step time on the device: which options fit, and the command
     that measures what ranks them. `noise` says which noise floor `noise_percent` is."""
     if missing_step_time is not None:
         fitting = [option.label for option in options if option.fits_memory is not False]
-        return [f"fits in memory: {', '.join(fitting) if fitting else 'none of the options'}",
-                f"not ranked by {objective}: {missing_step_time}"]
+        return [
+            f"fits in memory: {', '.join(fitting) if fitting else 'none of the options'}",
+            f"not ranked by {objective}: {missing_step_time}",
+        ]
     fastest, cheapest = best_by(options, "time"), best_by(options, "cost")
     lines = []
     if fastest is not None and cheapest is not None:
-        lines.append(f"fastest and cheapest: {fastest.label}" if fastest is cheapest else
-                     f"fastest: {fastest.label}; cheapest: {cheapest.label}")
+        lines.append(
+            f"fastest and cheapest: {fastest.label}"
+            if fastest is cheapest
+            else f"fastest: {fastest.label}; cheapest: {cheapest.label}"
+        )
     found = tie(options, objective, noise_percent)
     if found is not None:
         lines.append(found.line(noise))
@@ -550,8 +654,10 @@ def verdict_lines(options: Sequence[Option], objective: str,
         lines.append("recommended: nothing fits in memory")
     else:
         sure = "" if best.calibrated else ", uncalibrated"
-        lines.append(f"recommended: {best.label} (by {objective}{sure}): python -m harness "
-                     f"{shlex.join(best.overrides)}")
+        lines.append(
+            f"recommended: {best.label} (by {objective}{sure}): python -m harness "
+            f"{shlex.join(best.overrides)}"
+        )
     return lines
 
 
@@ -560,19 +666,30 @@ def parser() -> argparse.ArgumentParser:
     its own so that tests can list them (tests/fuzz/test_commands.py fuzzes every flag)."""
     # A step timed within 5 %: the recommender's ranges are wider (the fit's held-out error,
     # or x3 uncalibrated); an analysis fits to its step times and keeps the probe's 2 %.
-    parser = command_parser("python -m harness.recommend", __doc__,
-                            probe_spread=RECOMMEND_PROBE_SPREAD)
+    parser = command_parser(
+        "python -m harness.recommend", __doc__, probe_spread=RECOMMEND_PROBE_SPREAD
+    )
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
-    parser.add_argument("--fit", type=Path, default=None,
-                        help="fit.json of an analysis (default: the newest that fitted the "
-                             "hardware)")
-    parser.add_argument("--objective", choices=OBJECTIVES, default="time",
-                        help="rank by seconds per epoch (time, the default) or by cost per "
-                             "epoch (cost: needs hardware.price_per_device_hour)")
-    parser.add_argument("--remeasure", action="store_true",
-                        help="time the step times, layer profile and runtime memory again "
-                             "instead of using those kept in <run.output_dir>/facts/"
-                             "<hardware>.json for this machine's device")
+    parser.add_argument(
+        "--fit",
+        type=Path,
+        default=None,
+        help="fit.json of an analysis (default: the newest that fitted the hardware)",
+    )
+    parser.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="time",
+        help="rank by seconds per epoch (time, the default) or by cost per "
+        "epoch (cost: needs hardware.price_per_device_hour)",
+    )
+    parser.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="time the step times, layer profile and runtime memory again "
+        "instead of using those kept in <run.output_dir>/facts/"
+        "<hardware>.json for this machine's device",
+    )
     return parser
 
 
@@ -586,18 +703,24 @@ def _exists(fit: Path) -> bool:
     try:
         return fit.exists()
     except OSError as err:
-        raise ConfigError(f"--fit={fit} is invalid: {err.strerror or err}; allowed: a fit.json "
-                          f"of harness.analysis") from None
+        raise ConfigError(
+            f"--fit={fit} is invalid: {err.strerror or err}; allowed: a fit.json "
+            f"of harness.analysis"
+        ) from None
 
 
 def _check_flags(flags: argparse.Namespace, config: DistbenchConfig) -> None:
     if flags.objective == "cost" and config.hardware.price_per_device_hour is None:
-        raise ConfigError(f"--objective=cost is invalid: hardware={config.hardware.name} has "
-                          f"no hardware.price_per_device_hour; allowed: --objective=time, or "
-                          f"set hardware.price_per_device_hour (and hardware.currency)")
+        raise ConfigError(
+            f"--objective=cost is invalid: hardware={config.hardware.name} has "
+            f"no hardware.price_per_device_hour; allowed: --objective=time, or "
+            f"set hardware.price_per_device_hour (and hardware.currency)"
+        )
     if flags.remeasure and flags.no_probe:
-        raise ConfigError("--remeasure is invalid with --no-probe: one times here, the other "
-                          "never does; allowed: one of them")
+        raise ConfigError(
+            "--remeasure is invalid with --no-probe: one times here, the other "
+            "never does; allowed: one of them"
+        )
 
 
 @command
@@ -606,13 +729,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = validate(compose_config(overrides))
     _check_flags(flags, config)
     output_root = Path(config.run.output_dir)
-    cache = cache_for(flags.probe_batches, probe=not flags.no_probe, facts_root=output_root,
-                      reuse=not flags.remeasure, probe_spread=flags.probe_spread)
+    cache = cache_for(
+        flags.probe_batches,
+        probe=not flags.no_probe,
+        facts_root=output_root,
+        reuse=not flags.remeasure,
+        probe_spread=flags.probe_spread,
+    )
     started = time.perf_counter()
     # Everything is checked before anything is measured or written: every candidate, the fit.
     checked = check_candidates(config, overrides)
-    fit_path = flags.fit if flags.fit is not None \
+    fit_path = (
+        flags.fit
+        if flags.fit is not None
         else choose_fit(output_root, config.hardware.name, checked.models)
+    )
     if fit_path is not None and not _exists(fit_path):
         raise ConfigError(f"--fit={fit_path} is invalid: no such file")
     fitted = Fitted.load(fit_path, config.hardware.name)
@@ -620,64 +751,95 @@ def main(argv: Sequence[str] | None = None) -> None:
     # in every option skipped (harness.profiles.hardware.HardwareProfile.load).
     profile = profile_for(config.hardware, output_root)
     check_writable_dir("run.output_dir", config.run.output_dir)  # facts measured here go there
-    options, skipped = rank(config, fitted, cache, output_root, overrides, flags.objective,
-                            checked)
+    options, skipped = rank(config, fitted, cache, output_root, overrides, flags.objective, checked)
     elapsed = time.perf_counter() - started
-    links = {"links": link_line(config.hardware, profile),
-             "links_since_fit": links_since_fit(fitted, profile),
-             "machine_since_fit": machine_since_fit(
-                 fitted, [(f"batch {step.batch}", step) for step in step_times(cache)],
-                 config.hardware)}
+    links = {
+        "links": link_line(config.hardware, profile),
+        "links_since_fit": links_since_fit(fitted, profile),
+        "machine_since_fit": machine_since_fit(
+            fitted, [(f"batch {step.batch}", step) for step in step_times(cache)], config.hardware
+        ),
+    }
     if flags.json:
         print_json(config, options, skipped, fitted, cache, flags.objective, elapsed, links)
     else:
-        print_table(config, options, skipped, fitted,
-                    [*source_lines(cache), *(line for line in links.values() if line)],
-                    flags.objective,
-                    common_overrides(config, overrides), cache.missing_step_time)
+        print_table(
+            config,
+            options,
+            skipped,
+            fitted,
+            [*source_lines(cache), *(line for line in links.values() if line)],
+            flags.objective,
+            common_overrides(config, overrides),
+            cache.missing_step_time,
+        )
     # Not on stdout, which a later run repeats exactly.
     measured = ", ".join(cache.measured) or "nothing (all facts were kept from earlier runs)"
     print(f"measured here: {measured}; prediction took {elapsed:.1f} s", file=sys.stderr)
 
 
-def print_json(config: DistbenchConfig, options: Sequence[Option], skipped: Sequence[str],
-               fitted: Fitted, cache: FactsCache, objective: str, elapsed: float,
-               links: dict[str, str | None]) -> None:
+def print_json(
+    config: DistbenchConfig,
+    options: Sequence[Option],
+    skipped: Sequence[str],
+    fitted: Fitted,
+    cache: FactsCache,
+    objective: str,
+    elapsed: float,
+    links: dict[str, str | None],
+) -> None:
     """The table's answer as JSON; `links`: where the links priced come from (`links`, None
     with one worker) and whether they differ from the fit's (`links_since_fit`, else None),
     and whether the step times' machine differs from the fit's (`machine_since_fit`)."""
-    best, fastest, cheapest = (recommendation(options, objective, fitted.noise_percent),
-                               best_by(options, "time"), best_by(options, "cost"))
+    best, fastest, cheapest = (
+        recommendation(options, objective, fitted.noise_percent),
+        best_by(options, "time"),
+        best_by(options, "cost"),
+    )
     found = tie(options, objective, fitted.noise_percent)
-    json.dump({"dataset": config.dataset.key, "network": config.network.label,
-               "hardware": config.hardware.name, "parameters": fitted.source,
-               "fit": fitted.summary(), "model_errors_percent": fitted.errors,
-               "calibrated_models": sorted({o.distribution for o in options if o.calibrated}),
-               "uncalibrated_models": sorted({o.distribution for o in options
-                                              if not o.calibrated}),
-               "raw_error_factor": RAW_ERROR_FACTOR,
-               "calibrate": calibrate_commands(config.hardware)
-               if any(not o.calibrated for o in options) else None,
-               "images_per_epoch": config.samples_per_epoch, "objective": objective,
-               "price_per_device_hour": config.hardware.price_per_device_hour,
-               "currency": config.hardware.currency,
-               "recommended": best.label if best and cache.missing_step_time is None
-               else None,
-               "missing_step_time": cache.missing_step_time,
-               "tie": None if found is None else {
-                   "tied": [option.label for option in found.tied],
-                   "chosen": found.chosen.label, "decided_by": found.decided_by,
-                   "margin_percent": found.margin_percent},
-               "noise_floor_percent": fitted.noise_percent,
-               "noise_floor_kind": fitted.noise_kind,
-               "fastest": fastest.label if fastest else None,
-               "cheapest": cheapest.label if cheapest else None,
-               "prediction_seconds": elapsed, "measured_here": cache.measured,
-               "options": [asdict(o) for o in options], "skipped": skipped,
-               "step_times": [{**asdict(step), "scaled": step.scaled}
-                              for step in step_times(cache)],
-               "layer_profile": sorted(set(cache.profile_sources.values())), **links},
-              sys.stdout, indent=2)
+    json.dump(
+        {
+            "dataset": config.dataset.key,
+            "network": config.network.label,
+            "hardware": config.hardware.name,
+            "parameters": fitted.source,
+            "fit": fitted.summary(),
+            "model_errors_percent": fitted.errors,
+            "calibrated_models": sorted({o.distribution for o in options if o.calibrated}),
+            "uncalibrated_models": sorted({o.distribution for o in options if not o.calibrated}),
+            "raw_error_factor": RAW_ERROR_FACTOR,
+            "calibrate": calibrate_commands(config.hardware)
+            if any(not o.calibrated for o in options)
+            else None,
+            "images_per_epoch": config.samples_per_epoch,
+            "objective": objective,
+            "price_per_device_hour": config.hardware.price_per_device_hour,
+            "currency": config.hardware.currency,
+            "recommended": best.label if best and cache.missing_step_time is None else None,
+            "missing_step_time": cache.missing_step_time,
+            "tie": None
+            if found is None
+            else {
+                "tied": [option.label for option in found.tied],
+                "chosen": found.chosen.label,
+                "decided_by": found.decided_by,
+                "margin_percent": found.margin_percent,
+            },
+            "noise_floor_percent": fitted.noise_percent,
+            "noise_floor_kind": fitted.noise_kind,
+            "fastest": fastest.label if fastest else None,
+            "cheapest": cheapest.label if cheapest else None,
+            "prediction_seconds": elapsed,
+            "measured_here": cache.measured,
+            "options": [asdict(o) for o in options],
+            "skipped": skipped,
+            "step_times": [{**asdict(step), "scaled": step.scaled} for step in step_times(cache)],
+            "layer_profile": sorted(set(cache.profile_sources.values())),
+            **links,
+        },
+        sys.stdout,
+        indent=2,
+    )
     sys.stdout.write("\n")
 
 

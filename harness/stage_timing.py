@@ -40,13 +40,27 @@ def in_place_config(config: DistbenchConfig, output_dir: Path) -> DistbenchConfi
     """The cell, shortened, on this machine: its workers on one node, no link to shape, a few
     batches of one epoch, nothing evaluated or recorded beyond its result."""
     batch = config.batch_size
-    hardware = replace(config.hardware, nodes=1, workers_per_node=config.world_size,
-                       link=None, one_host=False)
-    run = replace(config.run, epochs=1, repeats=1, warmup_batches=WARMUP_BATCHES, eval=False,
-                  progress=False, target_accuracy=None, output_dir=str(output_dir))
+    hardware = replace(
+        config.hardware, nodes=1, workers_per_node=config.world_size, link=None, one_host=False
+    )
+    run = replace(
+        config.run,
+        epochs=1,
+        repeats=1,
+        warmup_batches=WARMUP_BATCHES,
+        eval=False,
+        progress=False,
+        target_accuracy=None,
+        output_dir=str(output_dir),
+    )
     dataset = replace(config.dataset, num_samples=batch * (WARMUP_BATCHES + TIMED_BATCHES))
-    return replace(config, hardware=hardware, run=run, dataset=dataset,
-                   tracking=replace(config.tracking, enabled=False))
+    return replace(
+        config,
+        hardware=hardware,
+        run=run,
+        dataset=dataset,
+        tracking=replace(config.tracking, enabled=False),
+    )
 
 
 def stages_from_metrics(metrics: dict[str, float], stages: int) -> InPlaceStages:
@@ -57,13 +71,16 @@ def stages_from_metrics(metrics: dict[str, float], stages: int) -> InPlaceStages
     def per(phase: str, stage: int, units: float) -> float:
         return metrics.get(f"{phase}_seconds_per_epoch_stage{stage}", 0.0) / units
 
-    timed = tuple(StageSeconds(per("forward", k, batches * micro_batches),
-                               per("backward", k, batches * micro_batches),
-                               per("optimizer", k, batches))
-                  for k in range(stages))
+    timed = tuple(
+        StageSeconds(
+            per("forward", k, batches * micro_batches),
+            per("backward", k, batches * micro_batches),
+            per("optimizer", k, batches),
+        )
+        for k in range(stages)
+    )
     reference = machine_speed_ms(metrics)
-    return InPlaceStages(timed, reference,
-                         dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+    return InPlaceStages(timed, reference, dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
 
 
 def time_stages(config: DistbenchConfig, output_dir: Path) -> InPlaceStages:
@@ -73,19 +90,24 @@ def time_stages(config: DistbenchConfig, output_dir: Path) -> InPlaceStages:
     from launchers.local import run_local_cell
 
     short = in_place_config(config, output_dir)
-    outcome = run_local_cell(OmegaConf.structured(short), output_dir,
-                             workers=short.world_size, timeout_min=TIMEOUT_MIN)
+    outcome = run_local_cell(
+        OmegaConf.structured(short), output_dir, workers=short.world_size, timeout_min=TIMEOUT_MIN
+    )
     if outcome.get("status") != "ok":
-        raise RuntimeError(f"the stages of {config.run_name} could not be timed in place: "
-                           f"{outcome.get('status')}: {outcome.get('error')}")
+        raise RuntimeError(
+            f"the stages of {config.run_name} could not be timed in place: "
+            f"{outcome.get('status')}: {outcome.get('error')}"
+        )
     plan_stages = len(outcome["config"]["distribution"].get("balance") or [])
     return stages_from_metrics(outcome["metrics"], plan_stages or short.world_size)
 
 
 def parser() -> argparse.ArgumentParser:
-    described = argparse.ArgumentParser(prog="python -m harness.stage_timing",
-                                        description=__doc__,
-                                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    described = argparse.ArgumentParser(
+        prog="python -m harness.stage_timing",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     described.add_argument("cell_config", type=Path, help="the cell's resolved config (YAML)")
     described.add_argument("out", type=Path, help="where the stages' seconds go (JSON)")
     return described

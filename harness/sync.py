@@ -39,6 +39,7 @@ from harness.records.sweep_runs import close_stale_parent_runs
 
 log = logging.getLogger(__name__)
 
+
 def result_files(output_root: Path) -> Iterator[Path]:
     """Every result.json under `output_root`, except MLflow's own copies of uploaded results
     (a SQLite store keeps its artifacts beside it, in mlartifacts/)."""
@@ -66,8 +67,11 @@ def sync(output_root: Path, uri: str) -> int:
             data = read_record(path)
         except (OSError, ValueError) as err:
             failures += 1
-            print(f"distbench: could not sync {path}: not a readable result "
-                  f"({tracking_failure(err)})", file=sys.stderr)
+            print(
+                f"distbench: could not sync {path}: not a readable result "
+                f"({tracking_failure(err)})",
+                file=sys.stderr,
+            )
             continue
         if not data.get("pending_sync"):
             continue
@@ -75,8 +79,10 @@ def sync(output_root: Path, uri: str) -> int:
             done, _ = sync_result(path, data, uri)
         except Exception as err:  # noqa: BLE001 - one line per result; the rest still syncs
             failures += 1
-            print(f"distbench: could not sync {path.parent} ({tracking_failure(err)})",
-                  file=sys.stderr)
+            print(
+                f"distbench: could not sync {path.parent} ({tracking_failure(err)})",
+                file=sys.stderr,
+            )
             continue
         print(f"{path.parent}: {done}")
     return failures
@@ -102,9 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         if not root.is_dir():
             # Nothing to sync from: "synced" would claim results were looked for.
             what = "it is a file" if root.exists() else "no such directory"
-            raise ConfigError(f"run.output_dir={config.run.output_dir!r} is invalid: {what}; "
-                              f"allowed: the output root of earlier runs, whose pending "
-                              f"results are synced")
+            raise ConfigError(
+                f"run.output_dir={config.run.output_dir!r} is invalid: {what}; "
+                f"allowed: the output root of earlier runs, whose pending "
+                f"results are synced"
+            )
     uri = tracking_uri(config.tracking.uri, config.run.output_dir)
     check_reachable(uri)
     failures = sync(Path(config.run.output_dir), uri)

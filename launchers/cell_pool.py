@@ -49,10 +49,15 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def plan_cells(cells: Sequence[list[str]], plan_one: Callable[[int, list[str]], Planned],
-               plan_here: Callable[[int, list[str]], Planned], *, desc: str,
-               workers: int | None = None,
-               shares: Callable[[list[str]], Hashable] | None = None) -> list[Planned]:
+def plan_cells(
+    cells: Sequence[list[str]],
+    plan_one: Callable[[int, list[str]], Planned],
+    plan_here: Callable[[int, list[str]], Planned],
+    *,
+    desc: str,
+    workers: int | None = None,
+    shares: Callable[[list[str]], Hashable] | None = None,
+) -> list[Planned]:
     """`plan_one(number, overrides)` of every cell, in order, on `workers` cores (all usable by
     default). `plan_here` plans a cell in this process: every cell on one core, and from the
     first cell a child could not plan on, every cell not planned yet, in order (the first
@@ -74,8 +79,10 @@ def plan_cells(cells: Sequence[list[str]], plan_one: Callable[[int, list[str]], 
     found: dict[int, Planned] = {}
     try:
         # forked before the progress bar starts its thread
-        with _children(min(workers, len(chunks))) as pool, \
-                steps(len(cells), desc, "cell(s)") as shown:
+        with (
+            _children(min(workers, len(chunks))) as pool,
+            steps(len(cells), desc, "cell(s)") as shown,
+        ):
             for chunk, (done, stopped_at) in zip(chunks, pool.imap(_plan_chunk, chunks)):
                 found.update(zip(chunk, done))
                 shown.update(len(done))
@@ -91,8 +98,9 @@ def plan_cells(cells: Sequence[list[str]], plan_one: Callable[[int, list[str]], 
     return [found[number] for number in range(len(cells))]
 
 
-def _chunks(cells: Sequence[list[str]], shares: Callable[[list[str]], Hashable] | None
-            ) -> list[list[int]]:
+def _chunks(
+    cells: Sequence[list[str]], shares: Callable[[list[str]], Hashable] | None
+) -> list[list[int]]:
     """The cells' numbers cut into chunks of CHUNK_CELLS to twice that (the last may hold
     fewer), a group of cells that share work kept in one chunk where it fits in twice
     CHUNK_CELLS (groups in the order they first appear), so that one child does the group's
@@ -123,7 +131,8 @@ def _children(count: int) -> Iterator[multiprocessing.pool.Pool]:
     held = signal.pthread_sigmask(signal.SIG_BLOCK, _RAISING_SIGNALS)
     try:
         pool = multiprocessing.get_context("fork").Pool(
-            count, initializer=_as_a_child, initargs=(os.getpid(), ends_with_parent()))
+            count, initializer=_as_a_child, initargs=(os.getpid(), ends_with_parent())
+        )
     except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
         raise

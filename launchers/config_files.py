@@ -91,16 +91,18 @@ def config_files_read_once() -> Iterator[None]:
         yield
         return
     # per config loader and search path override: Hydra's repository (a copy) and its files
-    read: weakref.WeakKeyDictionary[ConfigLoaderImpl,
-                                    dict[str | None, tuple[IConfigRepository, _Loaded]]]
+    read: weakref.WeakKeyDictionary[
+        ConfigLoaderImpl, dict[str | None, tuple[IConfigRepository, _Loaded]]
+    ]
     read = weakref.WeakKeyDictionary()
 
-    def repository_of_read_files(self: ConfigLoaderImpl, config_name: str | None,
-                                 overrides: list[str]) -> tuple[list[Override],
-                                                                CachingConfigRepository]:
+    def repository_of_read_files(
+        self: ConfigLoaderImpl, config_name: str | None, overrides: list[str]
+    ) -> tuple[list[Override], CachingConfigRepository]:
         parsed = OverridesParser.create().parse_overrides(overrides=overrides)
-        search_path = next((str(o.value()) for o in parsed
-                            if o.get_key_element() == _SEARCH_PATH_KEY), None)
+        search_path = next(
+            (str(o.value()) for o in parsed if o.get_key_element() == _SEARCH_PATH_KEY), None
+        )
         of_loader = read.setdefault(self, {})
         if search_path not in of_loader:
             of_loader[search_path] = (copy.deepcopy(self.repository), {})
@@ -127,21 +129,27 @@ def _map_where_read(create_map):  # noqa: ANN001, ANN202 - Hydra's function, wra
     """Hydra's `_create_interpolation_map`, called only where the defaults list has an entry
     that interpolates: Hydra resolves those entries against the map and reads it for nothing
     else (`defaults_list._create_defaults_tree_impl`); elsewhere None, never read."""
+
     def map_where_read(overrides, defaults, self_added):  # noqa: ANN001, ANN202
         if any(default.is_interpolation() for default in defaults if not default.is_self()):
             return create_map(overrides, defaults, self_added)
         return None
+
     return map_where_read
 
 
 def _composed_once(load_sweep_config):  # noqa: ANN001, ANN202 - Hydra's method, wrapped
-    def composed_once(self: ConfigLoaderImpl, master_config: DictConfig,
-                      sweep_overrides: Sequence[str]) -> DictConfig:
+    def composed_once(
+        self: ConfigLoaderImpl, master_config: DictConfig, sweep_overrides: Sequence[str]
+    ) -> DictConfig:
         hydra_overrides = OmegaConf.to_container(master_config.hydra.overrides.hydra)
         assert isinstance(hydra_overrides, list)
-        key = (tuple(f"{source.provider}={source.path}" for source in self.get_sources()),
-               str(master_config.hydra.job.config_name), tuple(map(str, hydra_overrides)),
-               tuple(sweep_overrides))
+        key = (
+            tuple(f"{source.provider}={source.path}" for source in self.get_sources()),
+            str(master_config.hydra.job.config_name),
+            tuple(map(str, hydra_overrides)),
+            tuple(sweep_overrides),
+        )
         if key not in _composed:
             config = load_sweep_config(self, master_config, list(sweep_overrides))
             if _keeping[0]:
@@ -151,6 +159,7 @@ def _composed_once(load_sweep_config):  # noqa: ANN001, ANN202 - Hydra's method,
         # as load_sweep_config does: the sweep's resolved values (its ${now:}) are the cell's
         OmegaConf.copy_cache(from_config=master_config, to_config=config)
         return config
+
     return composed_once
 
 

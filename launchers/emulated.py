@@ -105,46 +105,59 @@ class Cluster:
         return str(SUBNET.network_address + 1)
 
     @classmethod
-    def for_hardware(cls, hardware: HardwareConfig, cores: int | None = None,
-                     memory_mb: int | None = None) -> Cluster:
+    def for_hardware(
+        cls, hardware: HardwareConfig, cores: int | None = None, memory_mb: int | None = None
+    ) -> Cluster:
         """`hardware.nodes` nodes with this machine's cores split evenly between them (a node
         gets at least one; with more nodes than cores, nodes share them round robin)."""
         if hardware.link is None:
-            raise ConfigError(f"hardware={hardware.name} is invalid here: it sets no "
-                              f"hardware.link; allowed: an emulated hardware (conf/hardware/"
-                              f"emulated_*.yaml)")
+            raise ConfigError(
+                f"hardware={hardware.name} is invalid here: it sets no "
+                f"hardware.link; allowed: an emulated hardware (conf/hardware/"
+                f"emulated_*.yaml)"
+            )
         if hardware.nodes < 2:
-            raise ConfigError(f"hardware.nodes={hardware.nodes} is invalid for emulated nodes: "
-                              f"allowed: 2 or more")
+            raise ConfigError(
+                f"hardware.nodes={hardware.nodes} is invalid for emulated nodes: allowed: 2 or more"
+            )
         if hardware.nodes > 200:
-            raise ConfigError(f"hardware.nodes={hardware.nodes} is invalid for emulated nodes: "
-                              f"allowed: at most 200 on one machine (one /24 subnet)")
+            raise ConfigError(
+                f"hardware.nodes={hardware.nodes} is invalid for emulated nodes: "
+                f"allowed: at most 200 on one machine (one /24 subnet)"
+            )
         cores = cores or os.cpu_count() or 1
         per_node = max(1, cores // hardware.nodes)
-        nodes = tuple(Node(k + 1, tuple((k * per_node + c) % cores for c in range(per_node)))
-                      for k in range(hardware.nodes))
+        nodes = tuple(
+            Node(k + 1, tuple((k * per_node + c) % cores for c in range(per_node)))
+            for k in range(hardware.nodes)
+        )
         memory_mb = memory_mb or _memory_mb()
-        return cls(hardware.name, nodes, hardware.link,
-                   max(1, memory_mb // hardware.nodes))
+        return cls(hardware.name, nodes, hardware.link, max(1, memory_mb // hardware.nodes))
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict) -> Cluster:
-        return cls(data["hardware"], tuple(Node(n["index"], tuple(n["cores"]))
-                                           for n in data["nodes"]),
-                   LinkEmulation(**data["link"]), int(data["memory_mb_per_node"]))
+        return cls(
+            data["hardware"],
+            tuple(Node(n["index"], tuple(n["cores"])) for n in data["nodes"]),
+            LinkEmulation(**data["link"]),
+            int(data["memory_mb_per_node"]),
+        )
 
 
 # --- commands ---------------------------------------------------------------------------------
+
 
 def run(*command: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
     """Run a system command; one line naming it when it fails."""
     done = subprocess.run(list(command), capture_output=True, text=True, timeout=timeout)
     if check and done.returncode != 0:
-        raise EmulationError(f"`{' '.join(command)}` failed ({done.returncode}): "
-                             f"{' '.join(done.stderr.split())[:300]}")
+        raise EmulationError(
+            f"`{' '.join(command)}` failed ({done.returncode}): "
+            f"{' '.join(done.stderr.split())[:300]}"
+        )
     return done
 
 
@@ -165,15 +178,21 @@ def check_machine() -> None:
     """Root, iproute2, and SLURM's daemons: what `up` needs, in one line if something lacks."""
     if os.geteuid() != 0:
         raise EmulationError("emulated nodes need root (network namespaces, tc, slurmd)")
-    missing = [tool for tool in ("ip", "tc", "nsenter", "taskset", "slurmctld", "slurmd", "munged",
-                                 "sinfo") if shutil.which(tool) is None]
+    missing = [
+        tool
+        for tool in ("ip", "tc", "nsenter", "taskset", "slurmctld", "slurmd", "munged", "sinfo")
+        if shutil.which(tool) is None
+    ]
     if missing:
-        raise EmulationError(f"emulated nodes need {', '.join(missing)}: install SLURM with "
-                             f"`bash scripts/slurm_local.sh install` (iproute2 and util-linux "
-                             f"bring ip, tc, nsenter, taskset)")
+        raise EmulationError(
+            f"emulated nodes need {', '.join(missing)}: install SLURM with "
+            f"`bash scripts/slurm_local.sh install` (iproute2 and util-linux "
+            f"bring ip, tc, nsenter, taskset)"
+        )
 
 
 # --- state ------------------------------------------------------------------------------------
+
 
 def _state_file() -> Path:
     return STATE_DIR / "cluster.json"
@@ -190,8 +209,9 @@ def current() -> Cluster | None:
 def _note(cluster: Cluster, started_munge: bool) -> None:
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     temporary = _state_file().with_suffix(".tmp")
-    temporary.write_text(json.dumps({"cluster": cluster.to_json(),
-                                     "started_munge": started_munge}, indent=1))
+    temporary.write_text(
+        json.dumps({"cluster": cluster.to_json(), "started_munge": started_munge}, indent=1)
+    )
     temporary.replace(_state_file())
 
 
@@ -204,18 +224,21 @@ def _started_munge() -> bool:
 
 # --- the network --------------------------------------------------------------------------------
 
+
 def namespaces() -> list[str]:
     """The emulated nodes' namespaces that exist now."""
     listed = run("ip", "netns", "list", check=False).stdout.split("\n")
-    return sorted(line.split()[0] for line in listed
-                  if line.strip().startswith(NAMESPACE_PREFIX))
+    return sorted(line.split()[0] for line in listed if line.strip().startswith(NAMESPACE_PREFIX))
 
 
 def links() -> list[str]:
     """The bridge and the nodes' veth ends in this namespace that exist now."""
     shown = json.loads(run("ip", "-j", "link", "show", check=False).stdout or "[]")
-    return sorted(entry["ifname"] for entry in shown
-                  if entry["ifname"] == BRIDGE or entry["ifname"].startswith(VETH_PREFIX))
+    return sorted(
+        entry["ifname"]
+        for entry in shown
+        if entry["ifname"] == BRIDGE or entry["ifname"].startswith(VETH_PREFIX)
+    )
 
 
 def bring_up_network(cluster: Cluster) -> None:
@@ -226,12 +249,31 @@ def bring_up_network(cluster: Cluster) -> None:
     run("ip", "link", "set", BRIDGE, "up")
     for node in cluster.nodes:
         run("ip", "netns", "add", node.namespace)
-        run("ip", "link", "add", node.veth, "type", "veth", "peer", "name", NODE_INTERFACE,
-            "netns", node.namespace)
+        run(
+            "ip",
+            "link",
+            "add",
+            node.veth,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            NODE_INTERFACE,
+            "netns",
+            node.namespace,
+        )
         run("ip", "link", "set", node.veth, "master", BRIDGE)
         run("ip", "link", "set", node.veth, "up")
-        run("ip", "-n", node.namespace, "addr", "add", f"{node.address}/{prefix}", "dev",
-            NODE_INTERFACE)
+        run(
+            "ip",
+            "-n",
+            node.namespace,
+            "addr",
+            "add",
+            f"{node.address}/{prefix}",
+            "dev",
+            NODE_INTERFACE,
+        )
         run("ip", "-n", node.namespace, "link", "set", "lo", "up")
         run("ip", "-n", node.namespace, "link", "set", NODE_INTERFACE, "up")
     shape_links(cluster, cluster.link)
@@ -241,8 +283,11 @@ def shape_links(cluster: Cluster, link: LinkEmulation) -> None:
     """Shape every node's link where traffic leaves the node (as a cell does:
     harness.runtime.links)."""
     for node in cluster.nodes:
-        run(*in_namespace(node, "tc", "qdisc", "replace", "dev", NODE_INTERFACE, "root",
-                          *link.tbf_arguments()))
+        run(
+            *in_namespace(
+                node, "tc", "qdisc", "replace", "dev", NODE_INTERFACE, "root", *link.tbf_arguments()
+            )
+        )
 
 
 def remove_network() -> None:
@@ -271,6 +316,7 @@ def _kill_processes_in(namespace: str) -> None:
 
 # --- /etc/hosts -------------------------------------------------------------------------------
 
+
 def write_hosts(cluster: Cluster) -> None:
     """Node names resolve to the nodes' addresses (submitit names a job's nodes by them)."""
     kept = [line for line in _hosts_lines() if HOSTS_MARK not in line]
@@ -297,6 +343,7 @@ def _write_hosts(lines: Sequence[str]) -> None:
 
 # --- SLURM ------------------------------------------------------------------------------------
 
+
 def slurm_conf(cluster: Cluster, hostname: str) -> str:
     """slurm.conf of the emulated cluster: the controller on the bridge's address, one node per
     namespace at its own address, with its own cores and memory."""
@@ -304,7 +351,8 @@ def slurm_conf(cluster: Cluster, hostname: str) -> str:
     nodes = "\n".join(
         f"NodeName={node.name} NodeHostname={hostname} NodeAddr={node.address} "
         f"CPUs={len(node.cores)} RealMemory={cluster.memory_mb_per_node}"
-        for node in cluster.nodes)
+        for node in cluster.nodes
+    )
     names = ",".join(node.name for node in cluster.nodes)
     return f"""# Written by python -m launchers.emulated up (distbench); removed by `down`.
 ClusterName=distbench
@@ -379,8 +427,10 @@ def start_slurm(cluster: Cluster) -> bool:
 def nodes_idle(cluster: Cluster) -> bool:
     shown = run("sinfo", "-h", "-N", "-o", "%N %T", check=False).stdout.split("\n")
     states = dict(line.split()[:2] for line in shown if len(line.split()) >= 2)
-    return all(states.get(node.name, "").rstrip("*") in ("idle", "mixed", "allocated")
-               for node in cluster.nodes)
+    return all(
+        states.get(node.name, "").rstrip("*") in ("idle", "mixed", "allocated")
+        for node in cluster.nodes
+    )
 
 
 def stop_slurm() -> None:
@@ -399,28 +449,36 @@ def stop_slurm() -> None:
 
 # --- up / down / status -------------------------------------------------------------------------
 
+
 def up(cluster: Cluster) -> Cluster:
     """Bring `cluster` up (idempotent: the same cluster up already is only re-shaped)."""
     check_machine()
     running = current()
     if running is not None and _same_nodes(running, cluster) and _healthy(running):
         shape_links(running, cluster.link)
-        _note(dataclasses.replace(running, hardware=cluster.hardware, link=cluster.link),
-              _started_munge())
+        _note(
+            dataclasses.replace(running, hardware=cluster.hardware, link=cluster.link),
+            _started_munge(),
+        )
         return cluster
     if running is not None or namespaces() or links():
         down()
     if _daemon_running("slurmctld") or _daemon_running("slurmd"):
-        raise EmulationError("another SLURM cluster runs on this machine (bash "
-                             "scripts/slurm_local.sh start?): stop it first (bash "
-                             "scripts/slurm_local.sh stop); the emulated nodes bring their own")
+        raise EmulationError(
+            "another SLURM cluster runs on this machine (bash "
+            "scripts/slurm_local.sh start?): stop it first (bash "
+            "scripts/slurm_local.sh stop); the emulated nodes bring their own"
+        )
     try:
         bring_up_network(cluster)
         write_hosts(cluster)
         _note(cluster, started_munge=False)  # so that `down` finds what is there so far
         _note(cluster, started_munge=start_slurm(cluster))
-        _wait_until(lambda: nodes_idle(cluster), UP_TIMEOUT_S,
-                    f"the SLURM nodes did not come up; logs in {STATE_DIR}")
+        _wait_until(
+            lambda: nodes_idle(cluster),
+            UP_TIMEOUT_S,
+            f"the SLURM nodes did not come up; logs in {STATE_DIR}",
+        )
     except BaseException:
         down()
         raise
@@ -432,8 +490,11 @@ def _same_nodes(a: Cluster, b: Cluster) -> bool:
 
 
 def _healthy(cluster: Cluster) -> bool:
-    return (namespaces() == sorted(node.namespace for node in cluster.nodes)
-            and _daemon_running("slurmctld") and nodes_idle(cluster))
+    return (
+        namespaces() == sorted(node.namespace for node in cluster.nodes)
+        and _daemon_running("slurmctld")
+        and nodes_idle(cluster)
+    )
 
 
 def _wait_until(condition: object, timeout_s: float, failure: str) -> None:
@@ -476,16 +537,27 @@ def status_lines() -> list[str]:
     if cluster is None:
         left = leftovers()
         return ["no emulated cluster is up" + (f" (but {', '.join(left)})" if left else "")]
-    lines = [f"hardware {cluster.hardware}: {len(cluster.nodes)} nodes on bridge {BRIDGE} "
-             f"({cluster.bridge_address})"]
+    lines = [
+        f"hardware {cluster.hardware}: {len(cluster.nodes)} nodes on bridge {BRIDGE} "
+        f"({cluster.bridge_address})"
+    ]
     for node in cluster.nodes:
         counters = run(*in_namespace(node, "cat", "/proc/net/dev"), check=False).stdout
-        qdisc = run("tc", "-n", node.namespace, "qdisc", "show", "dev", NODE_INTERFACE,
-                    check=False).stdout.strip() or "(none)"
-        lines.append(f"{node.name} {node.address} ns {node.namespace} cores "
-                     f"{','.join(map(str, node.cores))}: {qdisc.splitlines()[0]}")
-        lines += [f"    {line.strip()}" for line in counters.splitlines()[2:]
-                  if line.strip().startswith((NODE_INTERFACE, "lo"))]
+        qdisc = (
+            run(
+                "tc", "-n", node.namespace, "qdisc", "show", "dev", NODE_INTERFACE, check=False
+            ).stdout.strip()
+            or "(none)"
+        )
+        lines.append(
+            f"{node.name} {node.address} ns {node.namespace} cores "
+            f"{','.join(map(str, node.cores))}: {qdisc.splitlines()[0]}"
+        )
+        lines += [
+            f"    {line.strip()}"
+            for line in counters.splitlines()[2:]
+            if line.strip().startswith((NODE_INTERFACE, "lo"))
+        ]
     lines.append(run("sinfo", "-N", check=False).stdout.rstrip())
     return lines
 
@@ -496,20 +568,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     from harness.commands.compose import compose_config
     from harness.config.schema import validate
 
-    parser = ArgumentParser(prog="python -m launchers.emulated",
-                            description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(
+        prog="python -m launchers.emulated", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("action", choices=("up", "down", "status"))
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="up: the hardware to emulate (hardware=emulated_2nodes_1gbit) "
-                             "and any hardware.* override")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="up: the hardware to emulate (hardware=emulated_2nodes_1gbit) "
+        "and any hardware.* override",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.action != "up" and args.overrides:
         parser.error(f"{args.action} takes no overrides")
     if args.action == "up":
         config = validate(compose_config(args.overrides))
         cluster = up(Cluster.for_hardware(config.hardware))
-        print(f"[emulated] up: {len(cluster.nodes)} nodes of hardware={cluster.hardware}, "
-              f"links {' '.join(cluster.link.tbf_arguments())}")
+        print(
+            f"[emulated] up: {len(cluster.nodes)} nodes of hardware={cluster.hardware}, "
+            f"links {' '.join(cluster.link.tbf_arguments())}"
+        )
     elif args.action == "down":
         down()
         print("[emulated] down: no namespace, link, daemon or hosts line left")

@@ -103,9 +103,16 @@ def check_hydra_main(argv: Sequence[str]) -> None:
     _check_hydra_flags(args)
     _check_config_source(args)
     # `is not None`, as Hydra tells them: an empty --config-dir= is the working directory
-    if (args.help or args.hydra_help or args.info is not None or args.shell_completion
-            or args.config_path is not None or args.config_name is not None
-            or args.config_dir is not None or args.experimental_rerun is not None):
+    if (
+        args.help
+        or args.hydra_help
+        or args.info is not None
+        or args.shell_completion
+        or args.config_path is not None
+        or args.config_name is not None
+        or args.config_dir is not None
+        or args.experimental_rerun is not None
+    ):
         _refuse_dry_run_with(args, "--help, --info, --config-*, --experimental-rerun")
         if args.experimental_rerun is not None:
             _check_rerun_file(args.experimental_rerun)
@@ -122,9 +129,12 @@ def check_hydra_main(argv: Sequence[str]) -> None:
             if args.package is not None:
                 _check_package(hydra, overrides, args.cfg, args.package)
             if sweep and args.cfg != "hydra":  # Hydra prints the config before the sweep
-                print(f"distbench: --cfg {args.cfg} shows the sweep's base config, without "
-                      f"any cell's overrides; {DRY_RUN_FLAG} lists the cells", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"distbench: --cfg {args.cfg} shows the sweep's base config, without "
+                    f"any cell's overrides; {DRY_RUN_FLAG} lists the cells",
+                    file=sys.stderr,
+                    flush=True,
+                )
             return
         command = f"{parser.prog}{' -m' if args.multirun else ''} {' '.join(overrides)}"
         # composed as Hydra's run will compose them, so that the launcher finds the cells
@@ -135,8 +145,9 @@ def check_hydra_main(argv: Sequence[str]) -> None:
         if sweep:
             _check_sweep(hydra, overrides)
         else:
-            cfg = hydra.compose_config(config_name="config", overrides=overrides,
-                                       run_mode=RunMode.RUN)
+            cfg = hydra.compose_config(
+                config_name="config", overrides=overrides, run_mode=RunMode.RUN
+            )
             config = validate(cfg)
             check_launcher(cfg.hydra, sweep=False)
             check_runs_here(config)
@@ -165,17 +176,28 @@ def _check_hydra_flags(args) -> None:  # noqa: ANN001 - argparse's Namespace
     if args.help:
         return
     if args.resolve and args.cfg is None:
-        raise ConfigError("--resolve is invalid without --cfg or --help: it resolves the config "
-                          "they show; allowed: --cfg job|hydra|all --resolve, --help --resolve")
+        raise ConfigError(
+            "--resolve is invalid without --cfg or --help: it resolves the config "
+            "they show; allowed: --cfg job|hydra|all --resolve, --help --resolve"
+        )
     if args.hydra_help:
         return
-    given = [flag for flag, on in (("--run", args.run), ("--multirun", args.multirun),
-                                   ("--cfg", args.cfg is not None),
-                                   ("--shell-completion", args.shell_completion),
-                                   ("--info", args.info is not None)) if on]
+    given = [
+        flag
+        for flag, on in (
+            ("--run", args.run),
+            ("--multirun", args.multirun),
+            ("--cfg", args.cfg is not None),
+            ("--shell-completion", args.shell_completion),
+            ("--info", args.info is not None),
+        )
+        if on
+    ]
     if len(given) > 1:
-        raise ConfigError(f"{' with '.join(given)} is invalid: allowed: one of --run, --multirun, "
-                          f"--cfg, --info and --shell-completion")
+        raise ConfigError(
+            f"{' with '.join(given)} is invalid: allowed: one of --run, --multirun, "
+            f"--cfg, --info and --shell-completion"
+        )
 
 
 def _check_config_source(args) -> None:  # noqa: ANN001 - argparse's Namespace
@@ -183,33 +205,42 @@ def _check_config_source(args) -> None:  # noqa: ANN001 - argparse's Namespace
     than the file system holds makes that lookup raise OSError (an error of the command), so
     it is refused here, as Hydra will resolve it (an empty one is Hydra's to judge)."""
     declaration = Accepts("path", path="read")
-    named = (("--config-dir", args.config_dir, os.path.abspath(args.config_dir or ".")),
-             # relative to the directory of the module that declares `@hydra.main`: harness/
-             ("--config-path", args.config_path,
-              os.path.join(Path(dryrun.__file__).parent, args.config_path or "")),
-             ("--config-name", args.config_name, f"{args.config_name}.yaml"))
+    named = (
+        ("--config-dir", args.config_dir, os.path.abspath(args.config_dir or ".")),
+        # relative to the directory of the module that declares `@hydra.main`: harness/
+        (
+            "--config-path",
+            args.config_path,
+            os.path.join(Path(dryrun.__file__).parent, args.config_path or ""),
+        ),
+        ("--config-name", args.config_name, f"{args.config_name}.yaml"),
+    )
     for flag, value, looked_up in named:
         if value and allowed(declaration, looked_up) is not None:
-            raise ConfigError(f"{flag}={shown(value)} is invalid: "
-                              f"{allowed(declaration, looked_up)}")
+            raise ConfigError(
+                f"{flag}={shown(value)} is invalid: {allowed(declaration, looked_up)}"
+            )
 
 
-def _check_package(hydra: Hydra, overrides: list[str], shows: str,
-                   package: str) -> None:
+def _check_package(hydra: Hydra, overrides: list[str], shows: str, package: str) -> None:
     """--cfg TYPE --package KEY shows KEY of the config TYPE shows: Hydra exits with status 1
     for a KEY that is not there (or is null), an exit of a failed cell; bad input here."""
     if package == "_global_":  # Hydra's name for the whole config
         return
     first = package.split(".")[0]
     cfg = hydra.compose_config(config_name="config", overrides=overrides, run_mode=RunMode.RUN)
-    hidden = (first == "hydra") if shows == "job" else (first != "hydra") if shows == "hydra" \
-        else False
-    hidden = hidden or (shows == "hydra" and package.split(".")[:2] in (["hydra", "help"],
-                                                                        ["hydra", "hydra_help"]))
+    hidden = (
+        (first == "hydra") if shows == "job" else (first != "hydra") if shows == "hydra" else False
+    )
+    hidden = hidden or (
+        shows == "hydra" and package.split(".")[:2] in (["hydra", "help"], ["hydra", "hydra_help"])
+    )
     if hidden or OmegaConf.select(cfg, package, throw_on_resolution_failure=False) is None:
-        raise ConfigError(f"--package={shown(package)} is invalid: no such key (or it is null) in "
-                          f"the config --cfg {shows} shows; allowed: a key of it, e.g. run, "
-                          f"dataset.name")
+        raise ConfigError(
+            f"--package={shown(package)} is invalid: no such key (or it is null) in "
+            f"the config --cfg {shows} shows; allowed: a key of it, e.g. run, "
+            f"dataset.name"
+        )
 
 
 def _check_rerun_file(path: str) -> None:
@@ -223,14 +254,18 @@ def _check_rerun_file(path: str) -> None:
         with open(path, "rb") as stream:
             config = pickle.load(stream)  # the user's own file, as Hydra reads it
     except OSError as err:
-        raise ConfigError(f"--experimental-rerun={shown(path)} is invalid: "
-                          f"{err.strerror or err}; {wanted}") from None
+        raise ConfigError(
+            f"--experimental-rerun={shown(path)} is invalid: {err.strerror or err}; {wanted}"
+        ) from None
     except Exception as err:  # noqa: BLE001 - whatever a file that is no pickle raises
-        raise ConfigError(f"--experimental-rerun={shown(path)} is invalid: not a pickled "
-                          f"config ({type(err).__name__}); {wanted}") from None
+        raise ConfigError(
+            f"--experimental-rerun={shown(path)} is invalid: not a pickled "
+            f"config ({type(err).__name__}); {wanted}"
+        ) from None
     if not isinstance(config, DictConfig) or "hydra" not in config:
-        raise ConfigError(f"--experimental-rerun={shown(path)} is invalid: not a run's config; "
-                          f"{wanted}")
+        raise ConfigError(
+            f"--experimental-rerun={shown(path)} is invalid: not a run's config; {wanted}"
+        )
 
 
 def _check_shell_completion(overrides: Sequence[str]) -> None:
@@ -240,18 +275,27 @@ def _check_shell_completion(overrides: Sequence[str]) -> None:
     from hydra.core.plugins import Plugins
     from hydra.plugins.completion_plugin import CompletionPlugin
 
-    shells = sorted({plugin.provides() for plugin in Plugins.instance().discover(CompletionPlugin)
-                     if issubclass(plugin, CompletionPlugin)})
+    shells = sorted(
+        {
+            plugin.provides()
+            for plugin in Plugins.instance().discover(CompletionPlugin)
+            if issubclass(plugin, CompletionPlugin)
+        }
+    )
     arguments = OmegaConf.from_dotlist(list(overrides))
     given = [key for key in ("install", "uninstall", "query") if key in arguments]
     if len(given) != 1 or str(arguments[given[0]]) not in shells:
-        raise ConfigError(f"--shell-completion {' '.join(overrides)} is invalid: allowed: one "
-                          f"of install=SHELL, uninstall=SHELL, query=SHELL with SHELL one of "
-                          f"{', '.join(shells)}")
+        raise ConfigError(
+            f"--shell-completion {' '.join(overrides)} is invalid: allowed: one "
+            f"of install=SHELL, uninstall=SHELL, query=SHELL with SHELL one of "
+            f"{', '.join(shells)}"
+        )
     if given == ["query"] and "COMP_LINE" not in os.environ:  # Hydra's KeyError otherwise
-        raise ConfigError(f"--shell-completion {' '.join(overrides)} is invalid without the "
-                          f"COMP_LINE the shell sets when it completes (the command line so "
-                          f"far); allowed: install=SHELL, which makes TAB call query=SHELL")
+        raise ConfigError(
+            f"--shell-completion {' '.join(overrides)} is invalid without the "
+            f"COMP_LINE the shell sets when it completes (the command line so "
+            f"far); allowed: install=SHELL, which makes TAB call query=SHELL"
+        )
 
 
 def _check_sweep(hydra: Hydra, overrides: list[str]) -> None:
@@ -263,18 +307,19 @@ def _check_sweep(hydra: Hydra, overrides: list[str]) -> None:
     check_launcher(master.hydra, sweep=True)
     if job_overrides is None:
         return  # another sweeper lists its cells its own way; the launcher checks them
-    cells.prepare_sweep(hydra.config_loader, master, job_overrides, 0,
-                        size_cell=cells.cell_sizer(master))
+    cells.prepare_sweep(
+        hydra.config_loader, master, job_overrides, 0, size_cell=cells.cell_sizer(master)
+    )
     check_hydra_dir(master.hydra, sweep=True)  # after the cells: their run.output_dir first
     claim_output_root(master.run.output_dir)  # last: held until this sweep's process ends
 
 
-def _sweep_cells(hydra: Hydra, overrides: list[str]
-                 ) -> tuple[DictConfig, list[list[str]] | None]:
+def _sweep_cells(hydra: Hydra, overrides: list[str]) -> tuple[DictConfig, list[list[str]] | None]:
     """The sweep's master config, and every cell's overrides in the order Hydra's basic
     sweeper runs them (None for another sweeper)."""
-    master = hydra.compose_config(config_name="config", overrides=overrides,
-                                  run_mode=RunMode.MULTIRUN)
+    master = hydra.compose_config(
+        config_name="config", overrides=overrides, run_mode=RunMode.MULTIRUN
+    )
     if not str(master.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
         return master, None
     # BasicSweeper.sweep: its `params` (a sweep file's grid), then the command line's.
@@ -284,12 +329,10 @@ def _sweep_cells(hydra: Hydra, overrides: list[str]
     assert isinstance(task, list)  # Hydra's task overrides: a list of "key=value" strings
     arguments += [str(argument) for argument in task]
     parsed = OverridesParser.create(config_loader=hydra.config_loader).parse_overrides(arguments)
-    return master, [cell for batch in BasicSweeper.split_arguments(parsed, None)
-                    for cell in batch]
+    return master, [cell for batch in BasicSweeper.split_arguments(parsed, None) for cell in batch]
 
 
-def _dry_run(hydra: Hydra, overrides: list[str], *, sweep: bool,
-             command: str) -> NoReturn:
+def _dry_run(hydra: Hydra, overrides: list[str], *, sweep: bool, command: str) -> NoReturn:
     """List the cells `command` would run (`harness.commands.dryrun`), composed and
     validated as above, and exit with status 0. What would stop a valid cell where it would
     run is listed with it, not raised: that is what a dry run of a cluster's grid is for."""
@@ -300,13 +343,16 @@ def _dry_run(hydra: Hydra, overrides: list[str], *, sweep: bool,
     if sweep:
         master, job_overrides = _sweep_cells(hydra, overrides)
         if job_overrides is None:
-            raise ConfigError(f"{DRY_RUN_FLAG} is invalid with hydra/sweeper="
-                              f"{master.hydra.runtime.choices.get('hydra/sweeper')}: it lists "
-                              f"the cells of Hydra's basic sweeper only")
+            raise ConfigError(
+                f"{DRY_RUN_FLAG} is invalid with hydra/sweeper="
+                f"{master.hydra.runtime.choices.get('hydra/sweeper')}: it lists "
+                f"the cells of Hydra's basic sweeper only"
+            )
         size_cell = cells.cell_sizer(master)
     else:
-        master = hydra.compose_config(config_name="config", overrides=overrides,
-                                      run_mode=RunMode.RUN)
+        master = hydra.compose_config(
+            config_name="config", overrides=overrides, run_mode=RunMode.RUN
+        )
         job_overrides, size_cell = [overrides], cells.single_node_workers
     try:
         check_launcher(master.hydra, sweep=sweep)
@@ -330,15 +376,27 @@ def _dry_run(hydra: Hydra, overrides: list[str], *, sweep: bool,
     with cells_not_kept():  # composed once each: nothing composes them again
         # on every core (launchers.cell_pool), the cells composed from the same base together
         planned = cell_pool.plan_cells(
-            job_overrides, plan_one, plan_here, desc="composing cells",
-            shares=None if composer is None else composer.common_part)
-    print(dryrun.report(command,
-                        str(master.hydra.runtime.choices.get("hydra/launcher")), planned,
-                        dryrun.predict(planned)), flush=True)
+            job_overrides,
+            plan_one,
+            plan_here,
+            desc="composing cells",
+            shares=None if composer is None else composer.common_part,
+        )
+    print(
+        dryrun.report(
+            command,
+            str(master.hydra.runtime.choices.get("hydra/launcher")),
+            planned,
+            dryrun.predict(planned),
+        ),
+        flush=True,
+    )
     raise SystemExit(0)
 
 
 def _refuse_dry_run_with(args, flags: str) -> None:  # noqa: ANN001 - argparse's Namespace
     if args.dry_run:
-        raise ConfigError(f"{DRY_RUN_FLAG} is invalid with {flags}: it lists the cells of a "
-                          f"run or sweep; allowed: {DRY_RUN_FLAG} with overrides only")
+        raise ConfigError(
+            f"{DRY_RUN_FLAG} is invalid with {flags}: it lists the cells of a "
+            f"run or sweep; allowed: {DRY_RUN_FLAG} with overrides only"
+        )

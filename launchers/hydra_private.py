@@ -41,8 +41,16 @@ from hydra._internal.hydra import Hydra
 from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
 
-__all__ = ["BasicSweeper", "CachingConfigRepository", "ConfigLoaderImpl", "Hydra",
-           "IConfigRepository", "composing_hydra", "defaults_list", "get_args_parser"]
+__all__ = [
+    "BasicSweeper",
+    "CachingConfigRepository",
+    "ConfigLoaderImpl",
+    "Hydra",
+    "IConfigRepository",
+    "composing_hydra",
+    "defaults_list",
+    "get_args_parser",
+]
 
 
 @contextmanager

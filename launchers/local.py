@@ -61,8 +61,15 @@ _POLL_AFTER_RESULT_S = 0.05
 LAUNCHER_PID_ENV = "DISTBENCH_LAUNCHER_PID"
 
 
-def submit_local(function: Callable[..., Any], *args: Any, folder: Path, tasks: int,
-                 timeout_min: int, name: str, records_cell: bool = False) -> submitit.Job:
+def submit_local(
+    function: Callable[..., Any],
+    *args: Any,
+    folder: Path,
+    tasks: int,
+    timeout_min: int,
+    name: str,
+    records_cell: bool = False,
+) -> submitit.Job:
     """Start `tasks` local processes that each call `function(*args)`.
 
     The workers' rendezvous port is a port free right now, handed to them in their
@@ -74,10 +81,19 @@ def submit_local(function: Callable[..., Any], *args: Any, folder: Path, tasks: 
     """
     executor = submitit.LocalExecutor(folder=str(folder))
     # submitit's own time limit is a backstop only: wait_for_cell ends the cell first.
-    executor.update_parameters(tasks_per_node=tasks, nodes=1, timeout_min=timeout_min + 5,
-                               name=name, **gpu_parameters(os.environ.get("CUDA_VISIBLE_DEVICES")))
-    handed = {MASTER_PORT_ENV: str(free_port()), LAUNCHER_PID_ENV: str(os.getpid()),
-              PROGRESS_ENV: mode(), LAUNCHER_RECORDS_ENV: "1" if records_cell else "0"}
+    executor.update_parameters(
+        tasks_per_node=tasks,
+        nodes=1,
+        timeout_min=timeout_min + 5,
+        name=name,
+        **gpu_parameters(os.environ.get("CUDA_VISIBLE_DEVICES")),
+    )
+    handed = {
+        MASTER_PORT_ENV: str(free_port()),
+        LAUNCHER_PID_ENV: str(os.getpid()),
+        PROGRESS_ENV: mode(),
+        LAUNCHER_RECORDS_ENV: "1" if records_cell else "0",
+    }
     previous = {name: os.environ.get(name) for name in handed}
     os.environ.update(handed)  # submitit copies os.environ to the tasks
     try:
@@ -93,19 +109,22 @@ def submit_local(function: Callable[..., Any], *args: Any, folder: Path, tasks: 
 def gpu_parameters(declared: str | None) -> dict[str, Any]:
     """submitit's settings that give a local cell's workers the GPUs this process sees.
 
-    submitit sets the tasks' CUDA_VISIBLE_DEVICES to the GPUs it is given, none unless told:
-    a CUDA cell's workers would see no GPU (seen on an H100, BENCHMARKS.md section 13).
-    `declared` is this process's CUDA_VISIBLE_DEVICES (None: unset, then every GPU torch
-    counts). submitit takes GPU indices only; GPU UUIDs or MIG names are exported by its
-    `setup` lines instead. No GPU here: nothing (submitit's default, none); a machine without
-an NVIDIA device file (/dev/nvidia0, ...) has none, and its sweeps never load torch to count."""
+        submitit sets the tasks' CUDA_VISIBLE_DEVICES to the GPUs it is given, none unless told:
+        a CUDA cell's workers would see no GPU (seen on an H100, BENCHMARKS.md section 13).
+        `declared` is this process's CUDA_VISIBLE_DEVICES (None: unset, then every GPU torch
+        counts). submitit takes GPU indices only; GPU UUIDs or MIG names are exported by its
+        `setup` lines instead. No GPU here: nothing (submitit's default, none); a machine without
+    an NVIDIA device file (/dev/nvidia0, ...) has none, and its sweeps never load torch to count."""
     if declared is None:
         if not any(Path("/dev").glob("nvidia[0-9]*")):  # no NVIDIA GPU: no torch to ask
             return {}
         import torch
 
-        return {"gpus_per_node": count, "visible_gpus": tuple(range(count))} \
-            if (count := torch.cuda.device_count()) else {}
+        return (
+            {"gpus_per_node": count, "visible_gpus": tuple(range(count))}
+            if (count := torch.cuda.device_count())
+            else {}
+        )
     ids = [part.strip() for part in declared.split(",") if part.strip()]
     if not ids:
         return {}
@@ -126,8 +145,9 @@ def follow_launcher() -> None:
     if pid is None:
         return
     launcher = ProcessId.of(int(pid))
-    threading.Thread(target=_watch_launcher, args=(launcher,), name="launcher-watch",
-                     daemon=True).start()
+    threading.Thread(
+        target=_watch_launcher, args=(launcher,), name="launcher-watch", daemon=True
+    ).start()
 
 
 def _default_signal_dispositions() -> None:
@@ -144,9 +164,16 @@ def _watch_launcher(launcher: ProcessId | None) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def wait_for_cell(job: submitit.Job, output_dir: Path, *, timeout_s: float,
-                  grace_s: float = GRACE_AFTER_RESULT_S, result_file: str = RESULT_FILE,
-                  show_rank0: bool = False, records_cell: bool = False) -> bool:
+def wait_for_cell(
+    job: submitit.Job,
+    output_dir: Path,
+    *,
+    timeout_s: float,
+    grace_s: float = GRACE_AFTER_RESULT_S,
+    result_file: str = RESULT_FILE,
+    show_rank0: bool = False,
+    records_cell: bool = False,
+) -> bool:
     """Wait until every worker of the cell has exited; return True if the cell timed out.
 
     Workers still running `grace_s` after rank 0 recorded the cell (`recorded`) or exited
@@ -164,8 +191,9 @@ def wait_for_cell(job: submitit.Job, output_dir: Path, *, timeout_s: float,
         while not job.done():
             terminal.show()
             now = time.monotonic()
-            if ended is None and (recorded(result_path, uploading=not records_cell)
-                                  or rank0.exited()):
+            if ended is None and (
+                recorded(result_path, uploading=not records_cell) or rank0.exited()
+            ):
                 ended = now
             if ended is not None and (now - ended > grace_s or every_worker_returned(job)):
                 break
@@ -223,8 +251,12 @@ def recorded(result_path: Path, *, uploading: bool = True) -> bool:
         return False
     except (OSError, ValueError):  # not a record of ours to read: its presence is the signal
         return True
-    return not (uploading and isinstance(written, dict) and written.get("pending_sync")
-                and not written.get("tracking_error"))
+    return not (
+        uploading
+        and isinstance(written, dict)
+        and written.get("pending_sync")
+        and not written.get("tracking_error")
+    )
 
 
 # A line of submitit's own logger in a worker's output (its handler's format, or the
@@ -250,8 +282,11 @@ class Rank0Terminal:
 
     def __init__(self, job: submitit.Job, *, enabled: bool = True) -> None:
         paths = job.task(0).paths
-        self._outputs = [_GrowingOutput(paths.stderr, sys.stderr),
-                         _GrowingOutput(paths.stdout, sys.stdout)] if enabled else []
+        self._outputs = (
+            [_GrowingOutput(paths.stderr, sys.stderr), _GrowingOutput(paths.stdout, sys.stdout)]
+            if enabled
+            else []
+        )
         self._status: tqdm | None = None
 
     def __enter__(self) -> Rank0Terminal:
@@ -313,7 +348,7 @@ class _GrowingOutput:
         self._offset += len(data)
         *lines, unfinished = (self._unfinished + self._decoder.decode(data)).split("\n")
         # Only the text after its last carriage return can still show: keep no more.
-        self._unfinished = unfinished[max(unfinished.rfind("\r"), 0):]
+        self._unfinished = unfinished[max(unfinished.rfind("\r"), 0) :]
         return [line.rsplit("\r", 1)[-1] for line in lines]
 
     @property
@@ -347,16 +382,23 @@ class _Rank0:
 END_STEP_S = 5.0
 
 
-def end_cell(job: submitit.Job, step_s: float = END_STEP_S,
-             signals: tuple[signal.Signals, ...] = ENDING_SIGNALS) -> None:
+def end_cell(
+    job: submitit.Job,
+    step_s: float = END_STEP_S,
+    signals: tuple[signal.Signals, ...] = ENDING_SIGNALS,
+) -> None:
     """End every process of the cell and return once all are gone: SIGINT (what submitit's
     cancel sends, which its controller forwards to the workers), then SIGTERM (which the
     controller forwards; its workers only log it), then SIGKILL, each to the controller and
     all its descendants with a SIGCONT (`harness.system.processes.end_tree`); or only `signals`."""
     controller = _controller_pid(job)
     if controller is not None:
-        end_tree(controller, step_s=step_s, reap=job.done,  # done() reaps the controller
-                 signals=signals)
+        end_tree(
+            controller,
+            step_s=step_s,
+            reap=job.done,  # done() reaps the controller
+            signals=signals,
+        )
 
 
 def _controller_pid(job: submitit.Job) -> int | None:
@@ -365,23 +407,47 @@ def _controller_pid(job: submitit.Job) -> int | None:
     return None if process is None else process.pid
 
 
-def run_local_cell(cfg: Any, output_dir: Path, *, workers: int, timeout_min: int,
-                   grace_s: float = GRACE_AFTER_RESULT_S) -> dict:
+def run_local_cell(
+    cfg: Any,
+    output_dir: Path,
+    *,
+    workers: int,
+    timeout_min: int,
+    grace_s: float = GRACE_AFTER_RESULT_S,
+) -> dict:
     """`python -m harness` for a cell with several workers: start them, wait (showing what
     rank 0 prints, as a cell of one worker shows it), return the result (rank 0's record, or
     the record of how the cell failed)."""
     from harness.config.schema import validate
 
-    outcome, _ = run_cell_job(_logged_run_cell, cfg, output_dir, config=cfg,
-                              output_dir=output_dir, folder=output_dir / ".submitit" / "%j",
-                              workers=workers, timeout_min=timeout_min, grace_s=grace_s,
-                              name="distbench", label=validate(cfg).run_name)
+    outcome, _ = run_cell_job(
+        _logged_run_cell,
+        cfg,
+        output_dir,
+        config=cfg,
+        output_dir=output_dir,
+        folder=output_dir / ".submitit" / "%j",
+        workers=workers,
+        timeout_min=timeout_min,
+        grace_s=grace_s,
+        name="distbench",
+        label=validate(cfg).run_name,
+    )
     return outcome
 
 
-def run_cell_job(function: Callable[..., Any], *args: Any, config: Any, output_dir: Path,
-                 folder: Path, workers: int, timeout_min: int, name: str, label: str,
-                 grace_s: float = GRACE_AFTER_RESULT_S) -> tuple[dict, submitit.Job]:
+def run_cell_job(
+    function: Callable[..., Any],
+    *args: Any,
+    config: Any,
+    output_dir: Path,
+    folder: Path,
+    workers: int,
+    timeout_min: int,
+    name: str,
+    label: str,
+    grace_s: float = GRACE_AFTER_RESULT_S,
+) -> tuple[dict, submitit.Job]:
     """One cell on this machine, as both a cell typed at the prompt and the serial sweep run
     it: submit `function(*args)` as the cell's `workers` processes, wait until all have ended
     (`wait_for_cell`, rank 0 shown), and return the cell's outcome (`launchers.cells.
@@ -393,15 +459,35 @@ def run_cell_job(function: Callable[..., Any], *args: Any, config: Any, output_d
     from launchers.cells import cell_outcome, worker_logs_tail
 
     with tqdm.external_write_mode(file=sys.stdout):  # above a sweep's bar, on a terminal
-        print(f"[distbench] {label}: starting {workers} worker process(es) in {output_dir}",
-              flush=True)
+        print(
+            f"[distbench] {label}: starting {workers} worker process(es) in {output_dir}",
+            flush=True,
+        )
     started = now()
-    job = submit_local(function, *args, folder=folder, tasks=workers, timeout_min=timeout_min,
-                       name=name, records_cell=True)
-    timed_out = wait_for_cell(job, output_dir, timeout_s=60 * timeout_min, grace_s=grace_s,
-                              show_rank0=True, records_cell=True)
-    outcome = cell_outcome(config, output_dir, ended_as=RunStatus.timeout if timed_out else None,
-                           logs=worker_logs_tail(job, workers), started=started)
+    job = submit_local(
+        function,
+        *args,
+        folder=folder,
+        tasks=workers,
+        timeout_min=timeout_min,
+        name=name,
+        records_cell=True,
+    )
+    timed_out = wait_for_cell(
+        job,
+        output_dir,
+        timeout_s=60 * timeout_min,
+        grace_s=grace_s,
+        show_rank0=True,
+        records_cell=True,
+    )
+    outcome = cell_outcome(
+        config,
+        output_dir,
+        ended_as=RunStatus.timeout if timed_out else None,
+        logs=worker_logs_tail(job, workers),
+        started=started,
+    )
     return record_left_to_launcher(output_dir, outcome), job
 
 
@@ -416,11 +502,14 @@ def record_left_to_launcher(output_dir: Path, outcome: dict) -> dict:
 
     config = outcome.get("config") or {}
     tracking, run = config.get("tracking") or {}, config.get("run") or {}
-    if not (outcome.get("pending_sync") and not outcome.get("tracking_error")
-            and tracking.get("enabled") and (Path(output_dir) / RESULT_FILE).exists()):
+    if not (
+        outcome.get("pending_sync")
+        and not outcome.get("tracking_error")
+        and tracking.get("enabled")
+        and (Path(output_dir) / RESULT_FILE).exists()
+    ):
         return outcome
-    return record_pending(Path(output_dir), tracking_uri(tracking.get("uri"),
-                                                         run["output_dir"]))
+    return record_pending(Path(output_dir), tracking_uri(tracking.get("uri"), run["output_dir"]))
 
 
 def _logged_run_cell(cfg: Any, output_dir: Path) -> dict:

@@ -60,17 +60,33 @@ from workloads.datasets.atomic import write_json_atomic
 log = logging.getLogger(__name__)
 
 # States after which a job runs no more (squeue's long names).
-_RUNNING_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "RESIZING", "REQUEUED",
-                   "REQUEUE_FED", "REQUEUE_HOLD", "SUSPENDED", "STOPPED", "SIGNALING",
-                   "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+_RUNNING_STATES = {
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "RESIZING",
+    "REQUEUED",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+    "SUSPENDED",
+    "STOPPED",
+    "SIGNALING",
+    "STAGE_OUT",
+    "RESV_DEL_HOLD",
+    "SPECIAL_EXIT",
+}
 # A running job put back in the queue (submitit's requeue after the time-limit signal).
 _STARTED_STATES = {"RUNNING", "COMPLETING"}
 _REQUEUED_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
 # A job squeue no longer knows (purged after slurm.conf's MinJobAge) has ended.
 GONE = "GONE"
 # How a job that left no result ended, as a cell status.
-_STATUS_OF_STATE = {"TIMEOUT": RunStatus.timeout, "DEADLINE": RunStatus.timeout,
-                    "OUT_OF_MEMORY": RunStatus.oom}
+_STATUS_OF_STATE = {
+    "TIMEOUT": RunStatus.timeout,
+    "DEADLINE": RunStatus.timeout,
+    "OUT_OF_MEMORY": RunStatus.oom,
+}
 _POLL_S = 2.0
 _UNREACHABLE_LIMIT_S = 600.0
 
@@ -95,13 +111,17 @@ def cell_job_size(cell: DistbenchConfig, launcher: Mapping[str, Any]) -> CellJob
     `cpus_per_task` are null by default (taken from the cell); a value given there is a check
     (`check_sizing_keys`), never a silent resize of the measured cell.
     """
-    return job_size(cell.hardware, cell.world_size, launcher,
-                    what=f"cell {cell.run_name} (distribution.name="
-                         f"{cell.distribution.name})")
+    return job_size(
+        cell.hardware,
+        cell.world_size,
+        launcher,
+        what=f"cell {cell.run_name} (distribution.name={cell.distribution.name})",
+    )
 
 
-def job_size(hardware: HardwareConfig, workers: int, launcher: Mapping[str, Any], *,
-             what: str = "the job") -> CellJobSize:
+def job_size(
+    hardware: HardwareConfig, workers: int, launcher: Mapping[str, Any], *, what: str = "the job"
+) -> CellJobSize:
     """`workers` workers spread over `hardware`'s nodes (all on one node when only one), one
     GPU per task on CUDA hardware; the launcher's sizing keys are checked against it, and its
     other settings against the job script (`check_script_safe`, `check_sweep_settings`),
@@ -112,8 +132,11 @@ def job_size(hardware: HardwareConfig, workers: int, launcher: Mapping[str, Any]
         check_emulated_nodes(hardware)
     nodes = hardware.nodes if workers > 1 else 1
     tasks_per_node = workers // nodes
-    size = CellJobSize(nodes=nodes, tasks_per_node=tasks_per_node,
-                       gpus_per_node=tasks_per_node if hardware.device.value == "cuda" else None)
+    size = CellJobSize(
+        nodes=nodes,
+        tasks_per_node=tasks_per_node,
+        gpus_per_node=tasks_per_node if hardware.device.value == "cuda" else None,
+    )
     check_sizing_keys(size, hardware, launcher, what)
     return size
 
@@ -125,41 +148,63 @@ def check_emulated_nodes(hardware: HardwareConfig) -> None:
 
     cluster = emulated.current()
     if cluster is None:
-        raise ConfigError(f"hardware={hardware.name} is invalid here: its nodes are emulated "
-                          f"(hardware.link) and none are up; allowed: after python -m "
-                          f"launchers.emulated up hardware={hardware.name}")
+        raise ConfigError(
+            f"hardware={hardware.name} is invalid here: its nodes are emulated "
+            f"(hardware.link) and none are up; allowed: after python -m "
+            f"launchers.emulated up hardware={hardware.name}"
+        )
     if len(cluster.nodes) < hardware.nodes:
-        raise ConfigError(f"hardware.nodes={hardware.nodes} is invalid here: the emulated "
-                          f"cluster that is up has {len(cluster.nodes)} nodes; allowed: at most "
-                          f"{len(cluster.nodes)}, or python -m launchers.emulated up "
-                          f"hardware={hardware.name}")
+        raise ConfigError(
+            f"hardware.nodes={hardware.nodes} is invalid here: the emulated "
+            f"cluster that is up has {len(cluster.nodes)} nodes; allowed: at most "
+            f"{len(cluster.nodes)}, or python -m launchers.emulated up "
+            f"hardware={hardware.name}"
+        )
 
 
-def check_sizing_keys(size: CellJobSize, hardware: HardwareConfig,
-                      launcher: Mapping[str, Any], what: str) -> None:
+def check_sizing_keys(
+    size: CellJobSize, hardware: HardwareConfig, launcher: Mapping[str, Any], what: str
+) -> None:
     """A sizing key of Hydra's submitit plugin given in the launcher config must agree with the
     cell: equal to what the cell needs, or to the whole allocation its hardware config describes
     (the value a user's config for the plugin holds; a cell that needs less, such as the
     one-worker baseline, still gets only what it needs). Anything else would measure another
     cell than the one recorded, so it stops the sweep with one line."""
-    hardware_is = (f"hardware={hardware.name}: nodes={hardware.nodes}, "
-                   f"workers_per_node={hardware.workers_per_node}, device="
-                   f"{hardware.device.value}")
+    hardware_is = (
+        f"hardware={hardware.name}: nodes={hardware.nodes}, "
+        f"workers_per_node={hardware.workers_per_node}, device="
+        f"{hardware.device.value}"
+    )
     cuda = hardware.device.value == "cuda"
     # key -> (what the cell needs, the values accepted, the hardware setting behind it)
     expected: dict[str, tuple[int, set[int], str]] = {
         "nodes": (size.nodes, {size.nodes, hardware.nodes}, "hardware.nodes"),
-        "tasks_per_node": (size.tasks_per_node, {size.tasks_per_node, hardware.workers_per_node},
-                           "hardware.workers_per_node"),
-        "gpus_per_node": ((size.tasks_per_node, {size.tasks_per_node, hardware.workers_per_node},
-                           "hardware.workers_per_node (one GPU per worker)") if cuda else
-                          (0, {0}, "hardware.device (cpu: no GPUs)")),
-        "gpus_per_task": ((1, {1}, "hardware.device (one GPU per worker)") if cuda else
-                          (0, {0}, "hardware.device (cpu: no GPUs)")),
+        "tasks_per_node": (
+            size.tasks_per_node,
+            {size.tasks_per_node, hardware.workers_per_node},
+            "hardware.workers_per_node",
+        ),
+        "gpus_per_node": (
+            (
+                size.tasks_per_node,
+                {size.tasks_per_node, hardware.workers_per_node},
+                "hardware.workers_per_node (one GPU per worker)",
+            )
+            if cuda
+            else (0, {0}, "hardware.device (cpu: no GPUs)")
+        ),
+        "gpus_per_task": (
+            (1, {1}, "hardware.device (one GPU per worker)")
+            if cuda
+            else (0, {0}, "hardware.device (cpu: no GPUs)")
+        ),
     }
     if hardware.cpu_threads is not None:
-        expected["cpus_per_task"] = (hardware.cpu_threads, {hardware.cpu_threads},
-                                     "hardware.cpu_threads (torch threads per worker)")
+        expected["cpus_per_task"] = (
+            hardware.cpu_threads,
+            {hardware.cpu_threads},
+            "hardware.cpu_threads (torch threads per worker)",
+        )
     for key, (needed, accepted, setting) in expected.items():
         given = launcher.get(key)
         if given is None or given in accepted:
@@ -168,7 +213,8 @@ def check_sizing_keys(size: CellJobSize, hardware: HardwareConfig,
         raise ConfigError(
             f"hydra.launcher.{key}={given} is invalid for {what}: it needs {needed} "
             f"({hardware_is}); allowed: null (sized from the hardware config) or {allowed}; "
-            f"for {given}, change {setting} in the hardware config instead")
+            f"for {given}, change {setting} in the hardware config instead"
+        )
 
 
 def cells_at_once(launcher: Mapping[str, Any]) -> int | None:
@@ -182,23 +228,27 @@ def check_sweep_settings(launcher: Mapping[str, Any]) -> None:
     """The launcher's sweep policy: counts in range, and no two keys that contradict."""
     for key, least in (("array_parallelism", 1), ("max_num_timeout", 0)):
         value = launcher.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                  or value < least):
-            raise ConfigError(f"hydra.launcher.{key}={value} is invalid: a whole number; "
-                              f"allowed: {least} or more")
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < least
+        ):
+            raise ConfigError(
+                f"hydra.launcher.{key}={value} is invalid: a whole number; allowed: {least} or more"
+            )
     parallel = launcher.get("array_parallelism")
     if launcher.get("one_cell_at_a_time") is True and parallel is not None and parallel > 1:
         raise ConfigError(
             f"hydra.launcher.one_cell_at_a_time=true is invalid with "
             f"hydra.launcher.array_parallelism={parallel}: they contradict; allowed: "
-            f"one_cell_at_a_time=null (array_parallelism cells at once) or array_parallelism=1")
+            f"one_cell_at_a_time=null (array_parallelism cells at once) or array_parallelism=1"
+        )
     for flag in dict(launcher.get("additional_parameters") or {}):
         name = str(flag).replace("-", "_")
         if name in _DERIVED_FLAGS:
             raise ConfigError(
                 f"hydra.launcher.additional_parameters.{flag} is invalid: distbench sets "
                 f"--{name.replace('_', '-')} itself ({_DERIVED_FLAGS[name]}); allowed: any "
-                f"other sbatch flag")
+                f"other sbatch flag"
+            )
 
 
 # sbatch flags distbench derives for every cell, which `additional_parameters` (written last by
@@ -207,7 +257,7 @@ _DERIVED_FLAGS = {
     "nodes": "from the cell's hardware config; hydra.launcher.nodes is a check of it",
     "ntasks": "from the cell's hardware config",
     "ntasks_per_node": "from the cell's hardware config; hydra.launcher.tasks_per_node is a "
-                       "check of it",
+    "check of it",
     "gpus": "one GPU per worker on CUDA hardware",
     "gpus_per_node": "one GPU per worker on CUDA hardware",
     "exclusive": "whole nodes per cell: hydra.launcher.exclusive",
@@ -241,7 +291,8 @@ def check_script_safe(launcher: Mapping[str, Any]) -> None:
             raise ConfigError(
                 f"hydra.launcher.{key}={_listed(launcher[key])} is invalid: its lines would "
                 f"run as shell code after srun; allowed: null (shell lines go in "
-                f"hydra.launcher.setup, the one setting that is shell code)")
+                f"hydra.launcher.setup, the one setting that is shell code)"
+            )
     for key, value in launcher.items():
         if key in _SHELL_CODE_KEYS or value is None:
             continue
@@ -250,11 +301,11 @@ def check_script_safe(launcher: Mapping[str, Any]) -> None:
                 if not _FLAG_NAME.fullmatch(str(flag)):
                     raise ConfigError(
                         f"hydra.launcher.additional_parameters.{flag} is invalid: an sbatch "
-                        f"flag name; allowed: letters, digits, '-' and '_'")
+                        f"flag name; allowed: letters, digits, '-' and '_'"
+                    )
                 _check_one_line(f"additional_parameters.{flag}", flag_value)
         else:
-            items = value if isinstance(value, Sequence) and not isinstance(value, str) \
-                else [value]
+            items = value if isinstance(value, Sequence) and not isinstance(value, str) else [value]
             for item in items:
                 _check_one_line(str(key), item)
 
@@ -268,29 +319,49 @@ def _listed(value: Any) -> str:
 
 def _check_one_line(key: str, value: Any) -> None:
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in str(value)):
-        raise ConfigError(f"hydra.launcher.{key}={str(value)!r} is invalid: a value written "
-                          f"into the job script must be one line; allowed: no line breaks or "
-                          f"control characters")
+        raise ConfigError(
+            f"hydra.launcher.{key}={str(value)!r} is invalid: a value written "
+            f"into the job script must be one line; allowed: no line breaks or "
+            f"control characters"
+        )
 
 
 # Launcher keys that are submitit's executor-independent parameters; the rest are SLURM's own
 # and go to submitit with a `slurm_` prefix. Keys handled here (sizing, sweep policy) are not
 # passed on as they are.
 _GENERIC_KEYS = {"timeout_min", "cpus_per_task", "mem_gb", "stderr_to_stdout"}
-_OWN_KEYS = {"submitit_folder", "nodes", "tasks_per_node", "gpus_per_node", "gpus_per_task",
-             "name", "exclusive", "one_cell_at_a_time", "grace_after_result_s", "max_num_timeout",
-             "array_parallelism", "wait_for_completion", "force", "_target_",
-             "remeasure_unsteady", "remeasure_sample", "remeasure_seed", "passes",
-             "unavailable_nodes_timeout_s"}
+_OWN_KEYS = {
+    "submitit_folder",
+    "nodes",
+    "tasks_per_node",
+    "gpus_per_node",
+    "gpus_per_task",
+    "name",
+    "exclusive",
+    "one_cell_at_a_time",
+    "grace_after_result_s",
+    "max_num_timeout",
+    "array_parallelism",
+    "wait_for_completion",
+    "force",
+    "_target_",
+    "remeasure_unsteady",
+    "remeasure_sample",
+    "remeasure_seed",
+    "passes",
+    "unavailable_nodes_timeout_s",
+}
 
 
-def executor_parameters(size: CellJobSize, launcher: Mapping[str, Any],
-                        cell: DistbenchConfig, job_num: int = 0) -> dict[str, Any]:
+def executor_parameters(
+    size: CellJobSize, launcher: Mapping[str, Any], cell: DistbenchConfig, job_num: int = 0
+) -> dict[str, Any]:
     """submitit parameters of one cell's job (the `job_num`th cell of its sweep)."""
     # `gpus_per_task` given (cpus_per_gpu needs it): the cell's GPUs are asked per task.
     per_task = launcher.get("gpus_per_task") and size.gpus_per_node is not None
     parameters: dict[str, Any] = {
-        "nodes": size.nodes, "tasks_per_node": size.tasks_per_node,
+        "nodes": size.nodes,
+        "tasks_per_node": size.tasks_per_node,
         "gpus_per_node": None if per_task else size.gpus_per_node,
         "name": str(launcher["name"]),
         "slurm_exclusive": bool(launcher.get("exclusive", True)) or None,
@@ -310,27 +381,37 @@ def executor_parameters(size: CellJobSize, launcher: Mapping[str, Any],
         parameters[key if key in _GENERIC_KEYS else f"slurm_{key}"] = value
     if int(launcher.get("max_num_timeout") or 0) > 0:  # also where JobRequeue=0 is the default
         parameters["slurm_additional_parameters"] = {
-            "requeue": True, **dict(parameters.get("slurm_additional_parameters") or {})}
+            "requeue": True,
+            **dict(parameters.get("slurm_additional_parameters") or {}),
+        }
     return parameters
 
 
-def cell_executor(folder: Path, parameters: Mapping[str, Any], *,
-                  max_num_timeout: int = 0) -> submitit.AutoExecutor:
+def cell_executor(
+    folder: Path, parameters: Mapping[str, Any], *, max_num_timeout: int = 0
+) -> submitit.AutoExecutor:
     """The submitit executor of one cell's job. `max_num_timeout` is always given: submitit's
     own default re-queues a timed-out job 3 times."""
-    executor = submitit.AutoExecutor(folder=str(folder), cluster="slurm",
-                                     slurm_max_num_timeout=max_num_timeout)
+    executor = submitit.AutoExecutor(
+        folder=str(folder), cluster="slurm", slurm_max_num_timeout=max_num_timeout
+    )
     executor.update_parameters(**parameters)
     return executor
 
 
-def submit_cell(function: Callable[..., Any], *args: Any, folder: Path,
-                parameters: Mapping[str, Any], max_num_timeout: int = 0) -> submitit.Job:
+def submit_cell(
+    function: Callable[..., Any],
+    *args: Any,
+    folder: Path,
+    parameters: Mapping[str, Any],
+    max_num_timeout: int = 0,
+) -> submitit.Job:
     """Submit one cell as one SLURM job (sbatch) whose every task calls `function(*args)`;
     a timed-out job is re-queued up to `max_num_timeout` times if `function` has submitit's
     `checkpoint` method."""
     return cell_executor(folder, parameters, max_num_timeout=max_num_timeout).submit(
-        function, *args)
+        function, *args
+    )
 
 
 def tries_before() -> int:
@@ -369,15 +450,20 @@ def keep_last_try_to_its_limit(max_num_timeout: int) -> None:
         return
 
     def last_try(signum: int, frame: object) -> None:
-        log.warning("SLURM signalled this job's time limit on its last try (%d of %d, "
-                    "hydra.launcher.max_num_timeout=%d): the cell runs on until SLURM ends it",
-                    tries_used + 1, max_num_timeout + 1, max_num_timeout)
+        log.warning(
+            "SLURM signalled this job's time limit on its last try (%d of %d, "
+            "hydra.launcher.max_num_timeout=%d): the cell runs on until SLURM ends it",
+            tries_used + 1,
+            max_num_timeout + 1,
+            max_num_timeout,
+        )
 
     signal.signal(limit_signal, last_try)
 
 
 def requeued_even_if_slurm_ends_scontrol(
-        requeue: Callable[[int, Any], None]) -> Callable[[int, Any], None]:
+    requeue: Callable[[int, Any], None],
+) -> Callable[[int, Any], None]:
     """submitit's re-queueing signal handler, where SLURM's own SIGTERM may end the job's
     `scontrol requeue` before it returns.
 
@@ -389,17 +475,24 @@ def requeued_even_if_slurm_ends_scontrol(
     ended and its re-queued job never ran). The job was re-queued all the same (the SIGTERM is
     SLURM's doing so): this try ends as submitit ends one it re-queued.
     """
+
     def requeue_then_exit(signum: int, frame: Any) -> None:
         try:
             requeue(signum, frame)
         except subprocess.CalledProcessError as error:
             command = [str(part) for part in error.cmd]  # submitit passes a list
-            if error.returncode != -signal.SIGTERM or len(command) < 2 \
-                    or Path(command[0]).name != "scontrol" or command[1] != "requeue":
+            if (
+                error.returncode != -signal.SIGTERM
+                or len(command) < 2
+                or Path(command[0]).name != "scontrol"
+                or command[1] != "requeue"
+            ):
                 raise
-            log.info("SLURM re-queued this job and ended `%s` with its SIGTERM before it "
-                     "returned: this try ends, the next one measures the cell again",
-                     " ".join(command))
+            log.info(
+                "SLURM re-queued this job and ended `%s` with its SIGTERM before it "
+                "returned: this try ends, the next one measures the cell again",
+                " ".join(command),
+            )
             raise SystemExit(-1) from None  # as submitit's own exit after a re-queue
 
     return requeue_then_exit
@@ -418,8 +511,9 @@ class JobNote:
 
     def job(self) -> submitit.Job:
         """The submitted job, as submitit sees it (its logs, scancel)."""
-        return submitit.SlurmJob(folder=self.folder, job_id=self.job_id,
-                                 tasks=tuple(range(self.tasks)))
+        return submitit.SlurmJob(
+            folder=self.folder, job_id=self.job_id, tasks=tuple(range(self.tasks))
+        )
 
 
 def write_job_note(output_root: str | Path, key: str, note: JobNote) -> None:
@@ -444,9 +538,18 @@ def job_table(job_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
     """SLURM's state of each job, or GONE, and squeue's reason (why a pending job waits)."""
     if not job_ids:
         return {}
-    done = subprocess.run(["squeue", "--states=all", "--noheader", "--format=%i|%T|%r",
-                           f"--jobs={','.join(job_ids)}"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            "squeue",
+            "--states=all",
+            "--noheader",
+            "--format=%i|%T|%r",
+            f"--jobs={','.join(job_ids)}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     table = {job_id: (GONE, "") for job_id in job_ids}
     if done.returncode != 0:
         if "Invalid job id" in done.stderr:  # every id already purged
@@ -463,27 +566,35 @@ def job_table(job_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
 # squeue's reasons for a pending job whose nodes cannot run it (down, drained, not responding,
 # fewer than it asks for), as opposed to nodes that are busy (Resources) or a job waiting for
 # an earlier cell (Dependency).
-_UNAVAILABLE_NODES = re.compile(r"ReqNodeNotAvail|NodeDown|Nodes required for job are DOWN|"
-                                r"PartitionNodeLimit|PartitionDown|PartitionInactive")
+_UNAVAILABLE_NODES = re.compile(
+    r"ReqNodeNotAvail|NodeDown|Nodes required for job are DOWN|"
+    r"PartitionNodeLimit|PartitionDown|PartitionInactive"
+)
 
 
 def waits_for_unavailable_nodes(state: str, reason: str) -> bool:
     return state == "PENDING" and _UNAVAILABLE_NODES.search(reason) is not None
 
 
-def _give_up_on_unavailable_nodes(cell: SubmittedCell, reason: str, now: float,
-                                  limit_s: float) -> None:
+def _give_up_on_unavailable_nodes(
+    cell: SubmittedCell, reason: str, now: float, limit_s: float
+) -> None:
     """Cancel `cell`'s job once it has waited `limit_s` for nodes that cannot run it."""
     if not waits_for_unavailable_nodes(cell.state, reason):
         cell.unavailable_since = None
         return
     if cell.unavailable_since is None:
         cell.unavailable_since = now
-        print(f"[distbench] SLURM job {cell.job.job_id} waits for nodes that cannot run it "
-              f"({reason}); cancelled if still so in {limit_s:.0f} s", flush=True)
+        print(
+            f"[distbench] SLURM job {cell.job.job_id} waits for nodes that cannot run it "
+            f"({reason}); cancelled if still so in {limit_s:.0f} s",
+            flush=True,
+        )
     elif now - cell.unavailable_since > limit_s and not cell.cancelled:
-        cell.never_started = (f"SLURM could not start the job: it waited {limit_s:.0f} s for "
-                              f"nodes that cannot run it ({reason}); cancelled")
+        cell.never_started = (
+            f"SLURM could not start the job: it waited {limit_s:.0f} s for "
+            f"nodes that cannot run it ({reason}); cancelled"
+        )
         log.warning("job %s: %s", cell.job.job_id, cell.never_started)
         cell.job.cancel(check=False)
         cell.cancelled = True
@@ -497,7 +608,7 @@ def has_ended(state: str) -> bool:
 # "it ended" (the record's first line).
 _CAUSE_OF_STATE = {
     "NODE_FAIL": "the cell ended without a result: SLURM ended its job because a node of it "
-                 "failed (its slurmd stopped answering: the node died, or lost its network)",
+    "failed (its slurmd stopped answering: the node died, or lost its network)",
     "BOOT_FAIL": "the cell ended without a result: a node of its job failed to boot",
 }
 
@@ -529,9 +640,13 @@ class SubmittedCell:
     never_started: str | None = None
 
 
-def wait_for_cells(cells: Sequence[SubmittedCell], *, grace_s: float,
-                   on_end: Callable[[SubmittedCell], None],
-                   unavailable_limit_s: float = 600.0) -> None:
+def wait_for_cells(
+    cells: Sequence[SubmittedCell],
+    *,
+    grace_s: float,
+    on_end: Callable[[SubmittedCell], None],
+    unavailable_limit_s: float = 600.0,
+) -> None:
     """Follow the jobs until all have ended, calling `on_end` for each as it ends.
 
     A job whose rank 0 has recorded the cell but which still runs `grace_s` later (a worker
@@ -551,8 +666,10 @@ def wait_for_cells(cells: Sequence[SubmittedCell], *, grace_s: float,
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
             # slurmctld restarting or briefly unreachable: the jobs run on; ask again later.
             if now - last_answer > _UNREACHABLE_LIMIT_S:
-                raise RuntimeError(f"SLURM has not answered for {_UNREACHABLE_LIMIT_S:.0f} s; "
-                                   f"the jobs record themselves ({err})") from err
+                raise RuntimeError(
+                    f"SLURM has not answered for {_UNREACHABLE_LIMIT_S:.0f} s; "
+                    f"the jobs record themselves ({err})"
+                ) from err
             log.warning("could not read the jobs' states (%s); retrying", err)
             time.sleep(_POLL_S)
             continue
@@ -560,21 +677,29 @@ def wait_for_cells(cells: Sequence[SubmittedCell], *, grace_s: float,
             before, cell.state = cell.state, states[cell.job.job_id]
             if before in _STARTED_STATES and cell.state in _REQUEUED_STATES:
                 cell.requeues += 1
-                print(f"[distbench] SLURM job {cell.job.job_id} re-queued ({before} -> "
-                      f"{cell.state}, try {cell.requeues + 1}): the cell runs again from "
-                      f"the start", flush=True)
+                print(
+                    f"[distbench] SLURM job {cell.job.job_id} re-queued ({before} -> "
+                    f"{cell.state}, try {cell.requeues + 1}): the cell runs again from "
+                    f"the start",
+                    flush=True,
+                )
             if has_ended(cell.state):
                 pending.remove(cell)
                 on_end(cell)
                 continue
-            _give_up_on_unavailable_nodes(cell, table[cell.job.job_id][1], now,
-                                          unavailable_limit_s)
+            _give_up_on_unavailable_nodes(cell, table[cell.job.job_id][1], now, unavailable_limit_s)
             if cell.result_seen_at is None and (cell.output_dir / cell.result_file).exists():
                 cell.result_seen_at = now
-            if (cell.result_seen_at is not None and not cell.cancelled
-                    and now - cell.result_seen_at > grace_s):
-                log.warning("job %s recorded its cell %.0f s ago but still runs; cancelling",
-                            cell.job.job_id, now - cell.result_seen_at)
+            if (
+                cell.result_seen_at is not None
+                and not cell.cancelled
+                and now - cell.result_seen_at > grace_s
+            ):
+                log.warning(
+                    "job %s recorded its cell %.0f s ago but still runs; cancelling",
+                    cell.job.job_id,
+                    now - cell.result_seen_at,
+                )
                 cell.job.cancel(check=False)
                 cell.cancelled = True
         if pending:

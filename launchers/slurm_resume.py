@@ -43,8 +43,9 @@ def _output_root(cell: PreparedCell[Any]) -> str:
     return cell.cell.run.output_dir
 
 
-def noted_jobs(prepared: Sequence[PreparedCell[Any]],
-               skipped: Collection[int]) -> dict[int, slurm.JobNote]:
+def noted_jobs(
+    prepared: Sequence[PreparedCell[Any]], skipped: Collection[int]
+) -> dict[int, slurm.JobNote]:
     """The noted earlier job of every cell not in `skipped`, by position in the sweep."""
     notes = {}
     for index, cell in enumerate(prepared):
@@ -56,8 +57,13 @@ def noted_jobs(prepared: Sequence[PreparedCell[Any]],
     return notes
 
 
-def take_over_earlier_jobs(prepared: Sequence[PreparedCell[Any]], skipped: Collection[int], *,
-                           force: bool, remeasure_unsteady: bool = False) -> EarlierJobs:
+def take_over_earlier_jobs(
+    prepared: Sequence[PreparedCell[Any]],
+    skipped: Collection[int],
+    *,
+    force: bool,
+    remeasure_unsteady: bool = False,
+) -> EarlierJobs:
     """Follow, record or (with `force`) cancel the earlier jobs of the cells to be run; an
     earlier job's ok result measured while the machine was unsteady is not reused with
     `remeasure_unsteady`."""
@@ -76,33 +82,51 @@ def take_over_earlier_jobs(prepared: Sequence[PreparedCell[Any]], skipped: Colle
         remeasure = remeasure_unsteady and is_unsteady(outcome.get("metrics", {}))
         if outcome["status"] == RunStatus.ok.value and not remeasure:
             earlier.finished[index] = outcome
-            print(f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): skipped, earlier "
-                  f"job {note.job_id} finished it: {note.output_dir}", flush=True)
+            print(
+                f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): skipped, earlier "
+                f"job {note.job_id} finished it: {note.output_dir}",
+                flush=True,
+            )
     return earlier
 
 
 def follow(cell: PreparedCell[Any], note: slurm.JobNote, state: str) -> slurm.SubmittedCell:
     """The earlier job of `cell`, to be followed as if this run had submitted it."""
-    print(f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): following earlier job "
-          f"{note.job_id} ({state}), in {note.output_dir}", flush=True)
+    print(
+        f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): following earlier job "
+        f"{note.job_id} ({state}), in {note.output_dir}",
+        flush=True,
+    )
     return slurm.SubmittedCell(note.job(), Path(note.output_dir), note.tasks, state=state)
 
 
-def record_earlier_attempt(cell: PreparedCell[Any], note: slurm.JobNote,
-                           state: str) -> dict[str, Any]:
+def record_earlier_attempt(
+    cell: PreparedCell[Any], note: slurm.JobNote, state: str
+) -> dict[str, Any]:
     """The result of an earlier job that has ended: the one it wrote, or else (it died while
     no launcher watched) one recorded now from what it left, so the attempt is not lost."""
     output_dir = Path(note.output_dir)
-    ended = (f"ended {state} while the sweep was not watching" if state != slurm.GONE else
-             "ended without a result while the sweep was not watching (SLURM no longer "
-             "knows the job)")
+    ended = (
+        f"ended {state} while the sweep was not watching"
+        if state != slurm.GONE
+        else "ended without a result while the sweep was not watching (SLURM no longer "
+        "knows the job)"
+    )
     logs = f"SLURM job {note.job_id} {ended}\n" + cells.worker_logs_tail(note.job(), note.tasks)
     recorded_now = not (output_dir / RESULT_FILE).exists()
-    outcome = cells.cell_outcome(cell.config, output_dir, ended_as=slurm.status_of_state(state),
-                                 logs=logs, started=note.submitted_at)
+    outcome = cells.cell_outcome(
+        cell.config,
+        output_dir,
+        ended_as=slurm.status_of_state(state),
+        logs=logs,
+        started=note.submitted_at,
+    )
     if recorded_now:
-        print(f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): earlier job "
-              f"{note.job_id} {ended}; recorded as {outcome['status']}", flush=True)
+        print(
+            f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): earlier job "
+            f"{note.job_id} {ended}; recorded as {outcome['status']}",
+            flush=True,
+        )
     elif outcome["status"] == RunStatus.ok.value and outcome.get("cell_key"):
         # Killed between writing result.json and indexing it: finished all the same (the
         # caller says whether it is used, or measured again as unsteady).
@@ -110,14 +134,18 @@ def record_earlier_attempt(cell: PreparedCell[Any], note: slurm.JobNote,
     return outcome
 
 
-def cancel_queued(prepared: Sequence[PreparedCell[Any]], notes: dict[int, slurm.JobNote],
-                  states: dict[str, str]) -> None:
+def cancel_queued(
+    prepared: Sequence[PreparedCell[Any]], notes: dict[int, slurm.JobNote], states: dict[str, str]
+) -> None:
     """scancel the earlier jobs still queued or running: a forced re-run replaces them."""
     for index, note in notes.items():
         if slurm.has_ended(states[note.job_id]):
             continue
         note.job().cancel(check=False)
         cell = prepared[index]
-        print(f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): cancelled earlier job "
-              f"{note.job_id} ({states[note.job_id]}): hydra.launcher.force=true runs the cell "
-              f"again", flush=True)
+        print(
+            f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): cancelled earlier job "
+            f"{note.job_id} ({states[note.job_id]}): hydra.launcher.force=true runs the cell "
+            f"again",
+            flush=True,
+        )

@@ -50,9 +50,12 @@ class SwappedGroups:
     defaults list of the same composition (`ConfigLoader.compute_defaults_list`); `load(path)`
     the content of a config file (`ConfigRepository.load_config(path).config`)."""
 
-    def __init__(self, compose_cell: Callable[[list[str]], DictConfig],
-                 defaults_list: Callable[[list[str]], Any],
-                 load: Callable[[str], DictConfig | None]) -> None:
+    def __init__(
+        self,
+        compose_cell: Callable[[list[str]], DictConfig],
+        defaults_list: Callable[[list[str]], Any],
+        load: Callable[[str], DictConfig | None],
+    ) -> None:
         self._compose_cell = compose_cell
         self._defaults_list = defaults_list
         self._load = load
@@ -73,10 +76,13 @@ class SwappedGroups:
         hydras = OmegaConf.to_container(master.hydra.overrides.hydra)
         assert isinstance(hydras, list)  # Hydra's own overrides of the sweep: "key=value"s
         name = str(master.hydra.job.config_name)
-        return cls(lambda overrides: loader.load_sweep_config(master, overrides),
-                   lambda overrides: loader.compute_defaults_list(
-                       name, [*map(str, hydras), *overrides], RunMode.RUN),
-                   lambda path: _content(loader, path))
+        return cls(
+            lambda overrides: loader.load_sweep_config(master, overrides),
+            lambda overrides: loader.compute_defaults_list(
+                name, [*map(str, hydras), *overrides], RunMode.RUN
+            ),
+            lambda path: _content(loader, path),
+        )
 
     def compose(self, overrides: Sequence[str]) -> DictConfig:
         """The cell's config without Hydra's node, as Hydra composes it (module docstring)."""
@@ -93,11 +99,15 @@ class SwappedGroups:
         swapped, others = self._split(overrides)
         # A group something else writes under goes back to Hydra. The others' check holds with
         # it back among them: its option writes only under its own node (`_split`).
-        refused = {text for group, (text, _) in swapped.items()
-                   if not self._stays_own(tuple(others), group)}
+        refused = {
+            text
+            for group, (text, _) in swapped.items()
+            if not self._stays_own(tuple(others), group)
+        }
         base = tuple(text for text in overrides if text in refused or text in others)
-        return base, {group: option for group, (text, option) in swapped.items()
-                      if text not in refused}
+        return base, {
+            group: option for group, (text, option) in swapped.items() if text not in refused
+        }
 
     def common_part(self, overrides: Sequence[str]) -> tuple[str, ...]:
         """What cells composed from the same Hydra composition have in common, told cheaply
@@ -109,8 +119,9 @@ class SwappedGroups:
         """A copy of `base` with each group's node that of its option's own composition. The
         nodes swapped out are not copied (a placeholder stands in, as in
         `harness.config.schema.without_hydra`); OmegaConf copies a node as it is set."""
-        placeholders = {id(base._get_node(self._groups[group])): DictConfig({})
-                        for group in options}
+        placeholders = {
+            id(base._get_node(self._groups[group])): DictConfig({}) for group in options
+        }
         config = copy.deepcopy(base, memo=placeholders)
         for group, option in options.items():
             node = self._node(group, option)
@@ -127,9 +138,12 @@ class SwappedGroups:
         others: list[str] = []
         for text, override in zip(overrides, parsed):
             group = override.key_or_group
-            if (_is_plain_choice(override) and group in self._groups
-                    and groups.count(group) == 1
-                    and self._node(group, str(override.value())) is not None):
+            if (
+                _is_plain_choice(override)
+                and group in self._groups
+                and groups.count(group) == 1
+                and self._node(group, str(override.value())) is not None
+            ):
                 swapped[group] = (text, str(override.value()))
             else:
                 others.append(text)
@@ -162,8 +176,11 @@ class SwappedGroups:
             own = self._groups[group]
             changed = entries.differing(self._plain) + self._plain.differing(entries)
             writes_elsewhere = any(not _under(entry.package, own) for entry in changed)
-            self._nodes[key] = (None if writes_elsewhere or entries.config_overrides
-                                else OmegaConf.select(self._composition(tuple(alone)), own))
+            self._nodes[key] = (
+                None
+                if writes_elsewhere or entries.config_overrides
+                else OmegaConf.select(self._composition(tuple(alone)), own)
+            )
         return self._nodes[key]
 
     def _stays_own(self, others: tuple[str, ...], group: str) -> bool:
@@ -182,11 +199,13 @@ class SwappedGroups:
             kept = entries.groups().get(group) == self._plain.groups()[group]
             own = entries.subtree(group)
             kept = kept and not any(
-                _under(str(override.key_or_group), package)
-                for override in entries.config_overrides)
-            kept = kept and not any(self._writes_under(entry, package)
-                                    for entry in entries.defaults
-                                    if entry not in own and entry not in self._plain.defaults)
+                _under(str(override.key_or_group), package) for override in entries.config_overrides
+            )
+            kept = kept and not any(
+                self._writes_under(entry, package)
+                for entry in entries.defaults
+                if entry not in own and entry not in self._plain.defaults
+            )
             self._kept_in[key] = kept
         return self._kept_in[key]
 
@@ -206,7 +225,7 @@ class SwappedGroups:
         content = self._load(entry.config_path)
         if content is None:
             return False
-        inner = package[len(at) + 1:] if at else package
+        inner = package[len(at) + 1 :] if at else package
         return OmegaConf.select(content, inner, default=_ABSENT) is not _ABSENT
 
 
@@ -221,9 +240,12 @@ def _content(loader: ConfigLoader, path: str) -> DictConfig | None:
 
 def _is_plain_choice(override: Override) -> bool:
     """`group=option`: not appended (+), forced (++), deleted (~), packaged (@) or swept."""
-    return (override.type == OverrideType.CHANGE and override.package is None
-            and override.value_type == ValueType.ELEMENT
-            and isinstance(override.value(), str))
+    return (
+        override.type == OverrideType.CHANGE
+        and override.package is None
+        and override.value_type == ValueType.ELEMENT
+        and isinstance(override.value(), str)
+    )
 
 
 def _under(package: str, node: str) -> bool:
@@ -234,11 +256,14 @@ class _Entries:
     """A defaults list's entries (Hydra's ResultDefault: config_path, package, parent)."""
 
     def __init__(self, defaults_list: Any) -> None:
-        self.defaults: list[Any] = [entry for entry in defaults_list.defaults
-                                    if not _under(entry.package or "", "hydra")]
+        self.defaults: list[Any] = [
+            entry for entry in defaults_list.defaults if not _under(entry.package or "", "hydra")
+        ]
         self.config_overrides: list[Override] = [
-            override for override in defaults_list.config_overrides
-            if not override.is_hydra_override()]
+            override
+            for override in defaults_list.config_overrides
+            if not override.is_hydra_override()
+        ]
 
     def groups(self) -> dict[str, Any]:
         """The primary config's own groups: group -> the entry of the option it loads."""
@@ -247,8 +272,11 @@ class _Entries:
             path = entry.config_path or ""
             if entry.parent == _PRIMARY and "/" in path:
                 chosen.setdefault(path.split("/")[0], entry)
-        return {group: entry for group, entry in chosen.items()
-                if entry.package == group and "/" not in group}
+        return {
+            group: entry
+            for group, entry in chosen.items()
+            if entry.package == group and "/" not in group
+        }
 
     def subtree(self, group: str) -> list[Any]:
         """The entries the group's chosen option brings: its file and its own defaults."""
@@ -256,6 +284,7 @@ class _Entries:
         if top is None:
             return []
         parents = {entry.config_path: entry.parent for entry in self.defaults}
+
         def below(entry: Any) -> bool:
             path, seen = entry.config_path, set()
             while path is not None and path not in seen:
@@ -264,6 +293,7 @@ class _Entries:
                 seen.add(path)
                 path = parents.get(path)
             return False
+
         return [entry for entry in self.defaults if below(entry)]
 
     def differing(self, other: _Entries) -> list[Any]:

@@ -45,11 +45,19 @@ def claim_output_root(output_dir: str | Path) -> None:
         raise ConfigError(
             f"run.output_dir={output_dir} is invalid: a live sweep is using it "
             f"({_holder(path)}); cells never run at the same time on one machine: wait for "
-            f"it to end, or choose another run.output_dir")
+            f"it to end, or choose another run.output_dir"
+        )
     os.ftruncate(fd, 0)
-    os.write(fd, json.dumps({"pid": os.getpid(), "command": " ".join(sys.argv),
-                             "since": dt.datetime.now().isoformat(timespec="seconds")}
-                            ).encode())
+    os.write(
+        fd,
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "command": " ".join(sys.argv),
+                "since": dt.datetime.now().isoformat(timespec="seconds"),
+            }
+        ).encode(),
+    )
     _held[root] = fd
 
 
@@ -61,7 +69,7 @@ def lock_path(output_dir: str | Path) -> Path:
 
 
 def _holder(path: Path) -> str:
-    """"pid 123 since <time>: <command>" of the sweep that holds `path`, as it wrote it."""
+    """ "pid 123 since <time>: <command>" of the sweep that holds `path`, as it wrote it."""
     try:
         holder = json.loads(path.read_text())
         return f"pid {holder['pid']} since {holder['since']}: {holder['command']}"

@@ -53,8 +53,9 @@ def saved_mb(config: Any, batch: int, device: str) -> tuple[float, float, float]
     """(per sample, constant, total at `batch`) MB autograd saves in one forward, on `device`."""
     key = (config.network.key, device)
     if key not in _saved:
-        _saved[key] = saved_activations.measure(config.network.ref, config.dataset.spec,
-                                                device=device)
+        _saved[key] = saved_activations.measure(
+            config.network.ref, config.dataset.spec, device=device
+        )
     measured = _saved[key]
     per_sample = sum(layer.mb_per_sample() for layer in measured.layers)
     constant = sum(layer.mb_constant() for layer in measured.layers)
@@ -117,38 +118,59 @@ def step_timeline(config: Any) -> dict[str, float]:
     torch.cuda.reset_peak_memory_stats()
     marks: dict[str, float] = {}
     step(marks)
-    marks["first_step_peak"] = max(first["forward_peak"], first["backward_peak"],
-                                   first["optimizer_peak"])
+    marks["first_step_peak"] = max(
+        first["forward_peak"], first["backward_peak"], first["optimizer_peak"]
+    )
     marks["reference_kernel_peak"] = kernel_peak
-    marks["weights"] = sum(p.numel() * p.element_size()
-                           for p in model.parameters()) / BYTES_PER_MB
-    marks["optimizer_state"] = sum(t.numel() * t.element_size()
-                                   for state in optimizer.state.values()
-                                   for t in state.values() if torch.is_tensor(t)) / BYTES_PER_MB
+    marks["weights"] = sum(p.numel() * p.element_size() for p in model.parameters()) / BYTES_PER_MB
+    marks["optimizer_state"] = (
+        sum(
+            t.numel() * t.element_size()
+            for state in optimizer.state.values()
+            for t in state.values()
+            if torch.is_tensor(t)
+        )
+        / BYTES_PER_MB
+    )
     marks["held_before"] = baseline / BYTES_PER_MB
     return marks
 
 
 def measure_cell(network: str, batch: int, hardware: str, facts: FactsCache) -> dict[str, Any]:
-    config = validate(compose_config([
-        f"network={network}", "dataset=cifar10", f"hardware={hardware}",
-        f"distribution.batch_size={batch}", f"dataset.num_samples={batch * 5}",
-        "tracking.enabled=false"]))
+    config = validate(
+        compose_config(
+            [
+                f"network={network}",
+                "dataset=cifar10",
+                f"hardware={hardware}",
+                f"distribution.batch_size={batch}",
+                f"dataset.num_samples={batch * 5}",
+                "tracking.enabled=false",
+            ]
+        )
+    )
     terms = memory_terms_per_worker(config, gather(config, facts, timed=False))[0]
-    row: dict[str, Any] = {"network": network, "batch": batch,
-                           "model_terms": {k: round(v, 1) for k, v in vars(terms).items()},
-                           "model_peak_without_runtime": round(terms.total - terms.runtime, 1)}
+    row: dict[str, Any] = {
+        "network": network,
+        "batch": batch,
+        "model_terms": {k: round(v, 1) for k, v in vars(terms).items()},
+        "model_peak_without_runtime": round(terms.total - terms.runtime, 1),
+    }
     for device in ("cpu", "cuda"):
         per_sample, constant, total = saved_mb(config, batch, device)
-        row[f"saved_{device}"] = {"mb_per_sample": round(per_sample, 3),
-                                  "mb_constant": round(constant, 2), "mb_total": round(total, 1)}
+        row[f"saved_{device}"] = {
+            "mb_per_sample": round(per_sample, 3),
+            "mb_constant": round(constant, 2),
+            "mb_total": round(total, 1),
+        }
     import torch
 
     marks = step_timeline(config)
     torch.cuda.empty_cache()  # the step's network and optimizer are gone: the next cell's
     row["timeline"] = {k: round(v, 1) for k, v in marks.items()}
-    row["measured_peak"] = round(max(marks["forward_peak"], marks["backward_peak"],
-                                     marks["optimizer_peak"]), 1)
+    row["measured_peak"] = round(
+        max(marks["forward_peak"], marks["backward_peak"], marks["optimizer_peak"]), 1
+    )
     return row
 
 
@@ -161,7 +183,8 @@ def left_out_of_the_peak(entries: list[dict[str, Any]]) -> set[int]:
     open_allocs: dict[int, int] = {}  # address -> index of its alloc under machine_speed
     for index, entry in enumerate(entries):
         if entry["action"] == "alloc" and any(
-                frame["name"] == "machine_speed" for frame in entry.get("frames") or []):
+            frame["name"] == "machine_speed" for frame in entry.get("frames") or []
+        ):
             open_allocs[entry["addr"]] = index
         elif entry["action"] == "free_completed" and entry["addr"] in open_allocs:
             skipped.update((open_allocs.pop(entry["addr"]), index))
@@ -184,7 +207,7 @@ def peak_owners(entries: list[dict[str, Any]], top: int = 12) -> dict[str, Any]:
         if allocated > peak:
             peak, peak_at = allocated, index
     live: dict[int, dict[str, Any]] = {}
-    for entry in entries[:peak_at + 1]:
+    for entry in entries[: peak_at + 1]:
         if entry["action"] == "alloc":
             live[entry["addr"]] = entry
         elif entry["action"] == "free_completed":
@@ -193,19 +216,31 @@ def peak_owners(entries: list[dict[str, Any]], top: int = 12) -> dict[str, Any]:
     for entry in live.values():
         groups.setdefault(_owner(entry.get("frames") or []), []).append(entry["size"])
     ranked = sorted(groups.items(), key=lambda item: -sum(item[1]))
-    return {"peak_mb": round(peak / BYTES_PER_MB, 1), "entries": len(entries),
-            "peak_at_entry": peak_at,
-            "owners": [{"mb": round(sum(sizes) / BYTES_PER_MB, 1), "blocks": len(sizes),
-                        "where": where} for where, sizes in ranked[:top]]}
+    return {
+        "peak_mb": round(peak / BYTES_PER_MB, 1),
+        "entries": len(entries),
+        "peak_at_entry": peak_at,
+        "owners": [
+            {"mb": round(sum(sizes) / BYTES_PER_MB, 1), "blocks": len(sizes), "where": where}
+            for where, sizes in ranked[:top]
+        ],
+    }
 
 
 def _owner(frames: list[dict[str, Any]]) -> str:
     """`repo_file:line function <- innermost function`: who allocated a block."""
+
     def text(frame: dict[str, Any]) -> str:
         return f"{frame['filename'].rsplit('/', 1)[-1]}:{frame['line']} {frame['name']}"
-    ours = next((frame for frame in frames
-                 if any(part in frame["filename"] for part in ("/harness/", "/workloads/"))),
-                None)
+
+    ours = next(
+        (
+            frame
+            for frame in frames
+            if any(part in frame["filename"] for part in ("/harness/", "/workloads/"))
+        ),
+        None,
+    )
     innermost = text(frames[0]) if frames else "?"
     return f"{text(ours)} <- {innermost}" if ours is not None else innermost
 
@@ -221,22 +256,34 @@ def owners_of_a_real_cell(network: str, batch: int, hardware: str) -> dict[str, 
     from harness.records.cell import check_cell
     from harness.worker.run import run_cell
 
-    overrides = [f"network={network}", "dataset=cifar10", f"hardware={hardware}",
-                 f"distribution.batch_size={batch}", "dataset.num_samples=1024",
-                 "run.epochs=1", "run.warmup_batches=2", "run.progress=false",
-                 "tracking.enabled=false"]
+    overrides = [
+        f"network={network}",
+        "dataset=cifar10",
+        f"hardware={hardware}",
+        f"distribution.batch_size={batch}",
+        "dataset.num_samples=1024",
+        "run.epochs=1",
+        "run.warmup_batches=2",
+        "run.progress=false",
+        "tracking.enabled=false",
+    ]
     gc_collect_everything()
-    torch.cuda.memory._record_memory_history(enabled="all", context="alloc",
-                                             stacks="python", max_entries=2_000_000)
+    torch.cuda.memory._record_memory_history(
+        enabled="all", context="alloc", stacks="python", max_entries=2_000_000
+    )
     with tempfile.TemporaryDirectory() as out:
         overrides.append(f"run.output_dir={out}")
         result = run_cell(check_cell(compose_config(overrides)), output_dir=Path(out) / "cell")
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     entries = [entry for trace in snapshot["device_traces"] for entry in trace]
-    row = {"network": network, "batch": batch, "status": result["status"],
-           "recorded_peak_mb": result.get("metrics", {}).get("peak_memory_mb"),
-           **peak_owners(entries)}
+    row = {
+        "network": network,
+        "batch": batch,
+        "status": result["status"],
+        "recorded_peak_mb": result.get("metrics", {}).get("peak_memory_mb"),
+        **peak_owners(entries),
+    }
     gc_collect_everything()
     return row
 
@@ -253,24 +300,32 @@ def gc_collect_everything() -> None:
 
 def print_owners(rows: list[dict[str, Any]]) -> None:
     for row in rows:
-        print(f"\n{row['network']} b{row['batch']} ({row['status']}): recorded peak "
-              f"{row['recorded_peak_mb']} MB; the trace's peak {row['peak_mb']} MB at entry "
-              f"{row['peak_at_entry']} of {row['entries']}; alive there:")
+        print(
+            f"\n{row['network']} b{row['batch']} ({row['status']}): recorded peak "
+            f"{row['recorded_peak_mb']} MB; the trace's peak {row['peak_mb']} MB at entry "
+            f"{row['peak_at_entry']} of {row['entries']}; alive there:"
+        )
         for owner in row["owners"]:
             print(f"  {owner['mb']:9.1f} MB {owner['blocks']:5d} blocks  {owner['where']}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpu_memory_timeline.py",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--networks", nargs="+",
-                        default=["resnet18", "resnet50", "vgg16", "mobilenetv2"])
+    parser = argparse.ArgumentParser(
+        prog="gpu_memory_timeline.py", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--networks", nargs="+", default=["resnet18", "resnet50", "vgg16", "mobilenetv2"]
+    )
     parser.add_argument("--batches", nargs="+", type=int, default=[32, 128])
     parser.add_argument("--hardware", default="h100_1gpu")
     parser.add_argument("--json", help="also write the rows as JSON here")
-    parser.add_argument("--owners", nargs="+", metavar="NETWORK:BATCH",
-                        help="run these real cells with the allocator's history and name "
-                             "what is alive at their peak (instead of the bare steps)")
+    parser.add_argument(
+        "--owners",
+        nargs="+",
+        metavar="NETWORK:BATCH",
+        help="run these real cells with the allocator's history and name "
+        "what is alive at their peak (instead of the bare steps)",
+    )
     args = parser.parse_args(argv)
     if args.owners:
         rows = []
@@ -284,10 +339,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = []
     facts = FactsCache(probe=False)  # one network's facts serve each of its batches
-    print(f"{'network':12} {'batch':>5} {'model':>8} {'peak':>8} {'fwd+':>8} {'bwd peak+':>9} "
-          f"{'model act+bwd':>13} {'saved cpu':>9} {'saved gpu':>9} {'/sample cpu':>11} "
-          f"{'/sample gpu':>11} {'held':>6} {'extra':>6} {'1st step':>8} {'kernel':>6}",
-          flush=True)
+    print(
+        f"{'network':12} {'batch':>5} {'model':>8} {'peak':>8} {'fwd+':>8} {'bwd peak+':>9} "
+        f"{'model act+bwd':>13} {'saved cpu':>9} {'saved gpu':>9} {'/sample cpu':>11} "
+        f"{'/sample gpu':>11} {'held':>6} {'extra':>6} {'1st step':>8} {'kernel':>6}",
+        flush=True,
+    )
     for network in args.networks:
         for batch in args.batches:
             try:
@@ -297,15 +354,18 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             rows.append(row)
             t, m = row["timeline"], row["model_terms"]
-            print(f"{network:12} {batch:5} {row['model_peak_without_runtime']:8.0f} "
-                  f"{row['measured_peak']:8.0f} {t['after_forward'] - t['before_step']:8.0f} "
-                  f"{t['backward_peak'] - t['after_forward']:9.0f} "
-                  f"{m['activations'] + m['backward']:13.0f} "
-                  f"{row['saved_cpu']['mb_total']:9.0f} {row['saved_cuda']['mb_total']:9.0f} "
-                  f"{row['saved_cpu']['mb_per_sample']:11.3f} "
-                  f"{row['saved_cuda']['mb_per_sample']:11.3f} {t['held_before']:6.0f} "
-                  f"{t['before_step'] - t['weights'] - t['optimizer_state']:6.0f} "
-                  f"{t['first_step_peak']:8.0f} {t['reference_kernel_peak']:6.0f}", flush=True)
+            print(
+                f"{network:12} {batch:5} {row['model_peak_without_runtime']:8.0f} "
+                f"{row['measured_peak']:8.0f} {t['after_forward'] - t['before_step']:8.0f} "
+                f"{t['backward_peak'] - t['after_forward']:9.0f} "
+                f"{m['activations'] + m['backward']:13.0f} "
+                f"{row['saved_cpu']['mb_total']:9.0f} {row['saved_cuda']['mb_total']:9.0f} "
+                f"{row['saved_cpu']['mb_per_sample']:11.3f} "
+                f"{row['saved_cuda']['mb_per_sample']:11.3f} {t['held_before']:6.0f} "
+                f"{t['before_step'] - t['weights'] - t['optimizer_state']:6.0f} "
+                f"{t['first_step_peak']:8.0f} {t['reference_kernel_peak']:6.0f}",
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w") as stream:
             json.dump(rows, stream, indent=1)

@@ -30,8 +30,11 @@ from harness.predict.facts import FactsCache, gather  # noqa: E402
 def worker_peaks(result: dict[str, Any]) -> list[float]:
     """Each worker's measured peak MB, rank order (one value for a one-worker cell)."""
     metrics = result["metrics"]
-    ranks = sorted((int(key.rsplit("rank", 1)[1]), value) for key, value in metrics.items()
-                   if key.startswith("peak_memory_mb_rank"))
+    ranks = sorted(
+        (int(key.rsplit("rank", 1)[1]), value)
+        for key, value in metrics.items()
+        if key.startswith("peak_memory_mb_rank")
+    )
     return [value for _, value in ranks] or [metrics["peak_memory_mb"]]
 
 
@@ -47,35 +50,47 @@ def compare_memory(result: dict[str, Any], cache: FactsCache) -> dict[str, Any]:
     # the part of the runtime share the recorded peak leaves out (predict.cell.recorded_peak_mb)
     predicted = [term.total - facts.context_mb for term in terms]
     measured = worker_peaks(result)
-    return {"runtime_mb": terms[0].runtime, "context_mb": facts.context_mb,
-            "predicted_mb": predicted,
-            "measured_mb": measured,
-            "error": [(p - m) / m for p, m in zip(predicted, measured)],
-            "terms": {name: value for name, value in vars(terms[0]).items()}}
+    return {
+        "runtime_mb": terms[0].runtime,
+        "context_mb": facts.context_mb,
+        "predicted_mb": predicted,
+        "measured_mb": measured,
+        "error": [(p - m) / m for p, m in zip(predicted, measured)],
+        "terms": {name: value for name, value in vars(terms[0]).items()},
+    }
 
 
 def summarise(result: dict[str, Any], cache: FactsCache) -> dict[str, Any]:
     """One cell's row: its name, status, seconds per epoch (median, min, max over every
     repeat's epochs), throughput and memory."""
-    row: dict[str, Any] = {"cell": result["run_name"], "status": result["status"],
-                           "error_text": (result.get("error") or "")[:300],
-                           "device": result["environment"].get("device_name"),
-                           "memory_kind": result["environment"].get("memory_kind")}
+    row: dict[str, Any] = {
+        "cell": result["run_name"],
+        "status": result["status"],
+        "error_text": (result.get("error") or "")[:300],
+        "device": result["environment"].get("device_name"),
+        "memory_kind": result["environment"].get("memory_kind"),
+    }
     epochs = result.get("epoch_seconds") or []
     if result["status"] == "ok" and epochs:
         metrics = result["metrics"]
-        row.update(seconds_per_epoch_median=statistics.median(epochs),
-                   seconds_per_epoch_min=min(epochs), seconds_per_epoch_max=max(epochs),
-                   epochs=len(epochs), repeats=len(result.get("repeats") or [1]),
-                   samples_per_second=metrics.get("images_per_second"),
-                   tokens_per_second=metrics.get("tokens_per_second"),
-                   **compare_memory(result, cache))
+        row.update(
+            seconds_per_epoch_median=statistics.median(epochs),
+            seconds_per_epoch_min=min(epochs),
+            seconds_per_epoch_max=max(epochs),
+            epochs=len(epochs),
+            repeats=len(result.get("repeats") or [1]),
+            samples_per_second=metrics.get("images_per_second"),
+            tokens_per_second=metrics.get("tokens_per_second"),
+            **compare_memory(result, cache),
+        )
     return row
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'cell':44} {'status':7} {'s/epoch med':>11} {'[min, max]':>19} "
-             f"{'samples/s':>10} {'peak MB':>9} {'pred MB':>9} {'error':>8} {'ctx MB':>7}"]
+    lines = [
+        f"{'cell':44} {'status':7} {'s/epoch med':>11} {'[min, max]':>19} "
+        f"{'samples/s':>10} {'peak MB':>9} {'pred MB':>9} {'error':>8} {'ctx MB':>7}"
+    ]
     for row in rows:
         if "seconds_per_epoch_median" not in row:
             lines.append(f"{row['cell']:44} {row['status']:7} {row['error_text'][:120]}")
@@ -87,9 +102,11 @@ def table(rows: list[dict[str, Any]]) -> str:
             predicted = "/".join(f"{p:.0f}" for p in row["predicted_mb"])
             error = "/".join(f"{e:+.0%}" for e in row["error"])
             runtime = f"{row['context_mb']:.0f}"
-        lines.append(f"{row['cell']:44} {row['status']:7} {row['seconds_per_epoch_median']:11.4f} "
-                     f"{spread:>19} {row['samples_per_second'] or 0:10.0f} {measured:>9} "
-                     f"{predicted:>9} {error:>8} {runtime:>7}")
+        lines.append(
+            f"{row['cell']:44} {row['status']:7} {row['seconds_per_epoch_median']:11.4f} "
+            f"{spread:>19} {row['samples_per_second'] or 0:10.0f} {measured:>9} "
+            f"{predicted:>9} {error:>8} {runtime:>7}"
+        )
     return "\n".join(lines)
 
 

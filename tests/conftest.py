@@ -26,11 +26,13 @@ _SUITE_STARTED = time.monotonic()
 # once). The modules that bring up a SLURM cluster (the loopback one, or the emulated nodes,
 # which stop it first) run in one process, one after another: this machine has one /etc/slurm
 # and one set of daemons. They go first, being the longest unit of work.
-CLUSTER_MODULES = ("tests/integration/test_slurm.py",
-                   "tests/integration/test_slurm_plugin_config.py",
-                   "tests/integration/test_emulated_nodes.py",
-                   "tests/benchmarks/test_emulated_faults.py",
-                   "tests/benchmarks/test_fsdp_units_across_nodes.py")
+CLUSTER_MODULES = (
+    "tests/integration/test_slurm.py",
+    "tests/integration/test_slurm_plugin_config.py",
+    "tests/integration/test_emulated_nodes.py",
+    "tests/benchmarks/test_emulated_faults.py",
+    "tests/benchmarks/test_fsdp_units_across_nodes.py",
+)
 _CLUSTER_FIXTURES = frozenset({"slurm_cluster", "emulated_nodes"})
 
 
@@ -45,15 +47,21 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(trylast=True)  # on the tests selected (-m)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The cluster modules first; a module that brings up a cluster must be one of them."""
+
     def module(item: pytest.Item) -> str:
         return item.nodeid.split("::", 1)[0]
 
-    unlisted = {module(item) for item in items
-                if _CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ()))
-                and module(item) not in CLUSTER_MODULES}
+    unlisted = {
+        module(item)
+        for item in items
+        if _CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ()))
+        and module(item) not in CLUSTER_MODULES
+    }
     if unlisted:
-        raise pytest.UsageError(f"{', '.join(sorted(unlisted))} bring(s) up a SLURM cluster: "
-                                f"add them to CLUSTER_MODULES in tests/conftest.py")
+        raise pytest.UsageError(
+            f"{', '.join(sorted(unlisted))} bring(s) up a SLURM cluster: "
+            f"add them to CLUSTER_MODULES in tests/conftest.py"
+        )
     items.sort(key=lambda item: module(item) not in CLUSTER_MODULES)  # stable
 
 
@@ -79,7 +87,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         f"distbench: the tests took {took / 60:.1f} min, over the suite's budget of "
         f"{SUITE_BUDGET_S / 60:.0f} min on CI (tests/conftest.py SUITE_BUDGET_S); the slowest "
         f"are listed above (--durations): shrink them (tiny grids, shared servers per module) "
-        f"or move a measurement of scale to tests/benchmarks (-m perf)")
+        f"or move a measurement of scale to tests/benchmarks (-m perf)"
+    )
     # The suite's time scales with the host: on one whose reference kernel read 93 ms it took
     # 46 min, where 21 min on hosts at 17-30 ms (BENCHMARKS.md section 16). Timed now, after
     # the tests, on a quiet machine: which of the two the overrun is.
@@ -88,12 +97,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(
         f"distbench: this host's reference kernel (harness/measure/steadiness.py) reads "
         f"{reference_seconds() * 1e3:.0f} ms now, 17-30 ms on the hosts the budget was measured "
-        f"on: where it reads several times that, the host got slower, not only the suite")
+        f"on: where it reads several times that, the host got slower, not only the suite"
+    )
 
 
 @pytest.fixture(autouse=True)
-def isolated_environment(tmp_path_factory: pytest.TempPathFactory,
-                         monkeypatch: pytest.MonkeyPatch) -> None:
+def isolated_environment(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Keep tests off the user's ~/.cache and MLflow settings."""
     cache = tmp_path_factory.getbasetemp() / "dataset-cache"  # shared: generated once per session
     monkeypatch.setenv("DISTBENCH_CACHE_DIR", str(cache))
@@ -115,8 +126,9 @@ def slurm_cluster() -> Iterator[None]:
     refused = install_slurm_where_missing()
     if refused is not None:
         pytest.skip(refused)
-    started = subprocess.run(["bash", str(SLURM_SCRIPT), "start"], capture_output=True,
-                             text=True, timeout=600)
+    started = subprocess.run(
+        ["bash", str(SLURM_SCRIPT), "start"], capture_output=True, text=True, timeout=600
+    )
     assert started.returncode == 0, started.stdout + started.stderr
     yield
     subprocess.run(["bash", str(SLURM_SCRIPT), "stop"], capture_output=True, timeout=60)

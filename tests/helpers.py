@@ -17,18 +17,31 @@ SLURM_SCRIPT = REPO_ROOT / "scripts" / "slurm_local.sh"
 def tiny_overrides(output_root: Path, *extra: str) -> list[str]:
     """A cell small enough to train in seconds on 2 CPU cores."""
     return [
-        "dataset=mnist", "network=mobilenetv2", "distribution.batch_size=8",
-        "dataset.num_samples=16", "run.epochs=2", "run.warmup_batches=1", "run.progress=false",
-        f"run.output_dir={output_root}", *extra,
+        "dataset=mnist",
+        "network=mobilenetv2",
+        "distribution.batch_size=8",
+        "dataset.num_samples=16",
+        "run.epochs=2",
+        "run.warmup_batches=1",
+        "run.progress=false",
+        f"run.output_dir={output_root}",
+        *extra,
     ]
 
 
-def run_module(module: str, args: Sequence[str], cwd: Path,
-               timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def run_module(
+    module: str, args: Sequence[str], cwd: Path, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
     """Run `python -m module args` as a user would, in `cwd`."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def run_tiny_cell(output_root: Path, *overrides: str) -> dict:
@@ -50,16 +63,20 @@ def cell_worker_pids(under: Path, job_id: str | None = None) -> dict[int, int]:
     read from the rank that submitit's local executor or SLURM puts in each worker's
     environment; with `job_id`, only the workers of that SLURM job."""
     ranks = {}
-    found = subprocess.run(["pgrep", "-f", f"submitit.core._submit {under}"],
-                           capture_output=True, text=True).stdout.split()
+    found = subprocess.run(
+        ["pgrep", "-f", f"submitit.core._submit {under}"], capture_output=True, text=True
+    ).stdout.split()
     for pid in map(int, found):
         try:
             # Only Python workers: a SLURM batch step's `srun` has the same command line and
             # SLURM_PROCID=0 in its environment, and exists before its worker does.
             if not Path(f"/proc/{pid}/exe").resolve().name.startswith("python"):
                 continue
-            environ = dict(entry.split(b"=", 1) for entry in
-                           Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in entry)
+            environ = dict(
+                entry.split(b"=", 1)
+                for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                if b"=" in entry
+            )
         except OSError:
             continue
         if job_id is not None and environ.get(b"SLURM_JOB_ID") != job_id.encode():
@@ -83,8 +100,9 @@ def mlflow_server(backend_store: Path, cwd: Path, *extra: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def starting_mlflow_server(backend_store: Path, cwd: Path,
-                           *extra: str) -> Iterator[Callable[[], str]]:
+def starting_mlflow_server(
+    backend_store: Path, cwd: Path, *extra: str
+) -> Iterator[Callable[[], str]]:
     """mlflow_server, started at once but waited for only when the test calls what this
     yields (which returns its URL once it answers /health): a test can do other work, e.g.
     measure a cell, while the server spends its ~20 s starting."""
@@ -96,10 +114,23 @@ def starting_mlflow_server(backend_store: Path, cwd: Path,
 
     port = free_port()
     server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
-         f"sqlite:///{backend_store}", "--host", "127.0.0.1", "--port", str(port), *extra],
-        cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)  # its own group: its workers stop with it
+        [
+            str(Path(sys.executable).parent / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{backend_store}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *extra,
+        ],
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )  # its own group: its workers stop with it
     started = time.monotonic()
 
     def ready() -> str:
@@ -112,8 +143,9 @@ def starting_mlflow_server(backend_store: Path, cwd: Path,
                     return f"http://127.0.0.1:{port}"
             except OSError:
                 pass
-            assert time.monotonic() < started + MLFLOW_SERVER_START_S, \
+            assert time.monotonic() < started + MLFLOW_SERVER_START_S, (
                 f"mlflow server silent for {MLFLOW_SERVER_START_S} s"
+            )
             time.sleep(0.25)
 
     try:
@@ -128,8 +160,14 @@ def starting_mlflow_server(backend_store: Path, cwd: Path,
 
 
 # What every worker started by `spawn_workers` imports: loaded once, in the forkserver.
-_WORKER_PRELOAD = ["torch", "torch.distributed", "harness.worker.run", "harness.distributions",
-                   "harness.commands.compose", "harness.runtime.workload"]
+_WORKER_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "harness.worker.run",
+    "harness.distributions",
+    "harness.commands.compose",
+    "harness.runtime.workload",
+]
 
 
 def spawn_workers(function: Callable[..., None], args: tuple, nprocs: int) -> None:
@@ -146,8 +184,9 @@ def spawn_workers(function: Callable[..., None], args: tuple, nprocs: int) -> No
     # Takes effect when the session's forkserver starts (at the first call), later calls keep it;
     # the worker's own module is imported by each worker, cheaply once the preload is in.
     multiprocessing.set_forkserver_preload([*_WORKER_PRELOAD, function.__module__])
-    torch.multiprocessing.start_processes(function, args=args, nprocs=nprocs, join=True,
-                                          start_method="forkserver")
+    torch.multiprocessing.start_processes(
+        function, args=args, nprocs=nprocs, join=True, start_method="forkserver"
+    )
 
 
 def assert_stage_phases(metrics: dict, stages: int) -> None:
@@ -156,8 +195,10 @@ def assert_stage_phases(metrics: dict, stages: int) -> None:
     import pytest
 
     for stage in range(stages):
-        phases = {phase: metrics[f"{phase}_seconds_per_epoch_stage{stage}"]
-                  for phase in ("forward", "backward", "optimizer")}
+        phases = {
+            phase: metrics[f"{phase}_seconds_per_epoch_stage{stage}"]
+            for phase in ("forward", "backward", "optimizer")
+        }
         assert phases["forward"] > 0 and phases["backward"] > 0
         assert sum(phases.values()) < metrics["seconds_per_epoch_max"]
     per_stage = [metrics[f"forward_seconds_per_epoch_stage{k}"] for k in range(stages)]
@@ -173,7 +214,8 @@ def install_slurm_where_missing() -> str | None:
         return None
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         return "SLURM is not installed and this machine cannot install it (needs root and apt-get)"
-    installed = subprocess.run(["bash", str(SLURM_SCRIPT), "install"], capture_output=True,
-                               text=True, timeout=600)
+    installed = subprocess.run(
+        ["bash", str(SLURM_SCRIPT), "install"], capture_output=True, text=True, timeout=600
+    )
     assert installed.returncode == 0, installed.stdout + installed.stderr
     return None

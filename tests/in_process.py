@@ -21,13 +21,23 @@ def listing(root: Path, *, leave_out: Sequence[Path] = ()) -> list[str]:
     """Every path under `root` (relative, sorted), but those under `leave_out`."""
     skipped = [str(path.relative_to(root)) for path in leave_out]
     found = (str(path.relative_to(root)) for path in root.rglob("*"))
-    return sorted(name for name in found
-                  if not any(name == skip or name.startswith(skip + os.sep) for skip in skipped))
+    return sorted(
+        name
+        for name in found
+        if not any(name == skip or name.startswith(skip + os.sep) for skip in skipped)
+    )
 
 
-def run_in_process(command: str, argv: Sequence[str], work: Path, capture: Path,
-                   env: Sequence[tuple[str, str]] = (), *, watched: Path | None = None,
-                   timeout_s: int = CASE_TIMEOUT_S) -> dict[str, Any]:
+def run_in_process(
+    command: str,
+    argv: Sequence[str],
+    work: Path,
+    capture: Path,
+    env: Sequence[tuple[str, str]] = (),
+    *,
+    watched: Path | None = None,
+    timeout_s: int = CASE_TIMEOUT_S,
+) -> dict[str, Any]:
     """Run `python -m <command> <argv>` through runpy in this process, in `work`, its stdout
     and stderr (file descriptors 1 and 2, so C-level output too) in `capture`; `env` changes
     the environment for this run only. The outcome: `code` (the exit status, or "raised" for
@@ -54,8 +64,10 @@ def run_in_process(command: str, argv: Sequence[str], work: Path, capture: Path,
 
     before = seen()
     # What a command prints may hold bytes that are not UTF-8 (an argument's, as typed)
-    with open(capture / "stderr", "w+", errors="backslashreplace") as err, \
-            open(capture / "stdout", "w+", errors="backslashreplace") as out:
+    with (
+        open(capture / "stderr", "w+", errors="backslashreplace") as err,
+        open(capture / "stdout", "w+", errors="backslashreplace") as out,
+    ):
         sys.stdout.flush(), sys.stderr.flush()
         os.dup2(out.fileno(), 1)
         os.dup2(err.fileno(), 2)
@@ -93,9 +105,13 @@ def run_in_process(command: str, argv: Sequence[str], work: Path, capture: Path,
     for fd in saved.values():
         os.close(fd)
     after = seen()
-    return {"code": 0 if code is None else code, "stderr": stderr, "stdout": stdout,
-            "written": sorted(set(after) - set(before))
-            + [f"(removed) {p}" for p in sorted(set(before) - set(after))]}
+    return {
+        "code": 0 if code is None else code,
+        "stderr": stderr,
+        "stdout": stdout,
+        "written": sorted(set(after) - set(before))
+        + [f"(removed) {p}" for p in sorted(set(before) - set(after))],
+    }
 
 
 def refusal_broken(outcome: dict[str, Any]) -> str | None:

@@ -14,11 +14,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def lazy_exports(package: str, exports: Mapping[str, str]
-                 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_exports(
+    package: str, exports: Mapping[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The `__getattr__` and `__dir__` of `package`, whose name `name` is the attribute of
     the same name of its module `exports[name]` (relative to the package), imported when the
     name is first asked for."""
+
     def __getattr__(name: str) -> Any:  # noqa: N807 - the module attribute hook of PEP 562
         try:
             module = exports[name]

@@ -58,20 +58,41 @@ def _is_terminal(stream: TextIO) -> bool:
         return False
 
 
-def steps(total: int, desc: str, unit: str, *, enabled: bool = True, leave: bool = False,
-          mininterval: float = 0.1, first_line_s: float = FIRST_LINE_S,
-          every_s: float = EVERY_S) -> tqdm | _Lines:
+def steps(
+    total: int,
+    desc: str,
+    unit: str,
+    *,
+    enabled: bool = True,
+    leave: bool = False,
+    mininterval: float = 0.1,
+    first_line_s: float = FIRST_LINE_S,
+    every_s: float = EVERY_S,
+) -> tqdm | _Lines:
     """Progress over `total` steps of `unit`, named `desc`: a bar or lines (module docstring);
     nothing when not `enabled`. Use it as a context manager, `update()` after each step."""
     if mode() == BARS:
-        return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, leave=leave,
-                    mininterval=mininterval, file=sys.stderr)
-    return _Lines(total, desc, unit, enabled=enabled, first_line_s=first_line_s,
-                  every_s=every_s)
+        return tqdm(
+            total=total,
+            desc=desc,
+            unit=unit,
+            disable=not enabled,
+            leave=leave,
+            mininterval=mininterval,
+            file=sys.stderr,
+        )
+    return _Lines(total, desc, unit, enabled=enabled, first_line_s=first_line_s, every_s=every_s)
 
 
-def track(items: Iterable[T], total: int, desc: str, unit: str, *, enabled: bool = True,
-          leave: bool = False) -> Iterator[T]:
+def track(
+    items: Iterable[T],
+    total: int,
+    desc: str,
+    unit: str,
+    *,
+    enabled: bool = True,
+    leave: bool = False,
+) -> Iterator[T]:
     """`items`, with progress over them (`steps`)."""
     with steps(total, desc, unit, enabled=enabled, leave=leave) as shown:
         for item in items:
@@ -93,8 +114,16 @@ def say(text: str, logger: logging.Logger | None = None) -> None:
 class _Lines:
     """Progress as plain lines (`steps` in a file)."""
 
-    def __init__(self, total: int, desc: str, unit: str, *, enabled: bool,
-                 first_line_s: float, every_s: float) -> None:
+    def __init__(
+        self,
+        total: int,
+        desc: str,
+        unit: str,
+        *,
+        enabled: bool,
+        first_line_s: float,
+        every_s: float,
+    ) -> None:
         self.total, self.desc, self.unit, self.enabled = total, desc, unit, enabled
         self.n = 0
         self._every_s = every_s

@@ -14,11 +14,9 @@ from torch import nn
 from torch.nn import functional
 
 
-def task_loss(logits: torch.Tensor, targets: torch.Tensor,
-              reduction: str = "mean") -> torch.Tensor:
+def task_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Cross entropy of every prediction (one per image, or one per token position)."""
-    return functional.cross_entropy(logits.flatten(0, -2), targets.flatten(),
-                                    reduction=reduction)
+    return functional.cross_entropy(logits.flatten(0, -2), targets.flatten(), reduction=reduction)
 
 
 class TaskLoss(nn.Module):

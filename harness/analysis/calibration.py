@@ -45,11 +45,16 @@ def calibrate_commands(hardware: HardwareConfig) -> str:
     then the probe of its links, as the cells ran (without it the analysis fits against the
     configured speeds), then the analysis."""
     one_node = "" if hardware.name == "local_2cpu" else " hardware.nodes=1"
-    on = "" if hardware.name == "local_2cpu" \
+    on = (
+        ""
+        if hardware.name == "local_2cpu"
         else f" hydra.sweeper.params.hardware={hardware.name}{one_node}"
-    return (f"python -m harness +sweep={CALIBRATION_SWEEP}{on}, python -m harness.probe "
-            f"hardware={hardware.name}{one_node}, then python -m harness.analysis "
-            f"tracking.experiment={CALIBRATION_SWEEP}")
+    )
+    return (
+        f"python -m harness +sweep={CALIBRATION_SWEEP}{on}, python -m harness.probe "
+        f"hardware={hardware.name}{one_node}, then python -m harness.analysis "
+        f"tracking.experiment={CALIBRATION_SWEEP}"
+    )
 
 
 @dataclass(frozen=True)
@@ -77,8 +82,10 @@ class FitCoverage:
 
     def describe(self) -> str:
         networks, models = ", ".join(self.networks), ", ".join(sorted(self.models))
-        return (f"{self.path} (hardware={self.hardware}, {self.cells} cells; networks "
-                f"{networks or 'not recorded'}; models {models or 'not recorded'})")
+        return (
+            f"{self.path} (hardware={self.hardware}, {self.cells} cells; networks "
+            f"{networks or 'not recorded'}; models {models or 'not recorded'})"
+        )
 
 
 def read_fit(path: Path) -> dict[str, Any]:
@@ -94,8 +101,10 @@ def read_fit(path: Path) -> dict[str, Any]:
                 raise TypeError(f"{key} is not a list")
         return data
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise ConfigError(f"--fit={path} is invalid: not a fit.json of harness.analysis "
-                          f"({type(err).__name__}: {err}); run the analysis again") from None
+        raise ConfigError(
+            f"--fit={path} is invalid: not a fit.json of harness.analysis "
+            f"({type(err).__name__}: {err}); run the analysis again"
+        ) from None
 
 
 def _check_fit_entry(hardware: str, entry: object) -> None:
@@ -106,10 +115,17 @@ def _check_fit_entry(hardware: str, entry: object) -> None:
         raise TypeError(f"{where} is a JSON {type(entry).__name__}, not an object")
     params = entry.get("params")
     if not isinstance(params, dict) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in params.values()):
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in params.values()
+    ):
         raise TypeError(f"{where}.params is not an object of numbers")
-    for key, kind in (("cells", int), ("runtime_mb", (int, float)), ("networks", list),
-                      ("models", dict), ("machines", list), ("links", str)):
+    for key, kind in (
+        ("cells", int),
+        ("runtime_mb", (int, float)),
+        ("networks", list),
+        ("models", dict),
+        ("machines", list),
+        ("links", str),
+    ):
         if entry.get(key) is not None and not isinstance(entry[key], kind):
             raise TypeError(f"{where}.{key} is a JSON {type(entry[key]).__name__}")
     for key in ("networks", "machines"):  # names, joined into the lines the commands print
@@ -119,17 +135,22 @@ def _check_fit_entry(hardware: str, entry: object) -> None:
         raise TypeError(f"{where}.models is not an object of cell counts")
 
 
-def coverage(path: Path, hardware: str, data: dict[str, Any] | None = None
-             ) -> FitCoverage | None:
+def coverage(path: Path, hardware: str, data: dict[str, Any] | None = None) -> FitCoverage | None:
     """What `path` fitted for `hardware`; None where it fitted no cell of it."""
     data = read_fit(path) if data is None else data
     entry = data["hardware"].get(hardware)
     if entry is None:
         return None
-    return FitCoverage(path, hardware, int(entry.get("cells") or 0),
-                       tuple(entry.get("networks") or ()), _models(data, hardware),
-                       path.stat().st_mtime, entry.get("links"),
-                       tuple(entry.get("machines") or ()))
+    return FitCoverage(
+        path,
+        hardware,
+        int(entry.get("cells") or 0),
+        tuple(entry.get("networks") or ()),
+        _models(data, hardware),
+        path.stat().st_mtime,
+        entry.get("links"),
+        tuple(entry.get("machines") or ()),
+    )
 
 
 def _models(data: dict[str, Any], hardware: str) -> dict[str, int]:
@@ -156,13 +177,16 @@ def choose_fit(output_root: Path, hardware: str, models: Collection[str]) -> Pat
         try:
             found = coverage(path, hardware)
         except ConfigError as err:  # said once, in one line: the file, and how to recover
-            print(f"distbench: passing over {path}: {str(err).split(': ', 1)[-1]}",
-                  file=sys.stderr)
+            print(f"distbench: passing over {path}: {str(err).split(': ', 1)[-1]}", file=sys.stderr)
             continue
         if found is None:
             continue
-        key = (len(set(models) & set(found.models)), len(found.networks), found.cells,
-               found.modified)
+        key = (
+            len(set(models) & set(found.models)),
+            len(found.networks),
+            found.cells,
+            found.modified,
+        )
         if best is None or key > best[0]:
             best = (key, path)
     return None if best is None else best[1]
@@ -227,9 +251,16 @@ class Fitted:
         held_out = found.leave_one_network_out
         errors = _held_out_errors(data, found, "network_mape") if held_out else {}
         memory_errors = _held_out_errors(data, found, "memory_mape") if held_out else {}
-        return cls({**RAW, **entry["params"]}, float(entry.get("runtime_mb") or 0.0),
-                   found.describe(), errors, found, hardware, *_noise_floor(data),
-                   memory_errors=memory_errors)
+        return cls(
+            {**RAW, **entry["params"]},
+            float(entry.get("runtime_mb") or 0.0),
+            found.describe(),
+            errors,
+            found,
+            hardware,
+            *_noise_floor(data),
+            memory_errors=memory_errors,
+        )
 
     @property
     def noise_text(self) -> str:
@@ -245,30 +276,42 @@ class Fitted:
     def calibration(self, model: str) -> ModelCalibration:
         """How sure `model`'s prediction is with these parameters (module docstring)."""
         if model in self.errors:
-            return ModelCalibration(True, self.errors[model],
-                                    f"the fit's error on an unseen network, "
-                                    f"{self.errors[model]:.1f}%", self.memory_errors.get(model))
+            return ModelCalibration(
+                True,
+                self.errors[model],
+                f"the fit's error on an unseen network, {self.errors[model]:.1f}%",
+                self.memory_errors.get(model),
+            )
         if self.fit is None:
             why = "no fit of this hardware"
         elif model not in self.fit.models:
             why = f"the fit has no cell of the model on hardware={self.hardware}"
         elif not self.fit.leave_one_network_out:
-            why = ("the fit's cells hold one network: its error on another network cannot "
-                   "be measured")
+            why = (
+                "the fit's cells hold one network: its error on another network cannot be measured"
+            )
         else:
             why = f"the fit measured no error of {model} on an unseen network"
-        return ModelCalibration(False, None, f"uncalibrated ({why}): the raw equations' "
-                                             f"error, x/{RAW_ERROR_FACTOR:g} to "
-                                             f"x{RAW_ERROR_FACTOR:g}")
+        return ModelCalibration(
+            False,
+            None,
+            f"uncalibrated ({why}): the raw equations' "
+            f"error, x/{RAW_ERROR_FACTOR:g} to "
+            f"x{RAW_ERROR_FACTOR:g}",
+        )
 
     def summary(self) -> dict[str, Any]:
         """The fit's facts for `--json`."""
         if self.fit is None:
             return {"path": None, "why": self.source}
-        return {"path": str(self.fit.path), "hardware": self.fit.hardware,
-                "cells": self.fit.cells, "networks": list(self.fit.networks),
-                "models": dict(sorted(self.fit.models.items())),
-                "leave_one_network_out_measured": self.fit.leave_one_network_out}
+        return {
+            "path": str(self.fit.path),
+            "hardware": self.fit.hardware,
+            "cells": self.fit.cells,
+            "networks": list(self.fit.networks),
+            "models": dict(sorted(self.fit.models.items())),
+            "leave_one_network_out_measured": self.fit.leave_one_network_out,
+        }
 
 
 # Fewest cells measured in two steady runs for their median to stand for the fit's noise
@@ -276,8 +319,9 @@ class Fitted:
 MIN_RUN_FLOOR_CELLS = 5
 
 
-def machine_since_fit(fitted: Fitted, used: Iterable[tuple[str, StepTime]],
-                      hardware: HardwareConfig) -> str | None:
+def machine_since_fit(
+    fitted: Fitted, used: Iterable[tuple[str, StepTime]], hardware: HardwareConfig
+) -> str | None:
     """A line where step times predictions use (each with what it is of: "batch 32") were
     measured on another machine than the fit's cells: its parameters (overheads, the
     communication factor) were learnt against that machine's speed. None where they agree,
@@ -287,10 +331,12 @@ def machine_since_fit(fitted: Fitted, used: Iterable[tuple[str, StepTime]],
     if fit is None or not other:
         return None
     where = "; ".join(f"{', '.join(steps)} on {machine}" for machine, steps in other.items())
-    return (f"machine changed since the fit: its cells ran on {'; '.join(fit.machines)}, the "
-            f"step times used on another ({where}); its parameters were learnt at the "
-            f"former's speed: {calibrate_commands(hardware)} on this machine fit them for it "
-            f"(the fit: {fit.path})")
+    return (
+        f"machine changed since the fit: its cells ran on {'; '.join(fit.machines)}, the "
+        f"step times used on another ({where}); its parameters were learnt at the "
+        f"former's speed: {calibrate_commands(hardware)} on this machine fit them for it "
+        f"(the fit: {fit.path})"
+    )
 
 
 def _noise_floor(data: dict[str, Any]) -> tuple[float, str]:
@@ -301,12 +347,16 @@ def _noise_floor(data: dict[str, Any]) -> tuple[float, str]:
     runs_percent = _percent(runs.get("percent")) if isinstance(runs, dict) else None
     runs_cells = runs.get("cells") if isinstance(runs, dict) else None
     floors = data.get("noise_floor_percent")
-    return noise_for_ties(runs_percent, runs_cells if isinstance(runs_cells, int) else 0,
-                          _percent(floors.get("all") if isinstance(floors, dict) else None))
+    return noise_for_ties(
+        runs_percent,
+        runs_cells if isinstance(runs_cells, int) else 0,
+        _percent(floors.get("all") if isinstance(floors, dict) else None),
+    )
 
 
-def noise_for_ties(runs_percent: float | None, runs_cells: int,
-                   overall_percent: float | None) -> tuple[float, str]:
+def noise_for_ties(
+    runs_percent: float | None, runs_cells: int, overall_percent: float | None
+) -> tuple[float, str]:
     """The noise floor (percent) two options are tied within, and which: between two runs of
     one cell where at least MIN_RUN_FLOOR_CELLS cells measured it (a recommendation is
     compared with another run, and back-to-back repeats differ less: harness.analysis.noise),

@@ -88,9 +88,11 @@ def _every_cell(cell: MeasuredCell) -> bool:
     return True
 
 
-def held_out(predictions: Sequence[CellPrediction],
-             group: Callable[[MeasuredCell], Hashable],
-             fit_on: Callable[[MeasuredCell], bool] = _every_cell) -> list[CellPrediction]:
+def held_out(
+    predictions: Sequence[CellPrediction],
+    group: Callable[[MeasuredCell], Hashable],
+    fit_on: Callable[[MeasuredCell], bool] = _every_cell,
+) -> list[CellPrediction]:
     """Each prediction with `fitted_s` from the parameters fitted on the cells of its hardware
     in other groups, and memory with the runtime share learnt the same way. `fit_on` limits
     the cells fitted on (a small calibration inside a larger grid): the others are only
@@ -98,14 +100,23 @@ def held_out(predictions: Sequence[CellPrediction],
     result = []
     for prediction in predictions:
         key, hardware = group(prediction.cell), _hardware(prediction.cell)
-        training = [p for p in predictions if group(p.cell) != key
-                    and _hardware(p.cell) == hardware and fit_on(p.cell)]
+        training = [
+            p
+            for p in predictions
+            if group(p.cell) != key and _hardware(p.cell) == hardware and fit_on(p.cell)
+        ]
         params = fit_params([(p.terms, p.measured_s) for p in training])
         runtime = runtime_mb(training)
-        result.append(CellPrediction(
-            prediction.cell, prediction.terms, prediction.memory_model_mb,
-            fitted_s=prediction.terms.seconds(params), fitted_from=len(training),
-            memory_fitted_mb=prediction.memory_model_mb + runtime))
+        result.append(
+            CellPrediction(
+                prediction.cell,
+                prediction.terms,
+                prediction.memory_model_mb,
+                fitted_s=prediction.terms.seconds(params),
+                fitted_from=len(training),
+                memory_fitted_mb=prediction.memory_model_mb + runtime,
+            )
+        )
     return result
 
 
@@ -114,21 +125,29 @@ def runtime_mb(training: Sequence[CellPrediction]) -> float:
     modelled peaks (0 without cells to learn from). The model measures the process' runtime
     share itself (`predict.runtime`), so this is a remainder (the heap's fragmentation,
     about 100 MB on a CPU), not the runtime."""
-    gaps = [p.cell.peak_memory_mb - p.memory_model_mb for p in training
-            if p.cell.peak_memory_mb == p.cell.peak_memory_mb]  # skip NaN (not measured)
+    gaps = [
+        p.cell.peak_memory_mb - p.memory_model_mb
+        for p in training
+        if p.cell.peak_memory_mb == p.cell.peak_memory_mb
+    ]  # skip NaN (not measured)
     return statistics.median(gaps) if gaps else 0.0
 
 
 def params_per_hardware(predictions: Sequence[CellPrediction]) -> dict[str, dict[str, float]]:
     """Parameters fitted on all cells of each hardware: what the recommender uses."""
-    return {hardware: fit_params([(p.terms, p.measured_s) for p in predictions
-                                  if _hardware(p.cell) == hardware])
-            for hardware in sorted({_hardware(p.cell) for p in predictions})}
+    return {
+        hardware: fit_params(
+            [(p.terms, p.measured_s) for p in predictions if _hardware(p.cell) == hardware]
+        )
+        for hardware in sorted({_hardware(p.cell) for p in predictions})
+    }
 
 
 def runtime_per_hardware(predictions: Sequence[CellPrediction]) -> dict[str, float]:
-    return {hardware: runtime_mb([p for p in predictions if _hardware(p.cell) == hardware])
-            for hardware in sorted({_hardware(p.cell) for p in predictions})}
+    return {
+        hardware: runtime_mb([p for p in predictions if _hardware(p.cell) == hardware])
+        for hardware in sorted({_hardware(p.cell) for p in predictions})
+    }
 
 
 @dataclass(frozen=True)
@@ -160,35 +179,50 @@ def signed_error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured * 100
 
 
-def accuracy(by_cell: Sequence[CellPrediction],
-             by_network: Sequence[CellPrediction],
-             by_family: Sequence[CellPrediction] = ()) -> list[Accuracy]:
+def accuracy(
+    by_cell: Sequence[CellPrediction],
+    by_network: Sequence[CellPrediction],
+    by_family: Sequence[CellPrediction] = (),
+) -> list[Accuracy]:
     """MAPE and worst case per model: raw equations, leave one cell out, leave one network
     out (time and memory), and with `by_family` leave one family out."""
     table = []
     for model in sorted({p.cell.model for p in by_cell}):
         cells = [p for p in by_cell if p.cell.model == model]
         networks = [p for p in by_network if p.cell.model == model]
-        families = [percent_error(p.fitted_s, p.measured_s) for p in by_family
-                    if p.cell.model == model]
-        family_bias = [signed_error(p.fitted_s, p.measured_s) for p in by_family
-                       if p.cell.model == model]
+        families = [
+            percent_error(p.fitted_s, p.measured_s) for p in by_family if p.cell.model == model
+        ]
+        family_bias = [
+            signed_error(p.fitted_s, p.measured_s) for p in by_family if p.cell.model == model
+        ]
         raw = [percent_error(p.raw_s, p.measured_s) for p in cells]
         # A network held out where its hardware has no other network was predicted by the
         # raw equations (nothing to fit on): that is no leave-one-network-out error.
         networks = [p for p in networks if p.fitted_from > 0]
         unseen = [percent_error(p.fitted_s, p.measured_s) for p in networks]
         bias = [signed_error(p.fitted_s, p.measured_s) for p in networks]
-        memory = [percent_error(p.memory_fitted_mb, p.cell.peak_memory_mb) for p in networks
-                  if p.cell.peak_memory_mb == p.cell.peak_memory_mb]
-        table.append(Accuracy(
-            model, len(cells), statistics.fmean(raw), max(raw),
-            statistics.fmean(percent_error(p.fitted_s, p.measured_s) for p in cells),
-            _mean(unseen), max(unseen, default=float("nan")), _mean(bias),
-            _mean(memory),
-            statistics.fmean(families) if families else float("nan"),
-            max(families) if families else float("nan"),
-            statistics.fmean(family_bias) if family_bias else float("nan")))
+        memory = [
+            percent_error(p.memory_fitted_mb, p.cell.peak_memory_mb)
+            for p in networks
+            if p.cell.peak_memory_mb == p.cell.peak_memory_mb
+        ]
+        table.append(
+            Accuracy(
+                model,
+                len(cells),
+                statistics.fmean(raw),
+                max(raw),
+                statistics.fmean(percent_error(p.fitted_s, p.measured_s) for p in cells),
+                _mean(unseen),
+                max(unseen, default=float("nan")),
+                _mean(bias),
+                _mean(memory),
+                statistics.fmean(families) if families else float("nan"),
+                max(families) if families else float("nan"),
+                statistics.fmean(family_bias) if family_bias else float("nan"),
+            )
+        )
     return table
 
 
@@ -203,8 +237,11 @@ def single_network_hardware(predictions: Sequence[CellPrediction]) -> dict[str, 
     networks: dict[str, set[str]] = {}
     for p in predictions:
         networks.setdefault(_hardware(p.cell), set()).add(p.cell.network)
-    return {hardware: next(iter(names)) for hardware, names in sorted(networks.items())
-            if len(names) == 1}
+    return {
+        hardware: next(iter(names))
+        for hardware, names in sorted(networks.items())
+        if len(names) == 1
+    }
 
 
 def leave_one_network_out_note(predictions: Sequence[CellPrediction]) -> str | None:
@@ -213,15 +250,19 @@ def leave_one_network_out_note(predictions: Sequence[CellPrediction]) -> str | N
     single = single_network_hardware(predictions)
     if not single:
         return None
-    where = "; ".join(f"hardware={hardware}: {network} only" for hardware, network
-                      in single.items())
-    return (f"leave one network out cannot be measured ({where}): it needs cells of two "
-            f"networks or more on the same hardware, one held out and one to fit on")
+    where = "; ".join(
+        f"hardware={hardware}: {network} only" for hardware, network in single.items()
+    )
+    return (
+        f"leave one network out cannot be measured ({where}): it needs cells of two "
+        f"networks or more on the same hardware, one held out and one to fit on"
+    )
 
 
-def family_held_out(predictions: Sequence[CellPrediction],
-                    fit_on: Callable[[MeasuredCell], bool] = _every_cell,
-                    ) -> list[CellPrediction]:
+def family_held_out(
+    predictions: Sequence[CellPrediction],
+    fit_on: Callable[[MeasuredCell], bool] = _every_cell,
+) -> list[CellPrediction]:
     """Every cell predicted from the parameters fitted on the other families' cells (of its
     hardware); empty when the cells hold one family, where nothing can be held out."""
     if len({p.cell.family for p in predictions}) < 2:

@@ -77,8 +77,9 @@ IMAGE_NETWORKS = "image networks"
 LANGUAGE_MODELS = "language models"
 
 
-def load_grid(uri: str, experiment: str, *,
-              statuses: tuple[str, ...] = (RunStatus.ok.value,)) -> list[MeasuredCell]:
+def load_grid(
+    uri: str, experiment: str, *, statuses: tuple[str, ...] = (RunStatus.ok.value,)
+) -> list[MeasuredCell]:
     """The experiment's cells with one of `statuses` (`ok`: finished; `oom`: did not fit),
     oldest first (a sweep's parent run, the probe and analysis runs carry no cell status and
     are skipped)."""
@@ -90,26 +91,40 @@ def load_grid(uri: str, experiment: str, *,
     client = open_store(uri)  # checked, and bounded like a cell's (2 retries)
     found = client.get_experiment_by_name(experiment)
     if found is None:
-        raise ConfigError(f"tracking.experiment={experiment} is invalid: no such MLflow "
-                          f"experiment at {uri}")
+        raise ConfigError(
+            f"tracking.experiment={experiment} is invalid: no such MLflow experiment at {uri}"
+        )
     # One query per status: MLflow's filter has no IN for tags.
-    runs = sorted((run for status in statuses for run in client.search_runs(
-        [found.experiment_id], filter_string=f"tags.status = '{status}'",
-        max_results=10_000)), key=lambda run: run.info.start_time)
+    runs = sorted(
+        (
+            run
+            for status in statuses
+            for run in client.search_runs(
+                [found.experiment_id], filter_string=f"tags.status = '{status}'", max_results=10_000
+            )
+        ),
+        key=lambda run: run.info.start_time,
+    )
     cells = []
     with tempfile.TemporaryDirectory() as scratch:
         for run in runs:
             config = recorded_config(client, run, Path(scratch))
             metrics = run.data.metrics
-            cells.append(MeasuredCell(run.info.run_id, run.info.run_name or run.info.run_id,
-                                      config, metrics.get("seconds_per_epoch", float("nan")),
-                                      metrics.get("peak_memory_mb", float("nan")),
-                                      run.data.tags["status"],
-                                      steady=metrics.get("steady", 1.0) != 0.0,
-                                      repeat_std=repeat_std(metrics),
-                                      cell_key=run.data.tags.get(CELL_KEY_TAG, ""),
-                                      reference_ms=machine_speed_ms(metrics),
-                                      machine=machine_label(run.data.tags)))
+            cells.append(
+                MeasuredCell(
+                    run.info.run_id,
+                    run.info.run_name or run.info.run_id,
+                    config,
+                    metrics.get("seconds_per_epoch", float("nan")),
+                    metrics.get("peak_memory_mb", float("nan")),
+                    run.data.tags["status"],
+                    steady=metrics.get("steady", 1.0) != 0.0,
+                    repeat_std=repeat_std(metrics),
+                    cell_key=run.data.tags.get(CELL_KEY_TAG, ""),
+                    reference_ms=machine_speed_ms(metrics),
+                    machine=machine_label(run.data.tags),
+                )
+            )
     return cells
 
 
@@ -121,16 +136,20 @@ def mixed_machine_lines(cells: Sequence[MeasuredCell]) -> list[str]:
     for cell in cells:
         if cell.machine:
             by_hardware.setdefault(cell.config.hardware.name, Counter())[cell.machine] += 1
-    return [f"hardware={hardware}: its cells were measured on {len(counts)} machines "
-            f"({'; '.join(f'{machine}: {n} cell(s)' for machine, n in sorted(counts.items()))}): "
-            f"their times are not comparable; measure them again on one machine "
-            f"(hydra.launcher.force=true) or analyse each machine's cells in an experiment "
-            f"of their own"
-            for hardware, counts in sorted(by_hardware.items()) if len(counts) > 1]
+    return [
+        f"hardware={hardware}: its cells were measured on {len(counts)} machines "
+        f"({'; '.join(f'{machine}: {n} cell(s)' for machine, n in sorted(counts.items()))}): "
+        f"their times are not comparable; measure them again on one machine "
+        f"(hydra.launcher.force=true) or analyse each machine's cells in an experiment "
+        f"of their own"
+        for hardware, counts in sorted(by_hardware.items())
+        if len(counts) > 1
+    ]
 
 
-def step_time_machine_lines(step_times: Sequence[tuple[str, StepTime]],
-                            cells: Sequence[MeasuredCell]) -> list[str]:
+def step_time_machine_lines(
+    step_times: Sequence[tuple[str, StepTime]], cells: Sequence[MeasuredCell]
+) -> list[str]:
     """One line for each machine other than the cells' that measured step times the
     predictions use (probed by an analysis run elsewhere, or read from a facts file kept on
     another machine with --no-probe). Such a step time holds that machine's speed: the
@@ -139,14 +158,21 @@ def step_time_machine_lines(step_times: Sequence[tuple[str, StepTime]],
     Silent where no cell names its machine (recorded before `cpu_capability` was)."""
     machines = {cell.machine for cell in cells if cell.machine}
     other = steps_from_other_machines(
-        ((f"{workload}, batch {step.batch}", step) for workload, step in step_times
-         if not step.reference_in_cells), machines)
-    return [f"{len(used)} step time(s) the predictions use were measured on {machine} "
-            f"({'; '.join(used[:3])}{'; ...' if len(used) > 3 else ''}), the cells on "
-            f"{'; '.join(sorted(machines))}: the predictions hold the other machine's speed; "
-            f"run the analysis on the cells' machine (or --no-probe with a facts file probed "
-            f"there)"
-            for machine, used in other.items()]
+        (
+            (f"{workload}, batch {step.batch}", step)
+            for workload, step in step_times
+            if not step.reference_in_cells
+        ),
+        machines,
+    )
+    return [
+        f"{len(used)} step time(s) the predictions use were measured on {machine} "
+        f"({'; '.join(used[:3])}{'; ...' if len(used) > 3 else ''}), the cells on "
+        f"{'; '.join(sorted(machines))}: the predictions hold the other machine's speed; "
+        f"run the analysis on the cells' machine (or --no-probe with a facts file probed "
+        f"there)"
+        for machine, used in other.items()
+    ]
 
 
 def one_per_cell(runs: Sequence[MeasuredCell]) -> list[MeasuredCell]:
@@ -171,9 +197,11 @@ def _merged(group: Sequence[MeasuredCell]) -> MeasuredCell:
     chosen = [run for run in group if run.steady] or list(group)
     references = [run.reference_ms for run in chosen if run.reference_ms is not None]
     # The latest chosen run's identity; the medians of what was measured.
-    return replace(chosen[-1],
-                   seconds_per_epoch=statistics.median(r.seconds_per_epoch for r in chosen),
-                   peak_memory_mb=statistics.median(r.peak_memory_mb for r in chosen),
-                   repeat_std=chosen[-1].repeat_std if len(chosen) == 1 else None,
-                   reference_ms=statistics.median(references) if references else None,
-                   runs=len(chosen))
+    return replace(
+        chosen[-1],
+        seconds_per_epoch=statistics.median(r.seconds_per_epoch for r in chosen),
+        peak_memory_mb=statistics.median(r.peak_memory_mb for r in chosen),
+        repeat_std=chosen[-1].repeat_std if len(chosen) == 1 else None,
+        reference_ms=statistics.median(references) if references else None,
+        runs=len(chosen),
+    )

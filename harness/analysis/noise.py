@@ -56,8 +56,11 @@ class Floor:
         return cls(statistics.median(differences), len(differences))
 
     def part(self, kind: str) -> str:
-        return (f"{kind} {self.percent:.1f} % ({self.cells} cell(s))" if self.measured
-                else f"{kind} not measured")
+        return (
+            f"{kind} {self.percent:.1f} % ({self.cells} cell(s))"
+            if self.measured
+            else f"{kind} not measured"
+        )
 
 
 @dataclass(frozen=True)
@@ -70,12 +73,16 @@ class NoiseFloor(Floor):
 
     def text(self) -> str:
         if not self.measured:
-            return ("noise floor: not measured (no cell measured twice: run.repeats=2 or more, "
-                    "or measure the sweep again)")
-        return (f"noise floor: {self.percent:.1f} % (median difference between two measurements "
-                f"of the same cell, over {self.cells} cell(s); "
-                f"{self.repeats.part('between repeats of one run')}, "
-                f"{self.runs.part('between runs')})")
+            return (
+                "noise floor: not measured (no cell measured twice: run.repeats=2 or more, "
+                "or measure the sweep again)"
+            )
+        return (
+            f"noise floor: {self.percent:.1f} % (median difference between two measurements "
+            f"of the same cell, over {self.cells} cell(s); "
+            f"{self.repeats.part('between repeats of one run')}, "
+            f"{self.runs.part('between runs')})"
+        )
 
 
 @dataclass(frozen=True)
@@ -96,19 +103,25 @@ def cell_noise(cells: Sequence[MeasuredCell]) -> dict[str, CellNoise]:
         by_key.setdefault(cell.cell_key or cell.run_id, []).append(cell)
     noise = {}
     for key, runs in by_key.items():
-        repeat_figures = [EXPECTED_DIFFERENCE_PER_STD * cell.repeat_std
-                          / cell.seconds_per_epoch * 100 for cell in runs
-                          if cell.repeat_std is not None and cell.seconds_per_epoch > 0]
+        repeat_figures = [
+            EXPECTED_DIFFERENCE_PER_STD * cell.repeat_std / cell.seconds_per_epoch * 100
+            for cell in runs
+            if cell.repeat_std is not None and cell.seconds_per_epoch > 0
+        ]
         seconds = [cell.seconds_per_epoch for cell in runs if cell.steady]
         run_figure = None
         if len(seconds) >= 2:
             pairs = list(itertools.combinations(seconds, 2))
-            run_figure = (statistics.fmean(abs(a - b) for a, b in pairs)
-                          / statistics.fmean(seconds) * 100)
+            run_figure = (
+                statistics.fmean(abs(a - b) for a, b in pairs) / statistics.fmean(seconds) * 100
+            )
         figures = [*repeat_figures, *([] if run_figure is None else [run_figure])]
         if figures:
-            noise[key] = CellNoise(statistics.fmean(repeat_figures) if repeat_figures else None,
-                                   run_figure, statistics.fmean(figures))
+            noise[key] = CellNoise(
+                statistics.fmean(repeat_figures) if repeat_figures else None,
+                run_figure,
+                statistics.fmean(figures),
+            )
     return noise
 
 
@@ -116,11 +129,16 @@ def noise_floor(cells: Sequence[MeasuredCell]) -> NoiseFloor:
     """The grid's noise floor (module docstring)."""
     noise = list(cell_noise(cells).values())
     both = Floor.of([cell.both for cell in noise])
-    return NoiseFloor(both.percent, both.cells,
-                      repeats=Floor.of([c.repeats for c in noise if c.repeats is not None]),
-                      runs=Floor.of([c.runs for c in noise if c.runs is not None]))
+    return NoiseFloor(
+        both.percent,
+        both.cells,
+        repeats=Floor.of([c.repeats for c in noise if c.repeats is not None]),
+        runs=Floor.of([c.runs for c in noise if c.runs is not None]),
+    )
 
 
 def noise_floor_per_model(cells: Sequence[MeasuredCell]) -> dict[str, NoiseFloor]:
-    return {model: noise_floor([cell for cell in cells if cell.model == model])
-            for model in sorted({cell.model for cell in cells})}
+    return {
+        model: noise_floor([cell for cell in cells if cell.model == model])
+        for model in sorted({cell.model for cell in cells})
+    }

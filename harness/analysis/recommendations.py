@@ -58,8 +58,7 @@ class WorkloadVerdict:
     @property
     def tied_predictions(self) -> list[CellPrediction]:
         """The options called tied, the predicted fastest first (none without a tie)."""
-        return [cast(_Option, option).prediction for option in self.tie.tied] if self.tie \
-            else []
+        return [cast(_Option, option).prediction for option in self.tie.tied] if self.tie else []
 
     @property
     def fastest_among_tied(self) -> bool:
@@ -84,13 +83,15 @@ def tie_summary(verdicts: Sequence[WorkloadVerdict]) -> str | None:
     missed = [v for v in verdicts if not v.correct]
     warned = sum(v.fastest_among_tied for v in missed)
     lost = max(v.named_time_lost_percent for v in verdicts)
-    return (f"with its tie rule (harness.recommend: options predicted within the models' "
-            f"error and the noise of one another are tied, and the one with fewer workers or "
-            f"less memory beyond the memory models' error taken), {len(tied)} of "
-            f"{len(verdicts)} answers were ties, and the recommender's answer was right for "
-            f"{sum(v.named_correct for v in verdicts)} (worst time lost {lost:.1f} %); of the "
-            f"{len(missed)} misses of the predicted fastest, {warned} were inside a tie it "
-            f"declared")
+    return (
+        f"with its tie rule (harness.recommend: options predicted within the models' "
+        f"error and the noise of one another are tied, and the one with fewer workers or "
+        f"less memory beyond the memory models' error taken), {len(tied)} of "
+        f"{len(verdicts)} answers were ties, and the recommender's answer was right for "
+        f"{sum(v.named_correct for v in verdicts)} (worst time lost {lost:.1f} %); of the "
+        f"{len(missed)} misses of the predicted fastest, {warned} were inside a tie it "
+        f"declared"
+    )
 
 
 def _fits_memory(prediction: CellPrediction) -> bool:
@@ -132,9 +133,13 @@ class _Option:
         return self.error_percent is not None
 
 
-def judge(predictions: Sequence[CellPrediction], *, errors: Mapping[str, float] | None = None,
-          noise_percent: float = 0.0, memory_errors: Mapping[str, float] | None = None
-          ) -> list[WorkloadVerdict]:
+def judge(
+    predictions: Sequence[CellPrediction],
+    *,
+    errors: Mapping[str, float] | None = None,
+    noise_percent: float = 0.0,
+    memory_errors: Mapping[str, float] | None = None,
+) -> list[WorkloadVerdict]:
     """One verdict per workload and hardware with two or more measured configurations: the
     recommender answers for the hardware it is asked about, so a grid over two link rates
     judges each rate's answer (the fastest may change with the rate). Each cell once: a cell
@@ -145,18 +150,25 @@ def judge(predictions: Sequence[CellPrediction], *, errors: Mapping[str, float] 
     model's error on an unseen network, which less memory must beat to break a tie."""
     verdicts = []
     for workload, hardware in sorted({(p.cell.workload, _hardware(p)) for p in predictions}):
-        cells = [p for p in predictions
-                 if p.cell.workload == workload and _hardware(p) == hardware]
+        cells = [p for p in predictions if p.cell.workload == workload and _hardware(p) == hardware]
         if len(cells) < 2:
             continue
-        allowed = sorted([p for p in cells if _fits_memory(p)] or cells,
-                         key=lambda p: p.fitted_s)
-        options = [_Option(p, (errors or {}).get(p.cell.model),
-                           (memory_errors or {}).get(p.cell.model)) for p in allowed]
-        verdicts.append(WorkloadVerdict(
-            workload, len(cells), fastest=min(cells, key=lambda p: p.measured_s),
-            recommended=allowed[0], raw_recommended=min(allowed, key=lambda p: p.raw_s),
-            hardware=hardware, tie=tie_with_fastest(options, noise_percent)))
+        allowed = sorted([p for p in cells if _fits_memory(p)] or cells, key=lambda p: p.fitted_s)
+        options = [
+            _Option(p, (errors or {}).get(p.cell.model), (memory_errors or {}).get(p.cell.model))
+            for p in allowed
+        ]
+        verdicts.append(
+            WorkloadVerdict(
+                workload,
+                len(cells),
+                fastest=min(cells, key=lambda p: p.measured_s),
+                recommended=allowed[0],
+                raw_recommended=min(allowed, key=lambda p: p.raw_s),
+                hardware=hardware,
+                tie=tie_with_fastest(options, noise_percent),
+            )
+        )
     return verdicts
 
 
@@ -182,8 +194,11 @@ class MemoryVerdict:
         return self.predicted_fit == self.cell.fitted_in_memory
 
 
-def memory_verdicts(cells: Sequence[MeasuredCell], model_mb: Callable[[MeasuredCell], float],
-                    predictions: Sequence[CellPrediction]) -> list[MemoryVerdict]:
+def memory_verdicts(
+    cells: Sequence[MeasuredCell],
+    model_mb: Callable[[MeasuredCell], float],
+    predictions: Sequence[CellPrediction],
+) -> list[MemoryVerdict]:
     """A verdict for every cell whose hardware sets `device_memory_gb`: `model_mb` is the
     memory model's peak per worker as it fills the device (its measured runtime share, a CUDA
     context included); what the model misses beside it (`runtime_mb`) is learnt from the
@@ -194,8 +209,10 @@ def memory_verdicts(cells: Sequence[MeasuredCell], model_mb: Callable[[MeasuredC
         if limit_gb is None:
             continue
         device = cell.config.hardware.device
-        training = [p for p in predictions if p.cell.network != cell.network
-                    and p.cell.config.hardware.device is device]
-        verdicts.append(MemoryVerdict(cell, model_mb(cell) + runtime_mb(training),
-                                      limit_gb * 1000))
+        training = [
+            p
+            for p in predictions
+            if p.cell.network != cell.network and p.cell.config.hardware.device is device
+        ]
+        verdicts.append(MemoryVerdict(cell, model_mb(cell) + runtime_mb(training), limit_gb * 1000))
     return verdicts

@@ -44,15 +44,22 @@ class StepFromCells:
 
     def lines(self) -> list[str]:
         """What the console shows: the errors per model and the recommendations."""
-        lines = [f"held out by network, each network's step time from its own one-worker "
-                 f"cells ({self.cells} of {self.of} cells; the models' own error, without "
-                 f"the probe's drift from the cells):",
-                 f"{'model':<12}{'cells':>6}{'MAPE %':>8}{'worst %':>9}{'bias %':>8}"]
-        lines += [f"{row.model:<12}{row.cells:>6}{row.network_mape:>8.1f}"
-                  f"{row.network_worst:>9.1f}{row.network_bias:>+8.1f}" for row in self.table]
+        lines = [
+            f"held out by network, each network's step time from its own one-worker "
+            f"cells ({self.cells} of {self.of} cells; the models' own error, without "
+            f"the probe's drift from the cells):",
+            f"{'model':<12}{'cells':>6}{'MAPE %':>8}{'worst %':>9}{'bias %':>8}",
+        ]
+        lines += [
+            f"{row.model:<12}{row.cells:>6}{row.network_mape:>8.1f}"
+            f"{row.network_worst:>9.1f}{row.network_bias:>+8.1f}"
+            for row in self.table
+        ]
         if self.verdicts:
-            lines.append(f"recommendations right for {self.right} of {len(self.verdicts)} "
-                         f"workloads that way (worst time lost {self.worst_lost:.1f} %)")
+            lines.append(
+                f"recommendations right for {self.right} of {len(self.verdicts)} "
+                f"workloads that way (worst time lost {self.worst_lost:.1f} %)"
+            )
         return lines
 
     @property
@@ -64,27 +71,49 @@ class StepFromCells:
         return max((verdict.time_lost_percent for verdict in self.verdicts), default=0.0)
 
     def to_json(self) -> dict[str, object]:
-        return {"cells": self.cells, "of": self.of,
-                "accuracy": [{"model": row.model, "cells": row.cells,
-                              "network_mape": row.network_mape,
-                              "network_worst": row.network_worst,
-                              "network_bias": row.network_bias} for row in self.table],
-                "recommendations_right": self.right, "recommendations": len(self.verdicts),
-                "worst_time_lost_percent": self.worst_lost}
+        return {
+            "cells": self.cells,
+            "of": self.of,
+            "accuracy": [
+                {
+                    "model": row.model,
+                    "cells": row.cells,
+                    "network_mape": row.network_mape,
+                    "network_worst": row.network_worst,
+                    "network_bias": row.network_bias,
+                }
+                for row in self.table
+            ],
+            "recommendations_right": self.right,
+            "recommendations": len(self.verdicts),
+            "worst_time_lost_percent": self.worst_lost,
+        }
 
 
 def cells_step_cache(cache: FactsCache) -> FactsCache:
     """A cache that takes step times from the grid's one-worker cells first and times nothing,
     sharing what `cache` measured besides step times (layer profiles, stages in place,
     memory facts)."""
-    return replace(cache, steps_from_cells=True, probe=False, time_in_place=False,
-                   step_seconds={}, sources={}, recorded={}, measured=[])
+    return replace(
+        cache,
+        steps_from_cells=True,
+        probe=False,
+        time_in_place=False,
+        step_seconds={},
+        sources={},
+        recorded={},
+        measured=[],
+    )
 
 
 def judge_with_steps_from_cells(
-        cells: Sequence[MeasuredCell], cache: FactsCache,
-        predict: Callable[[FactsCache], list[CellPrediction]], *,
-        fit_on: Callable[[MeasuredCell], bool], noise_percent: float) -> StepFromCells | None:
+    cells: Sequence[MeasuredCell],
+    cache: FactsCache,
+    predict: Callable[[FactsCache], list[CellPrediction]],
+    *,
+    fit_on: Callable[[MeasuredCell], bool],
+    noise_percent: float,
+) -> StepFromCells | None:
     """The second judgement (module docstring); None where no cell's step time came from its
     network's one-worker cells (a grid without sequential cells), or where a step time the
     main judgement probed was not kept (an unwritable facts file) and is not to be had without
@@ -93,19 +122,25 @@ def judge_with_steps_from_cells(
     try:
         predictions = predict(at_cells)
     except MissingMeasurement as missing:
-        print(f"distbench: not judged with the one-worker cells' step times: {missing}",
-              file=sys.stderr, flush=True)
+        print(
+            f"distbench: not judged with the one-worker cells' step times: {missing}",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
     from_cells = {p.cell.run_id for p in predictions if _step_from_cells(p, at_cells)}
     if not from_cells:
         return None
     by_network = held_out(predictions, group=lambda cell: cell.network, fit_on=fit_on)
-    judged = [p for p in by_network
-              if p.cell.run_id in from_cells and p.cell.model != baseline().name]
+    judged = [
+        p for p in by_network if p.cell.run_id in from_cells and p.cell.model != baseline().name
+    ]
     table = [row for row in accuracy(judged, judged) if math.isfinite(row.network_mape)]
-    verdicts = judge([p for p in by_network if p.fitted_from > 0],
-                     errors={row.model: row.network_mape for row in table},
-                     noise_percent=noise_percent)
+    verdicts = judge(
+        [p for p in by_network if p.fitted_from > 0],
+        errors={row.model: row.network_mape for row in table},
+        noise_percent=noise_percent,
+    )
     return StepFromCells(table, verdicts, len(from_cells), len(predictions))
 
 

@@ -15,22 +15,28 @@ class ArgumentParser(argparse.ArgumentParser):
     other, one line and exit status 2 (argparse's own report adds the usage lines)."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"distbench: invalid argument: {single_line(message)}; see {self.prog} --help",
-              file=sys.stderr, flush=True)
+        print(
+            f"distbench: invalid argument: {single_line(message)}; see {self.prog} --help",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.exit(BAD_INPUT_EXIT_CODE)
 
     def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
         return refuse_dashes_as_value(self, action, arg_strings)
 
 
-def refuse_dashes_as_value(parser: argparse.ArgumentParser, action: argparse.Action,
-                           arg_strings: list[str]) -> Any:
+def refuse_dashes_as_value(
+    parser: argparse.ArgumentParser, action: argparse.Action, arg_strings: list[str]
+) -> Any:
     """argparse's own `_get_values`, but a flag given '--' as its value (`--out=--`) is a
     wrong flag: argparse (Python 3.11) drops the '--' and hands the flag an empty list, which
     no command expects (it crashed as an error of the command)."""
     if arg_strings == ["--"] and action.option_strings and action.nargs in (None, "?"):
-        parser.error(f"argument {'/'.join(action.option_strings)}: expected one argument, not "
-                     f"'--' (argparse's end of the flags; a file named -- is ./--)")
+        parser.error(
+            f"argument {'/'.join(action.option_strings)}: expected one argument, not "
+            f"'--' (argparse's end of the flags; a file named -- is ./--)"
+        )
     return argparse.ArgumentParser._get_values(parser, action, arg_strings)
 
 
@@ -47,9 +53,13 @@ def overrides_parser(prog: str, description: str | None) -> ArgumentParser:
     plan, probe, sync): `--help`, and every other argument left to Hydra (`parse_known_args`),
     which refuses a malformed override in one line as before. Without it, `--help` was refused
     as a malformed override."""
-    return ArgumentParser(prog=prog, description=description, epilog=OVERRIDES_EPILOG,
-                          usage=f"{prog} [-h] [GROUP=OPTION | KEY=VALUE ...]",
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    return ArgumentParser(
+        prog=prog,
+        description=description,
+        epilog=OVERRIDES_EPILOG,
+        usage=f"{prog} [-h] [GROUP=OPTION | KEY=VALUE ...]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def overrides_of(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> list[str]:

@@ -19,8 +19,11 @@ from harness.config.schema import ConfigError, one_line, unknown_key
 
 BAD_INPUT_EXIT_CODE = 2
 # Exceptions that mean "the user's input is wrong", never "the program is wrong".
-BAD_INPUT_ERRORS: tuple[type[Exception], ...] = (ConfigError, HydraException,
-                                                 OmegaConfBaseException)
+BAD_INPUT_ERRORS: tuple[type[Exception], ...] = (
+    ConfigError,
+    HydraException,
+    OmegaConfBaseException,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -28,8 +31,10 @@ R = TypeVar("R")
 
 # Where str.splitlines() ends a line: a value typed with one of these (an argument holding a
 # newline) would make a message of several lines.
-_LINE_BREAKS = {ord(char): char.encode("unicode_escape").decode()
-                for char in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+_LINE_BREAKS = {
+    ord(char): char.encode("unicode_escape").decode()
+    for char in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+}
 
 
 def single_line(text: str) -> str:
@@ -43,15 +48,16 @@ def bad_input_message(err: Exception) -> str:
     if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
         # "network/resnet19" -> "network=resnet19", as the user typed it.
         group, _, option = err.missing_cfg_file.rpartition("/")
-        return single_line(f"{group}={option}: unknown; choose one of "
-                           f"{', '.join(sorted(err.options))}")
+        return single_line(
+            f"{group}={option}: unknown; choose one of {', '.join(sorted(err.options))}"
+        )
     if isinstance(err, ConfigError):
         return " ".join(str(err).split())
     return single_line(_unknown_key(err) or _malformed_override(err) or one_line(err))
 
 
 def _unknown_key(err: Exception) -> str | None:
-    """"dataset.bogus: unknown key; allowed: name, source, ..." for a misspelled key of a
+    """ "dataset.bogus: unknown key; allowed: name, source, ..." for a misspelled key of a
     typed (dataclass) section, else None; another model's distribution setting also says
     which models have it and the per-model form (harness.config.schema.unknown_key)."""
     cause = err.__cause__
@@ -73,7 +79,7 @@ def _given_value(key: str) -> str | None:
 
 
 def _malformed_override(err: Exception) -> str | None:
-    """"run.epochs=[1: malformed override (...)" naming the command-line argument that Hydra's
+    """ "run.epochs=[1: malformed override (...)" naming the command-line argument that Hydra's
     override parser rejected (its own message quotes only the token it stopped at)."""
     if not isinstance(err, OverrideParseException):
         return None
@@ -86,16 +92,19 @@ def _malformed_override(err: Exception) -> str | None:
         try:
             parser.parse_overrides([argument])
         except HydraException:
-            return (f"{argument}: malformed override ({one_line(err)}); allowed: key=value, "
-                    f"+key=value, ~key, key=a,b,c with -m")
+            return (
+                f"{argument}: malformed override ({one_line(err)}); allowed: key=value, "
+                f"+key=value, ~key, key=a,b,c with -m"
+            )
     return None
 
 
 def exit_bad_input(err: Exception, context: str = "") -> NoReturn:
     """Print `err` as one line on stderr and exit with status 2."""
     where = f" {context}" if context else ""
-    print(f"distbench: invalid config{where}: {bad_input_message(err)}", file=sys.stderr,
-          flush=True)
+    print(
+        f"distbench: invalid config{where}: {bad_input_message(err)}", file=sys.stderr, flush=True
+    )
     sys.exit(BAD_INPUT_EXIT_CODE)
 
 

@@ -45,9 +45,13 @@ def exit_on_failed_cells() -> None:
     failed = [cell for cell in _cell_statuses if cell[1] != "ok"]  # or not in its directory
     if not failed:
         return
-    print(f"distbench: {len(failed)} of {len(_cell_statuses)} cell(s) did not end ok: "
-          + "; ".join(f"{name}: {status} ({reason})" for name, status, reason in failed[:3])
-          + ("; ..." if len(failed) > 3 else ""), file=sys.stderr, flush=True)
+    print(
+        f"distbench: {len(failed)} of {len(_cell_statuses)} cell(s) did not end ok: "
+        + "; ".join(f"{name}: {status} ({reason})" for name, status, reason in failed[:3])
+        + ("; ..." if len(failed) > 3 else ""),
+        file=sys.stderr,
+        flush=True,
+    )
     sys.exit(FAILED_CELLS_EXIT_CODE)
 
 
@@ -58,4 +62,4 @@ def failure_reason(error: object, width: int = 100) -> str:
     if not lines:
         return "no error recorded"
     line = lines[-1] if lines[0].startswith("Traceback") else lines[0]
-    return line if len(line) <= width else line[:width - 3] + "..."
+    return line if len(line) <= width else line[: width - 3] + "..."

@@ -31,6 +31,7 @@ from harness.cli.cell_results import failure_reason
 def command(function: Callable[P, R]) -> Callable[P, R]:
     """Decorator for a command's `main`: bad input anywhere in it exits as described above;
     any other exception leaves through `one_door`."""
+
     @functools.wraps(function)
     def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
         with one_door(), exit_on_bad_input():
@@ -85,8 +86,10 @@ def failure_line(err: BaseException) -> str:
     message = failure_reason(f"{type(err).__name__}: {err}".rstrip(": "), width=200)
     if is_store_error(err):
         uri = _settings_in_use.get("tracking.uri", "(unresolved)")
-        return (f"tracking.uri={uri}: the MLflow store cannot be used ({message}); check that "
-                f"it is reachable and is an MLflow store")
+        return (
+            f"tracking.uri={uri}: the MLflow store cannot be used ({message}); check that "
+            f"it is reachable and is an MLflow store"
+        )
     where = "; ".join(f"{k}={v}" for k, v in _settings_in_use.items())
     return message + (f" (settings: {where})" if where else "")
 
@@ -135,14 +138,18 @@ def one_door() -> Iterator[None]:
         if os.environ.get(DEBUG_ENV) == "1" or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise  # asked for: the traceback as Python prints it
         if isinstance(err, StateError):  # the line says all there is: no traceback to keep
-            print(f"distbench: error: {single_line(failure_line(err))}", file=sys.stderr,
-                  flush=True)
+            print(
+                f"distbench: error: {single_line(failure_line(err))}", file=sys.stderr, flush=True
+            )
             sys.exit(ENVIRONMENT_EXIT_CODE)
         kind = "" if is_store_error(err) else " (a bug?)"
-        print(f"distbench: error{kind}: {single_line(failure_line(err))} "
-              f"[traceback: {_save_traceback(err)}]", file=sys.stderr, flush=True)
+        print(
+            f"distbench: error{kind}: {single_line(failure_line(err))} "
+            f"[traceback: {_save_traceback(err)}]",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.exit(ENVIRONMENT_EXIT_CODE)
-
 
 
 def _stdout_reader_gone() -> bool:

@@ -36,10 +36,14 @@ def check_runs_here(config: DistbenchConfig) -> None:
 def check_device_here(config: DistbenchConfig) -> None:
     """hardware.device=cuda needs a CUDA device on this machine."""
     if config.hardware.device is Device.cuda:
-        require(torch_sees_cuda(), "hardware.device", "cuda",
-               f"torch sees no CUDA device on this machine (hardware={config.hardware.name}); "
-               f"allowed here: cpu (a sweep, -m, with hydra/launcher=submitit_slurm runs "
-               f"on a cluster's GPUs)")
+        require(
+            torch_sees_cuda(),
+            "hardware.device",
+            "cuda",
+            f"torch sees no CUDA device on this machine (hardware={config.hardware.name}); "
+            f"allowed here: cpu (a sweep, -m, with hydra/launcher=submitit_slurm runs "
+            f"on a cluster's GPUs)",
+        )
 
 
 # What a GPU driver puts on a Linux machine: NVIDIA's (`/proc/driver/nvidia`), AMD's for ROCm
@@ -66,9 +70,12 @@ def check_data_here(config: DistbenchConfig) -> None:
     dataset = config.dataset
     if dataset.source is DataSource.real:
         root = expand_user("dataset.root", str(dataset.root))
-        require(root.is_dir(), "dataset.root", dataset.root,
-               f"no such directory; source=real needs the directory that holds "
-               f"{dataset.name.value}")
+        require(
+            root.is_dir(),
+            "dataset.root",
+            dataset.root,
+            f"no such directory; source=real needs the directory that holds {dataset.name.value}",
+        )
         if dataset.spec.tokens:  # text: .txt files holding enough bytes for seq_len
             from workloads.datasets.tokens import check_text_root
 
@@ -86,9 +93,11 @@ def expand_user(key: str, value: str) -> Path:
     try:
         return Path(value).expanduser()
     except RuntimeError:
-        raise ConfigError(f"{key}={value!r} is invalid: {value.split('/')[0]!r} names no user "
-                          f"of this machine; allowed: ~/..., ~USER/... for an existing USER, or a "
-                          f"path without ~") from None
+        raise ConfigError(
+            f"{key}={value!r} is invalid: {value.split('/')[0]!r} names no user "
+            f"of this machine; allowed: ~/..., ~USER/... for an existing USER, or a "
+            f"path without ~"
+        ) from None
 
 
 def check_writable_dir(key: str, value: str) -> None:
@@ -103,8 +112,7 @@ def check_writable_dir(key: str, value: str) -> None:
         while not existing.exists() and existing.parent != existing:
             existing = existing.parent
     except OSError as err:  # a name longer than the file system holds: not even looked at
-        raise ConfigError(f"{key}={value!r} is invalid: {err.strerror or err}; {allowed}") \
-            from None
+        raise ConfigError(f"{key}={value!r} is invalid: {err.strerror or err}; {allowed}") from None
     if not existing.is_dir():
         what = "is a file" if existing == path else f"is under the file {existing}"
         raise ConfigError(f"{key}={value!r} is invalid: it {what}; {allowed}")
@@ -115,8 +123,10 @@ def check_writable_dir(key: str, value: str) -> None:
             pass
     except OSError as err:
         where = "" if existing == path else f" (in {existing}, to create it)"
-        raise ConfigError(f"{key}={value!r} is invalid: cannot write there{where}: "
-                          f"{err.strerror or err}; {allowed}") from None
+        raise ConfigError(
+            f"{key}={value!r} is invalid: cannot write there{where}: "
+            f"{err.strerror or err}; {allowed}"
+        ) from None
 
 
 def check_hydra_dir(hydra: DictConfig, *, sweep: bool) -> None:
@@ -137,27 +147,46 @@ def check_launcher(hydra: DictConfig, *, sweep: bool) -> None:
     launcher = hydra.launcher
     if "timeout_min" in launcher:
         timeout = launcher.timeout_min
-        require(isinstance(timeout, int) and timeout >= 1, "hydra.launcher.timeout_min", timeout,
-               "minutes one cell may run; allowed: 1 or more")
+        require(
+            isinstance(timeout, int) and timeout >= 1,
+            "hydra.launcher.timeout_min",
+            timeout,
+            "minutes one cell may run; allowed: 1 or more",
+        )
     if "grace_after_result_s" in launcher:
         grace = launcher.grace_after_result_s
-        require(isinstance(grace, (int, float)) and not isinstance(grace, bool)
-                and math.isfinite(grace) and grace >= 0, "hydra.launcher.grace_after_result_s",
-                grace, "seconds a cell's other workers may outlive its record; allowed: a "
-                "number, 0 or more")
+        require(
+            isinstance(grace, (int, float))
+            and not isinstance(grace, bool)
+            and math.isfinite(grace)
+            and grace >= 0,
+            "hydra.launcher.grace_after_result_s",
+            grace,
+            "seconds a cell's other workers may outlive its record; allowed: a number, 0 or more",
+        )
     if "remeasure_sample" in launcher:  # its type (and remeasure_seed's) is the launcher's
         sample = launcher.remeasure_sample
-        require(sample >= 0, "hydra.launcher.remeasure_sample", sample,
-                "finished cells chosen at random to measure again; allowed: 0 (none) or more")
+        require(
+            sample >= 0,
+            "hydra.launcher.remeasure_sample",
+            sample,
+            "finished cells chosen at random to measure again; allowed: 0 (none) or more",
+        )
     if "passes" in launcher:  # its type is the launcher's
         passes = launcher.passes
-        require(1 <= passes <= MAX_PASSES, "hydra.launcher.passes", passes,
-                f"runs of every cell, one pass over the sweep after another; allowed: 1 to "
-                f"{MAX_PASSES}")
+        require(
+            1 <= passes <= MAX_PASSES,
+            "hydra.launcher.passes",
+            passes,
+            f"runs of every cell, one pass over the sweep after another; allowed: 1 to "
+            f"{MAX_PASSES}",
+        )
     if sweep and is_slurm_launcher(hydra) and shutil.which("sbatch") is None:
-        raise ConfigError("hydra/launcher=submitit_slurm is invalid here: SLURM is not "
-                          "installed (no sbatch on PATH); allowed: serial_local (the default, "
-                          "or submitit_local) to run the cells on this machine")
+        raise ConfigError(
+            "hydra/launcher=submitit_slurm is invalid here: SLURM is not "
+            "installed (no sbatch on PATH); allowed: serial_local (the default, "
+            "or submitit_local) to run the cells on this machine"
+        )
 
 
 def is_slurm_launcher(hydra: DictConfig) -> bool:

@@ -83,7 +83,9 @@ def _signal_of(error: BaseException | None) -> int | None:
     default SIGINT handler) while it is still that signal's handler; None otherwise."""
     if isinstance(error, EndedBySignal) and signal.getsignal(error.signum) is _leave:
         return error.signum
-    if isinstance(error, KeyboardInterrupt) and \
-            signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    if (
+        isinstance(error, KeyboardInterrupt)
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):
         return signal.SIGINT
     return None

@@ -32,8 +32,9 @@ def compose_config(overrides: Sequence[str] = (), *, with_hydra: bool = False) -
     (`hydra_plugins.distbench_launcher.names`)."""
     register_configs()
     with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides),
-                       return_hydra_config=with_hydra)
+        return compose(
+            config_name="config", overrides=list(overrides), return_hydra_config=with_hydra
+        )
 
 
 def compose_or_exit(overrides: Sequence[str]) -> DistbenchConfig:

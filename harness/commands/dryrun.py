@@ -73,9 +73,13 @@ class Predictions:
     missing: dict[str, list[int]] = field(default_factory=dict)  # reason -> cell numbers
 
 
-def plan_cell(number: int, cfg: DictConfig, launcher: DictConfig,
-              size_cell: Callable[[DistbenchConfig], Any], launcher_error: str | None = None
-              ) -> PlannedCell:
+def plan_cell(
+    number: int,
+    cfg: DictConfig,
+    launcher: DictConfig,
+    size_cell: Callable[[DistbenchConfig], Any],
+    launcher_error: str | None = None,
+) -> PlannedCell:
     """Validate a cell (an invalid one raises, as in a real run), and find what would stop it
     where it would run: this machine for the local launchers (its device, data, output
     directory, one node), the submitting machine's output directory and the job's sizing for
@@ -121,15 +125,17 @@ def predict(cells: Sequence[PlannedCell]) -> Predictions:
             fits[root, hardware] = fitted
         fitted = fits[root, hardware]
         if fitted is None:
-            _missing(predictions, f"no analysis in {root}/analysis fitted hardware={hardware}",
-                     planned)
+            _missing(
+                predictions, f"no analysis in {root}/analysis fitted hardware={hardware}", planned
+            )
             continue
         why_not = _unpredictable(config)
         if why_not is not None:
             _missing(predictions, why_not, planned)
             continue
-        cache = caches.setdefault(root, FactsCache(probe=False, measure_memory=False,
-                                                   facts_root=Path(root)))
+        cache = caches.setdefault(
+            root, FactsCache(probe=False, measure_memory=False, facts_root=Path(root))
+        )
         try:
             facts = gather(config, cache)
             terms = epoch_terms(config, facts, profile_for(config.hardware, Path(root)))
@@ -145,17 +151,22 @@ def predict(cells: Sequence[PlannedCell]) -> Predictions:
     return predictions
 
 
-def _machine_lines(cells: Sequence[PlannedCell], fits: dict[tuple[str, str], Fitted | None],
-                   steps: dict[tuple[str, str], dict[str, StepTime]]) -> list[str]:
+def _machine_lines(
+    cells: Sequence[PlannedCell],
+    fits: dict[tuple[str, str], Fitted | None],
+    steps: dict[tuple[str, str], dict[str, StepTime]],
+) -> list[str]:
     """For each fit, a line where the step times its cells' predictions used were measured
     on another machine than the fit's cells (`harness.analysis.calibration.machine_since_fit`):
     a dry run reads whatever facts were kept, wherever they were measured."""
     from harness.analysis.calibration import machine_since_fit
 
-    hardware = {(p.config.run.output_dir, p.config.hardware.name): p.config.hardware
-                for p in cells}
-    lines = (machine_since_fit(fitted, sorted(used.items()), hardware[key])
-             for key, used in steps.items() if (fitted := fits[key]) is not None)
+    hardware = {(p.config.run.output_dir, p.config.hardware.name): p.config.hardware for p in cells}
+    lines = (
+        machine_since_fit(fitted, sorted(used.items()), hardware[key])
+        for key, used in steps.items()
+        if (fitted := fits[key]) is not None
+    )
     return [line for line in lines if line]
 
 
@@ -169,20 +180,26 @@ def _unpredictable(config: DistbenchConfig) -> str | None:
 
     if not needs_layer_profile(config):
         return None
-    needs = ("pipelines" if spec_of(config).stage_planner is not None
-             else "collectives beside the compute")
+    needs = (
+        "pipelines"
+        if spec_of(config).stage_planner is not None
+        else "collectives beside the compute"
+    )
     threads = config.hardware.cpu_threads if config.hardware.device.value == "cpu" else None
     path = facts_path(config.run.output_dir, config.hardware.name)
     try:
         store = FactsStore.load(path, config.hardware.name)
-        profile = store.profile(config.network.key, config.dataset.key,
-                                config.hardware.device.value, threads)
+        profile = store.profile(
+            config.network.key, config.dataset.key, config.hardware.device.value, threads
+        )
     except ConfigError as err:
         return " ".join(str(err).split())
     if profile is None:
-        return (f"{needs}: no layer profile of {config.network.label}/"
-                f"{config.dataset.key} kept in {path} (python -m harness.recommend "
-                f"keeps one)")
+        return (
+            f"{needs}: no layer profile of {config.network.label}/"
+            f"{config.dataset.key} kept in {path} (python -m harness.recommend "
+            f"keeps one)"
+        )
     return None
 
 
@@ -198,13 +215,18 @@ def table(cells: Sequence[PlannedCell], predictions: Predictions) -> str:
     for planned in cells:
         config = planned.config
         micro_batches = config.distribution.own_settings(config).get("micro_batches")
-        row = {"#": planned.number, "cell": config.run_name,
-               "distribution": config.distribution.name,
-               "workers": config.world_size, "nodes": planned.nodes,
-               "device": config.hardware.device.value, "batch": config.batch_size,
-               "micro-batches": micro_batches if micro_batches is not None else _NONE,
-               "stage plan": planned.stage_plan,
-               "can run": "no" if planned.blocked else "yes"}
+        row = {
+            "#": planned.number,
+            "cell": config.run_name,
+            "distribution": config.distribution.name,
+            "workers": config.world_size,
+            "nodes": planned.nodes,
+            "device": config.hardware.device.value,
+            "batch": config.batch_size,
+            "micro-batches": micro_batches if micro_batches is not None else _NONE,
+            "stage plan": planned.stage_plan,
+            "can run": "no" if planned.blocked else "yes",
+        }
         if predictions.sources:  # a fit for some cells' hardware
             seconds = predictions.seconds.get(planned.number)
             row["s/epoch"] = _NONE if seconds is None else f"{seconds:.3f}"
@@ -215,8 +237,10 @@ def table(cells: Sequence[PlannedCell], predictions: Predictions) -> str:
     # Every column left-aligned, as text (pandas aligns values right, and its numbers keep a
     # place for a sign), under a left-aligned header.
     frame = frame.astype(str)
-    left = {column: _left(max(len(column), *(len(value) for value in frame[column])))
-            for column in frame.columns}
+    left = {
+        column: _left(max(len(column), *(len(value) for value in frame[column])))
+        for column in frame.columns
+    }
     text = frame.to_string(index=False, justify="left", formatters=left)
     return "\n".join(line.rstrip() for line in text.splitlines())
 
@@ -225,11 +249,13 @@ def _left(width: int) -> Callable[[Any], str]:
     return lambda value: str(value).ljust(width)
 
 
-def report(what: str, launcher: str, cells: Sequence[PlannedCell],
-           predictions: Predictions) -> str:
+def report(what: str, launcher: str, cells: Sequence[PlannedCell], predictions: Predictions) -> str:
     """The whole listing: a header, the table, then what stops cells and what they cost."""
-    lines = [f"{what}: {len(cells)} cell{'s' if len(cells) != 1 else ''}, launcher {launcher}; "
-             f"dry run: nothing is launched or written", table(cells, predictions)]
+    lines = [
+        f"{what}: {len(cells)} cell{'s' if len(cells) != 1 else ''}, launcher {launcher}; "
+        f"dry run: nothing is launched or written",
+        table(cells, predictions),
+    ]
     blocked: dict[str, list[int]] = {}
     for planned in cells:
         if planned.blocked:
@@ -246,14 +272,21 @@ def _prediction_lines(cells: Sequence[PlannedCell], predictions: Predictions) ->
         lines.append(f"no prediction for {_numbers(numbers, len(cells))}: {reason}")
     predicted = [planned for planned in cells if planned.number in predictions.seconds]
     if predicted:
-        total = sum(predictions.seconds[p.number] * p.config.run.epochs * p.config.run.repeats
-                    for p in predicted)
+        total = sum(
+            predictions.seconds[p.number] * p.config.run.epochs * p.config.run.repeats
+            for p in predicted
+        )
         runs = sorted({(p.config.run.epochs, p.config.run.repeats) for p in predicted})
-        per_cell = "; ".join(f"{epochs} epoch{'s' if epochs != 1 else ''} x {repeats} "
-                             f"repeat{'s' if repeats != 1 else ''}" for epochs, repeats in runs)
-        lines.append(f"predicted training time: {_duration(total)} for "
-                     f"{len(predicted)} of {len(cells)} cells ({per_cell} each; warm-up, "
-                     f"start-up and data generation not included)")
+        per_cell = "; ".join(
+            f"{epochs} epoch{'s' if epochs != 1 else ''} x {repeats} "
+            f"repeat{'s' if repeats != 1 else ''}"
+            for epochs, repeats in runs
+        )
+        lines.append(
+            f"predicted training time: {_duration(total)} for "
+            f"{len(predicted)} of {len(cells)} cells ({per_cell} each; warm-up, "
+            f"start-up and data generation not included)"
+        )
     return lines
 
 

@@ -59,12 +59,16 @@ class Accepts:
             unit = f" {self.unit}" if self.unit else ""
             return f"{what} in {low}{_num(self.low)}, {_num(self.high)}]{unit}"
         if self.kind == "path":
-            return (f"a path to {self.path or 'use'}: not empty, no NUL, at most "
-                    f"{PATH_MAX_BYTES} bytes, each part at most {NAME_MAX_BYTES} bytes")
+            return (
+                f"a path to {self.path or 'use'}: not empty, no NUL, at most "
+                f"{PATH_MAX_BYTES} bytes, each part at most {NAME_MAX_BYTES} bytes"
+            )
         if self.kind == "component":
-            return (f"a name that becomes a file or directory name: {'' if self.empty else '1-'}"
-                    f"{self.max_chars} characters and at most {NAME_MAX_BYTES} bytes, without "
-                    f"'/', '\\', '..', NUL or a newline")
+            return (
+                f"a name that becomes a file or directory name: {'' if self.empty else '1-'}"
+                f"{self.max_chars} characters and at most {NAME_MAX_BYTES} bytes, without "
+                f"'/', '\\', '..', NUL or a newline"
+            )
         return f"one line of text, at most {self.max_chars} characters"
 
 
@@ -129,16 +133,18 @@ def allowed(accepts: Accepts, value: Any) -> str | None:
 
 
 def _allowed_one(accepts: Accepts, value: Any) -> str | None:
-    ok = (_number_ok(accepts, value) if accepts.kind in ("number", "integer")
-          else _string_ok(accepts, str(value)))
+    ok = (
+        _number_ok(accepts, value)
+        if accepts.kind in ("number", "integer")
+        else _string_ok(accepts, str(value))
+    )
     return None if ok else f"allowed: {accepts.describe()}"
 
 
 def finite_number(value: object) -> bool:
     """Whether `value` is a finite int or float, not a bool (JSON's true is Python's 1): what
     a setting's number, and a number read back from a state file, must be."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _number_ok(accepts: Accepts, value: Any) -> bool:
@@ -164,8 +170,9 @@ def _string_ok(accepts: Accepts, value: str) -> bool:
 def _path_ok(value: str) -> bool:
     if not value.strip() or len(value.encode("utf-8", "surrogatepass")) > PATH_MAX_BYTES:
         return False
-    return all(len(part.encode("utf-8", "surrogatepass")) <= NAME_MAX_BYTES
-               for part in value.split("/"))
+    return all(
+        len(part.encode("utf-8", "surrogatepass")) <= NAME_MAX_BYTES for part in value.split("/")
+    )
 
 
 def _name_ok(value: str) -> bool:

@@ -10,8 +10,14 @@ import math
 # dataset -> per-worker batch of sequential, horovod, ddp and pipedream
 # The token datasets are not in the thesis' table: 8 sequences a worker (1,024 tokens at the
 # default seq_len of 128) keeps a small language model's step near a CNN's on this CPU.
-_PER_WORKER_BATCH: dict[str, int] = {"mnist": 128, "cifar10": 64, "imagenet": 32, "highres": 32,
-                                     "tokens": 8, "text": 8}
+_PER_WORKER_BATCH: dict[str, int] = {
+    "mnist": 128,
+    "cifar10": 64,
+    "imagenet": 32,
+    "highres": 32,
+    "tokens": 8,
+    "text": 8,
+}
 
 
 def default_batch_size(dataset: str) -> int:

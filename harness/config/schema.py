@@ -116,8 +116,9 @@ def require(condition: bool, key: str, value: Any, allowed: str) -> None:
         raise ConfigError(f"{key}={value!r} is invalid: {allowed}")
 
 
-def _check_positive(section: str, name: str, value: float | None, *, nullable: bool = False,
-                    null_means: str = "") -> None:
+def _check_positive(
+    section: str, name: str, value: float | None, *, nullable: bool = False, null_means: str = ""
+) -> None:
     if value is None and nullable:
         return
     allowed = "must be a positive number" + (f", or null ({null_means})" if nullable else "")
@@ -139,11 +140,14 @@ class DatasetConfig:
     num_samples: int | None = field(default=None, metadata=integer(1, MAX_COUNT, "samples"))
     # Distinct synthetic images stored on disk (index i reads image i % this); null = the
     # per-dataset default of workloads.datasets (all of MNIST/CIFAR, a subset of ImageNet/Highres).
-    synthetic_unique_samples: int | None = field(default=None,
-                                                 metadata=integer(1, MAX_COUNT, "samples"))
+    synthetic_unique_samples: int | None = field(
+        default=None, metadata=integer(1, MAX_COUNT, "samples")
+    )
     # Node-local directory for the synthetic cache.
-    cache_dir: str = field(default="${oc.env:DISTBENCH_CACHE_DIR,${oc.env:HOME}/.cache/distbench}",
-                           metadata=path("create"))
+    cache_dir: str = field(
+        default="${oc.env:DISTBENCH_CACHE_DIR,${oc.env:HOME}/.cache/distbench}",
+        metadata=path("create"),
+    )
     # DataLoader worker processes (0 = load in the training process; right for synthetic data).
     num_workers: int = field(default=0, metadata=integer(0, 1024, "processes"))
     # Samples of the held-out evaluation split evaluated after every epoch (run.eval): the
@@ -154,42 +158,82 @@ class DatasetConfig:
     # Token datasets (tokens, text): tokens per sample and the vocabulary; null = the
     # dataset's default (128 and 256, the byte-level tokenizer's ids). Refused for images.
     seq_len: int | None = field(default=None, metadata=integer(1, MAX_TOKEN_SETTING, "tokens"))
-    vocab_size: int | None = field(default=None,
-                                   metadata=integer(1, MAX_TOKEN_SETTING, "token ids"))
+    vocab_size: int | None = field(
+        default=None, metadata=integer(1, MAX_TOKEN_SETTING, "token ids")
+    )
 
     def __post_init__(self) -> None:
-        _check_positive(self._section, "num_samples", self.num_samples, nullable=True,
-                        null_means=f"the full dataset: {DATASET_SPECS[self.name.value].num_images}")
-        _check_positive(self._section, "synthetic_unique_samples", self.synthetic_unique_samples,
-                        nullable=True, null_means="the dataset's default")
-        require(self.num_workers >= 0, "dataset.num_workers", self.num_workers,
-               "must be 0 or more")
-        _check_positive(self._section, "eval_samples", self.eval_samples, nullable=True,
-                        null_means="one tenth of the epoch's samples")
+        _check_positive(
+            self._section,
+            "num_samples",
+            self.num_samples,
+            nullable=True,
+            null_means=f"the full dataset: {DATASET_SPECS[self.name.value].num_images}",
+        )
+        _check_positive(
+            self._section,
+            "synthetic_unique_samples",
+            self.synthetic_unique_samples,
+            nullable=True,
+            null_means="the dataset's default",
+        )
+        require(self.num_workers >= 0, "dataset.num_workers", self.num_workers, "must be 0 or more")
+        _check_positive(
+            self._section,
+            "eval_samples",
+            self.eval_samples,
+            nullable=True,
+            null_means="one tenth of the epoch's samples",
+        )
         spec = DATASET_SPECS[self.name.value]
         if self.source is DataSource.real:
-            require(not spec.synthetic_only, "dataset.source", self.source.value,
-                   f"dataset {spec.name} exists only as synthetic data; allowed: synthetic")
-            require(bool(self.root), "dataset.root", self.root,
-                   "source=real needs the directory that holds the dataset")
+            require(
+                not spec.synthetic_only,
+                "dataset.source",
+                self.source.value,
+                f"dataset {spec.name} exists only as synthetic data; allowed: synthetic",
+            )
+            require(
+                bool(self.root),
+                "dataset.root",
+                self.root,
+                "source=real needs the directory that holds the dataset",
+            )
         else:
-            require(not spec.real_only, "dataset.source", self.source.value,
-                    f"dataset {spec.name} is read from local files; allowed: real (with "
-                    f"dataset.root), or dataset=tokens for synthetic tokens")
+            require(
+                not spec.real_only,
+                "dataset.source",
+                self.source.value,
+                f"dataset {spec.name} is read from local files; allowed: real (with "
+                f"dataset.root), or dataset=tokens for synthetic tokens",
+            )
         for key in ("seq_len", "vocab_size"):
             value = getattr(self, key)
             if not spec.tokens:
-                require(value is None, f"dataset.{key}", value,
-                        f"is a setting of token datasets (tokens, text), not of {spec.name}")
+                require(
+                    value is None,
+                    f"dataset.{key}",
+                    value,
+                    f"is a setting of token datasets (tokens, text), not of {spec.name}",
+                )
                 continue
-            _check_positive(self._section, key, value, nullable=True,
-                            null_means=f"{getattr(spec, key)}")
-            require(value is None or value <= MAX_TOKEN_SETTING, f"dataset.{key}", value,
-                    f"allowed: at most {MAX_TOKEN_SETTING:,}")
+            _check_positive(
+                self._section, key, value, nullable=True, null_means=f"{getattr(spec, key)}"
+            )
+            require(
+                value is None or value <= MAX_TOKEN_SETTING,
+                f"dataset.{key}",
+                value,
+                f"allowed: at most {MAX_TOKEN_SETTING:,}",
+            )
         if spec.real_only and self.vocab_size is not None:
-            require(self.vocab_size >= BYTE_VOCAB, "dataset.vocab_size", self.vocab_size,
-                    f"the byte-level tokenizer of dataset={spec.name} has {BYTE_VOCAB} token "
-                    f"ids; allowed: {BYTE_VOCAB} or more")
+            require(
+                self.vocab_size >= BYTE_VOCAB,
+                "dataset.vocab_size",
+                self.vocab_size,
+                f"the byte-level tokenizer of dataset={spec.name} has {BYTE_VOCAB} token "
+                f"ids; allowed: {BYTE_VOCAB} or more",
+            )
 
     @property
     def spec(self) -> DatasetSpec:
@@ -239,37 +283,60 @@ class NetworkConfig:
     def __post_init__(self) -> None:
         source = self.source
         if source is NetworkSource.builtin:
-            require(self.name in NetworkName.__members__, "network.name", self.name,
-                    f"allowed built-in networks: {', '.join(NetworkName.__members__)}; any "
-                    f"other network: network=module, torchvision, timm or hf")
-        need = {NetworkSource.module: "target", NetworkSource.torchvision: "arch",
-                NetworkSource.timm: "arch", NetworkSource.hf: "arch"}.get(source)
+            require(
+                self.name in NetworkName.__members__,
+                "network.name",
+                self.name,
+                f"allowed built-in networks: {', '.join(NetworkName.__members__)}; any "
+                f"other network: network=module, torchvision, timm or hf",
+            )
+        need = {
+            NetworkSource.module: "target",
+            NetworkSource.torchvision: "arch",
+            NetworkSource.timm: "arch",
+            NetworkSource.hf: "arch",
+        }.get(source)
         if need is not None:
-            require(bool(getattr(self, need)), f"network.{need}", getattr(self, need),
-                    f"network.source={source.value} needs network.{need}")
-        for key, used_by in (("target", (NetworkSource.module,)),
-                             ("arch", (NetworkSource.torchvision, NetworkSource.timm,
-                                       NetworkSource.hf)),
-                             ("config", (NetworkSource.hf,)),
-                             ("kwargs", (NetworkSource.module, NetworkSource.torchvision,
-                                         NetworkSource.timm)),
-                             ("blocks", (NetworkSource.module, NetworkSource.torchvision,
-                                         NetworkSource.timm))):
-            require(not getattr(self, key) or source in used_by, f"network.{key}",
-                    getattr(self, key), f"is a setting of network.source="
-                    f"{', '.join(s.value for s in used_by)}, not of {source.value}")
+            require(
+                bool(getattr(self, need)),
+                f"network.{need}",
+                getattr(self, need),
+                f"network.source={source.value} needs network.{need}",
+            )
+        for key, used_by in (
+            ("target", (NetworkSource.module,)),
+            ("arch", (NetworkSource.torchvision, NetworkSource.timm, NetworkSource.hf)),
+            ("config", (NetworkSource.hf,)),
+            ("kwargs", (NetworkSource.module, NetworkSource.torchvision, NetworkSource.timm)),
+            ("blocks", (NetworkSource.module, NetworkSource.torchvision, NetworkSource.timm)),
+        ):
+            require(
+                not getattr(self, key) or source in used_by,
+                f"network.{key}",
+                getattr(self, key),
+                f"is a setting of network.source="
+                f"{', '.join(s.value for s in used_by)}, not of {source.value}",
+            )
         if not self.name:
             self.name = (self.arch or str(self.target)).replace(":", ".").split(".")[-1]
-        require(_SAFE_NAME.fullmatch(self.name) is not None, "network.name", self.name,
-                "allowed: 1-64 letters, digits, '_', '-', '.' (it names files and runs)")
+        require(
+            _SAFE_NAME.fullmatch(self.name) is not None,
+            "network.name",
+            self.name,
+            "allowed: 1-64 letters, digits, '_', '-', '.' (it names files and runs)",
+        )
 
     @property
     def ref(self) -> NetworkRef:
         """The network as workloads.networks builds it (hashable)."""
-        return NetworkRef(name=self.name, source=self.source.value, target=self.target,
-                          arch=self.arch,
-                          options_json=canonical_json(dict(self.config or self.kwargs)),
-                          blocks=self.blocks)
+        return NetworkRef(
+            name=self.name,
+            source=self.source.value,
+            target=self.target,
+            arch=self.arch,
+            options_json=canonical_json(dict(self.config or self.kwargs)),
+            blocks=self.blocks,
+        )
 
     @property
     def label(self) -> str:
@@ -301,8 +368,9 @@ class OptimizerConfig:
         _check_positive(self._section, "lr", self.lr)
         require(0 <= self.momentum < 1, "optimizer.momentum", self.momentum, "must be in [0, 1)")
         require(0 <= self.beta2 < 1, "optimizer.beta2", self.beta2, "must be in [0, 1)")
-        require(self.weight_decay >= 0, "optimizer.weight_decay", self.weight_decay,
-               "must be 0 or more")
+        require(
+            self.weight_decay >= 0, "optimizer.weight_decay", self.weight_decay, "must be 0 or more"
+        )
 
     @property
     def state_buffers(self) -> int:
@@ -339,14 +407,27 @@ class DistributionConfig:
 
     def __post_init__(self) -> None:
         own_name = type(self).__dataclass_fields__["name"].default
-        require(self.name == own_name, "distribution.name", self.name,
-               f"these are the settings of distribution={own_name}; a model is chosen by its "
-               f"config file, distribution=<name>; allowed: "
-               f"{', '.join(sorted(DistributionConfig.models))}")
-        _check_positive(self._section, "batch_size", self.batch_size, nullable=True,
-                        null_means="SPEC Table 3.3 for the dataset and distribution model")
-        require(self.backend in (None, "gloo", "nccl"), "distribution.backend", self.backend,
-               "allowed: gloo, nccl, or null (nccl on CUDA, gloo on CPU)")
+        require(
+            self.name == own_name,
+            "distribution.name",
+            self.name,
+            f"these are the settings of distribution={own_name}; a model is chosen by its "
+            f"config file, distribution=<name>; allowed: "
+            f"{', '.join(sorted(DistributionConfig.models))}",
+        )
+        _check_positive(
+            self._section,
+            "batch_size",
+            self.batch_size,
+            nullable=True,
+            null_means="SPEC Table 3.3 for the dataset and distribution model",
+        )
+        require(
+            self.backend in (None, "gloo", "nccl"),
+            "distribution.backend",
+            self.backend,
+            "allowed: gloo, nccl, or null (nccl on CUDA, gloo on CPU)",
+        )
 
     def default_batch_size(self, dataset: str) -> int:
         """The batch size of SPEC Table 3.3 (per worker)."""
@@ -360,9 +441,11 @@ class DistributionConfig:
         """Checks of this model's settings against the rest of the cell (ConfigError): an
         epoch needs at least one full batch per worker."""
         needed = cell.batch_size * cell.world_size
-        cell.check_epoch_holds(cell.world_size,
-                               f"an epoch needs at least one full batch per worker (batch size "
-                               f"{cell.batch_size} x {cell.world_size} workers = {needed})")
+        cell.check_epoch_holds(
+            cell.world_size,
+            f"an epoch needs at least one full batch per worker (batch size "
+            f"{cell.batch_size} x {cell.world_size} workers = {needed})",
+        )
 
     def data_shards(self, cell: DistbenchConfig) -> int:
         """Equal shards the epoch's data is split into, one per worker that trains its own
@@ -384,17 +467,22 @@ class DistributionConfig:
         """This model's own settings (the subclass's fields), resolved where null means a
         default, as plain values: the columns of a sweep's table."""
         base = {f.name for f in dataclasses.fields(DistributionConfig)}
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
-                if f.name not in base}
+        return {
+            f.name: _plain(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if f.name not in base
+        }
 
     def own_settings_raw(self) -> dict[str, Any]:
         """This model's own settings as they are set (null stays null)."""
         base = {f.name for f in dataclasses.fields(DistributionConfig)}
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in base}
+        return {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in base
+        }
 
-    def parallelism(self, cell: DistbenchConfig,
-                    resolved: dict[str, Any]) -> tuple[int | list[int], int]:
+    def parallelism(
+        self, cell: DistbenchConfig, resolved: dict[str, Any]
+    ) -> tuple[int | list[int], int]:
         """MLPerf's data and pipeline parallelism of the cell (`resolved`: what the trainer
         resolved, e.g. a planned pipeline)."""
         return cell.world_size, 1
@@ -426,14 +514,16 @@ class LinkEmulation:
     records it (the link is a property of the cell, like its cores)."""
 
     # The link's rate in Mbit/s (1000 = 1 Gbit/s = 125 MB/s).
-    rate_mbit: float = field(default=1000.0, metadata=number(MIN_LINK_MBIT, MAX_LINK_MBIT,
-                                                             "Mbit/s"))
+    rate_mbit: float = field(
+        default=1000.0, metadata=number(MIN_LINK_MBIT, MAX_LINK_MBIT, "Mbit/s")
+    )
     # Bytes that may leave at once above the rate (tbf's bucket), in KB: at least one large
     # (GSO) packet, 64 KB; more lets short bursts through faster.
     burst_kb: float = field(default=256.0, metadata=number(64, MAX_LINK_BURST_KB, "KB"))
     # The longest a packet may queue before tbf drops it (its `latency`): bounds the queue.
-    queue_ms: float = field(default=50.0, metadata=number(0, MAX_LINK_QUEUE_MS, "ms",
-                                                          low_open=True))
+    queue_ms: float = field(
+        default=50.0, metadata=number(0, MAX_LINK_QUEUE_MS, "ms", low_open=True)
+    )
 
     @property
     def bytes_per_s(self) -> float:
@@ -446,8 +536,15 @@ class LinkEmulation:
 
     def tbf_arguments(self) -> list[str]:
         """The arguments of `tc qdisc replace dev IF root` that shape a link to this."""
-        return ["tbf", "rate", f"{self.rate_mbit:g}mbit", "burst", f"{self.burst_kb:g}kb",
-                "latency", f"{self.queue_ms:g}ms"]
+        return [
+            "tbf",
+            "rate",
+            f"{self.rate_mbit:g}mbit",
+            "burst",
+            f"{self.burst_kb:g}kb",
+            "latency",
+            f"{self.queue_ms:g}ms",
+        ]
 
 
 @dataclass
@@ -466,19 +563,25 @@ class HardwareConfig:
     # On a CPU it is also enforced on every worker (harness.worker.memory_limit): a cell that does
     # not fit ends `oom`, as on a GPU; null = no limit.
     device_memory_gb: float | None = field(
-        default=None, metadata=number(0, MAX_DEVICE_MEMORY_GB, "GB", low_open=True))
+        default=None, metadata=number(0, MAX_DEVICE_MEMORY_GB, "GB", low_open=True)
+    )
     intra_node_bandwidth_mbps: float | None = field(
-        default=None, metadata=number(0, MAX_BANDWIDTH_MBPS, "MB/s", low_open=True))
+        default=None, metadata=number(0, MAX_BANDWIDTH_MBPS, "MB/s", low_open=True)
+    )
     intra_node_latency_us: float | None = field(
-        default=None, metadata=number(0, MAX_LATENCY_US, "us", low_open=True))
+        default=None, metadata=number(0, MAX_LATENCY_US, "us", low_open=True)
+    )
     inter_node_bandwidth_mbps: float | None = field(
-        default=None, metadata=number(0, MAX_BANDWIDTH_MBPS, "MB/s", low_open=True))
+        default=None, metadata=number(0, MAX_BANDWIDTH_MBPS, "MB/s", low_open=True)
+    )
     inter_node_latency_us: float | None = field(
-        default=None, metadata=number(0, MAX_LATENCY_US, "us", low_open=True))
+        default=None, metadata=number(0, MAX_LATENCY_US, "us", low_open=True)
+    )
     # What one device costs per hour, in `currency` (e.g. USD, EUR, or "credits"); null =
     # unknown: the recommender shows no cost column and cannot rank by cost.
     price_per_device_hour: float | None = field(
-        default=None, metadata=number(0, MAX_PRICE_PER_HOUR, low_open=True))
+        default=None, metadata=number(0, MAX_PRICE_PER_HOUR, low_open=True)
+    )
     currency: str | None = field(default=None, metadata=text(32))
     description: str = field(default="", metadata=text())
     # null: real nodes (or one machine). Set: the nodes are emulated on one machine, each a
@@ -493,15 +596,34 @@ class HardwareConfig:
 
     def __post_init__(self) -> None:
         for name in ("nodes", "workers_per_node"):
-            require(getattr(self, name) >= 1, f"hardware.{name}", getattr(self, name),
-                   "must be 1 or more")
-        for name in ("cpu_threads", "device_memory_gb", "intra_node_bandwidth_mbps",
-                     "intra_node_latency_us", "inter_node_bandwidth_mbps",
-                     "inter_node_latency_us", "price_per_device_hour"):
-            _check_positive(self._section, name, getattr(self, name), nullable=True,
-                            null_means="unknown / default")
-        require(self.currency is None or bool(self.currency.strip()), "hardware.currency",
-                self.currency, "the unit of hardware.price_per_device_hour, e.g. USD, or null")
+            require(
+                getattr(self, name) >= 1,
+                f"hardware.{name}",
+                getattr(self, name),
+                "must be 1 or more",
+            )
+        for name in (
+            "cpu_threads",
+            "device_memory_gb",
+            "intra_node_bandwidth_mbps",
+            "intra_node_latency_us",
+            "inter_node_bandwidth_mbps",
+            "inter_node_latency_us",
+            "price_per_device_hour",
+        ):
+            _check_positive(
+                self._section,
+                name,
+                getattr(self, name),
+                nullable=True,
+                null_means="unknown / default",
+            )
+        require(
+            self.currency is None or bool(self.currency.strip()),
+            "hardware.currency",
+            self.currency,
+            "the unit of hardware.price_per_device_hour, e.g. USD, or null",
+        )
 
     @property
     def world_size(self) -> int:
@@ -548,7 +670,8 @@ class RunConfig:
     # instead of a wait forever; a worker that finishes no batch for 1.25x this (+5 s) is ended
     # by its watchdog.
     progress_timeout_s: float = field(
-        default=600.0, metadata=number(0, MAX_PROGRESS_TIMEOUT_S, "s", low_open=True))
+        default=600.0, metadata=number(0, MAX_PROGRESS_TIMEOUT_S, "s", low_open=True)
+    )
     # Evaluate the trained network on the held-out split (dataset.eval_samples) after every
     # epoch, outside the timed epoch as MLPerf times it; eval loss and accuracy are recorded
     # per epoch. Every repeat then trains from the same initial weights.
@@ -567,25 +690,40 @@ class RunConfig:
     def __post_init__(self) -> None:
         require(self.epochs >= 1, "run.epochs", self.epochs, "must be 1 or more")
         if self.target_accuracy is not None:
-            require(0 < self.target_accuracy <= 1, "run.target_accuracy", self.target_accuracy,
-                   "allowed: a fraction in (0, 1], or null (no target)")
-            require(self.eval, "run.eval", self.eval,
-                   "run.target_accuracy needs run.eval=true (the target is checked at each "
-                   "evaluation)")
+            require(
+                0 < self.target_accuracy <= 1,
+                "run.target_accuracy",
+                self.target_accuracy,
+                "allowed: a fraction in (0, 1], or null (no target)",
+            )
+            require(
+                self.eval,
+                "run.eval",
+                self.eval,
+                "run.target_accuracy needs run.eval=true (the target is checked at each "
+                "evaluation)",
+            )
         # It becomes a timedelta for every collective and the watchdog's deadline: nan, inf
         # and 1e308 overflow them, so a worker would fail or never time out.
-        require(0 < self.progress_timeout_s <= MAX_PROGRESS_TIMEOUT_S, "run.progress_timeout_s",
-               self.progress_timeout_s,
-               f"allowed: seconds in (0, {MAX_PROGRESS_TIMEOUT_S:.0f}] (at most 7 days)")
-        require(self.warmup_batches >= 0, "run.warmup_batches", self.warmup_batches,
-               "must be 0 or more")
+        require(
+            0 < self.progress_timeout_s <= MAX_PROGRESS_TIMEOUT_S,
+            "run.progress_timeout_s",
+            self.progress_timeout_s,
+            f"allowed: seconds in (0, {MAX_PROGRESS_TIMEOUT_S:.0f}] (at most 7 days)",
+        )
+        require(
+            self.warmup_batches >= 0, "run.warmup_batches", self.warmup_batches, "must be 0 or more"
+        )
         require(self.repeats >= 1, "run.repeats", self.repeats, "must be 1 or more")
         # torch's generators take seeds below 2**64 (NumPy's legacy one gets seed % 2**32),
         # and repeat k runs with run.seed + k (harness.runtime.seeding.repeat_seed).
         highest = MAX_SEED - (self.repeats - 1)
-        require(0 <= self.seed <= highest, "run.seed", self.seed,
-               f"allowed: 0 to {highest} (torch seeds are below 2**64; repeat k uses "
-               f"run.seed + k)")
+        require(
+            0 <= self.seed <= highest,
+            "run.seed",
+            self.seed,
+            f"allowed: 0 to {highest} (torch seeds are below 2**64; repeat k uses run.seed + k)",
+        )
 
 
 @dataclass
@@ -598,7 +736,8 @@ class ProbeConfig:
     # (t = latency + bytes / bandwidth).
     message_bytes: list[int] = field(
         default_factory=lambda: [8, 65_536, 1_048_576, 8_388_608, 33_554_432],
-        metadata=integer(1, MAX_MESSAGE_BYTES, "bytes"))
+        metadata=integer(1, MAX_MESSAGE_BYTES, "bytes"),
+    )
     # Timed repetitions per size; the median is kept.
     repeats: int = field(default=10, metadata=integer(1, MAX_REPEATS, "repetitions"))
     # Untimed repetitions first (connection set-up, allocator).
@@ -609,9 +748,12 @@ class ProbeConfig:
     rounds: int = field(default=3, metadata=integer(1, MAX_PROBE_ROUNDS, "rounds"))
 
     def __post_init__(self) -> None:
-        require(len(self.message_bytes) >= 2 and all(size > 0 for size in self.message_bytes),
-               "probe.message_bytes", self.message_bytes,
-               "needs two or more positive sizes (a bandwidth fit needs two points)")
+        require(
+            len(self.message_bytes) >= 2 and all(size > 0 for size in self.message_bytes),
+            "probe.message_bytes",
+            self.message_bytes,
+            "needs two or more positive sizes (a bandwidth fit needs two points)",
+        )
 
 
 @dataclass
@@ -630,8 +772,12 @@ class TrackingConfig:
     def __post_init__(self) -> None:
         # MLflow refuses an empty experiment name, but only when the cell is synced, after
         # it trained.
-        require(bool(self.experiment.strip()), "tracking.experiment", self.experiment,
-               "allowed: a non-empty MLflow experiment name")
+        require(
+            bool(self.experiment.strip()),
+            "tracking.experiment",
+            self.experiment,
+            "allowed: a non-empty MLflow experiment name",
+        )
 
 
 @dataclass
@@ -658,9 +804,12 @@ class DistbenchConfig:
     def __post_init__(self) -> None:
         self.check_network()
         self.distribution.check_cell(self)
-        require(not (self.distribution.backend == "nccl" and self.hardware.device is Device.cpu),
-               "distribution.backend", self.distribution.backend,
-               "NCCL needs hardware.device=cuda; allowed on CPU: gloo, or null")
+        require(
+            not (self.distribution.backend == "nccl" and self.hardware.device is Device.cpu),
+            "distribution.backend",
+            self.distribution.backend,
+            "NCCL needs hardware.device=cuda; allowed on CPU: gloo, or null",
+        )
 
     def check_network(self) -> None:
         """The network takes the dataset's input: an image network on token data (or the
@@ -668,10 +817,14 @@ class DistbenchConfig:
         device (workloads.networks.check), once per (network, dataset shape)."""
         spec = self.dataset.spec
         if self.network.source is NetworkSource.builtin:
-            require(not spec.tokens, "network", self.network.name,
-                    f"an image network; dataset={spec.name} holds tokens: choose a language "
-                    f"model (network=llama_tiny, gpt2_small, ..., or network=hf) or an image "
-                    f"dataset")
+            require(
+                not spec.tokens,
+                "network",
+                self.network.name,
+                f"an image network; dataset={spec.name} holds tokens: choose a language "
+                f"model (network=llama_tiny, gpt2_small, ..., or network=hf) or an image "
+                f"dataset",
+            )
             return
         from workloads.networks import NetworkError
         from workloads.networks.check import check_network
@@ -698,16 +851,24 @@ class DistbenchConfig:
         if samples >= needed:
             return
         largest = samples // batches // multiple * multiple
-        batch_fix = (f"largest distribution.batch_size that works: {largest}" if largest
-                     else "no batch size fits")
+        batch_fix = (
+            f"largest distribution.batch_size that works: {largest}"
+            if largest
+            else "no batch size fits"
+        )
         if self.dataset.num_samples is None:
             raise ConfigError(
                 f"distribution.batch_size={self.batch_size} is invalid: {why}, but "
                 f"dataset={self.dataset.name.value} has {samples} samples "
-                f"(dataset.num_samples=null); {batch_fix}")
-        require(False, "dataset.num_samples", samples,
-                f"{why}; allowed: dataset.num_samples={needed} or more"
-                + (f", or the {batch_fix}" if largest else ""))
+                f"(dataset.num_samples=null); {batch_fix}"
+            )
+        require(
+            False,
+            "dataset.num_samples",
+            samples,
+            f"{why}; allowed: dataset.num_samples={needed} or more"
+            + (f", or the {batch_fix}" if largest else ""),
+        )
 
     @property
     def world_size(self) -> int:
@@ -737,10 +898,18 @@ class DistbenchConfig:
         if self.tracking.run_name:
             return self.tracking.run_name
         distribution = self.distribution
-        nodes, per_node = ((1, 1) if self.world_size == 1
-                           else (self.hardware.nodes, self.hardware.workers_per_node))
-        parts = [distribution.name, f"{nodes}x{per_node}", *distribution.run_name_parts(self),
-                 f"b{self.batch_size}", f"{self.network.label}-{self.dataset.key}"]
+        nodes, per_node = (
+            (1, 1)
+            if self.world_size == 1
+            else (self.hardware.nodes, self.hardware.workers_per_node)
+        )
+        parts = [
+            distribution.name,
+            f"{nodes}x{per_node}",
+            *distribution.run_name_parts(self),
+            f"b{self.batch_size}",
+            f"{self.network.label}-{self.dataset.key}",
+        ]
         return " ".join(parts)
 
 
@@ -763,8 +932,10 @@ def validate(cfg: DictConfig, *, owned: bool = False) -> DistbenchConfig:
     except ConfigError:
         raise
     if not isinstance(config, DistbenchConfig):
-        raise ConfigError("the config is not built on distbench_schema "
-                          "(conf/config.yaml must list it first in its defaults)")
+        raise ConfigError(
+            "the config is not built on distbench_schema "
+            "(conf/config.yaml must list it first in its defaults)"
+        )
     check_declared(config)
     return config
 
@@ -800,8 +971,9 @@ def _check_known_keys(node: Any, schema: type, prefix: str) -> None:
     fields = [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
     for key in node.keys():
         if key not in fields:
-            raise ConfigError(unknown_key(f"{prefix}{key!s}", schema,
-                                          override_value(node._get_node(str(key)))))
+            raise ConfigError(
+                unknown_key(f"{prefix}{key!s}", schema, override_value(node._get_node(str(key))))
+            )
         _check_known_keys(node._get_node(str(key)), types[str(key)], f"{prefix}{key}.")
 
 
@@ -821,14 +993,19 @@ def unknown_key(full_key: str, schema: type, value: str | None = None) -> str:
     key = full_key.rpartition(".")[2]
     if not (issubclass(schema, DistributionConfig) and full_key == f"distribution.{key}"):
         return message
-    owners = [name for name, settings in sorted(DistributionConfig.models.items())
-              if key in per_model_keys(settings)]
+    owners = [
+        name
+        for name, settings in sorted(DistributionConfig.models.items())
+        if key in per_model_keys(settings)
+    ]
     if not owners:
         return message
     model = schema.__dataclass_fields__["name"].default
-    return (f"{message}; {key} is a setting of distribution={', '.join(owners)}"
-            f"{f', not {model}' if model else ''}: in a sweep over models use "
-            f"+per_model.{owners[0]}.{key}={value if value is not None else '...'}")
+    return (
+        f"{message}; {key} is a setting of distribution={', '.join(owners)}"
+        f"{f', not {model}' if model else ''}: in a sweep over models use "
+        f"+per_model.{owners[0]}.{key}={value if value is not None else '...'}"
+    )
 
 
 def override_value(node: Any) -> str:
@@ -845,8 +1022,11 @@ def override_value(node: Any) -> str:
 
 def per_model_keys(settings: type[DistributionConfig]) -> list[str]:
     """What `per_model.<model>` may set: every setting of the model but its name."""
-    return [f.name for f in dataclasses.fields(settings)
-            if not f.name.startswith("_") and f.name != "name"]
+    return [
+        f.name
+        for f in dataclasses.fields(settings)
+        if not f.name.startswith("_") and f.name != "name"
+    ]
 
 
 def with_per_model_settings(cfg: DictConfig, *, copy_first: bool = True) -> DictConfig:
@@ -875,17 +1055,21 @@ def _check_per_model_entry(model: str, values: Any) -> None:
     (typed and checked by the model's own settings class)."""
     models = DistributionConfig.models
     if model not in models:
-        raise ConfigError(f"per_model.{model}: unknown distribution model; allowed: "
-                          f"{', '.join(sorted(models))}")
+        raise ConfigError(
+            f"per_model.{model}: unknown distribution model; allowed: {', '.join(sorted(models))}"
+        )
     allowed = per_model_keys(models[model])
     if not isinstance(values, DictConfig):
-        raise ConfigError(f"per_model.{model}={values!r} is invalid: allowed: settings of "
-                          f"distribution={model} by name, e.g. "
-                          f"+per_model.{model}.{allowed[-1]}=...")
+        raise ConfigError(
+            f"per_model.{model}={values!r} is invalid: allowed: settings of "
+            f"distribution={model} by name, e.g. "
+            f"+per_model.{model}.{allowed[-1]}=..."
+        )
     for key in values.keys():
         if key not in allowed:
-            raise ConfigError(f"per_model.{model}.{key!s}: unknown key; allowed: "
-                              f"{', '.join(allowed)}")
+            raise ConfigError(
+                f"per_model.{model}.{key!s}: unknown key; allowed: {', '.join(allowed)}"
+            )
     settings = OmegaConf.structured(models[model])
     try:
         settings.merge_with(values)
@@ -894,20 +1078,23 @@ def _check_per_model_entry(model: str, values: Any) -> None:
     except (ConfigError, OmegaConfBaseException) as err:
         cause = err if isinstance(err, ConfigError) else err.__cause__
         if isinstance(cause, ConfigError):  # "distribution.<key>=... is invalid: ..."
-            raise ConfigError(str(cause).replace("distribution.", f"per_model.{model}.", 1)) \
-                from None
+            raise ConfigError(
+                str(cause).replace("distribution.", f"per_model.{model}.", 1)
+            ) from None
         assert isinstance(err, OmegaConfBaseException)
         key = str(err.key)
         given = override_value(values._get_node(key)) if key in values else "?"
-        raise ConfigError(f"per_model.{model}.{key}={given} is invalid: "
-                          f"{str(err).splitlines()[0]}") from None
+        raise ConfigError(
+            f"per_model.{model}.{key}={given} is invalid: {str(err).splitlines()[0]}"
+        ) from None
 
 
 def resolved_container(cfg: DictConfig) -> dict[str, Any]:
     """The config as plain data with interpolations resolved and enums as strings: the
     effective settings (`per_model` applied, with_per_model_settings)."""
-    container = OmegaConf.to_container(with_per_model_settings(without_hydra(cfg)),
-                                       resolve=True, enum_to_str=True)
+    container = OmegaConf.to_container(
+        with_per_model_settings(without_hydra(cfg)), resolve=True, enum_to_str=True
+    )
     assert isinstance(container, dict)
     return {str(key): value for key, value in container.items()}
 
@@ -931,6 +1118,7 @@ def one_line(err: Exception) -> str:
     message = str(err).split("Config search path:")[0]
     parts = [message] + ([str(err.__cause__)] if err.__cause__ is not None else [])
     lines = [line.strip() for part in parts for line in part.splitlines()]
-    keep = [line for line in lines
-            if line and not line.startswith(("object_type", "reference_type"))]
+    keep = [
+        line for line in lines if line and not line.startswith(("object_type", "reference_type"))
+    ]
     return " ".join("; ".join(keep).split())

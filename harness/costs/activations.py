@@ -85,13 +85,15 @@ def stage_saved_mb(layers: Sequence[LayerSaved], first: int, end: int, batch: in
     return total
 
 
-def stage_boundary_mb(layers: Sequence[LayerSaved], first: int, end: int,
-                      input_mb_per_sample: float) -> tuple[float, float]:
+def stage_boundary_mb(
+    layers: Sequence[LayerSaved], first: int, end: int, input_mb_per_sample: float
+) -> tuple[float, float]:
     """Per sample MB a stage [first, end) holds per batch in flight besides what autograd
     saves: its input, unless its first layer saves it, and its output, unless a layer of the
     stage saved that storage (a pipeline keeps both until the batch's backward)."""
     entering = input_mb_per_sample if first == 0 else layers[first - 1].output_mb_per_sample
     held_input = 0.0 if layers[first].saves_input else entering
-    held_output = 0.0 if layers[end - 1].output_saver >= first \
-        else layers[end - 1].output_mb_per_sample
+    held_output = (
+        0.0 if layers[end - 1].output_saver >= first else layers[end - 1].output_mb_per_sample
+    )
     return held_input, held_output

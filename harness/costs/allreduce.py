@@ -21,8 +21,14 @@ from harness.config.units import BYTES_PER_MB
 from harness.profiles.hardware import HardwareProfile
 
 
-def ring_allreduce_seconds(profile: HardwareProfile, workers: int, message_mb: float, *,
-                           bandwidth_scale: float = 1.0, first_rank: int = 0) -> float:
+def ring_allreduce_seconds(
+    profile: HardwareProfile,
+    workers: int,
+    message_mb: float,
+    *,
+    bandwidth_scale: float = 1.0,
+    first_rank: int = 0,
+) -> float:
     """The exposed ring-allreduce of the last `message_mb` MB among `workers` workers (ranks
     `first_rank`.. `first_rank + workers - 1`):
     2(W-1) * max_i (L_{i,i+1} + m / (W * BW_{i,i+1}))."""
@@ -31,8 +37,10 @@ def ring_allreduce_seconds(profile: HardwareProfile, workers: int, message_mb: f
     ring = [first_rank + i for i in range(workers)]
     slowest_step = max(
         profile.link(ring[i], ring[(i + 1) % workers]).seconds_for(
-            message_mb * BYTES_PER_MB / workers, bandwidth_scale=bandwidth_scale)
-        for i in range(workers))
+            message_mb * BYTES_PER_MB / workers, bandwidth_scale=bandwidth_scale
+        )
+        for i in range(workers)
+    )
     return 2 * (workers - 1) * slowest_step
 
 

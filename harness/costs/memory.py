@@ -114,14 +114,26 @@ def backward_temporaries_mb(stage: StageFacts, batch: int) -> float:
     return batch * stage.largest_entry_mb_per_sample + stage.largest_entry_mb_constant
 
 
-def data_parallel_memory(weights_mb: float, trainable_mb: float, stage: StageFacts,
-                         batch_size: int, *, buffer_mb: float, optimizer_states: int = 1,
-                         runtime_mb: float = 0.0) -> WorkerMemory:
+def data_parallel_memory(
+    weights_mb: float,
+    trainable_mb: float,
+    stage: StageFacts,
+    batch_size: int,
+    *,
+    buffer_mb: float,
+    optimizer_states: int = 1,
+    runtime_mb: float = 0.0,
+) -> WorkerMemory:
     """Sequential (no buffer), Horovod and DDP: a whole replica trains a whole batch."""
-    return WorkerMemory(weights_mb, gradients_mb(trainable_mb),
-                        optimizer_state_mb(weights_mb, optimizer_states), buffer_mb,
-                        activations_mb(stage, batch_size),
-                        backward=backward_temporaries_mb(stage, batch_size), runtime=runtime_mb)
+    return WorkerMemory(
+        weights_mb,
+        gradients_mb(trainable_mb),
+        optimizer_state_mb(weights_mb, optimizer_states),
+        buffer_mb,
+        activations_mb(stage, batch_size),
+        backward=backward_temporaries_mb(stage, batch_size),
+        runtime=runtime_mb,
+    )
 
 
 def held_on_the_device(worker: WorkerMemory, *, cuda: bool) -> WorkerMemory:

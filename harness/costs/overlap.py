@@ -38,8 +38,15 @@ class Timeline:
     # The link's tasks that take the compute's cores: (start, end, core seconds per second).
     _on_the_cores: list[tuple[float, float, float]] = field(default_factory=list)
 
-    def run(self, resource: str, seconds: float, *, after: Sequence[float] = (),
-            not_before: float = 0.0, cores_s: float = 0.0) -> tuple[float, float]:
+    def run(
+        self,
+        resource: str,
+        seconds: float,
+        *,
+        after: Sequence[float] = (),
+        not_before: float = 0.0,
+        cores_s: float = 0.0,
+    ) -> tuple[float, float]:
         """Schedule `seconds` of work on `resource` once the tasks ending at `after` have ended
         (and not before `not_before`); its (start, end). A link task's `cores_s`: the seconds
         of the compute's cores it takes while it runs (a CPU worker's collective between nodes:
@@ -60,8 +67,10 @@ class Timeline:
     def _cores_taken(self, start: float, end: float) -> float:
         """Seconds the link's tasks running between `start` and `end` take from the compute
         (to first order: the compute's own stretch does not meet further tasks)."""
-        return sum(rate * max(min(end, busy_end) - max(start, busy_start), 0.0)
-                   for busy_start, busy_end, rate in self._on_the_cores)
+        return sum(
+            rate * max(min(end, busy_end) - max(start, busy_start), 0.0)
+            for busy_start, busy_end, rate in self._on_the_cores
+        )
 
     @property
     def exposed_s(self) -> float:
@@ -69,8 +78,13 @@ class Timeline:
         return max(self._end - self._compute_s, 0.0)
 
 
-def after_each_chunk(chunks: Sequence[float], collectives: Sequence[float], *,
-                     overlaps: bool, cores_s: Sequence[float] = ()) -> float:
+def after_each_chunk(
+    chunks: Sequence[float],
+    collectives: Sequence[float],
+    *,
+    overlaps: bool,
+    cores_s: Sequence[float] = (),
+) -> float:
     """Exposed seconds when collective i can start once compute chunk i is done and the
     collectives queue on one link: data parallelism's gradient buckets (or fused buffers)
     after the backward's chunks that produce them. `cores_s[i]`: the seconds of the compute's
@@ -79,13 +93,15 @@ def after_each_chunk(chunks: Sequence[float], collectives: Sequence[float], *,
     ready = 0.0
     for i, (chunk, collective) in enumerate(zip(chunks, collectives)):
         _, ready = timeline.run(COMPUTE, chunk, after=[ready])
-        timeline.run(LINK, collective, after=[ready],
-                     cores_s=cores_s[i] if i < len(cores_s) else 0.0)
+        timeline.run(
+            LINK, collective, after=[ready], cores_s=cores_s[i] if i < len(cores_s) else 0.0
+        )
     return timeline.exposed_s
 
 
-def prefetched(compute: Sequence[float], fetch: Sequence[float], *, overlaps: bool,
-               ahead: int = 1) -> tuple[Timeline, list[float]]:
+def prefetched(
+    compute: Sequence[float], fetch: Sequence[float], *, overlaps: bool, ahead: int = 1
+) -> tuple[Timeline, list[float]]:
     """Compute chunk i needs fetch i done first; fetch i is issued when chunk i - `ahead`
     starts (FSDP's prefetch of the next unit's weights), fetches queueing on one link. The
     timeline, and when each chunk ended."""

@@ -43,11 +43,16 @@ class StagePlan:
     def of(cls, balance: Sequence[int], replicas: Sequence[int] | None = None) -> StagePlan:
         replicas = list(replicas) if replicas is not None else [1] * len(balance)
         if len(replicas) != len(balance):
-            raise ValueError(f"{len(balance)} stages in the balance but {len(replicas)} "
-                             f"replica counts")
+            raise ValueError(
+                f"{len(balance)} stages in the balance but {len(replicas)} replica counts"
+            )
         starts = [sum(balance[:i]) for i in range(len(balance))]
-        return cls(tuple(Stage(first, layers, count)
-                         for first, layers, count in zip(starts, balance, replicas)))
+        return cls(
+            tuple(
+                Stage(first, layers, count)
+                for first, layers, count in zip(starts, balance, replicas)
+            )
+        )
 
     @property
     def balance(self) -> list[int]:
@@ -89,8 +94,12 @@ class StagePlan:
         return list(range(first, first + self.replicas[stage]))
 
     def to_dict(self) -> dict[str, object]:
-        return {"stages": self.stage_string(), "balance": self.balance,
-                "layers": [[s.first, s.end] for s in self.stages], "plan": self.describe()}
+        return {
+            "stages": self.stage_string(),
+            "balance": self.balance,
+            "layers": [[s.first, s.end] for s in self.stages],
+            "plan": self.describe(),
+        }
 
 
 def parse_stages(text: str) -> list[int]:
@@ -110,7 +119,8 @@ def check_balance(balance: Sequence[int], num_layers: int, stages: int) -> list[
     if len(balance) != stages or sum(balance) != num_layers or min(balance) < 1:
         raise ValueError(
             f"distribution.balance={balance} is invalid: needs {stages} layer counts of 1 or "
-            f"more that sum to the network's {num_layers} layers")
+            f"more that sum to the network's {num_layers} layers"
+        )
     return balance
 
 
@@ -160,9 +170,13 @@ class LinkModel:
         return 2 * (replicas - 1) / replicas * self.transfer_ms(megabytes)
 
 
-def plan_pipedream(compute_ms: Sequence[float], parameter_mb: Sequence[float],
-                   activation_mb: Sequence[float], workers: int,
-                   link: LinkModel = LinkModel()) -> StagePlan:
+def plan_pipedream(
+    compute_ms: Sequence[float],
+    parameter_mb: Sequence[float],
+    activation_mb: Sequence[float],
+    workers: int,
+    link: LinkModel = LinkModel(),
+) -> StagePlan:
     """PipeDream's partitioning: stages and replica counts that minimise the slowest step.
 
     A stage of layers [i, j) on r replicas costs max(compute, allreduce of its weights) / r per
@@ -189,8 +203,11 @@ def plan_pipedream(compute_ms: Sequence[float], parameter_mb: Sequence[float],
     best: dict[tuple[int, int], tuple[float, int, tuple[Stage, ...]]] = {}
     for j in range(1, n + 1):
         for w in range(1, workers + 1):
-            candidate: tuple[float, int, tuple[Stage, ...]] = (stage_ms(0, j, w), 1,
-                                                               (Stage(0, j, w),))
+            candidate: tuple[float, int, tuple[Stage, ...]] = (
+                stage_ms(0, j, w),
+                1,
+                (Stage(0, j, w),),
+            )
             for i in range(1, j):
                 boundary = 2 * link.transfer_ms(activation_mb[i - 1])
                 for r in range(1, w):
@@ -205,8 +222,9 @@ def plan_pipedream(compute_ms: Sequence[float], parameter_mb: Sequence[float],
     return StagePlan(best[(n, workers)][2])
 
 
-def _better(option: tuple[float, int, tuple[Stage, ...]],
-            current: tuple[float, int, tuple[Stage, ...]]) -> bool:
+def _better(
+    option: tuple[float, int, tuple[Stage, ...]], current: tuple[float, int, tuple[Stage, ...]]
+) -> bool:
     """Strictly faster, or as fast (within rounding) with fewer stages."""
     if option[0] < current[0] - 1e-9:
         return True

@@ -55,11 +55,17 @@ class FreeParameter:
 CONTENTION = FreeParameter(
     "contention",
     "how much slower a worker computes while the other workers of its node compute too "
-    "(shared cores, caches and memory bandwidth); 1 = as fast as alone (the probe)", 1.0, 5.0)
+    "(shared cores, caches and memory bandwidth); 1 = as fast as alone (the probe)",
+    1.0,
+    5.0,
+)
 COMMUNICATION = FreeParameter(
     "communication",
     "seconds of communication per second the probed link speeds predict (allreduces and "
-    "stage transfers under load, not hidden behind compute); 1 = the probe's speed", 1.0, 10.0)
+    "stage transfers under load, not hidden behind compute); 1 = the probe's speed",
+    1.0,
+    10.0,
+)
 # Every multi-worker model's parameters, in the order a fit lists them.
 SHARED_PARAMETERS: tuple[FreeParameter, ...] = (CONTENTION, COMMUNICATION)
 # The shared parameters at their raw (prior) values (`harness.predict.parameters.RAW` adds
@@ -142,8 +148,11 @@ class EpochTerms:
         if not self.concurrent:
             return {}
         contended = 0.0 if self.compute_timed_concurrently else self.compute_s
-        return {CONTENTION.name: contended, COMMUNICATION.name: self.communication_s,
-                **{parameter.name: seconds for parameter, seconds in self.model_terms}}
+        return {
+            CONTENTION.name: contended,
+            COMMUNICATION.name: self.communication_s,
+            **{parameter.name: seconds for parameter, seconds in self.model_terms},
+        }
 
     def fixed_s(self) -> float:
         """The seconds no free parameter scales."""
@@ -151,10 +160,14 @@ class EpochTerms:
         return 0.0 if scaled else self.compute_s
 
     def seconds(self, params: dict[str, float] | None = None) -> float:
-        values = {**SHARED_RAW, **{parameter.name: parameter.prior
-                                   for parameter, _ in self.model_terms}, **(params or {})}
-        return self.fixed_s() + sum(values[name] * coefficient
-                                    for name, coefficient in self.coefficients().items())
+        values = {
+            **SHARED_RAW,
+            **{parameter.name: parameter.prior for parameter, _ in self.model_terms},
+            **(params or {}),
+        }
+        return self.fixed_s() + sum(
+            values[name] * coefficient for name, coefficient in self.coefficients().items()
+        )
 
 
 def batches_per_epoch(config: DistbenchConfig) -> int:
@@ -193,8 +206,7 @@ def allreduces_overlap_backward(config: DistbenchConfig) -> bool:
     4.1 % and 15.9 to 6.5 %. An earlier sweep (2026-11-27) had said the opposite, before FSDP's
     collectives were priced by their wire bytes and with Horovod's allreduces priced as whole
     64 MB fusion buffers."""
-    return communication_overlaps(config) or \
-        config.hardware.group_crosses_links(config.world_size)
+    return communication_overlaps(config) or config.hardware.group_crosses_links(config.world_size)
 
 
 def burst_bytes(config: DistbenchConfig) -> float:
@@ -210,8 +222,9 @@ def burst_bytes(config: DistbenchConfig) -> float:
     return link.burst_bytes if link is not None else 0.0
 
 
-def allreduce_seconds(profile: HardwareProfile, workers: int, total_mb: float,
-                      messages: int) -> float:
+def allreduce_seconds(
+    profile: HardwareProfile, workers: int, total_mb: float, messages: int
+) -> float:
     """`messages` allreduces moving `total_mb` MB in all among `workers` workers: each pays
     the latency, the bytes pay the bandwidth. The probe's measured allreduce among that many
     workers when the profile has one, else the ring over the slowest link (Eq. 5.1's form:
@@ -226,9 +239,15 @@ def allreduce_seconds(profile: HardwareProfile, workers: int, total_mb: float,
     return messages * cost.latency_s + total_mb * BYTES_PER_MB / cost.bandwidth_bytes_per_s
 
 
-def data_parallel_terms(config: DistbenchConfig, facts: CellFacts, profile: HardwareProfile,
-                        *, exposed_threshold_mb: float, messages: int,
-                        background: FreeParameter | None = None) -> EpochTerms:
+def data_parallel_terms(
+    config: DistbenchConfig,
+    facts: CellFacts,
+    profile: HardwareProfile,
+    *,
+    exposed_threshold_mb: float,
+    messages: int,
+    background: FreeParameter | None = None,
+) -> EpochTerms:
     """Eq. 5.1 for a model with one whole replica per worker, with what the workers' hardware
     lets hide: where allreduces can run beside the backward (`allreduces_overlap_backward`:
     GPUs, and CPU workers across nodes), each bucket or fused buffer (of `exposed_threshold_mb`;
@@ -239,8 +258,9 @@ def data_parallel_terms(config: DistbenchConfig, facts: CellFacts, profile: Hard
     shares the compute's cores (Horovod's cycle), scaling all of the compute."""
     workers, steps = config.world_size, batches_per_epoch(config)
     if allreduces_overlap_backward(config):
-        allreduce = overlapped_allreduce_seconds(config, facts, profile, workers,
-                                                 exposed_threshold_mb)
+        allreduce = overlapped_allreduce_seconds(
+            config, facts, profile, workers, exposed_threshold_mb
+        )
     else:
         allreduce = allreduce_seconds(profile, workers, facts.gradient_mb, messages)
     compute = steps * facts.step_seconds
@@ -250,8 +270,9 @@ def data_parallel_terms(config: DistbenchConfig, facts: CellFacts, profile: Hard
     model_terms: tuple[tuple[FreeParameter, float], ...] = ()
     if background is not None and config.hardware.device.value != "cuda":
         model_terms = ((background, compute),)
-    return EpochTerms(compute, steps * allreduce, 0.0, steps, concurrent=True,
-                      model_terms=model_terms)
+    return EpochTerms(
+        compute, steps * allreduce, 0.0, steps, concurrent=True, model_terms=model_terms
+    )
 
 
 def gradient_buckets(facts: CellFacts, cap_mb: float) -> list[tuple[float, float]]:
@@ -288,35 +309,48 @@ def layer_forward_share(facts: CellFacts, layer: LayerFacts) -> float:
     return (1 - BACKWARD_SHARE) / max(len(facts.layers), 1)
 
 
-def overlapped_allreduce_seconds(config: DistbenchConfig, facts: CellFacts,
-                                 profile: HardwareProfile, workers: int, cap_mb: float) -> float:
+def overlapped_allreduce_seconds(
+    config: DistbenchConfig, facts: CellFacts, profile: HardwareProfile, workers: int, cap_mb: float
+) -> float:
     """A step's allreduce seconds the backward does not hide (`predict.overlap`): every
     bucket's allreduce queued on the link as soon as the backward has filled it, so that a
     bucket hides only behind the backward still to run after it; at least the last bucket is
     exposed, at most all of them, whatever the thesis' 'only the last' assumes."""
     buckets = gradient_buckets(facts, cap_mb)
     if config.hardware.device.value == "cuda":  # Eq. 5.1's ring over the links, per bucket
-        collectives = [allreduce.ring_allreduce_seconds(profile, workers, megabytes)
-                       for _, megabytes in buckets]
+        collectives = [
+            allreduce.ring_allreduce_seconds(profile, workers, megabytes)
+            for _, megabytes in buckets
+        ]
     else:  # the probe's allreduce among the workers (the ring where it measured none)
-        collectives = [allreduce_seconds(profile, workers, megabytes, 1)
-                       for _, megabytes in buckets]
+        collectives = [
+            allreduce_seconds(profile, workers, megabytes, 1) for _, megabytes in buckets
+        ]
     # A CPU worker's allreduce between nodes takes its cores from the backward it runs beside
     # (the probe's `compute_lost_ms_per_mb`; 0 where it measured none, and on a GPU).
     lost = profile.compute_lost_s_per_mb() if config.hardware.device.value != "cuda" else 0.0
-    return overlap.after_each_chunk([seconds for seconds, _ in buckets], collectives,
-                                    overlaps=True,
-                                    cores_s=[lost * megabytes for _, megabytes in buckets])
+    return overlap.after_each_chunk(
+        [seconds for seconds, _ in buckets],
+        collectives,
+        overlaps=True,
+        cores_s=[lost * megabytes for _, megabytes in buckets],
+    )
 
 
-def replica_memory(config: DistbenchConfig, facts: CellFacts, *,
-                   buffer_mb: float = 0.0) -> memory.WorkerMemory:
+def replica_memory(
+    config: DistbenchConfig, facts: CellFacts, *, buffer_mb: float = 0.0
+) -> memory.WorkerMemory:
     """One worker holding a whole replica that trains a whole (per-worker) batch, with a
     communication buffer of `buffer_mb` (sequential, DDP, Horovod)."""
     return memory.data_parallel_memory(
-        facts.weights_mb, facts.gradient_mb, memory_stage(facts, 0, len(facts.layers)),
-        config.batch_size, buffer_mb=buffer_mb, optimizer_states=config.optimizer.state_buffers,
-        runtime_mb=facts.runtime_mb)
+        facts.weights_mb,
+        facts.gradient_mb,
+        memory_stage(facts, 0, len(facts.layers)),
+        config.batch_size,
+        buffer_mb=buffer_mb,
+        optimizer_states=config.optimizer.state_buffers,
+        runtime_mb=facts.runtime_mb,
+    )
 
 
 def memory_stage(facts: CellFacts, first: int, end: int) -> memory.StageFacts:
@@ -324,21 +358,41 @@ def memory_stage(facts: CellFacts, first: int, end: int) -> memory.StageFacts:
     sample and constant, each storage once) and the boundary tensors a stage keeps. Without
     measured saved bytes (`LayerFacts.saved`), each layer's output stands for them."""
     layers = facts.layers[first:end]
-    entering = facts.input_mb_per_sample if first == 0 else \
-        facts.layers[first - 1].activation_mb_per_sample
+    entering = (
+        facts.input_mb_per_sample
+        if first == 0
+        else facts.layers[first - 1].activation_mb_per_sample
+    )
     weights = sum(layer.weights_mb for layer in layers)
     saved = [layer.saved for layer in facts.layers]
     if any(layer is None for layer in saved):
-        return memory.StageFacts(weights, sum(layer.activation_mb_per_sample for layer in layers),
-                                 0.0, entering, layers[-1].activation_mb_per_sample, 0.0)
+        return memory.StageFacts(
+            weights,
+            sum(layer.activation_mb_per_sample for layer in layers),
+            0.0,
+            entering,
+            layers[-1].activation_mb_per_sample,
+            0.0,
+        )
     constant = activations.stage_saved_mb(saved, first, end, 0)
     per_sample = activations.stage_saved_mb(saved, first, end, 1) - constant
-    held_in, held_out = activations.stage_boundary_mb(saved, first, end,
-                                                      facts.input_mb_per_sample)
-    entries = [(activations.stage_saved_mb(saved, i, i + 1, 1)
-                - activations.stage_saved_mb(saved, i, i + 1, 0),
-                activations.stage_saved_mb(saved, i, i + 1, 0)) for i in range(first, end)]
+    held_in, held_out = activations.stage_boundary_mb(saved, first, end, facts.input_mb_per_sample)
+    entries = [
+        (
+            activations.stage_saved_mb(saved, i, i + 1, 1)
+            - activations.stage_saved_mb(saved, i, i + 1, 0),
+            activations.stage_saved_mb(saved, i, i + 1, 0),
+        )
+        for i in range(first, end)
+    ]
     largest = max(entries)
-    return memory.StageFacts(weights, per_sample, constant, entering,
-                             layers[-1].activation_mb_per_sample, held_in + held_out,
-                             largest[0], largest[1])
+    return memory.StageFacts(
+        weights,
+        per_sample,
+        constant,
+        entering,
+        layers[-1].activation_mb_per_sample,
+        held_in + held_out,
+        largest[0],
+        largest[1],
+    )

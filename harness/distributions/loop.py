@@ -44,9 +44,13 @@ class BatchLoopTrainer(Trainer):
     state on this worker's device).
     """
 
-    def __init__(self, context: TrainingContext, model: nn.Module,
-                 wrap_optimizer: Callable[[torch.optim.Optimizer], torch.optim.Optimizer]
-                 | None = None, gradient_sync: GradientSync | None = None) -> None:
+    def __init__(
+        self,
+        context: TrainingContext,
+        model: nn.Module,
+        wrap_optimizer: Callable[[torch.optim.Optimizer], torch.optim.Optimizer] | None = None,
+        gradient_sync: GradientSync | None = None,
+    ) -> None:
         self.model = model
         self.network = context.workload.model  # `model` unwrapped (DDP wraps it)
         self.loader = context.workload.loader
@@ -92,8 +96,9 @@ class BatchLoopTrainer(Trainer):
         synchronize(self.device)
         self.clock.reset()
 
-    def time_batches(self, count: int,
-                     enough: Callable[[list[float]], bool] | None = None) -> list[float]:
+    def time_batches(
+        self, count: int, enough: Callable[[list[float]], bool] | None = None
+    ) -> list[float]:
         """Train `count` batches (as many epochs of the loader as that takes; fewer once
         `enough` says so of the seconds so far) and return the seconds of each, device
         synchronised: the sequential predictor's probe."""
@@ -143,11 +148,14 @@ class BatchLoopTrainer(Trainer):
                 return
             yield batch
 
-    def _to_device(self, batch: tuple[torch.Tensor, torch.Tensor]
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _to_device(
+        self, batch: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         images, labels = batch
-        return (images.to(self.device, non_blocking=True),
-                labels.to(self.device, non_blocking=True))
+        return (
+            images.to(self.device, non_blocking=True),
+            labels.to(self.device, non_blocking=True),
+        )
 
     def _train_batch(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Train one batch; its loss (this worker's shard's mean), detached, not yet read."""

@@ -125,10 +125,16 @@ def simulate(replicas: list[int], batches: int) -> int:
                 progressed = True
         done.update(finished)
         if not progressed:
-            stuck = {f"stage {w[0]} replica {w[1]}": ops[w][position[w]] if position[w] <
-                     len(ops[w]) else "allreduce" for w in workers}
-            raise DeadlockError(f"stages {'-'.join(map(str, replicas))} with {batches} "
-                                f"minibatches deadlock; next ops: {stuck}")
+            stuck = {
+                f"stage {w[0]} replica {w[1]}": ops[w][position[w]]
+                if position[w] < len(ops[w])
+                else "allreduce"
+                for w in workers
+            }
+            raise DeadlockError(
+                f"stages {'-'.join(map(str, replicas))} with {batches} "
+                f"minibatches deadlock; next ops: {stuck}"
+            )
     return rounds
 
 

@@ -33,8 +33,13 @@ log = logging.getLogger(__name__)
 LABEL_TAG = 7  # p2p tag of label messages, apart from the activations and gradients
 
 
-def profile_network(config: DistbenchConfig, layers: Sequence[nn.Module],
-                    device: torch.device, *, spread: float = 0.0) -> NetworkProfile:
+def profile_network(
+    config: DistbenchConfig,
+    layers: Sequence[nn.Module],
+    device: torch.device,
+    *,
+    spread: float = 0.0,
+) -> NetworkProfile:
     """Each layer's forward, backward and update time, at the batch one stage processes at a
     time (the model's step batch), on `device` (fewer runs once steady within `spread`:
     `harness.measure.profiler.profile_layers`). A worker's layers are built on the CPU: on a
@@ -42,10 +47,11 @@ def profile_network(config: DistbenchConfig, layers: Sequence[nn.Module],
     stage once the stages are built (a CUDA sample against CPU weights failed on an H100)."""
     keep_freed_memory()  # timed as a worker steps (harness.measure.allocator)
     generator = torch.Generator().manual_seed(config.run.seed)
-    sample, _ = config.dataset.spec.example_batch(config.distribution.step_batch(config),
-                                                  generator)
-    home = next((tensor.device for layer in layers
-                 for tensor in (*layer.parameters(), *layer.buffers())), device)
+    sample, _ = config.dataset.spec.example_batch(config.distribution.step_batch(config), generator)
+    home = next(
+        (tensor.device for layer in layers for tensor in (*layer.parameters(), *layer.buffers())),
+        device,
+    )
     for layer in layers:
         layer.to(device)
     try:
@@ -55,8 +61,9 @@ def profile_network(config: DistbenchConfig, layers: Sequence[nn.Module],
             layer.to(home)
 
 
-def shared_plan(context: TrainingContext, layers: Sequence[nn.Module],
-                planner: StagePlanner) -> StagePlan:
+def shared_plan(
+    context: TrainingContext, layers: Sequence[nn.Module], planner: StagePlanner
+) -> StagePlan:
     """The stage plan, computed (and profiled, if needed) on rank 0 and broadcast to all.
 
     Workers time layers differently, so each profiling for itself could yield different plans.
@@ -65,8 +72,11 @@ def shared_plan(context: TrainingContext, layers: Sequence[nn.Module],
     plan: StagePlan | str | None = None
     if session.env.is_main:
         try:
-            profile = profile_network(config, layers, context.device) \
-                if planner.needs_profile(config) else None
+            profile = (
+                profile_network(config, layers, context.device)
+                if planner.needs_profile(config)
+                else None
+            )
             plan = planner.plan(config, len(layers), profile)
         except ValueError as err:  # e.g. a balance that does not match the layer list
             plan = str(err)
@@ -74,8 +84,10 @@ def shared_plan(context: TrainingContext, layers: Sequence[nn.Module],
     if not isinstance(plan, StagePlan):
         raise ValueError(plan)
     if plan.workers != session.env.world_size:
-        raise ValueError(f"the stage plan {plan.describe()} needs {plan.workers} workers, the "
-                         f"cell has {session.env.world_size}")
+        raise ValueError(
+            f"the stage plan {plan.describe()} needs {plan.workers} workers, the "
+            f"cell has {session.env.world_size}"
+        )
     log.info("rank %d: stage plan %s", session.env.rank, plan.describe())
     return plan
 
@@ -89,7 +101,7 @@ def stage_module(context: TrainingContext, plan: StagePlan, stage: int) -> nn.Se
         # A stage's input arrives as a leaf tensor that requires grad, which autograd forbids
         # modifying in place; the out-of-place ReLU computes the same.
         first.inplace = False  # type: ignore[assignment]
-    return nn.Sequential(*layers[part.first:part.end]).to(context.device)
+    return nn.Sequential(*layers[part.first : part.end]).to(context.device)
 
 
 def layer_list(context: TrainingContext) -> list[nn.Module]:
@@ -125,8 +137,10 @@ class PipelineBatches:
     def fetch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch of `indices` on this worker's device: (images, labels)."""
         images, labels = fetch_batch(self.dataset, indices.tolist())
-        return (images.to(self.device, non_blocking=True),
-                labels.to(self.device, non_blocking=True))
+        return (
+            images.to(self.device, non_blocking=True),
+            labels.to(self.device, non_blocking=True),
+        )
 
 
 @dataclass
@@ -153,7 +167,8 @@ class StageEpochs:
         metrics = {f"bubble_stage{stage}": statistics.fmean(self.idle)}
         for phase in self.phases[0]:
             metrics[f"{phase}_seconds_per_epoch_stage{stage}"] = statistics.fmean(
-                epoch[phase] for epoch in self.phases)
+                epoch[phase] for epoch in self.phases
+            )
         return metrics
 
 

@@ -31,16 +31,17 @@ def specs() -> dict[str, DistributionSpec]:
     for module in pkgutil.iter_modules(package.__path__):
         if not module.ispkg:  # what the models share, not a model
             continue
-        spec = getattr(importlib.import_module(f"{package.__name__}.{module.name}"), "SPEC",
-                       None)
+        spec = getattr(importlib.import_module(f"{package.__name__}.{module.name}"), "SPEC", None)
         if isinstance(spec, DistributionSpec):
             found[spec.name] = spec
     for entry in plugins.registered():
         spec = _registered_spec(entry)
         if spec.name in found:
-            raise ConfigError(f"the distribution model {entry.name} = {entry.value} (entry point "
-                              f"{plugins.ENTRY_POINT_GROUP}) is invalid: its name "
-                              f"{spec.name!r} is taken; allowed: a name no other model has")
+            raise ConfigError(
+                f"the distribution model {entry.name} = {entry.value} (entry point "
+                f"{plugins.ENTRY_POINT_GROUP}) is invalid: its name "
+                f"{spec.name!r} is taken; allowed: a name no other model has"
+            )
         found[spec.name] = spec
     return dict(sorted(found.items()))
 
@@ -49,17 +50,23 @@ def _registered_spec(entry: EntryPoint) -> DistributionSpec:
     """The SPEC a package registered: its entry point names a module defining `SPEC`, or the
     spec itself (`module:SPEC`). A registration that cannot be loaded is refused in one line
     naming it."""
-    where = (f"the distribution model {entry.name} = {entry.value} (entry point "
-             f"{plugins.ENTRY_POINT_GROUP})")
+    where = (
+        f"the distribution model {entry.name} = {entry.value} (entry point "
+        f"{plugins.ENTRY_POINT_GROUP})"
+    )
     try:
         loaded = entry.load()
     except Exception as err:  # noqa: BLE001 - any failure of a user's module, named
-        raise ConfigError(f"{where} is invalid: importing it failed: {type(err).__name__}: "
-                          f"{err}; allowed: a module that defines SPEC") from err
+        raise ConfigError(
+            f"{where} is invalid: importing it failed: {type(err).__name__}: "
+            f"{err}; allowed: a module that defines SPEC"
+        ) from err
     spec = getattr(loaded, "SPEC", loaded)
     if not isinstance(spec, DistributionSpec):
-        raise ConfigError(f"{where} is invalid: it holds no DistributionSpec; allowed: a module "
-                          f"that defines SPEC = DistributionSpec(...)")
+        raise ConfigError(
+            f"{where} is invalid: it holds no DistributionSpec; allowed: a module "
+            f"that defines SPEC = DistributionSpec(...)"
+        )
     return spec
 
 
@@ -75,8 +82,9 @@ def spec_named(name: str) -> DistributionSpec:
     try:
         return specs()[name]
     except KeyError:
-        raise ConfigError(f"distribution.name={name!r} is invalid: allowed: "
-                          f"{', '.join(specs())}") from None
+        raise ConfigError(
+            f"distribution.name={name!r} is invalid: allowed: {', '.join(specs())}"
+        ) from None
 
 
 def spec_of(config: DistbenchConfig) -> DistributionSpec:
@@ -119,6 +127,7 @@ def setting_names() -> list[str]:
     names: dict[str, None] = {}
     base = {f.name for f in dataclasses.fields(DistributionConfig)}
     for spec in specs().values():
-        names.update((f.name, None) for f in dataclasses.fields(spec.settings)
-                     if f.name not in base)
+        names.update(
+            (f.name, None) for f in dataclasses.fields(spec.settings) if f.name not in base
+        )
     return list(names)

@@ -34,9 +34,11 @@ def trainer_in(module: str, function: str) -> TrainerFactory:
     the spec, and everything that predicts, plans or checks a cell from it, never loads a
     trainer (nor torch). A model's package names its own: `trainer_in(f"{__name__}.trainer",
     "ddp_trainer")`."""
+
     def build(context: TrainingContext) -> Trainer:
         factory: TrainerFactory = getattr(importlib.import_module(module), function)
         return factory(context)
+
     return build
 
 
@@ -98,39 +100,55 @@ class DistributionSpec:
     def __post_init__(self) -> None:
         own_name = self.settings.__dataclass_fields__["name"].default
         if own_name != self.name:
-            raise TypeError(f"{self.settings.__name__}.name defaults to {own_name!r}, but the "
-                            f"spec is named {self.name!r}")
+            raise TypeError(
+                f"{self.settings.__name__}.name defaults to {own_name!r}, but the "
+                f"spec is named {self.name!r}"
+            )
 
 
-def candidate_settings(asked: DistbenchConfig, settings: type[DistributionConfig],
-                       **values: object) -> DistributionConfig:
+def candidate_settings(
+    asked: DistbenchConfig, settings: type[DistributionConfig], **values: object
+) -> DistributionConfig:
     """A candidate's settings: the asked cell's batch size and backend, the asked cell's own
     settings where it is of this model (else the model's defaults), then `values`."""
     name = settings.__dataclass_fields__["name"].default
     own = asked.distribution.own_settings_raw() if asked.distribution.name == name else {}
-    return settings(**{**own, "name": name, "batch_size": asked.distribution.batch_size,
-                       "backend": asked.distribution.backend, **values})
+    return settings(
+        **{
+            **own,
+            "name": name,
+            "batch_size": asked.distribution.batch_size,
+            "backend": asked.distribution.backend,
+            **values,
+        }
+    )
 
 
-def candidate(asked: DistbenchConfig, settings: DistributionConfig, nodes: int,
-              per_node: int) -> DistbenchConfig:
+def candidate(
+    asked: DistbenchConfig, settings: DistributionConfig, nodes: int, per_node: int
+) -> DistbenchConfig:
     """The asked cell with another model's `settings` on `nodes` x `per_node` workers."""
     hardware = replace(asked.hardware, nodes=nodes, workers_per_node=per_node)
     return replace(asked, distribution=settings, hardware=hardware)
 
 
-def at_every_count(settings: type[DistributionConfig]
-                   ) -> Callable[[DistbenchConfig, WorkerCounts], Iterator[DistbenchConfig]]:
+def at_every_count(
+    settings: type[DistributionConfig],
+) -> Callable[[DistbenchConfig, WorkerCounts], Iterator[DistbenchConfig]]:
     """`DistributionSpec.candidates` of a data-parallel model the recommender offers with one
     setting each (the asked cell's own, else the defaults) at every worker count."""
+
     def candidates(asked: DistbenchConfig, counts: WorkerCounts) -> Iterator[DistbenchConfig]:
         for nodes, per_node in counts:
             yield candidate(asked, candidate_settings(asked, settings), nodes, per_node)
+
     return candidates
 
 
 def workers_label(name: str) -> Callable[[DistbenchConfig, StagePlan | None], str]:
     """`DistributionSpec.label` of a model whose label is its name and worker count."""
+
     def label(config: DistbenchConfig, plan: StagePlan | None) -> str:
         return f"{name} x{config.world_size}"
+
     return label

@@ -27,8 +27,10 @@ class InitialState:
 
     @classmethod
     def capture(cls, module: nn.Module, optimizer: torch.optim.Optimizer) -> InitialState:
-        return cls({name: tensor.detach().clone() for name, tensor in module.state_dict().items()},
-                   copy.deepcopy(optimizer.state_dict()))
+        return cls(
+            {name: tensor.detach().clone() for name, tensor in module.state_dict().items()},
+            copy.deepcopy(optimizer.state_dict()),
+        )
 
     def restore(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Copy the captured values into the module's own tensors (in place: the optimizer, DDP
@@ -54,8 +56,13 @@ def epoch_losses(losses: dict[int, torch.Tensor]) -> dict[int, float]:
     return dict(zip(losses, values))
 
 
-def assemble_network(network: nn.Module, stage: nn.Module, contributes: bool,
-                     session: WorkerSession, device: torch.device) -> nn.Module:
+def assemble_network(
+    network: nn.Module,
+    stage: nn.Module,
+    contributes: bool,
+    session: WorkerSession,
+    device: torch.device,
+) -> nn.Module:
     """The whole `network` on `device` with every stage's current weights: a collective that
     every worker of the pipeline calls.
 
@@ -71,8 +78,14 @@ def assemble_network(network: nn.Module, stage: nn.Module, contributes: bool,
     network's worth of parameters and buffers) in pickled and unpickled form.
     """
     names = {id(tensor): name for name, tensor in network.state_dict(keep_vars=True).items()}
-    mine = {names[id(tensor)]: tensor.detach().cpu()
-            for tensor in stage.state_dict(keep_vars=True).values()} if contributes else {}
+    mine = (
+        {
+            names[id(tensor)]: tensor.detach().cpu()
+            for tensor in stage.state_dict(keep_vars=True).values()
+        }
+        if contributes
+        else {}
+    )
     target = network.to(device).state_dict(keep_vars=True)
     with torch.no_grad():
         for state in session.all_gather(mine):  # this worker's own among them: a no-op copy

@@ -58,12 +58,18 @@ def _set_mallopt() -> str:
     except (OSError, AttributeError):
         return f"{UNCHANGED} (no mallopt in this process's C library)"
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    refused = [name for name, parameter, value in (
-        ("mmap_threshold", _M_MMAP_THRESHOLD, KEPT_MMAP_THRESHOLD_BYTES),
-        ("trim_threshold", _M_TRIM_THRESHOLD, KEPT_TRIM_THRESHOLD_BYTES),
-    ) if mallopt(parameter, value) != 1]
+    refused = [
+        name
+        for name, parameter, value in (
+            ("mmap_threshold", _M_MMAP_THRESHOLD, KEPT_MMAP_THRESHOLD_BYTES),
+            ("trim_threshold", _M_TRIM_THRESHOLD, KEPT_TRIM_THRESHOLD_BYTES),
+        )
+        if mallopt(parameter, value) != 1
+    ]
     if refused:
         return f"glibc malloc: freed memory kept, except {', '.join(refused)} (refused)"
-    return (f"glibc malloc: freed memory kept (mmap_threshold "
-            f"{KEPT_MMAP_THRESHOLD_BYTES // 1024**2} MiB, trim_threshold "
-            f"{KEPT_TRIM_THRESHOLD_BYTES // 1024**2} MiB)")
+    return (
+        f"glibc malloc: freed memory kept (mmap_threshold "
+        f"{KEPT_MMAP_THRESHOLD_BYTES // 1024**2} MiB, trim_threshold "
+        f"{KEPT_TRIM_THRESHOLD_BYTES // 1024**2} MiB)"
+    )

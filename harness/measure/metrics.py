@@ -43,8 +43,9 @@ def device_time(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def median_seconds(operation: Callable[[], object], device: torch.device, *, warmup: int,
-                   repeats: int) -> float:
+def median_seconds(
+    operation: Callable[[], object], device: torch.device, *, warmup: int, repeats: int
+) -> float:
     """Median seconds of `operation()` over `repeats` calls, after `warmup` untimed ones."""
     seconds = []
     for call in range(warmup + repeats):
@@ -146,8 +147,6 @@ class RepeatStatistics:
         if n >= cls.TRIM_FROM:
             trimmed = statistics.fmean(sorted(values)[1:-1])
         return cls(mean=mean, std=std, ci95_low=low, ci95_high=high, trimmed_mean=trimmed, n=n)
-
-
 
 
 class PeakMemory:

@@ -46,7 +46,8 @@ def describe(network: str | NetworkRef, spec: DatasetSpec) -> dict[str, Any]:
         "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "weights_mb": parameters * FLOAT32_BYTES / BYTES_PER_MB,
         "gradient_mb": sum(p.numel() for p in model.parameters() if p.requires_grad)
-        * FLOAT32_BYTES / BYTES_PER_MB,
+        * FLOAT32_BYTES
+        / BYTES_PER_MB,
         # Gradient tensors: Horovod allreduces them as they become ready, so their count
         # bounds how many allreduces (each with its latency) a step needs.
         "gradient_tensors": sum(1 for p in model.parameters() if p.requires_grad),
@@ -56,8 +57,9 @@ def describe(network: str | NetworkRef, spec: DatasetSpec) -> dict[str, Any]:
     }
 
 
-def _layer_fact(index: int, layer: nn.Module, names: dict[int, str],
-                output_shape: tuple[int, ...]) -> dict[str, Any]:
+def _layer_fact(
+    index: int, layer: nn.Module, names: dict[int, str], output_shape: tuple[int, ...]
+) -> dict[str, Any]:
     return {
         "index": index,
         "name": names.get(id(layer), type(layer).__name__.lower()),

@@ -30,8 +30,14 @@ from workloads.progress import say, steps
 MS_PER_S = 1000.0
 
 
-def profile_layers(layers: Sequence[nn.Module], sample: torch.Tensor, *,
-                   warmup: int = 2, repeats: int = 5, spread: float = 0.0) -> NetworkProfile:
+def profile_layers(
+    layers: Sequence[nn.Module],
+    sample: torch.Tensor,
+    *,
+    warmup: int = 2,
+    repeats: int = 5,
+    spread: float = 0.0,
+) -> NetworkProfile:
     """Profile `layers` (in order) on `sample`, a batch on the device the layers live on: each
     layer's forward and backward run at most `warmup` times untimed, then `repeats` timed,
     fewer once steady within `spread` (0: always all; `harness.measure.timing_rule.ProbeLength`).
@@ -42,21 +48,25 @@ def profile_layers(layers: Sequence[nn.Module], sample: torch.Tensor, *,
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
     device = sample.device
-    say(f"profiling {len(layers)} layers at batch {sample.shape[0]} on {device} "
-        f"({warmup + repeats} passes each{', fewer once steady' if spread > 0 else ''})")
+    say(
+        f"profiling {len(layers)} layers at batch {sample.shape[0]} on {device} "
+        f"({warmup + repeats} passes each{', fewer once steady' if spread > 0 else ''})"
+    )
     profiles = []
     activation = sample.detach()
     with steps(len(layers), "profiling layers", "layer(s)") as shown:
         for index, layer in enumerate(layers):
-            profile, activation = _profile_layer(index, layer, activation,
-                                                 ProbeLength(warmup, repeats, spread))
+            profile, activation = _profile_layer(
+                index, layer, activation, ProbeLength(warmup, repeats, spread)
+            )
             profiles.append(profile)
             shown.update()
     return NetworkProfile(batch_size=sample.shape[0], device=str(device), layers=profiles)
 
 
-def _profile_layer(index: int, layer: nn.Module, activation: torch.Tensor,
-                   length: ProbeLength) -> tuple[LayerProfile, torch.Tensor]:
+def _profile_layer(
+    index: int, layer: nn.Module, activation: torch.Tensor, length: ProbeLength
+) -> tuple[LayerProfile, torch.Tensor]:
     """One layer's profile on `activation` (the previous layer's output), and its output."""
     device = activation.device
     needs_input_grad = index > 0  # stage inputs after the first carry gradients back
@@ -65,8 +75,9 @@ def _profile_layer(index: int, layer: nn.Module, activation: torch.Tensor,
     runs: list[float] = []  # seconds of each run, both passes
     saved_buffers = [buffer.detach().clone() for buffer in layer.buffers()]
     while not length.enough(runs):
-        leaf = activation.detach().requires_grad_(needs_input_grad and
-                                                  activation.is_floating_point())
+        leaf = activation.detach().requires_grad_(
+            needs_input_grad and activation.is_floating_point()
+        )
         # A copy: in-place layers (ReLU(inplace=True)) must not modify `activation`, nor a
         # leaf that requires grad, which autograd forbids.
         x = leaf.clone()
@@ -88,12 +99,13 @@ def _profile_layer(index: int, layer: nn.Module, activation: torch.Tensor,
             buffer.copy_(saved)
     output = y.detach()
     return LayerProfile(
-        index=index, type=type(layer).__name__,
-        forward_ms=statistics.median(forward), backward_ms=statistics.median(backward),
+        index=index,
+        type=type(layer).__name__,
+        forward_ms=statistics.median(forward),
+        backward_ms=statistics.median(backward),
         update_ms=update,
         activation_mb=output.numel() * output.element_size() / BYTES_PER_MB,
-        parameter_mb=sum(p.numel() * p.element_size() for p in layer.parameters())
-        / BYTES_PER_MB,
+        parameter_mb=sum(p.numel() * p.element_size() for p in layer.parameters()) / BYTES_PER_MB,
     ), output
 
 

@@ -23,8 +23,14 @@ from harness.costs.activations import (
 META_ABOVE_BYTES = 4 * 1024**3
 
 
-def measure(network, spec, *, batches: tuple[int, int] = (1, 2),  # noqa: ANN001
-            seed: int = 0, device: str = "cpu") -> SavedActivations:
+def measure(
+    network,  # noqa: ANN001
+    spec,  # noqa: ANN001
+    *,
+    batches: tuple[int, int] = (1, 2),
+    seed: int = 0,
+    device: str = "cpu",
+) -> SavedActivations:
     """Saved bytes per layer of `network` (a name or a NetworkRef) for dataset `spec` (a
     DatasetSpec), from forwards at two batch sizes (module docstring). Costs two forward
     passes on the CPU; a network whose weights alone would take more than
@@ -38,8 +44,9 @@ def measure(network, spec, *, batches: tuple[int, int] = (1, 2),  # noqa: ANN001
     started = time.perf_counter()
     torch.manual_seed(seed)
     with torch.device("meta"):
-        weights = sum(p.numel() * p.element_size()
-                      for p in build_network(network, spec).parameters())
+        weights = sum(
+            p.numel() * p.element_size() for p in build_network(network, spec).parameters()
+        )
     target = torch.device("meta" if weights > META_ABOVE_BYTES else device)
     with target:
         model = build_network(network, spec)
@@ -59,8 +66,11 @@ def measure(network, spec, *, batches: tuple[int, int] = (1, 2),  # noqa: ANN001
             slope = (b.groups.get(key, 0) - a.groups.get(key, 0)) / (large - small)
             constant = a.groups.get(key, 0) - small * slope
             groups.append(SavedGroup(key, slope / BYTES_PER_MB, constant / BYTES_PER_MB))
-        result.append(LayerSaved(tuple(groups), b.output_bytes / large / BYTES_PER_MB,
-                                 b.saves_input, b.output_saver))
+        result.append(
+            LayerSaved(
+                tuple(groups), b.output_bytes / large / BYTES_PER_MB, b.saves_input, b.output_saver
+            )
+        )
     input_mb = torch.Size(spec.input_shape).numel() * spec.input_dtype.itemsize / BYTES_PER_MB
     return SavedActivations(tuple(result), input_mb, batches, time.perf_counter() - started)
 
@@ -95,8 +105,10 @@ def _trace(model, layers, spec, batch: int) -> list[_LayerTrace]:  # noqa: ANN00
     generator = torch.Generator().manual_seed(batch)
     images, labels = (tensor.to(device) for tensor in spec.example_batch(batch, generator))
     inputs, outputs = [], []
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), \
-            _fused_attention_on_meta(device):
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
+        _fused_attention_on_meta(device),
+    ):
         x = images
         for index, layer in enumerate(layers):
             current[0] = index
@@ -115,8 +127,14 @@ def _trace(model, layers, spec, batch: int) -> list[_LayerTrace]:  # noqa: ANN00
         for key in mine:
             last_saver[key] = index
         (out_key, _), out = outputs[index]
-        traces.append(_LayerTrace(groups, out.numel() * out.element_size(),
-                                  inputs[index] in mine, last_saver.get(out_key, NO_SAVER)))
+        traces.append(
+            _LayerTrace(
+                groups,
+                out.numel() * out.element_size(),
+                inputs[index] in mine,
+                last_saver.get(out_key, NO_SAVER),
+            )
+        )
     kept.clear()
     del loss
     return traces

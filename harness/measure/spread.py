@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 NO_SPREAD = "1 repeat: no spread"
-STD_FOOTNOTE = ("std: over the cell's repeats; '-': 1 repeat, no spread measured "
-                "(run.repeats=3 or more measures one)")
+STD_FOOTNOTE = (
+    "std: over the cell's repeats; '-': 1 repeat, no spread measured "
+    "(run.repeats=3 or more measures one)"
+)
 
 
 def repeat_std(metrics: Mapping[str, float]) -> float | None:

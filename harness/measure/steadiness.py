@@ -82,8 +82,7 @@ def memory_reference_seconds(device: object = "cpu") -> float:
     return _median_trial_seconds(device, lambda: torch.add(left, right, out=out), additions)
 
 
-def _median_trial_seconds(device: object, operation: Callable[[], object],
-                          repeats: int) -> float:
+def _median_trial_seconds(device: object, operation: Callable[[], object], repeats: int) -> float:
     """Median seconds of `repeats` runs of `operation`, over REFERENCE_TRIALS trials after one
     untimed trial (which warms the allocator and caches), on one CPU thread (restored after)."""
     import torch
@@ -142,8 +141,11 @@ class Steadiness:
     def epoch_cv(self) -> float | None:
         """The largest coefficient of variation of the epochs within a repeat; None when no
         repeat has two epochs."""
-        spreads = [statistics.stdev(epochs) / statistics.fmean(epochs)
-                   for epochs in self.repeat_epochs if len(epochs) >= 2 and min(epochs) > 0]
+        spreads = [
+            statistics.stdev(epochs) / statistics.fmean(epochs)
+            for epochs in self.repeat_epochs
+            if len(epochs) >= 2 and min(epochs) > 0
+        ]
         return max(spreads, default=None)
 
     @property
@@ -152,8 +154,10 @@ class Steadiness:
         reasons = []
         if abs(self.drift) > self.threshold:
             direction = "slower" if self.drift > 0 else "faster"
-            reasons.append(f"the reference kernel ran {abs(self.drift):.0%} {direction} after "
-                           f"the cell than before it")
+            reasons.append(
+                f"the reference kernel ran {abs(self.drift):.0%} {direction} after "
+                f"the cell than before it"
+            )
         cv = self.epoch_cv
         if cv is not None and cv > self.threshold:
             reasons.append(f"its epochs varied by {cv:.0%} (coefficient of variation)")
@@ -171,10 +175,13 @@ class Steadiness:
             "reference_kernel_drift": self.drift,
         }
         if self.memory_before and self.memory_after:
-            measured.update({
-                "memory_kernel_ms_before": 1e3 * max(self.memory_before),
-                "memory_kernel_ms_after": 1e3 * max(self.memory_after),
-                "memory_kernel_drift": self.memory_drift})
+            measured.update(
+                {
+                    "memory_kernel_ms_before": 1e3 * max(self.memory_before),
+                    "memory_kernel_ms_after": 1e3 * max(self.memory_after),
+                    "memory_kernel_drift": self.memory_drift,
+                }
+            )
         if self.epoch_cv is not None:
             measured["epoch_cv"] = self.epoch_cv
         return measured
@@ -182,11 +189,16 @@ class Steadiness:
     def text(self) -> str:
         """One line for the record: 'steady (...)' or 'unsteady: why; why'."""
         cv = self.epoch_cv
-        figures = (f"reference kernel {self.drift:+.1%} over the cell"
-                   + (f", memory-bound kernel {self.memory_drift:+.1%} (not judged)"
-                      if self.memory_before else "")
-                   + (f", epochs cv {cv:.1%}" if cv is not None else "")
-                   + f"; threshold {self.threshold:.0%}")
+        figures = (
+            f"reference kernel {self.drift:+.1%} over the cell"
+            + (
+                f", memory-bound kernel {self.memory_drift:+.1%} (not judged)"
+                if self.memory_before
+                else ""
+            )
+            + (f", epochs cv {cv:.1%}" if cv is not None else "")
+            + f"; threshold {self.threshold:.0%}"
+        )
         if self.steady:
             return f"steady ({figures})"
         return f"unsteady: {'; '.join(self.reasons)} ({figures})"
@@ -210,8 +222,10 @@ def machine_speed_ms(metrics: Mapping[str, float]) -> float | None:
 
 
 UNSTEADY_MARK = "~"
-UNSTEADY_FOOTNOTE = ("~: measured while the machine was unsteady (run.steadiness_threshold); "
-                     "hydra.launcher.remeasure_unsteady=true measures such cells again")
+UNSTEADY_FOOTNOTE = (
+    "~: measured while the machine was unsteady (run.steadiness_threshold); "
+    "hydra.launcher.remeasure_unsteady=true measures such cells again"
+)
 
 
 def is_unsteady(metrics: dict[str, float]) -> bool:

@@ -36,7 +36,7 @@ class ProbeLength:
         if self.warmup_batches == 0:
             return 0
         elapsed = 0.0
-        for count, step in enumerate(seconds[:self.warmup_batches], start=1):
+        for count, step in enumerate(seconds[: self.warmup_batches], start=1):
             elapsed += step
             if count == self.warmup_batches or elapsed >= WARMUP_SECONDS:
                 return count

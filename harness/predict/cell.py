@@ -12,20 +12,23 @@ from harness.distributions.registry import spec_of
 from harness.profiles.hardware import HardwareProfile
 
 
-def epoch_terms(config: DistbenchConfig, facts: CellFacts,
-                profile: HardwareProfile | None) -> EpochTerms:
+def epoch_terms(
+    config: DistbenchConfig, facts: CellFacts, profile: HardwareProfile | None
+) -> EpochTerms:
     """The cell's epoch split into compute, allreduce, transfer and steps (raw equations).
     A one-worker cell of any model is the probe's step, once per batch."""
     if config.world_size == 1:
         steps = batches_per_epoch(config)
         return EpochTerms(steps * facts.step_seconds, steps=steps)
-    assert profile is not None, \
+    assert profile is not None, (
         f"{config.distribution.name} over {config.world_size} workers needs a profile"
+    )
     return spec_of(config).epoch_terms(config, facts, profile)
 
 
-def memory_per_worker_mb(config: DistbenchConfig, facts: CellFacts, *,
-                         runtime_mb: float = 0.0) -> list[float]:
+def memory_per_worker_mb(
+    config: DistbenchConfig, facts: CellFacts, *, runtime_mb: float = 0.0
+) -> list[float]:
     """Predicted peak MB of every worker (`predict.memory`): the model's terms, the measured
     runtime share (`facts.runtime_mb`) and `runtime_mb`, a remainder learnt from other cells."""
     return [worker.total + runtime_mb for worker in memory_terms_per_worker(config, facts)]
@@ -46,8 +49,10 @@ def memory_terms_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[W
     """Every worker's predicted peak, term by term (`predict.memory.WorkerMemory`): its
     model's terms, and what every model's worker holds besides (`held_on_the_device`)."""
     cuda = config.hardware.device.value == "cuda"
-    return [held_on_the_device(worker, cuda=cuda)
-            for worker in spec_of(config).memory_per_worker(config, facts)]
+    return [
+        held_on_the_device(worker, cuda=cuda)
+        for worker in spec_of(config).memory_per_worker(config, facts)
+    ]
 
 
 def cost_per_epoch(config: DistbenchConfig, seconds: float) -> float | None:

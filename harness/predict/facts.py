@@ -78,7 +78,8 @@ class FactsCache:
     sources: dict[tuple[Any, ...], StepTime] = field(default_factory=dict)  # per step key
     profile_sources: dict[tuple[Any, ...], str] = field(default_factory=dict)
     recorded: dict[tuple[Any, ...], tuple[list[MeasuredStep], list[str]]] = field(
-        default_factory=dict)  # (network, dataset, device, threads) -> measured, where looked
+        default_factory=dict
+    )  # (network, dataset, device, threads) -> measured, where looked
     # Memory facts: saved activations per (network, dataset) (`predict.activations`), the
     # runtime share per `predict.runtime.probe_key`; `measure_memory=False` measures neither
     # (the memory model then falls back to layer outputs and no runtime share).
@@ -107,42 +108,68 @@ class FactsCache:
     steps_from_cells: bool = False
 
 
-def command_parser(prog: str, description: str | None, *,
-                   probe_spread: float = STEADY_SPREAD) -> argparse.ArgumentParser:
+def command_parser(
+    prog: str, description: str | None, *, probe_spread: float = STEADY_SPREAD
+) -> argparse.ArgumentParser:
     """The options of the commands that measure facts (analysis, recommend); the rest of
     their arguments are config overrides (`parse_known_args`). `probe_spread`: the default of
     `--probe-spread`, the spread of the probe's timed batches at which it stops early."""
     from harness.cli.arguments import ArgumentParser  # a wrong flag: one line, exit status 2
 
-    parser = ArgumentParser(prog=prog, description=description,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--probe-batches", type=int, default=5,
-                        help="timed batches of the sequential probe per batch size, at most "
-                             "(default 5)")
-    parser.add_argument("--probe-spread", type=float, default=probe_spread,
-                        help="stop timing after 3 batches once their interquartile range is "
-                             f"within this share of their median (default {probe_spread}; 0: "
-                             "always --probe-batches)")
-    parser.add_argument("--no-probe", action="store_true",
-                        help="time no step here: use step times measured earlier on the "
-                             "hardware's device (<run.output_dir>/facts/<hardware>.json, "
-                             "MLflow), as always where this machine lacks that device; a "
-                             "layer profile the facts file lacks is still taken on this CPU "
-                             "(each layer's share of a step, said when it runs)")
+    parser = ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--probe-batches",
+        type=int,
+        default=5,
+        help="timed batches of the sequential probe per batch size, at most (default 5)",
+    )
+    parser.add_argument(
+        "--probe-spread",
+        type=float,
+        default=probe_spread,
+        help="stop timing after 3 batches once their interquartile range is "
+        f"within this share of their median (default {probe_spread}; 0: "
+        "always --probe-batches)",
+    )
+    parser.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="time no step here: use step times measured earlier on the "
+        "hardware's device (<run.output_dir>/facts/<hardware>.json, "
+        "MLflow), as always where this machine lacks that device; a "
+        "layer profile the facts file lacks is still taken on this CPU "
+        "(each layer's share of a step, said when it runs)",
+    )
     return parser
 
 
-def cache_for(probe_batches: int, *, probe: bool = True, facts_root: Path | None = None,
-              reuse: bool = False, tracking_uri: str | None = None,
-              probe_spread: float = STEADY_SPREAD) -> FactsCache:
+def cache_for(
+    probe_batches: int,
+    *,
+    probe: bool = True,
+    facts_root: Path | None = None,
+    reuse: bool = False,
+    tracking_uri: str | None = None,
+    probe_spread: float = STEADY_SPREAD,
+) -> FactsCache:
     """A fresh cache for `--probe-batches` and `--probe-spread`, checked like config keys."""
     if probe_batches < 1:
         raise ConfigError(f"--probe-batches={probe_batches} is invalid: must be 1 or more")
     if not 0 <= probe_spread < 1:  # also refuses NaN
-        raise ConfigError(f"--probe-spread={probe_spread} is invalid: allowed 0 (time every "
-                          f"batch of --probe-batches) up to, not including, 1")
-    return FactsCache(probe_batches=probe_batches, probe=probe, facts_root=facts_root,
-                      reuse=reuse, tracking_uri=tracking_uri, probe_spread=probe_spread)
+        raise ConfigError(
+            f"--probe-spread={probe_spread} is invalid: allowed 0 (time every "
+            f"batch of --probe-batches) up to, not including, 1"
+        )
+    return FactsCache(
+        probe_batches=probe_batches,
+        probe=probe,
+        facts_root=facts_root,
+        reuse=reuse,
+        tracking_uri=tracking_uri,
+        probe_spread=probe_spread,
+    )
 
 
 def gather(config: DistbenchConfig, cache: FactsCache, *, timed: bool = True) -> CellFacts:
@@ -165,22 +192,35 @@ def gather(config: DistbenchConfig, cache: FactsCache, *, timed: bool = True) ->
     seconds = _step_seconds(config, batch, cache) if timed else float("nan")
     shares, phases, plan = _pipeline_facts(config, static["num_layers"], cache)
     in_place = _stages_in_place(config, plan, cache) if timed else None
-    layers = [LayerFacts(weights_mb=layer["parameters"] * FLOAT32_BYTES / BYTES_PER_MB,
-                         activation_mb_per_sample=layer["activation_mb"],
-                         compute_share=share, forward_share=forward, backward_share=backward,
-                         update_share=update)
-              for layer, share, (forward, backward, update)
-              in zip(static["layers"], shares, phases)]
+    layers = [
+        LayerFacts(
+            weights_mb=layer["parameters"] * FLOAT32_BYTES / BYTES_PER_MB,
+            activation_mb_per_sample=layer["activation_mb"],
+            compute_share=share,
+            forward_share=forward,
+            backward_share=backward,
+            update_share=update,
+        )
+        for layer, share, (forward, backward, update) in zip(static["layers"], shares, phases)
+    ]
     saved = _saved_activations(config, spec, cache)
     if saved is not None:
         layers = [replace(layer, saved=kept) for layer, kept in zip(layers, saved.layers)]
     input_mb = math.prod(spec.input_shape) * spec.input_dtype.itemsize / BYTES_PER_MB
-    return CellFacts(weights_mb=static["weights_mb"], gradient_mb=static["gradient_mb"],
-                     gradient_tensors=static["gradient_tensors"],
-                     input_mb_per_sample=input_mb, layers=layers, step_seconds=seconds,
-                     step_batch=batch, plan=plan, stages_in_place=in_place,
-                     probe_seconds=time.perf_counter() - started, runtime_mb=runtime.mb,
-                     context_mb=runtime.context_mb)
+    return CellFacts(
+        weights_mb=static["weights_mb"],
+        gradient_mb=static["gradient_mb"],
+        gradient_tensors=static["gradient_tensors"],
+        input_mb_per_sample=input_mb,
+        layers=layers,
+        step_seconds=seconds,
+        step_batch=batch,
+        plan=plan,
+        stages_in_place=in_place,
+        probe_seconds=time.perf_counter() - started,
+        runtime_mb=runtime.mb,
+        context_mb=runtime.context_mb,
+    )
 
 
 def _threads(config: DistbenchConfig) -> int | None:
@@ -188,8 +228,14 @@ def _threads(config: DistbenchConfig) -> int | None:
 
 
 def _step_key(config: DistbenchConfig, batch: int, cache: FactsCache) -> tuple[Any, ...]:
-    return (config.network.key, config.dataset.key, config.hardware.device.value,
-            _threads(config), batch, cache.probe_batches)
+    return (
+        config.network.key,
+        config.dataset.key,
+        config.hardware.device.value,
+        _threads(config),
+        batch,
+        cache.probe_batches,
+    )
 
 
 def _step_seconds(config: DistbenchConfig, batch: int, cache: FactsCache) -> float:
@@ -199,8 +245,9 @@ def _step_seconds(config: DistbenchConfig, batch: int, cache: FactsCache) -> flo
         if in_cells is not None:
             found = in_cells
         elif probes_here(config, cache):
-            found = (_kept_step(config, batch, cache) if cache.reuse else None) \
-                or _probe_step(config, batch, cache)
+            found = (_kept_step(config, batch, cache) if cache.reuse else None) or _probe_step(
+                config, batch, cache
+            )
         else:
             found = recorded_step_time(config, batch, cache)
         cache.step_seconds[key] = found.seconds
@@ -208,8 +255,7 @@ def _step_seconds(config: DistbenchConfig, batch: int, cache: FactsCache) -> flo
     return cache.step_seconds[key]
 
 
-def _step_from_cells(config: DistbenchConfig, batch: int,
-                     cache: FactsCache) -> StepTime | None:
+def _step_from_cells(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepTime | None:
     """The step time at `batch` the grid's one-worker cells measured (their median, with their
     reference kernel), None where none ran at that batch."""
     measured, _ = _recorded(config, cache)
@@ -236,8 +282,9 @@ def speed_ratio(step: StepTime | None, reference_ms: float | None) -> float:
     return reference_ms / step.reference_ms
 
 
-def at_machine_speed(facts: CellFacts, step: StepTime | None,
-                     reference_ms: float | None) -> tuple[CellFacts, float]:
+def at_machine_speed(
+    facts: CellFacts, step: StepTime | None, reference_ms: float | None
+) -> tuple[CellFacts, float]:
     """`facts` with the step time moved to the machine speed a measured cell ran at, and the
     factor (1: left as measured). The factor is `speed_ratio`, where the step time's kernel was
     timed in the sequential cells it comes from: a shared host drifts by tens of percent over
@@ -267,11 +314,18 @@ def _kept_step(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepTi
     probe asked for at least `cache.probe_batches` batches; None if it holds none."""
     path = facts_path(_facts_root(config, cache), config.hardware.name)
     kept = FactsStore.load(path, config.hardware.name).steps(
-        config.network.key, config.dataset.key, config.hardware.device.value,
-        _threads(config), device_name=_device_name(config))
-    found = [step for step in kept
-             if step.batch == batch
-             and max(step.probe_batches or 0, step.probe_asked or 0) >= cache.probe_batches]
+        config.network.key,
+        config.dataset.key,
+        config.hardware.device.value,
+        _threads(config),
+        device_name=_device_name(config),
+    )
+    found = [
+        step
+        for step in kept
+        if step.batch == batch
+        and max(step.probe_batches or 0, step.probe_asked or 0) >= cache.probe_batches
+    ]
     return choose_step_time(found, batch) if found else None
 
 
@@ -281,32 +335,56 @@ def _probe_step(config: DistbenchConfig, batch: int, cache: FactsCache) -> StepT
     from harness.measure.steadiness import reference_seconds
     from harness.worker.step_time import measure_batch_seconds
 
-    one_worker = settings(baseline().name, batch_size=batch,
-                          backend=config.distribution.backend)
+    one_worker = settings(baseline().name, batch_size=batch, backend=config.distribution.backend)
     with _torch_threads(_threads(config)):
         # the machine's speed around the probe, timed as a cell times it around its epochs
         before = reference_seconds(config.hardware.device.value)
-        timing = measure_batch_seconds(replace(config, distribution=one_worker),
-                                       batch_size=batch, probe_batches=cache.probe_batches,
-                                       warmup_batches=_PROBE_WARMUP,
-                                       steady_spread=cache.probe_spread)
+        timing = measure_batch_seconds(
+            replace(config, distribution=one_worker),
+            batch_size=batch,
+            probe_batches=cache.probe_batches,
+            warmup_batches=_PROBE_WARMUP,
+            steady_spread=cache.probe_spread,
+        )
         reference_ms = 1e3 * (before + reference_seconds(config.hardware.device.value)) / 2
     name = _device_name(config)
     low, high = quartiles(timing.seconds or (timing.median_s,))
     cache.measured.append(f"the step time at batch {batch}")
-    kept = _keep(config, cache, lambda store: store.record_step(
-        network=config.network.key, dataset=config.dataset.key,
-        device=config.hardware.device.value, threads=_threads(config), device_name=name,
-        batch=batch, seconds=timing.median_s, std_seconds=timing.std_s,
-        probe_batches=timing.batches, probe_asked=cache.probe_batches, q1_seconds=low,
-        q3_seconds=high, batch_seconds=list(timing.seconds), reference_ms=reference_ms))
+    kept = _keep(
+        config,
+        cache,
+        lambda store: store.record_step(
+            network=config.network.key,
+            dataset=config.dataset.key,
+            device=config.hardware.device.value,
+            threads=_threads(config),
+            device_name=name,
+            batch=batch,
+            seconds=timing.median_s,
+            std_seconds=timing.std_s,
+            probe_batches=timing.batches,
+            probe_asked=cache.probe_batches,
+            q1_seconds=low,
+            q3_seconds=high,
+            batch_seconds=list(timing.seconds),
+            reference_ms=reference_ms,
+        ),
+    )
     if kept is not None:
         read_back = _kept_step(config, batch, cache)
         if read_back is not None:
             return read_back
-    return StepTime(batch, timing.median_s, f"{PROBED_HERE} (not kept)", batch, name,
-                    low=low, high=high, probe_batches=timing.batches,
-                    reference_ms=reference_ms)
+    return StepTime(
+        batch,
+        timing.median_s,
+        f"{PROBED_HERE} (not kept)",
+        batch,
+        name,
+        low=low,
+        high=high,
+        probe_batches=timing.batches,
+        reference_ms=reference_ms,
+    )
 
 
 def quartiles(values: Sequence[float]) -> tuple[float, float]:
@@ -325,11 +403,13 @@ def needs_layer_profile(config: DistbenchConfig) -> bool:
     stages are planned from it, and collectives that can run beside the compute hide behind
     the layers computing while their gradients move (`predict.overlap`)."""
     return spec_of(config).stage_planner is not None or (
-        config.world_size > 1 and allreduces_overlap_backward(config))
+        config.world_size > 1 and allreduces_overlap_backward(config)
+    )
 
 
-def _pipeline_facts(config: DistbenchConfig, num_layers: int, cache: FactsCache
-                    ) -> tuple[list[float], list[PhaseShares], StagePlan | None]:
+def _pipeline_facts(
+    config: DistbenchConfig, num_layers: int, cache: FactsCache
+) -> tuple[list[float], list[PhaseShares], StagePlan | None]:
     """Each layer's share of the compute, the same by phase, and the stage plan a pipeline cell
     trains, or trained (its recorded balance). Uniform for a model that never splits the
     network and whose collectives cannot hide behind its compute; where they can, how far
@@ -342,33 +422,52 @@ def _pipeline_facts(config: DistbenchConfig, num_layers: int, cache: FactsCache
     # Each layer's share of the compute moves with the batch size (ResNet-50 on one core: its
     # first 9 layers take 35 % of a step at batch 8 and 50 % at batch 32), so the profile is
     # taken at the batch the cell's workers step on.
-    key = (config.network.key, config.dataset.key, config.hardware.device.value,
-           _threads(config), config.distribution.step_batch(config))
+    key = (
+        config.network.key,
+        config.dataset.key,
+        config.hardware.device.value,
+        _threads(config),
+        config.distribution.step_batch(config),
+    )
     if key not in cache.profiles:
         cache.profiles[key] = _layer_profile(config, key, cache)
     profile = cache.profiles[key]
     step_ms = sum(profile.compute_ms(1.0))  # one step: every layer's forward, backward, update
-    phases = [(layer.forward_ms / step_ms, layer.backward_ms / step_ms,
-               layer.update_ms / step_ms) for layer in profile.layers]
+    phases = [
+        (layer.forward_ms / step_ms, layer.backward_ms / step_ms, layer.update_ms / step_ms)
+        for layer in profile.layers
+    ]
     if planner is None:
         return [sum(phase) for phase in phases], phases, None
     costs = profile.compute_ms(planner.updates_per_pass(config))
-    return ([cost / sum(costs) for cost in costs], phases,
-            planner.plan(config, num_layers, profile))
+    return (
+        [cost / sum(costs) for cost in costs],
+        phases,
+        planner.plan(config, num_layers, profile),
+    )
 
 
 def in_place_key(config: DistbenchConfig, plan: StagePlan) -> tuple[Any, ...]:
     """What a pipeline's stages timed in place depend on: the workload, the device and its
     threads, the batch, the distribution's settings and the plan's layers per stage."""
-    settings = {key: value for key, value in sorted(asdict(config.distribution).items())
-                if key not in ("balance", "backend")}
-    return (config.network.key, config.dataset.key, config.hardware.device.value,
-            _threads(config), json.dumps(settings, sort_keys=True, default=str),
-            ",".join(str(stage.layers) for stage in plan.stages))
+    settings = {
+        key: value
+        for key, value in sorted(asdict(config.distribution).items())
+        if key not in ("balance", "backend")
+    }
+    return (
+        config.network.key,
+        config.dataset.key,
+        config.hardware.device.value,
+        _threads(config),
+        json.dumps(settings, sort_keys=True, default=str),
+        ",".join(str(stage.layers) for stage in plan.stages),
+    )
 
 
-def _stages_in_place(config: DistbenchConfig, plan: StagePlan | None,
-                     cache: FactsCache) -> InPlaceStages | None:
+def _stages_in_place(
+    config: DistbenchConfig, plan: StagePlan | None, cache: FactsCache
+) -> InPlaceStages | None:
     """The plan's stages timed in place: kept in the facts file, else timed here where the
     cache asks for it (`FactsCache.time_in_place`) and this machine has the device; None
     otherwise, or for a model whose planner does not ask for it."""
@@ -385,13 +484,19 @@ def _stages_in_place(config: DistbenchConfig, plan: StagePlan | None,
             try:
                 timed = _time_in_place(config, plan)
             except RuntimeError as err:  # the layers' shares stand in, as without a timing
-                print(f"distbench: {err}; its prediction uses the layers' shares",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"distbench: {err}; its prediction uses the layers' shares",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 cache.in_place[key] = None
                 return None
             cache.measured.append(f"{config.network.key}'s {len(plan.stages)} stages in place")
-            _keep(config, cache, lambda store: store.record_in_place(
-                key, timed, device_name=_device_name(config)))
+            _keep(
+                config,
+                cache,
+                lambda store: store.record_in_place(key, timed, device_name=_device_name(config)),
+            )
             kept = timed
         cache.in_place[key] = kept
     return cache.in_place[key]
@@ -408,20 +513,31 @@ def _time_in_place(config: DistbenchConfig, plan: StagePlan) -> InPlaceStages:
     from harness.distributions.pipeline_config import PipelineConfig
 
     assert isinstance(config.distribution, PipelineConfig), config.distribution
-    pinned = replace(config, distribution=replace(
-        config.distribution, balance=[stage.layers for stage in plan.stages]))
+    pinned = replace(
+        config,
+        distribution=replace(config.distribution, balance=[stage.layers for stage in plan.stages]),
+    )
     with tempfile.TemporaryDirectory(prefix="distbench-stages-") as scratch:
         cell, out = Path(scratch) / "cell.yaml", Path(scratch) / "stages.json"
         OmegaConf.save(OmegaConf.structured(pinned), cell)
-        print(f"timing {config.network.key}'s {len(plan.stages)} {config.distribution.name} "
-              f"stages in place (a short training run, each stage a process)...",
-              file=sys.stderr, flush=True)
-        done = subprocess.run([sys.executable, "-m", "harness.stage_timing", str(cell),
-                               str(out)], capture_output=True, text=True, check=False)
+        print(
+            f"timing {config.network.key}'s {len(plan.stages)} {config.distribution.name} "
+            f"stages in place (a short training run, each stage a process)...",
+            file=sys.stderr,
+            flush=True,
+        )
+        done = subprocess.run(
+            [sys.executable, "-m", "harness.stage_timing", str(cell), str(out)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if done.returncode != 0 or not out.exists():
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise RuntimeError(f"timing the stages of {config.run_name} in place failed "
-                               f"(exit {done.returncode}: {last})")
+            raise RuntimeError(
+                f"timing the stages of {config.run_name} in place failed "
+                f"(exit {done.returncode}: {last})"
+            )
         return InPlaceStages.from_json(json.loads(out.read_text()))
 
 
@@ -498,20 +614,25 @@ def _runtime_measured_meanwhile(config: DistbenchConfig, cache: FactsCache) -> I
     reading = probe.reading()
     measured = RuntimeShare(reading["runtime_mb"], reading.get("context_mb", 0.0))
     cache.measured.append("a worker's runtime memory")
-    _keep(config, cache, lambda store: store.record_runtime(
-        key, measured, device_name=_device_name(config)))
+    _keep(
+        config,
+        cache,
+        lambda store: store.record_runtime(key, measured, device_name=_device_name(config)),
+    )
     cache.runtime[key] = measured
 
 
-def _kept_runtime(config: DistbenchConfig, key: tuple[Any, ...],
-                  cache: FactsCache) -> RuntimeShare | None:
+def _kept_runtime(
+    config: DistbenchConfig, key: tuple[Any, ...], cache: FactsCache
+) -> RuntimeShare | None:
     """The runtime share kept for `key` where one is to be used (none where none is kept and
     the device is not here); None: it is to be measured here."""
     path = facts_path(_facts_root(config, cache), config.hardware.name)
     here = device_present(config)
     if cache.reuse or not here:
         kept = FactsStore.load(path, config.hardware.name).runtime(
-            key, device_name=_device_name(config) if here else None)
+            key, device_name=_device_name(config) if here else None
+        )
         if kept is not None or not here:
             return kept or RuntimeShare(0.0)
     return None
@@ -555,12 +676,18 @@ def parameter_profile(static: dict[str, Any], batch: int, device: str) -> Any:
     from harness.measure.network_facts import FLOAT32_BYTES
     from harness.profiles.network import LayerProfile, NetworkProfile
 
-    layers = [LayerProfile(index=fact["index"], type=fact["type"],
-                           forward_ms=max(fact["parameters"], 1) / 1e6,
-                           backward_ms=2 * max(fact["parameters"], 1) / 1e6,
-                           update_ms=0.0, activation_mb=fact["activation_mb"] * batch,
-                           parameter_mb=fact["parameters"] * FLOAT32_BYTES / BYTES_PER_MB)
-              for fact in static["layers"]]
+    layers = [
+        LayerProfile(
+            index=fact["index"],
+            type=fact["type"],
+            forward_ms=max(fact["parameters"], 1) / 1e6,
+            backward_ms=2 * max(fact["parameters"], 1) / 1e6,
+            update_ms=0.0,
+            activation_mb=fact["activation_mb"] * batch,
+            parameter_mb=fact["parameters"] * FLOAT32_BYTES / BYTES_PER_MB,
+        )
+        for fact in static["layers"]
+    ]
     return NetworkProfile(batch_size=batch, device=device, layers=layers)
 
 
@@ -576,8 +703,13 @@ def _layer_profile(config: DistbenchConfig, key: tuple[Any, ...], cache: FactsCa
 
     def kept() -> Any:  # the facts file's (for this machine's device where it is here)
         return FactsStore.load(path, config.hardware.name).profile(
-            network, dataset, device, threads, device_name=_device_name(config) if here else None,
-            batch=batch)
+            network,
+            dataset,
+            device,
+            threads,
+            device_name=_device_name(config) if here else None,
+            batch=batch,
+        )
 
     stored = kept() if not here or cache.reuse else None
     if here and stored is not None and stored.batch_size != batch:
@@ -592,11 +724,16 @@ def _layer_profile(config: DistbenchConfig, key: tuple[Any, ...], cache: FactsCa
     if too_large or cache.missing_step_time is not None:
         # No time is predicted without a step time: the plan only sizes the stages' memory,
         # and profiling a large network here would take minutes for that.
-        why = (f"{network}'s weights ({static['weights_mb'] / 1024:.0f} GB) are too large to "
-               f"profile on this CPU" if too_large else "no step time to rank by on the device")
+        why = (
+            f"{network}'s weights ({static['weights_mb'] / 1024:.0f} GB) are too large to "
+            f"profile on this CPU"
+            if too_large
+            else "no step time to rank by on the device"
+        )
         cache.profile_sources[key] = (
             f"estimated from each layer's parameters ({why}); on the device, "
-            f"`python -m harness.plan` with this cell's overrides profiles them")
+            f"`python -m harness.plan` with this cell's overrides profiles them"
+        )
         return parameter_profile(static, config.distribution.step_batch(config), device)
     import torch
 
@@ -605,16 +742,29 @@ def _layer_profile(config: DistbenchConfig, key: tuple[Any, ...], cache: FactsCa
     torch.manual_seed(config.run.seed)
     layers = to_layer_list(config.network.ref, build_network(config.network.ref, spec))
     with _torch_threads(threads):
-        profile = profile_network(config, layers, torch.device("cpu"),
-                                  spread=cache.probe_spread)
+        profile = profile_network(config, layers, torch.device("cpu"), spread=cache.probe_spread)
     cache.measured.append(f"the layer profile of {network}")
     if not here:
-        cache.profile_sources[key] = ("profiled here on CPU (the facts file holds no layer "
-                                      "profile; it is taken on CPU anyway)")
+        cache.profile_sources[key] = (
+            "profiled here on CPU (the facts file holds no layer "
+            "profile; it is taken on CPU anyway)"
+        )
         return profile
-    if _keep(config, cache, lambda store: store.record_profile(
-            network=network, dataset=dataset, device=device, threads=threads,
-            device_name=_device_name(config), profile=profile)) is not None:
+    if (
+        _keep(
+            config,
+            cache,
+            lambda store: store.record_profile(
+                network=network,
+                dataset=dataset,
+                device=device,
+                threads=threads,
+                device_name=_device_name(config),
+                profile=profile,
+            ),
+        )
+        is not None
+    ):
         cache.profile_sources[key] = f"facts file {path}"
         return kept()  # as a later run will read it
     cache.profile_sources[key] = "profiled here on CPU (not kept)"
@@ -636,8 +786,7 @@ class MissingMeasurement(ConfigError):
 
 
 # The lists of a facts file, in FactsStore's field order.
-_FACTS_LISTS = ("step_times", "layer_profiles", "runtimes", "saved_activations",
-                "stages_in_place")
+_FACTS_LISTS = ("step_times", "layer_profiles", "runtimes", "saved_activations", "stages_in_place")
 
 
 def _entries(data: dict[str, Any], name: str) -> list[dict[str, Any]]:
@@ -671,24 +820,46 @@ def _positive(value: Any) -> bool:
 # fuzzing: tests/faults/test_damaged_state_files.py).
 _Fields = tuple[dict[str, Callable[[Any], bool]], dict[str, Callable[[Any], bool]]]
 _KEPT: dict[str, _Fields] = {
-    "step_times": ({"batch": _positive_int, "seconds": _positive},
-                   {"q1_seconds": _number, "q3_seconds": _number, "reference_ms": _positive,
-                    "probe_batches": _positive_int, "probe_asked": _positive_int,
-                    "measured_at": _text, "device_name": _text}),
-    "layer_profiles": ({"profile": lambda v: isinstance(v, dict)},
-                       {"measured_at": _text, "device_name": _text}),
-    "runtimes": ({"mb": _number}, {"context_mb": _number, "measured_at": _text,
-                                   "device_name": _text}),
-    "stages_in_place": ({"stages": lambda v: isinstance(v, list)},
-                        {"reference_ms": _positive, "measured_at": _text,
-                         "device_name": _text}),
+    "step_times": (
+        {"batch": _positive_int, "seconds": _positive},
+        {
+            "q1_seconds": _number,
+            "q3_seconds": _number,
+            "reference_ms": _positive,
+            "probe_batches": _positive_int,
+            "probe_asked": _positive_int,
+            "measured_at": _text,
+            "device_name": _text,
+        },
+    ),
+    "layer_profiles": (
+        {"profile": lambda v: isinstance(v, dict)},
+        {"measured_at": _text, "device_name": _text},
+    ),
+    "runtimes": (
+        {"mb": _number},
+        {"context_mb": _number, "measured_at": _text, "device_name": _text},
+    ),
+    "stages_in_place": (
+        {"stages": lambda v: isinstance(v, list)},
+        {"reference_ms": _positive, "measured_at": _text, "device_name": _text},
+    ),
     "saved_activations": ({}, {"measured_at": _text}),
 }
-_PROFILE: _Fields = ({"batch_size": _positive_int, "device": _text,
-                      "layers": lambda v: isinstance(v, list)}, {})
-_LAYER: _Fields = ({"index": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-           "type": _text, **dict.fromkeys(("forward_ms", "backward_ms", "update_ms",
-                                           "activation_mb", "parameter_mb"), _number)}, {})
+_PROFILE: _Fields = (
+    {"batch_size": _positive_int, "device": _text, "layers": lambda v: isinstance(v, list)},
+    {},
+)
+_LAYER: _Fields = (
+    {
+        "index": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+        "type": _text,
+        **dict.fromkeys(
+            ("forward_ms", "backward_ms", "update_ms", "activation_mb", "parameter_mb"), _number
+        ),
+    },
+    {},
+)
 _STAGE: _Fields = (dict.fromkeys(("forward_s", "backward_s", "update_s"), _number), {})
 
 
@@ -756,8 +927,9 @@ def _device_name(config: DistbenchConfig) -> str:
     return machine_name(config.hardware.device.value)
 
 
-def _keep(config: DistbenchConfig, cache: FactsCache,
-          update: Callable[[FactsStore], None]) -> Path | None:
+def _keep(
+    config: DistbenchConfig, cache: FactsCache, update: Callable[[FactsStore], None]
+) -> Path | None:
     """Add a measurement to the hardware's facts file (re-read first, so that measurements
     another process kept meanwhile stay); the file's path, or None (with one line on stderr)
     when it cannot be written: the measurement itself is still used."""
@@ -767,8 +939,11 @@ def _keep(config: DistbenchConfig, cache: FactsCache,
         update(store)
         return store.save()
     except (OSError, ConfigError) as err:
-        print(f"distbench: could not keep measured facts in {path}: {err}", file=sys.stderr,
-              flush=True)
+        print(
+            f"distbench: could not keep measured facts in {path}: {err}",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
 
 
@@ -782,12 +957,15 @@ def recorded_step_time(config: DistbenchConfig, batch: int, cache: FactsCache) -
     return found
 
 
-def _recorded(config: DistbenchConfig,
-              cache: FactsCache) -> tuple[list[MeasuredStep], list[str]]:
+def _recorded(config: DistbenchConfig, cache: FactsCache) -> tuple[list[MeasuredStep], list[str]]:
     """The step times the facts file and MLflow's sequential cells hold for `config`'s
     workload on its device (read once per cache), and where they were looked for."""
-    workload = (config.network.key, config.dataset.key,
-                config.hardware.device.value, _threads(config))
+    workload = (
+        config.network.key,
+        config.dataset.key,
+        config.hardware.device.value,
+        _threads(config),
+    )
     if workload not in cache.recorded:
         path = facts_path(_facts_root(config, cache), config.hardware.name)
         in_file = FactsStore.load(path, config.hardware.name).steps(*workload)
@@ -797,19 +975,24 @@ def _recorded(config: DistbenchConfig,
 
 
 def _missing_message(config: DistbenchConfig, batch: int, looked: Sequence[str]) -> str:
-    hardware, network, dataset = (config.hardware.name, config.network.label,
-                                  config.dataset.name.value)
+    hardware, network, dataset = (
+        config.hardware.name,
+        config.network.label,
+        config.dataset.name.value,
+    )
     device = config.hardware.device.value
     threads = _threads(config)
     on = f"{device} ({threads} threads)" if threads is not None else device
-    return (f"hardware={hardware}: no sequential step time measured on {on} for "
-            f"{network}/{dataset} at batch {batch} (looked in {' and '.join(looked)}); on a "
-            f"machine with that device run `python -m harness network={network} "
-            f"dataset={dataset} distribution=sequential hardware={hardware} "
-            f"distribution.batch_size={batch} dataset.num_samples={batch * 100} run.epochs=1` "
-            f"(or this `python -m harness.recommend` command there), then run this again with "
-            f"its outputs (copy its run.output_dir's facts/ here, or set tracking.uri to its "
-            f"MLflow store)")
+    return (
+        f"hardware={hardware}: no sequential step time measured on {on} for "
+        f"{network}/{dataset} at batch {batch} (looked in {' and '.join(looked)}); on a "
+        f"machine with that device run `python -m harness network={network} "
+        f"dataset={dataset} distribution=sequential hardware={hardware} "
+        f"distribution.batch_size={batch} dataset.num_samples={batch * 100} run.epochs=1` "
+        f"(or this `python -m harness.recommend` command there), then run this again with "
+        f"its outputs (copy its run.output_dir's facts/ here, or set tracking.uri to its "
+        f"MLflow store)"
+    )
 
 
 def _now() -> str:
@@ -875,87 +1058,153 @@ class FactsStore:
                 _check_kept(name, entries)
             return cls(path, str(data.get("hardware") or hardware or path.stem), *lists)
         except (OSError, ValueError, AttributeError, TypeError) as err:
-            raise MissingMeasurement(f"{path}: not a readable distbench facts file ({err}); "
-                                     f"move it away and measure again") from None
+            raise MissingMeasurement(
+                f"{path}: not a readable distbench facts file ({err}); "
+                f"move it away and measure again"
+            ) from None
 
     def save(self) -> Path:
         from workloads.datasets.atomic import write_json_atomic
 
-        write_json_atomic(self.path, {"format": _FACTS_FORMAT, "hardware": self.hardware,
-                                      "step_times": self.step_times,
-                                      "layer_profiles": self.layer_profiles,
-                                      "runtimes": self.runtimes,
-                                      "saved_activations": self.saved_activations,
-                                      "stages_in_place": self.stages_in_place})
+        write_json_atomic(
+            self.path,
+            {
+                "format": _FACTS_FORMAT,
+                "hardware": self.hardware,
+                "step_times": self.step_times,
+                "layer_profiles": self.layer_profiles,
+                "runtimes": self.runtimes,
+                "saved_activations": self.saved_activations,
+                "stages_in_place": self.stages_in_place,
+            },
+        )
         return self.path
 
-    def record_step(self, *, network: str, dataset: str, device: str, batch: int,
-                    seconds: float, threads: int | None = None, device_name: str | None = None,
-                    std_seconds: float = 0.0, probe_batches: int | None = None,
-                    probe_asked: int | None = None, q1_seconds: float | None = None,
-                    q3_seconds: float | None = None, batch_seconds: Sequence[float] = (),
-                    reference_ms: float | None = None) -> None:
+    def record_step(
+        self,
+        *,
+        network: str,
+        dataset: str,
+        device: str,
+        batch: int,
+        seconds: float,
+        threads: int | None = None,
+        device_name: str | None = None,
+        std_seconds: float = 0.0,
+        probe_batches: int | None = None,
+        probe_asked: int | None = None,
+        q1_seconds: float | None = None,
+        q3_seconds: float | None = None,
+        batch_seconds: Sequence[float] = (),
+        reference_ms: float | None = None,
+    ) -> None:
         """Keep one measured sequential step time (call `save` to write the file);
         `reference_ms`: the reference kernel's milliseconds around it (the machine's speed)."""
         if batch < 1 or not seconds > 0:
-            raise ValueError(f"a step time needs batch >= 1 and seconds > 0, got {batch}, "
-                             f"{seconds}")
-        entry = {"network": network, "dataset": dataset, "device": device,
-                 "device_name": device_name, "threads": threads, "batch": batch,
-                 "seconds": seconds, "q1_seconds": q1_seconds, "q3_seconds": q3_seconds,
-                 "std_seconds": std_seconds, "batch_seconds": list(batch_seconds),
-                 "probe_batches": probe_batches, "probe_asked": probe_asked,
-                 "reference_ms": reference_ms,
-                 "measured_at": _now()}
-        self.step_times = [old for old in self.step_times
-                           if any(old.get(k) != entry[k] for k in _STEP_KEY)] + [entry]
+            raise ValueError(
+                f"a step time needs batch >= 1 and seconds > 0, got {batch}, {seconds}"
+            )
+        entry = {
+            "network": network,
+            "dataset": dataset,
+            "device": device,
+            "device_name": device_name,
+            "threads": threads,
+            "batch": batch,
+            "seconds": seconds,
+            "q1_seconds": q1_seconds,
+            "q3_seconds": q3_seconds,
+            "std_seconds": std_seconds,
+            "batch_seconds": list(batch_seconds),
+            "probe_batches": probe_batches,
+            "probe_asked": probe_asked,
+            "reference_ms": reference_ms,
+            "measured_at": _now(),
+        }
+        self.step_times = [
+            old for old in self.step_times if any(old.get(k) != entry[k] for k in _STEP_KEY)
+        ] + [entry]
 
-    def record_profile(self, *, network: str, dataset: str, device: str, profile: Any,
-                       threads: int | None = None, device_name: str | None = None) -> None:
+    def record_profile(
+        self,
+        *,
+        network: str,
+        dataset: str,
+        device: str,
+        profile: Any,
+        threads: int | None = None,
+        device_name: str | None = None,
+    ) -> None:
         """Keep a network's per-layer profile (a `harness.measure.profiler.NetworkProfile`)."""
-        entry = {"network": network, "dataset": dataset, "device": device,
-                 "device_name": device_name, "threads": threads, "measured_at": _now(),
-                 "profile": profile.to_dict()}
+        entry = {
+            "network": network,
+            "dataset": dataset,
+            "device": device,
+            "device_name": device_name,
+            "threads": threads,
+            "measured_at": _now(),
+            "profile": profile.to_dict(),
+        }
         self.layer_profiles = [
-            old for old in self.layer_profiles
+            old
+            for old in self.layer_profiles
             if any(old.get(k) != entry[k] for k in _PROFILE_KEY)
-            or _profile_batch(old) != profile.batch_size] + [entry]
+            or _profile_batch(old) != profile.batch_size
+        ] + [entry]
 
-    def record_runtime(self, key: Sequence[Any], share: RuntimeShare,
-                       device_name: str | None = None) -> None:
+    def record_runtime(
+        self, key: Sequence[Any], share: RuntimeShare, device_name: str | None = None
+    ) -> None:
         """Keep a worker's measured runtime share for `predict.runtime.probe_key` `key`."""
-        entry = {"key": list(key), "device_name": device_name, "mb": share.mb,
-                 "context_mb": share.context_mb, "measured_at": _now()}
-        self.runtimes = [old for old in self.runtimes
-                         if (old.get("key"), old.get("device_name")) != (entry["key"],
-                                                                         device_name)] + [entry]
+        entry = {
+            "key": list(key),
+            "device_name": device_name,
+            "mb": share.mb,
+            "context_mb": share.context_mb,
+            "measured_at": _now(),
+        }
+        self.runtimes = [
+            old
+            for old in self.runtimes
+            if (old.get("key"), old.get("device_name")) != (entry["key"], device_name)
+        ] + [entry]
 
     def runtime(self, key: Sequence[Any], device_name: str | None = None) -> RuntimeShare | None:
         """The newest runtime share kept for `key` (measured on `device_name` when given)."""
-        found = [entry for entry in self.runtimes if entry.get("key") == list(key)
-                 and device_name in (None, entry.get("device_name"))]
+        found = [
+            entry
+            for entry in self.runtimes
+            if entry.get("key") == list(key) and device_name in (None, entry.get("device_name"))
+        ]
         if not found:
             return None
         newest = max(found, key=_when)
         try:
             return RuntimeShare(float(newest["mb"]), float(newest.get("context_mb", 0.0)))
         except (KeyError, TypeError, ValueError) as err:
-            raise ConfigError(f"{self.path}: the runtime share kept for {list(key)} is not in "
-                              f"today's format ({err}); measure it again") from None
+            raise ConfigError(
+                f"{self.path}: the runtime share kept for {list(key)} is not in "
+                f"today's format ({err}); measure it again"
+            ) from None
 
-    def record_in_place(self, key: Sequence[Any], timed: InPlaceStages,
-                        device_name: str | None = None) -> None:
+    def record_in_place(
+        self, key: Sequence[Any], timed: InPlaceStages, device_name: str | None = None
+    ) -> None:
         """Keep a pipeline's stages timed in place for `in_place_key` `key`."""
         entry = {"key": list(key), "device_name": device_name, **timed.to_json()}
-        self.stages_in_place = [old for old in self.stages_in_place
-                                if (old.get("key"), old.get("device_name"))
-                                != (entry["key"], device_name)] + [entry]
+        self.stages_in_place = [
+            old
+            for old in self.stages_in_place
+            if (old.get("key"), old.get("device_name")) != (entry["key"], device_name)
+        ] + [entry]
 
-    def in_place(self, key: Sequence[Any], device_name: str | None = None
-                 ) -> InPlaceStages | None:
+    def in_place(self, key: Sequence[Any], device_name: str | None = None) -> InPlaceStages | None:
         """The newest stages timed in place for `key` (on `device_name` when given)."""
-        found = [entry for entry in self.stages_in_place if entry.get("key") == list(key)
-                 and device_name in (None, entry.get("device_name"))]
+        found = [
+            entry
+            for entry in self.stages_in_place
+            if entry.get("key") == list(key) and device_name in (None, entry.get("device_name"))
+        ]
         if not found:
             return None
         return InPlaceStages.from_json(max(found, key=_when))
@@ -963,42 +1212,75 @@ class FactsStore:
     def record_saved(self, network: str, dataset: str, saved: Any) -> None:
         """Keep what autograd saves per layer of a network (`predict.activations`; sizes,
         measured on a CPU whatever the device)."""
-        entry = {"network": network, "dataset": dataset, "measured_at": _now(),
-                 "saved": asdict(saved)}
-        self.saved_activations = [old for old in self.saved_activations
-                                  if (old.get("network"), old.get("dataset")) != (network,
-                                                                                  dataset)]
+        entry = {
+            "network": network,
+            "dataset": dataset,
+            "measured_at": _now(),
+            "saved": asdict(saved),
+        }
+        self.saved_activations = [
+            old
+            for old in self.saved_activations
+            if (old.get("network"), old.get("dataset")) != (network, dataset)
+        ]
         self.saved_activations.append(entry)
 
     def saved(self, network: str, dataset: str) -> Any:
         """The saved activations kept for a network (a `SavedActivations`), or None."""
         from harness.costs.activations import LayerSaved, SavedActivations, SavedGroup
 
-        found = [entry["saved"] for entry in self.saved_activations
-                 if (entry.get("network"), entry.get("dataset")) == (network, dataset)]
+        found = [
+            entry["saved"]
+            for entry in self.saved_activations
+            if (entry.get("network"), entry.get("dataset")) == (network, dataset)
+        ]
         if not found:
             return None
         data = found[-1]
         try:
-            layers = tuple(LayerSaved(tuple(SavedGroup(**group) for group in layer["groups"]),
-                                      *(layer[name] for name in ("output_mb_per_sample",
-                                                                 "saves_input", "output_saver")))
-                           for layer in data["layers"])
-            return SavedActivations(layers, float(data["input_mb_per_sample"]),
-                                    tuple(data["batches"]), float(data["seconds"]))
+            layers = tuple(
+                LayerSaved(
+                    tuple(SavedGroup(**group) for group in layer["groups"]),
+                    *(
+                        layer[name]
+                        for name in ("output_mb_per_sample", "saves_input", "output_saver")
+                    ),
+                )
+                for layer in data["layers"]
+            )
+            return SavedActivations(
+                layers,
+                float(data["input_mb_per_sample"]),
+                tuple(data["batches"]),
+                float(data["seconds"]),
+            )
         except (KeyError, TypeError, ValueError) as err:
-            raise ConfigError(f"{self.path}: the saved activations of {network}/{dataset} are "
-                              f"not in today's format ({err}); measure them again") from None
+            raise ConfigError(
+                f"{self.path}: the saved activations of {network}/{dataset} are "
+                f"not in today's format ({err}); measure them again"
+            ) from None
 
-    def steps(self, network: str, dataset: str, device: str, threads: int | None,
-              device_name: str | None = None) -> list[MeasuredStep]:
+    def steps(
+        self,
+        network: str,
+        dataset: str,
+        device: str,
+        threads: int | None,
+        device_name: str | None = None,
+    ) -> list[MeasuredStep]:
         """The step times kept for the workload on the device (the one named `device_name`
         when given), the newest per batch."""
         newest: dict[int, dict[str, Any]] = {}
         for entry in self.step_times:
-            if (entry.get("network"), entry.get("dataset"), entry.get("device"),
-                    entry.get("threads")) == (network, dataset, device, threads) \
-                    and device_name in (None, entry.get("device_name")):
+            if (
+                entry.get("network"),
+                entry.get("dataset"),
+                entry.get("device"),
+                entry.get("threads"),
+            ) == (network, dataset, device, threads) and device_name in (
+                None,
+                entry.get("device_name"),
+            ):
                 batch = int(entry["batch"])
                 if batch not in newest or _when(entry) >= _when(newest[batch]):
                     newest[batch] = entry
@@ -1008,34 +1290,66 @@ class FactsStore:
         def optional(name: str) -> float | None:
             return None if entry.get(name) is None else float(entry[name])
 
-        return MeasuredStep(int(entry["batch"]), float(entry["seconds"]),
-                            f"facts file {self.path}", 0, entry.get("device_name"),
-                            optional("q1_seconds"), optional("q3_seconds"),
-                            entry.get("probe_batches"), entry.get("measured_at"),
-                            optional("reference_ms"),
-                            probe_asked=entry.get("probe_asked"))
+        return MeasuredStep(
+            int(entry["batch"]),
+            float(entry["seconds"]),
+            f"facts file {self.path}",
+            0,
+            entry.get("device_name"),
+            optional("q1_seconds"),
+            optional("q3_seconds"),
+            entry.get("probe_batches"),
+            entry.get("measured_at"),
+            optional("reference_ms"),
+            probe_asked=entry.get("probe_asked"),
+        )
 
-    def profile(self, network: str, dataset: str, device: str, threads: int | None,
-                device_name: str | None = None, batch: int | None = None) -> Any:
+    def profile(
+        self,
+        network: str,
+        dataset: str,
+        device: str,
+        threads: int | None,
+        device_name: str | None = None,
+        batch: int | None = None,
+    ) -> Any:
         """The newest layer profile kept for the workload on the device (the one named
         `device_name` when given; a NetworkProfile), at `batch` where one was taken there, else
         at the nearest batch kept; or None."""
         from harness.profiles.network import LayerProfile, NetworkProfile
 
-        found = [entry for entry in self.layer_profiles
-                 if (entry.get("network"), entry.get("dataset"), entry.get("device"),
-                     entry.get("threads")) == (network, dataset, device, threads)
-                 and device_name in (None, entry.get("device_name"))]
+        found = [
+            entry
+            for entry in self.layer_profiles
+            if (
+                entry.get("network"),
+                entry.get("dataset"),
+                entry.get("device"),
+                entry.get("threads"),
+            )
+            == (network, dataset, device, threads)
+            and device_name in (None, entry.get("device_name"))
+        ]
         if not found:
             return None
         # the batch's (else the nearest batch's), then the newest (the later kept on a tie)
         _, _, _, data = max(
-            (-abs(_profile_batch(entry) - batch) if batch is not None else 0,
-             _when(entry), position, entry["profile"])
-            for position, entry in enumerate(found))
+            (
+                -abs(_profile_batch(entry) - batch) if batch is not None else 0,
+                _when(entry),
+                position,
+                entry["profile"],
+            )
+            for position, entry in enumerate(found)
+        )
         try:
-            return NetworkProfile(int(data["batch_size"]), str(data["device"]),
-                                  [LayerProfile(**layer) for layer in data["layers"]])
+            return NetworkProfile(
+                int(data["batch_size"]),
+                str(data["device"]),
+                [LayerProfile(**layer) for layer in data["layers"]],
+            )
         except (KeyError, TypeError, ValueError) as err:
-            raise ConfigError(f"{self.path}: the layer profile of {network}/{dataset} is not "
-                              f"in today's format ({err}); measure it again") from None
+            raise ConfigError(
+                f"{self.path}: the layer profile of {network}/{dataset} is not "
+                f"in today's format ({err}); measure it again"
+            ) from None

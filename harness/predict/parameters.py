@@ -11,14 +11,15 @@ from harness.distributions.registry import specs
 
 
 def _every_parameter() -> dict[str, FreeParameter]:
-    found: dict[str, FreeParameter] = {parameter.name: parameter
-                                       for parameter in SHARED_PARAMETERS}
+    found: dict[str, FreeParameter] = {parameter.name: parameter for parameter in SHARED_PARAMETERS}
     for spec in specs().values():
         for parameter in spec.free_parameters:
             if found.setdefault(parameter.name, parameter) is not parameter:
-                raise TypeError(f"distribution={spec.name} declares the free parameter "
-                                f"{parameter.name!r}, which another model or the shared "
-                                f"equations already define differently")
+                raise TypeError(
+                    f"distribution={spec.name} declares the free parameter "
+                    f"{parameter.name!r}, which another model or the shared "
+                    f"equations already define differently"
+                )
     return found
 
 

@@ -36,8 +36,9 @@ class _Cell:
     reference_ms: float | None  # the machine's speed while it ran (steadiness.machine_speed_ms)
 
 
-def sequential_steps(config: DistbenchConfig, *,
-                     uri: str | None = None) -> tuple[list[MeasuredStep], str]:
+def sequential_steps(
+    config: DistbenchConfig, *, uri: str | None = None
+) -> tuple[list[MeasuredStep], str]:
     """The step times recorded for `config`'s workload and device kind, one per batch size,
     and where they were looked for (for the message when there are none); in the store at
     `uri`, else `config`'s own."""
@@ -57,16 +58,27 @@ def sequential_steps(config: DistbenchConfig, *,
         same = [cell for cell in found if cell.hardware == config.hardware.name]
         chosen = same or found
         ids = [cell.run_id for cell in chosen]
-        shown = ", ".join(ids[:_SHOWN_RUN_IDS]) + \
-            (f" and {len(ids) - _SHOWN_RUN_IDS} more" if len(ids) > _SHOWN_RUN_IDS else "")
+        shown = ", ".join(ids[:_SHOWN_RUN_IDS]) + (
+            f" and {len(ids) - _SHOWN_RUN_IDS} more" if len(ids) > _SHOWN_RUN_IDS else ""
+        )
         names = sorted({cell.device_name for cell in chosen if cell.device_name})
-        source = (f"MLflow run{'s' if len(ids) > 1 else ''} {shown}"
-                  f"{' (median)' if len(ids) > 1 else ''} at {uri}")
+        source = (
+            f"MLflow run{'s' if len(ids) > 1 else ''} {shown}"
+            f"{' (median)' if len(ids) > 1 else ''} at {uri}"
+        )
         speeds = [cell.reference_ms for cell in chosen]
         speed = None if None in speeds else statistics.median(speeds)  # type: ignore[type-var]
-        steps.append(MeasuredStep(batch, statistics.median(c.step_seconds for c in chosen),
-                                  source, 1 if same else 2, ", ".join(names) or None,
-                                  reference_ms=speed, reference_in_cells=True))
+        steps.append(
+            MeasuredStep(
+                batch,
+                statistics.median(c.step_seconds for c in chosen),
+                source,
+                1 if same else 2,
+                ", ".join(names) or None,
+                reference_ms=speed,
+                reference_in_cells=True,
+            )
+        )
     return steps, where
 
 
@@ -82,33 +94,46 @@ def _cells(uri: str, config: DistbenchConfig) -> list[_Cell]:
     experiments = [experiment.experiment_id for experiment in client.search_experiments()]
     if not experiments:
         return []
-    wanted = {"distribution.name": baseline().name, "network.name": config.network.label,
-              "dataset.name": config.dataset.name.value,
-              "hardware.device": config.hardware.device.value}
-    runs = client.search_runs(experiments, filter_string=f"tags.status = '{RunStatus.ok.value}'",
-                              max_results=50_000)
+    wanted = {
+        "distribution.name": baseline().name,
+        "network.name": config.network.label,
+        "dataset.name": config.dataset.name.value,
+        "hardware.device": config.hardware.device.value,
+    }
+    runs = client.search_runs(
+        experiments, filter_string=f"tags.status = '{RunStatus.ok.value}'", max_results=50_000
+    )
     cells = []
     with tempfile.TemporaryDirectory() as scratch:
         for run in runs:
             params, metrics = run.data.params, run.data.metrics
-            if any(params.get(key) != value for key, value in wanted.items()) or \
-                    "seconds_per_epoch" not in metrics:
+            if (
+                any(params.get(key) != value for key, value in wanted.items())
+                or "seconds_per_epoch" not in metrics
+            ):
                 continue
             try:
                 cell = recorded_config(client, run, Path(scratch))
             except Exception:  # noqa: BLE001, S112 - a run without a readable config: not one
                 continue
-            if cell.network.key != config.network.key or \
-                    cell.dataset.key != config.dataset.key:
+            if cell.network.key != config.network.key or cell.dataset.key != config.dataset.key:
                 continue  # the same label, other settings (a zoo model's options, seq_len)
-            if config.hardware.device.value == "cpu" and \
-                    cell.hardware.cpu_threads != config.hardware.cpu_threads:
+            if (
+                config.hardware.device.value == "cpu"
+                and cell.hardware.cpu_threads != config.hardware.cpu_threads
+            ):
                 continue
             batches = batches_per_epoch(cell)
             if batches < 1:
                 continue
-            cells.append(_Cell(run.info.run_id, cell.hardware.name, cell.batch_size,
-                               metrics["seconds_per_epoch"] / batches,
-                               machine_label(run.data.tags) or run.data.tags.get("device_name"),
-                               machine_speed_ms(metrics)))
+            cells.append(
+                _Cell(
+                    run.info.run_id,
+                    cell.hardware.name,
+                    cell.batch_size,
+                    metrics["seconds_per_epoch"] / batches,
+                    machine_label(run.data.tags) or run.data.tags.get("device_name"),
+                    machine_speed_ms(metrics),
+                )
+            )
     return cells

@@ -52,7 +52,7 @@ def tie_margin_percent(a: Ranked, b: Ranked, noise_percent: float) -> float:
     the two models' errors and the noise of each measurement, added in quadrature (independent
     errors)."""
     errors = [option.error_percent or 0.0 for option in (a, b)]
-    return math.sqrt(errors[0] ** 2 + errors[1] ** 2 + 2 * noise_percent ** 2)
+    return math.sqrt(errors[0] ** 2 + errors[1] ** 2 + 2 * noise_percent**2)
 
 
 @dataclass(frozen=True)
@@ -67,27 +67,35 @@ class Tie:
     def line(self, noise: str = "") -> str:
         """The tie in one line; `noise` says which noise floor it took (e.g. "2.3 % between
         runs (12 cells)")."""
-        times = ", ".join(f"{option.label} {option.seconds_per_epoch:.3f} s"
-                          for option in self.tied)
+        times = ", ".join(
+            f"{option.label} {option.seconds_per_epoch:.3f} s" for option in self.tied
+        )
         floor = f"; noise {noise}" if noise else ""
-        return (f"tied within the models' error and the measurement noise (up to "
-                f"{self.margin_percent:.1f} %{floor}): {times}; taking {self.chosen.label}, the "
-                f"one with {self.decided_by}{self._memory_figures()}")
+        return (
+            f"tied within the models' error and the measurement noise (up to "
+            f"{self.margin_percent:.1f} %{floor}): {times}; taking {self.chosen.label}, the "
+            f"one with {self.decided_by}{self._memory_figures()}"
+        )
 
     def _memory_figures(self) -> str:
         """Where less memory decided: by how much, against which margin (the numbers)."""
         if self.decided_by != LESS_MEMORY:
             return ""
         chosen = self.chosen
-        others = [option for option in self.tied
-                  if option is not chosen and option.workers == chosen.workers]
+        others = [
+            option
+            for option in self.tied
+            if option is not chosen and option.workers == chosen.workers
+        ]
         if not others:
             return ""
         next_least = min(others, key=lambda option: option.memory_mb)
         less = (1 - chosen.memory_mb / next_least.memory_mb) * 100
-        return (f" ({chosen.memory_mb:.0f} MB against {next_least.label}'s "
-                f"{next_least.memory_mb:.0f} MB, {less:.0f} % less; the memory models' error "
-                f"{memory_margin_percent(chosen, next_least):.1f} %)")
+        return (
+            f" ({chosen.memory_mb:.0f} MB against {next_least.label}'s "
+            f"{next_least.memory_mb:.0f} MB, {less:.0f} % less; the memory models' error "
+            f"{memory_margin_percent(chosen, next_least):.1f} %)"
+        )
 
 
 def tie_with_fastest(options: Sequence[Ranked], noise_percent: float) -> Tie | None:
@@ -128,8 +136,11 @@ def break_tie(tied: Sequence[Ranked]) -> tuple[Ranked, str]:
     memory models' error, then the lowest cost (where priced), then the fastest prediction;
     and which of them decided."""
     remaining = list(tied)
-    for reason, keep in ((FEWER_WORKERS, _fewest_workers), (LESS_MEMORY, _least_memory),
-                         (LOWER_COST, _lowest_cost)):
+    for reason, keep in (
+        (FEWER_WORKERS, _fewest_workers),
+        (LESS_MEMORY, _least_memory),
+        (LOWER_COST, _lowest_cost),
+    ):
         kept = keep(remaining)
         if len(kept) < len(remaining) and kept:
             if len(kept) == 1:
@@ -147,12 +158,16 @@ def _least_memory(options: Sequence[Ranked]) -> list[Ranked]:
     """The options whose memory is the least's, within the memory models' error (and half a
     MB: a rounding's worth)."""
     least = min(options, key=lambda option: option.memory_mb)
-    return [option for option in options
-            if option.memory_mb - least.memory_mb
-            <= max(least.memory_mb * memory_margin_percent(option, least) / 100, 0.5)]
+    return [
+        option
+        for option in options
+        if option.memory_mb - least.memory_mb
+        <= max(least.memory_mb * memory_margin_percent(option, least) / 100, 0.5)
+    ]
 
 
 def _lowest_cost(options: Sequence[Ranked]) -> list[Ranked]:
-    costs = [math.inf if option.cost_per_epoch is None else option.cost_per_epoch
-             for option in options]
+    costs = [
+        math.inf if option.cost_per_epoch is None else option.cost_per_epoch for option in options
+    ]
     return [option for option, cost in zip(options, costs) if cost == min(costs)]

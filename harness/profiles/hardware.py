@@ -45,25 +45,32 @@ class Cost:
         token bucket: `predict.terms.burst_bytes`)."""
         return self.seconds_for(nbytes, burst_bytes=burst_bytes)
 
-    def seconds_for(self, nbytes: float, *, bandwidth_scale: float = 1.0,
-                    burst_bytes: float = 0.0) -> float:
+    def seconds_for(
+        self, nbytes: float, *, bandwidth_scale: float = 1.0, burst_bytes: float = 0.0
+    ) -> float:
         """`seconds`, with only `bandwidth_scale` of the bandwidth achieved (a fitted factor)."""
         return self.latency_s + max(nbytes - burst_bytes, 0.0) / (
-            self.bandwidth_bytes_per_s * bandwidth_scale)
+            self.bandwidth_bytes_per_s * bandwidth_scale
+        )
 
     def as_json(self) -> dict[str, float]:
-        return {"latency_us": self.latency_s * 1e6,
-                "bandwidth_mbps": self.bandwidth_bytes_per_s / BYTES_PER_MB}
+        return {
+            "latency_us": self.latency_s * 1e6,
+            "bandwidth_mbps": self.bandwidth_bytes_per_s / BYTES_PER_MB,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Cost:
         """ValueError naming a latency or bandwidth no transfer could have (found by fuzzing:
         a bandwidth of 0 or a list was read far from the file, as a ZeroDivisionError)."""
         latency, bandwidth = data["latency_us"], data["bandwidth_mbps"]
-        if not (finite_number(latency) and latency >= 0
-                and finite_number(bandwidth) and bandwidth > 0):
-            raise ValueError(f"latency_us {json.dumps(latency)}, bandwidth_mbps "
-                             f"{json.dumps(bandwidth)}: not a latency >= 0 and a bandwidth > 0")
+        if not (
+            finite_number(latency) and latency >= 0 and finite_number(bandwidth) and bandwidth > 0
+        ):
+            raise ValueError(
+                f"latency_us {json.dumps(latency)}, bandwidth_mbps "
+                f"{json.dumps(bandwidth)}: not a latency >= 0 and a bandwidth > 0"
+            )
         return cls(latency / 1e6, bandwidth * BYTES_PER_MB)
 
 
@@ -77,14 +84,18 @@ def _check_facts(facts: object) -> None:
         raise TypeError(f"facts.{COMPUTE_LOST_FACT} is {json.dumps(lost)}")
     rounds = facts.get(ROUNDS_FACT)
     if rounds is not None and not (
-            isinstance(rounds, dict) and finite_number(rounds.get("rounds", 1))
-            and isinstance(rounds.get("spread") or {}, dict)
-            and all(finite_number(v) for v in (rounds.get("spread") or {}).values())):
+        isinstance(rounds, dict)
+        and finite_number(rounds.get("rounds", 1))
+        and isinstance(rounds.get("spread") or {}, dict)
+        and all(finite_number(v) for v in (rounds.get("spread") or {}).values())
+    ):
         raise TypeError(f"facts.{ROUNDS_FACT} is not a count of rounds with a spread per figure")
     after = facts.get(COLLECTIVES_AFTER_COMPUTE_FACT)
     if after is not None and not _sizes_and_times(after):
-        raise TypeError(f"facts.{COLLECTIVES_AFTER_COMPUTE_FACT} is not a worker count with "
-                        f"times per message size")
+        raise TypeError(
+            f"facts.{COLLECTIVES_AFTER_COMPUTE_FACT} is not a worker count with "
+            f"times per message size"
+        )
 
 
 def _sizes_and_times(after: object) -> bool:
@@ -94,9 +105,13 @@ def _sizes_and_times(after: object) -> bool:
     sizes = after.get("bytes")
     if not isinstance(sizes, list) or not all(finite_number(n) and n >= 0 for n in sizes):
         return False
-    return all(isinstance(after.get(name), list) and len(after[name]) == len(sizes)
-               and all(finite_number(t) and t >= 0 for t in after[name])
-               for name in ("all_gather", "reduce_scatter") if name in after)
+    return all(
+        isinstance(after.get(name), list)
+        and len(after[name]) == len(sizes)
+        and all(finite_number(t) and t >= 0 for t in after[name])
+        for name in ("all_gather", "reduce_scatter")
+        if name in after
+    )
 
 
 def _count(value: object, what: str, least: int = 0) -> int:
@@ -139,10 +154,15 @@ class MeasuredCurve:
     seconds: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        if len(self.nbytes) != len(self.seconds) or len(self.nbytes) < 2 or \
-                list(self.nbytes) != sorted(set(self.nbytes)):
-            raise ValueError(f"a measured curve needs two or more distinct sizes, in order, "
-                             f"each with its seconds: {self.nbytes} / {self.seconds}")
+        if (
+            len(self.nbytes) != len(self.seconds)
+            or len(self.nbytes) < 2
+            or list(self.nbytes) != sorted(set(self.nbytes))
+        ):
+            raise ValueError(
+                f"a measured curve needs two or more distinct sizes, in order, "
+                f"each with its seconds: {self.nbytes} / {self.seconds}"
+            )
 
     def seconds_at(self, nbytes: float) -> float:
         sizes, seconds = self.nbytes, self.seconds
@@ -192,15 +212,19 @@ class HardwareProfile:
         for link in self.links:
             if {link.src, link.dst} == {src, dst}:
                 return link.cost
-        raise KeyError(f"the profile of {self.hardware} has no link between workers {src} "
-                       f"and {dst} ({self.workers} workers)")
+        raise KeyError(
+            f"the profile of {self.hardware} has no link between workers {src} "
+            f"and {dst} ({self.workers} workers)"
+        )
 
     def allreduce_cost(self, workers: int) -> Cost:
         for entry in self.allreduce:
             if entry.workers == workers:
                 return entry.cost
-        raise KeyError(f"the profile of {self.hardware} has no allreduce among {workers} "
-                       f"workers; measured: {[e.workers for e in self.allreduce]}")
+        raise KeyError(
+            f"the profile of {self.hardware} has no allreduce among {workers} "
+            f"workers; measured: {[e.workers for e in self.allreduce]}"
+        )
 
     def compute_lost_s_per_mb(self) -> float:
         """Seconds of a CPU worker's compute an allreduce between nodes takes per MB while it
@@ -216,8 +240,9 @@ class HardwareProfile:
         measured = self.facts.get(COLLECTIVES_AFTER_COMPUTE_FACT)
         if not measured or measured.get("workers") != workers or collective not in measured:
             return None
-        by_size = dict(zip((float(n) for n in measured["bytes"]),
-                           (float(s) for s in measured[collective])))
+        by_size = dict(
+            zip((float(n) for n in measured["bytes"]), (float(s) for s in measured[collective]))
+        )
         sizes = sorted(by_size)
         if len(sizes) < 2:  # probe.message_bytes=[8,8]: no line to price on
             return None
@@ -227,24 +252,49 @@ class HardwareProfile:
         def entry(item: Link | AllreduceCost) -> dict[str, Any]:
             data = {k: v for k, v in asdict(item).items() if k != "cost"}
             return {**data, **item.cost.as_json()}
-        return {"hardware": self.hardware, "source": self.source, "workers": self.workers,
-                "nodes": self.nodes, "facts": self.facts,
-                "links": [entry(link) for link in self.links],
-                "allreduce": [entry(a) for a in self.allreduce]}
+
+        return {
+            "hardware": self.hardware,
+            "source": self.source,
+            "workers": self.workers,
+            "nodes": self.nodes,
+            "facts": self.facts,
+            "links": [entry(link) for link in self.links],
+            "allreduce": [entry(a) for a in self.allreduce],
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> HardwareProfile:
-        links = [Link(_count(d["src"], "src"), _count(d["dst"], "dst"), bool(d["same_node"]),
-                      Cost.from_json(d), d.get("samples") or {})
-                 for d in data["links"]]
-        allreduce = [AllreduceCost(_count(d["workers"], "allreduce workers", 2), Cost.from_json(d),
-                                   d.get("samples") or {})
-                     for d in data.get("allreduce") or []]
+        links = [
+            Link(
+                _count(d["src"], "src"),
+                _count(d["dst"], "dst"),
+                bool(d["same_node"]),
+                Cost.from_json(d),
+                d.get("samples") or {},
+            )
+            for d in data["links"]
+        ]
+        allreduce = [
+            AllreduceCost(
+                _count(d["workers"], "allreduce workers", 2),
+                Cost.from_json(d),
+                d.get("samples") or {},
+            )
+            for d in data.get("allreduce") or []
+        ]
         facts = data.get("facts") or {}
         _check_facts(facts)
         facts = {name: value for name, value in facts.items() if value is not None}  # no fact
-        return cls(data["hardware"], data["source"], data["workers"], data["nodes"], links,
-                   allreduce, facts)
+        return cls(
+            data["hardware"],
+            data["source"],
+            data["workers"],
+            data["nodes"],
+            links,
+            allreduce,
+            facts,
+        )
 
     def save(self, path: Path) -> Path:
         write_json_atomic(path, self.to_json())
@@ -262,9 +312,11 @@ class HardwareProfile:
             return profile
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             what = f"missing {err}" if isinstance(err, KeyError) else str(err)
-            raise StateError(f"{path}: not a hardware profile of harness.probe ({what}); move "
-                             f"it aside (mv {path} {path}.broken) to use the config's speeds, "
-                             f"or measure again with python -m harness.probe") from err
+            raise StateError(
+                f"{path}: not a hardware profile of harness.probe ({what}); move "
+                f"it aside (mv {path} {path}.broken) to use the config's speeds, "
+                f"or measure again with python -m harness.probe"
+            ) from err
 
     @classmethod
     def from_config(cls, hardware: HardwareConfig) -> HardwareProfile:
@@ -276,13 +328,17 @@ class HardwareProfile:
         def cost(same_node: bool) -> Cost:  # asked for only where such a link exists
             if same_node not in costs:
                 costs[same_node] = _configured_cost(
-                    hardware, "intra_node" if same_node else "inter_node")
+                    hardware, "intra_node" if same_node else "inter_node"
+                )
             return costs[same_node]
 
-        pairs = [(i, j) for i in range(hardware.world_size)
-                 for j in range(i + 1, hardware.world_size)]
-        links = [Link(i, j, i // per_node == j // per_node, cost(i // per_node == j // per_node))
-                 for i, j in pairs]
+        pairs = [
+            (i, j) for i in range(hardware.world_size) for j in range(i + 1, hardware.world_size)
+        ]
+        links = [
+            Link(i, j, i // per_node == j // per_node, cost(i // per_node == j // per_node))
+            for i, j in pairs
+        ]
         return cls(hardware.name, "config", hardware.world_size, hardware.nodes, links)
 
 
@@ -293,7 +349,8 @@ def _configured_cost(hardware: HardwareConfig, kind: str) -> Cost:
         raise ConfigError(
             f"hardware.{kind}_bandwidth_mbps={bandwidth} / hardware.{kind}_latency_us="
             f"{latency}: both are needed to model {hardware.name} without a measured profile; "
-            f"give them, or measure with `python -m harness.probe hardware={hardware.name}`")
+            f"give them, or measure with `python -m harness.probe hardware={hardware.name}`"
+        )
     return Cost(latency / 1e6, bandwidth * BYTES_PER_MB)
 
 
@@ -302,19 +359,27 @@ def link_line(hardware: HardwareConfig, profile: HardwareProfile | None) -> str 
     if profile is None:
         return None
     if profile.source != "measured":
-        return (f"links: hardware {hardware.name}'s configured speeds (no harness.probe "
-                f"profile yet; python -m harness.probe hardware={hardware.name} measures them)")
+        return (
+            f"links: hardware {hardware.name}'s configured speeds (no harness.probe "
+            f"profile yet; python -m harness.probe hardware={hardware.name} measures them)"
+        )
     machine = profile.facts.get("machine")  # absent from profiles probed before it was kept
-    line = (f"links: measured by harness.probe"
-            f"{f' on {machine}' if machine else ''}, {_measured_at(profile)}")
+    line = (
+        f"links: measured by harness.probe"
+        f"{f' on {machine}' if machine else ''}, {_measured_at(profile)}"
+    )
     rounds = profile.facts.get(ROUNDS_FACT)
     spread = largest_spread(rounds)
     if rounds is not None and spread is not None:  # a profile from before rounds has none
-        line += (f", in {rounds['rounds']} rounds (their spread up to {spread:.0%}: "
-                 f"harness.probe's own noise)")
+        line += (
+            f", in {rounds['rounds']} rounds (their spread up to {spread:.0%}: "
+            f"harness.probe's own noise)"
+        )
     if profile.compute_lost_s_per_mb() > 0:
-        line += (f"; an allreduce between nodes takes {1e3 * profile.compute_lost_s_per_mb():.2f}"
-                 f" ms of a worker's compute per MB")
+        line += (
+            f"; an allreduce between nodes takes {1e3 * profile.compute_lost_s_per_mb():.2f}"
+            f" ms of a worker's compute per MB"
+        )
     return line
 
 
@@ -336,7 +401,6 @@ def _measured_at(profile: HardwareProfile) -> str:
 def profile_path(output_root: Path, hardware: str) -> Path:
     """Where the latest measured profile of `hardware` is kept for the predictors."""
     return Path(output_root) / "hardware_profiles" / f"{hardware}.json"
-
 
 
 def profile_for(hardware: HardwareConfig, output_root: Path) -> HardwareProfile | None:

@@ -32,5 +32,8 @@ class NetworkProfile:
         return [layer.compute_ms(updates_per_pass) for layer in self.layers]
 
     def to_dict(self) -> dict[str, object]:
-        return {"batch_size": self.batch_size, "device": self.device,
-                "layers": [asdict(layer) for layer in self.layers]}
+        return {
+            "batch_size": self.batch_size,
+            "device": self.device,
+            "layers": [asdict(layer) for layer in self.layers],
+        }

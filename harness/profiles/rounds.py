@@ -33,8 +33,11 @@ def spread_across_rounds(rounds: Sequence[Sequence[float]]) -> float | None:
     such as a 64 KB ping-pong, does not speak for the figure). None for a single round."""
     if len(rounds) < 2:
         return None
-    per_size = [(max(values) - min(values)) / statistics.median(values)
-                for values in zip(*rounds) if statistics.median(values) > 0]
+    per_size = [
+        (max(values) - min(values)) / statistics.median(values)
+        for values in zip(*rounds)
+        if statistics.median(values) > 0
+    ]
     return statistics.median(per_size) if per_size else None
 
 
@@ -43,10 +46,11 @@ def rounds_fact(figures: Mapping[str, Sequence[Sequence[float]]]) -> dict[str, o
     per size, or a worker's value) and its spread (absent for a single round)."""
     count = len(next(iter(figures.values()), ()))
     spreads = {name: spread_across_rounds(rounds) for name, rounds in figures.items()}
-    return {"rounds": count,
-            "spread": {name: value for name, value in spreads.items() if value is not None},
-            "values": {name: [list(values) for values in rounds]
-                       for name, rounds in figures.items()}}
+    return {
+        "rounds": count,
+        "spread": {name: value for name, value in spreads.items() if value is not None},
+        "values": {name: [list(values) for values in rounds] for name, rounds in figures.items()},
+    }
 
 
 def spread_line(fact: Mapping[str, object]) -> str:
@@ -55,13 +59,14 @@ def spread_line(fact: Mapping[str, object]) -> str:
     spread = fact.get("spread") or {}
     assert isinstance(spread, dict)
     if not spread:
-        return (f"measured in {count} round: its spread is not known "
-                f"(probe.rounds=3 measures it)")
+        return f"measured in {count} round: its spread is not known (probe.rounds=3 measures it)"
     worst = max(spread, key=lambda name: spread[name])
     listed = ", ".join(f"{name} {value:.0%}" for name, value in spread.items())
-    return (f"measured in {count} rounds, each figure the median across them; the rounds' "
-            f"spread ((max - min) / median, the median over sizes): {listed} "
-            f"(largest: {worst})")
+    return (
+        f"measured in {count} rounds, each figure the median across them; the rounds' "
+        f"spread ((max - min) / median, the median over sizes): {listed} "
+        f"(largest: {worst})"
+    )
 
 
 def largest_spread(fact: Mapping[str, object] | None) -> float | None:

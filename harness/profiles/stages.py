@@ -35,15 +35,28 @@ class InPlaceStages:
         if not reference_ms or not self.reference_ms:
             return self
         ratio = reference_ms / self.reference_ms
-        return replace(self, reference_ms=reference_ms, stages=tuple(
-            StageSeconds(stage.forward_s * ratio, stage.backward_s * ratio,
-                         stage.update_s * ratio) for stage in self.stages))
+        return replace(
+            self,
+            reference_ms=reference_ms,
+            stages=tuple(
+                StageSeconds(
+                    stage.forward_s * ratio, stage.backward_s * ratio, stage.update_s * ratio
+                )
+                for stage in self.stages
+            ),
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"stages": [asdict(stage) for stage in self.stages],
-                "reference_ms": self.reference_ms, "measured_at": self.measured_at}
+        return {
+            "stages": [asdict(stage) for stage in self.stages],
+            "reference_ms": self.reference_ms,
+            "measured_at": self.measured_at,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> InPlaceStages:
-        return cls(tuple(StageSeconds(**stage) for stage in data["stages"]),
-                   data.get("reference_ms"), str(data.get("measured_at", "")))
+        return cls(
+            tuple(StageSeconds(**stage) for stage in data["stages"]),
+            data.get("reference_ms"),
+            str(data.get("measured_at", "")),
+        )

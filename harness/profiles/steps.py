@@ -38,15 +38,23 @@ class StepTime:
         return self.measured_batch != self.batch
 
     def describe(self) -> str:
-        where = self.source + (f", measured {self.measured_at}" if self.measured_at else "") \
-            + (f" ({self.device_name})" if self.device_name else "") \
+        where = (
+            self.source
+            + (f", measured {self.measured_at}" if self.measured_at else "")
+            + (f" ({self.device_name})" if self.device_name else "")
             + (f", reference kernel {self.reference_ms:.3g} ms" if self.reference_ms else "")
+        )
         star = "*" if self.scaled else ""
-        spread = (f" (IQR {self.low:.4g}-{self.high:.4g}{star} over {self.probe_batches} "
-                  f"batches)" if self.low is not None and self.high is not None else "")
+        spread = (
+            f" (IQR {self.low:.4g}-{self.high:.4g}{star} over {self.probe_batches} batches)"
+            if self.low is not None and self.high is not None
+            else ""
+        )
         if self.scaled:
-            return (f"batch {self.batch}: {self.seconds:.4g} s*{spread}, scaled per sample "
-                    f"from batch {self.measured_batch} (none measured at {self.batch}), {where}")
+            return (
+                f"batch {self.batch}: {self.seconds:.4g} s*{spread}, scaled per sample "
+                f"from batch {self.measured_batch} (none measured at {self.batch}), {where}"
+            )
         return f"batch {self.batch}: {self.seconds:.4g} s{spread}, {where}"
 
 
@@ -75,9 +83,19 @@ class MeasuredStep:
         def scaled(value: float | None) -> float | None:
             return None if value is None else value * scale
 
-        return StepTime(batch, self.seconds * scale, self.source, self.batch, self.device_name,
-                        scaled(self.low), scaled(self.high), self.probe_batches,
-                        self.measured_at, self.reference_ms, self.reference_in_cells)
+        return StepTime(
+            batch,
+            self.seconds * scale,
+            self.source,
+            self.batch,
+            self.device_name,
+            scaled(self.low),
+            scaled(self.high),
+            self.probe_batches,
+            self.measured_at,
+            self.reference_ms,
+            self.reference_in_cells,
+        )
 
 
 def choose_step_time(measured: Sequence[MeasuredStep], batch: int) -> StepTime | None:
@@ -95,13 +113,15 @@ def choose_step_time(measured: Sequence[MeasuredStep], batch: int) -> StepTime |
     exact = [step for step in measured if step.batch == batch]
     if exact:
         return min(exact, key=lambda step: step.rank).at(batch)
-    best = min(measured, key=lambda step: (abs(math.log2(step.batch / batch)), step.rank,
-                                           -step.batch))
+    best = min(
+        measured, key=lambda step: (abs(math.log2(step.batch / batch)), step.rank, -step.batch)
+    )
     return best.at(batch)
 
 
-def steps_from_other_machines(used: Iterable[tuple[str, StepTime]],
-                              machines: Collection[str]) -> dict[str, list[str]]:
+def steps_from_other_machines(
+    used: Iterable[tuple[str, StepTime]], machines: Collection[str]
+) -> dict[str, list[str]]:
     """The step times in `used` (each with what it is of, "resnet18/mnist on cpu, batch 32")
     measured on a machine not in `machines`, the ones they are to be compared with, by machine
     (`harness.runtime.environment.machine_label`); none where `machines` is empty or a step time's

@@ -33,10 +33,14 @@ from mlperf_logging.compliance_checker import mlp_compliance
 from harness.config.schema import DatasetName, NetworkName
 
 USAGE = "training"
-RULESET = max((path.name.removeprefix(f"{USAGE}_") for path in
-               Path(mlp_compliance.__file__).parent.glob(f"{USAGE}_*.*.*")
-               if path.name.removeprefix(f"{USAGE}_").replace(".", "").isdigit()),
-              key=lambda version: tuple(int(part) for part in version.split(".")))
+RULESET = max(
+    (
+        path.name.removeprefix(f"{USAGE}_")
+        for path in Path(mlp_compliance.__file__).parent.glob(f"{USAGE}_*.*.*")
+        if path.name.removeprefix(f"{USAGE}_").replace(".", "").isdigit()
+    ),
+    key=lambda version: tuple(int(part) for part in version.split(".")),
+)
 BENCHMARK_KEY = "submission_benchmark"
 DIVISION_KEY = "submission_division"
 
@@ -44,17 +48,23 @@ DIVISION_KEY = "submission_division"
 def benchmark_names() -> list[str]:
     """The names `harness.records.eventlog.benchmark_name` gives the built-in networks (a user's own
     network or a zoo model adds its own label: `BENCHMARK_CHECK` admits those)."""
-    return [f"{network.value}_{dataset.value}{suffix}" for network, dataset, suffix in
-            itertools.product(NetworkName, DatasetName, ("", "_synthetic"))]
+    return [
+        f"{network.value}_{dataset.value}{suffix}"
+        for network, dataset, suffix in itertools.product(
+            NetworkName, DatasetName, ("", "_synthetic")
+        )
+    ]
 
 
 # The checker evaluates a rule's CHECK as a Python expression over the logged value `v`:
 # a distbench name is a network label (letters, digits, '_', '-', '.'), '_', a dataset name.
 # (No comprehension: the checker's names are not visible inside one.)
 _DATASET_SUFFIXES = tuple(sorted(f"_{dataset.value}" for dataset in DatasetName))
-BENCHMARK_CHECK = (" isinstance(v['value'], str) and v['value'].replace('_', '')"
-                   ".replace('-', '').replace('.', '').isalnum() and v['value']"
-                   f".removesuffix('_synthetic').endswith({_DATASET_SUFFIXES!r}) ")
+BENCHMARK_CHECK = (
+    " isinstance(v['value'], str) and v['value'].replace('_', '')"
+    ".replace('-', '').replace('.', '').isalnum() and v['value']"
+    f".removesuffix('_synthetic').endswith({_DATASET_SUFFIXES!r}) "
+)
 
 
 def write_rules(folder: Path, ruleset: str = RULESET) -> Path:
@@ -64,8 +74,13 @@ def write_rules(folder: Path, ruleset: str = RULESET) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     common = _load(source / "common.yaml")
     # The division's rules: the copies in `folder` (the checker takes an absolute path as is).
-    _patch(common, DIVISION_KEY, "POST", f"'{USAGE}_{ruleset}/{{}}_common.yaml'",
-           f"'{folder}/{{}}_common.yaml'")
+    _patch(
+        common,
+        DIVISION_KEY,
+        "POST",
+        f"'{USAGE}_{ruleset}/{{}}_common.yaml'",
+        f"'{folder}/{{}}_common.yaml'",
+    )
     for division in ("open", "closed"):
         rules = _load(source / f"{division}_common.yaml")
         record = _key(rules, BENCHMARK_KEY)
@@ -78,9 +93,20 @@ def write_rules(folder: Path, ruleset: str = RULESET) -> Path:
 
 def mlperf_command(log: Path, rules: Path, ruleset: str = RULESET) -> list[str]:
     """MLPerf's own checker command on `log` with the rules `write_rules` wrote."""
-    return [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", USAGE,
-            "--ruleset", ruleset, "--config", str(rules), "--log_output",
-            str(rules.parent / "compliance_checker.log"), str(log)]
+    return [
+        sys.executable,
+        "-m",
+        "mlperf_logging.compliance_checker",
+        "--usage",
+        USAGE,
+        "--ruleset",
+        ruleset,
+        "--config",
+        str(rules),
+        "--log_output",
+        str(rules.parent / "compliance_checker.log"),
+        str(log),
+    ]
 
 
 @dataclass(frozen=True)
@@ -100,8 +126,9 @@ def check(log: Path, ruleset: str = RULESET, *, stock: bool = False) -> Verdict:
     # The checker's queue of rules files is a module global that a failed check leaves filled.
     mlp_compliance.enqueued_configs.clear()
     with tempfile.TemporaryDirectory(prefix="distbench-rules-") as folder:
-        rules = (f"{USAGE}_{ruleset}/common.yaml" if stock
-                 else str(write_rules(Path(folder), ruleset)))
+        rules = (
+            f"{USAGE}_{ruleset}/common.yaml" if stock else str(write_rules(Path(folder), ruleset))
+        )
         try:
             ok = checker.check_file(str(log), rules)
         except FileNotFoundError:  # the checker said which rules file it could not find
@@ -131,6 +158,8 @@ def _patch(rules: list[dict[str, Any]], name: str, field: str, old: str, new: st
     mlperf-logging) fails here instead of checking something else."""
     record = _key(rules, name)
     if old not in record.get(field, ""):
-        raise RuntimeError(f"mlperf-logging's {name} {field} no longer reads {old!r}: "
-                           f"harness.records.compliance.write_rules needs updating")
+        raise RuntimeError(
+            f"mlperf-logging's {name} {field} no longer reads {old!r}: "
+            f"harness.records.compliance.write_rules needs updating"
+        )
     record[field] = record[field].replace(old, new)

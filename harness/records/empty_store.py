@@ -65,8 +65,10 @@ def _make_empty_store(template: Path) -> None:
         os.close(fd)
         snapshot = Path(snapshot_name)
         try:
-            with contextlib.closing(sqlite3.connect(made)) as source, \
-                    contextlib.closing(sqlite3.connect(snapshot)) as copy:
+            with (
+                contextlib.closing(sqlite3.connect(made)) as source,
+                contextlib.closing(sqlite3.connect(snapshot)) as copy,
+            ):
                 source.backup(copy)
                 with copy:  # a transaction
                     copy.execute("DELETE FROM experiments")

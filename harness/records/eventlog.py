@@ -95,9 +95,13 @@ def _task_keys(config: DistbenchConfig) -> dict[str, Any]:
     if config.dataset.spec.tokens:
         keys[constants.MAX_SEQUENCE_LENGTH] = config.dataset.spec.seq_len
     if optimizer.name.value == constants.ADAMW:
-        keys.update({constants.OPT_ADAMW_BETA_1: optimizer.momentum,
-                     constants.OPT_ADAMW_BETA_2: optimizer.beta2,
-                     constants.OPT_ADAMW_WEIGHT_DECAY: optimizer.weight_decay})
+        keys.update(
+            {
+                constants.OPT_ADAMW_BETA_1: optimizer.momentum,
+                constants.OPT_ADAMW_BETA_2: optimizer.beta2,
+                constants.OPT_ADAMW_WEIGHT_DECAY: optimizer.weight_decay,
+            }
+        )
     else:
         keys[constants.OPT_WEIGHT_DECAY] = optimizer.weight_decay
     return keys
@@ -137,8 +141,9 @@ class Parallelism:
     @classmethod
     def of(cls, config: DistbenchConfig, resolved: dict[str, Any]) -> Parallelism:
         data, pipeline = config.distribution.parallelism(config, resolved)
-        return cls(data=data, pipeline=pipeline,
-                   micro_batch_size=config.distribution.step_batch(config))
+        return cls(
+            data=data, pipeline=pipeline, micro_batch_size=config.distribution.step_batch(config)
+        )
 
 
 class EventLog:
@@ -181,8 +186,12 @@ class EventLog:
     def __enter__(self) -> EventLog:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         if error is not None and not self._stopped:
             self.run_stop(self._repeat, success=False)
         self.close()
@@ -243,32 +252,58 @@ class EventLog:
     def epoch_start(self, repeat: int, epoch: int) -> None:
         """Epoch `epoch` (from 0) of repeat `repeat` starts: its block, then the epoch."""
         seen = self._train_samples * epoch
-        self._log("start", constants.BLOCK_START, repeat=repeat, first_epoch_num=epoch + 1,
-                  epoch_count=1, samples_count=seen)
-        self._log("start", constants.EPOCH_START, repeat=repeat, epoch_num=epoch + 1,
-                  samples_count=seen)
+        self._log(
+            "start",
+            constants.BLOCK_START,
+            repeat=repeat,
+            first_epoch_num=epoch + 1,
+            epoch_count=1,
+            samples_count=seen,
+        )
+        self._log(
+            "start", constants.EPOCH_START, repeat=repeat, epoch_num=epoch + 1, samples_count=seen
+        )
 
     def epoch_stop(self, repeat: int, epoch: int) -> None:
         seen = self._train_samples * (epoch + 1)
-        self._log("end", constants.EPOCH_STOP, repeat=repeat, epoch_num=epoch + 1,
-                  samples_count=seen)
-        self._log("end", constants.BLOCK_STOP, repeat=repeat, first_epoch_num=epoch + 1,
-                  samples_count=seen)
+        self._log(
+            "end", constants.EPOCH_STOP, repeat=repeat, epoch_num=epoch + 1, samples_count=seen
+        )
+        self._log(
+            "end",
+            constants.BLOCK_STOP,
+            repeat=repeat,
+            first_epoch_num=epoch + 1,
+            samples_count=seen,
+        )
 
     def eval_start(self, repeat: int, epoch: int) -> None:
         """The evaluation after epoch `epoch` (from 0) starts."""
-        self._log("start", constants.EVAL_START, repeat=repeat, epoch_num=epoch + 1,
-                  samples_count=self._train_samples * (epoch + 1))
+        self._log(
+            "start",
+            constants.EVAL_START,
+            repeat=repeat,
+            epoch_num=epoch + 1,
+            samples_count=self._train_samples * (epoch + 1),
+        )
 
     def eval_stop(self, repeat: int, epoch: int, *, accuracy: float, loss: float) -> None:
         """The evaluation after epoch `epoch` ends: its accuracy (0..1) and mean loss."""
         seen = self._train_samples * (epoch + 1)
-        self._log("event", constants.EVAL_ACCURACY, accuracy, repeat=repeat,
-                  epoch_num=epoch + 1, samples_count=seen)
-        self._log("event", "eval_loss", loss, repeat=repeat, epoch_num=epoch + 1,
-                  samples_count=seen)
-        self._log("end", constants.EVAL_STOP, repeat=repeat, epoch_num=epoch + 1,
-                  samples_count=seen)
+        self._log(
+            "event",
+            constants.EVAL_ACCURACY,
+            accuracy,
+            repeat=repeat,
+            epoch_num=epoch + 1,
+            samples_count=seen,
+        )
+        self._log(
+            "event", "eval_loss", loss, repeat=repeat, epoch_num=epoch + 1, samples_count=seen
+        )
+        self._log(
+            "end", constants.EVAL_STOP, repeat=repeat, epoch_num=epoch + 1, samples_count=seen
+        )
 
     def run_stop(self, repeat: int | None, *, success: bool) -> None:
         """`success`: the run reached its target accuracy, or had none; else `aborted`."""
@@ -279,8 +314,7 @@ class EventLog:
     def text(self) -> dict[str, str]:
         """Every file's lines logged so far, by file name (mllog.txt, mllog-2.txt, ...),
         whether or not the disk could take them."""
-        return {name: "".join(f"{line}\n" for line in lines)
-                for name, lines in self._texts.items()}
+        return {name: "".join(f"{line}\n" for line in lines) for name, lines in self._texts.items()}
 
     def close(self) -> None:
         if self._file is not None:
@@ -315,8 +349,7 @@ class EventLog:
             return
         # stack_offset 3: the call site in the metadata is the code that called this class
         # (e.g. harness/worker/run.py), not this wrapper.
-        getattr(self._logger, kind)(key=key, value=value, metadata=metadata or None,
-                                    stack_offset=3)
+        getattr(self._logger, kind)(key=key, value=value, metadata=metadata or None, stack_offset=3)
 
 
 class _LineKeeper(logging.Handler):
@@ -339,8 +372,10 @@ class _TolerantFileHandler(logging.FileHandler):
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
         if not self._warned:
             self._warned = True
-            log.warning("could not write the event log %s; it is kept in memory and recorded "
-                        "with the cell", self.baseFilename)
+            log.warning(
+                "could not write the event log %s; it is kept in memory and recorded with the cell",
+                self.baseFilename,
+            )
 
     def close(self) -> None:
         """Close the file; the lines still buffered when the disk refuses them are dropped
@@ -357,8 +392,11 @@ def _open_file_handler(path: Path) -> logging.Handler | None:
         path.parent.mkdir(parents=True, exist_ok=True)
         handler = _TolerantFileHandler(path, mode="w", encoding="utf-8")
     except OSError as err:
-        log.warning("could not open the event log %s (%s); it is kept in memory and recorded "
-                    "with the cell", path, err)
+        log.warning(
+            "could not open the event log %s (%s); it is kept in memory and recorded with the cell",
+            path,
+            err,
+        )
         return None
     handler.setFormatter(logging.Formatter("%(message)s"))
     return handler

@@ -54,27 +54,35 @@ VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
 RUN_NAME_COLUMN = "attributes.`Run Name`"
 DURATION_COLUMN = "duration"  # always shown; its place follows the run name's
 VIEW_COLUMNS = {  # column -> width in px, wide enough for its header
-    "metrics.`seconds_per_epoch`": 150, "metrics.`images_per_second`": 150,
-    "metrics.`peak_memory_mb`": 140, "metrics.`eval_accuracy`": 140,
+    "metrics.`seconds_per_epoch`": 150,
+    "metrics.`images_per_second`": 150,
+    "metrics.`peak_memory_mb`": 140,
+    "metrics.`eval_accuracy`": 140,
     "metrics.`world_size`": 110,
-    "params.`distribution.name`": 150, "params.`distribution.batch_size`": 170,
-    "tags.`status`": 80}
+    "params.`distribution.name`": 150,
+    "params.`distribution.batch_size`": 170,
+    "tags.`status`": 80,
+}
 VIEW_STATE = {
     "searchFilter": f"tags.`{KIND_TAG}` = '{CELL_KIND}'",
-    "orderByKey": "metrics.`seconds_per_epoch`", "orderByAsc": True,
+    "orderByKey": "metrics.`seconds_per_epoch`",
+    "orderByAsc": True,
     "selectedColumns": list(VIEW_COLUMNS),
     # The UI applies widths to the columns listed in columnOrder only.
     "columnOrder": [RUN_NAME_COLUMN, DURATION_COLUMN, *VIEW_COLUMNS],
-    "columnWidths": {RUN_NAME_COLUMN: 300, **VIEW_COLUMNS}}
+    "columnWidths": {RUN_NAME_COLUMN: 300, **VIEW_COLUMNS},
+}
 # Where `mlflow ui` serves by default: the link's base for a store that is not a server.
 DEFAULT_UI_URL = "http://127.0.0.1:5000"
 # MLflow's HTTP client retries a failed request 7 times with exponential back-off (minutes in
 # all) and waits 120 s for an answer: an unreachable server would hold every cell that long.
 # A few seconds is enough to ride out a blip; the result waits in result.json for harness.sync.
 # Set in the environment to override.
-_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-                  "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+_HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+}
 
 
 def tracking_uri(configured_uri: str | None, output_root: str | Path) -> str:
@@ -100,8 +108,18 @@ def store_not_created(uri: str) -> bool:
 _SQLITE_HEADER = b"SQLite format 3\x00"
 # Schemes MLflow's tracking client can open (its registry; plugins may add more, which a user
 # of a plugin names in tracking.uri and this check lets through when the plugin is installed).
-_BUILTIN_SCHEMES = ("sqlite", "mysql", "postgresql", "mssql", "http", "https", "file",
-                    "databricks", "databricks-uc", "uc")
+_BUILTIN_SCHEMES = (
+    "sqlite",
+    "mysql",
+    "postgresql",
+    "mssql",
+    "http",
+    "https",
+    "file",
+    "databricks",
+    "databricks-uc",
+    "uc",
+)
 
 
 def check_store(uri: str) -> None:
@@ -113,37 +131,45 @@ def check_store(uri: str) -> None:
     if scheme == "sqlite":
         _check_sqlite_file(uri, Path(uri.removeprefix("sqlite:///")))
     elif scheme not in _BUILTIN_SCHEMES and not _plugin_scheme(scheme):
-        raise StateError(f"tracking.uri={uri}: unsupported store scheme {scheme!r}; allowed: "
-                         f"http(s)://host:port, sqlite:///path/mlflow.db, a directory path, "
-                         f"or a database URI (postgresql://, mysql://)")
+        raise StateError(
+            f"tracking.uri={uri}: unsupported store scheme {scheme!r}; allowed: "
+            f"http(s)://host:port, sqlite:///path/mlflow.db, a directory path, "
+            f"or a database URI (postgresql://, mysql://)"
+        )
 
 
 def _check_sqlite_file(uri: str, path: Path) -> None:
     aside = f"mv {path} {path}.broken"
-    recover = (f"move it aside ({aside}) and run again: a new store is created, and "
-               f"harness.sync uploads the results still pending")
+    recover = (
+        f"move it aside ({aside}) and run again: a new store is created, and "
+        f"harness.sync uploads the results still pending"
+    )
     if path.is_dir():
-        raise StateError(f"tracking.uri={uri}: {path} is a directory, not an SQLite "
-                         f"database; {recover}")
+        raise StateError(
+            f"tracking.uri={uri}: {path} is a directory, not an SQLite database; {recover}"
+        )
     try:
         with path.open("rb") as file:
             head = file.read(len(_SQLITE_HEADER))
     except FileNotFoundError:
         return  # created on first use
     except OSError as err:
-        raise StateError(f"tracking.uri={uri}: {path} cannot be read ({err.strerror}); "
-                         f"fix its permissions or {recover}") from err
+        raise StateError(
+            f"tracking.uri={uri}: {path} cannot be read ({err.strerror}); "
+            f"fix its permissions or {recover}"
+        ) from err
     if head and head != _SQLITE_HEADER:
-        raise StateError(f"tracking.uri={uri}: {path} is not an SQLite database (corrupt or "
-                         f"another file); {recover}")
+        raise StateError(
+            f"tracking.uri={uri}: {path} is not an SQLite database (corrupt or "
+            f"another file); {recover}"
+        )
 
 
 def _plugin_scheme(scheme: str) -> bool:
     """Whether an installed MLflow plugin registers a tracking store for `scheme`."""
     from importlib.metadata import entry_points
 
-    return any(entry.name == scheme
-               for entry in entry_points(group="mlflow.tracking_store"))
+    return any(entry.name == scheme for entry in entry_points(group="mlflow.tracking_store"))
 
 
 # Loggers of the libraries under MLflow's SQLite store that log at INFO when a store is opened
@@ -202,8 +228,9 @@ def experiment_id(client: Any, name: str, uri: str) -> str:
         # artifacts next to the database instead, so a store is one self-contained folder.
         artifact_location = (database.parent / ARTIFACT_FOLDER / name).resolve().as_uri()
     try:
-        return client.create_experiment(name, artifact_location=artifact_location,
-                                        tags=experiment_tags())
+        return client.create_experiment(
+            name, artifact_location=artifact_location, tags=experiment_tags()
+        )
     except MlflowException:  # created meanwhile by another process
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
@@ -230,16 +257,22 @@ def _tag_experiment(client: Any, experiment: Any) -> None:
             try:
                 client.set_experiment_tag(experiment.experiment_id, key, value)
             except MlflowException as err:
-                log.warning("could not tag MLflow experiment %r with %s (%s)", experiment.name,
-                            key, tracking_failure(err))
+                log.warning(
+                    "could not tag MLflow experiment %r with %s (%s)",
+                    experiment.name,
+                    key,
+                    tracking_failure(err),
+                )
 
 
 def experiment_link(uri: str, experiment_id_: str) -> str:
     """The address of the experiment's cells in the MLflow UI, in distbench's view: a server's
     own address, else that of `mlflow ui` started on the store (DEFAULT_UI_URL)."""
     base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else DEFAULT_UI_URL
-    return (f"{base}/#/experiments/{experiment_id_}/runs?viewStateShareKey={VIEW_KEY}"
-            f"&workflowType=machine_learning")
+    return (
+        f"{base}/#/experiments/{experiment_id_}/runs?viewStateShareKey={VIEW_KEY}"
+        f"&workflowType=machine_learning"
+    )
 
 
 def tracking_failure(err: BaseException) -> str:

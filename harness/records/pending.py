@@ -34,9 +34,13 @@ log = logging.getLogger(__name__)
 def as_result(data: dict[str, Any]) -> CellResult:
     """A result.json's content as a CellResult (fields it does not know are left out)."""
     known = {field.name for field in dataclasses.fields(CellResult)}
-    return CellResult(**{**{k: v for k, v in data.items() if k in known},
-                         "status": RunStatus(data["status"]),
-                         "repeats": [RepeatResult(**r) for r in data.get("repeats", [])]})
+    return CellResult(
+        **{
+            **{k: v for k, v in data.items() if k in known},
+            "status": RunStatus(data["status"]),
+            "repeats": [RepeatResult(**r) for r in data.get("repeats", [])],
+        }
+    )
 
 
 class SyncBusy(RuntimeError):
@@ -72,13 +76,11 @@ def sync_result(path: Path, data: dict[str, Any], uri: str) -> tuple[str, dict[s
         if run_id is None:
             # The same files as a cell's own upload (harness.records.record).
             with staged_artifacts(data, path.parent) as artifacts:
-                run_id = record_cell(result, uri=uri, experiment=experiment,
-                                     artifacts=artifacts)
+                run_id = record_cell(result, uri=uri, experiment=experiment, artifacts=artifacts)
             done = "uploaded"
         # Written to `path` itself, which may not be result.output_dir (a rescued record), and
         # with every field it had, known to this version or not.
-        synced = {**data, "mlflow_run_id": run_id, "pending_sync": False,
-                  "tracking_error": None}
+        synced = {**data, "mlflow_run_id": run_id, "pending_sync": False, "tracking_error": None}
         write_json_atomic(path, synced)
     return done, synced
 
@@ -96,8 +98,12 @@ def record_pending(output_dir: Path, uri: str) -> dict[str, Any]:
         where = f"{recorded['mlflow_run_id']} at {uri}"
     except Exception as err:  # noqa: BLE001 - the record stays pending for harness.sync
         reason = tracking_failure(err)
-        log.warning("MLflow could not record %s (%s); result kept in %s, pending "
-                    "`python -m harness.sync`", data.get("run_name"), reason, path)
+        log.warning(
+            "MLflow could not record %s (%s); result kept in %s, pending `python -m harness.sync`",
+            data.get("run_name"),
+            reason,
+            path,
+        )
         recorded, where = {**data, "tracking_error": reason}, "pending sync"
         write_json_atomic(path, recorded)
     log.info("result: %s; MLflow run %s", path, where)

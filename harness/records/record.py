@@ -57,8 +57,11 @@ LAUNCHER_RECORDS_ENV = "DISTBENCH_LAUNCHER_RECORDS"
 EventLogs = Mapping[str, str]  # the cell's MLPerf logs kept in memory: file name -> text
 
 
-def record(result: CellResult, config: DistbenchConfig, event_logs: EventLogs | None = None,
-           ) -> None:
+def record(
+    result: CellResult,
+    config: DistbenchConfig,
+    event_logs: EventLogs | None = None,
+) -> None:
     """Record a finished (or failed) cell everywhere it can go; sets `result.mlflow_run_id`,
     `tracking_error`, `pending_sync` and, when the cell's directory refused it,
     `storage_error`. `event_logs`: the cell's MLPerf logs as EventLog.text() kept them."""
@@ -68,11 +71,13 @@ def record(result: CellResult, config: DistbenchConfig, event_logs: EventLogs | 
     if unsaved is not None:  # said in MLflow's copy too: a launcher finds the record there
         result.storage_error = _one_line(unsaved)
     uri = tracking_uri(config.tracking.uri, config.run.output_dir) if tracked else None
-    left_to_launcher = uri is not None and unsaved is None and _launcher_records(result,
-                                                                                 event_logs)
+    left_to_launcher = uri is not None and unsaved is None and _launcher_records(result, event_logs)
     if left_to_launcher:
-        log.info("recording the cell: its launcher uploads it to MLflow at %s once its "
-                 "workers have ended", uri)
+        log.info(
+            "recording the cell: its launcher uploads it to MLflow at %s once its "
+            "workers have ended",
+            uri,
+        )
     elif uri is not None:  # seconds, more for a store that is created now
         log.info("recording the cell in MLflow at %s", uri)
         _upload(result, uri, config.tracking.experiment, event_logs)
@@ -97,8 +102,9 @@ def _launcher_records(result: CellResult, event_logs: EventLogs | None) -> bool:
         return False
     folder = Path(result.output_dir)
     try:
-        return all((folder / name).read_text() == text
-                   for name, text in (event_logs or {}).items() if text)
+        return all(
+            (folder / name).read_text() == text for name, text in (event_logs or {}).items() if text
+        )
     except OSError:
         return False
 
@@ -135,25 +141,33 @@ def _write_files(result: CellResult) -> OSError | None:
     return None
 
 
-def _upload(result: CellResult, uri: str, experiment: str, event_logs: EventLogs | None,
-            ) -> None:
+def _upload(
+    result: CellResult,
+    uri: str,
+    experiment: str,
+    event_logs: EventLogs | None,
+) -> None:
     try:
-        with staged_artifacts(result.to_dict(), Path(result.output_dir),
-                              event_logs) as artifacts:
-            result.mlflow_run_id = record_cell(result, uri=uri, experiment=experiment,
-                                               artifacts=artifacts)
+        with staged_artifacts(result.to_dict(), Path(result.output_dir), event_logs) as artifacts:
+            result.mlflow_run_id = record_cell(
+                result, uri=uri, experiment=experiment, artifacts=artifacts
+            )
     except Exception as err:  # noqa: BLE001 - the record stays pending for harness.sync
         result.tracking_error = tracking_failure(err)
-        log.warning("MLflow could not record %s (%s); result kept in %s, pending "
-                    "`python -m harness.sync`", result.run_name, result.tracking_error,
-                    Path(result.output_dir) / RESULT_FILE)
+        log.warning(
+            "MLflow could not record %s (%s); result kept in %s, pending `python -m harness.sync`",
+            result.run_name,
+            result.tracking_error,
+            Path(result.output_dir) / RESULT_FILE,
+        )
         return
     result.pending_sync, result.tracking_error = False, None
 
 
 @contextlib.contextmanager
-def staged_artifacts(data: dict[str, Any], source_dir: Path,
-                     event_logs: EventLogs | None = None) -> Iterator[list[Path]]:
+def staged_artifacts(
+    data: dict[str, Any], source_dir: Path, event_logs: EventLogs | None = None
+) -> Iterator[list[Path]]:
     """The record `data` (a result.json's content) as its MLflow run keeps it, in a staging
     directory: result.json as it reads once the run is in the store (not pending, no tracking
     error, no run id), config.yaml, the event logs (`event_logs`, else `source_dir`'s). None
@@ -166,20 +180,26 @@ def staged_artifacts(data: dict[str, Any], source_dir: Path,
         return
     with staging as folder:
         try:
-            files = write_record_files(Path(folder), {
-                **data, "pending_sync": False, "tracking_error": None, "mlflow_run_id": None},
-                source_dir, event_logs)
+            files = write_record_files(
+                Path(folder),
+                {**data, "pending_sync": False, "tracking_error": None, "mlflow_run_id": None},
+                source_dir,
+                event_logs,
+            )
         except OSError:
             files = []
         yield files
 
 
-def write_record_files(folder: Path, data: dict[str, Any], source_dir: Path,
-                       event_logs: EventLogs | None = None) -> list[Path]:
+def write_record_files(
+    folder: Path, data: dict[str, Any], source_dir: Path, event_logs: EventLogs | None = None
+) -> list[Path]:
     """The record's files in `folder`: result.json holding `data`, config.yaml from its config,
     the MLPerf logs, one per repeat (`event_logs`, else those in `source_dir`, if any)."""
-    files = {CONFIG_FILE: OmegaConf.to_yaml(data["config"]),
-             RESULT_FILE: json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"}
+    files = {
+        CONFIG_FILE: OmegaConf.to_yaml(data["config"]),
+        RESULT_FILE: json.dumps(data, indent=2, sort_keys=True, default=str) + "\n",
+    }
     logs = event_logs if event_logs is not None else _read_logs(source_dir)
     files.update({name: text for name, text in logs.items() if text})
     for name, text in files.items():
@@ -213,8 +233,11 @@ def _where_it_went(result: CellResult, uri: str | None, event_logs: EventLogs | 
     except OSError:
         _say(json.dumps(result.to_dict(), sort_keys=True, default=str), sys.stdout)
         return f"{refused}, nor anywhere else; the result is printed on stdout"
-    sync = (f"; `python -m harness.sync run.output_dir={rescue.parent}` uploads it to MLflow"
-            if result.pending_sync else "")
+    sync = (
+        f"; `python -m harness.sync run.output_dir={rescue.parent}` uploads it to MLflow"
+        if result.pending_sync
+        else ""
+    )
     return f"{refused}; the result is in {rescue / RESULT_FILE}{sync}"
 
 
@@ -235,29 +258,50 @@ def _log_quality(result: CellResult) -> None:
     """The summary's second line: what the training reached (run.eval, run.target_accuracy)."""
     metrics = result.metrics
     if "eval_accuracy" in metrics:
-        log.info("%s: eval accuracy %.4f, eval loss %.4f after the last epoch", result.run_name,
-                 metrics["eval_accuracy"], metrics["eval_loss"])
+        log.info(
+            "%s: eval accuracy %.4f, eval loss %.4f after the last epoch",
+            result.run_name,
+            metrics["eval_accuracy"],
+            metrics["eval_loss"],
+        )
     if metrics.get("reached_target"):
-        log.info("%s: reached the target accuracy in %.2f s (run_start to run_stop), %.1f "
-                 "epoch(s)", result.run_name, metrics["time_to_target_s"],
-                 metrics["epochs_to_target"])
+        log.info(
+            "%s: reached the target accuracy in %.2f s (run_start to run_stop), %.1f epoch(s)",
+            result.run_name,
+            metrics["time_to_target_s"],
+            metrics["epochs_to_target"],
+        )
     elif "reached_target" in metrics:
-        log.info("%s: did not reach the target accuracy %s in %d epoch(s) (status stays ok)",
-                 result.run_name, result.config["run"]["target_accuracy"],
-                 result.config["run"]["epochs"])
+        log.info(
+            "%s: did not reach the target accuracy %s in %d epoch(s) (status stays ok)",
+            result.run_name,
+            result.config["run"]["target_accuracy"],
+            result.config["run"]["epochs"],
+        )
 
 
-def _log_summary(result: CellResult, uri: str | None, *, left_to_launcher: bool = False,
-                 ) -> None:
+def _log_summary(
+    result: CellResult,
+    uri: str | None,
+    *,
+    left_to_launcher: bool = False,
+) -> None:
     if result.status is RunStatus.ok:
         metrics = result.metrics
         tokens = metrics.get("tokens_per_second", metrics["images_per_second"])
-        throughput = (f"{metrics['images_per_second']:.1f} images/s"
-                      if tokens == metrics["images_per_second"]  # images: one per sample
-                      else f"{metrics['images_per_second']:.1f} samples/s, {tokens:.0f} tokens/s")
-        log.info("%s: %.3f s/epoch (%s), %s, peak memory %.0f MB", result.run_name,
-                 metrics["seconds_per_epoch"], spread_text(metrics), throughput,
-                 metrics["peak_memory_mb"])
+        throughput = (
+            f"{metrics['images_per_second']:.1f} images/s"
+            if tokens == metrics["images_per_second"]  # images: one per sample
+            else f"{metrics['images_per_second']:.1f} samples/s, {tokens:.0f} tokens/s"
+        )
+        log.info(
+            "%s: %.3f s/epoch (%s), %s, peak memory %.0f MB",
+            result.run_name,
+            metrics["seconds_per_epoch"],
+            spread_text(metrics),
+            throughput,
+            metrics["peak_memory_mb"],
+        )
         _log_quality(result)
     if uri is None:
         where = "off (tracking.enabled=false)"

@@ -23,8 +23,10 @@ def recorded_config(client: Any, run: Any, scratch: Path) -> DistbenchConfig:
     as strings), read beside the store or downloaded into `scratch`
     (`harness.records.artifacts`), typed against today's schema."""
     run_id = run.info.run_id
-    return config_file(artifact_file(client, run, "config.yaml", scratch / run_id),
-                       f"run {run_id}: its config.yaml")
+    return config_file(
+        artifact_file(client, run, "config.yaml", scratch / run_id),
+        f"run {run_id}: its config.yaml",
+    )
 
 
 def config_file(path: Path, what: str | None = None) -> DistbenchConfig:

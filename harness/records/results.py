@@ -102,8 +102,10 @@ def write_rank_report(output_dir: Path, rank: int, status: RunStatus, error: str
     process group is broken (a peer crashed, hung or was killed). A disk that refuses it is
     logged, not raised: the cell is then recorded from what rank 0 and the launcher saw."""
     try:
-        write_json_atomic(rank_report_path(output_dir, rank),
-                          {"rank": rank, "status": status.value, "error": error})
+        write_json_atomic(
+            rank_report_path(output_dir, rank),
+            {"rank": rank, "status": status.value, "error": error},
+        )
     except OSError as err:
         log.warning("could not write the report of rank %d in %s (%s)", rank, output_dir, err)
 

@@ -43,10 +43,17 @@ _KEY_FORMAT = 1
 # Config keys that say where things go or how they are shown, not what is measured.
 # hardware.currency came after cells were keyed: leaving it out keeps their keys; so did
 # probe.rounds, which `harness.probe` reads and a cell never does.
-_VOLATILE_KEYS = (("run", "output_dir"), ("run", "progress"), ("dataset", "cache_dir"),
-                  ("tracking", "uri"), ("tracking", "enabled"), ("hardware", "currency"),
-                  ("run", "submission_org"), ("run", "steadiness_threshold"),
-                  ("probe", "rounds"))
+_VOLATILE_KEYS = (
+    ("run", "output_dir"),
+    ("run", "progress"),
+    ("dataset", "cache_dir"),
+    ("tracking", "uri"),
+    ("tracking", "enabled"),
+    ("hardware", "currency"),
+    ("run", "submission_org"),
+    ("run", "steadiness_threshold"),
+    ("probe", "rounds"),
+)
 
 
 # Settings added after cells were recorded, whose value here means what their absence meant:
@@ -87,10 +94,17 @@ def index_result(output_root: str | Path, key: str, result: dict[str, Any]) -> N
     if entry is not None and entry.get("result") == result_path:
         earlier -= entry.get("status") == RunStatus.ok.value  # this result, counted before
     ok_now = result["status"] == RunStatus.ok.value
-    write_json_atomic(path, {
-        "cell_key": key, "status": result["status"], "run_name": result["run_name"],
-        "result": result_path, "finished_at": result["finished_at"],
-        "ok_runs": earlier + ok_now})
+    write_json_atomic(
+        path,
+        {
+            "cell_key": key,
+            "status": result["status"],
+            "run_name": result["run_name"],
+            "result": result_path,
+            "finished_at": result["finished_at"],
+            "ok_runs": earlier + ok_now,
+        },
+    )
 
 
 def _entry(path: Path) -> dict[str, Any] | None:
@@ -144,8 +158,12 @@ def latest_result(output_root: str | Path, key: str) -> dict[str, Any] | None:
 def _damaged(path: Path, what: str) -> None:
     """Say, in one line, that a state file of a resumed sweep is damaged and what happens:
     the cell counts as unfinished and runs again, which rewrites the index entry."""
-    print(f"distbench: {path}: {what}; the cell runs again and its index entry is rewritten "
-          f"(delete the file to silence this)", file=sys.stderr, flush=True)
+    print(
+        f"distbench: {path}: {what}; the cell runs again and its index entry is rewritten "
+        f"(delete the file to silence this)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def finished_result(output_root: str | Path, key: str) -> dict[str, Any] | None:

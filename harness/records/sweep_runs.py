@@ -54,8 +54,9 @@ FASTEST_SECONDS_METRIC = "fastest_seconds_per_epoch"
 
 
 @contextlib.contextmanager
-def sweep_parent_run(config: DictConfig, *, cells_to_run: int,
-                     results: Collection[Mapping[str, Any]] = ()) -> Iterator[str | None]:
+def sweep_parent_run(
+    config: DictConfig, *, cells_to_run: int, results: Collection[Mapping[str, Any]] = ()
+) -> Iterator[str | None]:
     """The sweep's parent run, open while its cells run (they nest under it through
     PARENT_RUN_ENV, which submitit's local and SLURM executors pass on to the jobs), closed
     when the block ends: FINISHED, FAILED on an exception, KILLED on Ctrl-C or an exit.
@@ -106,19 +107,28 @@ def _close_parent_run(uri: str, run_id: str, status: str, summary: SweepSummary)
         experiment = client.get_run(run_id).info.experiment_id
         _log_summary(client, run_id, summary)
     except Exception as err:  # noqa: BLE001 - the cells' runs hold it all anyway
-        log.warning("could not summarize the sweep in its MLflow run %s (%s)", run_id,
-                    tracking_failure(err))
+        log.warning(
+            "could not summarize the sweep in its MLflow run %s (%s)", run_id, tracking_failure(err)
+        )
     try:
         open_store(uri).set_terminated(run_id, status=status)
     except Exception as err:  # noqa: BLE001 - the next sweep or sync closes it
-        log.warning("could not close the sweep's MLflow run %s (%s)", run_id,
-                    tracking_failure(err))
+        log.warning("could not close the sweep's MLflow run %s (%s)", run_id, tracking_failure(err))
         return
     if experiment is not None:
-        serve = ("" if uri.startswith(("http://", "https://"))
-                 else f"`mlflow ui --backend-store-uri {uri} --host 127.0.0.1`, then ")
-        log.info("MLflow: sweep run %s %s: %s. Compare the cells: %s%s", run_id, status,
-                 summary.line(), serve, experiment_link(uri, experiment))
+        serve = (
+            ""
+            if uri.startswith(("http://", "https://"))
+            else f"`mlflow ui --backend-store-uri {uri} --host 127.0.0.1`, then "
+        )
+        log.info(
+            "MLflow: sweep run %s %s: %s. Compare the cells: %s%s",
+            run_id,
+            status,
+            summary.line(),
+            serve,
+            experiment_link(uri, experiment),
+        )
 
 
 def _log_summary(client: Any, run_id: str, summary: SweepSummary) -> None:
@@ -127,9 +137,11 @@ def _log_summary(client: Any, run_id: str, summary: SweepSummary) -> None:
     from mlflow.entities import Metric, RunTag
 
     timestamp = int(time.time() * 1000)
-    metrics = [Metric(CELLS_OK_METRIC, summary.cells_ok, timestamp, 0),
-               Metric(CELLS_FAILED_METRIC, summary.cells_failed, timestamp, 0),
-               Metric(CELLS_REUSED_METRIC, summary.cells_reused, timestamp, 0)]
+    metrics = [
+        Metric(CELLS_OK_METRIC, summary.cells_ok, timestamp, 0),
+        Metric(CELLS_FAILED_METRIC, summary.cells_failed, timestamp, 0),
+        Metric(CELLS_REUSED_METRIC, summary.cells_reused, timestamp, 0),
+    ]
     tags = [RunTag("mlflow.note.content", f"Sweep: {summary.line()}.")]
     if summary.fastest is not None:
         metrics.append(Metric(FASTEST_SECONDS_METRIC, summary.fastest[1], timestamp, 0))
@@ -144,21 +156,33 @@ def _open_parent_run(config: DictConfig, uri: str) -> str | None:
         run = client.create_run(
             experiment_id(client, config.tracking.experiment, uri),
             run_name=f"sweep-{sweep_dir.name}",
-            tags={"sweep_dir": str(sweep_dir.resolve()),
-                  "sweep_overrides": " ".join(config.hydra.overrides.task),
-                  KIND_TAG: SWEEP_KIND, **_launcher_tags()})
+            tags={
+                "sweep_dir": str(sweep_dir.resolve()),
+                "sweep_overrides": " ".join(config.hydra.overrides.task),
+                KIND_TAG: SWEEP_KIND,
+                **_launcher_tags(),
+            },
+        )
     except Exception as err:  # noqa: BLE001 - tracking must never stop a sweep
-        log.warning("MLflow unreachable at %s (%s); cells will not be nested", uri,
-                    tracking_failure(err))
+        log.warning(
+            "MLflow unreachable at %s (%s); cells will not be nested", uri, tracking_failure(err)
+        )
         return None
-    log.info("MLflow: sweep parent run %s in experiment %r at %s", run.info.run_id,
-             config.tracking.experiment, uri)
+    log.info(
+        "MLflow: sweep parent run %s in experiment %r at %s",
+        run.info.run_id,
+        config.tracking.experiment,
+        uri,
+    )
     return run.info.run_id
 
 
 def _launcher_tags() -> dict[str, str]:
-    tags = {LAUNCHER_HOST_TAG: socket.gethostname(), LAUNCHER_PID_TAG: str(os.getpid()),
-            LAUNCHER_START_TAG: str(start_time(os.getpid()))}
+    tags = {
+        LAUNCHER_HOST_TAG: socket.gethostname(),
+        LAUNCHER_PID_TAG: str(os.getpid()),
+        LAUNCHER_START_TAG: str(start_time(os.getpid())),
+    }
     boot = _boot_id()
     if boot is not None:
         tags[LAUNCHER_BOOT_TAG] = boot
@@ -177,8 +201,11 @@ def launcher_gone(tags: Mapping[str, str]) -> bool:
     host and either the host has rebooted since or its pid is free or taken by a process that
     started at another time. A launcher on another host, or one that left no such tags (older
     runs), cannot be proved gone."""
-    if tags.get(LAUNCHER_HOST_TAG) != socket.gethostname() or LAUNCHER_PID_TAG not in tags \
-            or LAUNCHER_START_TAG not in tags:
+    if (
+        tags.get(LAUNCHER_HOST_TAG) != socket.gethostname()
+        or LAUNCHER_PID_TAG not in tags
+        or LAUNCHER_START_TAG not in tags
+    ):
         return False
     boot = _boot_id()
     if boot is not None and tags.get(LAUNCHER_BOOT_TAG, boot) != boot:
@@ -199,14 +226,20 @@ def close_stale_parent_runs(uri: str) -> list[str]:
         experiments = [e.experiment_id for e in client.search_experiments()]
         for start in range(0, len(experiments), 100):  # search_runs takes up to 100
             for run in client.search_runs(
-                    experiments[start:start + 100], max_results=1000, filter_string=(
-                        f"tags.`{KIND_TAG}` = '{SWEEP_KIND}' and attributes.status = 'RUNNING'")):
+                experiments[start : start + 100],
+                max_results=1000,
+                filter_string=(
+                    f"tags.`{KIND_TAG}` = '{SWEEP_KIND}' and attributes.status = 'RUNNING'"
+                ),
+            ):
                 if launcher_gone(run.data.tags):
                     client.set_terminated(run.info.run_id, status="KILLED")
                     closed.append(run.info.run_id)
-                    log.warning("MLflow: closed sweep run %s as KILLED: its launcher (pid %s) "
-                                "is gone", run.info.run_id, run.data.tags[LAUNCHER_PID_TAG])
+                    log.warning(
+                        "MLflow: closed sweep run %s as KILLED: its launcher (pid %s) is gone",
+                        run.info.run_id,
+                        run.data.tags[LAUNCHER_PID_TAG],
+                    )
     except Exception as err:  # noqa: BLE001 - tidying must never stop a sweep or a sync
-        log.warning("could not check %s for sweep runs left open (%s)", uri,
-                    tracking_failure(err))
+        log.warning("could not check %s for sweep runs left open (%s)", uri, tracking_failure(err))
     return closed

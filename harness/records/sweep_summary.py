@@ -56,6 +56,7 @@ class SweepSummary:
         fastest = ""
         if self.fastest is not None:
             name, seconds, was_reused = self.fastest
-            fastest = (f"; fastest {name!r} at {seconds:.3f} s/epoch"
-                       + (" (reused)" if was_reused else ""))
+            fastest = f"; fastest {name!r} at {seconds:.3f} s/epoch" + (
+                " (reused)" if was_reused else ""
+            )
         return f"{self.cells_ok} cell(s) ok{reused}, {self.cells_failed} failed{fastest}"

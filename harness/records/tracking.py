@@ -84,8 +84,8 @@ def error_tag(error: str, limit: int = 5000) -> str:
     headline, e.g. which rank ran out of memory) and as much of its end as fits."""
     if len(error) <= limit:
         return error
-    head = error.splitlines()[0][:limit // 5] + "\n[...]\n"
-    return head + error[-(limit - len(head)):]
+    head = error.splitlines()[0][: limit // 5] + "\n[...]\n"
+    return head + error[-(limit - len(head)) :]
 
 
 def result_id(result: CellResult) -> str:
@@ -95,11 +95,15 @@ def result_id(result: CellResult) -> str:
     return hashlib.sha256(identity.encode()).hexdigest()
 
 
-def record_cell(result: CellResult, *, uri: str, experiment: str,
-                artifacts: list[Path]) -> str:
+def record_cell(result: CellResult, *, uri: str, experiment: str, artifacts: list[Path]) -> str:
     """Log a finished (or failed) cell as one MLflow run; return the run id."""
-    tags = {**result.environment, "status": result.status.value, KIND_TAG: CELL_KIND,
-            OUTPUT_DIR_TAG: result.output_dir, RESULT_ID_TAG: result_id(result)}
+    tags = {
+        **result.environment,
+        "status": result.status.value,
+        KIND_TAG: CELL_KIND,
+        OUTPUT_DIR_TAG: result.output_dir,
+        RESULT_ID_TAG: result_id(result),
+    }
     if result.cell_key:
         tags[CELL_KEY_TAG] = result.cell_key
     parent = os.environ.get(PARENT_RUN_ENV)
@@ -110,12 +114,20 @@ def record_cell(result: CellResult, *, uri: str, experiment: str,
     params = dict(result.config)
     if result.repeats:  # every seed used, exactly (a metric is a float)
         params["seeds"] = " ".join(str(repeat.seed) for repeat in result.repeats)
-    return log_run(uri=uri, experiment=experiment, run_name=result.run_name, tags=tags,
-                   params=params, metrics=list(_metrics(result)), artifacts=artifacts,
-                   finished=result.status is RunStatus.ok,
-                   # The cell's own times, not the upload's (which may be a later sync's):
-                   # the runs table's Duration is then the time the cell took.
-                   start_time=_epoch_ms(result.started_at), end_time=_epoch_ms(result.finished_at))
+    return log_run(
+        uri=uri,
+        experiment=experiment,
+        run_name=result.run_name,
+        tags=tags,
+        params=params,
+        metrics=list(_metrics(result)),
+        artifacts=artifacts,
+        finished=result.status is RunStatus.ok,
+        # The cell's own times, not the upload's (which may be a later sync's):
+        # the runs table's Duration is then the time the cell took.
+        start_time=_epoch_ms(result.started_at),
+        end_time=_epoch_ms(result.finished_at),
+    )
 
 
 def _epoch_ms(iso: str) -> int | None:
@@ -133,23 +145,31 @@ def recorded_run_id(client: Any, experiment_id_: str, result: CellResult) -> str
     piece and nothing is counted twice."""
     from mlflow.entities import ViewType
 
-    runs = client.search_runs([experiment_id_], run_view_type=ViewType.ACTIVE_ONLY,
-                              max_results=100, order_by=["attributes.start_time ASC"],
-                              filter_string=f"tags.`{RESULT_ID_TAG}` = '{result_id(result)}'")
+    runs = client.search_runs(
+        [experiment_id_],
+        run_view_type=ViewType.ACTIVE_ONLY,
+        max_results=100,
+        order_by=["attributes.start_time ASC"],
+        filter_string=f"tags.`{RESULT_ID_TAG}` = '{result_id(result)}'",
+    )
     complete = None
     for run in runs:
         whole = _complete(client, run)
         if whole and complete is None:
             complete = run.info.run_id
         elif not whole:
-            log.info("deleting MLflow run %s: an upload of %s that broke off", run.info.run_id,
-                     result.output_dir)
+            log.info(
+                "deleting MLflow run %s: an upload of %s that broke off",
+                run.info.run_id,
+                result.output_dir,
+            )
             client.delete_run(run.info.run_id)
     return complete
 
 
-def result_recorded_for(uri: str, experiment: str, key: str,
-                        output_dir: Path) -> dict[str, Any] | None:
+def result_recorded_for(
+    uri: str, experiment: str, key: str, output_dir: Path
+) -> dict[str, Any] | None:
     """The result.json that MLflow holds for the cell `key` measured in `output_dir`, if its
     run is there and complete: the record of a cell whose own directory refused it (a full or
     read-only disk, harness.records.record). None if there is none, or no store to ask (a SQLite
@@ -162,19 +182,24 @@ def result_recorded_for(uri: str, experiment: str, key: str,
         if experiment_ is None:
             return None
         # By the cell key (hex: no quoting in the filter), then by directory.
-        runs = client.search_runs([experiment_.experiment_id], max_results=100,
-                                  filter_string=f"tags.`{CELL_KEY_TAG}` = '{key}'",
-                                  order_by=["attributes.start_time DESC"])
+        runs = client.search_runs(
+            [experiment_.experiment_id],
+            max_results=100,
+            filter_string=f"tags.`{CELL_KEY_TAG}` = '{key}'",
+            order_by=["attributes.start_time DESC"],
+        )
         for run in runs:
-            if run.data.tags.get(OUTPUT_DIR_TAG) == str(output_dir.resolve()) \
-                    and _complete(client, run):
+            if run.data.tags.get(OUTPUT_DIR_TAG) == str(output_dir.resolve()) and _complete(
+                client, run
+            ):
                 with tempfile.TemporaryDirectory(prefix="distbench-lookup-") as folder:
                     path = artifact_file(client, run, RESULT_FILE, Path(folder))
                     result = json.loads(path.read_text())
                 return {**result, "mlflow_run_id": run.info.run_id}
     except Exception as err:  # noqa: BLE001 - without it, the cell is recorded as failed
-        log.warning("could not look up the record of %s in MLflow (%s)", output_dir,
-                    tracking_failure(err))
+        log.warning(
+            "could not look up the record of %s in MLflow (%s)", output_dir, tracking_failure(err)
+        )
     return None
 
 
@@ -187,31 +212,42 @@ def _complete(client: Any, run: Any) -> bool:
     return RESULT_FILE in artifact_names(client, run)
 
 
-def log_run(*, uri: str, experiment: str, run_name: str, tags: Mapping[str, str],
-            params: Mapping[str, Any],
-            metrics: Mapping[str, float] | list[tuple[str, float, int]],
-            artifacts: list[Path], finished: bool = True, start_time: int | None = None,
-            end_time: int | None = None) -> str:
+def log_run(
+    *,
+    uri: str,
+    experiment: str,
+    run_name: str,
+    tags: Mapping[str, str],
+    params: Mapping[str, Any],
+    metrics: Mapping[str, float] | list[tuple[str, float, int]],
+    artifacts: list[Path],
+    finished: bool = True,
+    start_time: int | None = None,
+    end_time: int | None = None,
+) -> str:
     """One MLflow run with everything at once (nested params flattened; metrics as a mapping
     or as (key, value, step) series); return its id. `start_time` and `end_time` (ms since the
     epoch) default to now."""
     from mlflow.entities import Metric, Param
 
     client = open_store(uri)
-    run = client.create_run(experiment_id(client, experiment, uri), run_name=run_name,
-                            tags=dict(tags), start_time=start_time)
+    run = client.create_run(
+        experiment_id(client, experiment, uri),
+        run_name=run_name,
+        tags=dict(tags),
+        start_time=start_time,
+    )
     run_id = run.info.run_id
     timestamp = int(time.time() * 1000)
     flat = [Param(k, v[:6000]) for k, v in flatten(params).items()]
     for start in range(0, len(flat), _MAX_PARAMS_PER_BATCH):
-        client.log_batch(run_id, params=flat[start:start + _MAX_PARAMS_PER_BATCH])
-    series = [(k, v, 0) for k, v in metrics.items()] if isinstance(metrics, Mapping) \
-        else metrics
-    client.log_batch(run_id, metrics=[Metric(k, float(v), timestamp, step)
-                                      for k, v, step in series])
+        client.log_batch(run_id, params=flat[start : start + _MAX_PARAMS_PER_BATCH])
+    series = [(k, v, 0) for k, v in metrics.items()] if isinstance(metrics, Mapping) else metrics
+    client.log_batch(
+        run_id, metrics=[Metric(k, float(v), timestamp, step) for k, v, step in series]
+    )
     for path in artifacts:
         if path.exists():
             client.log_artifact(run_id, str(path))
-    client.set_terminated(run_id, status="FINISHED" if finished else "FAILED",
-                          end_time=end_time)
+    client.set_terminated(run_id, status="FINISHED" if finished else "FAILED", end_time=end_time)
     return run_id

@@ -103,8 +103,14 @@ class WorkerSession:
 
 
 @contextlib.contextmanager
-def worker_session(env: WorkerEnvironment, device: torch.device, *, backend: str | None,
-                   timeout_s: float, link: LinkEmulation | None = None) -> Iterator[WorkerSession]:
+def worker_session(
+    env: WorkerEnvironment,
+    device: torch.device,
+    *,
+    backend: str | None,
+    timeout_s: float,
+    link: LinkEmulation | None = None,
+) -> Iterator[WorkerSession]:
     """Open the process group for `env` (if it has more than one worker) and always close it.
 
     `timeout_s` bounds every collective: a peer that died or hangs turns into an error here
@@ -122,10 +128,22 @@ def worker_session(env: WorkerEnvironment, device: torch.device, *, backend: str
     node_link = _node_link(env, address, link)
     # Set for the whole session: later groups (PipeDream's stages) open sockets of their own.
     with _sockets_bound_to(interface_of(address)):
-        dist.init_process_group(backend=backend, store=_rendezvous_store(env, address, timeout),
-                                rank=env.rank, world_size=env.world_size, timeout=timeout)
-        log.info("rank %d/%d joined the %s process group at %s:%d (listening on %s)", env.rank,
-                 env.world_size, backend, env.master_addr, env.master_port, address)
+        dist.init_process_group(
+            backend=backend,
+            store=_rendezvous_store(env, address, timeout),
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timeout,
+        )
+        log.info(
+            "rank %d/%d joined the %s process group at %s:%d (listening on %s)",
+            env.rank,
+            env.world_size,
+            backend,
+            env.master_addr,
+            env.master_port,
+            address,
+        )
         try:
             yield WorkerSession(env, backend=backend, link=node_link)
         finally:
@@ -133,14 +151,15 @@ def worker_session(env: WorkerEnvironment, device: torch.device, *, backend: str
                 dist.destroy_process_group()
 
 
-def _node_link(env: WorkerEnvironment, address: str,
-               link: LinkEmulation | None) -> NodeLink | None:
+def _node_link(env: WorkerEnvironment, address: str, link: LinkEmulation | None) -> NodeLink | None:
     """The link of this worker's node when its cell spans nodes, shaped as `link` says by the
     node's first worker (the others share its interface); None on one machine."""
     if env.num_nodes == 1:
         if link is not None:
-            raise LinkError("hardware.link is set for a cell on one node: an emulated link "
-                            "joins nodes (hardware.nodes >= 2)")
+            raise LinkError(
+                "hardware.link is set for a cell on one node: an emulated link "
+                "joins nodes (hardware.nodes >= 2)"
+            )
         return None
     interface = interface_of(address) or LOOPBACK_INTERFACE
     shaping = None
@@ -149,29 +168,38 @@ def _node_link(env: WorkerEnvironment, address: str,
     return NodeLink(interface, address, shaping, interface_bytes())
 
 
-def _rendezvous_store(env: WorkerEnvironment, address: str,
-                      timeout: dt.timedelta) -> dist.TCPStore:
+def _rendezvous_store(env: WorkerEnvironment, address: str, timeout: dt.timedelta) -> dist.TCPStore:
     """The store the workers meet through, served by rank 0 on `address` only.
 
     torch's own tcp:// rendezvous listens on every interface and cannot be told an address,
     but its TCPStore takes over a socket that is already listening: rank 0 binds that socket.
     """
     if not env.is_main:
-        return dist.TCPStore(env.master_addr, env.master_port, env.world_size, False,
-                             timeout=timeout)
+        return dist.TCPStore(
+            env.master_addr, env.master_port, env.world_size, False, timeout=timeout
+        )
     listener = socket.create_server((address, env.master_port))  # SO_REUSEADDR, as torch's
     # Rank 0's own client dials the address it listens on, which master_addr need not resolve
     # to on this machine (a host name that /etc/hosts maps to 127.0.1.1, say).
-    return dist.TCPStore(address, env.master_port, env.world_size, True, timeout=timeout,
-                         master_listen_fd=listener.detach())  # the store owns it from here
+    return dist.TCPStore(
+        address,
+        env.master_port,
+        env.world_size,
+        True,
+        timeout=timeout,
+        master_listen_fd=listener.detach(),
+    )  # the store owns it from here
 
 
 @contextlib.contextmanager
 def _sockets_bound_to(interface: str | None) -> Iterator[None]:
     """gloo and NCCL bind their sockets to `interface` within this block, unless the user named
     one in the environment (their network, their choice); the variables are restored after."""
-    chosen = {name: interface for name in _INTERFACE_VARIABLES
-              if interface is not None and name not in os.environ}
+    chosen = {
+        name: interface
+        for name in _INTERFACE_VARIABLES
+        if interface is not None and name not in os.environ
+    }
     os.environ.update(chosen)
     try:
         yield

@@ -63,9 +63,13 @@ def start_conditions() -> dict[str, str]:
     clocks down), and its CPU count. Kept for telling a slow cell from a busy machine; the
     analysis does not use them yet."""
     one, five, fifteen = os.getloadavg()
-    return {"load_average_1min": f"{one:.2f}", "load_average_5min": f"{five:.2f}",
-            "load_average_15min": f"{fifteen:.2f}", "cpu_governor": cpu_governor(),
-            "cpu_count": str(os.cpu_count())}
+    return {
+        "load_average_1min": f"{one:.2f}",
+        "load_average_5min": f"{five:.2f}",
+        "load_average_15min": f"{fifteen:.2f}",
+        "cpu_governor": cpu_governor(),
+        "cpu_count": str(os.cpu_count()),
+    }
 
 
 def cpu_governor(sysfs: Path = CPU_SYSFS) -> str:
@@ -112,9 +116,13 @@ def gpu_driver_version() -> str:
     except (OSError, IndexError):
         pass
     try:
-        query = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
-                                "--format=csv,noheader"], capture_output=True, text=True,
-                               check=True, timeout=10)
+        query = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        )
         return query.stdout.splitlines()[0].strip() or "none"
     except (OSError, subprocess.SubprocessError, IndexError):
         return "none"
@@ -144,8 +152,9 @@ def machine_name(device_type: str) -> str:
     time taken on another machine is never reused here as if it were this one's."""
     if device_type == "cuda":
         return torch.cuda.get_device_name(0)
-    return machine_label({"device_type": "cpu", "device_name": cpu_model(),
-                          "cpu_capability": cpu_capability()})
+    return machine_label(
+        {"device_type": "cpu", "device_name": cpu_model(), "cpu_capability": cpu_capability()}
+    )
 
 
 @cache
@@ -171,9 +180,16 @@ def cpu_capability() -> str:
 @cache
 def git_revision() -> tuple[str, bool]:
     """(commit, dirty) of the distbench checkout, or ("unknown", False) outside git."""
+
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(PROJECT_ROOT), *args], capture_output=True,
-                              text=True, check=True, timeout=10).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), *args],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+
     try:
         return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):

@@ -51,9 +51,16 @@ def default_eval_samples(train_samples: int, split_size: int) -> int:
     return min(split_size, max(1, math.ceil(DEFAULT_EVAL_SHARE * train_samples)))
 
 
-def evaluate(model: nn.Module, dataset: Dataset, *, batch_size: int, session: WorkerSession,
-             device: torch.device, heartbeat: Callable[[], None] = lambda: None,
-             started: float | None = None) -> Evaluation:
+def evaluate(
+    model: nn.Module,
+    dataset: Dataset,
+    *,
+    batch_size: int,
+    session: WorkerSession,
+    device: torch.device,
+    heartbeat: Callable[[], None] = lambda: None,
+    started: float | None = None,
+) -> Evaluation:
     """Evaluate `model` on this worker's shard of `dataset` and sum over every worker.
 
     `started` is when the evaluation began (before the weights were gathered), so that its
@@ -77,14 +84,18 @@ def evaluate(model: nn.Module, dataset: Dataset, *, batch_size: int, session: Wo
     synchronize(device)
     totals = np.sum(session.all_gather((loss_sum, correct, predictions, count)), axis=0)
     predicted = max(int(totals[2]), 1)
-    return Evaluation(loss=float(totals[0]) / predicted, accuracy=float(totals[1]) / predicted,
-                      samples=int(totals[3]),
-                      seconds=time.perf_counter() - started)
+    return Evaluation(
+        loss=float(totals[0]) / predicted,
+        accuracy=float(totals[1]) / predicted,
+        samples=int(totals[3]),
+        seconds=time.perf_counter() - started,
+    )
 
 
-def _shard_batches(dataset: Dataset, batch_size: int,
-                   session: WorkerSession) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _shard_batches(
+    dataset: Dataset, batch_size: int, session: WorkerSession
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """This worker's samples of `dataset` in order, `batch_size` at a time (the last partial)."""
-    indices = np.arange(len(dataset))[session.env.rank::session.env.world_size]  # type: ignore[arg-type]
+    indices = np.arange(len(dataset))[session.env.rank :: session.env.world_size]  # type: ignore[arg-type]
     for start in range(0, len(indices), batch_size):
-        yield fetch_batch(dataset, indices[start:start + batch_size].tolist())
+        yield fetch_batch(dataset, indices[start : start + batch_size].tolist())

@@ -56,8 +56,12 @@ def shaping_of(interface: str) -> dict[str, object] | None:
     tc is missing or says nothing."""
     if shutil.which("tc") is None:
         return None
-    shown = subprocess.run(["tc", "-j", "qdisc", "show", "dev", interface, "root"],
-                           capture_output=True, text=True, timeout=10)
+    shown = subprocess.run(
+        ["tc", "-j", "qdisc", "show", "dev", interface, "root"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
     if shown.returncode != 0 or not shown.stdout.strip():
         return None
     qdiscs = json.loads(shown.stdout)
@@ -68,9 +72,11 @@ def shape(interface: str, link: LinkEmulation) -> str:
     """Shape the egress of `interface` as `link` says (idempotent: `tc qdisc replace`); the
     shaping as a line for the record."""
     if interface == LOOPBACK_INTERFACE:
-        raise LinkError("hardware.link is set, but this worker talks to the other nodes over "
-                        "loopback: it is not on an emulated node (python -m launchers.emulated "
-                        "up hardware=H brings them up; docs/launchers.md)")
+        raise LinkError(
+            "hardware.link is set, but this worker talks to the other nodes over "
+            "loopback: it is not on an emulated node (python -m launchers.emulated "
+            "up hardware=H brings them up; docs/launchers.md)"
+        )
     if shutil.which("tc") is None:
         raise LinkError("hardware.link is set, but `tc` (iproute2) is not installed here")
     command = ["tc", "qdisc", "replace", "dev", interface, "root", *link.tbf_arguments()]

@@ -57,8 +57,9 @@ _OVERRIDE = re.compile(r"[+~]{0,2}[A-Za-z_][\w.]*=")
 
 
 def parser() -> argparse.ArgumentParser:
-    top = ArgumentParser(prog=PROG, description=__doc__,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    top = ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     export = commands.add_parser("export", help="cells to a CSV or Parquet file")
     export.add_argument("selections", nargs="+", metavar="EXPERIMENT_OR_SWEEP")
@@ -66,16 +67,23 @@ def parser() -> argparse.ArgumentParser:
     pair = commands.add_parser("compare", help="two sweeps or experiments cell by cell")
     pair.add_argument("a", metavar="A")
     pair.add_argument("b", metavar="B")
-    pair.add_argument("--on", default=",".join(MATCH_ON),
-                      help=f"comma-separated axes that match a cell "
-                           f"(default: {','.join(MATCH_ON)})")
-    pair.add_argument("--out", type=Path, default=None,
-                      help="also write the comparison to FILE.csv or FILE.parquet")
+    pair.add_argument(
+        "--on",
+        default=",".join(MATCH_ON),
+        help=f"comma-separated axes that match a cell (default: {','.join(MATCH_ON)})",
+    )
+    pair.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="also write the comparison to FILE.csv or FILE.parquet",
+    )
     scale = commands.add_parser("scaling", help="speedup and efficiency against workers")
     scale.add_argument("selections", nargs="+", metavar="EXPERIMENT_OR_SWEEP")
     scale.add_argument("--out", type=Path, required=True, help="the plot: FILE.png, .svg or .pdf")
-    mlperf = commands.add_parser("mlperf", help="an MLPerf results folder, and MLPerf's result "
-                                                "summarizer's scores of it")
+    mlperf = commands.add_parser(
+        "mlperf", help="an MLPerf results folder, and MLPerf's result summarizer's scores of it"
+    )
     mlperf.add_argument("selections", nargs="+", metavar="EXPERIMENT_OR_SWEEP")
     mlperf.add_argument("--out", type=Path, required=True, help="DIR: a new or empty directory")
     return top
@@ -126,8 +134,9 @@ def _check_out(out: Path, command_: str) -> None:
         check_out(out)
         return
     elif out.suffix.lower() not in TABLE_SUFFIXES:
-        raise ConfigError(f"--out={out} is invalid: allowed: a file name ending in "
-                          f"{' or '.join(TABLE_SUFFIXES)}")
+        raise ConfigError(
+            f"--out={out} is invalid: allowed: a file name ending in {' or '.join(TABLE_SUFFIXES)}"
+        )
     check_writable_dir("--out", str(out.parent))
 
 
@@ -135,9 +144,12 @@ def _cells(client: object, texts: Sequence[str]) -> tuple[list[Selection], pd.Da
     chosen = [select(client, text) for text in texts]
     table = cells_table(client, chosen)
     if table.empty:
-        raise ConfigError(f"selection {' '.join(texts)!r} is invalid: "
-                          + "; ".join(map(str, chosen)) + " holds no cell runs; allowed: an "
-                          "experiment or sweep with measured cells")
+        raise ConfigError(
+            f"selection {' '.join(texts)!r} is invalid: "
+            + "; ".join(map(str, chosen))
+            + " holds no cell runs; allowed: an "
+            "experiment or sweep with measured cells"
+        )
     return chosen, table
 
 
@@ -153,8 +165,10 @@ def _export(client: object, texts: Sequence[str], out: Path) -> None:
     chosen, table = _cells(client, texts)
     write_table(table, out)
     statuses = ", ".join(f"{n} {s}" for s, n in table["status"].value_counts().items())
-    print(f"{out}: {len(table)} cells ({statuses}), {len(table.columns)} columns, from "
-          + "; ".join(map(str, chosen)))
+    print(
+        f"{out}: {len(table)} cells ({statuses}), {len(table.columns)} columns, from "
+        + "; ".join(map(str, chosen))
+    )
 
 
 def _compare(client: object, a: str, b: str, on: list[str], out: Path | None) -> None:
@@ -175,32 +189,46 @@ def comparison_text(result: Comparison) -> str:
     table = result.table
     # A model's own setting (None for the other models) is shown where it takes two values.
     varying = [c for c in result.on if table[c].nunique() > 1]
-    constant = [f"{c}={table[c].dropna().iloc[0]}" for c in result.on
-                if c not in varying and table[c].notna().any()]
+    constant = [
+        f"{c}={table[c].dropna().iloc[0]}"
+        for c in result.on
+        if c not in varying and table[c].notna().any()
+    ]
     shown = pd.DataFrame({"in": table["side"]})
     for column in varying:
         shown[column] = table[column].astype("string").fillna("-")
     for side in ("a", "b"):
-        shown[f"{side.upper()} s/epoch"] = [_seconds(*row) for row in zip(
-            table[f"{side}_status"], table[f"{side}_seconds_per_epoch"],
-            table[f"{side}_seconds_per_epoch_ci95_low"],
-            table[f"{side}_seconds_per_epoch_ci95_high"])]
-    shown["B/A"] = [_ratio(*row) for row in zip(table["ratio"], table["ratio_ci95_low"],
-                                                  table["ratio_ci95_high"])]
+        shown[f"{side.upper()} s/epoch"] = [
+            _seconds(*row)
+            for row in zip(
+                table[f"{side}_status"],
+                table[f"{side}_seconds_per_epoch"],
+                table[f"{side}_seconds_per_epoch_ci95_low"],
+                table[f"{side}_seconds_per_epoch_ci95_high"],
+            )
+        ]
+    shown["B/A"] = [
+        _ratio(*row)
+        for row in zip(table["ratio"], table["ratio_ci95_low"], table["ratio_ci95_high"])
+    ]
     shown["verdict"] = table["verdict"].replace("", "-")
     lines = [f"matched on: {', '.join(result.on)}"]
     if constant:
         lines.append(f"the same wherever set: {' '.join(constant)}")
     lines.append(shown.to_string(index=False))
     both = table[table["side"] == "both"]
-    lines.append(f"{len(both)} cells on both sides, {int((table['side'] == 'only A').sum())} "
-                 f"only in A, {int((table['side'] == 'only B').sum())} only in B; B/A < 1: "
-                 "B is faster; [95% interval] where both cells have 2 or more repeats")
+    lines.append(
+        f"{len(both)} cells on both sides, {int((table['side'] == 'only A').sum())} "
+        f"only in A, {int((table['side'] == 'only B').sum())} only in B; B/A < 1: "
+        "B is faster; [95% interval] where both cells have 2 or more repeats"
+    )
     lines.append(overall_verdict(list(table["verdict"])))
     for side, count in result.set_aside.items():
         if count:
-            lines.append(f"{side.upper()}: {count} earlier run(s) of a cell set aside (the "
-                         f"latest ok run stands for each cell)")
+            lines.append(
+                f"{side.upper()}: {count} earlier run(s) of a cell set aside (the "
+                f"latest ok run stands for each cell)"
+            )
     return "\n".join(lines)
 
 
@@ -212,12 +240,16 @@ def overall_verdict(verdicts: Sequence[str]) -> str:
         return "verdict: none, no cell ended ok on both sides"
     count = {kind: sum(v == kind for v in judged) for kind in (FASTER, SLOWER, NOISE)}
     unjudged = sum(v.startswith(NO_VERDICT) for v in judged)
-    text = (f"verdict: B faster in {count[FASTER]} of {len(judged)} cells, slower in "
-            f"{count[SLOWER]}, no difference beyond noise in {count[NOISE]} (where B/A's 95 % "
-            f"interval excludes 1 or not)")
+    text = (
+        f"verdict: B faster in {count[FASTER]} of {len(judged)} cells, slower in "
+        f"{count[SLOWER]}, no difference beyond noise in {count[NOISE]} (where B/A's 95 % "
+        f"interval excludes 1 or not)"
+    )
     if unjudged:
-        text += (f"; {unjudged} without a verdict: a side ran 1 repeat and measured no spread "
-                 f"(run.repeats=3 or more measures one)")
+        text += (
+            f"; {unjudged} without a verdict: a side ran 1 repeat and measured no spread "
+            f"(run.repeats=3 or more measures one)"
+        )
     return text
 
 
@@ -242,8 +274,10 @@ def _mlperf(client: object, texts: Sequence[str], out: Path) -> None:
     chosen, table = _cells(client, texts)
     folder = mlperf.write_folder(client, table, out)
     if not folder.entries:
-        raise ConfigError(f"selection {' '.join(texts)!r} is invalid: no cell ended ok with "
-                          f"MLPerf logs; allowed: an experiment or sweep with finished cells")
+        raise ConfigError(
+            f"selection {' '.join(texts)!r} is invalid: no cell ended ok with "
+            f"MLPerf logs; allowed: an experiment or sweep with finished cells"
+        )
     print(mlperf.report(folder, mlperf.summarize(out), "; ".join(map(str, chosen))))
 
 
@@ -253,16 +287,23 @@ def _scaling(client: object, texts: Sequence[str], out: Path) -> None:
     chosen, table = _cells(client, texts)
     result = scaling(table)
     if result.points.empty:
-        raise ConfigError(f"selection {' '.join(texts)!r} is invalid: no cell ended ok; "
-                          f"allowed: an experiment or sweep with finished cells")
+        raise ConfigError(
+            f"selection {' '.join(texts)!r} is invalid: no cell ended ok; "
+            f"allowed: an experiment or sweep with finished cells"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     plot(result, out, title="; ".join(map(str, chosen)))
     for workload, baseline in result.baselines.items():
         points = result.points[result.points["workload"] == workload]
         print(f"{workload}\n  baseline: {baseline}")
-        print(points[["series", "workers", "seconds_per_epoch", "speedup", "efficiency"]]
-              .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        print(
+            points[["series", "workers", "seconds_per_epoch", "speedup", "efficiency"]].to_string(
+                index=False, float_format=lambda v: f"{v:.3f}"
+            )
+        )
     if result.set_aside:
-        print(f"{result.set_aside} slower cell(s) of a model at a worker count it already has "
-              f"are not plotted (the fastest stands for each)")
+        print(
+            f"{result.set_aside} slower cell(s) of a model at a worker count it already has "
+            f"are not plotted (the fastest stands for each)"
+        )
     print(f"{out}: speedup and efficiency against workers, {len(result.points)} cells")

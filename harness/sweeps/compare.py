@@ -24,11 +24,27 @@ from harness.measure.spread import student_t_975
 
 # A cell's grid position: what the sweep files vary. `balance` is not in it: a profile-
 # balanced pipeline may split its layers differently from one measurement to the next.
-MATCH_ON = ["dataset", "network", "distribution", "hardware", "nodes", "workers", "batch_size",
-            *(name for name in setting_names() if name != "balance"), "num_samples"]
+MATCH_ON = [
+    "dataset",
+    "network",
+    "distribution",
+    "hardware",
+    "nodes",
+    "workers",
+    "batch_size",
+    *(name for name in setting_names() if name != "balance"),
+    "num_samples",
+]
 SIDES = ("a", "b")
-_MEASURES = ["status", "seconds_per_epoch", "seconds_per_epoch_ci95_low",
-             "seconds_per_epoch_ci95_high", "seconds_per_epoch_repeat_std", "repeats", "run_id"]
+_MEASURES = [
+    "status",
+    "seconds_per_epoch",
+    "seconds_per_epoch_ci95_low",
+    "seconds_per_epoch_ci95_high",
+    "seconds_per_epoch_repeat_std",
+    "repeats",
+    "run_id",
+]
 
 
 @dataclass(frozen=True)
@@ -47,21 +63,41 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, on: Sequence[str] | None = None) -
         set_aside[name] = len(cells) - len(latest)
         sides[name] = latest[on + _MEASURES].rename(columns={m: f"{name}_{m}" for m in _MEASURES})
     table = sides["a"].merge(sides["b"], on=on, how="outer", indicator="side")
-    table["side"] = table["side"].map({"both": "both", "left_only": "only A",
-                                       "right_only": "only B"}).astype(str)
-    intervals = [ratio_interval(*row) for row in zip(
-        table["a_seconds_per_epoch"], table["a_seconds_per_epoch_repeat_std"], table["a_repeats"],
-        table["b_seconds_per_epoch"], table["b_seconds_per_epoch_repeat_std"], table["b_repeats"],
-        table["a_status"], table["b_status"])]
+    table["side"] = (
+        table["side"]
+        .map({"both": "both", "left_only": "only A", "right_only": "only B"})
+        .astype(str)
+    )
+    intervals = [
+        ratio_interval(*row)
+        for row in zip(
+            table["a_seconds_per_epoch"],
+            table["a_seconds_per_epoch_repeat_std"],
+            table["a_repeats"],
+            table["b_seconds_per_epoch"],
+            table["b_seconds_per_epoch_repeat_std"],
+            table["b_repeats"],
+            table["a_status"],
+            table["b_status"],
+        )
+    ]
     table["ratio"] = [ratio for ratio, _, _ in intervals]
     table["ratio_ci95_low"] = [low for _, low, _ in intervals]
     table["ratio_ci95_high"] = [high for _, _, high in intervals]
-    table["verdict"] = [verdict(*row) for row in zip(
-        table["ratio"], table["ratio_ci95_low"], table["ratio_ci95_high"], table["a_repeats"],
-        table["b_repeats"])]
+    table["verdict"] = [
+        verdict(*row)
+        for row in zip(
+            table["ratio"],
+            table["ratio_ci95_low"],
+            table["ratio_ci95_high"],
+            table["a_repeats"],
+            table["b_repeats"],
+        )
+    ]
     order = {"both": 0, "only A": 1, "only B": 2}
-    table = table.sort_values(["side", *on], key=lambda c: c.map(order) if c.name == "side"
-                              else c, na_position="first").reset_index(drop=True)
+    table = table.sort_values(
+        ["side", *on], key=lambda c: c.map(order) if c.name == "side" else c, na_position="first"
+    ).reset_index(drop=True)
     return Comparison(table, on, set_aside)
 
 
@@ -69,8 +105,10 @@ def check_on(on: Sequence[str]) -> list[str]:
     """`on`, if every name in it is one of MATCH_ON's; else ConfigError."""
     unknown = [column for column in on if column not in MATCH_ON]
     if unknown or not on:
-        raise ConfigError(f"--on={','.join(on)} is invalid: unknown {', '.join(unknown)}; "
-                          f"allowed: one or more of {', '.join(MATCH_ON)}")
+        raise ConfigError(
+            f"--on={','.join(on)} is invalid: unknown {', '.join(unknown)}; "
+            f"allowed: one or more of {', '.join(MATCH_ON)}"
+        )
     return list(on)
 
 
@@ -85,9 +123,16 @@ def _one_run_per_cell(cells: pd.DataFrame, on: list[str]) -> pd.DataFrame:
     return ranked.drop_duplicates(on, keep="last").drop(columns="_ok")
 
 
-def ratio_interval(a_mean: float, a_std: float, a_n: float, b_mean: float, b_std: float,
-                   b_n: float, a_status: object = "ok",
-                   b_status: object = "ok") -> tuple[float, float, float]:
+def ratio_interval(
+    a_mean: float,
+    a_std: float,
+    a_n: float,
+    b_mean: float,
+    b_std: float,
+    b_n: float,
+    a_status: object = "ok",
+    b_status: object = "ok",
+) -> tuple[float, float, float]:
     """B/A of two cells' mean seconds per epoch, with a 95 % interval where both have 2 or
     more repeats (else NaN bounds); all NaN unless both ended `ok`.
 
@@ -105,7 +150,7 @@ def ratio_interval(a_mean: float, a_std: float, a_n: float, b_mean: float, b_std
     var_b = (b_std / b_mean) ** 2 / b_n
     if var_a + var_b == 0:
         return ratio, ratio, ratio
-    freedom = (var_a + var_b) ** 2 / (var_a ** 2 / (a_n - 1) + var_b ** 2 / (b_n - 1))
+    freedom = (var_a + var_b) ** 2 / (var_a**2 / (a_n - 1) + var_b**2 / (b_n - 1))
     half = student_t_975(freedom) * math.sqrt(var_a + var_b)
     return ratio, ratio * math.exp(-half), ratio * math.exp(half)
 

@@ -77,19 +77,31 @@ SUMMARY = "summary.csv"
 SUMMARY_FILES = ("summary.csv", "summary.json", "summary_detailed.csv", "summary_detailed.json")
 # MLPerf's availability (a system description's `status`, as its system_desc_checker admits)
 # of a log's submission_status.
-AVAILABILITY = {constants.ONPREM: "Available on-premise", constants.CLOUD: "Available cloud",
-                constants.RESEARCH: "Research, Development, or Internal (RDI)",
-                "preview": "Preview"}
+AVAILABILITY = {
+    constants.ONPREM: "Available on-premise",
+    constants.CLOUD: "Available cloud",
+    constants.RESEARCH: "Research, Development, or Internal (RDI)",
+    "preview": "Preview",
+}
 NOT_RECORDED = "not recorded by distbench"
 # A model setting that splits a system where the selection varies it: (axis, its label).
 # A model setting without a short label here is labelled by its name.
-_SHORT = {"micro_batches": "mb", "stages": "s", "recompute": "recompute-",
-          "batch_division": "division-", "bucket_cap_mb": "bucket",
-          "fusion_threshold_mb": "fusion", "cycle_time_ms": "cycle"}
-SETTINGS = [("batch_size", "b"),
-            *((name, _SHORT.get(name, f"{name}-")) for name in setting_names()
-              if name != "balance"),
-            ("num_samples", "n"), ("epochs", "e"), ("seed", "seed")]
+_SHORT = {
+    "micro_batches": "mb",
+    "stages": "s",
+    "recompute": "recompute-",
+    "batch_division": "division-",
+    "bucket_cap_mb": "bucket",
+    "fusion_threshold_mb": "fusion",
+    "cycle_time_ms": "cycle",
+}
+SETTINGS = [
+    ("batch_size", "b"),
+    *((name, _SHORT.get(name, f"{name}-")) for name in setting_names() if name != "balance"),
+    ("num_samples", "n"),
+    ("epochs", "e"),
+    ("seed", "seed"),
+]
 SYSTEM_OF = ["hardware", "distribution", "workers"]
 
 
@@ -130,20 +142,25 @@ def check_out(out: Path) -> None:
     """--out is a new or empty directory: the summarizer reads every system and benchmark
     folder in it, so an earlier export's would be scored with this one's."""
     if out.is_dir() and any(out.iterdir()):
-        raise ConfigError(f"--out={out} is invalid: it holds files; allowed: a new or empty "
-                          f"directory")
+        raise ConfigError(
+            f"--out={out} is invalid: it holds files; allowed: a new or empty directory"
+        )
 
 
 def write_folder(client: Any, table: pd.DataFrame, out: Path) -> Folder:
     """The cells of `table` (a cells table) as an MLPerf results folder in `out`."""
     ok = table[table["status"] == "ok"]
-    left_out = [f"{row.run_name}: status {row.status}, not scored"
-                for row in table[table["status"] != "ok"].itertuples()]
+    left_out = [
+        f"{row.run_name}: status {row.status}, not scored"
+        for row in table[table["status"] != "ok"].itertuples()
+    ]
     key = ok["cell_key"].fillna(ok["run_id"])
     latest = ok.assign(_key=key).sort_values("started").drop_duplicates("_key", keep="last")
     if len(latest) < len(ok):
-        left_out.append(f"{len(ok) - len(latest)} earlier run(s) of a cell set aside (the latest "
-                        f"ok run of each cell stands for it)")
+        left_out.append(
+            f"{len(ok) - len(latest)} earlier run(s) of a cell set aside (the latest "
+            f"ok run of each cell stands for it)"
+        )
     entries = []
     with tempfile.TemporaryDirectory(prefix="distbench-mlperf-") as scratch:
         cells = []
@@ -187,8 +204,9 @@ def log_facts(log: Path) -> dict[str, Any]:
 def run_status(log: Path) -> str | None:
     """The status the log's run_stop states (success or aborted); None without a run_stop."""
     lines, _ = parse_file(str(log), ruleset=RULESET)
-    stops = [line.value["metadata"].get("status") for line in lines
-             if line.key == constants.RUN_STOP]
+    stops = [
+        line.value["metadata"].get("status") for line in lines if line.key == constants.RUN_STOP
+    ]
     return stops[-1] if stops else None
 
 
@@ -201,15 +219,23 @@ def system_names(rows: Sequence[pd.Series], benchmarks: Sequence[str]) -> list[s
         groups.setdefault(tuple(row[axis] for axis in SYSTEM_OF), []).append(index)
     names = [""] * len(rows)
     for (hardware, distribution, workers), members in groups.items():
-        varying = [(axis, label) for axis, label in SETTINGS
-                   if len({_text(rows[i].get(axis)) for i in members}) > 1]
+        varying = [
+            (axis, label)
+            for axis, label in SETTINGS
+            if len({_text(rows[i].get(axis)) for i in members}) > 1
+        ]
         for i in members:
-            names[i] = "-".join([str(hardware), str(distribution), f"{workers}w"] + [
-                f"{label}{_text(rows[i].get(axis))}" for axis, label in varying])
+            names[i] = "-".join(
+                [str(hardware), str(distribution), f"{workers}w"]
+                + [f"{label}{_text(rows[i].get(axis))}" for axis, label in varying]
+            )
     places = list(zip(names, benchmarks))
-    return [f"{name}-{str(row['cell_key'] or row['run_id'])[:8]}"
-            if places.count((name, benchmark)) > 1 else name
-            for name, benchmark, row in zip(names, benchmarks, rows)]
+    return [
+        f"{name}-{str(row['cell_key'] or row['run_id'])[:8]}"
+        if places.count((name, benchmark)) > 1
+        else name
+        for name, benchmark, row in zip(names, benchmarks, rows)
+    ]
 
 
 def _text(value: Any) -> str:
@@ -233,8 +259,14 @@ def write_cell(out: Path, system: str, cell: Cell) -> Entry:
         description.parent.mkdir(parents=True, exist_ok=True)
         description.write_text(json.dumps(system_description(system, cell), indent=2) + "\n")
     aborted = sum(run_status(log) == constants.ABORTED for log in cell.logs)
-    return Entry(system, cell.benchmark, str(cell.row["run_name"]), str(cell.row["run_id"]),
-                 len(cell.logs), aborted)
+    return Entry(
+        system,
+        cell.benchmark,
+        str(cell.row["run_name"]),
+        str(cell.row["run_id"]),
+        len(cell.logs),
+        aborted,
+    )
 
 
 def system_description(name: str, cell: Cell) -> dict[str, str]:
@@ -248,11 +280,15 @@ def system_description(name: str, cell: Cell) -> dict[str, str]:
     nodes, workers = int(row["nodes"]), int(row["workers"])
     gpu = env.get("device_type") == "cuda"
     spec = specs().get(str(row["distribution"]))  # None: a model no longer installed
-    frameworks = "".join(f", {library.title()} {env.get(f'{library}_version', '?')}"
-                         for library in (spec.frameworks if spec is not None else ()))
+    frameworks = "".join(
+        f", {library.title()} {env.get(f'{library}_version', '?')}"
+        for library in (spec.frameworks if spec is not None else ())
+    )
     memory = hardware.get("device_memory_gb")
-    bandwidth, latency = (hardware.get("inter_node_bandwidth_mbps"),
-                          hardware.get("inter_node_latency_us"))
+    bandwidth, latency = (
+        hardware.get("inter_node_bandwidth_mbps"),
+        hardware.get("inter_node_latency_us"),
+    )
     commit = env.get("git_commit", "unknown")
     return {
         "submitter": str(cell.facts[constants.SUBMISSION_ORG]),
@@ -270,41 +306,57 @@ def system_description(name: str, cell: Cell) -> dict[str, str]:
         "host_memory_capacity": NOT_RECORDED,
         "host_storage_type": NOT_RECORDED,
         "host_storage_capacity": NOT_RECORDED,
-        "host_networking": (f"{bandwidth:g} Mbit/s, {latency:g} us between nodes "
-                            f"(hardware.inter_node_*)" if nodes > 1 and bandwidth and latency
-                            else "none: one node" if nodes == 1 else NOT_RECORDED),
+        "host_networking": (
+            f"{bandwidth:g} Mbit/s, {latency:g} us between nodes (hardware.inter_node_*)"
+            if nodes > 1 and bandwidth and latency
+            else "none: one node"
+            if nodes == 1
+            else NOT_RECORDED
+        ),
         "host_networking_topology": NOT_RECORDED if nodes > 1 else "none: one node",
         "host_memory_configuration": NOT_RECORDED,
         "accelerators_per_node": str(-(-workers // nodes) if gpu else 0),
-        "accelerator_model_name": env.get("cuda_device_names", "").split(", ")[0]
-        if gpu else "N/A",
+        "accelerator_model_name": env.get("cuda_device_names", "").split(", ")[0] if gpu else "N/A",
         "accelerator_host_interconnect": NOT_RECORDED if gpu else "N/A",
         "accelerator_frequency": NOT_RECORDED if gpu else "N/A",
         "accelerator_on-chip_memories": NOT_RECORDED if gpu else "N/A",
         "accelerator_memory_configuration": NOT_RECORDED if gpu else "N/A",
-        "accelerator_memory_capacity": (f"{memory:g} GB (hardware.device_memory_gb)"
-                                        if gpu and memory else NOT_RECORDED if gpu else "N/A"),
+        "accelerator_memory_capacity": (
+            f"{memory:g} GB (hardware.device_memory_gb)"
+            if gpu and memory
+            else NOT_RECORDED
+            if gpu
+            else "N/A"
+        ),
         "accelerator_interconnect": NOT_RECORDED if gpu else "N/A",
         "accelerator_interconnect_topology": NOT_RECORDED if gpu else "N/A",
         "cooling": NOT_RECORDED,
         "hw_notes": f"hardware={hardware['name']}: {hardware.get('description') or ''} "
-                    f"Host {env.get('host', NOT_RECORDED)}, device {env.get('device_name', '?')}"
-                    f"; {workers} worker(s), {hardware.get('cpu_threads')} CPU thread(s) each; "
-                    f"CPU sockets not recorded (host_processors_per_node 1)",
+        f"Host {env.get('host', NOT_RECORDED)}, device {env.get('device_name', '?')}"
+        f"; {workers} worker(s), {hardware.get('cpu_threads')} CPU thread(s) each; "
+        f"CPU sockets not recorded (host_processors_per_node 1)",
         "framework": f"PyTorch {env.get('torch_version', '?')}{frameworks}",
         "other_software_stack": ", ".join(
-            f"{label} {env[key]}" for label, key in (
-                ("Python", "python_version"), ("torchvision", "torchvision_version"),
-                ("CUDA", "cuda_version"), ("cuDNN", "cudnn_version"), ("NCCL", "nccl_version"),
-                ("GPU driver", "gpu_driver_version"), ("mlperf-logging", "mlperf_logging_version"),
-                ("MLflow", "mlflow_version"), ("Hydra", "hydra_version"))
-            if env.get(key, "none") != "none"),
+            f"{label} {env[key]}"
+            for label, key in (
+                ("Python", "python_version"),
+                ("torchvision", "torchvision_version"),
+                ("CUDA", "cuda_version"),
+                ("cuDNN", "cudnn_version"),
+                ("NCCL", "nccl_version"),
+                ("GPU driver", "gpu_driver_version"),
+                ("mlperf-logging", "mlperf_logging_version"),
+                ("MLflow", "mlflow_version"),
+                ("Hydra", "hydra_version"),
+            )
+            if env.get(key, "none") != "none"
+        ),
         "operating_system": env.get("platform", NOT_RECORDED),
         "sw_notes": f"distbench {env.get('distbench_version', '?')} at {commit}"
-                    + (" with uncommitted changes" if env.get("git_dirty") == "true" else "")
-                    + f"; distribution={row['distribution']}, {workers} worker(s) on {nodes} "
-                      f"node(s); described from cell {row['run_name']} (MLflow run "
-                      f"{row['run_id']})",
+        + (" with uncommitted changes" if env.get("git_dirty") == "true" else "")
+        + f"; distribution={row['distribution']}, {workers} worker(s) on {nodes} "
+        f"node(s); described from cell {row['run_name']} (MLflow run "
+        f"{row['run_id']})",
     }
 
 
@@ -326,8 +378,10 @@ def admitted(benchmarks: Sequence[str]) -> Iterator[None]:
             valid, *rest = check(filename, rules, checker)
             return (valid and run_status(Path(filename)) == constants.SUCCESS, *rest)
 
-        with mock.patch.object(mlp_compliance, "main", check_admitted), \
-                mock.patch.dict(allowed, {version: [*allowed[version], *benchmarks]}):
+        with (
+            mock.patch.object(mlp_compliance, "main", check_admitted),
+            mock.patch.dict(allowed, {version: [*allowed[version], *benchmarks]}),
+        ):
             yield
 
 
@@ -345,15 +399,23 @@ def summarize(folder: Path) -> Summary:
     csv = folder / SUMMARY
     for name in SUMMARY_FILES:
         (folder / name).unlink(missing_ok=True)
-    benchmarks = sorted({path.name for path in (folder / "results").glob("*/*")
-                         if path.is_dir()})
+    benchmarks = sorted({path.name for path in (folder / "results").glob("*/*") if path.is_dir()})
     argv = ["mlperf_logging.result_summarizer", str(folder), USAGE, RULESET, "--csv", str(csv)]
     printed = io.StringIO()
-    with admitted(benchmarks), mock.patch.object(sys, "argv", argv), \
-            contextlib.redirect_stdout(printed):
+    with (
+        admitted(benchmarks),
+        mock.patch.object(sys, "argv", argv),
+        contextlib.redirect_stdout(printed),
+    ):
         result_summarizer.main()
-    return Summary(csv, [line for line in printed.getvalue().splitlines()
-                         if line and not line.endswith("Scaling Scores:")])
+    return Summary(
+        csv,
+        [
+            line
+            for line in printed.getvalue().splitlines()
+            if line and not line.endswith("Scaling Scores:")
+        ],
+    )
 
 
 def scores(entries: Sequence[Entry], summary: Path) -> pd.DataFrame:
@@ -362,12 +424,20 @@ def scores(entries: Sequence[Entry], summary: Path) -> pd.DataFrame:
     table = pd.read_csv(summary).set_index("system")
     rows = []
     for entry in entries:
-        minutes = table.at[entry.system, entry.benchmark] if entry.system in table.index \
-            else float("nan")
-        rows.append({"system": entry.system, "benchmark": entry.benchmark,
-                     "results": entry.results, "aborted": entry.aborted,
-                     "time_to_train_min": minutes, "time_to_train_s": minutes * 60,
-                     "run_name": entry.run_name})
+        minutes = (
+            table.at[entry.system, entry.benchmark] if entry.system in table.index else float("nan")
+        )
+        rows.append(
+            {
+                "system": entry.system,
+                "benchmark": entry.benchmark,
+                "results": entry.results,
+                "aborted": entry.aborted,
+                "time_to_train_min": minutes,
+                "time_to_train_s": minutes * 60,
+                "run_name": entry.run_name,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -375,27 +445,37 @@ def report(folder: Folder, summary: Summary, selection: str) -> str:
     """What the command prints: the folder, the summarizer's scores, what was left out."""
     systems = len({entry.system for entry in folder.entries})
     files = sum(entry.results for entry in folder.entries)
-    lines = [f"{folder.path}: {systems} system(s), {len(folder.entries)} system x benchmark "
-             f"folder(s), {files} result files, from {selection}"]
+    lines = [
+        f"{folder.path}: {systems} system(s), {len(folder.entries)} system x benchmark "
+        f"folder(s), {files} result files, from {selection}"
+    ]
     lines += [f"left out: {line}" for line in folder.left_out]
     lines += [f"summarizer: {line}" for line in summary.messages]
     table = scores(folder.entries, summary.csv)
     shown = table[["system", "benchmark", "results", "aborted"]].copy()
-    shown["time_to_train_min"] = [f"{v:.4f}" if pd.notna(v) else "-"
-                                  for v in table["time_to_train_min"]]
+    shown["time_to_train_min"] = [
+        f"{v:.4f}" if pd.notna(v) else "-" for v in table["time_to_train_min"]
+    ]
     shown["seconds"] = [f"{v:.2f}" if pd.notna(v) else "-" for v in table["time_to_train_s"]]
     shown["cell"] = table["run_name"]
-    lines.append(f"MLPerf's result summarizer ({USAGE} {RULESET}, distbench's benchmarks "
-                 f"admitted): olympic mean of run_stop - run_start")
+    lines.append(
+        f"MLPerf's result summarizer ({USAGE} {RULESET}, distbench's benchmarks "
+        f"admitted): olympic mean of run_stop - run_start"
+    )
     lines.append(shown.to_string(index=False))
     if table["aborted"].any():
-        lines.append("aborted: runs that stopped short of run.target_accuracy; the summarizer "
-                     "says 'Compliance check failed' of each and counts it as a run that did "
-                     "not converge")
+        lines.append(
+            "aborted: runs that stopped short of run.target_accuracy; the summarizer "
+            "says 'Compliance check failed' of each and counts it as a run that did "
+            "not converge"
+        )
     if table["time_to_train_min"].isna().any():
-        lines.append("-: no score; the summarizer's olympic mean drops the best and the worst "
-                     "run, so it needs 3 result files or more (run.repeats >= 3), and at most "
-                     "one run that did not converge")
-    lines.append(f"{summary.csv}: the summarizer's table ({', '.join(SUMMARY_FILES[1:])} "
-                 f"beside it)")
+        lines.append(
+            "-: no score; the summarizer's olympic mean drops the best and the worst "
+            "run, so it needs 3 result files or more (run.repeats >= 3), and at most "
+            "one run that did not converge"
+        )
+    lines.append(
+        f"{summary.csv}: the summarizer's table ({', '.join(SUMMARY_FILES[1:])} beside it)"
+    )
     return "\n".join(lines)

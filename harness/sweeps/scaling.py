@@ -27,8 +27,9 @@ from harness.costs.partition import parse_stages  # noqa: E402
 WORKLOAD = ["dataset", "network", "num_samples", "device"]
 PANELS_PER_ROW = 5  # workloads side by side; more go to further rows
 POINTS = ["workload", "series", "workers", "seconds_per_epoch", "speedup", "efficiency", "run_id"]
-NO_SINGLE_WORKER = ("no 1-worker cell: each model's fewest-worker cell counts as ideal "
-                    "(speedup = its workers)")
+NO_SINGLE_WORKER = (
+    "no 1-worker cell: each model's fewest-worker cell counts as ideal (speedup = its workers)"
+)
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,9 @@ def scaling(cells: pd.DataFrame) -> Scaling:
     for workload, group in best.groupby(WORKLOAD, sort=True):
         label = workload_label(workload)
         speedup, baselines[label] = _speedup(group)
-        frames.append(group.assign(workload=label, speedup=speedup,
-                                   efficiency=speedup / group["workers"]))
+        frames.append(
+            group.assign(workload=label, speedup=speedup, efficiency=speedup / group["workers"])
+        )
     points = pd.concat(frames).sort_values([*WORKLOAD, "series", "workers"])[POINTS]
     return Scaling(points.reset_index(drop=True), baselines, len(ok) - len(best))
 
@@ -77,8 +79,10 @@ def _speedup(group: pd.DataFrame) -> tuple[pd.Series, str]:
     single = group[group["workers"] == 1]
     if len(single):
         base = single.iloc[0]
-        return (base["seconds_per_epoch"] / group["seconds_per_epoch"],
-                f"{base['series']}, 1 worker, {base['seconds_per_epoch']:.3g} s/epoch")
+        return (
+            base["seconds_per_epoch"] / group["seconds_per_epoch"],
+            f"{base['series']}, 1 worker, {base['seconds_per_epoch']:.3g} s/epoch",
+        )
     fewest = group.loc[group.groupby("series")["workers"].idxmin()].set_index("series")
     ideal = (fewest["workers"] * fewest["seconds_per_epoch"]).astype(float)
     return group["series"].map(ideal) / group["seconds_per_epoch"], NO_SINGLE_WORKER
@@ -96,8 +100,9 @@ def plot(scaling_: Scaling, path: Path, *, title: str) -> str:
     workloads = list(scaling_.baselines)
     columns = max(1, min(len(workloads), PANELS_PER_ROW))
     blocks = max(1, math.ceil(len(workloads) / columns))
-    figure, axes = plt.subplots(2 * blocks, columns, squeeze=False,
-                                figsize=(4.2 * columns, 6.4 * blocks))
+    figure, axes = plt.subplots(
+        2 * blocks, columns, squeeze=False, figsize=(4.2 * columns, 6.4 * blocks)
+    )
     for index, workload in enumerate(workloads):
         block, column = divmod(index, columns)
         _plot_workload(scaling_, workload, axes[2 * block][column], axes[2 * block + 1][column])
@@ -105,8 +110,11 @@ def plot(scaling_: Scaling, path: Path, *, title: str) -> str:
         block, column = divmod(index, columns)
         axes[2 * block][column].set_visible(False)
         axes[2 * block + 1][column].set_visible(False)
-    curves = "; ".join(f"{w}: " + ", ".join(sorted(
-        scaling_.points[scaling_.points["workload"] == w]["series"].unique())) for w in workloads)
+    curves = "; ".join(
+        f"{w}: "
+        + ", ".join(sorted(scaling_.points[scaling_.points["workload"] == w]["series"].unique()))
+        for w in workloads
+    )
     full_title = f"{title}: speedup and efficiency against workers ({curves})"
     figure.suptitle("\n".join(textwrap.wrap(title, width=int(60 * columns))), fontsize=9)
     figure.tight_layout()
@@ -122,9 +130,14 @@ def _plot_workload(scaling_: Scaling, workload: str, top: plt.Axes, bottom: plt.
         workers, speedup = list(curve["workers"]), list(curve["speedup"])
         if from_baseline and workers[0] != 1:  # the curve starts at the 1-worker time
             workers, speedup = [1, *workers], [1.0, *speedup]
-        line, = top.plot(workers, speedup, "o-", label=series)
-        bottom.plot(workers, [s / w for s, w in zip(speedup, workers)], "o-",
-                    color=line.get_color(), label=series)
+        (line,) = top.plot(workers, speedup, "o-", label=series)
+        bottom.plot(
+            workers,
+            [s / w for s, w in zip(speedup, workers)],
+            "o-",
+            color=line.get_color(),
+            label=series,
+        )
     workers = sorted({1, *points["workers"]} if from_baseline else set(points["workers"]))
     top.plot(workers, workers, "--", color="grey", linewidth=0.8, label="ideal")
     bottom.axhline(1.0, linestyle="--", color="grey", linewidth=0.8)
@@ -142,5 +155,6 @@ def check_plot_suffix(path: Path, allowed: Sequence[str] = (".png", ".svg", ".pd
     from harness.config.schema import ConfigError
 
     if path.suffix.lower() not in allowed:
-        raise ConfigError(f"--out={path} is invalid: allowed: a file name ending in "
-                          f"{', '.join(allowed)}")
+        raise ConfigError(
+            f"--out={path} is invalid: allowed: a file name ending in {', '.join(allowed)}"
+        )

@@ -42,14 +42,44 @@ _PAGE = 1000  # runs per search request
 # Columns in the order a reader scans them; the other metrics follow, then the series.
 IDENTITY = ["experiment", "sweep", "run_name", "status"]
 # ... then every model's own settings (`registry.setting_names`), then the epoch's size
-AXES = ["dataset", "network", "distribution", "hardware", "device", "nodes", "workers",
-        "batch_size", "global_batch_size", *setting_names(), "num_samples", "epochs", "seed"]
-KEY_METRICS = ["seconds_per_epoch", "seconds_per_epoch_ci95_low", "seconds_per_epoch_ci95_high",
-               "repeats", "images_per_second", "tokens_per_second", "peak_memory_mb",
-               "eval_accuracy",
-               "reached_target", "time_to_target_s", "epochs_to_target"]
-TRAILER = ["error", "run_id", "parent_run_id", "cell_key", "output_dir", "started", "ended",
-           "duration_s"]
+AXES = [
+    "dataset",
+    "network",
+    "distribution",
+    "hardware",
+    "device",
+    "nodes",
+    "workers",
+    "batch_size",
+    "global_batch_size",
+    *setting_names(),
+    "num_samples",
+    "epochs",
+    "seed",
+]
+KEY_METRICS = [
+    "seconds_per_epoch",
+    "seconds_per_epoch_ci95_low",
+    "seconds_per_epoch_ci95_high",
+    "repeats",
+    "images_per_second",
+    "tokens_per_second",
+    "peak_memory_mb",
+    "eval_accuracy",
+    "reached_target",
+    "time_to_target_s",
+    "epochs_to_target",
+]
+TRAILER = [
+    "error",
+    "run_id",
+    "parent_run_id",
+    "cell_key",
+    "output_dir",
+    "started",
+    "ended",
+    "duration_s",
+]
 
 
 @dataclass(frozen=True)
@@ -72,9 +102,11 @@ def client_for(uri: str) -> Any:
     """An MLflow client of the store at `uri`, which must exist: opening a missing SQLite
     store would create an empty one where nothing was measured."""
     if store_not_created(uri):
-        raise ConfigError(f"tracking.uri={uri} is invalid: no MLflow store there (nothing "
-                          f"measured under run.output_dir); allowed: the store a sweep "
-                          f"recorded to (run.output_dir=... or tracking.uri=...)")
+        raise ConfigError(
+            f"tracking.uri={uri} is invalid: no MLflow store there (nothing "
+            f"measured under run.output_dir); allowed: the store a sweep "
+            f"recorded to (run.output_dir=... or tracking.uri=...)"
+        )
     from harness.records.mlflow_store import open_store
 
     # One tiny config file per run: MLflow's per-download progress bar would only be noise.
@@ -90,22 +122,33 @@ def select(client: Any, text: str) -> Selection:
     if experiment is not None:
         return Selection(text, experiment.name, experiment.experiment_id)
     names = {e.experiment_id: e.name for e in client.search_experiments()}
-    matches = [run for run in _search(client, list(names), f"tags.`{KIND_TAG}` = '{SWEEP_KIND}'")
-               if _names_sweep(run, text)]
+    matches = [
+        run
+        for run in _search(client, list(names), f"tags.`{KIND_TAG}` = '{SWEEP_KIND}'")
+        if _names_sweep(run, text)
+    ]
     if len(matches) > 1:
         raise ConfigError(
             f"selection {text!r} is invalid: it names {len(matches)} sweeps ("
-            + ", ".join(f"{run.info.run_id} of {names[run.info.experiment_id]}"
-                        for run in matches[:5])
-            + "); allowed: one sweep's parent run id or directory")
+            + ", ".join(
+                f"{run.info.run_id} of {names[run.info.experiment_id]}" for run in matches[:5]
+            )
+            + "); allowed: one sweep's parent run id or directory"
+        )
     if not matches:
         raise ConfigError(
             f"selection {text!r} is invalid: no such experiment or sweep at "
             f"{client.tracking_uri}; allowed: an experiment ({', '.join(sorted(names.values()))})"
-            f" or a sweep (parent run id, sweep directory, or sweep-<time>)")
+            f" or a sweep (parent run id, sweep directory, or sweep-<time>)"
+        )
     run = matches[0]
-    return Selection(text, names[run.info.experiment_id], run.info.experiment_id,
-                     run.info.run_id, run.info.run_name)
+    return Selection(
+        text,
+        names[run.info.experiment_id],
+        run.info.experiment_id,
+        run.info.run_id,
+        run.info.run_name,
+    )
 
 
 def _names_sweep(run: Any, text: str) -> bool:
@@ -115,8 +158,7 @@ def _names_sweep(run: Any, text: str) -> bool:
     if not sweep_dir:
         return False
     trimmed = text.rstrip("/")
-    return (str(Path(text).expanduser().resolve()) == sweep_dir
-            or sweep_dir.endswith("/" + trimmed))
+    return str(Path(text).expanduser().resolve()) == sweep_dir or sweep_dir.endswith("/" + trimmed)
 
 
 def _search(client: Any, experiment_ids: Sequence[str], filter_string: str = "") -> Iterator[Any]:
@@ -124,9 +166,13 @@ def _search(client: Any, experiment_ids: Sequence[str], filter_string: str = "")
     for start in range(0, len(experiment_ids), 100):  # search_runs takes up to 100
         token = None
         while True:
-            page = client.search_runs(list(experiment_ids[start:start + 100]), filter_string,
-                                      max_results=_PAGE, page_token=token,
-                                      order_by=["attributes.start_time ASC"])
+            page = client.search_runs(
+                list(experiment_ids[start : start + 100]),
+                filter_string,
+                max_results=_PAGE,
+                page_token=token,
+                order_by=["attributes.start_time ASC"],
+            )
             yield from page
             token = page.token
             if not token:
@@ -151,15 +197,23 @@ class _Sweeps:
 
 def _sweeps(client: Any, experiment_ids: set[str]) -> _Sweeps:
     runs = list(_search(client, sorted(experiment_ids), f"tags.`{KIND_TAG}` = '{SWEEP_KIND}'"))
-    return _Sweeps({run.info.run_id: run.info.run_name for run in runs},
-                   {run.data.tags[SWEEP_DIR_TAG]: run.info.run_id for run in runs
-                    if run.data.tags.get(SWEEP_DIR_TAG)})
+    return _Sweeps(
+        {run.info.run_id: run.info.run_name for run in runs},
+        {
+            run.data.tags[SWEEP_DIR_TAG]: run.info.run_id
+            for run in runs
+            if run.data.tags.get(SWEEP_DIR_TAG)
+        },
+    )
 
 
 def cell_runs(client: Any, selection: Selection, sweeps: _Sweeps) -> list[Any]:
     """The selection's cell runs (those with a status tag), oldest first."""
-    return [run for run in _search(client, [selection.experiment_id], "tags.status != ''")
-            if selection.sweep_run_id in (None, sweeps.parent_of(run))]
+    return [
+        run
+        for run in _search(client, [selection.experiment_id], "tags.status != ''")
+        if selection.sweep_run_id in (None, sweeps.parent_of(run))
+    ]
 
 
 def cells_table(client: Any, selections: Sequence[Selection]) -> pd.DataFrame:
@@ -176,14 +230,17 @@ def cells_table(client: Any, selections: Sequence[Selection]) -> pd.DataFrame:
     return _ordered(pd.DataFrame(rows))
 
 
-def _row(client: Any, run: Any, selection: Selection, scratch: Path,
-         sweeps: _Sweeps) -> dict[str, Any]:
+def _row(
+    client: Any, run: Any, selection: Selection, scratch: Path, sweeps: _Sweeps
+) -> dict[str, Any]:
     tags, info = run.data.tags, run.info
     parent = sweeps.parent_of(run)
     row: dict[str, Any] = {
         "experiment": selection.experiment,
         "sweep": sweeps.names.get(parent, parent) if parent else None,
-        "run_name": info.run_name, "status": tags["status"]}
+        "run_name": info.run_name,
+        "status": tags["status"],
+    }
     row.update(_axes(client, run, scratch))
     metrics = dict(run.data.metrics)
     series = {key: _history(client, info.run_id, key) for key in metrics if _SERIES.fullmatch(key)}
@@ -191,18 +248,23 @@ def _row(client: Any, run: Any, selection: Selection, scratch: Path,
         if key not in series:
             row[key if key not in row else f"metrics.{key}"] = value
     row.update(series)
-    row.update({
-        "error": failure_reason(tags["error"]) if tags.get("error") else None,
-        "run_id": info.run_id, "parent_run_id": parent, "cell_key": tags.get(CELL_KEY_TAG),
-        "output_dir": tags.get(OUTPUT_DIR_TAG), "started": _time(info.start_time),
-        "ended": _time(info.end_time),
-        "duration_s": (info.end_time - info.start_time) / 1000 if info.end_time else None})
+    row.update(
+        {
+            "error": failure_reason(tags["error"]) if tags.get("error") else None,
+            "run_id": info.run_id,
+            "parent_run_id": parent,
+            "cell_key": tags.get(CELL_KEY_TAG),
+            "output_dir": tags.get(OUTPUT_DIR_TAG),
+            "started": _time(info.start_time),
+            "ended": _time(info.end_time),
+            "duration_s": (info.end_time - info.start_time) / 1000 if info.end_time else None,
+        }
+    )
     return row
 
 
 def _history(client: Any, run_id: str, key: str) -> list[float]:
-    return [m.value for m in sorted(client.get_metric_history(run_id, key),
-                                    key=lambda m: m.step)]
+    return [m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
 
 
 def _time(milliseconds: int | None) -> pd.Timestamp | None:
@@ -218,8 +280,12 @@ def _axes(client: Any, run: Any, scratch: Path) -> dict[str, Any]:
     try:
         config = recorded_config(client, run, scratch)
     except (MlflowException, OSError, ConfigError, OmegaConfBaseException) as err:
-        log.warning("run %s (%s): config axes left empty, its config.yaml cannot be read (%s)",
-                    run.info.run_id, run.info.run_name, failure_reason(err))
+        log.warning(
+            "run %s (%s): config axes left empty, its config.yaml cannot be read (%s)",
+            run.info.run_id,
+            run.info.run_name,
+            failure_reason(err),
+        )
         return {}
     return axes(config)
 
@@ -228,15 +294,19 @@ def axes(config: DistbenchConfig) -> dict[str, Any]:
     """What a cell's grid position is; a model's own settings only for that model (None
     elsewhere, so that they do not split cells they do not apply to)."""
     return {
-        "dataset": config.dataset.key, "network": config.network.label,
-        "distribution": config.distribution.name, "hardware": config.hardware.name,
+        "dataset": config.dataset.key,
+        "network": config.network.label,
+        "distribution": config.distribution.name,
+        "hardware": config.hardware.name,
         "device": config.hardware.device.value,
         "nodes": config.hardware.nodes if config.world_size > 1 else 1,
         "workers": config.world_size,
-        "batch_size": config.batch_size, "global_batch_size": config.global_batch_size,
+        "batch_size": config.batch_size,
+        "global_batch_size": config.global_batch_size,
         # the model's own settings (a pipeline's planned plan is in its result, not here)
         **config.distribution.own_settings(config),
-        "num_samples": config.samples_per_epoch, "epochs": config.run.epochs,
+        "num_samples": config.samples_per_epoch,
+        "epochs": config.run.epochs,
         "seed": config.run.seed,
     }
 
@@ -253,8 +323,15 @@ def _ordered(table: pd.DataFrame) -> pd.DataFrame:
     last = [c for c in TRAILER if c in table.columns]
     rest = sorted(set(table.columns) - set(first) - set(last) - set(series))
     table = table[first + rest + series + last]
-    for column in ("nodes", "workers", "batch_size", "global_batch_size", "micro_batches",
-                   "num_samples", "epochs"):
+    for column in (
+        "nodes",
+        "workers",
+        "batch_size",
+        "global_batch_size",
+        "micro_batches",
+        "num_samples",
+        "epochs",
+    ):
         if column in table.columns:
             table[column] = table[column].astype("Int64")
     return table.reset_index(drop=True)

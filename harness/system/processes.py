@@ -69,8 +69,11 @@ def pid_space() -> str | None:
 def this_process() -> dict[str, Any]:
     """This process as another can look for it (`ended_here`)."""
     me = ProcessId.of(os.getpid())
-    return {"pid_space": pid_space(), "pid": os.getpid(),
-            "started": None if me is None else me.started}
+    return {
+        "pid_space": pid_space(),
+        "pid": os.getpid(),
+        "started": None if me is None else me.started,
+    }
 
 
 def ended_here(process: Mapping[str, Any]) -> bool:
@@ -114,8 +117,13 @@ def children_with_environment(pid: int, name: str, value: str) -> list[ProcessId
     return matching
 
 
-def end_tree(root: int, *, step_s: float, reap: Callable[[], object] = lambda: None,
-             signals: tuple[signal.Signals, ...] = ENDING_SIGNALS) -> None:
+def end_tree(
+    root: int,
+    *,
+    step_s: float,
+    reap: Callable[[], object] = lambda: None,
+    signals: tuple[signal.Signals, ...] = ENDING_SIGNALS,
+) -> None:
     """End `root` and every process below it, and return once all are gone: each of `signals`
     (ENDING_SIGNALS unless told) in turn, each followed by SIGCONT so that a stopped process
     acts on it, `step_s` apart, until none is left. The tree is collected as it is seen, so a
@@ -145,7 +153,6 @@ def end_tree(root: int, *, step_s: float, reap: Callable[[], object] = lambda: N
     left = alive()
     if left:  # only a process stuck in the kernel (state D) outlives SIGKILL for long
         log.warning("processes still exist after SIGKILL: %s", sorted(p.pid for p in left))
-
 
 
 def ends_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None] | None:

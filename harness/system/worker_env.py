@@ -129,5 +129,6 @@ def interface_of(address: str) -> str | None:
 def log_to_stderr() -> None:
     """Logging for a worker process that Hydra's job logging does not reach (a local cell's
     workers, the probe's): INFO and up to stderr, which submitit keeps per worker."""
-    logging.basicConfig(level=logging.INFO,
-                        format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+    )

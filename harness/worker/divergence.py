@@ -22,9 +22,11 @@ def check_finite_losses(batch_losses: dict[int, float], where: str) -> None:
     finite (batches this worker computed a loss for; an empty dict passes)."""
     for batch in sorted(batch_losses):
         if not math.isfinite(batch_losses[batch]):
-            raise DivergedError(f"training loss {batch_losses[batch]} at {where}, batch "
-                                f"{batch + 1}: not finite (lower optimizer.lr, or check the "
-                                f"data)")
+            raise DivergedError(
+                f"training loss {batch_losses[batch]} at {where}, batch "
+                f"{batch + 1}: not finite (lower optimizer.lr, or check the "
+                f"data)"
+            )
 
 
 def check_finite_eval_loss(loss: float, where: str, forward_batch: int, model: nn.Module) -> None:
@@ -42,21 +44,29 @@ def check_finite_eval_loss(loss: float, where: str, forward_batch: int, model: n
     if math.isfinite(loss):
         return
     if keeps_running_statistics(model):
-        cause = (f"in evaluation mode the network normalises by the running statistics "
-                 f"(BatchNorm's) it gathered from forward passes of {forward_batch} sample(s): "
-                 f"more samples per forward pass (distribution.batch_size, fewer "
-                 f"distribution.micro_batches), or")
+        cause = (
+            f"in evaluation mode the network normalises by the running statistics "
+            f"(BatchNorm's) it gathered from forward passes of {forward_batch} sample(s): "
+            f"more samples per forward pass (distribution.batch_size, fewer "
+            f"distribution.micro_batches), or"
+        )
     else:
-        cause = (f"the network computes otherwise in evaluation mode (forward passes of "
-                 f"{forward_batch} sample(s) in training):")
-    raise DivergedError(f"eval loss {loss} after {where}: not finite, though every training "
-                        f"loss of the epoch was; {cause} run.eval=false to time the training "
-                        f"alone (else lower optimizer.lr, or check the data)")
+        cause = (
+            f"the network computes otherwise in evaluation mode (forward passes of "
+            f"{forward_batch} sample(s) in training):"
+        )
+    raise DivergedError(
+        f"eval loss {loss} after {where}: not finite, though every training "
+        f"loss of the epoch was; {cause} run.eval=false to time the training "
+        f"alone (else lower optimizer.lr, or check the data)"
+    )
 
 
 def keeps_running_statistics(model: nn.Module) -> bool:
     """Whether a module of `model` normalises by statistics it keeps from training (BatchNorm,
     an InstanceNorm that tracks them) rather than by the batch's own in evaluation mode."""
-    return any(getattr(module, "track_running_stats", False)
-               and getattr(module, "running_var", None) is not None
-               for module in model.modules())
+    return any(
+        getattr(module, "track_running_stats", False)
+        and getattr(module, "running_var", None) is not None
+        for module in model.modules()
+    )

@@ -26,8 +26,11 @@ def signal_exit_code(error: BaseException) -> int | None:
     code of a SystemExit raised by a signal handler), or None when it is no signal."""
     if isinstance(error, KeyboardInterrupt):
         return _SIGNAL_EXIT_BASE + signal.SIGINT
-    if isinstance(error, SystemExit) and isinstance(error.code, int) \
-            and error.code > _SIGNAL_EXIT_BASE:
+    if (
+        isinstance(error, SystemExit)
+        and isinstance(error.code, int)
+        and error.code > _SIGNAL_EXIT_BASE
+    ):
         return error.code
     return None
 
@@ -40,7 +43,7 @@ def under_launcher() -> bool:
 
 
 def signal_name(exit_code: int) -> str:
-    """"SIGTERM" for 143."""
+    """ "SIGTERM" for 143."""
     try:
         return signal.Signals(exit_code - _SIGNAL_EXIT_BASE).name
     except ValueError:
@@ -52,8 +55,9 @@ def add_measured_epochs(result: CellResult, measured: list[EpochMeasurement]) ->
     and mean training losses, and their mean as `seconds_per_epoch` (no repeat statistics:
     the cell did not finish its repeats)."""
     result.epoch_seconds = [epoch.seconds for epoch in measured]
-    result.train_loss = [statistics.fmean(epoch.batch_losses.values())
-                         for epoch in measured if epoch.batch_losses]
+    result.train_loss = [
+        statistics.fmean(epoch.batch_losses.values()) for epoch in measured if epoch.batch_losses
+    ]
     result.metrics["epochs_measured"] = float(len(measured))
     if measured:
         result.metrics["seconds_per_epoch"] = statistics.fmean(result.epoch_seconds)

@@ -106,12 +106,13 @@ class MemoryLimit:
     rss_at_start_bytes: int  # VmRSS when it was set
 
     def describe(self) -> str:
-        return (f"hardware.device_memory_gb={self.device_memory_gb:g} "
-                f"({self.budget_bytes / _MB:.0f} MB per worker; enforced as RLIMIT_DATA="
-                f"{self.data_limit_bytes / _MB:.0f} MB = VmData "
-                f"{self.data_at_start_bytes / _MB:.0f} MB + budget - RSS "
-                f"{self.rss_at_start_bytes / _MB:.0f} MB at the cell's start)")
-
+        return (
+            f"hardware.device_memory_gb={self.device_memory_gb:g} "
+            f"({self.budget_bytes / _MB:.0f} MB per worker; enforced as RLIMIT_DATA="
+            f"{self.data_limit_bytes / _MB:.0f} MB = VmData "
+            f"{self.data_at_start_bytes / _MB:.0f} MB + budget - RSS "
+            f"{self.rss_at_start_bytes / _MB:.0f} MB at the cell's start)"
+        )
 
 
 def oom_error(error: BaseException, rank: int, limit: MemoryLimit | None) -> str:
@@ -139,23 +140,40 @@ def device_memory_limit(hardware: HardwareConfig) -> Iterator[MemoryLimit | None
     assert hardware.device_memory_gb is not None
     now = process_memory()
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    limit = MemoryLimit(device_memory_gb=hardware.device_memory_gb, budget_bytes=budget,
-                        data_limit_bytes=now["VmData"] + budget - now["VmRSS"],
-                        data_at_start_bytes=now["VmData"], rss_at_start_bytes=now["VmRSS"])
+    limit = MemoryLimit(
+        device_memory_gb=hardware.device_memory_gb,
+        budget_bytes=budget,
+        data_limit_bytes=now["VmData"] + budget - now["VmRSS"],
+        data_at_start_bytes=now["VmData"],
+        rss_at_start_bytes=now["VmRSS"],
+    )
     if now["VmRSS"] >= budget:
         raise WorkerOverBudget(
             f"the worker holds {now['VmRSS'] / _MB:.0f} MB (RSS) before its cell starts, "
-            f"more than hardware.device_memory_gb={hardware.device_memory_gb:g} allows")
+            f"more than hardware.device_memory_gb={hardware.device_memory_gb:g} allows"
+        )
     if hard != resource.RLIM_INFINITY and hard < limit.data_limit_bytes:
-        log.warning("RLIMIT_DATA's hard limit (%d MB) is below the budget's limit (%d MB): the "
-                    "hard limit applies", hard / _MB, limit.data_limit_bytes / _MB)
-    resource.setrlimit(resource.RLIMIT_DATA, (
-        limit.data_limit_bytes if hard == resource.RLIM_INFINITY
-        else min(limit.data_limit_bytes, hard), hard))
+        log.warning(
+            "RLIMIT_DATA's hard limit (%d MB) is below the budget's limit (%d MB): the "
+            "hard limit applies",
+            hard / _MB,
+            limit.data_limit_bytes / _MB,
+        )
+    resource.setrlimit(
+        resource.RLIMIT_DATA,
+        (
+            limit.data_limit_bytes
+            if hard == resource.RLIM_INFINITY
+            else min(limit.data_limit_bytes, hard),
+            hard,
+        ),
+    )
     log.info("memory limit: %s", limit.describe())
     if _rlimit_data_ignored():
-        log.warning("the kernel was booted with ignore_rlimit_data: hardware.device_memory_gb "
-                    "is not enforced on this machine")
+        log.warning(
+            "the kernel was booted with ignore_rlimit_data: hardware.device_memory_gb "
+            "is not enforced on this machine"
+        )
     try:
         yield limit
     finally:
@@ -174,5 +192,10 @@ def _rlimit_data_ignored() -> bool:
         words = Path("/proc/cmdline").read_text().split()
     except OSError:
         return False
-    return any(word == "ignore_rlimit_data" or (word.startswith("ignore_rlimit_data=")
-               and word.partition("=")[2] not in ("0", "n", "N")) for word in words)
+    return any(
+        word == "ignore_rlimit_data"
+        or (
+            word.startswith("ignore_rlimit_data=") and word.partition("=")[2] not in ("0", "n", "N")
+        )
+        for word in words
+    )

@@ -49,8 +49,9 @@ def _timed(operation: Callable[[], object], device: torch.device, probe: ProbeCo
     return median_seconds(operation, device, warmup=probe.warmup, repeats=probe.repeats)
 
 
-def measure_pair(peer: int, initiator: bool, device: torch.device,
-                 probe: ProbeConfig) -> list[float]:
+def measure_pair(
+    peer: int, initiator: bool, device: torch.device, probe: ProbeConfig
+) -> list[float]:
     """One-way seconds to `peer` at each message size (measured by the initiator)."""
     one_way = []
     for nbytes in probe.message_bytes:
@@ -68,8 +69,9 @@ def measure_pair(peer: int, initiator: bool, device: torch.device,
     return one_way
 
 
-def measure_links(session: WorkerSession, device: torch.device,
-                  probe: ProbeConfig) -> dict[tuple[int, int], list[float]]:
+def measure_links(
+    session: WorkerSession, device: torch.device, probe: ProbeConfig
+) -> dict[tuple[int, int], list[float]]:
     """One-way seconds per size for every pair (i < j), as measured by worker i."""
     rank, measured = session.env.rank, {}
     for low, high in itertools.combinations(range(session.env.world_size), 2):
@@ -81,8 +83,9 @@ def measure_links(session: WorkerSession, device: torch.device,
     return measured
 
 
-def measure_allreduce(session: WorkerSession, device: torch.device,
-                      probe: ProbeConfig) -> dict[int, list[float]]:
+def measure_allreduce(
+    session: WorkerSession, device: torch.device, probe: ProbeConfig
+) -> dict[int, list[float]]:
     """Seconds per size of an allreduce among the first k workers, for k = 2..W (rank 0's
     view: every member waits for the slowest, so one member's clock is the group's)."""
     measured = {}
@@ -96,15 +99,17 @@ def measure_allreduce(session: WorkerSession, device: torch.device,
     return measured
 
 
-def _allreduce_seconds(group: dist.ProcessGroup, device: torch.device,
-                       probe: ProbeConfig) -> list[float]:
+def _allreduce_seconds(
+    group: dist.ProcessGroup, device: torch.device, probe: ProbeConfig
+) -> list[float]:
     """Seconds of an allreduce within `group` at each message size (a member's view)."""
     seconds = []
     for nbytes in probe.message_bytes:
         tensor = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
         dist.barrier(group=group)
-        seconds.append(_timed(functools.partial(dist.all_reduce, tensor, group=group),
-                              device, probe))
+        seconds.append(
+            _timed(functools.partial(dist.all_reduce, tensor, group=group), device, probe)
+        )
     return seconds
 
 
@@ -144,8 +149,10 @@ def measure_compute_lost(session: WorkerSession, probe: ProbeConfig) -> float:
     keeps the loss's sign until the median, and at least `_COMPUTE_LOST_FEWEST_REPEATS` are
     timed: one repeat per worker read anywhere from 0 to 9.9 ms/MB on the same link."""
     left, right = _kernel_operands()
-    nbytes = max([n for n in probe.message_bytes if n <= _COMPUTE_LOST_MAX_BYTES]
-                 or [min(probe.message_bytes)])
+    nbytes = max(
+        [n for n in probe.message_bytes if n <= _COMPUTE_LOST_MAX_BYTES]
+        or [min(probe.message_bytes)]
+    )
     tensor = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32)
     megabytes = tensor.numel() * 4 / 1e6
     lost_ms_per_mb = []
@@ -205,18 +212,24 @@ def measure_collectives_after_compute(probe: ProbeConfig) -> dict[str, list[floa
         whole, shard = torch.zeros(elements), torch.zeros(elements // workers)
         collectives = {
             "all_gather": functools.partial(dist.all_gather_into_tensor, whole, shard),
-            "reduce_scatter": functools.partial(dist.reduce_scatter_tensor, shard, whole)}
+            "reduce_scatter": functools.partial(dist.reduce_scatter_tensor, shard, whole),
+        }
         for name, collective in collectives.items():
             dist.barrier()
             seconds = _timed_after_compute(collective, probe.warmup, fewest, (left, right))
-            seconds += _timed_after_compute(collective, 0, _more_repeats(seconds, fewest),
-                                            (left, right))
+            seconds += _timed_after_compute(
+                collective, 0, _more_repeats(seconds, fewest), (left, right)
+            )
             measured[name].append(statistics.fmean(seconds))
     return measured
 
 
-def _timed_after_compute(collective: Callable[[], object], warmup: int, repeats: int,
-                         operands: tuple[torch.Tensor, torch.Tensor]) -> list[float]:
+def _timed_after_compute(
+    collective: Callable[[], object],
+    warmup: int,
+    repeats: int,
+    operands: tuple[torch.Tensor, torch.Tensor],
+) -> list[float]:
     """Seconds of `repeats` runs of `collective` after `warmup` ones, each after
     `_COMPUTE_BEFORE_COLLECTIVE_S` of compute."""
     seconds = []
@@ -254,15 +267,25 @@ def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
     env = worker_environment()
     device = select_device(config, env.local_rank)
     keep_freed_memory()  # its compute timed as a cell's workers step (harness.measure.allocator)
-    with worker_session(env, device, backend=config.distribution.backend,
-                        timeout_s=config.run.progress_timeout_s,
-                        link=config.hardware.link) as session:
+    with worker_session(
+        env,
+        device,
+        backend=config.distribution.backend,
+        timeout_s=config.run.progress_timeout_s,
+        link=config.hardware.link,
+    ) as session:
         if not env.is_distributed:
-            raise RuntimeError(f"hardware={config.hardware.name} has one worker: there is "
-                               f"nothing to probe between workers")
-        log.info("rank %d: probing %d links and allreduce among 2..%d workers, %d round(s)",
-                 env.rank, env.world_size * (env.world_size - 1) // 2, env.world_size,
-                 config.probe.rounds)
+            raise RuntimeError(
+                f"hardware={config.hardware.name} has one worker: there is "
+                f"nothing to probe between workers"
+            )
+        log.info(
+            "rank %d: probing %d links and allreduce among 2..%d workers, %d round(s)",
+            env.rank,
+            env.world_size * (env.world_size - 1) // 2,
+            env.world_size,
+            config.probe.rounds,
+        )
         rounds = [measure_round(session, device, config) for _ in range(config.probe.rounds)]
         # The node as the scheduler names it (SLURM's test cluster runs its nodes on one host).
         hosts = session.all_gather(os.environ.get("SLURMD_NODENAME", socket.gethostname()))
@@ -280,10 +303,13 @@ def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
         profile.facts["compute_lost_ms_per_mb_per_worker"] = lost
     if rounds[0].after_compute is not None:
         profile.facts[COLLECTIVES_AFTER_COMPUTE_FACT] = {
-            "workers": env.world_size, "compute_before_ms": _COMPUTE_BEFORE_COLLECTIVE_S * 1e3,
+            "workers": env.world_size,
+            "compute_before_ms": _COMPUTE_BEFORE_COLLECTIVE_S * 1e3,
             "bytes": [float(n) for n in config.probe.message_bytes],
-            **{name: median_across_rounds(figures[_after_compute(name)])
-               for name in _AFTER_COMPUTE}}
+            **{
+                name: median_across_rounds(figures[_after_compute(name)]) for name in _AFTER_COMPUTE
+            },
+        }
     profile.save(output_dir / PROFILE_FILE)
     return profile.to_json()
 
@@ -298,8 +324,9 @@ class ProbeRound:
     after_compute: dict[str, list[float]] | None  # all_gather, reduce_scatter -> s per size
 
 
-def measure_round(session: WorkerSession, device: torch.device,
-                  config: DistbenchConfig) -> ProbeRound:
+def measure_round(
+    session: WorkerSession, device: torch.device, config: DistbenchConfig
+) -> ProbeRound:
     """Every figure once (`probe.rounds` of these, one after the other: a disturbance of a
     few seconds meets one round, and each figure is the median across them)."""
     by_rank = session.all_gather(measure_links(session, device, config.probe))
@@ -307,11 +334,15 @@ def measure_round(session: WorkerSession, device: torch.device,
     allreduce = measure_allreduce(session, device, config.probe)
     # Only where it is used: CPU workers on nodes of their own, whose allreduces run
     # beside the backward (on one machine they take their turn; a GPU's run on its links).
-    lost = (session.all_gather(measure_compute_lost(session, config.probe))
-            if device.type == "cpu" and config.hardware.nodes > 1 else None)
+    lost = (
+        session.all_gather(measure_compute_lost(session, config.probe))
+        if device.type == "cpu" and config.hardware.nodes > 1
+        else None
+    )
     # FSDP's collectives take their turn with a CPU worker's compute (distributions.fsdp)
-    after_compute = (measure_collectives_after_compute(config.probe)
-                     if device.type == "cpu" else None)
+    after_compute = (
+        measure_collectives_after_compute(config.probe) if device.type == "cpu" else None
+    )
     return ProbeRound(links, allreduce, lost, after_compute)
 
 
@@ -335,18 +366,28 @@ def round_figures(rounds: list[ProbeRound]) -> dict[str, list[list[float]]]:
     """Each figure's values per round, by the name the profile's rounds fact gives it."""
     first = rounds[0]
     figures = {_link(pair): [r.links[pair] for r in rounds] for pair in sorted(first.links)}
-    figures.update({_allreduce(k): [r.allreduce[k] for r in rounds]
-                    for k in sorted(first.allreduce)})
+    figures.update(
+        {_allreduce(k): [r.allreduce[k] for r in rounds] for k in sorted(first.allreduce)}
+    )
     if first.lost is not None:
         figures[_LOST] = [r.lost or [] for r in rounds]
     if first.after_compute is not None:
-        figures.update({_after_compute(name): [(r.after_compute or {})[name] for r in rounds]
-                        for name in _AFTER_COMPUTE})
+        figures.update(
+            {
+                _after_compute(name): [(r.after_compute or {})[name] for r in rounds]
+                for name in _AFTER_COMPUTE
+            }
+        )
     return figures
 
 
-def assemble_profile(config: DistbenchConfig, device: torch.device, session: WorkerSession,
-                     figures: dict[str, list[list[float]]], hosts: list[str]) -> HardwareProfile:
+def assemble_profile(
+    config: DistbenchConfig,
+    device: torch.device,
+    session: WorkerSession,
+    figures: dict[str, list[list[float]]],
+    hosts: list[str],
+) -> HardwareProfile:
     """The profile of the figures' medians across the rounds (`round_figures`)."""
     sizes = [float(n) for n in config.probe.message_bytes]
     per_node = config.hardware.workers_per_node
@@ -355,17 +396,35 @@ def assemble_profile(config: DistbenchConfig, device: torch.device, session: Wor
     links = {pair: median_across_rounds(figures[_link(pair)]) for pair in pairs}
     allreduce = {k: median_across_rounds(figures[_allreduce(k)]) for k in workers}
     measured_links = [
-        Link(low, high, low // per_node == high // per_node, fit_cost(sizes, seconds),
-             {"bytes": sizes, "seconds": seconds})
-        for (low, high), seconds in links.items()]
-    measured_allreduce = [AllreduceCost(k, fit_cost(sizes, seconds),
-                                        {"bytes": sizes, "seconds": seconds})
-                          for k, seconds in allreduce.items()]
+        Link(
+            low,
+            high,
+            low // per_node == high // per_node,
+            fit_cost(sizes, seconds),
+            {"bytes": sizes, "seconds": seconds},
+        )
+        for (low, high), seconds in links.items()
+    ]
+    measured_allreduce = [
+        AllreduceCost(k, fit_cost(sizes, seconds), {"bytes": sizes, "seconds": seconds})
+        for k, seconds in allreduce.items()
+    ]
     # The machine rank 0 runs on: link speeds over loopback or shared memory are the host's,
     # as a step time is (`harness.runtime.environment.machine_name`).
-    facts = {"device": device.type, "backend": session.backend, "hosts": hosts,
-             "machine": machine_name(device.type),
-             "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-             "repeats": config.probe.repeats}
-    return HardwareProfile(config.hardware.name, "measured", session.env.world_size,
-                           config.hardware.nodes, measured_links, measured_allreduce, facts)
+    facts = {
+        "device": device.type,
+        "backend": session.backend,
+        "hosts": hosts,
+        "machine": machine_name(device.type),
+        "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "repeats": config.probe.repeats,
+    }
+    return HardwareProfile(
+        config.hardware.name,
+        "measured",
+        session.env.world_size,
+        config.hardware.nodes,
+        measured_links,
+        measured_allreduce,
+        facts,
+    )

@@ -123,12 +123,14 @@ class Measurement:
     steadiness_threshold: float = 0.10  # run.steadiness_threshold
 
     def steadiness(self) -> Steadiness:
-        return Steadiness(reference_before=[w.reference_seconds[0] for w in self.workers],
-                          reference_after=[w.reference_seconds[1] for w in self.workers],
-                          repeat_epochs=self.repeat_epoch_seconds(),
-                          threshold=self.steadiness_threshold,
-                          memory_before=[w.memory_reference_seconds[0] for w in self.workers],
-                          memory_after=[w.memory_reference_seconds[1] for w in self.workers])
+        return Steadiness(
+            reference_before=[w.reference_seconds[0] for w in self.workers],
+            reference_after=[w.reference_seconds[1] for w in self.workers],
+            repeat_epochs=self.repeat_epoch_seconds(),
+            threshold=self.steadiness_threshold,
+            memory_before=[w.memory_reference_seconds[0] for w in self.workers],
+            memory_after=[w.memory_reference_seconds[1] for w in self.workers],
+        )
 
     @property
     def seeds(self) -> list[int]:
@@ -140,16 +142,19 @@ class Measurement:
 
     def epoch_seconds(self) -> list[float]:
         """An epoch lasts until its slowest worker is done."""
-        return [max(worker.epochs[e].seconds for worker in self.workers)
-                for e in range(len(self.workers[0].epochs))]
+        return [
+            max(worker.epochs[e].seconds for worker in self.workers)
+            for e in range(len(self.workers[0].epochs))
+        ]
 
     def _per_repeat(self, per_epoch: list[float]) -> list[list[float]]:
         """A per-epoch list cut into one list per repeat (a repeat that reached its target
         early has fewer epochs)."""
-        sizes = [outcome.epochs for outcome in self.outcomes] or \
-            [len(per_epoch) // len(self.seeds)] * len(self.seeds)
+        sizes = [outcome.epochs for outcome in self.outcomes] or [
+            len(per_epoch) // len(self.seeds)
+        ] * len(self.seeds)
         bounds = [sum(sizes[:k]) for k in range(len(sizes) + 1)]
-        return [per_epoch[bounds[k]:bounds[k + 1]] for k in range(len(sizes))]
+        return [per_epoch[bounds[k] : bounds[k + 1]] for k in range(len(sizes))]
 
     def repeat_epoch_seconds(self) -> list[list[float]]:
         """`epoch_seconds`, one list per repeat."""
@@ -178,23 +183,36 @@ class Measurement:
 
     def repeats(self) -> list[RepeatResult]:
         results = []
-        for k, (seed, mean, epochs) in enumerate(zip(
-                self.seeds, self.repeat_seconds_per_epoch(), self.repeat_epoch_seconds())):
+        for k, (seed, mean, epochs) in enumerate(
+            zip(self.seeds, self.repeat_seconds_per_epoch(), self.repeat_epoch_seconds())
+        ):
             outcome = self.outcomes[k] if self.outcomes else None
             last = outcome.evaluations[-1] if outcome and outcome.evaluations else None
             reached = outcome.reached_target if outcome else None
-            results.append(RepeatResult(
-                repeat=k, seed=seed, seconds_per_epoch=mean, epoch_seconds=epochs,
-                eval_accuracy=last.accuracy if last else None, reached_target=reached,
-                time_to_target_s=outcome.run_seconds if outcome and reached else None,
-                epochs_to_target=outcome.epochs if outcome and reached else None))
+            results.append(
+                RepeatResult(
+                    repeat=k,
+                    seed=seed,
+                    seconds_per_epoch=mean,
+                    epoch_seconds=epochs,
+                    eval_accuracy=last.accuracy if last else None,
+                    reached_target=reached,
+                    time_to_target_s=outcome.run_seconds if outcome and reached else None,
+                    epochs_to_target=outcome.epochs if outcome and reached else None,
+                )
+            )
         return results
 
     def phase_seconds(self) -> dict[str, list[float]]:
         """Seconds per phase per epoch, averaged over the workers."""
         phases = self.workers[0].epochs[0].phase_seconds
-        return {phase: [statistics.fmean(w.epochs[e].phase_seconds[phase] for w in self.workers)
-                        for e in range(len(self.workers[0].epochs))] for phase in phases}
+        return {
+            phase: [
+                statistics.fmean(w.epochs[e].phase_seconds[phase] for w in self.workers)
+                for e in range(len(self.workers[0].epochs))
+            ]
+            for phase in phases
+        }
 
     def replica_digests(self) -> dict[int, set[str]]:
         """Parameter digests per replica group; in sync when each group has one."""
@@ -233,7 +251,9 @@ class Measurement:
             "images_per_second": samples_per_epoch * len(epoch_seconds) / sum(epoch_seconds),
             # Language models are compared in tokens/s: samples/s x tokens per sample (an
             # image counts 1, so for images it equals images_per_second).
-            "tokens_per_second": samples_per_epoch * len(epoch_seconds) / sum(epoch_seconds)
+            "tokens_per_second": samples_per_epoch
+            * len(epoch_seconds)
+            / sum(epoch_seconds)
             * self.tokens_per_sample,
             "samples_per_epoch": float(samples_per_epoch),
             "batches_per_epoch": float(self.workers[0].epochs[0].batches),
@@ -245,8 +265,9 @@ class Measurement:
             for rank, worker in enumerate(self.workers):
                 metrics[f"peak_memory_mb_rank{rank}"] = worker.peak_memory_mb
             # Replicas that drifted apart would make the timings meaningless.
-            metrics["replicas_in_sync"] = float(all(
-                len(digests) == 1 for digests in self.replica_digests().values()))
+            metrics["replicas_in_sync"] = float(
+                all(len(digests) == 1 for digests in self.replica_digests().values())
+            )
         metrics.update(self.extra_metrics())
         metrics.update(self.link_traffic())
         metrics.update(self.steadiness().metrics())
@@ -256,8 +277,9 @@ class Measurement:
         return metrics
 
 
-def quality_metrics(repeats: list[RepeatResult], evaluations: list[Evaluation],
-                    train_losses: list[float]) -> dict[str, float]:
+def quality_metrics(
+    repeats: list[RepeatResult], evaluations: list[Evaluation], train_losses: list[float]
+) -> dict[str, float]:
     """What the training achieved: the last epoch's training loss; with evaluation, the final
     eval accuracy and loss (means over the repeats' last evaluations) and the seconds an
     evaluation takes; with a target, whether every repeat reached it and, if so, the time and
@@ -305,15 +327,22 @@ def select_device(config: DistbenchConfig, local_rank: int = 0) -> torch.device:
     """The configured device; a missing CUDA device is a configuration error, not a fallback."""
     if config.hardware.device.value == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError("hardware.device='cuda' but torch sees no CUDA device here; "
-                               "allowed on this machine: cpu")
+            raise RuntimeError(
+                "hardware.device='cuda' but torch sees no CUDA device here; "
+                "allowed on this machine: cpu"
+            )
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
 
 
-def measure(config: DistbenchConfig, device: torch.device, session: WorkerSession,
-            heartbeat: Callable[[], None], events: EventLog,
-            measured: list[EpochMeasurement] | None = None) -> WorkerMeasurement:
+def measure(
+    config: DistbenchConfig,
+    device: torch.device,
+    session: WorkerSession,
+    heartbeat: Callable[[], None],
+    events: EventLog,
+    measured: list[EpochMeasurement] | None = None,
+) -> WorkerMeasurement:
     """Build this worker's workload, warm up, then train and time `run.repeats` repeats of
     `run.epochs` epochs, evaluating after each epoch (`run.eval`).
 
@@ -334,16 +363,22 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
     # A pipeline feeds every batch through all its workers: its data is not sharded by worker.
     shards = config.distribution.data_shards(config)
     workload = build_workload(config, rank=session.env.rank % shards, world_size=shards)
-    progress = EpochProgress(enabled=config.run.progress and session.env.is_main,
-                             batches=len(workload.loader))
+    progress = EpochProgress(
+        enabled=config.run.progress and session.env.is_main, batches=len(workload.loader)
+    )
 
     def beat() -> None:  # after every batch, warm-up included
         heartbeat()
         progress.update()
 
-    context = TrainingContext(config=config, workload=workload, device=device,
-                              clock=PhaseClock(device, enabled=config.run.phase_timing),
-                              session=session, heartbeat=beat)
+    context = TrainingContext(
+        config=config,
+        workload=workload,
+        device=device,
+        clock=PhaseClock(device, enabled=config.run.phase_timing),
+        session=session,
+        heartbeat=beat,
+    )
     speed_before = machine_speed(device, session)  # before the trainer starts anything
     trainer = spec_of(config).trainer(context)
     progress.batches = trainer.worker_batches(progress.batches)
@@ -356,22 +391,27 @@ def measure(config: DistbenchConfig, device: torch.device, session: WorkerSessio
     epochs, seeds, outcomes = [], [], []
     for repeat in range(config.run.repeats):
         seeds.append(repeat_seed(config.run.seed, repeat))
-        trained, outcome = train_repeat(config, context, trainer, repeat, seeds[-1], events,
-                                        progress, measured)
+        trained, outcome = train_repeat(
+            config, context, trainer, repeat, seeds[-1], events, progress, measured
+        )
         epochs += trained
         outcomes.append(outcome)
     trainer.finish()
     with memory.left_out():  # the reference kernel's memory is no part of the cell's
         speed_after = machine_speed(device, session)
-    return WorkerMeasurement(epochs=epochs, seeds=seeds, peak_memory_mb=memory.peak_mb(),
-                             memory_kind=memory.kind,
-                             parameter_digest=parameter_digest(workload.model),
-                             replica_group=trainer.replica_group,
-                             extra_metrics=trainer.extra_metrics(),
-                             resolved_config=trainer.resolved_config(),
-                             outcomes=outcomes,
-                             reference_seconds=(speed_before[0], speed_after[0]),
-                             memory_reference_seconds=(speed_before[1], speed_after[1]))
+    return WorkerMeasurement(
+        epochs=epochs,
+        seeds=seeds,
+        peak_memory_mb=memory.peak_mb(),
+        memory_kind=memory.kind,
+        parameter_digest=parameter_digest(workload.model),
+        replica_group=trainer.replica_group,
+        extra_metrics=trainer.extra_metrics(),
+        resolved_config=trainer.resolved_config(),
+        outcomes=outcomes,
+        reference_seconds=(speed_before[0], speed_after[0]),
+        memory_reference_seconds=(speed_before[1], speed_after[1]),
+    )
 
 
 def machine_speed(device: torch.device, session: WorkerSession) -> tuple[float, float]:
@@ -403,14 +443,20 @@ def run_facts(config: DistbenchConfig, workload: Workload, trainer: Trainer) -> 
         eval_samples=len(workload.eval_dataset) if workload.eval_dataset is not None else 0,  # type: ignore[arg-type]
         resolved=trainer.resolved_config(),
         precision=precision_name(dtype),
-        config_file=CONFIG_FILE)
+        config_file=CONFIG_FILE,
+    )
 
 
-def train_repeat(config: DistbenchConfig, context: TrainingContext, trainer: Trainer,
-                 repeat: int, seed: int, events: EventLog,
-                 progress: EpochProgress | None = None,
-                 measured: list[EpochMeasurement] | None = None,
-                 ) -> tuple[list[EpochMeasurement], RepeatOutcome]:
+def train_repeat(
+    config: DistbenchConfig,
+    context: TrainingContext,
+    trainer: Trainer,
+    repeat: int,
+    seed: int,
+    events: EventLog,
+    progress: EpochProgress | None = None,
+    measured: list[EpochMeasurement] | None = None,
+) -> tuple[list[EpochMeasurement], RepeatOutcome]:
     """One repeat, MLPerf's run: from the trainer's initial weights, seed every RNG and the data
     order with `seed`, then train and time up to `run.epochs` epochs (numbered from 0 in each
     repeat: the data order is a function of (seed, epoch); the log and the progress bar count
@@ -436,26 +482,43 @@ def train_repeat(config: DistbenchConfig, context: TrainingContext, trainer: Tra
         if measured is not None:
             measured.append(epochs[-1])
         events.epoch_stop(repeat, epoch)
-        log.info("%s: %.3f s (%d %s)", label, epochs[-1].seconds, epochs[-1].samples,
-                 sample_unit(context.config))
+        log.info(
+            "%s: %.3f s (%d %s)",
+            label,
+            epochs[-1].seconds,
+            epochs[-1].samples,
+            sample_unit(context.config),
+        )
         check_finite_losses(epochs[-1].batch_losses, label)
         if context.workload.eval_dataset is None:
             continue
         evaluations.append(evaluate_epoch(context, trainer, events, repeat, epoch))
-        check_finite_eval_loss(evaluations[-1].loss, label,
-                               context.config.distribution.step_batch(context.config),
-                               context.workload.model)
+        check_finite_eval_loss(
+            evaluations[-1].loss,
+            label,
+            context.config.distribution.step_batch(context.config),
+            context.workload.model,
+        )
         if run.target_accuracy is not None and evaluations[-1].accuracy >= run.target_accuracy:
             reached = True
             break
-    outcome = RepeatOutcome(epochs=len(epochs), evaluations=evaluations,
-                            run_seconds=time.perf_counter() - started, reached_target=reached)
+    outcome = RepeatOutcome(
+        epochs=len(epochs),
+        evaluations=evaluations,
+        run_seconds=time.perf_counter() - started,
+        reached_target=reached,
+    )
     events.run_stop(repeat, success=reached is not False)
     if reached is not None:
-        log.info("repeat %d/%d: %s", repeat + 1, run.repeats,
-                 f"reached eval accuracy {run.target_accuracy} after {outcome.epochs} epoch(s), "
-                 f"{outcome.run_seconds:.2f} s" if reached else
-                 f"did not reach eval accuracy {run.target_accuracy} in {run.epochs} epoch(s)")
+        log.info(
+            "repeat %d/%d: %s",
+            repeat + 1,
+            run.repeats,
+            f"reached eval accuracy {run.target_accuracy} after {outcome.epochs} epoch(s), "
+            f"{outcome.run_seconds:.2f} s"
+            if reached
+            else f"did not reach eval accuracy {run.target_accuracy} in {run.epochs} epoch(s)",
+        )
     return epochs, outcome
 
 
@@ -467,8 +530,12 @@ def initialise_weights(workload: Workload, config: DistbenchConfig, seed: int) -
     seed_everything(seed)
     fresh = build_network(config.network.ref, workload.spec).state_dict()
     with torch.no_grad():
-        workload.model.load_state_dict({name: _placed_like(target, fresh[name]) for name, target
-                                        in workload.model.state_dict().items()})
+        workload.model.load_state_dict(
+            {
+                name: _placed_like(target, fresh[name])
+                for name, target in workload.model.state_dict().items()
+            }
+        )
 
 
 def _placed_like(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -481,20 +548,32 @@ def _placed_like(target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return distribute_tensor(value.to(target.device), target.device_mesh, target.placements)
 
 
-def evaluate_epoch(context: TrainingContext, trainer: Trainer, events: EventLog, repeat: int,
-                   epoch: int) -> Evaluation:
+def evaluate_epoch(
+    context: TrainingContext, trainer: Trainer, events: EventLog, repeat: int, epoch: int
+) -> Evaluation:
     """Evaluate the network as trained so far on the held-out split (every worker takes part)."""
     assert context.workload.eval_dataset is not None
     events.eval_start(repeat, epoch)
     started = time.perf_counter()
-    evaluation = evaluate(trainer.evaluation_model(), context.workload.eval_dataset,
-                          batch_size=context.config.batch_size, session=context.session,
-                          device=context.device, heartbeat=context.heartbeat, started=started)
+    evaluation = evaluate(
+        trainer.evaluation_model(),
+        context.workload.eval_dataset,
+        batch_size=context.config.batch_size,
+        session=context.session,
+        device=context.device,
+        heartbeat=context.heartbeat,
+        started=started,
+    )
     events.eval_stop(repeat, epoch, accuracy=evaluation.accuracy, loss=evaluation.loss)
-    log.info("%s: eval accuracy %.4f, loss %.4f (%d %s, %.2f s)",
-             epoch_label(context.config.run, repeat, epoch), evaluation.accuracy,
-             evaluation.loss, evaluation.samples, sample_unit(context.config),
-             evaluation.seconds)
+    log.info(
+        "%s: eval accuracy %.4f, loss %.4f (%d %s, %.2f s)",
+        epoch_label(context.config.run, repeat, epoch),
+        evaluation.accuracy,
+        evaluation.loss,
+        evaluation.samples,
+        sample_unit(context.config),
+        evaluation.seconds,
+    )
     return evaluation
 
 
@@ -528,8 +607,15 @@ class EpochProgress:
     def epoch(self, label: str) -> Iterator[None]:
         # leave=False: the epoch's log line takes the bar's place once the epoch is timed; in
         # a file that line follows the epoch, so a line of progress only for a long one.
-        with steps(self.batches, label, "batch", enabled=self.enabled, mininterval=1.0,
-                   first_line_s=30.0, every_s=30.0) as self._bar:
+        with steps(
+            self.batches,
+            label,
+            "batch",
+            enabled=self.enabled,
+            mininterval=1.0,
+            first_line_s=30.0,
+            every_s=30.0,
+        ) as self._bar:
             try:
                 yield
             finally:
@@ -559,8 +645,15 @@ def classify_failure(error: BaseException) -> RunStatus:
     if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
         return RunStatus.oom
     text = str(error).lower()
-    if any(sign in text for sign in ("out of memory", "can't allocate memory",
-                                     "cannot allocate memory", "bad_alloc")):
+    if any(
+        sign in text
+        for sign in (
+            "out of memory",
+            "can't allocate memory",
+            "cannot allocate memory",
+            "bad_alloc",
+        )
+    ):
         return RunStatus.oom
     if "timed out" in text:  # a collective whose peer never answered (gloo, NCCL watchdog)
         return RunStatus.timeout
@@ -613,20 +706,27 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
             device = select_device(config, env.local_rank)
             # On a CPU, hardware.device_memory_gb is enforced while the cell is measured
             # (harness.worker.memory_limit), and lifted before anything is recorded.
-            with (device_memory_limit(config.hardware) as memory_limit,
-                  worker_session(env, device, backend=config.distribution.backend,
-                                 timeout_s=config.run.progress_timeout_s,
-                                 link=config.hardware.link) as session):
+            with (
+                device_memory_limit(config.hardware) as memory_limit,
+                worker_session(
+                    env,
+                    device,
+                    backend=config.distribution.backend,
+                    timeout_s=config.run.progress_timeout_s,
+                    link=config.hardware.link,
+                ) as session,
+            ):
                 events = EventLog.for_worker(output_dir, env.is_main)
                 with events:
-                    worker = measure(config, device, session, watchdog.beat, events,
-                                     measured)
+                    worker = measure(config, device, session, watchdog.beat, events, measured)
                 if session.link is not None and env.local_rank == 0:
                     worker = dataclasses.replace(worker, link_traffic=session.link.traffic())
                     link_shaping = session.link.shaping
-                measurement = Measurement(session.all_gather(worker),
-                                          tokens_per_sample=config.dataset.spec.tokens_per_sample,
-                                          steadiness_threshold=config.run.steadiness_threshold)
+                measurement = Measurement(
+                    session.all_gather(worker),
+                    tokens_per_sample=config.dataset.spec.tokens_per_sample,
+                    steadiness_threshold=config.run.steadiness_threshold,
+                )
         except Exception as err:  # noqa: BLE001 - a failing cell is a result, not a crash
             status, error = classify_failure(err), traceback.format_exc()
             if status is RunStatus.diverged:
@@ -635,8 +735,13 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
                 # One line says it all; the traceback stays in this worker's log.
                 log.error("rank %d: out of memory at\n%s", env.rank, error)
                 error = oom_error(err, env.rank, memory_limit)
-            log.error("rank %d of cell %s ended with status %s: %s", env.rank,
-                      config.run_name, status.value, err)
+            log.error(
+                "rank %d of cell %s ended with status %s: %s",
+                env.rank,
+                config.run_name,
+                status.value,
+                err,
+            )
             write_rank_report(output_dir, env.rank, status, error)
         except (KeyboardInterrupt, SystemExit) as err:
             interrupted = signal_exit_code(err)
@@ -673,20 +778,30 @@ def _check_world_size(config: DistbenchConfig, env: WorkerEnvironment) -> None:
         raise RuntimeError(
             f"the cell needs {config.world_size} workers (hardware.nodes x "
             f"hardware.workers_per_node for distribution.name={config.distribution.name})"
-            f" but was launched with {env.world_size}")
+            f" but was launched with {env.world_size}"
+        )
 
 
-def record_interruption(cell: CheckedCell, output_dir: Path, started: str,
-                        device: torch.device, measured: list[EpochMeasurement],
-                        exit_code: int) -> NoReturn:
+def record_interruption(
+    cell: CheckedCell,
+    output_dir: Path,
+    started: str,
+    device: torch.device,
+    measured: list[EpochMeasurement],
+    exit_code: int,
+) -> NoReturn:
     """Record a single-process cell ended by a signal as `interrupted`, with the epochs it
     measured; print one line and exit with the signal's status (harness.worker.interruption)."""
     error = interrupted_error(exit_code, len(measured))
     result = new_result(cell, output_dir, started, device, RunStatus.interrupted, error)
     add_measured_epochs(result, measured)
     record(result, cell.config)
-    print(f"distbench: cell {cell.config.run_name} {error}; recorded as interrupted in "
-          f"{output_dir / RESULT_FILE}", file=sys.stderr, flush=True)
+    print(
+        f"distbench: cell {cell.config.run_name} {error}; recorded as interrupted in "
+        f"{output_dir / RESULT_FILE}",
+        file=sys.stderr,
+        flush=True,
+    )
     raise SystemExit(exit_code)
 
 

@@ -52,8 +52,14 @@ def probe_key(config: DistbenchConfig) -> tuple[Any, ...]:
     dataset = config.dataset
     # A network from another source brings its library's imports (transformers, timm, the
     # user's package): its own share; the built-in networks share one.
-    key = (dataset.key, dataset.source.value, dataset.num_samples, dataset.num_workers,
-           config.hardware.device.value, config.hardware.cpu_threads)
+    key = (
+        dataset.key,
+        dataset.source.value,
+        dataset.num_samples,
+        dataset.num_workers,
+        config.hardware.device.value,
+        config.hardware.cpu_threads,
+    )
     return key if config.network.ref.is_builtin else (*key, config.network.key)
 
 
@@ -69,9 +75,17 @@ class RuntimeProbe:
     def __init__(self, config: DistbenchConfig) -> None:
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "harness.worker.runtime_memory",
-                json.dumps(_request(config))], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, preexec_fn=ends_with_parent())
+                [
+                    sys.executable,
+                    "-m",
+                    "harness.worker.runtime_memory",
+                    json.dumps(_request(config)),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                preexec_fn=ends_with_parent(),
+            )
         except OSError as err:
             raise ProbeFailed(f"the runtime memory probe failed: {err}") from err
 
@@ -87,11 +101,14 @@ class RuntimeProbe:
             self.stop()
             raise ProbeFailed(f"the runtime memory probe failed: {err}") from err
         if self.process.returncode != 0:
-            raise ProbeFailed(f"the runtime memory probe failed "
-                              f"({_ending(self.process.returncode)}): "
-                              f"{failure_reason(stderr, width=300)}")
-        return {key: float(value)
-                for key, value in json.loads(stdout.strip().splitlines()[-1]).items()}
+            raise ProbeFailed(
+                f"the runtime memory probe failed "
+                f"({_ending(self.process.returncode)}): "
+                f"{failure_reason(stderr, width=300)}"
+            )
+        return {
+            key: float(value) for key, value in json.loads(stdout.strip().splitlines()[-1]).items()
+        }
 
     def stop(self) -> None:
         self.process.kill()
@@ -102,15 +119,22 @@ def _request(config: DistbenchConfig) -> dict[str, Any]:
     """What the probe process is told of the worker (its command-line argument, as JSON)."""
     dataset = config.dataset
     return {
-        "dataset": dataset.name.value, "source": dataset.source.value,
-        "num_samples": dataset.num_samples, "num_workers": dataset.num_workers,
-        "cache_dir": str(Path(dataset.cache_dir).expanduser()), "root": dataset.root,
-        "unique": dataset.synthetic_unique_samples, "seed": config.run.seed,
-        "batch_size": config.batch_size, "threads": config.hardware.cpu_threads,
+        "dataset": dataset.name.value,
+        "source": dataset.source.value,
+        "num_samples": dataset.num_samples,
+        "num_workers": dataset.num_workers,
+        "cache_dir": str(Path(dataset.cache_dir).expanduser()),
+        "root": dataset.root,
+        "unique": dataset.synthetic_unique_samples,
+        "seed": config.run.seed,
+        "batch_size": config.batch_size,
+        "threads": config.hardware.cpu_threads,
         "device": config.hardware.device.value,
-        "seq_len": dataset.seq_len, "vocab_size": dataset.vocab_size,
-        "network": None if config.network.ref.is_builtin else dataclasses.asdict(
-            config.network.ref),
+        "seq_len": dataset.seq_len,
+        "vocab_size": dataset.vocab_size,
+        "network": None
+        if config.network.ref.is_builtin
+        else dataclasses.asdict(config.network.ref),
     }
 
 
@@ -120,7 +144,7 @@ class ProbeFailed(StateError):
 
 
 def _ending(returncode: int) -> str:
-    """"exit status 1", or "killed by SIGKILL" for a negative return code."""
+    """ "exit status 1", or "killed by SIGKILL" for a negative return code."""
     if returncode < 0:
         import signal
 
@@ -165,11 +189,20 @@ def _tiny_network(channels: int, classes: int):  # noqa: ANN202
     from torch import nn
 
     return nn.Sequential(
-        nn.Conv2d(channels, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+        nn.Conv2d(channels, 8, 3, padding=1, bias=False),
+        nn.BatchNorm2d(8),
+        nn.ReLU(inplace=True),
         nn.MaxPool2d(2, ceil_mode=True),
-        nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.BatchNorm2d(8), nn.ReLU6(),
-        nn.Conv2d(8, 8, 1), nn.ReLU(), nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(1),
-        nn.Dropout(0.2), nn.Linear(8, classes))
+        nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False),
+        nn.BatchNorm2d(8),
+        nn.ReLU6(),
+        nn.Conv2d(8, 8, 1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d((1, 1)),
+        nn.Flatten(1),
+        nn.Dropout(0.2),
+        nn.Linear(8, classes),
+    )
 
 
 def _probe(request: dict[str, Any]) -> dict[str, float]:
@@ -192,24 +225,34 @@ def _probe(request: dict[str, Any]) -> dict[str, float]:
     if request["threads"] is not None:
         torch.set_num_threads(request["threads"])
     cuda = request["device"] == "cuda"
-    spec = dataset_spec(request["dataset"]).with_tokens(request.get("seq_len"),
-                                                        request.get("vocab_size"))
+    spec = dataset_spec(request["dataset"]).with_tokens(
+        request.get("seq_len"), request.get("vocab_size")
+    )
     if request.get("network"):  # its library's imports, nothing allocated (meta device)
         from workloads.networks import NetworkRef, build_network
 
-        fields = {key: value for key, value in request["network"].items()
-                  if not key.startswith("_")}
+        fields = {
+            key: value for key, value in request["network"].items() if not key.startswith("_")
+        }
         with torch.device("meta"):
             build_network(NetworkRef(**fields), spec)
-    data = build_dataset(spec, source=request["source"], num_samples=request["num_samples"],
-                         seed=request["seed"], cache_dir=request["cache_dir"],
-                         root=request["root"], synthetic_unique_samples=request["unique"])
+    data = build_dataset(
+        spec,
+        source=request["source"],
+        num_samples=request["num_samples"],
+        seed=request["seed"],
+        cache_dir=request["cache_dir"],
+        root=request["root"],
+        synthetic_unique_samples=request["unique"],
+    )
     batch = min(request["batch_size"], dataset_length(data))
-    loader = EpochLoader(data, batch, seed=request["seed"],
-                         num_workers=request["num_workers"])
+    loader = EpochLoader(data, batch, seed=request["seed"], num_workers=request["num_workers"])
     device = torch.device("cuda" if cuda else "cpu")
-    model = (_tiny_language_model(spec.vocab_size) if spec.tokens
-             else _tiny_network(spec.channels, spec.num_classes)).to(device)
+    model = (
+        _tiny_language_model(spec.vocab_size)
+        if spec.tokens
+        else _tiny_network(spec.channels, spec.num_classes)
+    ).to(device)
     optimizer = build_optimizer(model.parameters(), OptimizerConfig())
     images, labels = next(iter(loader))
     images, labels = images[:_PROBE_BATCH].to(device), labels[:_PROBE_BATCH].to(device)
@@ -244,8 +287,7 @@ def _cuda_share() -> dict[str, float]:
     # other process holds there: run the probe on an idle device).
     free, total = torch.cuda.mem_get_info()
     context = (total - free - torch.cuda.memory_reserved()) / BYTES_PER_MB
-    return {"runtime_mb": context + workspaces, "context_mb": context,
-            "workspaces_mb": workspaces}
+    return {"runtime_mb": context + workspaces, "context_mb": context, "workspaces_mb": workspaces}
 
 
 if __name__ == "__main__":

@@ -29,8 +29,14 @@ class BatchTiming:
     seconds: tuple[float, ...] = ()  # every timed step, for the spread (facts keep IQRs)
 
 
-def measure_batch_seconds(config: DistbenchConfig, *, batch_size: int, probe_batches: int,
-                          warmup_batches: int = 2, steady_spread: float = 0.0) -> BatchTiming:
+def measure_batch_seconds(
+    config: DistbenchConfig,
+    *,
+    batch_size: int,
+    probe_batches: int,
+    warmup_batches: int = 2,
+    steady_spread: float = 0.0,
+) -> BatchTiming:
     """Time up to `probe_batches` training steps of the cell's network at `batch_size` on the
     configured device (one worker, the sequential trainer), as `ProbeLength` says."""
     # Imported here: torch, harness.worker.run and the trainers are much that the equations and
@@ -56,13 +62,22 @@ def measure_batch_seconds(config: DistbenchConfig, *, batch_size: int, probe_bat
     if probe_config.hardware.cpu_threads is not None:
         torch.set_num_threads(probe_config.hardware.cpu_threads)
     context = TrainingContext(
-        config=probe_config, workload=build_workload(probe_config), device=device,
+        config=probe_config,
+        workload=build_workload(probe_config),
+        device=device,
         clock=PhaseClock(device, enabled=False),
-        session=WorkerSession(WorkerEnvironment(), backend=None), heartbeat=lambda: None)
+        session=WorkerSession(WorkerEnvironment(), backend=None),
+        heartbeat=lambda: None,
+    )
     trainer = sequential_trainer(context)
     length = ProbeLength(warmup_batches, probe_batches, steady_spread)
-    seconds = length.timed(trainer.time_batches(warmup_batches + probe_batches,
-                                                enough=length.enough))
-    return BatchTiming(batch_size=batch_size, median_s=statistics.median(seconds),
-                       std_s=statistics.stdev(seconds) if len(seconds) > 1 else 0.0,
-                       batches=len(seconds), seconds=tuple(seconds))
+    seconds = length.timed(
+        trainer.time_batches(warmup_batches + probe_batches, enough=length.enough)
+    )
+    return BatchTiming(
+        batch_size=batch_size,
+        median_s=statistics.median(seconds),
+        std_s=statistics.stdev(seconds) if len(seconds) > 1 else 0.0,
+        batches=len(seconds),
+        seconds=tuple(seconds),
+    )

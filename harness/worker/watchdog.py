@@ -26,15 +26,15 @@ STALL_RECORD_S = 60.0
 
 
 class ProgressWatchdog:
-    def __init__(self, timeout_s: float, on_stall: Callable[[str], None],
-                 record_s: float = STALL_RECORD_S) -> None:
+    def __init__(
+        self, timeout_s: float, on_stall: Callable[[str], None], record_s: float = STALL_RECORD_S
+    ) -> None:
         self.timeout_s = timeout_s
         self.record_s = record_s
         self._on_stall = on_stall
         self._last_beat = time.monotonic()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="progress-watchdog",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._watch, name="progress-watchdog", daemon=True)
 
     def beat(self) -> None:
         self._last_beat = time.monotonic()
@@ -44,8 +44,12 @@ class ProgressWatchdog:
         self._thread.start()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
         self._stop.set()
         self._thread.join()
 
@@ -53,15 +57,22 @@ class ProgressWatchdog:
         while not self._stop.wait(timeout=min(1.0, self.timeout_s / 4)):
             stalled_for = time.monotonic() - self._last_beat
             if stalled_for >= self.timeout_s:
-                report = (f"no progress for {stalled_for:.0f} s (run.progress_timeout_s="
-                          f"{self.timeout_s:g}); stacks of all threads:\n{all_stacks()}")
-                recording = threading.Thread(target=self._record, args=(report,),
-                                             name="stall-record", daemon=True)
+                report = (
+                    f"no progress for {stalled_for:.0f} s (run.progress_timeout_s="
+                    f"{self.timeout_s:g}); stacks of all threads:\n{all_stacks()}"
+                )
+                recording = threading.Thread(
+                    target=self._record, args=(report,), name="stall-record", daemon=True
+                )
                 recording.start()
                 recording.join(timeout=self.record_s)
                 if recording.is_alive():
-                    print(f"[distbench] recording the stalled cell took over {self.record_s:g} s;"
-                          " ending it unrecorded", file=sys.stderr, flush=True)
+                    print(
+                        f"[distbench] recording the stalled cell took over {self.record_s:g} s;"
+                        " ending it unrecorded",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 os._exit(STALL_EXIT_CODE)  # the stuck thread cannot be unwound
 
     def _record(self, report: str) -> None:

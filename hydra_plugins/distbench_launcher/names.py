@@ -35,8 +35,12 @@ def register_launcher_names() -> None:
     Plugins.instance()  # the plugin scan, now, so that the entries below replace the plugin's
     store = ConfigStore.instance()
     for alias, ours in ALIASES.items():
-        store.store(group="hydra/launcher", name=alias,
-                    node=store.load(f"hydra/launcher/{ours}.yaml").node, provider="distbench")
+        store.store(
+            group="hydra/launcher",
+            name=alias,
+            node=store.load(f"hydra/launcher/{ours}.yaml").node,
+            provider="distbench",
+        )
 
 
 class LauncherNames(SearchPathPlugin):

@@ -12,7 +12,6 @@ sys.modules, which is why it must not use `from __future__ import annotations` (
 then fail to resolve their string annotations).
 """
 
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,8 +51,9 @@ class SerialLocalConf(LocalQueueConf):
     grace_after_result_s: float = 20.0
 
 
-ConfigStore.instance().store(group="hydra/launcher", name="serial_local",
-                             node=SerialLocalConf, provider="distbench")
+ConfigStore.instance().store(
+    group="hydra/launcher", name="serial_local", node=SerialLocalConf, provider="distbench"
+)
 
 
 class SerialLocalLauncher(LocalLauncher):
@@ -72,17 +72,22 @@ class SerialLocalLauncher(LocalLauncher):
         follow_launcher()
         return super().__call__(*args, **kwargs)
 
-    def launch(self, job_overrides: Sequence[Sequence[str]],
-               initial_job_idx: int) -> Sequence[JobReturn]:
+    def launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> Sequence[JobReturn]:
         from hydra.core.singleton import Singleton
 
         from launchers import cells
         from launchers.local import run_cell_job
 
         assert self.config is not None and self.hydra_context is not None
-        prepared = cells.prepare_sweep(self.hydra_context.config_loader, self.config,
-                                       job_overrides, initial_job_idx,
-                                       size_cell=cells.single_node_workers)
+        prepared = cells.prepare_sweep(
+            self.hydra_context.config_loader,
+            self.config,
+            job_overrides,
+            initial_job_idx,
+            size_cell=cells.single_node_workers,
+        )
         reuse = cells.reuse_asked(self.params)
         done, _ = cells.finished_earlier(prepared, **reuse)
         runs = cells.runs_to_make(prepared, done, passes=reuse["passes"], force=reuse["force"])
@@ -95,15 +100,26 @@ class SerialLocalLauncher(LocalLauncher):
                 for index in indices:
                     cell = cells.in_pass(prepared[index], number)
                     outcome, job = run_cell_job(
-                        self, cell.overrides, "hydra.sweep.dir", cell.job_num,
-                        f"job_id_for_{cell.job_num}", Singleton.get_state(), config=cell.config,
-                        output_dir=cell.output_dir, folder=Path(self.params["submitit_folder"]),
-                        workers=cell.size, timeout_min=timeout_min,
+                        self,
+                        cell.overrides,
+                        "hydra.sweep.dir",
+                        cell.job_num,
+                        f"job_id_for_{cell.job_num}",
+                        Singleton.get_state(),
+                        config=cell.config,
+                        output_dir=cell.output_dir,
+                        folder=Path(self.params["submitit_folder"]),
+                        workers=cell.size,
+                        timeout_min=timeout_min,
                         grace_s=float(self.params["grace_after_result_s"]),
                         name=str(cell.config.hydra.job.name),
-                        label=f"cell {cell.job_num} ({cell.cell.run_name})")
+                        label=f"cell {cell.job_num} ({cell.cell.run_name})",
+                    )
                     results[index] = outcome
                     job_ids[index] = job.job_id
                     bar.update()
-        return cells.sweep_returns(prepared, [results[i] for i in range(len(prepared))],
-                                   [job_ids[i] for i in range(len(prepared))])
+        return cells.sweep_returns(
+            prepared,
+            [results[i] for i in range(len(prepared))],
+            [job_ids[i] for i in range(len(prepared))],
+        )

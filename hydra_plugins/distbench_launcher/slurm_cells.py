@@ -90,15 +90,22 @@ class SlurmCellsConf(SlurmQueueConf):
     passes: int = 1
 
 
-ConfigStore.instance().store(group="hydra/launcher", name="slurm_cells", node=SlurmCellsConf,
-                             provider="distbench")
+ConfigStore.instance().store(
+    group="hydra/launcher", name="slurm_cells", node=SlurmCellsConf, provider="distbench"
+)
 
 
 class SlurmCellsLauncher(SlurmLauncher):
     """Submit every cell as its own SLURM job, then follow them until all have ended."""
 
-    def __call__(self, sweep_overrides: list[str], job_dir_key: str, job_num: int, job_id: str,
-                 singleton_state: dict[type, Singleton]) -> JobReturn:
+    def __call__(
+        self,
+        sweep_overrides: list[str],
+        job_dir_key: str,
+        job_num: int,
+        job_id: str,
+        singleton_state: dict[type, Singleton],
+    ) -> JobReturn:
         """A task of a cell's job (runs on the cluster): the cell, as Hydra's plugin runs it.
         Its `checkpoint` (inherited) lets submitit re-queue a timed-out job; only the last
         try runs into the time limit itself."""
@@ -117,29 +124,46 @@ class SlurmCellsLauncher(SlurmLauncher):
             from launchers.cells import cell_config, cell_dir
 
             assert self.hydra_context is not None and self.config is not None
-            slurm.forget_earlier_try(cell_dir(cell_config(
-                self.hydra_context.config_loader, self.config, sweep_overrides, job_num)))
+            slurm.forget_earlier_try(
+                cell_dir(
+                    cell_config(
+                        self.hydra_context.config_loader, self.config, sweep_overrides, job_num
+                    )
+                )
+            )
         return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
 
-    def launch(self, job_overrides: Sequence[Sequence[str]],
-               initial_job_idx: int) -> Sequence[JobReturn]:
+    def launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> Sequence[JobReturn]:
         from harness.records.sweep_summary import mark_reused
         from launchers import cells, slurm, slurm_resume
 
         assert self.config is not None and self.hydra_context is not None
         prepared = cells.prepare_sweep(
-            self.hydra_context.config_loader, self.config, job_overrides, initial_job_idx,
-            size_cell=lambda cell: slurm.cell_job_size(cell, self.params))
+            self.hydra_context.config_loader,
+            self.config,
+            job_overrides,
+            initial_job_idx,
+            size_cell=lambda cell: slurm.cell_job_size(cell, self.params),
+        )
         if not self.params["wait_for_completion"]:
-            print("[distbench] hydra.launcher.wait_for_completion=false is ignored: distbench "
-                  "waits for every cell's job (it records a cell that ends without a result "
-                  "and ends workers that linger)", file=sys.stderr, flush=True)
+            print(
+                "[distbench] hydra.launcher.wait_for_completion=false is ignored: distbench "
+                "waits for every cell's job (it records a cell that ends without a result "
+                "and ends workers that linger)",
+                file=sys.stderr,
+                flush=True,
+            )
         reuse = cells.reuse_asked(self.params)
         done, sampled = cells.finished_earlier(prepared, **reuse)
         # the cells chosen at random are measured again, not taken over from their earlier job
         earlier = slurm_resume.take_over_earlier_jobs(
-            prepared, done.keys() | sampled, force=reuse["force"],
-            remeasure_unsteady=reuse["remeasure_unsteady"])
+            prepared,
+            done.keys() | sampled,
+            force=reuse["force"],
+            remeasure_unsteady=reuse["remeasure_unsteady"],
+        )
         done.update({index: mark_reused(result) for index, result in earlier.finished.items()})
         # A cell whose earlier job still runs is followed, not submitted again: that job is its
         # first run of the first pass.
@@ -150,15 +174,29 @@ class SlurmCellsLauncher(SlurmLauncher):
         # reaches the jobs it submits.
         with cells.running_sweep(self.config, runs, results.values()) as bar:
             for number, indices in cells.each_pass(runs, reuse["passes"]):
-                self._run_pass(prepared, [(index, cells.in_pass(prepared[index], number))
-                                          for index in indices],
-                               earlier.following if number == 1 else {}, results, job_ids, bar)
-        return cells.sweep_returns(prepared, [results[i] for i in range(len(prepared))],
-                                   [job_ids[i] for i in range(len(prepared))])
+                self._run_pass(
+                    prepared,
+                    [(index, cells.in_pass(prepared[index], number)) for index in indices],
+                    earlier.following if number == 1 else {},
+                    results,
+                    job_ids,
+                    bar,
+                )
+        return cells.sweep_returns(
+            prepared,
+            [results[i] for i in range(len(prepared))],
+            [job_ids[i] for i in range(len(prepared))],
+        )
 
-    def _run_pass(self, prepared: Sequence[Any], in_pass: list[tuple[int, Any]],
-                  followed: dict[int, Any], results: dict[int, dict], job_ids: dict[int, str],
-                  bar: Any) -> None:
+    def _run_pass(
+        self,
+        prepared: Sequence[Any],
+        in_pass: list[tuple[int, Any]],
+        followed: dict[int, Any],
+        results: dict[int, dict],
+        job_ids: dict[int, str],
+        bar: Any,
+    ) -> None:
         """One pass of the sweep (`launchers.cells.runs_to_make`): submit its cells (`in_pass`:
         position in `prepared`, the cell as `launchers.cells.in_pass` made it), follow instead
         those whose earlier job still runs (`followed`, by position), and wait until every one
@@ -174,34 +212,58 @@ class SlurmCellsLauncher(SlurmLauncher):
             if index in followed:
                 continue
             job = slurm.submit_cell(
-                self, cell.overrides, "hydra.sweep.dir", cell.job_num,
-                f"job_id_for_{cell.job_num}", Singleton.get_state(),
+                self,
+                cell.overrides,
+                "hydra.sweep.dir",
+                cell.job_num,
+                f"job_id_for_{cell.job_num}",
+                Singleton.get_state(),
                 folder=Path(self.params["submitit_folder"]),
-                parameters=slurm.executor_parameters(cell.size, self.params, cell.cell,
-                                                     cell.job_num),
-                max_num_timeout=int(self.params["max_num_timeout"]))
+                parameters=slurm.executor_parameters(
+                    cell.size, self.params, cell.cell, cell.job_num
+                ),
+                max_num_timeout=int(self.params["max_num_timeout"]),
+            )
             # Noted before it is announced: a re-run after this process dies must find it.
-            slurm.write_job_note(cell.cell.run.output_dir, cell_key(cell.config), slurm.JobNote(
-                job_id=job.job_id, folder=str(Path(self.params["submitit_folder"]).absolute()),
-                output_dir=str(cell.output_dir.absolute()), tasks=cell.size.tasks,
-                submitted_at=now()))
-            print(f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): SLURM job "
-                  f"{job.job_id}, {cell.size.nodes} node(s) x {cell.size.tasks_per_node} "
-                  f"task(s), in {cell.output_dir}", flush=True)
+            slurm.write_job_note(
+                cell.cell.run.output_dir,
+                cell_key(cell.config),
+                slurm.JobNote(
+                    job_id=job.job_id,
+                    folder=str(Path(self.params["submitit_folder"]).absolute()),
+                    output_dir=str(cell.output_dir.absolute()),
+                    tasks=cell.size.tasks,
+                    submitted_at=now(),
+                ),
+            )
+            print(
+                f"[distbench] cell {cell.job_num} ({cell.cell.run_name}): SLURM job "
+                f"{job.job_id}, {cell.size.nodes} node(s) x {cell.size.tasks_per_node} "
+                f"task(s), in {cell.output_dir}",
+                flush=True,
+            )
             submitted.append(slurm.SubmittedCell(job, cell.output_dir, cell.size.tasks))
             positions.append(index)
 
         def record(ended: slurm.SubmittedCell) -> None:
             index = positions[submitted.index(ended)]
             job_ids[index] = ended.job.job_id
-            logs = f"SLURM job {ended.job.job_id} ended {ended.state}\n" + \
-                cells.worker_logs_tail(ended.job, ended.tasks)
+            logs = f"SLURM job {ended.job.job_id} ended {ended.state}\n" + cells.worker_logs_tail(
+                ended.job, ended.tasks
+            )
             results[index] = cells.cell_outcome(
-                prepared[index].config, ended.output_dir,
-                ended_as=slurm.status_of_state(ended.state), logs=logs, started=started,
-                cause=ended.never_started or slurm.cause_of_state(ended.state))
+                prepared[index].config,
+                ended.output_dir,
+                ended_as=slurm.status_of_state(ended.state),
+                logs=logs,
+                started=started,
+                cause=ended.never_started or slurm.cause_of_state(ended.state),
+            )
             bar.update()
 
-        slurm.wait_for_cells(submitted, grace_s=float(self.params["grace_after_result_s"]),
-                             unavailable_limit_s=float(self.params["unavailable_nodes_timeout_s"]),
-                             on_end=record)
+        slurm.wait_for_cells(
+            submitted,
+            grace_s=float(self.params["grace_after_result_s"]),
+            unavailable_limit_s=float(self.params["unavailable_nodes_timeout_s"]),
+            on_end=record,
+        )

@@ -32,8 +32,7 @@ LINE = "distbench distribution=ddp hardware="  # a TAB after `hardware=`
 # name: (module, its arguments, environment, the exit status it must end with)
 COMMANDS = {
     "help": ("harness", ["--help"], {}, 0),
-    "tab": ("harness", ["-sc", "query=bash"], {"COMP_LINE": LINE,
-                                               "COMP_POINT": str(len(LINE))}, 0),
+    "tab": ("harness", ["-sc", "query=bash"], {"COMP_LINE": LINE, "COMP_POINT": str(len(LINE))}, 0),
     "bad input": ("harness", ["dataset=nope"], {}, 2),
     # the other commands' help, and a command of overrides refusing bad input
     "recommend help": ("harness.recommend", ["--help"], {}, 0),
@@ -44,12 +43,18 @@ COMMANDS = {
 }
 
 
-def _seconds(args: list[str], environment: dict[str, str], status: int, cwd: Path,
-             module: str = "harness") -> float:
+def _seconds(
+    args: list[str], environment: dict[str, str], status: int, cwd: Path, module: str = "harness"
+) -> float:
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **environment})
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **environment},
+    )
     took = time.perf_counter() - started
     assert done.returncode == status, done.stderr[-2000:]
     return took
@@ -63,8 +68,10 @@ def test_a_command_answers_at_once(benchmark, tmp_path: Path, name: str) -> None
     median = statistics.median(rounds)
     benchmark.extra_info.update(median_s=median, spread_s=max(rounds) - min(rounds))
     benchmark.pedantic(lambda: None, rounds=1)
-    print(f"python -m {module} {' '.join(args)}: median {median:.2f} s over {ROUNDS} "
-          f"(min {min(rounds):.2f}, max {max(rounds):.2f})")
+    print(
+        f"python -m {module} {' '.join(args)}: median {median:.2f} s over {ROUNDS} "
+        f"(min {min(rounds):.2f}, max {max(rounds):.2f})"
+    )
 
 
 def test_the_thesis_grids_dry_run(benchmark, tmp_path: Path) -> None:  # noqa: ANN001
@@ -76,20 +83,25 @@ def test_the_thesis_grids_dry_run(benchmark, tmp_path: Path) -> None:  # noqa: A
     median = statistics.median(rounds)
     benchmark.extra_info.update(median_s=median, spread_s=max(rounds) - min(rounds))
     benchmark.pedantic(lambda: None, rounds=1)
-    print(f"python -m harness +sweep=thesis_grid --dry-run: "
-          f"median {median:.2f} s over 3 (min {min(rounds):.2f}, max {max(rounds):.2f})")
+    print(
+        f"python -m harness +sweep=thesis_grid --dry-run: "
+        f"median {median:.2f} s over 3 (min {min(rounds):.2f}, max {max(rounds):.2f})"
+    )
 
 
 # A worker's imports, then its last act: the wall clock, written where the parent reads it.
-_LAST_LINE = ("import os, time\n"
-              "import harness.worker, harness.distributions.registry, torch, torchvision, mlflow\n"
-              "os.write(2, repr(time.time()).encode())\n")
+_LAST_LINE = (
+    "import os, time\n"
+    "import harness.worker, harness.distributions.registry, torch, torchvision, mlflow\n"
+    "os.write(2, repr(time.time()).encode())\n"
+)
 
 
 def _exit_seconds(cwd: Path) -> float:
     """Seconds from a process's last line to its exit, as its parent sees it."""
-    done = subprocess.run([sys.executable, "-c", _LAST_LINE], cwd=cwd, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", _LAST_LINE], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
     ended = time.time()
     assert done.returncode == 0, done.stderr[-2000:]
     return ended - float(done.stderr.strip().splitlines()[-1])
@@ -103,5 +115,7 @@ def test_a_process_that_imported_torch_exits_at_once(benchmark, tmp_path: Path) 
     median = statistics.median(rounds)
     benchmark.extra_info.update(median_s=median, spread_s=max(rounds) - min(rounds))
     benchmark.pedantic(lambda: None, rounds=1)
-    print(f"exit after a worker's imports: median {median:.2f} s over {ROUNDS} "
-          f"(min {min(rounds):.2f}, max {max(rounds):.2f})")
+    print(
+        f"exit after a worker's imports: median {median:.2f} s over {ROUNDS} "
+        f"(min {min(rounds):.2f}, max {max(rounds):.2f})"
+    )

@@ -24,27 +24,45 @@ import pytest
 EMULATED_HARDWARE = "emulated_2nodes_200mbit"
 PROGRESS_TIMEOUT_S = 20
 # Cell 0 trains long enough to be faulted; cell 1 is tiny: the sweep must reach it.
-SWEEP = ["-m", "hydra/launcher=submitit_slurm", f"hardware={EMULATED_HARDWARE}",
-         "hydra.launcher.timeout_min=10", "hydra.launcher.grace_after_result_s=5",
-         "hydra.launcher.unavailable_nodes_timeout_s=30", "network=mobilenetv2",
-         "dataset=mnist", "distribution=ddp", "distribution.batch_size=8",
-         "dataset.num_samples=64", "run.warmup_batches=1", "run.progress=false",
-         "run.eval=false", f"run.progress_timeout_s={PROGRESS_TIMEOUT_S}", "run.epochs=15,1"]
+SWEEP = [
+    "-m",
+    "hydra/launcher=submitit_slurm",
+    f"hardware={EMULATED_HARDWARE}",
+    "hydra.launcher.timeout_min=10",
+    "hydra.launcher.grace_after_result_s=5",
+    "hydra.launcher.unavailable_nodes_timeout_s=30",
+    "network=mobilenetv2",
+    "dataset=mnist",
+    "distribution=ddp",
+    "distribution.batch_size=8",
+    "dataset.num_samples=64",
+    "run.warmup_batches=1",
+    "run.progress=false",
+    "run.eval=false",
+    f"run.progress_timeout_s={PROGRESS_TIMEOUT_S}",
+    "run.epochs=15,1",
+]
 
 pytestmark = pytest.mark.perf
 
 
 def _start(output_root: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "harness", *SWEEP,
-                             f"run.output_dir={output_root}"], cwd=output_root.parent,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness", *SWEEP, f"run.output_dir={output_root}"],
+        cwd=output_root.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
 
 
 def _results(output_root: Path) -> list[dict]:
     paths = (output_root / "sweeps").glob("*/*/*/result.json")
-    return [json.loads(p.read_text())
-            for p in sorted(paths, key=lambda p: (p.parent.parent.name, int(p.parent.name)))]
+    return [
+        json.loads(p.read_text())
+        for p in sorted(paths, key=lambda p: (p.parent.parent.name, int(p.parent.name)))
+    ]
 
 
 def _wait_for_training(output_root: Path, timeout: float = 180) -> None:
@@ -59,8 +77,9 @@ def _wait_for_training(output_root: Path, timeout: float = 180) -> None:
 
 def _processes_in(namespace: str) -> dict[int, str]:
     """pid -> name of every process in a node's namespace (none once the node is gone)."""
-    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
-                          text=True).stdout.split()
+    pids = subprocess.run(
+        ["ip", "netns", "pids", namespace], capture_output=True, text=True
+    ).stdout.split()
     found = {}
     for pid in map(int, pids):
         try:
@@ -71,8 +90,12 @@ def _processes_in(namespace: str) -> dict[int, str]:
 
 
 def _left(keep: frozenset[str]) -> dict[int, str]:
-    return {pid: name for namespace in ("distbench-node1", "distbench-node2")
-            for pid, name in _processes_in(namespace).items() if name not in keep}
+    return {
+        pid: name
+        for namespace in ("distbench-node1", "distbench-node2")
+        for pid, name in _processes_in(namespace).items()
+        if name not in keep
+    }
 
 
 def _wait_until_gone(keep: frozenset[str], limit_s: float) -> dict[int, str]:
@@ -94,14 +117,32 @@ def cut_link() -> None:
 
 
 def throttle_link() -> None:
-    subprocess.run(["nsenter", "--net=/run/netns/distbench-node2", "tc", "qdisc", "replace",
-                    "dev", "eth0", "root", "tbf", "rate", "8kbit", "burst", "64kb", "latency",
-                    "50ms"], check=True)
+    subprocess.run(
+        [
+            "nsenter",
+            "--net=/run/netns/distbench-node2",
+            "tc",
+            "qdisc",
+            "replace",
+            "dev",
+            "eth0",
+            "root",
+            "tbf",
+            "rate",
+            "8kbit",
+            "burst",
+            "64kb",
+            "latency",
+            "50ms",
+        ],
+        check=True,
+    )
 
 
 def kill_slurmd() -> None:
-    for pid in subprocess.run(["ip", "netns", "pids", "distbench-node2"], capture_output=True,
-                              text=True).stdout.split():
+    for pid in subprocess.run(
+        ["ip", "netns", "pids", "distbench-node2"], capture_output=True, text=True
+    ).stdout.split():
         if Path(f"/proc/{pid}/comm").read_text().strip() == "slurmd":
             os.kill(int(pid), signal.SIGKILL)
 
@@ -117,9 +158,26 @@ def tear_down_node() -> None:
 def reconnect() -> None:
     """The link back up and at its rate (a cut or throttled link heals)."""
     subprocess.run(["ip", "link", "set", "distbench-v2", "up"], capture_output=True)
-    subprocess.run(["nsenter", "--net=/run/netns/distbench-node2", "tc", "qdisc", "replace",
-                    "dev", "eth0", "root", "tbf", "rate", "200mbit", "burst", "256kb",
-                    "latency", "50ms"], capture_output=True)
+    subprocess.run(
+        [
+            "nsenter",
+            "--net=/run/netns/distbench-node2",
+            "tc",
+            "qdisc",
+            "replace",
+            "dev",
+            "eth0",
+            "root",
+            "tbf",
+            "rate",
+            "200mbit",
+            "burst",
+            "256kb",
+            "latency",
+            "50ms",
+        ],
+        capture_output=True,
+    )
 
 
 def restore(cluster: object) -> None:
@@ -130,10 +188,14 @@ def restore(cluster: object) -> None:
     emulated.up(cluster)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("fault", [cut_link, throttle_link, kill_slurmd, tear_down_node],
-                         ids=["link-cut", "link-throttled", "slurmd-killed", "node-torn-down"])
+@pytest.mark.parametrize(
+    "fault",
+    [cut_link, throttle_link, kill_slurmd, tear_down_node],
+    ids=["link-cut", "link-throttled", "slurmd-killed", "node-torn-down"],
+)
 def test_a_cross_node_fault_is_recorded_and_the_sweep_goes_on(
-        emulated_nodes: object, output_root: Path, fault: Callable[[], None]) -> None:
+    emulated_nodes: object, output_root: Path, fault: Callable[[], None]
+) -> None:
     sweep = _start(output_root)
     try:
         _wait_for_training(output_root)
@@ -166,10 +228,15 @@ def test_a_cross_node_fault_is_recorded_and_the_sweep_goes_on(
         assert faulted["error"], "recorded without its reason"
     assert workers_left == {}, f"a cell's process was left on a node: {workers_left}"
     assert slurm_left == {}, f"SLURM left processes of the job on a node: {slurm_left}"
-    again = subprocess.run([sys.executable, "-m", "harness", *SWEEP,
-                            f"run.output_dir={output_root}"], cwd=output_root.parent,
-                           capture_output=True, text=True, timeout=900)
+    again = subprocess.run(
+        [sys.executable, "-m", "harness", *SWEEP, f"run.output_dir={output_root}"],
+        cwd=output_root.parent,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert again.returncode == 0, again.stdout[-3000:]
     latest = _results(output_root)[-2:]
-    assert [r["status"] for r in latest] == ["ok", "ok"] or \
-        all(r["status"] == "ok" for r in _results(output_root)[2:]), again.stdout[-2000:]
+    assert [r["status"] for r in latest] == ["ok", "ok"] or all(
+        r["status"] == "ok" for r in _results(output_root)[2:]
+    ), again.stdout[-2000:]

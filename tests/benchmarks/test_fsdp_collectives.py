@@ -44,8 +44,13 @@ def _median_seconds(collective: Callable[..., object], *tensors: torch.Tensor) -
 
 
 def _worker(rank: int, world_size: int, port: int, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=dt.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=dt.timedelta(seconds=120),
+    )
     torch.set_num_threads(1)
     try:
         rows = []
@@ -56,8 +61,14 @@ def _worker(rank: int, world_size: int, port: int, out: str) -> None:
             allreduce = _median_seconds(dist.all_reduce, whole)
             gather = _median_seconds(dist.all_gather_into_tensor, gathered, shard)
             scatter = _median_seconds(dist.reduce_scatter_tensor, scattered, whole)
-            rows.append({"mb": size_mb, "allreduce_ms": allreduce * 1e3,
-                         "all_gather": gather / allreduce, "reduce_scatter": scatter / allreduce})
+            rows.append(
+                {
+                    "mb": size_mb,
+                    "allreduce_ms": allreduce * 1e3,
+                    "all_gather": gather / allreduce,
+                    "reduce_scatter": scatter / allreduce,
+                }
+            )
         if rank == 0:
             Path(out).write_text(json.dumps(rows))
     finally:
@@ -70,7 +81,9 @@ def test_gloo_collective_shares(workers: int, tmp_path: Path) -> None:
     spawn_workers(_worker, args=(workers, free_port(), str(out)), nprocs=workers)
     rows = json.loads(out.read_text())
     for row in rows:
-        print(f"{workers} workers, {row['mb']:5.1f} MB: allreduce {row['allreduce_ms']:.2f} ms, "
-              f"all-gather {row['all_gather']:.2f}x, reduce-scatter {row['reduce_scatter']:.2f}x "
-              f"(the model: {GLOO_SHARE['all_gather']}x, {GLOO_SHARE['reduce_scatter']}x)")
+        print(
+            f"{workers} workers, {row['mb']:5.1f} MB: allreduce {row['allreduce_ms']:.2f} ms, "
+            f"all-gather {row['all_gather']:.2f}x, reduce-scatter {row['reduce_scatter']:.2f}x "
+            f"(the model: {GLOO_SHARE['all_gather']}x, {GLOO_SHARE['reduce_scatter']}x)"
+        )
     assert all(row["all_gather"] > 0 and row["reduce_scatter"] > 0 for row in rows)

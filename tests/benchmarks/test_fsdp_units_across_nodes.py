@@ -79,38 +79,63 @@ def _units_mb() -> dict[str, list[float]]:
     spec = dataset_spec("cifar10")
     units = {}
     for network in NETWORKS:
-        counts = [sum(p.numel() for p in layer.parameters())
-                  for layer in build_layer_list(network, spec)]
+        counts = [
+            sum(p.numel() for p in layer.parameters()) for layer in build_layer_list(network, spec)
+        ]
         units[network] = [count * 4 / 1e6 for count in counts if count]
     return units
 
 
-def test_fsdp_units_timed_across_emulated_nodes(emulated_nodes: object, tmp_path: Path,
-                                                benchmark) -> None:  # noqa: ANN001
+def test_fsdp_units_timed_across_emulated_nodes(
+    emulated_nodes: object, tmp_path: Path, benchmark
+) -> None:  # noqa: ANN001
     nodes = emulated_nodes.nodes  # type: ignore[attr-defined]
     master = f"{nodes[0].address}:{PORT}"
     out, units = tmp_path / "units.json", json.dumps(_units_mb())
 
     def measure() -> None:
-        workers = [subprocess.Popen(
-            ["ip", "netns", "exec", node.namespace, "taskset", "-c",
-             ",".join(map(str, node.cores)), sys.executable, "-c", textwrap.dedent(_WORKER),
-             str(rank), master, str(COMPUTE_MS), str(REPEATS), units, str(out)],
-            cwd=Path(__file__).parents[2]) for rank, node in enumerate(nodes[:2])]
+        workers = [
+            subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    node.namespace,
+                    "taskset",
+                    "-c",
+                    ",".join(map(str, node.cores)),
+                    sys.executable,
+                    "-c",
+                    textwrap.dedent(_WORKER),
+                    str(rank),
+                    master,
+                    str(COMPUTE_MS),
+                    str(REPEATS),
+                    units,
+                    str(out),
+                ],
+                cwd=Path(__file__).parents[2],
+            )
+            for rank, node in enumerate(nodes[:2])
+        ]
         assert [worker.wait(timeout=1800) for worker in workers] == [0, 0]
 
     benchmark.pedantic(measure, rounds=1, iterations=1)
     for network, rows in json.loads(out.read_text()).items():
         for after in (False, True):
             timed = [row for row in rows if row["after_compute"] is after]
-            total = {key: sum(row[key] for row in timed)
-                     for key in ("all_gather", "reduce_scatter", "allreduce")}
-            shares = {key: total[key] / total["allreduce"]
-                      for key in ("all_gather", "reduce_scatter")}
+            total = {
+                key: sum(row[key] for row in timed)
+                for key in ("all_gather", "reduce_scatter", "allreduce")
+            }
+            shares = {
+                key: total[key] / total["allreduce"] for key in ("all_gather", "reduce_scatter")
+            }
             when = f"after {COMPUTE_MS:.0f} ms of compute" if after else "back to back"
-            benchmark.extra_info[f"{network}, {when}"] = {k: round(v, 3) for k, v in
-                                                          shares.items()}
-            print(f"{network:12s} {when:26s} all-gather {shares['all_gather']:.2f}x, "
-                  f"reduce-scatter {shares['reduce_scatter']:.2f}x the allreduce "
-                  f"({total['allreduce']:.3f} s over {len(timed)} units)")
+            benchmark.extra_info[f"{network}, {when}"] = {k: round(v, 3) for k, v in shares.items()}
+            print(
+                f"{network:12s} {when:26s} all-gather {shares['all_gather']:.2f}x, "
+                f"reduce-scatter {shares['reduce_scatter']:.2f}x the allreduce "
+                f"({total['allreduce']:.3f} s over {len(timed)} units)"
+            )
             assert all(row[key] > 0 for row in timed for key in total)

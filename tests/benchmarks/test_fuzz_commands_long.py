@@ -20,7 +20,8 @@ LONG_DRAWS = 10_000
 
 @pytest.mark.timeout(4 * 3600)
 def test_ten_thousand_command_lines_are_refused_in_one_line_or_run_as_promised(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     report = fuzz_in_subprocess(tmp_path, LONG_DRAWS, timeout_s=4 * 3600)
     assert report["draws"] >= LONG_DRAWS // 2
     assert_kept_every_promise(report)

@@ -16,9 +16,15 @@ pytestmark = pytest.mark.perf
 LONG_EXAMPLES = 5_000
 
 
-@settings(max_examples=LONG_EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=LONG_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(key=st.sampled_from(KEYS), value=VALUES)
-def test_five_thousand_settings_are_valid_or_refused_in_one_line(key: tuple[str, str],
-                                                                 value: str) -> None:
+def test_five_thousand_settings_are_valid_or_refused_in_one_line(
+    key: tuple[str, str], value: str
+) -> None:
     check_one_setting(key, value)

@@ -39,20 +39,26 @@ def _config(*overrides: str) -> DistbenchConfig:
     return validate(compose_config(list(overrides)))
 
 
-def _trainer(config: DistbenchConfig, workload: Workload, *, phase_timing: bool,
-             progress: bool) -> BatchLoopTrainer:
+def _trainer(
+    config: DistbenchConfig, workload: Workload, *, phase_timing: bool, progress: bool
+) -> BatchLoopTrainer:
     """The harness's own trainer for one CPU worker, as `harness.worker.run.measure` builds it."""
     config.run.progress = progress
     device = torch.device("cpu")
-    context = TrainingContext(config=config, workload=workload, device=device,
-                              clock=PhaseClock(device, enabled=phase_timing),
-                              session=WorkerSession(WorkerEnvironment(), backend=None),
-                              heartbeat=lambda: None)
+    context = TrainingContext(
+        config=config,
+        workload=workload,
+        device=device,
+        clock=PhaseClock(device, enabled=phase_timing),
+        session=WorkerSession(WorkerEnvironment(), backend=None),
+        heartbeat=lambda: None,
+    )
     return BatchLoopTrainer(context, workload.model)
 
 
-def _bare_epoch(model: nn.Module, workload: Workload, optimizer: torch.optim.Optimizer,
-                epoch: int) -> float:
+def _bare_epoch(
+    model: nn.Module, workload: Workload, optimizer: torch.optim.Optimizer, epoch: int
+) -> float:
     """The loop a user would write by hand; what the harness must not slow down."""
     criterion = nn.CrossEntropyLoss()
     workload.loader.set_epoch(epoch)
@@ -65,8 +71,9 @@ def _bare_epoch(model: nn.Module, workload: Workload, optimizer: torch.optim.Opt
     return time.perf_counter() - start
 
 
-def _paired_rounds(first: Callable[[int], float], second: Callable[[int], float],
-                   rounds: int) -> tuple[list[float], list[float]]:
+def _paired_rounds(
+    first: Callable[[int], float], second: Callable[[int], float], rounds: int
+) -> tuple[list[float], list[float]]:
     """Time `first` and `second` alternately, swapping their order every round (ABBA), so
     that drift and whatever else the machine does hit both alike."""
     a_seconds: list[float] = []
@@ -81,26 +88,38 @@ def _paired_rounds(first: Callable[[int], float], second: Callable[[int], float]
     return a_seconds, b_seconds
 
 
-def _report_overhead(benchmark, label: str, harness: list[float],  # noqa: ANN001
-                     bare: list[float], batches: int) -> None:
+def _report_overhead(
+    benchmark,
+    label: str,
+    harness: list[float],  # noqa: ANN001
+    bare: list[float],
+    batches: int,
+) -> None:
     ratios = sorted(h / b for h, b in zip(harness, bare))
     quartiles = statistics.quantiles(ratios, n=4)
     per_batch_us = 1e6 * (statistics.median(harness) - statistics.median(bare)) / batches
     benchmark.extra_info.update(
-        harness_median_s=statistics.median(harness), bare_median_s=statistics.median(bare),
+        harness_median_s=statistics.median(harness),
+        bare_median_s=statistics.median(bare),
         overhead_median_pct=100 * (statistics.median(ratios) - 1),
         overhead_iqr_pct=[100 * (quartiles[0] - 1), 100 * (quartiles[2] - 1)],
         overhead_per_batch_us=per_batch_us,
     )
-    print(f"\n[{label}] harness {statistics.median(harness):.4f} s/epoch, bare loop "
-          f"{statistics.median(bare):.4f} s/epoch over {len(ratios)} paired rounds: overhead "
-          f"median {100 * (statistics.median(ratios) - 1):+.2f} % (IQR "
-          f"{100 * (quartiles[0] - 1):+.2f} .. {100 * (quartiles[2] - 1):+.2f} %), "
-          f"{per_batch_us:+.0f} us per batch")
+    print(
+        f"\n[{label}] harness {statistics.median(harness):.4f} s/epoch, bare loop "
+        f"{statistics.median(bare):.4f} s/epoch over {len(ratios)} paired rounds: overhead "
+        f"median {100 * (statistics.median(ratios) - 1):+.2f} % (IQR "
+        f"{100 * (quartiles[0] - 1):+.2f} .. {100 * (quartiles[2] - 1):+.2f} %), "
+        f"{per_batch_us:+.0f} us per batch"
+    )
 
 
-def _measure_overhead(benchmark, config: DistbenchConfig, workload: Workload,  # noqa: ANN001
-                      rounds: int) -> tuple[list[float], list[float]]:
+def _measure_overhead(
+    benchmark,
+    config: DistbenchConfig,
+    workload: Workload,  # noqa: ANN001
+    rounds: int,
+) -> tuple[list[float], list[float]]:
     trainer = _trainer(config, workload, phase_timing=True, progress=True)
     bare_optimizer = workload.make_optimizer(trainer.model.parameters())
     trainer.warm_up(3)
@@ -108,10 +127,13 @@ def _measure_overhead(benchmark, config: DistbenchConfig, workload: Workload,  #
     results: list[tuple[list[float], list[float]]] = []
 
     def measure() -> None:
-        results.append(_paired_rounds(
-            lambda epoch: trainer.train_epoch(epoch).seconds,
-            lambda epoch: _bare_epoch(trainer.model, workload, bare_optimizer, epoch),
-            rounds))
+        results.append(
+            _paired_rounds(
+                lambda epoch: trainer.train_epoch(epoch).seconds,
+                lambda epoch: _bare_epoch(trainer.model, workload, bare_optimizer, epoch),
+                rounds,
+            )
+        )
 
     benchmark.pedantic(measure, rounds=1, iterations=1)
     return results[0]
@@ -120,8 +142,12 @@ def _measure_overhead(benchmark, config: DistbenchConfig, workload: Workload,  #
 @pytest.mark.parametrize("network", ["resnet18", "mobilenetv2"])
 def test_harness_overhead_against_a_bare_loop(benchmark, network: str) -> None:  # noqa: ANN001
     """A real network: the overhead as a share of the epoch (what the target is about)."""
-    config = _config("dataset=mnist", f"network={network}", "dataset.num_samples=256",
-                     "distribution.batch_size=32")
+    config = _config(
+        "dataset=mnist",
+        f"network={network}",
+        "dataset.num_samples=256",
+        "distribution.batch_size=32",
+    )
     workload = build_workload(config)
     harness, bare = _measure_overhead(benchmark, config, workload, rounds=12)
     _report_overhead(benchmark, f"mnist/{network}", harness, bare, len(workload.loader))
@@ -137,12 +163,17 @@ def test_harness_overhead_per_batch_on_a_trivial_model(benchmark) -> None:  # no
     _report_overhead(benchmark, "mnist/linear", harness, bare, len(workload.loader))
 
 
-@pytest.mark.parametrize(("dataset", "network"), [("mnist", "resnet18"), ("cifar10", "resnet18"),
-                                                  ("imagenet", "resnet50")])
+@pytest.mark.parametrize(
+    ("dataset", "network"),
+    [("mnist", "resnet18"), ("cifar10", "resnet18"), ("imagenet", "resnet50")],
+)
 def test_loader_outpaces_training(benchmark, dataset: str, network: str) -> None:  # noqa: ANN001
     batches = 4
-    config = _config(f"dataset={dataset}", f"network={network}",
-                     f"dataset.num_samples={batches * (128 if dataset == 'mnist' else 64)}")
+    config = _config(
+        f"dataset={dataset}",
+        f"network={network}",
+        f"dataset.num_samples={batches * (128 if dataset == 'mnist' else 64)}",
+    )
     workload = build_workload(config)
     loader = workload.loader
 
@@ -163,9 +194,14 @@ def test_loader_outpaces_training(benchmark, dataset: str, network: str) -> None
     trainer = _trainer(config, workload, phase_timing=False, progress=False)
     trainer.warm_up(1)
     training_rate = statistics.median(
-        [m.samples / m.seconds for m in (trainer.train_epoch(e) for e in range(2))])
-    benchmark.extra_info.update(loader_images_per_s=loader_rate,
-                                training_images_per_s=training_rate,
-                                headroom=loader_rate / training_rate)
-    print(f"\n[{dataset}/{network}] loader {loader_rate:,.0f} images/s, training "
-          f"{training_rate:,.1f} images/s: {loader_rate / training_rate:,.0f}x headroom")
+        [m.samples / m.seconds for m in (trainer.train_epoch(e) for e in range(2))]
+    )
+    benchmark.extra_info.update(
+        loader_images_per_s=loader_rate,
+        training_images_per_s=training_rate,
+        headroom=loader_rate / training_rate,
+    )
+    print(
+        f"\n[{dataset}/{network}] loader {loader_rate:,.0f} images/s, training "
+        f"{training_rate:,.1f} images/s: {loader_rate / training_rate:,.0f}x headroom"
+    )

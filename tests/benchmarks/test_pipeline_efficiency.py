@@ -49,15 +49,22 @@ WORKERS = 2
 MICRO_BATCH = 8  # images per micro-batch (GPipe) and per minibatch (PipeDream)
 GPIPE_MICRO_BATCHES = 8
 SAMPLES = 512  # 64 sequential batches, 8 GPipe batches, 64 PipeDream minibatches per epoch
-COMMON = ["dataset=mnist", "hardware=local_2cpu",
-          f"dataset.num_samples={SAMPLES}", "run.epochs=3", "run.warmup_batches=2",
-          "run.progress=false", "tracking.enabled=false"]
+COMMON = [
+    "dataset=mnist",
+    "hardware=local_2cpu",
+    f"dataset.num_samples={SAMPLES}",
+    "run.epochs=3",
+    "run.warmup_batches=2",
+    "run.progress=false",
+    "tracking.enabled=false",
+]
 
 
 def _cell(root: Path, name: str, *overrides: str) -> dict:
     output = root / name
-    done = run_module("harness", [*COMMON, *overrides, f"run.output_dir={output}"], cwd=root,
-                      timeout=900)
+    done = run_module(
+        "harness", [*COMMON, *overrides, f"run.output_dir={output}"], cwd=root, timeout=900
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (path,) = (output / "runs").glob("*/result.json")
     result = json.loads(path.read_text())
@@ -71,19 +78,38 @@ def ideal_seconds(t_unit: float, workers: int, micro_batches: int) -> float:
 
 
 @pytest.mark.parametrize("network", ["vgg11", "mobilenetv2"])
-def test_pipelines_against_their_ideal_compute_model(benchmark, network: str,  # noqa: ANN001
-                                                    tmp_path: Path) -> None:
+def test_pipelines_against_their_ideal_compute_model(
+    benchmark,
+    network: str,  # noqa: ANN001
+    tmp_path: Path,
+) -> None:
     figures: dict[str, Any] = {}
 
     def measure() -> None:
-        sequential = _cell(tmp_path, "sequential", f"network={network}",
-                           "distribution=sequential", f"distribution.batch_size={MICRO_BATCH}")
-        gpipe = _cell(tmp_path, "gpipe", f"network={network}", "distribution=gpipe",
-                      "distribution.recompute=never",
-                      f"distribution.batch_size={MICRO_BATCH * GPIPE_MICRO_BATCHES}",
-                      f"distribution.micro_batches={GPIPE_MICRO_BATCHES}")
-        pipedream = _cell(tmp_path, "pipedream", f"network={network}", "distribution=pipedream",
-                          "distribution.stages=1-1", f"distribution.batch_size={MICRO_BATCH}")
+        sequential = _cell(
+            tmp_path,
+            "sequential",
+            f"network={network}",
+            "distribution=sequential",
+            f"distribution.batch_size={MICRO_BATCH}",
+        )
+        gpipe = _cell(
+            tmp_path,
+            "gpipe",
+            f"network={network}",
+            "distribution=gpipe",
+            "distribution.recompute=never",
+            f"distribution.batch_size={MICRO_BATCH * GPIPE_MICRO_BATCHES}",
+            f"distribution.micro_batches={GPIPE_MICRO_BATCHES}",
+        )
+        pipedream = _cell(
+            tmp_path,
+            "pipedream",
+            f"network={network}",
+            "distribution=pipedream",
+            "distribution.stages=1-1",
+            f"distribution.batch_size={MICRO_BATCH}",
+        )
         for statistic in ("mean", "min"):
             figures.update(_ratios(statistic, sequential, gpipe, pipedream))
         figures.update(
@@ -98,18 +124,27 @@ def test_pipelines_against_their_ideal_compute_model(benchmark, network: str,  #
     benchmark.pedantic(measure, rounds=1, iterations=1)
     benchmark.extra_info.update(figures)
     f = figures
-    print(f"\n[pipeline efficiency, {network}] t_fb {f['t_fb_s_mean'] * 1e3:.1f} ms per "
-          f"{MICRO_BATCH} images, t_up {f['t_up_s_mean'] * 1e3:.1f} ms (mean epochs)")
+    print(
+        f"\n[pipeline efficiency, {network}] t_fb {f['t_fb_s_mean'] * 1e3:.1f} ms per "
+        f"{MICRO_BATCH} images, t_up {f['t_up_s_mean'] * 1e3:.1f} ms (mean epochs)"
+    )
     for statistic in ("mean", "min"):
-        g = {key[:-len(statistic) - 1]: value for key, value in f.items()
-             if key.endswith(f"_{statistic}")}
-        print(f"  {statistic} epochs: GPipe {f['gpipe_balance']} {g['gpipe_batch_s']:.3f} s/batch "
-              f"vs ideal {g['gpipe_ideal_s']:.3f}: ratio {g['gpipe_ratio']:.3f}; PipeDream 1F1B "
-              f"{f['pipedream_balance']} {g['pipedream_epoch_s']:.3f} s/epoch vs ideal "
-              f"{g['pipedream_ideal_s']:.3f}: ratio {g['pipedream_ratio']:.3f}")
-    print(f"  bubbles (mean epochs): GPipe {f['gpipe_bubble_stage0']:.2f}/"
-          f"{f['gpipe_bubble_stage1']:.2f}, PipeDream {f['pipedream_bubble_stage0']:.2f}/"
-          f"{f['pipedream_bubble_stage1']:.2f}")
+        g = {
+            key[: -len(statistic) - 1]: value
+            for key, value in f.items()
+            if key.endswith(f"_{statistic}")
+        }
+        print(
+            f"  {statistic} epochs: GPipe {f['gpipe_balance']} {g['gpipe_batch_s']:.3f} s/batch "
+            f"vs ideal {g['gpipe_ideal_s']:.3f}: ratio {g['gpipe_ratio']:.3f}; PipeDream 1F1B "
+            f"{f['pipedream_balance']} {g['pipedream_epoch_s']:.3f} s/epoch vs ideal "
+            f"{g['pipedream_ideal_s']:.3f}: ratio {g['pipedream_ratio']:.3f}"
+        )
+    print(
+        f"  bubbles (mean epochs): GPipe {f['gpipe_bubble_stage0']:.2f}/"
+        f"{f['gpipe_bubble_stage1']:.2f}, PipeDream {f['pipedream_bubble_stage0']:.2f}/"
+        f"{f['pipedream_bubble_stage1']:.2f}"
+    )
     assert f["gpipe_ratio_mean"] > 0 and f["pipedream_ratio_mean"] > 0
 
 
@@ -120,17 +155,22 @@ def _ratios(statistic: str, sequential: dict, gpipe: dict, pipedream: dict) -> d
     seq = sequential["metrics"]
     # Phases are timed as per-epoch means; the fastest epoch scales them down alike.
     scale = seq[key] / seq["seconds_per_epoch"] / seq["batches_per_epoch"]
-    t_fb = scale * sum(seq[f"{phase}_seconds_per_epoch"] for phase in ("data", "forward",
-                                                                        "backward"))
+    t_fb = scale * sum(
+        seq[f"{phase}_seconds_per_epoch"] for phase in ("data", "forward", "backward")
+    )
     t_up = scale * seq["optimizer_seconds_per_epoch"]
     gpipe_batch = gpipe["metrics"][key] / gpipe["metrics"]["batches_per_epoch"]
     gpipe_ideal = ideal_seconds(t_fb, WORKERS, GPIPE_MICRO_BATCHES) + t_up / WORKERS
     minibatches = int(pipedream["metrics"]["batches_per_epoch"])
     pipedream_epoch = pipedream["metrics"][key]
     pipedream_ideal = ideal_seconds(t_fb + t_up, WORKERS, minibatches)
-    return {f"t_fb_s_{statistic}": t_fb, f"t_up_s_{statistic}": t_up,
-            f"gpipe_batch_s_{statistic}": gpipe_batch, f"gpipe_ideal_s_{statistic}": gpipe_ideal,
-            f"gpipe_ratio_{statistic}": gpipe_batch / gpipe_ideal,
-            f"pipedream_epoch_s_{statistic}": pipedream_epoch,
-            f"pipedream_ideal_s_{statistic}": pipedream_ideal,
-            f"pipedream_ratio_{statistic}": pipedream_epoch / pipedream_ideal}
+    return {
+        f"t_fb_s_{statistic}": t_fb,
+        f"t_up_s_{statistic}": t_up,
+        f"gpipe_batch_s_{statistic}": gpipe_batch,
+        f"gpipe_ideal_s_{statistic}": gpipe_ideal,
+        f"gpipe_ratio_{statistic}": gpipe_batch / gpipe_ideal,
+        f"pipedream_epoch_s_{statistic}": pipedream_epoch,
+        f"pipedream_ideal_s_{statistic}": pipedream_ideal,
+        f"pipedream_ratio_{statistic}": pipedream_epoch / pipedream_ideal,
+    }

@@ -91,8 +91,9 @@ def _add_later_facts(root: Path, probed: Path, fact: str) -> None:
     for hardware, profile in later.items():
         kept = root / "hardware_profiles" / f"{hardware}.json"
         data = json.loads(kept.read_text())
-        data["facts"].update({key: value for key, value in profile["facts"].items()
-                              if key.startswith(fact)})
+        data["facts"].update(
+            {key: value for key, value in profile["facts"].items() if key.startswith(fact)}
+        )
         kept.write_text(json.dumps(data))
 
 
@@ -107,13 +108,27 @@ def _extracted(kept: Path, root: Path) -> Path:
 
 
 @pytest.mark.parametrize("fit", list(FITS))
-def test_the_models_on_the_recorded_emulated_calibration(benchmark, recorded: Path,  # noqa: ANN001
-                                                         fit: str) -> None:
+def test_the_models_on_the_recorded_emulated_calibration(
+    benchmark,
+    recorded: Path,  # noqa: ANN001
+    fit: str,
+) -> None:
     def analyse() -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "harness.analysis", f"tracking.experiment={EXPERIMENT}",
-             f"run.output_dir={recorded}", "--no-probe", *FITS[fit]],
-            capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[2])
+            [
+                sys.executable,
+                "-m",
+                "harness.analysis",
+                f"tracking.experiment={EXPERIMENT}",
+                f"run.output_dir={recorded}",
+                "--no-probe",
+                *FITS[fit],
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=Path(__file__).parents[2],
+        )
 
     done = benchmark.pedantic(analyse, rounds=1, iterations=1)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -128,23 +143,28 @@ def test_the_models_on_the_recorded_emulated_calibration(benchmark, recorded: Pa
     for model, row in sorted(rows.items()):
         assert math.isfinite(row["network_mape"]), row
         benchmark.extra_info[model] = {
-            **{key: round(row[key], 1) for key in ("network_mape", "network_worst",
-                                                  "network_bias")},
-            "noise_floor": round(noise[model], 1)}
-        print(f"{fit:5s} {model:10s} MAPE {row['network_mape']:5.1f}  worst "
-              f"{row['network_worst']:5.1f}  bias {row['network_bias']:+5.1f}  noise "
-              f"{noise[model]:.1f}")
+            **{
+                key: round(row[key], 1) for key in ("network_mape", "network_worst", "network_bias")
+            },
+            "noise_floor": round(noise[model], 1),
+        }
+        print(
+            f"{fit:5s} {model:10s} MAPE {row['network_mape']:5.1f}  worst "
+            f"{row['network_worst']:5.1f}  bias {row['network_bias']:+5.1f}  noise "
+            f"{noise[model]:.1f}"
+        )
     right = sum(verdict["correct"] for verdict in report["recommendations"])
     benchmark.extra_info["recommendations_right"] = f"{right} of {len(report['recommendations'])}"
-    print(f"{fit:5s} recommendations right for {right} of {len(report['recommendations'])}; "
-          f"noise floor {noise['all']:.1f} %")
+    print(
+        f"{fit:5s} recommendations right for {right} of {len(report['recommendations'])}; "
+        f"noise floor {noise['all']:.1f} %"
+    )
 
 
 REPROBED = Path(__file__).parent / "data" / "calibrate_emulated-2026-11-29-reprobed-steps.json"
 
 
-def test_the_analysis_names_the_workload_whose_cells_ran_in_a_slower_hour(
-        tmp_path: Path) -> None:
+def test_the_analysis_names_the_workload_whose_cells_ran_in_a_slower_hour(tmp_path: Path) -> None:
     """The first version's cells with step times probed again hours later (`REPROBED`): the
     four networks' came within 4 % of those kept, ResNet-50's sequential cells had run 22-29 %
     slower than its probe (they were measured in a slower hour, the reference kernel says as
@@ -156,16 +176,29 @@ def test_the_analysis_names_the_workload_whose_cells_ran_in_a_slower_hour(
     kept["step_times"] = json.loads(REPROBED.read_text())["step_times"]
     facts.write_text(json.dumps(kept))
     done = subprocess.run(
-        [sys.executable, "-m", "harness.analysis", f"tracking.experiment={EXPERIMENT}",
-         f"run.output_dir={root}", "--no-probe"],
-        capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[2])
+        [
+            sys.executable,
+            "-m",
+            "harness.analysis",
+            f"tracking.experiment={EXPERIMENT}",
+            f"run.output_dir={root}",
+            "--no-probe",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).parents[2],
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     print(done.stdout)
     lines = done.stdout.splitlines()
     assert any(line.startswith("the one-worker cells took x0.97-x1.22") for line in lines)
     named = [line for line in lines if "its one-worker cells took" in line]
     assert sorted(line.split(":")[0] for line in named) == [
-        "resnet50/cifar10 on emulated_2nodes_100mbit", "resnet50/cifar10 on emulated_2nodes_1gbit"]
-    assert all("the machine was slower" in line and "reference kernel x1.2" in line
-               for line in named), named
+        "resnet50/cifar10 on emulated_2nodes_100mbit",
+        "resnet50/cifar10 on emulated_2nodes_1gbit",
+    ]
+    assert all(
+        "the machine was slower" in line and "reference kernel x1.2" in line for line in named
+    ), named
     assert "predicted at the machine speed they ran at" not in done.stdout  # probes: unscaled

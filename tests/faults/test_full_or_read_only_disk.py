@@ -22,7 +22,7 @@ import pytest
 
 from tests.helpers import run_module, tiny_overrides
 
-_DISK_FAULT_HOOK = '''
+_DISK_FAULT_HOOK = """
 import os
 if os.environ.get("DISTBENCH_TEST_DISK_FAULT"):
     import subprocess
@@ -48,7 +48,7 @@ if os.environ.get("DISTBENCH_TEST_DISK_FAULT"):
         return real_step(self, *args, **kwargs)
 
     torch.optim.SGD.step = step
-'''
+"""
 
 
 @pytest.fixture
@@ -56,11 +56,16 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real 4 MB file system of its own (tmpfs), unmounted afterwards."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)],
+        capture_output=True,
+        text=True,
+    )
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()}): a real full or "
-                    f"read-only disk needs root or CAP_SYS_ADMIN")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({mounted.stderr.strip()}): a real full or "
+            f"read-only disk needs root or CAP_SYS_ADMIN"
+        )
     try:
         yield disk
     finally:  # the tmpfs, and the read-only mount over it if the test made one
@@ -68,21 +73,37 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
             pass
 
 
-def _run_faulty_cell(tmp_path: Path, disk: Path, fault: str, *extra: str,
-                     sweep: bool = False) -> subprocess.CompletedProcess[str]:
+def _run_faulty_cell(
+    tmp_path: Path, disk: Path, fault: str, *extra: str, sweep: bool = False
+) -> subprocess.CompletedProcess[str]:
     hooks = tmp_path / "hooks"
     hooks.mkdir(exist_ok=True)
     (hooks / "sitecustomize.py").write_text(_DISK_FAULT_HOOK)
     rescue_tmp = tmp_path / "tmp"
     rescue_tmp.mkdir(exist_ok=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", DISTBENCH_TEST_DISK_FAULT=fault,
-               DISTBENCH_TEST_DISK=str(disk), TMPDIR=str(rescue_tmp),
-               PYTHONPATH=os.pathsep.join([str(hooks), *filter(None, [os.environ.get(
-                   "PYTHONPATH")])]))
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        DISTBENCH_TEST_DISK_FAULT=fault,
+        DISTBENCH_TEST_DISK=str(disk),
+        TMPDIR=str(rescue_tmp),
+        PYTHONPATH=os.pathsep.join([str(hooks), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    )
     return subprocess.run(
-        [sys.executable, "-m", "harness", *(["-m"] if sweep else []),
-         *tiny_overrides(disk / "outputs", "dataset.num_samples=64", "run.epochs=2"), *extra],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            *(["-m"] if sweep else []),
+            *tiny_overrides(disk / "outputs", "dataset.num_samples=64", "run.epochs=2"),
+            *extra,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:
@@ -107,8 +128,9 @@ def _mlflow_runs(store: Path) -> list:
 
 
 @pytest.mark.parametrize("fault", ["full", "read-only"])
-def test_a_disk_failing_mid_cell_loses_nothing(tmp_path: Path, small_disk: Path,
-                                               fault: str) -> None:
+def test_a_disk_failing_mid_cell_loses_nothing(
+    tmp_path: Path, small_disk: Path, fault: str
+) -> None:
     store = tmp_path / "store" / "mlflow.db"  # on another file system than the outputs
     done = _run_faulty_cell(tmp_path, small_disk, fault, f"tracking.uri=sqlite:///{store}")
     assert done.returncode == 1, done.stderr[-3000:]
@@ -119,14 +141,14 @@ def test_a_disk_failing_mid_cell_loses_nothing(tmp_path: Path, small_disk: Path,
     assert run.info.run_id in line
     from mlflow.tracking import MlflowClient
 
-    artifacts = {a.path for a in MlflowClient(f"sqlite:///{store}").list_artifacts(
-        run.info.run_id)}
+    artifacts = {a.path for a in MlflowClient(f"sqlite:///{store}").list_artifacts(run.info.run_id)}
     assert {"result.json", "config.yaml", "mllog.txt"} <= artifacts
     _no_empty_files(small_disk)
 
 
 def test_a_full_disk_and_no_mlflow_leave_the_result_in_a_rescue_directory(
-        tmp_path: Path, small_disk: Path) -> None:
+    tmp_path: Path, small_disk: Path
+) -> None:
     done = _run_faulty_cell(tmp_path, small_disk, "full", "tracking.uri=http://127.0.0.1:9")
     assert done.returncode == 1, done.stderr[-3000:]
     line = _one_error_line(done)
@@ -137,8 +159,11 @@ def test_a_full_disk_and_no_mlflow_leave_the_result_in_a_rescue_directory(
     assert (rescued.parent / "mllog.txt").read_text().count(":::MLLOG") > 5
     # What the line says to run uploads it.
     store = tmp_path / "store" / "mlflow.db"
-    synced = run_module("harness.sync", [f"run.output_dir={rescued.parents[1]}",
-                                         f"tracking.uri=sqlite:///{store}"], cwd=tmp_path)
+    synced = run_module(
+        "harness.sync",
+        [f"run.output_dir={rescued.parents[1]}", f"tracking.uri=sqlite:///{store}"],
+        cwd=tmp_path,
+    )
     assert synced.returncode == 0, synced.stderr[-3000:]
     (run,) = _mlflow_runs(store)
     assert run.data.tags["status"] == "ok"
@@ -146,13 +171,15 @@ def test_a_full_disk_and_no_mlflow_leave_the_result_in_a_rescue_directory(
 
 
 def test_a_sweep_whose_disk_fills_mid_cell_finds_the_record_in_mlflow(
-        tmp_path: Path, small_disk: Path) -> None:
+    tmp_path: Path, small_disk: Path
+) -> None:
     """In a sweep, rank 0 runs in a worker whose own log is on the full disk; the launcher
     cannot read the record from the cell's directory and finds it in MLflow instead of
     recording the cell again as failed."""
     store = tmp_path / "store" / "mlflow.db"
-    done = _run_faulty_cell(tmp_path, small_disk, "full", f"tracking.uri=sqlite:///{store}",
-                            sweep=True)
+    done = _run_faulty_cell(
+        tmp_path, small_disk, "full", f"tracking.uri=sqlite:///{store}", sweep=True
+    )
     assert done.returncode == 1, done.stderr[-3000:]
     line = _one_error_line(done)
     cells = [run for run in _mlflow_runs(store) if "status" in run.data.tags]

@@ -44,45 +44,70 @@ functional.cross_entropy = cross_entropy
 """
 
 
-def test_a_diverged_loss_is_recorded_diverged_and_run_again(output_root: Path,
-                                                           tmp_path: Path) -> None:
+def test_a_diverged_loss_is_recorded_diverged_and_run_again(
+    output_root: Path, tmp_path: Path
+) -> None:
     """A loss that turns NaN stops the cell at the first epoch that shows it: recorded
     `diverged` (where, and the value), exit status 1, and not skipped on resume."""
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(_NAN_LOSS_HOOK)
-    done = subprocess.run([sys.executable, "-m", "harness", *tiny_overrides(output_root)],
-                          cwd=output_root.parent, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                              [str(hooks), *filter(None, [os.environ.get("PYTHONPATH")])])))
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", *tiny_overrides(output_root)],
+        cwd=output_root.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(hooks), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        ),
+    )
     assert done.returncode == 1, done.stderr[-3000:]
     assert "diverged" in done.stderr and "Traceback" not in done.stderr
     result = _only_result(output_root)
     assert result["status"] == "diverged"
     assert "epoch 1/2" in result["error"] and "not finite" in result["error"]
     run = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}").get_run(
-        result["mlflow_run_id"])
+        result["mlflow_run_id"]
+    )
     assert run.data.tags["status"] == "diverged"
     assert finished_result(output_root, result["cell_key"]) is None
 
 
 def test_an_evaluation_that_is_not_finite_after_finite_training_names_the_forward_batch(
-        output_root: Path) -> None:
+    output_root: Path,
+) -> None:
     """torchvision's EfficientNet-B0 trained on forward passes of 2 CIFAR-10 samples evaluates
     to NaN (its BatchNorm's running statistics; its training losses are finite): recorded
     `diverged`, and the error names the forward pass's samples and what to change, not only
     the learning rate (found by the open-networks benchmark, BENCHMARKS.md section 12)."""
     done = subprocess.run(
-        [sys.executable, "-m", "harness", "network=torchvision", "network.arch=efficientnet_b0",
-         "dataset=cifar10", "dataset.num_samples=16", "distribution.batch_size=2",
-         "run.epochs=1", "run.warmup_batches=1", "run.progress=false",
-         f"run.output_dir={output_root}"],
-        cwd=output_root.parent, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "network=torchvision",
+            "network.arch=efficientnet_b0",
+            "dataset=cifar10",
+            "dataset.num_samples=16",
+            "distribution.batch_size=2",
+            "run.epochs=1",
+            "run.warmup_batches=1",
+            "run.progress=false",
+            f"run.output_dir={output_root}",
+        ],
+        cwd=output_root.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 1, done.stderr[-3000:]
     result = _only_result(output_root)
     assert result["status"] == "diverged", result["error"]
-    assert result["error"].startswith("eval loss nan after epoch 1/1: not finite, though every "
-                                      "training loss of the epoch was")
+    assert result["error"].startswith(
+        "eval loss nan after epoch 1/1: not finite, though every training loss of the epoch was"
+    )
     assert "forward passes of 2 sample(s)" in result["error"]
     assert "distribution.batch_size" in result["error"] and "run.eval=false" in result["error"]
 
@@ -110,23 +135,32 @@ def test_only_a_network_that_keeps_running_statistics_is_told_about_them() -> No
     assert "BatchNorm" not in message and "run.eval=false" in message
 
 
-@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
-                         ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    ("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"]
+)
 def test_an_interrupted_single_process_cell_keeps_its_measured_epochs(
-        output_root: Path, tmp_path: Path, signum: int, status: int) -> None:
+    output_root: Path, tmp_path: Path, signum: int, status: int
+) -> None:
     """Ctrl-C or `kill` after the first timed epoch: the cell is recorded `interrupted` with
     that epoch (result.json and an MLflow run), one line says so (no traceback), no child
     process is left, and the exit status is the signal's (130, 143)."""
     log = tmp_path / "cell.log"
     with log.open("w") as out:
         cell = subprocess.Popen(
-            [sys.executable, "-m", "harness",
-             *tiny_overrides(output_root, "run.epochs=40", "run.warmup_batches=0")],
-            cwd=output_root.parent, stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "harness",
+                *tiny_overrides(output_root, "run.epochs=40", "run.warmup_batches=0"),
+            ],
+            cwd=output_root.parent,
+            stdout=out,
+            stderr=subprocess.STDOUT,
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
             # As from a terminal: a pytest started in the background of a non-interactive
             # shell ignores SIGINT, and its children would inherit that.
-            preexec_fn=_default_sigint)
+            preexec_fn=_default_sigint,
+        )
         try:
             deadline = time.monotonic() + 120
             while "epoch 1/40:" not in log.read_text() and time.monotonic() < deadline:
@@ -146,7 +180,8 @@ def test_an_interrupted_single_process_cell_keeps_its_measured_epochs(
     assert 1 <= len(result["epoch_seconds"]) < 40
     assert result["metrics"]["seconds_per_epoch"] > 0
     run = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}").get_run(
-        result["mlflow_run_id"])
+        result["mlflow_run_id"]
+    )
     assert run.data.tags["status"] == "interrupted"
     assert not [child for child in children if child.is_running()]
     assert finished_result(output_root, result["cell_key"]) is None
@@ -182,16 +217,25 @@ measure_runtime_mb(validate(compose_config(sys.argv[1:])))
 def test_a_command_ended_by_sigterm_leaves_no_memory_probe_running(output_root: Path) -> None:
     """harness.recommend and harness.analysis measure a worker's runtime memory in a child
     process (harness.worker.runtime_memory); SIGTERM of the command must end that child too."""
-    command = subprocess.Popen([sys.executable, "-c", _PROBING_COMMAND,
-                                *tiny_overrides(output_root)], cwd=output_root.parent,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    command = subprocess.Popen(
+        [sys.executable, "-c", _PROBING_COMMAND, *tiny_overrides(output_root)],
+        cwd=output_root.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     probe = None
     try:
         deadline = time.monotonic() + 120
         while probe is None and time.monotonic() < deadline:
             assert command.poll() is None, "the command ended before its probe started"
-            probe = next((child for child in psutil.Process(command.pid).children()
-                          if "harness.worker.runtime_memory" in " ".join(child.cmdline())), None)
+            probe = next(
+                (
+                    child
+                    for child in psutil.Process(command.pid).children()
+                    if "harness.worker.runtime_memory" in " ".join(child.cmdline())
+                ),
+                None,
+            )
             time.sleep(0.05)
         assert probe is not None
         command.send_signal(signal.SIGTERM)
@@ -204,7 +248,8 @@ def test_a_command_ended_by_sigterm_leaves_no_memory_probe_running(output_root: 
 
 
 def test_a_runtime_probe_started_beside_other_work_ends_when_that_work_fails(
-        output_root: Path) -> None:
+    output_root: Path,
+) -> None:
     """The recommender starts the runtime memory probe while it describes the network
     (harness.predict.facts.gather); a failure there must not leave the probe running."""
     from harness.commands.compose import compose_config
@@ -213,10 +258,15 @@ def test_a_runtime_probe_started_beside_other_work_ends_when_that_work_fails(
 
     config = validate(compose_config(tiny_overrides(output_root)))
     cache = cache_for(1)
-    with pytest.raises(RuntimeError, match="describing failed"), \
-            _runtime_measured_meanwhile(config, cache):
-        (probe,) = [child for child in psutil.Process().children()
-                    if "harness.worker.runtime_memory" in " ".join(child.cmdline())]
+    with (
+        pytest.raises(RuntimeError, match="describing failed"),
+        _runtime_measured_meanwhile(config, cache),
+    ):
+        (probe,) = [
+            child
+            for child in psutil.Process().children()
+            if "harness.worker.runtime_memory" in " ".join(child.cmdline())
+        ]
         raise RuntimeError("describing failed")
     assert cache.runtime == {} and _ends_within(probe, 1.0)
 
@@ -241,9 +291,14 @@ def test_two_processes_creating_one_new_mlflow_store_both_record(tmp_path: Path)
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     uri = f"sqlite:///{tmp_path / DEFAULT_STORE_FILE}"
-    processes = [subprocess.Popen([sys.executable, "-c", _FIRST_STORE_USE, str(barrier),
-                                   f"p{n}", uri], stderr=subprocess.PIPE, text=True)
-                 for n in range(2)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", _FIRST_STORE_USE, str(barrier), f"p{n}", uri],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(2)
+    ]
     errors = [process.communicate(timeout=120)[1] for process in processes]
     assert [process.returncode for process in processes] == [0, 0], errors
     experiment = MlflowClient(uri).get_experiment_by_name("race")
@@ -264,32 +319,46 @@ def test_runs_started_in_the_same_second_get_their_own_directories() -> None:
 
     register_configs()
     with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-        first, second = (OmegaConf.select(compose("config", return_hydra_config=True,
-                                                  overrides=[f"run.seed={seed}"]),
-                                          "hydra.run.dir") for seed in (1, 2))
+        first, second = (
+            OmegaConf.select(
+                compose("config", return_hydra_config=True, overrides=[f"run.seed={seed}"]),
+                "hydra.run.dir",
+            )
+            for seed in (1, 2)
+        )
     assert first != second and first < second
     assert Path(first).name.startswith(Path(second).name[:10])  # the date leads
 
 
-def test_a_second_sweep_into_the_directory_of_a_live_sweep_is_refused(output_root: Path,
-                                                                      tmp_path: Path) -> None:
+def test_a_second_sweep_into_the_directory_of_a_live_sweep_is_refused(
+    output_root: Path, tmp_path: Path
+) -> None:
     """Two copies of one `-m` sweep into one run.output_dir would share its cell index and time
     each other's cells: while the first lives, the second is refused in one line naming it,
     exit status 2, before it starts anything."""
-    sweep = [sys.executable, "-m", "harness", "-m", "run.seed=1,2",
-             *tiny_overrides(output_root, "run.epochs=40")]
+    sweep = [
+        sys.executable,
+        "-m",
+        "harness",
+        "-m",
+        "run.seed=1,2",
+        *tiny_overrides(output_root, "run.epochs=40"),
+    ]
     with (tmp_path / "first.log").open("w") as out:
-        first = subprocess.Popen(sweep, cwd=output_root.parent, stdout=out,
-                                 stderr=subprocess.STDOUT)
+        first = subprocess.Popen(
+            sweep, cwd=output_root.parent, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         lock = lock_path(output_root)
         deadline = time.monotonic() + 120
         while not (lock.exists() and str(first.pid) in lock.read_text()):
-            assert first.poll() is None and time.monotonic() < deadline, \
-                (tmp_path / "first.log").read_text()[-3000:]
+            assert first.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "first.log"
+            ).read_text()[-3000:]
             time.sleep(0.05)
-        second = subprocess.run(sweep, cwd=output_root.parent, capture_output=True, text=True,
-                                timeout=120)
+        second = subprocess.run(
+            sweep, cwd=output_root.parent, capture_output=True, text=True, timeout=120
+        )
         assert second.returncode == 2, second.stderr[-3000:]
         (line,) = second.stderr.splitlines()
         assert "a live sweep is using it" in line and f"pid {first.pid}" in line

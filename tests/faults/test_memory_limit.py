@@ -20,8 +20,13 @@ from harness.worker.memory_limit import WorkerOverBudget, device_memory_limit, p
 from tests.helpers import cell_worker_pids, run_module
 
 # Small and quick: the over-limit cells run out during their first warm-up batch.
-CELL = ["dataset=mnist", "run.epochs=1", "run.warmup_batches=1", "run.progress=false",
-        "tracking.experiment=memory_limit"]
+CELL = [
+    "dataset=mnist",
+    "run.epochs=1",
+    "run.warmup_batches=1",
+    "run.progress=false",
+    "tracking.experiment=memory_limit",
+]
 # A fresh worker holds about 0.9 GB (RSS) before its cell starts (torch's CUDA build, MLflow,
 # Hydra imported; 0.7 GB of it library code); this budget leaves about 0.5 GB: enough for
 # MobileNetV2 at batch 8 (peak 1.13 GB here), far too little for VGG-16 at batch 256 (VGG-16
@@ -50,12 +55,20 @@ def _assert_oom(result: dict) -> str:
     return headline
 
 
-def test_a_sequential_cell_over_its_limit_is_oom_and_one_under_it_runs(
-        output_root: Path) -> None:
+def test_a_sequential_cell_over_its_limit_is_oom_and_one_under_it_runs(output_root: Path) -> None:
     limit = f"hardware.device_memory_gb={TIGHT_GB}"
-    over = run_module("harness", [*CELL, "network=vgg16", "distribution.batch_size=256",
-                                  "dataset.num_samples=256", limit,
-                                  f"run.output_dir={output_root}"], cwd=output_root.parent)
+    over = run_module(
+        "harness",
+        [
+            *CELL,
+            "network=vgg16",
+            "distribution.batch_size=256",
+            "dataset.num_samples=256",
+            limit,
+            f"run.output_dir={output_root}",
+        ],
+        cwd=output_root.parent,
+    )
     assert over.returncode == 1, over.stderr[-3000:]  # the cell did not end ok
     result = _result(output_root)
     _assert_oom(result)
@@ -65,10 +78,19 @@ def test_a_sequential_cell_over_its_limit_is_oom_and_one_under_it_runs(
     assert tags["status"] == "oom" and tags["error"] == result["error"]
 
     under_root = output_root.parent / "under"
-    under = run_module("harness", [*CELL, "network=mobilenetv2", "distribution.batch_size=8",
-                                   "dataset.num_samples=16", limit,
-                                   "tracking.enabled=false", f"run.output_dir={under_root}"],
-                       cwd=output_root.parent)
+    under = run_module(
+        "harness",
+        [
+            *CELL,
+            "network=mobilenetv2",
+            "distribution.batch_size=8",
+            "dataset.num_samples=16",
+            limit,
+            "tracking.enabled=false",
+            f"run.output_dir={under_root}",
+        ],
+        cwd=output_root.parent,
+    )
     assert under.returncode == 0, under.stderr[-3000:]
     result = _result(under_root)
     assert result["status"] == "ok", result["error"]
@@ -80,11 +102,26 @@ def test_a_sequential_cell_over_its_limit_is_oom_and_one_under_it_runs(
 def test_a_ddp_cell_over_its_limit_is_oom_and_no_worker_hangs(output_root: Path) -> None:
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "harness", *CELL, "hardware=local_2cpu", "distribution=ddp",
-         "network=vgg16", "distribution.batch_size=256", "dataset.num_samples=512",
-         f"hardware.device_memory_gb={TIGHT_GB}", "run.progress_timeout_s=120",
-         "tracking.enabled=false", f"run.output_dir={output_root}"],
-        cwd=output_root.parent, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            *CELL,
+            "hardware=local_2cpu",
+            "distribution=ddp",
+            "network=vgg16",
+            "distribution.batch_size=256",
+            "dataset.num_samples=512",
+            f"hardware.device_memory_gb={TIGHT_GB}",
+            "run.progress_timeout_s=120",
+            "tracking.enabled=false",
+            f"run.output_dir={output_root}",
+        ],
+        cwd=output_root.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 1, done.stderr[-3000:]  # the cell did not end ok
     result = _result(output_root)
     _assert_oom(result)  # (the first rank that ran out heads the workers' reports)
@@ -102,8 +139,9 @@ def test_the_limit_is_set_for_the_block_and_lifted_after() -> None:
         soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
         assert soft == limit.data_limit_bytes
         # VmData now + (budget - RSS now): the resident memory already held counts.
-        assert limit.data_limit_bytes == (limit.data_at_start_bytes + 100 * 10**9
-                                          - limit.rss_at_start_bytes)
+        assert limit.data_limit_bytes == (
+            limit.data_at_start_bytes + 100 * 10**9 - limit.rss_at_start_bytes
+        )
     assert resource.getrlimit(resource.RLIMIT_DATA) == before
 
     with pytest.raises(RuntimeError), device_memory_limit(hardware):
@@ -113,8 +151,10 @@ def test_the_limit_is_set_for_the_block_and_lifted_after() -> None:
 
 def test_nothing_is_enforced_on_cuda_or_without_a_size() -> None:
     before = resource.getrlimit(resource.RLIMIT_DATA)
-    for hardware in (HardwareConfig(device=Device.cuda, device_memory_gb=1.0),
-                     HardwareConfig(device_memory_gb=None)):
+    for hardware in (
+        HardwareConfig(device=Device.cuda, device_memory_gb=1.0),
+        HardwareConfig(device_memory_gb=None),
+    ):
         with device_memory_limit(hardware) as limit:
             assert limit is None
             assert resource.getrlimit(resource.RLIMIT_DATA) == before
@@ -122,8 +162,10 @@ def test_nothing_is_enforced_on_cuda_or_without_a_size() -> None:
 
 def test_a_worker_already_over_its_budget_is_oom_at_once() -> None:
     tiny = process_memory()["VmRSS"] / 2 / 10**9
-    with pytest.raises(WorkerOverBudget, match="more than hardware.device_memory_gb"), \
-            device_memory_limit(HardwareConfig(device_memory_gb=tiny)):
+    with (
+        pytest.raises(WorkerOverBudget, match="more than hardware.device_memory_gb"),
+        device_memory_limit(HardwareConfig(device_memory_gb=tiny)),
+    ):
         pass
 
 

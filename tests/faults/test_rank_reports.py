@@ -35,19 +35,26 @@ def _counted_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 def _ended_worker(output_dir: Path, rank: int, *, report: bool) -> None:
     """A worker process that wrote its presence (and maybe its report), then ended."""
-    script = ("import sys; from pathlib import Path; "
-              "from harness.system.processes import this_process; "
-              "from harness.records.results import RunStatus, write_rank_report, "
-              "write_worker_presence; "
-              f"write_worker_presence(Path(sys.argv[1]), {rank}, this_process())" +
-              (f"; write_rank_report(Path(sys.argv[1]), {rank}, RunStatus.oom, 'out of memory')"
-               if report else ""))
-    subprocess.run([sys.executable, "-c", script, str(output_dir)], cwd=REPO_ROOT, check=True,
-                   timeout=60)
+    script = (
+        "import sys; from pathlib import Path; "
+        "from harness.system.processes import this_process; "
+        "from harness.records.results import RunStatus, write_rank_report, "
+        "write_worker_presence; "
+        f"write_worker_presence(Path(sys.argv[1]), {rank}, this_process())"
+        + (
+            f"; write_rank_report(Path(sys.argv[1]), {rank}, RunStatus.oom, 'out of memory')"
+            if report
+            else ""
+        )
+    )
+    subprocess.run(
+        [sys.executable, "-c", script, str(output_dir)], cwd=REPO_ROOT, check=True, timeout=60
+    )
 
 
 def test_a_peer_seen_to_have_ended_without_a_report_is_not_waited_for(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     write_rank_report(tmp_path, 0, RunStatus.failed, "connection closed by peer")
     _ended_worker(tmp_path, 1, report=False)
     _ended_worker(tmp_path, 2, report=True)
@@ -59,7 +66,8 @@ def test_a_peer_seen_to_have_ended_without_a_report_is_not_waited_for(
 
 
 def test_a_peer_still_running_or_out_of_sight_is_waited_for(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     write_rank_report(tmp_path, 0, RunStatus.failed, "connection closed by peer")
     write_worker_presence(tmp_path, 1, this_process())  # alive: this very process
     write_worker_presence(tmp_path, 2, {**this_process(), "pid_space": "another machine"})

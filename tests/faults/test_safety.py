@@ -27,8 +27,7 @@ SOURCE_DIRS = ["harness", "workloads", "launchers", "hydra_plugins", "scripts", 
 
 
 @pytest.fixture(autouse=True)
-def srun_on_path(tmp_path_factory: pytest.TempPathFactory,
-                 monkeypatch: pytest.MonkeyPatch) -> None:
+def srun_on_path(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """submitit's SLURM executor refuses to be built where `srun` is not on PATH. These tests
     only generate job scripts (nothing is submitted, and the script's own srun is replaced
     where it runs), so on a machine without SLURM a placeholder `srun` that fails if ever
@@ -50,40 +49,57 @@ def _job_script(launcher: dict, folder: Path) -> str:
     executor = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
     executor.update_parameters(**slurm.executor_parameters(size, launcher, cell))
     return executor._executor._make_submission_file_text(  # what submit() writes
-        f"python -u -m submitit.core._submit {folder}", "uid")
+        f"python -u -m submitit.core._submit {folder}", "uid"
+    )
 
 
 def test_payloads_in_launcher_settings_stay_data_in_the_job_script(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     payload = f"x; touch {marker}"
-    launcher = {"name": f"distbench-{payload}", "partition": payload, "comment": f"$(touch "
-                f"{marker})", "account": f"`touch {marker}`", "srun_args": [f"--x={payload}"],
-                "additional_parameters": {"reservation": payload}, "timeout_min": 5}
+    launcher = {
+        "name": f"distbench-{payload}",
+        "partition": payload,
+        "comment": f"$(touch {marker})",
+        "account": f"`touch {marker}`",
+        "srun_args": [f"--x={payload}"],
+        "additional_parameters": {"reservation": payload},
+        "timeout_min": 5,
+    }
     script = _job_script(launcher, tmp_path / "jobs")
     assert f"#SBATCH --partition='{payload}'" in script
     assert f"#SBATCH --job-name='distbench-{payload}'" in script
     assert f"#SBATCH --reservation='{payload}'" in script
     # Run the script itself, with srun replaced by a function that records its arguments.
     (tmp_path / "job.sh").write_text(script)
-    ran = subprocess.run(["bash", "-c", 'srun() { printf "%s\\n" "$@" > srun.args; }; '
-                          "export -f srun; bash job.sh"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    ran = subprocess.run(
+        ["bash", "-c", 'srun() { printf "%s\\n" "$@" > srun.args; }; export -f srun; bash job.sh'],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ran.returncode == 0, ran.stderr
     assert not marker.exists()
     assert f"--x={payload}" in (tmp_path / "srun.args").read_text().splitlines()
 
 
-@pytest.mark.parametrize(("launcher", "fragment"), [
-    ({"name": "a\ntouch /tmp/pwned"}, "hydra.launcher.name="),
-    ({"comment": "ok\rtouch"}, "hydra.launcher.comment="),
-    ({"srun_args": ["--ok", "x\ntouch /tmp/pwned"]}, "hydra.launcher.srun_args="),
-    ({"additional_parameters": {"reservation": "r1\ntouch /tmp/pwned #"}},
-     "hydra.launcher.additional_parameters.reservation="),
-    ({"additional_parameters": {"x=1\ntouch /tmp/pwned #": "y"}},
-     "an sbatch flag name; allowed: letters, digits"),
-])
-def test_settings_that_would_become_shell_lines_are_refused(launcher: dict,
-                                                            fragment: str) -> None:
+@pytest.mark.parametrize(
+    ("launcher", "fragment"),
+    [
+        ({"name": "a\ntouch /tmp/pwned"}, "hydra.launcher.name="),
+        ({"comment": "ok\rtouch"}, "hydra.launcher.comment="),
+        ({"srun_args": ["--ok", "x\ntouch /tmp/pwned"]}, "hydra.launcher.srun_args="),
+        (
+            {"additional_parameters": {"reservation": "r1\ntouch /tmp/pwned #"}},
+            "hydra.launcher.additional_parameters.reservation=",
+        ),
+        (
+            {"additional_parameters": {"x=1\ntouch /tmp/pwned #": "y"}},
+            "an sbatch flag name; allowed: letters, digits",
+        ),
+    ],
+)
+def test_settings_that_would_become_shell_lines_are_refused(launcher: dict, fragment: str) -> None:
     cell = DistbenchConfig(distribution=SequentialConfig())
     with pytest.raises(ConfigError) as error:
         slurm.job_size(cell.hardware, cell.world_size, {"name": "n", **launcher})
@@ -101,8 +117,9 @@ def test_teardown_lines_are_refused(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     cell = DistbenchConfig(distribution=SequentialConfig())
     with pytest.raises(ConfigError) as error:
-        slurm.job_size(cell.hardware, cell.world_size,
-                       {"name": "n", "teardown": [f"touch {marker}"]})
+        slurm.job_size(
+            cell.hardware, cell.world_size, {"name": "n", "teardown": [f"touch {marker}"]}
+        )
     assert "hydra.launcher.teardown=" in str(error.value)
     assert "allowed: null" in str(error.value) and "hydra.launcher.setup" in str(error.value)
     # As a user meets it: tests/faults/test_bad_input.py's TEARDOWN row.
@@ -117,10 +134,13 @@ def test_nothing_from_a_config_is_evaluated_as_code() -> None:
     # `.eval()` (a module's evaluation mode) is not the builtin.
     forbidden = re.compile(r"shell\s*=\s*True|(?<![.\w])(eval|exec)\s*\(|os\.system\(|os\.popen\(")
     this_file = Path(__file__).resolve()
-    hits = [f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()}"
-            for path in _python_sources() if path.resolve() != this_file
-            for number, line in enumerate(path.read_text().splitlines(), 1)
-            if forbidden.search(line)]
+    hits = [
+        f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()}"
+        for path in _python_sources()
+        if path.resolve() != this_file
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if forbidden.search(line)
+    ]
     assert hits == []
 
 
@@ -133,7 +153,7 @@ def test_torch_load_reads_tensors_only() -> None:
             continue
         text = path.read_text()
         for match in re.finditer(r"torch\.load\(", text):
-            call = text[match.end():text.find(")", match.end()) + 1]
+            call = text[match.end() : text.find(")", match.end()) + 1]
             if "weights_only=True" not in call:
                 line = text.count("\n", 0, match.start()) + 1
                 unsafe.append(f"{path.relative_to(REPO_ROOT)}:{line}")
@@ -141,13 +161,17 @@ def test_torch_load_reads_tensors_only() -> None:
 
 
 def test_servers_listen_on_loopback_by_default() -> None:
-    readme = "\n".join(path.read_text() for path in
-                       [REPO_ROOT / "README.md", *(REPO_ROOT / "docs").glob("*.md")])
+    readme = "\n".join(
+        path.read_text() for path in [REPO_ROOT / "README.md", *(REPO_ROOT / "docs").glob("*.md")]
+    )
     commands = re.findall(r"^.*mlflow (?:ui|server) --.*$", readme, flags=re.MULTILINE)
     assert commands and all("--host 127.0.0.1" in command for command in commands)
-    for path in [REPO_ROOT / "README.md", *(REPO_ROOT / "docs").glob("*.md"),
-                 *(REPO_ROOT / "scripts").glob("*.sh"),
-                 *_python_sources()]:
+    for path in [
+        REPO_ROOT / "README.md",
+        *(REPO_ROOT / "docs").glob("*.md"),
+        *(REPO_ROOT / "scripts").glob("*.sh"),
+        *_python_sources(),
+    ]:
         if path.resolve() != Path(__file__).resolve():
             assert "0.0.0.0" not in path.read_text(), path
     # A single-node cell's workers meet on loopback, and listen there only
@@ -162,6 +186,7 @@ def test_servers_listen_on_loopback_by_default() -> None:
     assert listen_address(two_nodes) == "127.0.0.1"
     # torch's tcp:// rendezvous and Horovod's RendezvousServer.start listen on every interface.
     unbound = re.compile(r"init_method\s*=\s*f?[\"']tcp://|RendezvousServer\(verbose")
-    harness_sources = [path for path in _python_sources()
-                       if path.relative_to(REPO_ROOT).parts[0] != "tests"]
+    harness_sources = [
+        path for path in _python_sources() if path.relative_to(REPO_ROOT).parts[0] != "tests"
+    ]
     assert [path for path in harness_sources if unbound.search(path.read_text())] == []

@@ -56,16 +56,18 @@ print("went on", flush=True)
 def _signalled_where_dropped(where: str, signum: int) -> subprocess.CompletedProcess[str]:
     """The script run in a fresh interpreter; it times out (the test fails) where the signal
     raised again waits for the script's 30 s sleep to end instead of ending it."""
-    script = f"WHERE = {where!r}\nSIGNUM = {int(signum)}\n" + \
-        textwrap.dedent(_SIGNAL_WHERE_DROPPED)
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=20, cwd=REPO_ROOT)
+    script = f"WHERE = {where!r}\nSIGNUM = {int(signum)}\n" + textwrap.dedent(_SIGNAL_WHERE_DROPPED)
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=20, cwd=REPO_ROOT
+    )
 
 
-@pytest.mark.parametrize("where", ["fork hook", "destructor", "weakref callback",
-                                   "garbage collection"])
+@pytest.mark.parametrize(
+    "where", ["fork hook", "destructor", "weakref callback", "garbage collection"]
+)
 def test_sigterm_handled_where_python_drops_its_exception_still_ends_the_command(
-        where: str) -> None:
+    where: str,
+) -> None:
     ended = _signalled_where_dropped(where, signal.SIGTERM)
     assert ended.returncode == 128 + signal.SIGTERM, ended.stderr[-2000:]
     assert "went on" not in ended.stdout
@@ -89,8 +91,9 @@ def test_other_exceptions_python_drops_are_still_reported_as_before() -> None:
         Broken()
         print("went on", flush=True)
     """)
-    ended = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                           timeout=60, cwd=REPO_ROOT)
+    ended = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT
+    )
     assert ended.returncode == 0 and ended.stdout == "went on\n"
     assert ended.stderr.count("Exception ignored in") == 1
     assert "ValueError: broken in its destructor" in ended.stderr

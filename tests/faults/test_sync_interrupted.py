@@ -70,8 +70,9 @@ class HoldingProxy:
                     proxy._release.wait()
                     return
                 upstream = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=120)
-                headers = {k: v for k, v in self.headers.items()
-                           if k.lower() not in ("host", "connection")}
+                headers = {
+                    k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")
+                }
                 upstream.request(self.command, self.path, body=body, headers=headers)
                 answer = upstream.getresponse()
                 data = answer.read()
@@ -111,15 +112,25 @@ def mlflow_server_starting(tmp_path: Path) -> Iterator[Callable[[], str]]:
     returns its URL once it answers (the test measures its cell meanwhile)."""
     folder = tmp_path / "server"
     folder.mkdir()
-    with starting_mlflow_server(folder / "server.db", folder, "--artifacts-destination",
-                                str(folder / "artifacts"), "--workers", "1") as ready:
+    with starting_mlflow_server(
+        folder / "server.db",
+        folder,
+        "--artifacts-destination",
+        str(folder / "artifacts"),
+        "--workers",
+        "1",
+    ) as ready:
         yield ready
 
 
 def _sync(output_root: Path, uri: str) -> subprocess.CompletedProcess[str]:
     # Quoted: Hydra's override grammar takes a path with a quote or a space only in quotes.
-    return run_module("harness.sync", [f'run.output_dir="{output_root}"', f"tracking.uri={uri}"],
-                      cwd=output_root.parent, timeout=300)
+    return run_module(
+        "harness.sync",
+        [f'run.output_dir="{output_root}"', f"tracking.uri={uri}"],
+        cwd=output_root.parent,
+        timeout=300,
+    )
 
 
 def _sync_killed_while_held(output_root: Path, proxy: HoldingProxy, suffix: str) -> None:
@@ -128,9 +139,19 @@ def _sync_killed_while_held(output_root: Path, proxy: HoldingProxy, suffix: str)
     proxy.holding(suffix)
     env = dict(os.environ, MLFLOW_HTTP_REQUEST_TIMEOUT="600")  # slow, not failing
     sync = subprocess.Popen(
-        [sys.executable, "-m", "harness.sync", f"run.output_dir={output_root}",
-         f"tracking.uri={proxy.url}"], cwd=output_root.parent, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "harness.sync",
+            f"run.output_dir={output_root}",
+            f"tracking.uri={proxy.url}",
+        ],
+        cwd=output_root.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert proxy.held.wait(HELD_WAIT_S), f"sync never asked for {suffix}"
     finally:
@@ -141,9 +162,13 @@ def _sync_killed_while_held(output_root: Path, proxy: HoldingProxy, suffix: str)
 
 def _pending_cell(output_root: Path) -> tuple[Path, dict]:
     """A tiny cell measured while MLflow was unreachable: its result.json, pending sync."""
-    done = run_module("harness", tiny_overrides(output_root, "run.epochs=1",
-                                                f"tracking.uri=http://127.0.0.1:{_closed_port()}"),
-                      cwd=output_root.parent)
+    done = run_module(
+        "harness",
+        tiny_overrides(
+            output_root, "run.epochs=1", f"tracking.uri=http://127.0.0.1:{_closed_port()}"
+        ),
+        cwd=output_root.parent,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (path,) = (output_root / "runs").glob("*/result.json")
     result = json.loads(path.read_text())
@@ -160,8 +185,13 @@ def _pending_failure(output_root: Path, monkeypatch: pytest.MonkeyPatch) -> tupl
 
     # A closed port refuses at once; MLflow's retries would only add seconds of back-off.
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    cfg = compose_config([f'run.output_dir="{output_root}"', "network=mobilenetv2",
-                          f"tracking.uri=http://127.0.0.1:{_closed_port()}"])
+    cfg = compose_config(
+        [
+            f'run.output_dir="{output_root}"',
+            "network=mobilenetv2",
+            f"tracking.uri=http://127.0.0.1:{_closed_port()}",
+        ]
+    )
     cell_dir = output_root / "runs" / "cell"
     result = record_failure(check_cell(cfg), cell_dir, RunStatus.failed, "killed by a signal")
     assert result["pending_sync"], result
@@ -174,12 +204,15 @@ def _runs_of(uri: str, result_id: str | None = None) -> list:
     experiment = client.get_experiment_by_name("distbench")
     if experiment is None:
         return []
-    return client.search_runs([experiment.experiment_id], filter_string=(
-        f"tags.`{RESULT_ID_TAG}` = '{result_id}'" if result_id else ""))
+    return client.search_runs(
+        [experiment.experiment_id],
+        filter_string=(f"tags.`{RESULT_ID_TAG}` = '{result_id}'" if result_id else ""),
+    )
 
 
 def test_a_sync_killed_while_mlflow_is_slow_leaves_the_result_pending_and_no_duplicate(
-        output_root: Path, mlflow_server_starting: Callable[[], str]) -> None:
+    output_root: Path, mlflow_server_starting: Callable[[], str]
+) -> None:
     path, _ = _pending_cell(output_root)  # while the server starts
     mlflow_server = mlflow_server_starting()  # its URL, once it answers
     proxy = HoldingProxy(int(mlflow_server.rsplit(":", 1)[1]))
@@ -207,8 +240,11 @@ def test_a_sync_killed_while_mlflow_is_slow_leaves_the_result_pending_and_no_dup
     client = MlflowClient(mlflow_server)
     artifacts = {entry.path for entry in client.list_artifacts(run.info.run_id)}
     assert artifacts == {"config.yaml", "result.json", "mllog.txt"}  # as a cell uploads them
-    copy = json.loads(Path(client.download_artifacts(run.info.run_id, "result.json",
-                                                     str(output_root.parent))).read_text())
+    copy = json.loads(
+        Path(
+            client.download_artifacts(run.info.run_id, "result.json", str(output_root.parent))
+        ).read_text()
+    )
     assert not copy["pending_sync"] and copy["tracking_error"] is None
     assert copy["started_at"] == after["started_at"] and copy["output_dir"] == after["output_dir"]
     assert run.data.tags[RESULT_ID_TAG]
@@ -223,7 +259,8 @@ def test_a_sync_killed_while_mlflow_is_slow_leaves_the_result_pending_and_no_dup
 
 
 def test_a_truncated_result_is_reported_and_not_counted_as_synced(
-        output_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    output_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path, _ = _pending_failure(output_root, monkeypatch)
     path.write_text(path.read_text()[:200])  # as a disk that filled up mid-write leaves it
     done = _sync(output_root, f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
@@ -234,8 +271,9 @@ def test_a_truncated_result_is_reported_and_not_counted_as_synced(
     assert "1 result(s) not synced" in done.stdout
 
 
-def test_an_output_dir_with_a_quote_is_uploaded_once(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_output_dir_with_a_quote_is_uploaded_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     output_root = tmp_path / "it's outputs"
     output_root.mkdir()
     path, result = _pending_failure(output_root, monkeypatch)
@@ -249,12 +287,14 @@ def test_an_output_dir_with_a_quote_is_uploaded_once(tmp_path: Path,
     second = _sync(output_root, store)
     assert second.returncode == 0 and "already recorded" in second.stdout, second.stdout
     (run,) = _runs_of(store)
-    assert run.info.run_id == synced["mlflow_run_id"] == \
-        json.loads(path.read_text())["mlflow_run_id"]
+    assert (
+        run.info.run_id == synced["mlflow_run_id"] == json.loads(path.read_text())["mlflow_run_id"]
+    )
     assert run.info.status == "FAILED" and run.data.tags["output_dir"] == result["output_dir"]
 
 
 # --- a sweep's parent run -------------------------------------------------------------------
+
 
 def _parents(output_root: Path, experiment: str = "distbench") -> list:
     store = output_root / DEFAULT_STORE_FILE
@@ -262,26 +302,45 @@ def _parents(output_root: Path, experiment: str = "distbench") -> list:
         return []
     client = MlflowClient(f"sqlite:///{store}")
     found = client.get_experiment_by_name(experiment)
-    return [] if found is None else client.search_runs(
-        [found.experiment_id], filter_string=f"tags.`{KIND_TAG}` = 'sweep'",
-        order_by=["attributes.start_time ASC"])
+    return (
+        []
+        if found is None
+        else client.search_runs(
+            [found.experiment_id],
+            filter_string=f"tags.`{KIND_TAG}` = 'sweep'",
+            order_by=["attributes.start_time ASC"],
+        )
+    )
 
 
 def test_a_rejected_sweep_opens_no_parent_run(output_root: Path) -> None:
-    done = run_module("harness", ["-m", "network=mobilenetv2,resnet19",
-                                  "dataset.num_samples=16", "run.epochs=1",
-                                  f"run.output_dir={output_root}"], cwd=output_root.parent)
+    done = run_module(
+        "harness",
+        [
+            "-m",
+            "network=mobilenetv2,resnet19",
+            "dataset.num_samples=16",
+            "run.epochs=1",
+            f"run.output_dir={output_root}",
+        ],
+        cwd=output_root.parent,
+    )
     assert done.returncode == 2, done.stderr[-3000:]
     assert not (output_root / DEFAULT_STORE_FILE).exists()
 
 
 def test_a_killed_sweeps_parent_is_closed_by_the_next_and_a_skipped_sweep_opens_none(
-        output_root: Path) -> None:
+    output_root: Path,
+) -> None:
     sweep = ["-m", *tiny_overrides(output_root, "run.warmup_batches=0")]
     # A long first cell: SIGKILL the sweep while its cell trains (its workers follow it).
-    killed = subprocess.Popen([sys.executable, "-m", "harness", *sweep, "run.epochs=200"],
-                              cwd=output_root.parent, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
+    killed = subprocess.Popen(
+        [sys.executable, "-m", "harness", *sweep, "run.epochs=200"],
+        cwd=output_root.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while not cell_worker_pids(output_root):
@@ -312,10 +371,13 @@ def _sweep_config(output_root: Path):  # noqa: ANN202 - a DictConfig with Hydra'
     return compose_config([f"run.output_dir={output_root}"], with_hydra=True)
 
 
-@pytest.mark.parametrize(("raised", "status"), [(None, "FINISHED"), (RuntimeError, "FAILED"),
-                                                (KeyboardInterrupt, "KILLED")])
+@pytest.mark.parametrize(
+    ("raised", "status"),
+    [(None, "FINISHED"), (RuntimeError, "FAILED"), (KeyboardInterrupt, "KILLED")],
+)
 def test_the_parent_run_is_closed_however_the_launcher_ends(
-        output_root: Path, raised: type[BaseException] | None, status: str) -> None:
+    output_root: Path, raised: type[BaseException] | None, status: str
+) -> None:
     config = _sweep_config(output_root)
     with sweep_parent_run(config, cells_to_run=0) as run_id:
         assert run_id is None
@@ -335,12 +397,18 @@ def test_the_parent_run_is_closed_however_the_launcher_ends(
 
 def test_only_parent_runs_whose_launcher_is_provably_gone_are_closed(output_root: Path) -> None:
     gone = subprocess.Popen(["sleep", "60"])
-    tags = {LAUNCHER_HOST_TAG: socket.gethostname(), LAUNCHER_PID_TAG: str(gone.pid),
-            LAUNCHER_START_TAG: str(start_time(gone.pid))}
+    tags = {
+        LAUNCHER_HOST_TAG: socket.gethostname(),
+        LAUNCHER_PID_TAG: str(gone.pid),
+        LAUNCHER_START_TAG: str(start_time(gone.pid)),
+    }
     gone.kill()
     gone.wait()
-    alive = {**tags, LAUNCHER_PID_TAG: str(os.getpid()),
-             LAUNCHER_START_TAG: str(start_time(os.getpid()))}
+    alive = {
+        **tags,
+        LAUNCHER_PID_TAG: str(os.getpid()),
+        LAUNCHER_START_TAG: str(start_time(os.getpid())),
+    }
     elsewhere = {**tags, LAUNCHER_HOST_TAG: "another-host"}
     assert launcher_gone(tags) and not launcher_gone(alive) and not launcher_gone(elsewhere)
     assert not launcher_gone({})  # an older run, without the tags: cannot tell
@@ -348,21 +416,33 @@ def test_only_parent_runs_whose_launcher_is_provably_gone_are_closed(output_root
     uri = f"sqlite:///{output_root / DEFAULT_STORE_FILE}"
     client = MlflowClient(uri)
     experiment = client.create_experiment("distbench")
-    ids = {name: client.create_run(experiment, tags={KIND_TAG: "sweep", **launcher}).info.run_id
-           for name, launcher in (("gone", tags), ("alive", alive), ("elsewhere", elsewhere))}
+    ids = {
+        name: client.create_run(experiment, tags={KIND_TAG: "sweep", **launcher}).info.run_id
+        for name, launcher in (("gone", tags), ("alive", alive), ("elsewhere", elsewhere))
+    }
     assert close_stale_parent_runs(uri) == [ids["gone"]]
     statuses = {name: client.get_run(run_id).info.status for name, run_id in ids.items()}
     assert statuses == {"gone": "KILLED", "alive": "RUNNING", "elsewhere": "RUNNING"}
 
 
 def test_a_sweep_ended_by_sigterm_closes_its_parent_run_and_leaves_no_worker(
-        output_root: Path) -> None:
+    output_root: Path,
+) -> None:
     """SIGTERM (kill, scancel, a shutdown) ends a sweep as Ctrl-C does (harness.cli): its
     parent run is closed KILLED at once, and its cell's workers end with it."""
     sweep = subprocess.Popen(
-        [sys.executable, "-m", "harness", "-m",
-         *tiny_overrides(output_root, "run.warmup_batches=0", "run.epochs=200")],
-        cwd=output_root.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "-m",
+            *tiny_overrides(output_root, "run.warmup_batches=0", "run.epochs=200"),
+        ],
+        cwd=output_root.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while not cell_worker_pids(output_root):

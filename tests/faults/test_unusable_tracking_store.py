@@ -46,8 +46,12 @@ STORES: dict[str, Callable[[Path], str]] = {
     "random-bytes-db": _random_db,
     "directory-db": _directory_db,
 }
-SAYS = {"bogus": "unsupported store scheme 'bogus'", "closed-port": "cannot be used",
-        "random-bytes-db": "is not an SQLite database", "directory-db": "is a directory"}
+SAYS = {
+    "bogus": "unsupported store scheme 'bogus'",
+    "closed-port": "cannot be used",
+    "random-bytes-db": "is not an SQLite database",
+    "directory-db": "is a directory",
+}
 
 
 def _analysis(root: Path, store: str) -> None:
@@ -72,21 +76,29 @@ def _sync(root: Path, store: str) -> None:
 def _bounded_http(monkeypatch: pytest.MonkeyPatch) -> None:
     """The client's bound (harness.records.mlflow_store._HTTP_DEFAULTS) is set with setdefault: keep
     this process's environment as it was after each test."""
-    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
-                 "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+    for name in (
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
 # Every command against every unusable store, except the closed port's bounded wait: one
 # command checks it in-process (analysis), the subprocess test below checks it for export.
 _COMMANDS = {"analysis": _analysis, "export": _export, "sync": _sync}
-_CASES = [(name, store) for name in _COMMANDS for store in STORES
-          if store != "closed-port" or name == "analysis"]
+_CASES = [
+    (name, store)
+    for name in _COMMANDS
+    for store in STORES
+    if store != "closed-port" or name == "analysis"
+]
 
 
 @pytest.mark.parametrize(("name", "store"), _CASES, ids=[f"{n}-{s}" for n, s in _CASES])
 def test_an_unusable_store_is_one_line_naming_tracking_uri(
-        name: str, store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    name: str, store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     command = _COMMANDS[name]
     override = STORES[store](tmp_path)
     started = time.monotonic()
@@ -102,15 +114,22 @@ def test_an_unusable_store_is_one_line_naming_tracking_uri(
     assert took < BOUNDED_S, f"{took:.0f} s"
 
 
-def test_export_from_a_closed_port_ends_in_one_line_within_the_bounded_wait(
-        tmp_path: Path) -> None:
+def test_export_from_a_closed_port_ends_in_one_line_within_the_bounded_wait(tmp_path: Path) -> None:
     """The whole process, as a user runs it: no traceback (MLflow's retries, urllib3's
     warnings), status 3, and the traceback kept in a file the line names."""
     port = _closed_port()
     started = time.monotonic()
-    done = run_module("harness.sweeps", ["export", "distbench", "--out",
-                                         str(tmp_path / "cells.csv"),
-                                         f"tracking.uri=http://127.0.0.1:{port}"], tmp_path)
+    done = run_module(
+        "harness.sweeps",
+        [
+            "export",
+            "distbench",
+            "--out",
+            str(tmp_path / "cells.csv"),
+            f"tracking.uri=http://127.0.0.1:{port}",
+        ],
+        tmp_path,
+    )
     took = time.monotonic() - started
     assert done.returncode == ENVIRONMENT_EXIT_CODE, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
@@ -120,8 +139,9 @@ def test_export_from_a_closed_port_ends_in_one_line_within_the_bounded_wait(
     assert took < BOUNDED_S, f"{took:.0f} s"
 
 
-def test_sync_with_nothing_to_sync_from_fails(tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_sync_with_nothing_to_sync_from_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """It printed "synced" and exited 0 for a directory that does not exist."""
     with pytest.raises(SystemExit) as stopped:
         _sync(tmp_path / "missing", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db")
@@ -141,20 +161,30 @@ def test_a_cell_whose_store_is_a_directory_keeps_its_result_and_says_so(tmp_path
     [result_file] = (tmp_path / "runs").rglob("result.json")
     result = json.loads(result_file.read_text())
     assert result["status"] == "ok" and result["pending_sync"] is True
-    assert "is a directory" in result["tracking_error"] and "move it aside" in (
-        result["tracking_error"])
+    assert (
+        "is a directory" in result["tracking_error"]
+        and "move it aside" in (result["tracking_error"])
+    )
     assert took < BOUNDED_S, f"{took:.0f} s"
 
 
 def test_a_sweep_cell_the_launcher_cannot_record_stays_pending_with_the_reason(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A local sweep's launcher records its cells (rank 0 leaves it the upload): where the
     store is unreachable, the cell's result stays pending for harness.sync, with the reason,
     as rank 0 would have left it, and the sweep goes on and ends ok."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # refused at once
-    done = run_module("harness", ["-m", *tiny_overrides(
-        tmp_path, "run.epochs=1", f"tracking.uri=http://127.0.0.1:{_closed_port()}")],
-        tmp_path)
+    done = run_module(
+        "harness",
+        [
+            "-m",
+            *tiny_overrides(
+                tmp_path, "run.epochs=1", f"tracking.uri=http://127.0.0.1:{_closed_port()}"
+            ),
+        ],
+        tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     [result_file] = (tmp_path / "sweeps").rglob("result.json")
     result = json.loads(result_file.read_text())
@@ -164,8 +194,8 @@ def test_a_sweep_cell_the_launcher_cannot_record_stays_pending_with_the_reason(
 
 
 def test_any_escaping_exception_is_one_line_and_its_traceback_is_kept(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The door itself (harness.cli.errors.one_door, behind @command): a library's exception is one
     line, status 3, the traceback in the file the line names; DISTBENCH_DEBUG=1 lets it out."""
     from harness.cli.errors import DEBUG_ENV, command

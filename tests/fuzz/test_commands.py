@@ -90,6 +90,7 @@ def _recommend_parser() -> argparse.ArgumentParser:
 
 def _overrides_parser(module: str) -> Callable[[], argparse.ArgumentParser]:
     """The parser of a command of config overrides only (harness.cli.arguments.overrides_parser)."""
+
     def parser() -> argparse.ArgumentParser:
         import importlib
 
@@ -108,8 +109,9 @@ def _sweeps_parser(subcommand: str) -> Callable[[], argparse.ArgumentParser]:
     def subparser() -> argparse.ArgumentParser:
         from harness.sweeps.cli import parser
 
-        (commands,) = [action for action in parser()._actions
-                       if isinstance(action, argparse._SubParsersAction)]
+        (commands,) = [
+            action for action in parser()._actions if isinstance(action, argparse._SubParsersAction)
+        ]
         return commands.choices[subcommand]
 
     return subparser
@@ -129,29 +131,36 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "harness": Command("harness", parser=_hydra_parser),
-    "harness.describe": Command("harness.describe",
-                                parser=_overrides_parser("harness.describe")),
+    "harness.describe": Command("harness.describe", parser=_overrides_parser("harness.describe")),
     # a pipeline, so that valid draws make a plan (the other models are refused by plan)
-    "harness.plan": Command("harness.plan", overrides=(*BASE, "distribution=gpipe",
-                                                       "hardware=local_2cpu"),
-                            parser=_overrides_parser("harness.plan")),
+    "harness.plan": Command(
+        "harness.plan",
+        overrides=(*BASE, "distribution=gpipe", "hardware=local_2cpu"),
+        parser=_overrides_parser("harness.plan"),
+    ),
     "harness.probe": Command("harness.probe", parser=_overrides_parser("harness.probe")),
     "harness.analysis": Command("harness.analysis", parser=_analysis_parser),
     "harness.recommend": Command("harness.recommend", parser=_recommend_parser),
     "harness.sync": Command("harness.sync", parser=_overrides_parser("harness.sync")),
-    "harness.compliance": Command("harness.compliance", overrides=(),
-                                  parser=_compliance_parser),
-    "harness.sweeps export": Command("harness.sweeps", ("export", "sweep-x", "--out",
-                                                       "cells.csv"),
-                                     parser=_sweeps_parser("export")),
-    "harness.sweeps compare": Command("harness.sweeps", ("compare", "sweep-a", "sweep-b"),
-                                      parser=_sweeps_parser("compare")),
-    "harness.sweeps scaling": Command("harness.sweeps", ("scaling", "sweep-x", "--out",
-                                                        "plot.png"),
-                                      parser=_sweeps_parser("scaling")),
-    "harness.sweeps mlperf": Command("harness.sweeps", ("mlperf", "sweep-x", "--out",
-                                                       "mlperf-results"),
-                                     parser=_sweeps_parser("mlperf")),
+    "harness.compliance": Command("harness.compliance", overrides=(), parser=_compliance_parser),
+    "harness.sweeps export": Command(
+        "harness.sweeps",
+        ("export", "sweep-x", "--out", "cells.csv"),
+        parser=_sweeps_parser("export"),
+    ),
+    "harness.sweeps compare": Command(
+        "harness.sweeps", ("compare", "sweep-a", "sweep-b"), parser=_sweeps_parser("compare")
+    ),
+    "harness.sweeps scaling": Command(
+        "harness.sweeps",
+        ("scaling", "sweep-x", "--out", "plot.png"),
+        parser=_sweeps_parser("scaling"),
+    ),
+    "harness.sweeps mlperf": Command(
+        "harness.sweeps",
+        ("mlperf", "sweep-x", "--out", "mlperf-results"),
+        parser=_sweeps_parser("mlperf"),
+    ),
 }
 
 
@@ -166,8 +175,9 @@ def flags_of(command: Command) -> list[Flag]:
             continue
         takes_value = action.nargs != 0
         choices = tuple(str(choice) for choice in action.choices or ())
-        flags += [Flag(option, takes_value, choices) for option in action.option_strings] \
-            or [Flag("", True, choices)]
+        flags += [Flag(option, takes_value, choices) for option in action.option_strings] or [
+            Flag("", True, choices)
+        ]
     return flags
 
 
@@ -179,13 +189,62 @@ FLAGS: dict[str, list[Flag]] = {label: flags_of(command) for label, command in C
 # written or hold a config, numbers out of range, empty and huge; a few valid ones too, so
 # that valid flags are run as well.
 RAW_SPECIAL = [
-    "", " ", "0", "1", "5", "-1", "inf", "-inf", "nan", "1e15", "1e308", "1099511627776",
-    "2**64", "abc", "a=b", "-", "--", "--help", "a_file", "new-dir", "cells.csv", "out.parquet",
-    "plot.png", "plot.gif", "sweep-x", "distbench", "dataset,network", "time", "cost", "job",
-    "hydra", "all", "config", ".", "..", "../..", "../../escaped", "../" * 8 + "escaped", "/",
-    "/proc/x", "/proc/self", "/dev/null", "/tmp/distbench-fuzz-escaped",
-    "/distbench-fuzz-escaped/cells.csv", "~", "~/x", "$HOME/x", "a/b", "a\\b", "x" * 300,
-    "d/" * 2100, "é" * 200, "a\nb", "\x00", "caf\udce9", "'a'",
+    "",
+    " ",
+    "0",
+    "1",
+    "5",
+    "-1",
+    "inf",
+    "-inf",
+    "nan",
+    "1e15",
+    "1e308",
+    "1099511627776",
+    "2**64",
+    "abc",
+    "a=b",
+    "-",
+    "--",
+    "--help",
+    "a_file",
+    "new-dir",
+    "cells.csv",
+    "out.parquet",
+    "plot.png",
+    "plot.gif",
+    "sweep-x",
+    "distbench",
+    "dataset,network",
+    "time",
+    "cost",
+    "job",
+    "hydra",
+    "all",
+    "config",
+    ".",
+    "..",
+    "../..",
+    "../../escaped",
+    "../" * 8 + "escaped",
+    "/",
+    "/proc/x",
+    "/proc/self",
+    "/dev/null",
+    "/tmp/distbench-fuzz-escaped",
+    "/distbench-fuzz-escaped/cells.csv",
+    "~",
+    "~/x",
+    "$HOME/x",
+    "a/b",
+    "a\\b",
+    "x" * 300,
+    "d/" * 2100,
+    "é" * 200,
+    "a\nb",
+    "\x00",
+    "caf\udce9",
+    "'a'",
 ]
 _RAW_TEXT = st.text(alphabet=st.sampled_from("ab/.\\\n\x00é中 -_:'\"$=~,\udce9"), max_size=40)
 RAW_VALUES = st.one_of(
@@ -193,8 +252,10 @@ RAW_VALUES = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
     st.integers(min_value=-(2**70), max_value=2**70).map(str),
     _RAW_TEXT,
-    st.tuples(st.sampled_from(["x", "é", "/", "..", "a/", "../"]),
-              st.integers(min_value=1, max_value=5000)).map(lambda pair: pair[0] * pair[1]),
+    st.tuples(
+        st.sampled_from(["x", "é", "/", "..", "a/", "../"]),
+        st.integers(min_value=1, max_value=5000),
+    ).map(lambda pair: pair[0] * pair[1]),
 )
 SETTING, FLAG = 0, 1  # a draw's parts: settings come first, as a user types them
 
@@ -207,8 +268,7 @@ def _setting(key: tuple[str, str], value: str) -> tuple[int, tuple[str, ...]]:
 def _flag_forms(flag: Flag) -> st.SearchStrategy[tuple[int, tuple[str, ...]]]:
     """`--flag`, `--flag=value`, `--flag value` (a value drawn from its choices or hostile),
     or a positional's value alone."""
-    values = st.one_of(st.sampled_from(flag.choices), RAW_VALUES) if flag.choices \
-        else RAW_VALUES
+    values = st.one_of(st.sampled_from(flag.choices), RAW_VALUES) if flag.choices else RAW_VALUES
     if not flag.option:
         return values.map(lambda value: (FLAG, (value,)))
     bare = st.just((FLAG, (flag.option,)))
@@ -237,16 +297,16 @@ class Draw:
         """The whole command line after `python -m <module>`. An argument ends at its first NUL,
         as a process receives it (execve takes C strings)."""
         command = COMMANDS[self.command]
-        return [arg.split("\x00")[0] for arg in (*command.leading, *command.overrides,
-                                                  *self.args)]
+        return [arg.split("\x00")[0] for arg in (*command.leading, *command.overrides, *self.args)]
 
 
 @st.composite
 def draws(draw: st.DrawFn) -> Draw:
     label = draw(st.sampled_from(sorted(COMMANDS)))
     parts = draw(st.lists(_parts(label), min_size=1, max_size=2))
-    return Draw(label, tuple(arg for _, args in sorted(parts, key=lambda part: part[0])
-                             for arg in args))
+    return Draw(
+        label, tuple(arg for _, args in sorted(parts, key=lambda part: part[0]) for arg in args)
+    )
 
 
 # --- What each command should do with a draw --------------------------------------------------
@@ -268,8 +328,9 @@ def _refused(why: str) -> Expect:
     return Expect(2, why)
 
 
-def _parsed(parser: argparse.ArgumentParser, argv: Sequence[str], *,
-            known: bool = False) -> tuple[argparse.Namespace, list[str]] | int:
+def _parsed(
+    parser: argparse.ArgumentParser, argv: Sequence[str], *, known: bool = False
+) -> tuple[argparse.Namespace, list[str]] | int:
     """(flags, the rest) as the command's parser reads `argv`, or its exit status: 0 for
     --help or --version, 2 for a wrong flag."""
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -324,14 +385,17 @@ def _names_a_config(flags: argparse.Namespace) -> bool:
     """Whether --config-dir/-path/-name could name configs Hydra would run a cell from (then
     the draw runs with --dry-run, which refuses them). Hydra makes the directories absolute
     as os.path.abspath does, before it looks at them."""
-    if flags.config_dir is not None and _is(lambda: os.path.isdir(
-            os.path.abspath(flags.config_dir))):
+    if flags.config_dir is not None and _is(
+        lambda: os.path.isdir(os.path.abspath(flags.config_dir))
+    ):
         return True
-    if flags.config_path is not None and _is(lambda: os.path.isfile(os.path.join(
-            os.path.abspath(REPO_ROOT / "harness" / flags.config_path), "config.yaml"))):
+    if flags.config_path is not None and _is(
+        lambda: os.path.isfile(
+            os.path.join(os.path.abspath(REPO_ROOT / "harness" / flags.config_path), "config.yaml")
+        )
+    ):
         return True
-    return flags.config_name is not None \
-        and _is((CONF_DIR / f"{flags.config_name}.yaml").is_file)
+    return flags.config_name is not None and _is((CONF_DIR / f"{flags.config_name}.yaml").is_file)
 
 
 def _too_long(path: str) -> bool:
@@ -351,8 +415,10 @@ def _package_missing(flags: argparse.Namespace) -> bool:
     first = flags.package.split(".")[0]
     if (first == "hydra") != (flags.cfg == "hydra") and flags.cfg != "all":
         return True
-    if flags.cfg == "hydra" and flags.package.split(".")[:2] in (["hydra", "help"],
-                                                                  ["hydra", "hydra_help"]):
+    if flags.cfg == "hydra" and flags.package.split(".")[:2] in (
+        ["hydra", "help"],
+        ["hydra", "hydra_help"],
+    ):
         return True
     cfg = compose_config(flags.overrides, with_hydra=True)
     return OmegaConf.select(cfg, flags.package, throw_on_resolution_failure=False) is None
@@ -368,8 +434,13 @@ def _hydra_refuses(flags: argparse.Namespace) -> str | None:
     if flags.hydra_help:
         # Hydra's own help composes no primary config: the app's overrides cannot apply
         return "--hydra-help with the config's overrides" if flags.overrides else None
-    commands = (flags.run, flags.multirun, flags.cfg is not None, flags.shell_completion,
-                flags.info is not None)
+    commands = (
+        flags.run,
+        flags.multirun,
+        flags.cfg is not None,
+        flags.shell_completion,
+        flags.info is not None,
+    )
     if sum(map(bool, commands)) > 1:
         return "one of --run, --multirun, --cfg, --info, --shell-completion"
     if flags.experimental_rerun is not None:
@@ -399,13 +470,22 @@ def _predict_harness(argv: list[str]) -> Expect | None:
     if refused is not None:
         return _refused(refused)
     sources = (flags.config_dir, flags.config_path, flags.config_name)
-    if any(source and _too_long(looked_up) for source, looked_up in (
+    if any(
+        source and _too_long(looked_up)
+        for source, looked_up in (
             (flags.config_dir, os.path.abspath(flags.config_dir or ".")),
             (flags.config_path, str(REPO_ROOT / "harness" / (flags.config_path or ""))),
-            (flags.config_name, f"{flags.config_name}.yaml"))):
+            (flags.config_name, f"{flags.config_name}.yaml"),
+        )
+    ):
         return _refused("a config source longer than the file system holds")
-    shows = (flags.help or flags.hydra_help or flags.info is not None or flags.shell_completion
-             or flags.cfg is not None)
+    shows = (
+        flags.help
+        or flags.hydra_help
+        or flags.info is not None
+        or flags.shell_completion
+        or flags.cfg is not None
+    )
     if dry and (shows or any(source is not None for source in sources)):
         return _refused(f"{DRY_RUN_FLAG} with a flag that runs no cell or another config")
     if any(source is not None for source in sources):
@@ -413,10 +493,17 @@ def _predict_harness(argv: list[str]) -> Expect | None:
             return Expect(2, "another config: refused with --dry-run", (DRY_RUN_FLAG,))
         return _refused("no such config")
     if shows:
-        bad = None if flags.hydra_help or flags.shell_completion \
+        bad = (
+            None
+            if flags.hydra_help or flags.shell_completion
             else _composed(flags.overrides, with_hydra=True)
-        if bad is None and flags.cfg is not None and not (flags.help or flags.hydra_help) \
-                and _package_missing(flags):
+        )
+        if (
+            bad is None
+            and flags.cfg is not None
+            and not (flags.help or flags.hydra_help)
+            and _package_missing(flags)
+        ):
             bad = "--package names no key of the config --cfg shows"
         return _refused(bad) if bad else Expect(0, "shows the config or help")
     for cell in _cells(flags.overrides) if flags.multirun else [flags.overrides]:
@@ -504,8 +591,10 @@ def _predict_analysis(argv: list[str]) -> Expect | None:
     config = _valid(overrides)
     if isinstance(config, str):
         return _refused(config)
-    refused = _checked(lambda: cache_for(flags.probe_batches, probe_spread=flags.probe_spread),
-                       lambda: check_writable_dir("run.output_dir", config.run.output_dir))
+    refused = _checked(
+        lambda: cache_for(flags.probe_batches, probe_spread=flags.probe_spread),
+        lambda: check_writable_dir("run.output_dir", config.run.output_dir),
+    )
     if refused is not None:
         return refused
     return _refused("no MLflow store") if _missing_store(config) else None  # would measure
@@ -529,17 +618,23 @@ def _predict_recommend(argv: list[str]) -> Expect | None:
     found: dict[str, Any] = {}
 
     def fit() -> None:
-        path = flags.fit if flags.fit is not None \
+        path = (
+            flags.fit
+            if flags.fit is not None
             else choose_fit(root, config.hardware.name, found["checked"].models)
+        )
         if path is not None and not path.exists():
             raise ConfigError(f"--fit={path} is invalid: no such file")
         Fitted.load(path, config.hardware.name)
 
-    return _checked(lambda: recommend._check_flags(flags, config),
-                    lambda: cache_for(flags.probe_batches, probe_spread=flags.probe_spread),
-                    lambda: found.update(checked=recommend.check_candidates(config, overrides)),
-                    fit, lambda: profile_for(config.hardware, root),
-                    lambda: check_writable_dir("run.output_dir", config.run.output_dir))
+    return _checked(
+        lambda: recommend._check_flags(flags, config),
+        lambda: cache_for(flags.probe_batches, probe_spread=flags.probe_spread),
+        lambda: found.update(checked=recommend.check_candidates(config, overrides)),
+        fit,
+        lambda: profile_for(config.hardware, root),
+        lambda: check_writable_dir("run.output_dir", config.run.output_dir),
+    )
     # None: every check passed, it would measure
 
 
@@ -568,8 +663,11 @@ def _predict_compliance(argv: list[str]) -> Expect | None:
             return refused
         folder = flags.write_rules.resolve()
         root = Path.cwd().parent
-        if flags.paths or not folder.is_relative_to(root) \
-                or folder.is_relative_to(root / "capture"):
+        if (
+            flags.paths
+            or not folder.is_relative_to(root)
+            or folder.is_relative_to(root / "capture")
+        ):
             return None  # also checks logs, or writes outside the root: valid, not run
         return Expect(0, "writes the rules", writes=str(folder.relative_to(root)))
     if not flags.paths:
@@ -587,9 +685,14 @@ def _predict_sweeps(argv: list[str]) -> Expect | None:
         return Expect(parsed, "its parser")
     flags = parsed[0]
     out = getattr(flags, "out", None)
-    refused = _checked(*([lambda: _check_out(out, flags.command)] if out is not None else []),
-                       *([lambda: check_on([c for c in flags.on.split(",") if c])]
-                         if flags.command == "compare" else []))
+    refused = _checked(
+        *([lambda: _check_out(out, flags.command)] if out is not None else []),
+        *(
+            [lambda: check_on([c for c in flags.on.split(",") if c])]
+            if flags.command == "compare"
+            else []
+        ),
+    )
     if refused is not None:
         return refused
     config = _valid(overrides)
@@ -599,10 +702,14 @@ def _predict_sweeps(argv: list[str]) -> Expect | None:
 
 
 PREDICT: dict[str, Callable[[list[str]], Expect | None]] = {
-    "harness": _predict_harness, "harness.describe": _predict_describe,
-    "harness.plan": _predict_plan, "harness.probe": _predict_probe,
-    "harness.analysis": _predict_analysis, "harness.recommend": _predict_recommend,
-    "harness.sync": _predict_sync, "harness.compliance": _predict_compliance,
+    "harness": _predict_harness,
+    "harness.describe": _predict_describe,
+    "harness.plan": _predict_plan,
+    "harness.probe": _predict_probe,
+    "harness.analysis": _predict_analysis,
+    "harness.recommend": _predict_recommend,
+    "harness.sync": _predict_sync,
+    "harness.compliance": _predict_compliance,
     **{label: _predict_sweeps for label in COMMANDS if label.startswith("harness.sweeps ")},
 }
 
@@ -610,9 +717,25 @@ PREDICT: dict[str, Callable[[list[str]], Expect | None]] = {
 
 # Names distbench writes by itself (outputs, stores, indexes, its temporary directories): one
 # of them new outside the root is an escape whatever the draw named.
-DISTBENCH_NAMES = {"outputs", "mlflow.db", "mlflow.db.lock", "mlruns", "runs", "cells", "facts",
-                   "analysis", "probes", "hardware_profiles", "sweeps", "multirun", ".hydra",
-                   "common.yaml", "open_common.yaml", "closed_common.yaml", "mlperf-results"}
+DISTBENCH_NAMES = {
+    "outputs",
+    "mlflow.db",
+    "mlflow.db.lock",
+    "mlruns",
+    "runs",
+    "cells",
+    "facts",
+    "analysis",
+    "probes",
+    "hardware_profiles",
+    "sweeps",
+    "multirun",
+    ".hydra",
+    "common.yaml",
+    "open_common.yaml",
+    "closed_common.yaml",
+    "mlperf-results",
+}
 
 
 @dataclass(frozen=True)
@@ -632,8 +755,12 @@ class Root:
         return self.path / "capture"
 
     def environment(self) -> dict[str, str]:
-        return {"HOME": str(self.path / "home"), "TMPDIR": str(self.path / "tmp"),
-                "DISTBENCH_CACHE_DIR": str(self.path / "cache"), "PYTHONUNBUFFERED": "1"}
+        return {
+            "HOME": str(self.path / "home"),
+            "TMPDIR": str(self.path / "tmp"),
+            "DISTBENCH_CACHE_DIR": str(self.path / "cache"),
+            "PYTHONUNBUFFERED": "1",
+        }
 
     def make(self) -> None:
         for name in ("work", "home", "tmp", "cache", "capture"):
@@ -646,8 +773,7 @@ def _outside(root: Root) -> dict[str, set[str]]:
     ancestors, the repository, /tmp and the user's home."""
     import pwd
 
-    folders = {*root.path.parents, REPO_ROOT, Path("/tmp"),
-               Path(pwd.getpwuid(os.getuid()).pw_dir)}
+    folders = {*root.path.parents, REPO_ROOT, Path("/tmp"), Path(pwd.getpwuid(os.getuid()).pw_dir)}
     seen = {}
     for folder in folders:
         with contextlib.suppress(OSError):
@@ -655,8 +781,9 @@ def _outside(root: Root) -> dict[str, set[str]]:
     return seen
 
 
-def _escapes(before: dict[str, set[str]], after: dict[str, set[str]],
-             argv: Sequence[str]) -> tuple[list[str], list[str]]:
+def _escapes(
+    before: dict[str, set[str]], after: dict[str, set[str]], argv: Sequence[str]
+) -> tuple[list[str], list[str]]:
     """(escaped, other): new entries outside the root whose name the draw could have made (a
     part of an argument, or a name distbench writes), and the others. Other processes share
     /tmp and the repository (a test run beside this one): their new files are not the draw's."""
@@ -689,9 +816,12 @@ def _broken(expect: Expect, outcome: dict[str, Any]) -> str | None:
     if "Traceback" in outcome["stderr"]:
         return "printed a traceback"
     allowed = expect.writes  # relative to the root; "." is the root itself
-    stray = [name for name in outcome["written"]
-             if allowed is None or not (Path(name).is_relative_to(allowed)
-                                        or Path(allowed).is_relative_to(name))]
+    stray = [
+        name
+        for name in outcome["written"]
+        if allowed is None
+        or not (Path(name).is_relative_to(allowed) or Path(allowed).is_relative_to(name))
+    ]
     return f"wrote {stray[:5]}" if stray else None
 
 
@@ -706,10 +836,14 @@ class Report:
     other_new_files: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"draws": sum(self.runs.values()), "runs": dict(self.runs),
-                "skipped": dict(self.skipped), "broken": self.broken,
-                "other_new_files": self.other_new_files[:50],
-                "seconds": round(time.monotonic() - self.started, 1)}
+        return {
+            "draws": sum(self.runs.values()),
+            "runs": dict(self.runs),
+            "skipped": dict(self.skipped),
+            "broken": self.broken,
+            "other_new_files": self.other_new_files[:50],
+            "seconds": round(time.monotonic() - self.started, 1),
+        }
 
 
 def run_draw(draw: Draw, root: Root, report: Report) -> None:
@@ -726,19 +860,30 @@ def run_draw(draw: Draw, root: Root, report: Report) -> None:
     assume(expect is not None)
     assert expect is not None
     outside = _outside(root)
-    outcome = run_in_process(COMMANDS[draw.command].module, [*argv, *expect.extra], root.work,
-                             root.capture, watched=root.path)
+    outcome = run_in_process(
+        COMMANDS[draw.command].module,
+        [*argv, *expect.extra],
+        root.work,
+        root.capture,
+        watched=root.path,
+    )
     escaped, other = _escapes(outside, _outside(root), argv)
-    _remove(root.path, [name for name in outcome["written"]
-                        if not name.startswith("(removed) ")])
+    _remove(root.path, [name for name in outcome["written"] if not name.startswith("(removed) ")])
     report.runs[f"{draw.command}: exit {expect.status}"] += 1
     report.other_new_files += other
-    broken = _broken(expect, outcome) or (f"wrote outside the root: {escaped[:5]}"
-                                          if escaped else None)
+    broken = _broken(expect, outcome) or (
+        f"wrote outside the root: {escaped[:5]}" if escaped else None
+    )
     if broken is not None:
-        report.broken.append({"draw": asdict(draw), "argv": [*argv, *expect.extra],
-                              "expected": asdict(expect), "broken": broken,
-                              "stderr": outcome["stderr"][-1500:]})
+        report.broken.append(
+            {
+                "draw": asdict(draw),
+                "argv": [*argv, *expect.extra],
+                "expected": asdict(expect),
+                "broken": broken,
+                "stderr": outcome["stderr"][-1500:],
+            }
+        )
 
 
 # Found by this fuzzer (issue 24), kept as regression cases: they run first in every profile.
@@ -778,8 +923,14 @@ def fuzz(root: Root, draws_: int) -> Report:
     """Run `draws_` derandomized draws (and the regression cases) in this process."""
     report = Report()
 
-    @settings(max_examples=draws_, deadline=None, derandomize=True, database=None,
-              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=draws_,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(draw=draws())
     def property_(draw: Draw) -> None:
         run_draw(draw, root, report)
@@ -795,20 +946,29 @@ def fuzz_in_subprocess(root: Path, draws_: int, timeout_s: float) -> dict[str, A
     place = Root(root)
     place.make()
     env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
-    done = subprocess.run([sys.executable, "-m", "tests.fuzz.test_commands", str(root),
-                           str(draws_)], cwd=REPO_ROOT, env={**env, **place.environment()},
-                          capture_output=True, text=True, timeout=timeout_s)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.fuzz.test_commands", str(root), str(draws_)],
+        cwd=REPO_ROOT,
+        env={**env, **place.environment()},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((root / "report.json").read_text())
 
 
 def assert_kept_every_promise(report: dict[str, Any]) -> None:
-    print(f"{report['draws']} command lines run in {report['seconds']} s: {report['runs']}; "
-          f"valid but not run: {report['skipped']}")
+    print(
+        f"{report['draws']} command lines run in {report['seconds']} s: {report['runs']}; "
+        f"valid but not run: {report['skipped']}"
+    )
     assert not report["broken"], "\n".join(
         f"{case['broken']}: python -m {COMMANDS[case['draw']['command']].module} "
         f"{case['argv']!r} (expected {case['expected']['status']}: {case['expected']['why']})"
-        f"\n    {case['stderr'][-600:]}" for case in report["broken"])
+        f"\n    {case['stderr'][-600:]}"
+        for case in report["broken"]
+    )
 
 
 # --- The tests --------------------------------------------------------------------------------
@@ -830,10 +990,18 @@ def _declared_options() -> set[str]:
     options = set()
     for path in (REPO_ROOT / "harness").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and node.func.attr == "add_argument":
-                options |= {arg.value for arg in node.args if isinstance(arg, ast.Constant)
-                            and isinstance(arg.value, str) and arg.value.startswith("-")}
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument"
+            ):
+                options |= {
+                    arg.value
+                    for arg in node.args
+                    if isinstance(arg, ast.Constant)
+                    and isinstance(arg.value, str)
+                    and arg.value.startswith("-")
+                }
     return options
 
 

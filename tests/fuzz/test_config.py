@@ -24,8 +24,12 @@ from harness.config.schema import DistbenchConfig, DistributionConfig, validate
 from harness.distributions.registry import register_configs
 
 # A tiny valid cell: a drawn value is the only thing wrong with it.
-BASE = ("network=mobilenetv2", "dataset.num_samples=64", "distribution.batch_size=8",
-        "run.epochs=1")
+BASE = (
+    "network=mobilenetv2",
+    "dataset.num_samples=64",
+    "distribution.batch_size=8",
+    "run.epochs=1",
+)
 GROUPS = ("dataset", "network", "optimizer", "hardware", "run", "tracking", "probe")
 
 
@@ -40,15 +44,44 @@ def setting_keys() -> list[tuple[str, str]]:
     types = typing.get_type_hints(DistbenchConfig)
     keys = [("", f"{group}.{name}") for group in GROUPS for name in _fields(types[group])]
     for model, schema in sorted(DistributionConfig.models.items()):
-        keys += [(f"distribution={model}", f"distribution.{name}")
-                 for name in _fields(schema) if name != "name"]
+        keys += [
+            (f"distribution={model}", f"distribution.{name}")
+            for name in _fields(schema)
+            if name != "name"
+        ]
     return keys
 
 
 KEYS = setting_keys()
-SPECIAL = ["inf", "-inf", "nan", "1e15", "1e308", "-1", "0", "1099511627776", "2**64", "''",
-           "null", "abc", "[1,2]", "[]", "{}", "true", "../../escaped", "a/b", "..", "/",
-           "/proc/x", "x" * 300, "d/" * 2100, "é" * 200, "'a\nb'", "'\\x00'", " "]
+SPECIAL = [
+    "inf",
+    "-inf",
+    "nan",
+    "1e15",
+    "1e308",
+    "-1",
+    "0",
+    "1099511627776",
+    "2**64",
+    "''",
+    "null",
+    "abc",
+    "[1,2]",
+    "[]",
+    "{}",
+    "true",
+    "../../escaped",
+    "a/b",
+    "..",
+    "/",
+    "/proc/x",
+    "x" * 300,
+    "d/" * 2100,
+    "é" * 200,
+    "'a\nb'",
+    "'\\x00'",
+    " ",
+]
 _TEXT = st.text(alphabet=st.sampled_from("ab/.\\\n\x00é中 -_:'\"$"), max_size=40)
 
 
@@ -63,9 +96,9 @@ VALUES = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70).map(str),
     _TEXT,
     _TEXT.map(_quoted),
-    st.tuples(st.sampled_from(["x", "é", "/", "..", "a"]),
-              st.integers(min_value=1, max_value=5000)).map(
-                  lambda pair: _quoted(pair[0] * pair[1])),
+    st.tuples(
+        st.sampled_from(["x", "é", "/", "..", "a"]), st.integers(min_value=1, max_value=5000)
+    ).map(lambda pair: _quoted(pair[0] * pair[1])),
 )
 
 
@@ -97,8 +130,13 @@ def check_one_setting(key: tuple[str, str], value: str) -> None:
 
 
 # The suite's profile: ~150 draws in ~20 s on 2 cores; derandomized, so a run repeats the last.
-FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 @FUZZ

@@ -27,8 +27,14 @@ def _raise() -> None:
 
 
 def test_workers_that_returned_are_ended_without_waiting_for_their_exit(tmp_path: Path) -> None:
-    job = submit_local(_return_then_linger, str(tmp_path / "result.json"),
-                       folder=tmp_path / "job", tasks=2, timeout_min=5, name="linger")
+    job = submit_local(
+        _return_then_linger,
+        str(tmp_path / "result.json"),
+        folder=tmp_path / "job",
+        tasks=2,
+        timeout_min=5,
+        name="linger",
+    )
     controller = psutil.Process(job._process.pid)  # type: ignore[attr-defined]
     # The grace after the record (600 s) outlasts the cell's time limit (120 s): only the
     # workers' having returned ends the wait in time.

@@ -19,15 +19,22 @@ from harness.cli.cell_results import failure_reason
 from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from tests.helpers import cell_worker_pids, run_module
 
-TINY_SWEEP = ["+sweep=smoke", "network=mobilenetv2", "distribution.batch_size=8",
-              "dataset.num_samples=16", "run.epochs=1", "run.warmup_batches=0",
-              "run.progress=false"]
+TINY_SWEEP = [
+    "+sweep=smoke",
+    "network=mobilenetv2",
+    "distribution.batch_size=8",
+    "dataset.num_samples=16",
+    "run.epochs=1",
+    "run.warmup_batches=0",
+    "run.progress=false",
+]
 
 
 def _results(output_root: Path) -> list[dict]:
     """The result.json of every cell (MLflow keeps copies under mlartifacts/, not counted)."""
-    return [json.loads(p.read_text())
-            for p in sorted((output_root / "sweeps").rglob("result.json"))]
+    return [
+        json.loads(p.read_text()) for p in sorted((output_root / "sweeps").rglob("result.json"))
+    ]
 
 
 def _experiment_runs(output_root: Path, experiment: str) -> list:  # mlflow Run objects
@@ -63,7 +70,11 @@ def test_a_command_whose_reader_has_gone_ends_quietly(tmp_path: Path) -> None:
     read_end, write_end = os.pipe()
     described = subprocess.Popen(
         [sys.executable, "-m", "harness.describe", "network=mobilenetv2", "dataset=mnist"],
-        cwd=tmp_path, stdout=write_end, stderr=subprocess.PIPE, text=True)
+        cwd=tmp_path,
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     os.close(write_end)
     os.close(read_end)
     _, stderr = described.communicate(timeout=120)
@@ -79,8 +90,16 @@ def test_help_names_the_commands_and_dry_run_and_no_internal_schema(tmp_path: Pa
     assert done.returncode == 0, done.stderr[-3000:]
     text = done.stdout
     assert "--dry-run" in text and "+per_model.<model>.<key>=value" in text
-    commands = ["describe", "plan", "probe", "analysis", "recommend", "sweeps", "compliance",
-                "sync"]
+    commands = [
+        "describe",
+        "plan",
+        "probe",
+        "analysis",
+        "recommend",
+        "sweeps",
+        "compliance",
+        "sync",
+    ]
     for command in commands:
         assert f"python -m harness.{command} " in text, command
         assert importlib.util.find_spec(f"harness.{command}") is not None, command
@@ -93,23 +112,32 @@ def test_help_names_the_commands_and_dry_run_and_no_internal_schema(tmp_path: Pa
     assert "_schema" not in text and list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("args", [["--help"], ["-h", "dataset=cifar10", "distribution=gpipe"],
-                                  ["--hydra-help"]])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["-h", "dataset=cifar10", "distribution=gpipe"], ["--hydra-help"]]
+)
 def test_the_help_is_hydras_own_text(tmp_path: Path, args: list[str]) -> None:
     # distbench answers --help with one config repository for Hydra's many questions
     # (launchers.hydra_main); HYDRA_FULL_ERROR=1 runs Hydra untouched: the same text.
     fast = run_module("harness", args, cwd=tmp_path)
-    untouched = subprocess.run([sys.executable, "-m", "harness", *args], cwd=tmp_path,
-                               capture_output=True, text=True, timeout=600,
-                               env=dict(os.environ, HYDRA_FULL_ERROR="1"))
+    untouched = subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, HYDRA_FULL_ERROR="1"),
+    )
     assert fast.returncode == untouched.returncode == 0, fast.stderr + untouched.stderr
     assert fast.stdout == untouched.stdout
     assert fast.stdout.count("\n") > 20  # a whole help, not an empty one
 
 
 def test_a_sweep_records_every_cell_nested_under_a_parent_run(output_root: Path) -> None:
-    done = run_module("harness", [*TINY_SWEEP, "dataset=mnist,cifar10",
-                                  f"run.output_dir={output_root}"], cwd=output_root.parent)
+    done = run_module(
+        "harness",
+        [*TINY_SWEEP, "dataset=mnist,cifar10", f"run.output_dir={output_root}"],
+        cwd=output_root.parent,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = _results(output_root)
     assert sorted(r["config"]["dataset"]["name"] for r in results) == ["cifar10", "mnist"]
@@ -130,41 +158,61 @@ def test_a_sweep_records_every_cell_nested_under_a_parent_run(output_root: Path)
         assert not result["pending_sync"] and result["tracking_error"] is None
         run_id = result["mlflow_run_id"]
         assert {a.path for a in client.list_artifacts(run_id)} == {
-            "config.yaml", "mllog.txt", "result.json"}
-        copy = json.loads(Path(client.download_artifacts(run_id, "result.json",
-                                                         str(folder.parent))).read_text())
+            "config.yaml",
+            "mllog.txt",
+            "result.json",
+        }
+        copy = json.loads(
+            Path(client.download_artifacts(run_id, "result.json", str(folder.parent))).read_text()
+        )
         assert copy == {**result, "mlflow_run_id": None}
 
 
 def test_a_failing_cell_does_not_stop_the_sweep_and_the_sweep_exits_1(
-        output_root: Path, tmp_path: Path) -> None:
+    output_root: Path, tmp_path: Path
+) -> None:
     """A cell that fails while it runs (its dataset.root exists but holds no MNIST: found only
     when torchvision reads it) is recorded, the next cell runs, the summary table says why
     the failed one failed, and the sweep's exit status says that not every cell ended ok."""
     empty = tmp_path / "empty"
     empty.mkdir()
-    done = run_module("harness", [*TINY_SWEEP, "dataset=mnist",
-                                  "dataset.source=real,synthetic", f"dataset.root={empty}",
-                                  f"run.output_dir={output_root}"], cwd=output_root.parent)
+    done = run_module(
+        "harness",
+        [
+            *TINY_SWEEP,
+            "dataset=mnist",
+            "dataset.source=real,synthetic",
+            f"dataset.root={empty}",
+            f"run.output_dir={output_root}",
+        ],
+        cwd=output_root.parent,
+    )
     assert done.returncode == 1, done.stderr[-3000:]
-    statuses = sorted((r["config"]["dataset"]["source"], r["status"])
-                      for r in _results(output_root))
+    statuses = sorted(
+        (r["config"]["dataset"]["source"], r["status"]) for r in _results(output_root)
+    )
     assert statuses == [("real", "failed"), ("synthetic", "ok")]
     (failed,) = [r for r in _results(output_root) if r["status"] == "failed"]
     reason = failure_reason(failed["error"], width=90)
-    table = done.stdout[done.stdout.index("  #  cell"):].splitlines()
+    table = done.stdout[done.stdout.index("  #  cell") :].splitlines()
     row = next(i for i, line in enumerate(table) if " failed " in line)
     assert table[row + 1].strip() == f"why: {reason}", table
     assert "Traceback" not in reason and len(reason) <= 90
     assert "1 of 2 cell(s) did not end ok" in done.stderr.strip().splitlines()[-1]
-    tags = sorted(r.data.tags["status"] for r in _experiment_runs(output_root, "smoke")
-                  if "status" in r.data.tags)
+    tags = sorted(
+        r.data.tags["status"]
+        for r in _experiment_runs(output_root, "smoke")
+        if "status" in r.data.tags
+    )
     assert tags == ["failed", "ok"]
 
 
 def test_an_invalid_cell_stops_the_sweep_before_any_cell_runs(output_root: Path) -> None:
-    done = run_module("harness", [*TINY_SWEEP, "dataset=mnist", "run.epochs=1,0",
-                                  f"run.output_dir={output_root}"], cwd=output_root.parent)
+    done = run_module(
+        "harness",
+        [*TINY_SWEEP, "dataset=mnist", "run.epochs=1,0", f"run.output_dir={output_root}"],
+        cwd=output_root.parent,
+    )
     assert done.returncode == 2
     assert "run.epochs=0 is invalid: must be 1 or more" in done.stderr
     assert _results(output_root) == []
@@ -175,17 +223,33 @@ def test_a_cell_that_does_not_fit_in_memory_is_recorded_as_oom(output_root: Path
     """A real out-of-memory: the process's address space is capped at 6 GB (prlimit), and
     VGG-16 on 512x512 images at batch 32 needs 2 GB for each early activation."""
     done = subprocess.run(
-        ["prlimit", f"--as={6 * 1024**3}", sys.executable, "-m", "harness", "dataset=highres",
-         "network=vgg16", "dataset.num_samples=32", "run.epochs=1", "run.warmup_batches=1",
-         "run.progress=false", f"run.output_dir={output_root}"],
-        cwd=output_root.parent, capture_output=True, text=True, timeout=600)
+        [
+            "prlimit",
+            f"--as={6 * 1024**3}",
+            sys.executable,
+            "-m",
+            "harness",
+            "dataset=highres",
+            "network=vgg16",
+            "dataset.num_samples=32",
+            "run.epochs=1",
+            "run.warmup_batches=1",
+            "run.progress=false",
+            f"run.output_dir={output_root}",
+        ],
+        cwd=output_root.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 1, done.stderr[-3000:]  # the cell did not end ok
     (result_path,) = (output_root / "runs").rglob("result.json")
     result = json.loads(result_path.read_text())
     assert result["status"] == "oom"
     assert "can't allocate memory" in result["error"]
     run = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}").get_run(
-        result["mlflow_run_id"])
+        result["mlflow_run_id"]
+    )
     assert run.data.tags["status"] == "oom" and run.info.status == "FAILED"
 
 
@@ -193,9 +257,20 @@ def test_a_killed_cell_is_recorded_and_the_sweep_goes_on(output_root: Path) -> N
     """SIGKILL the first cell's process, as the kernel's OOM killer would: the launcher
     records the cell as failed and runs the next one."""
     sweep = subprocess.Popen(
-        [sys.executable, "-m", "harness", *TINY_SWEEP, "dataset=mnist,cifar10",
-         "run.epochs=3", f"run.output_dir={output_root}"],
-        cwd=output_root.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            *TINY_SWEEP,
+            "dataset=mnist,cifar10",
+            "run.epochs=3",
+            f"run.output_dir={output_root}",
+        ],
+        cwd=output_root.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     os.kill(_wait_for_cell_process(output_root, timeout=120), signal.SIGKILL)
     out, _ = sweep.communicate(timeout=600)
     assert sweep.returncode == 1, out[-3000:]  # one of its cells did not end ok
@@ -228,12 +303,15 @@ def test_a_worker_that_raised_before_it_could_report_is_named_first() -> None:
     from launchers.cells import raised_before_reporting
 
     logs = f"--- worker 0 stderr (end):\n{_KILLED_LOG}--- worker 1 stderr (end):\n{_RAISED_LOG}"
-    assert raised_before_reporting(logs) == \
-        "worker 1 raised NameError: name 'Any' is not defined. Did you mean: 'any'?"
+    assert (
+        raised_before_reporting(logs)
+        == "worker 1 raised NameError: name 'Any' is not defined. Did you mean: 'any'?"
+    )
     assert raised_before_reporting(f"--- worker 0 stderr (end):\n{_KILLED_LOG}") is None
     # a traceback logged earlier (a warning's, a retried step's) and the worker went on
-    assert raised_before_reporting(
-        f"--- worker 0 stderr (end):\n{_RAISED_LOG}{_KILLED_LOG}") is None
+    assert (
+        raised_before_reporting(f"--- worker 0 stderr (end):\n{_RAISED_LOG}{_KILLED_LOG}") is None
+    )
 
 
 def _wait_for_cell_process(output_root: Path, timeout: float) -> int:
@@ -250,11 +328,16 @@ def _wait_for_cell_process(output_root: Path, timeout: float) -> int:
 def test_the_reason_of_a_failed_cell_is_one_line() -> None:
     """The summary table's `why:` line: a traceback's exception line, a record's first line
     (the launcher's cause sentence), cut to the width."""
-    traceback = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n    g()\n"
-                 "RuntimeError: Dataset not found. You can use download=True to download it\n")
-    assert failure_reason(traceback) == ("RuntimeError: Dataset not found. You can use "
-                                         "download=True to download it")
-    assert failure_reason("the cell ended without a result: a worker was killed\n--- rank 0"
-                          ) == "the cell ended without a result: a worker was killed"
+    traceback = (
+        'Traceback (most recent call last):\n  File "x.py", line 1, in f\n    g()\n'
+        "RuntimeError: Dataset not found. You can use download=True to download it\n"
+    )
+    assert failure_reason(traceback) == (
+        "RuntimeError: Dataset not found. You can use download=True to download it"
+    )
+    assert (
+        failure_reason("the cell ended without a result: a worker was killed\n--- rank 0")
+        == "the cell ended without a result: a worker was killed"
+    )
     assert failure_reason("x" * 200, width=40) == "x" * 37 + "..."
     assert failure_reason(None) == "no error recorded"

@@ -29,16 +29,20 @@ from tests.helpers import run_module, tiny_overrides
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="needs a CUDA device (torch sees none here; CI has no GPU): "
-           "run scripts/gpu_check.sh on a GPU machine")
+    "run scripts/gpu_check.sh on a GPU machine",
+)
 
 CUDA_CELL = ("hardware=h100_1gpu", "tracking.enabled=false")
 
 
 @needs_cuda
-def test_a_cuda_cell_trains_and_records_the_allocators_peak(output_root: Path,
-                                                            tmp_path: Path) -> None:
-    result = run_cell(check_cell(compose_config(tiny_overrides(output_root, *CUDA_CELL))),
-                      output_dir=tmp_path / "cell")
+def test_a_cuda_cell_trains_and_records_the_allocators_peak(
+    output_root: Path, tmp_path: Path
+) -> None:
+    result = run_cell(
+        check_cell(compose_config(tiny_overrides(output_root, *CUDA_CELL))),
+        output_dir=tmp_path / "cell",
+    )
 
     assert result["status"] == "ok", result["error"]
     assert result["environment"]["device_type"] == "cuda"
@@ -68,8 +72,9 @@ def test_the_allocators_peak_leaves_out_what_runs_left_out() -> None:
 def nccl_group() -> Iterator[None]:
     """A real NCCL process group of one rank on GPU 0, closed after the test."""
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
-                            device_id=torch.device("cuda", 0))
+    dist.init_process_group(
+        "nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda", 0)
+    )
     try:
         yield
     finally:
@@ -105,19 +110,30 @@ def test_a_local_cells_workers_are_given_this_processs_gpus() -> None:
     assert gpu_parameters("1,3") == {"gpus_per_node": 2, "visible_gpus": (1, 3)}
     assert gpu_parameters("") == {}  # none visible here: none there
     assert gpu_parameters("GPU-5d2a,GPU-77e1") == {
-        "setup": ["export CUDA_VISIBLE_DEVICES=GPU-5d2a,GPU-77e1"]}
+        "setup": ["export CUDA_VISIBLE_DEVICES=GPU-5d2a,GPU-77e1"]
+    }
     count = torch.cuda.device_count()
-    assert gpu_parameters(None) == ({"gpus_per_node": count, "visible_gpus": tuple(range(count))}
-                                    if count else {})
+    assert gpu_parameters(None) == (
+        {"gpus_per_node": count, "visible_gpus": tuple(range(count))} if count else {}
+    )
 
 
 @needs_cuda
 def test_a_two_worker_cuda_cell_trains_on_the_gpu(output_root: Path) -> None:
     """Two DDP workers on GPU 0 over gloo (NCCL refuses two ranks on one GPU), started by the
     local launcher as `python -m harness` starts them."""
-    done = run_module("harness", tiny_overrides(
-        output_root, *CUDA_CELL, "distribution=ddp", "hardware.workers_per_node=2",
-        "distribution.backend=gloo", "run.epochs=1"), cwd=output_root.parent)
+    done = run_module(
+        "harness",
+        tiny_overrides(
+            output_root,
+            *CUDA_CELL,
+            "distribution=ddp",
+            "hardware.workers_per_node=2",
+            "distribution.backend=gloo",
+            "run.epochs=1",
+        ),
+        cwd=output_root.parent,
+    )
 
     assert done.returncode == 0, done.stderr[-3000:]
     (path,) = (output_root / "runs").glob("*/result.json")
@@ -159,17 +175,14 @@ def test_fsdp2_shards_and_trains_over_nccl() -> None:
     from harness.distributions.fsdp.trainer import shard_mesh, shard_network
     from workloads.networks import to_layer_list
 
-    config = validate(compose_config(["distribution=fsdp", "network=mobilenetv2",
-                                      *CUDA_CELL]))
+    config = validate(compose_config(["distribution=fsdp", "network=mobilenetv2", *CUDA_CELL]))
     network = _network("mobilenetv2")
     mesh = shard_mesh(config, "cuda")
-    shard_network(network, to_layer_list(config.network.ref, network), mesh,
-                  fsdp_settings(config))
+    shard_network(network, to_layer_list(config.network.ref, network), mesh, fsdp_settings(config))
 
     losses = _steps(network)
 
-    assert all(isinstance(p, DTensor) and p.device.type == "cuda"
-               for p in network.parameters())
+    assert all(isinstance(p, DTensor) and p.device.type == "cuda" for p in network.parameters())
     assert all(loss == loss for loss in losses) and losses[-1] < losses[0]
 
 
@@ -179,8 +192,16 @@ def test_a_pipeline_profiles_its_cpu_built_layers_on_the_gpu_and_puts_them_back(
     from workloads.datasets import dataset_spec
     from workloads.networks import build_network, to_layer_list
 
-    config = validate(compose_config(["distribution=gpipe", "hardware.workers_per_node=2",
-                                      "distribution.batch_size=64", *CUDA_CELL]))
+    config = validate(
+        compose_config(
+            [
+                "distribution=gpipe",
+                "hardware.workers_per_node=2",
+                "distribution.batch_size=64",
+                *CUDA_CELL,
+            ]
+        )
+    )
     layers = to_layer_list("resnet18", build_network("resnet18", dataset_spec("mnist")))
 
     profile = profile_network(config, layers, torch.device("cuda", 0))
@@ -196,10 +217,12 @@ def test_the_runtime_share_on_cuda_is_the_context_and_the_math_libraries_workspa
     32 MiB beyond the model: BENCHMARKS.md section 18)."""
     from harness.worker.runtime_memory import RuntimeProbe
 
-    reading = RuntimeProbe(validate(compose_config([
-        "dataset=cifar10", "hardware=h100_1gpu", "tracking.enabled=false"]))).reading()
+    reading = RuntimeProbe(
+        validate(
+            compose_config(["dataset=cifar10", "hardware=h100_1gpu", "tracking.enabled=false"])
+        )
+    ).reading()
 
     assert reading["context_mb"] > 100  # a CUDA context is hundreds of MB (804 on an H100)
     assert 0 < reading["workspaces_mb"] < 1000
-    assert reading["runtime_mb"] == pytest.approx(reading["context_mb"]
-                                                  + reading["workspaces_mb"])
+    assert reading["runtime_mb"] == pytest.approx(reading["context_mb"] + reading["workspaces_mb"])

@@ -20,17 +20,34 @@ from tests.helpers import cell_worker_pids
 from tests.integration.test_repro import read_mllog
 from tests.unit.harness.records.test_eventlog import assert_compliant
 
-TWO_WORKER_CELL = ["hardware=local_2cpu", "network=mobilenetv2",
-                   "dataset=mnist", "distribution.batch_size=8", "run.progress=false"]
+TWO_WORKER_CELL = [
+    "hardware=local_2cpu",
+    "network=mobilenetv2",
+    "dataset=mnist",
+    "distribution.batch_size=8",
+    "run.progress=false",
+]
 
 
-def _start(output_root: Path, *overrides: str,
-           stdout: IO[str] | int = subprocess.PIPE) -> subprocess.Popen[str]:
+def _start(
+    output_root: Path, *overrides: str, stdout: IO[str] | int = subprocess.PIPE
+) -> subprocess.Popen[str]:
     """A 2-worker DDP cell, started as a user would (`python -m harness ...`)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "harness", *TWO_WORKER_CELL, "distribution=ddp", *overrides,
-         f"run.output_dir={output_root}"],
-        cwd=output_root.parent, stdout=stdout, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            *TWO_WORKER_CELL,
+            "distribution=ddp",
+            *overrides,
+            f"run.output_dir={output_root}",
+        ],
+        cwd=output_root.parent,
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _result(output_root: Path) -> dict:
@@ -68,12 +85,14 @@ def test_two_ddp_workers_train_in_sync_and_record_the_cell(output_root: Path) ->
     assert metrics["samples_per_epoch"] == 64  # 2 workers x 4 batches x 8
     assert metrics["batches_per_epoch"] == 4
     assert metrics["peak_memory_mb_rank0"] > 0 and metrics["peak_memory_mb_rank1"] > 0
-    assert metrics["peak_memory_mb"] == max(metrics["peak_memory_mb_rank0"],
-                                            metrics["peak_memory_mb_rank1"])
+    assert metrics["peak_memory_mb"] == max(
+        metrics["peak_memory_mb_rank0"], metrics["peak_memory_mb_rank1"]
+    )
     # Waiting for the allreduces is measured, and is part of the batch, not extra time.
     assert 0 < metrics["comm_wait_seconds_per_epoch"] < metrics["seconds_per_epoch"]
     run = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}").get_run(
-        result["mlflow_run_id"])
+        result["mlflow_run_id"]
+    )
     assert run.data.params["distribution.name"] == "ddp"
     assert run.data.metrics["world_size"] == 2
     assert not cell_worker_pids(output_root)
@@ -82,9 +101,11 @@ def test_two_ddp_workers_train_in_sync_and_record_the_cell(output_root: Path) ->
     assert mllog == Path(result["output_dir"]) / MLLOG_FILE
     lines = read_mllog(mllog)
     assert [line.key for line in lines].count("init_start") == 1
-    assert [(line.key, line.value["metadata"]["epoch_num"]) for line in lines
-            if line.key in ("epoch_start", "epoch_stop")] == [("epoch_start", 1), ("epoch_stop", 1),
-                                                  ("epoch_start", 2), ("epoch_stop", 2)]
+    assert [
+        (line.key, line.value["metadata"]["epoch_num"])
+        for line in lines
+        if line.key in ("epoch_start", "epoch_stop")
+    ] == [("epoch_start", 1), ("epoch_stop", 1), ("epoch_start", 2), ("epoch_stop", 2)]
     facts = {line.key: line.value["value"] for line in lines}
     assert facts["world_size"] == 2 and facts["global_batch_size"] == 16  # 2 workers x 8
     assert facts["data_parallelism"] == 2 and facts["micro_batch_size"] == 8
@@ -115,8 +136,13 @@ def test_a_hanging_worker_ends_the_cell_as_timeout(output_root: Path, tmp_path: 
     log = tmp_path / "cell.log"
     with log.open("w") as out:  # a file: a process left behind cannot block the test
         # The frozen worker is ended 3 s after rank 0 recorded the cell (20 s by default).
-        cell = _start(output_root, *LONG_RUNNING, "run.progress_timeout_s=10",
-                      "hydra.launcher.grace_after_result_s=3", stdout=out)
+        cell = _start(
+            output_root,
+            *LONG_RUNNING,
+            "run.progress_timeout_s=10",
+            "hydra.launcher.grace_after_result_s=3",
+            stdout=out,
+        )
     try:
         workers = _wait_for_training(output_root)
         os.kill(workers[1], signal.SIGSTOP)  # frozen: alive, holding its sockets, doing nothing
@@ -134,10 +160,23 @@ def test_a_hanging_worker_ends_the_cell_as_timeout(output_root: Path, tmp_path: 
 
 def test_two_horovod_workers_train_in_sync_without_horovodrun(output_root: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "harness", *TWO_WORKER_CELL, "distribution=horovod",
-         "distribution.fusion_threshold_mb=32", "dataset.num_samples=64", "run.epochs=2",
-         "run.warmup_batches=1", f"run.output_dir={output_root}"],
-        cwd=output_root.parent, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            *TWO_WORKER_CELL,
+            "distribution=horovod",
+            "distribution.fusion_threshold_mb=32",
+            "dataset.num_samples=64",
+            "run.epochs=2",
+            "run.warmup_batches=1",
+            f"run.output_dir={output_root}",
+        ],
+        cwd=output_root.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = _result(output_root)
     assert result["status"] == "ok", result["error"]
@@ -154,7 +193,7 @@ def test_two_horovod_workers_train_in_sync_without_horovodrun(output_root: Path)
 # Loaded at start-up by every Python process that has its folder on PYTHONPATH; it acts only in
 # the worker of rank 1 (submitit's local rank variable), whose optimizer step it turns into the
 # fault after a few real steps, so the fault strikes mid-training in a real worker process.
-_FAULT_HOOK = '''
+_FAULT_HOOK = """
 import os
 if os.environ.get("SUBMITIT_LOCAL_GLOBALID") == "1" and os.environ.get("DISTBENCH_TEST_FAULT"):
     import time
@@ -170,12 +209,13 @@ if os.environ.get("SUBMITIT_LOCAL_GLOBALID") == "1" and os.environ.get("DISTBENC
         return real_step(self, *args, **kwargs)
 
     torch.optim.SGD.step = step
-'''
+"""
 
 
 @pytest.mark.parametrize("fault, status", [("raise", "failed"), ("hang", "timeout")])
 def test_a_worker_that_raises_or_hangs_mid_training_ends_its_cell(
-        output_root: Path, tmp_path: Path, fault: str, status: str) -> None:
+    output_root: Path, tmp_path: Path, fault: str, status: str
+) -> None:
     """Rank 1 raises (its report names the error; rank 0's allreduce breaks), or sleeps
     inside a step (rank 0's allreduce times out after run.progress_timeout_s; rank 1's own
     watchdog ends it after 1.25x that + 5 s). Either way the cell is recorded and no worker
@@ -185,11 +225,24 @@ def test_a_worker_that_raises_or_hangs_mid_training_ends_its_cell(
     (hooks / "sitecustomize.py").write_text(_FAULT_HOOK)
     path = os.pathsep.join([str(hooks), *filter(None, [os.environ.get("PYTHONPATH")])])
     done = subprocess.run(
-        [sys.executable, "-m", "harness", *TWO_WORKER_CELL, "distribution=ddp",
-         "dataset.num_samples=256", "run.epochs=5", "run.warmup_batches=0",
-         "run.progress_timeout_s=5", f"run.output_dir={output_root}"],
-        cwd=output_root.parent, capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, PYTHONPATH=path, DISTBENCH_TEST_FAULT=fault))
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            *TWO_WORKER_CELL,
+            "distribution=ddp",
+            "dataset.num_samples=256",
+            "run.epochs=5",
+            "run.warmup_batches=0",
+            "run.progress_timeout_s=5",
+            f"run.output_dir={output_root}",
+        ],
+        cwd=output_root.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=path, DISTBENCH_TEST_FAULT=fault),
+    )
     assert done.returncode in (0, 1), done.stderr[-3000:]  # 1: a cell did not end ok
     result = _result(output_root)
     assert result["status"] == status, result["error"]

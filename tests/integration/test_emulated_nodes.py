@@ -22,30 +22,47 @@ from tests.helpers import cell_worker_pids
 
 EMULATED_HARDWARE = "emulated_2nodes_200mbit"  # the conftest fixture brings it up
 RATE_BYTES_PER_S = 200e6 / 8
-SWEEP = ["-m", "hydra/launcher=submitit_slurm", f"hardware={EMULATED_HARDWARE}",
-         "hydra.launcher.timeout_min=10", "network=mobilenetv2", "dataset=mnist",
-         "distribution.batch_size=8", "dataset.num_samples=32", "run.epochs=1",
-         "run.warmup_batches=1", "run.progress=false"]
+SWEEP = [
+    "-m",
+    "hydra/launcher=submitit_slurm",
+    f"hardware={EMULATED_HARDWARE}",
+    "hydra.launcher.timeout_min=10",
+    "network=mobilenetv2",
+    "dataset=mnist",
+    "distribution.batch_size=8",
+    "dataset.num_samples=32",
+    "run.epochs=1",
+    "run.warmup_batches=1",
+    "run.progress=false",
+]
 
 pytestmark = pytest.mark.slow
 
 
-def _harness(output_root: Path, module: str, *overrides: str,
-             timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", module, *overrides,
-                           f"run.output_dir={output_root}"], cwd=output_root.parent,
-                          capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+def _harness(
+    output_root: Path, module: str, *overrides: str, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", module, *overrides, f"run.output_dir={output_root}"],
+        cwd=output_root.parent,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
 
 
 def _results(output_root: Path) -> list[dict]:
     paths = (output_root / "sweeps").glob("*/*/*/result.json")
-    return [json.loads(p.read_text())
-            for p in sorted(paths, key=lambda p: (p.parent.parent.name, int(p.parent.name)))]
+    return [
+        json.loads(p.read_text())
+        for p in sorted(paths, key=lambda p: (p.parent.parent.name, int(p.parent.name)))
+    ]
 
 
 def test_cells_across_emulated_nodes_talk_over_the_shaped_link_only(
-        emulated_nodes: object, output_root: Path) -> None:
+    emulated_nodes: object, output_root: Path
+) -> None:
     """Data parallelism (torch's gloo, Horovod's gloo) and a pipeline across the two nodes:
     every cell's bytes cross the nodes' links; each node's loopback carries only rank 0's
     rendezvous client talking to its own store (kilobytes)."""
@@ -62,14 +79,22 @@ def test_cells_across_emulated_nodes_talk_over_the_shaped_link_only(
         assert metrics["loopback_sent_mb"] < 0.1, metrics
     ddp, horovod, _ = results
     # Data parallelism allreduces the same gradients, whichever library does it.
-    assert horovod["metrics"]["link_sent_mb"] == pytest.approx(ddp["metrics"]["link_sent_mb"],
-                                                               rel=0.3)
+    assert horovod["metrics"]["link_sent_mb"] == pytest.approx(
+        ddp["metrics"]["link_sent_mb"], rel=0.3
+    )
 
 
 def test_the_probe_measures_the_shaped_rate(emulated_nodes: object, output_root: Path) -> None:
-    done = _harness(output_root, "harness.probe", "hydra/launcher=submitit_slurm",
-                    f"hardware={EMULATED_HARDWARE}", "probe.repeats=3", "probe.warmup=1",
-                    "probe.message_bytes=[8,1048576,4194304]", "probe.rounds=2")
+    done = _harness(
+        output_root,
+        "harness.probe",
+        "hydra/launcher=submitit_slurm",
+        f"hardware={EMULATED_HARDWARE}",
+        "probe.repeats=3",
+        "probe.warmup=1",
+        "probe.message_bytes=[8,1048576,4194304]",
+        "probe.rounds=2",
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     (path,) = (output_root / "hardware_profiles").glob("*.json")
     profile = HardwareProfile.load(path)
@@ -77,8 +102,9 @@ def test_the_probe_measures_the_shaped_rate(emulated_nodes: object, output_root:
     assert not link.same_node
     assert link.cost.bandwidth_bytes_per_s == pytest.approx(RATE_BYTES_PER_S, rel=0.10)
     assert profile.facts["hosts"] == ["enode1", "enode2"]
-    assert profile.facts["link_shaping"] == \
-        ["tbf rate 200mbit burst 256kb latency 50ms on eth0"] * 2
+    assert (
+        profile.facts["link_shaping"] == ["tbf rate 200mbit burst 256kb latency 50ms on eth0"] * 2
+    )
     assert "links shaped to 200 Mbit/s (25.0 MB/s): measured" in done.stdout
     # What an allreduce between the nodes takes from a worker's compute beside it: each
     # worker's, measured (2.4 ms per MB on the 1 Gbit/s link, BENCHMARKS.md section 15).
@@ -102,8 +128,12 @@ def test_the_probe_measures_the_shaped_rate(emulated_nodes: object, output_root:
 
 def _listening(namespace: str) -> dict[int, set[str]]:
     """pid -> the addresses it listens on (TCP), inside a node's network namespace."""
-    shown = subprocess.run(["nsenter", f"--net=/run/netns/{namespace}", "ss", "-Hltnp"],
-                           capture_output=True, text=True, check=True).stdout
+    shown = subprocess.run(
+        ["nsenter", f"--net=/run/netns/{namespace}", "ss", "-Hltnp"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     listening: dict[int, set[str]] = {}
     for line in shown.splitlines():
         fields = line.split()
@@ -115,11 +145,22 @@ def _listening(namespace: str) -> dict[int, set[str]]:
 
 
 def test_a_cells_workers_listen_on_their_node_address_and_loopback_only(
-        emulated_nodes: object, output_root: Path) -> None:
-    sweep = subprocess.Popen([sys.executable, "-m", "harness", *SWEEP, "distribution=ddp",
-                              "run.epochs=200", f"run.output_dir={output_root}"],
-                             cwd=output_root.parent, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    emulated_nodes: object, output_root: Path
+) -> None:
+    sweep = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            *SWEEP,
+            "distribution=ddp",
+            "run.epochs=200",
+            f"run.output_dir={output_root}",
+        ],
+        cwd=output_root.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         workers = _wait_for_workers(output_root)
         addresses = {"distbench-node1": "198.18.0.11", "distbench-node2": "198.18.0.12"}
@@ -155,8 +196,7 @@ def test_a_new_clusters_job_ids_follow_the_clock_and_stay_below_slurms_limit() -
     assert all(1 <= first_job_id(t) < 67_043_328 for t in (0.0, 599_999.0, time.time()))
 
 
-def test_tear_down_and_bring_up_leave_nothing_and_take_under_30_s(
-        emulated_nodes: object) -> None:
+def test_tear_down_and_bring_up_leave_nothing_and_take_under_30_s(emulated_nodes: object) -> None:
     """Last in the module: down, check that nothing is left, then up again (the fixture takes
     it down at the end)."""
     from launchers import emulated
@@ -167,8 +207,10 @@ def test_tear_down_and_bring_up_leave_nothing_and_take_under_30_s(
     emulated.down()
     took_down = time.monotonic() - started
     assert emulated.leftovers() == []
-    assert "distbench" not in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                             text=True).stdout
+    assert (
+        "distbench"
+        not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    )
     assert emulated.daemon_pids("slurmd") == [] and emulated.daemon_pids("slurmctld") == []
     started = time.monotonic()
     emulated.up(cluster)

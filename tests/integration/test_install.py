@@ -23,14 +23,25 @@ from harness.commands.compose import CONF_DIR, CONFIG_MODULE
 from tests.helpers import REPO_ROOT
 
 COMMANDS = {  # console command -> the module it runs as `python -m module` does
-    "distbench": "harness.__main__", "distbench-analysis": "harness.analysis.__main__",
-    "distbench-describe": "harness.describe", "distbench-plan": "harness.plan",
-    "distbench-probe": "harness.probe", "distbench-recommend": "harness.recommend",
-    "distbench-sweeps": "harness.sweeps.__main__", "distbench-sync": "harness.sync",
+    "distbench": "harness.__main__",
+    "distbench-analysis": "harness.analysis.__main__",
+    "distbench-describe": "harness.describe",
+    "distbench-plan": "harness.plan",
+    "distbench-probe": "harness.probe",
+    "distbench-recommend": "harness.recommend",
+    "distbench-sweeps": "harness.sweeps.__main__",
+    "distbench-sync": "harness.sync",
 }
-TINY_CELL = ["dataset=mnist", "network=mobilenetv2", "distribution.batch_size=8",
-             "dataset.num_samples=8", "run.epochs=1", "run.warmup_batches=0",
-             "run.progress=false", "tracking.enabled=false"]
+TINY_CELL = [
+    "dataset=mnist",
+    "network=mobilenetv2",
+    "distribution.batch_size=8",
+    "dataset.num_samples=8",
+    "run.epochs=1",
+    "run.warmup_batches=0",
+    "run.progress=false",
+    "tracking.enabled=false",
+]
 # Where the new venv imports distbench from, its configs and launcher plugin included.
 WHERE_FROM = """
 import harness, harness.conf, hydra_plugins.distbench_launcher as plugin
@@ -53,20 +64,34 @@ class Installed:
         """The environment of a user whose PATH starts with the new venv; nothing points at
         the checkout."""
         env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-        return env | {"PATH": f"{self.bin}{os.pathsep}{env.get('PATH', '')}",
-                      "VIRTUAL_ENV": str(self.venv), "PYTHONUNBUFFERED": "1"}
+        return env | {
+            "PATH": f"{self.bin}{os.pathsep}{env.get('PATH', '')}",
+            "VIRTUAL_ENV": str(self.venv),
+            "PYTHONUNBUFFERED": "1",
+        }
 
     def run(self, args: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(args, cwd=self.elsewhere, env=self.env(), capture_output=True,
-                              text=True, timeout=TIMEOUT_S)
+        return subprocess.run(
+            args,
+            cwd=self.elsewhere,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
 
 
 def _working_tree(destination: Path) -> Path:
     """A copy of the checkout's files as git sees them (tracked, and new ones not ignored):
     the wheel is built from it, so that setuptools' build/ of an earlier build, which keeps
     files since deleted, and .venv, outputs/, ... play no part."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     for name in filter(None, listed.stdout.split("\0")):
         source = REPO_ROOT / name
         if source.is_file():  # a tracked file deleted in the working tree is left out
@@ -85,22 +110,55 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     root = tmp_path_factory.mktemp("install")
     source = _working_tree(root / "source")
     wheels = root / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(wheels), str(source)], check=True, capture_output=True,
-                   timeout=TIMEOUT_S)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=TIMEOUT_S,
+    )
     (wheel,) = wheels.glob("distbench-*.whl")
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
-                   timeout=TIMEOUT_S)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=TIMEOUT_S
+    )
     new_python = venv / "bin" / "python"
     site_packages = subprocess.run(
         [new_python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True).stdout.strip()
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     (Path(site_packages) / "distbench-test-dependencies.pth").write_text(
-        sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(new_python), "install", "-q",
-                    "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True,
-                   timeout=TIMEOUT_S)
+        sysconfig.get_paths()["purelib"] + "\n"
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(new_python),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=TIMEOUT_S,
+    )
     elsewhere = root / "elsewhere"
     elsewhere.mkdir()
     return Installed(wheel=wheel, venv=venv, elsewhere=elsewhere)
@@ -137,8 +195,9 @@ def test_the_wheel_ships_every_config_and_console_command(installed: Installed) 
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         scripts = configparser.ConfigParser()
         scripts.read_string(wheel.read(entry_points).decode())
-    configs = {f"harness/conf/{path.relative_to(CONF_DIR).as_posix()}"
-               for path in CONF_DIR.rglob("*.yaml")}
+    configs = {
+        f"harness/conf/{path.relative_to(CONF_DIR).as_posix()}" for path in CONF_DIR.rglob("*.yaml")
+    }
     assert "harness/conf/config.yaml" in configs
     assert configs <= names, sorted(configs - names)
     assert "workloads/networks/layer_counts.json" in names  # the counts kept with the code
@@ -184,5 +243,10 @@ def test_bash_completes_distbench_overrides(installed: Installed) -> None:
     assert registered.endswith("-F hydra_bash_completion distbench")
     assert group == "distbench dist -> distribution. distribution="
     offered = names.split(" -> ")[1].split()
-    assert {"distribution=ddp", "distribution=gpipe", "distribution=horovod",
-            "distribution=pipedream", "distribution=sequential"} <= set(offered), names
+    assert {
+        "distribution=ddp",
+        "distribution=gpipe",
+        "distribution=horovod",
+        "distribution=pipedream",
+        "distribution=sequential",
+    } <= set(offered), names

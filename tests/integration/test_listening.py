@@ -21,9 +21,16 @@ from tests.helpers import cell_worker_pids
 
 LOOPBACK = {"127.0.0.1", "::1"}
 # Long enough to be still training when the sockets are read (the cell is killed then).
-_LONG_CELL = ["hardware=local_2cpu", "network=mobilenetv2", "dataset=mnist",
-              "distribution.batch_size=8", "dataset.num_samples=64", "run.epochs=200",
-              "run.warmup_batches=0", "run.progress=false"]
+_LONG_CELL = [
+    "hardware=local_2cpu",
+    "network=mobilenetv2",
+    "dataset=mnist",
+    "distribution.batch_size=8",
+    "dataset.num_samples=64",
+    "run.epochs=200",
+    "run.warmup_batches=0",
+    "run.progress=false",
+]
 
 
 def listening_addresses(pid: int) -> set[tuple[str, int]]:
@@ -40,8 +47,9 @@ def _tree(pid: int) -> set[int]:
     return {pid} | {process.pid for process in descendants(pid)}
 
 
-def _wait_for_training(output_root: Path, cell: subprocess.Popen[bytes],
-                       timeout: float = 150) -> None:
+def _wait_for_training(
+    output_root: Path, cell: subprocess.Popen[bytes], timeout: float = 150
+) -> None:
     """Until both workers run and rank 0 has finished an epoch (every server is up by then)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -55,12 +63,22 @@ def _wait_for_training(output_root: Path, cell: subprocess.Popen[bytes],
 
 @pytest.mark.slow
 @pytest.mark.parametrize("distribution", ["ddp", "horovod"])
-def test_a_single_machine_cell_listens_on_loopback_only(output_root: Path,
-                                                         distribution: str) -> None:
+def test_a_single_machine_cell_listens_on_loopback_only(
+    output_root: Path, distribution: str
+) -> None:
     cell = subprocess.Popen(
-        [sys.executable, "-m", "harness", *_LONG_CELL, f"distribution={distribution}",
-         f"run.output_dir={output_root}"],
-        cwd=output_root.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            *_LONG_CELL,
+            f"distribution={distribution}",
+            f"run.output_dir={output_root}",
+        ],
+        cwd=output_root.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     listening: dict[int, set[tuple[str, int]]] = {}
     try:
         _wait_for_training(output_root, cell)
@@ -77,7 +95,9 @@ def test_a_single_machine_cell_listens_on_loopback_only(output_root: Path,
             time.sleep(0.2)
     # Each worker listens (gloo's pairs; rank 0 also the store): the reads saw the servers.
     assert all(listening.get(pid) for pid in workers.values()), listening
-    beyond = {pid: sorted(a for a in addresses if a[0] not in LOOPBACK)
-              for pid, addresses in listening.items()}
+    beyond = {
+        pid: sorted(a for a in addresses if a[0] not in LOOPBACK)
+        for pid, addresses in listening.items()
+    }
     assert not any(beyond.values()), f"listening beyond loopback: {beyond}"
     assert not cell_worker_pids(output_root)

@@ -33,15 +33,28 @@ BROWSER_SCRIPT = REPO_ROOT / "scripts" / "browser.sh"
 SCREENSHOTS_ENV = "DISTBENCH_UI_SCREENSHOTS"
 # Headless on a machine without a display, a GPU or a user namespace sandbox (root in a
 # container), and with nothing fetched from the network behind the test's back.
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 UI_WAIT_MS = 60_000
 # Wide enough for the key columns beside MLflow 3.17's assistant panel.
 VIEWPORT = {"width": 2200, "height": 1000}
 # Two cells that differ in the batch only: their names must tell them apart.
-TINY_SWEEP = ["+sweep=smoke", "dataset=mnist", "network=mobilenetv2",
-              "distribution.batch_size=8,16", "dataset.num_samples=16", "run.epochs=1",
-              "run.warmup_batches=0", "run.progress=false"]
+TINY_SWEEP = [
+    "+sweep=smoke",
+    "dataset=mnist",
+    "network=mobilenetv2",
+    "distribution.batch_size=8,16",
+    "dataset.num_samples=16",
+    "run.epochs=1",
+    "run.warmup_batches=0",
+    "run.progress=false",
+]
 NAMES = ("sequential 1x1 b16 mobilenetv2-mnist", "sequential 1x1 b8 mobilenetv2-mnist")
 LINK = re.compile(re.escape(DEFAULT_UI_URL) + r"(/#/experiments/\S+)")
 
@@ -71,14 +84,18 @@ def chromium() -> str:
     """The browser's path, installed with scripts/browser.sh where it is missing (as the
     SLURM tests install SLURM)."""
     pytest.importorskip("playwright.sync_api")
-    path = subprocess.run(["bash", str(BROWSER_SCRIPT), "path"], capture_output=True,
-                          text=True, check=True).stdout.strip()
+    path = subprocess.run(
+        ["bash", str(BROWSER_SCRIPT), "path"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     if not os.access(path, os.X_OK):
         if os.geteuid() != 0 or shutil.which("apt-get") is None:
-            pytest.skip("chromium is not installed and this machine cannot install it (needs "
-                        "root and apt-get)")
-        installed = subprocess.run(["bash", str(BROWSER_SCRIPT), "install"],
-                                   capture_output=True, text=True, timeout=900)
+            pytest.skip(
+                "chromium is not installed and this machine cannot install it (needs "
+                "root and apt-get)"
+            )
+        installed = subprocess.run(
+            ["bash", str(BROWSER_SCRIPT), "install"], capture_output=True, text=True, timeout=900
+        )
         assert installed.returncode == 0, installed.stdout + installed.stderr
     return path
 
@@ -94,8 +111,9 @@ def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def sweep(output_root: Path) -> Sweep:
     """Run the tiny sweep; what its store holds and the link it printed."""
-    done = run_module("harness", [*TINY_SWEEP, f"run.output_dir={output_root}"],
-                      cwd=output_root.parent)
+    done = run_module(
+        "harness", [*TINY_SWEEP, f"run.output_dir={output_root}"], cwd=output_root.parent
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     links = LINK.findall(done.stdout + done.stderr)
     assert len(links) == 1, (done.stdout + done.stderr)[-3000:]
@@ -104,10 +122,18 @@ def sweep(output_root: Path) -> Sweep:
     assert experiment is not None
     runs = client.search_runs([experiment.experiment_id])
     (parent,) = [run for run in runs if "mlflow.parentRunId" not in run.data.tags]
-    cells = [Cell(run.info.run_id, run.info.run_name, run.data.metrics["seconds_per_epoch"],
-                  run.data.metrics["images_per_second"], run.data.metrics["peak_memory_mb"],
-                  run.info.end_time - run.info.start_time)
-             for run in runs if run is not parent]
+    cells = [
+        Cell(
+            run.info.run_id,
+            run.info.run_name,
+            run.data.metrics["seconds_per_epoch"],
+            run.data.metrics["images_per_second"],
+            run.data.metrics["peak_memory_mb"],
+            run.info.end_time - run.info.start_time,
+        )
+        for run in runs
+        if run is not parent
+    ]
     assert sorted(cell.name for cell in cells) == list(NAMES)
     return Sweep(experiment.experiment_id, parent.info.run_id, cells, links[0])
 
@@ -120,13 +146,15 @@ def mlflow_server(output_root: Path) -> Iterator[str]:
         yield url
 
 
-def test_the_ui_shows_the_cells_to_compare(chromium: str, sweep: Sweep, mlflow_server: str,
-                                          screenshots: Path) -> None:
+def test_the_ui_shows_the_cells_to_compare(
+    chromium: str, sweep: Sweep, mlflow_server: str, screenshots: Path
+) -> None:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS,
-                                             headless=True)
+        browser = playwright.chromium.launch(
+            executable_path=chromium, args=CHROMIUM_FLAGS, headless=True
+        )
         try:
             page = browser.new_page(viewport=VIEWPORT)
             page.set_default_timeout(UI_WAIT_MS)
@@ -171,24 +199,31 @@ def _check_runs_table(page, cells: list[Cell]) -> None:  # noqa: ANN001 - playwr
         row = f'[role=row][row-id="{cell.run_id}"]'
         name = page.locator(f'{row} [col-id="attributes.`Run Name`"]').get_by_role("link")
         assert name.inner_text() == cell.name
-        assert page.locator(f'{row} [col-id="duration"]').inner_text() == \
-            _duration(cell.duration_ms)
+        assert page.locator(f'{row} [col-id="duration"]').inner_text() == _duration(
+            cell.duration_ms
+        )
         for metric in ("seconds_per_epoch", "images_per_second", "peak_memory_mb"):
             shown = page.locator(f'{row} [col-id="metrics.`{metric}`"]')
             shown.scroll_into_view_if_needed()
             assert float(shown.inner_text()) == pytest.approx(getattr(cell, metric), rel=1e-9)
-        assert page.locator(f'{row} [col-id="params.`distribution.name`"]').inner_text() \
+        assert (
+            page.locator(f'{row} [col-id="params.`distribution.name`"]').inner_text()
             == "sequential"
+        )
         assert page.locator(f'{row} [col-id="metrics.`world_size`"]').inner_text() == "1"
 
 
 def _check_sweep_run(page, base: str, sweep: Sweep) -> None:  # noqa: ANN001
     """The sweep's parent run: its page says how the cells ended and which was fastest."""
     fastest = min(sweep.cells, key=lambda cell: cell.seconds_per_epoch)
-    page.goto(f"{base}/#/experiments/{sweep.experiment_id}/runs/{sweep.parent_run_id}"
-              "?workflowType=machine_learning")
-    page.get_by_text(f"Sweep: 2 cell(s) ok, 0 failed; fastest '{fastest.name}' at "
-                     f"{fastest.seconds_per_epoch:.3f} s/epoch.").wait_for()
+    page.goto(
+        f"{base}/#/experiments/{sweep.experiment_id}/runs/{sweep.parent_run_id}"
+        "?workflowType=machine_learning"
+    )
+    page.get_by_text(
+        f"Sweep: 2 cell(s) ok, 0 failed; fastest '{fastest.name}' at "
+        f"{fastest.seconds_per_epoch:.3f} s/epoch."
+    ).wait_for()
 
 
 # The compare view lists metrics in a virtualised grid of names beside one of values (which
@@ -224,8 +259,10 @@ def _check_compare_view(page, base: str, sweep: Sweep) -> None:  # noqa: ANN001
     columns are in the order of `runs`, its metrics rounded (4 significant digits, at most
     3 decimals)."""
     cells = sweep.cells
-    page.goto(f"{base}/#/compare-runs?runs={json.dumps([c.run_id for c in cells])}"
-              f"&experiments={json.dumps([sweep.experiment_id])}")
+    page.goto(
+        f"{base}/#/compare-runs?runs={json.dumps([c.run_id for c in cells])}"
+        f"&experiments={json.dumps([sweep.experiment_id])}"
+    )
     page.get_by_text("Comparing 2 Runs").wait_for()
     names = page.get_by_role("row").filter(has=page.get_by_text("Run Name:", exact=True))
     assert names.inner_text().split() == ["Run", "Name:", *" ".join(c.name for c in cells).split()]
@@ -235,4 +272,5 @@ def _check_compare_view(page, base: str, sweep: Sweep) -> None:  # noqa: ANN001
     # further down leaves the grids scrolled past those above it.
     for metric in ("images_per_second", "peak_memory_mb", "seconds_per_epoch"):
         assert _metric_row(page, metric) == pytest.approx(
-            [getattr(cell, metric) for cell in cells], rel=1e-3, abs=5e-4)
+            [getattr(cell, metric) for cell in cells], rel=1e-3, abs=5e-4
+        )

@@ -50,14 +50,16 @@ def test_a_moved_store_reads_its_runs_artifacts_from_beside_itself(tmp_path: Pat
     assert artifact_names(client, run) == {"config.yaml", RESULT_FILE}
     config = recorded_config(client, run, tmp_path / "scratch")
     assert (config.network.key, config.distribution.name) == ("vgg11", "ddp")
-    assert json.loads(artifact_file(client, run, RESULT_FILE, tmp_path).read_text()) == \
-        {"status": "ok"}
+    assert json.loads(artifact_file(client, run, RESULT_FILE, tmp_path).read_text()) == {
+        "status": "ok"
+    }
     # complete: `harness.sync` would otherwise delete it as an upload that broke off
     assert _complete(client, run)
 
 
 def test_a_copy_reads_its_own_artifacts_and_a_store_in_place_is_read_as_before(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     written, copied = tmp_path / "original", tmp_path / "copy"
     written.mkdir()
     _, run_id = _store_with_one_cell(written)

@@ -19,7 +19,7 @@ from tests.helpers import REPO_ROOT
 
 # A small causal language model written as users write them: not an nn.Sequential, no
 # distbench imports; `dataset` (the DatasetSpec) sizes its vocabulary and positions.
-USER_MODELS = '''
+USER_MODELS = """
 import torch
 from torch import nn
 
@@ -58,7 +58,7 @@ class TinyLM(nn.Module):
 
 def build(dataset, depth: int = 2) -> nn.Module:
     return TinyLM(dataset, depth=depth)
-'''
+"""
 
 SEQ_LEN = 32
 MODELS = sorted(specs())
@@ -74,19 +74,44 @@ def user_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     (package / "__init__.py").write_text("")
     (package / "models.py").write_text(textwrap.dedent(USER_MODELS))
     output = root / "outputs"
-    env = dict(os.environ, PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join([str(root / "packages"), str(REPO_ROOT)]))
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join([str(root / "packages"), str(REPO_ROOT)]),
+    )
     done = subprocess.run(
-        [sys.executable, "-m", "harness", "-m", f"distribution={','.join(MODELS)}",
-         "network=module", "network.target=userlm.models:build", "+network.kwargs.depth=3",
-         "network.blocks=blocks", "dataset=tokens", f"dataset.seq_len={SEQ_LEN}",
-         "dataset.num_samples=64", "distribution.batch_size=8", "hardware=local_2cpu",
-         "run.epochs=1", "run.warmup_batches=1", "run.progress=false", "optimizer.name=adamw",
-         "optimizer.lr=0.003", f"run.output_dir={output}"],
-        cwd=root, env=env, capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "-m",
+            f"distribution={','.join(MODELS)}",
+            "network=module",
+            "network.target=userlm.models:build",
+            "+network.kwargs.depth=3",
+            "network.blocks=blocks",
+            "dataset=tokens",
+            f"dataset.seq_len={SEQ_LEN}",
+            "dataset.num_samples=64",
+            "distribution.batch_size=8",
+            "hardware=local_2cpu",
+            "run.epochs=1",
+            "run.warmup_batches=1",
+            "run.progress=false",
+            "optimizer.name=adamw",
+            "optimizer.lr=0.003",
+            f"run.output_dir={output}",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
-    results = [json.loads(path.read_text())
-               for path in (output / "sweeps").glob("*/*/*/result.json")]
+    results = [
+        json.loads(path.read_text()) for path in (output / "sweeps").glob("*/*/*/result.json")
+    ]
     return {result["config"]["distribution"]["name"]: result for result in results}
 
 
@@ -97,25 +122,35 @@ def test_every_distribution_model_trains_the_users_network(user_sweep: dict[str,
         assert result["run_name"].endswith(f"build-tokens-t{SEQ_LEN}-v256"), result["run_name"]
         metrics = result["metrics"]
         # tokens/s beside samples/s: a sample is SEQ_LEN next-token predictions
-        assert metrics["tokens_per_second"] == pytest.approx(
-            metrics["images_per_second"] * SEQ_LEN)
+        assert metrics["tokens_per_second"] == pytest.approx(metrics["images_per_second"] * SEQ_LEN)
         assert result["mlflow_run_id"], f"{model}: not recorded in MLflow"
         assert 0 <= result["eval_accuracy"][-1] <= 1
 
 
-def test_the_pipelines_split_it_at_its_blocks(user_sweep: dict[str, dict],
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_pipelines_split_it_at_its_blocks(
+    user_sweep: dict[str, dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Embedding and positions, 3 blocks, norm and head: a layer list of 5, each block one
     layer, so GPipe's and PipeDream's stages hold whole blocks."""
     from harness.commands.compose import compose_config
     from harness.config.schema import validate
     from workloads.networks import layer_count
 
-    monkeypatch.syspath_prepend(str(Path(user_sweep["sequential"]["output_dir"]).parents[4]
-                                    / "packages"))
-    config = validate(compose_config([
-        "network=module", "network.target=userlm.models:build", "+network.kwargs.depth=3",
-        "network.blocks=blocks", "dataset=tokens", f"dataset.seq_len={SEQ_LEN}"]))
+    monkeypatch.syspath_prepend(
+        str(Path(user_sweep["sequential"]["output_dir"]).parents[4] / "packages")
+    )
+    config = validate(
+        compose_config(
+            [
+                "network=module",
+                "network.target=userlm.models:build",
+                "+network.kwargs.depth=3",
+                "network.blocks=blocks",
+                "dataset=tokens",
+                f"dataset.seq_len={SEQ_LEN}",
+            ]
+        )
+    )
     assert layer_count(config.network.ref, config.dataset.spec) == 5
 
 
@@ -148,19 +183,33 @@ def test_the_memory_model_predicts_a_transformer_cells_peak(tmp_path: Path) -> N
     from tests.helpers import run_module
 
     output = tmp_path / "outputs"
-    done = run_module("harness", [
-        "network=llama_tiny", "dataset=tokens", "dataset.seq_len=128", "dataset.vocab_size=4096",
-        "distribution.batch_size=16", "dataset.num_samples=32", "run.epochs=1",
-        "run.warmup_batches=1", "optimizer.name=adamw", "run.progress=false",
-        "tracking.enabled=false", f"run.output_dir={output}"], cwd=tmp_path)
+    done = run_module(
+        "harness",
+        [
+            "network=llama_tiny",
+            "dataset=tokens",
+            "dataset.seq_len=128",
+            "dataset.vocab_size=4096",
+            "distribution.batch_size=16",
+            "dataset.num_samples=32",
+            "run.epochs=1",
+            "run.warmup_batches=1",
+            "optimizer.name=adamw",
+            "run.progress=false",
+            "tracking.enabled=false",
+            f"run.output_dir={output}",
+        ],
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (path,) = (output / "runs").glob("*/result.json")
     result = json.loads(path.read_text())
     config = config_from_record(result["config"])
-    facts = gather(config, cache_for(5, probe=False, facts_root=tmp_path / "facts"),
-                   timed=False)
-    predicted, measured = max(memory_per_worker_mb(config, facts)), \
-        result["metrics"]["peak_memory_mb"]
+    facts = gather(config, cache_for(5, probe=False, facts_root=tmp_path / "facts"), timed=False)
+    predicted, measured = (
+        max(memory_per_worker_mb(config, facts)),
+        result["metrics"]["peak_memory_mb"],
+    )
     assert predicted == pytest.approx(measured, rel=0.10), (predicted, measured)
 
 
@@ -171,10 +220,21 @@ def test_planning_an_8b_model_on_h100s_answers_the_memory_question(tmp_path: Pat
     by time and the output names the command that measures one there."""
     from tests.helpers import run_module
 
-    done = run_module("harness.recommend", [
-        "dataset=tokens", "network=llama3_8b", "dataset.seq_len=2048", "optimizer.name=adamw",
-        "hardware=h100_node", "distribution.batch_size=1", f"run.output_dir={tmp_path}",
-        "--json"], cwd=tmp_path, timeout=300)
+    done = run_module(
+        "harness.recommend",
+        [
+            "dataset=tokens",
+            "network=llama3_8b",
+            "dataset.seq_len=2048",
+            "optimizer.name=adamw",
+            "hardware=h100_node",
+            "distribution.batch_size=1",
+            f"run.output_dir={tmp_path}",
+            "--json",
+        ],
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     answer = json.loads(done.stdout)
     fits = {option["label"]: option["fits_memory"] for option in answer["options"]}
@@ -182,8 +242,10 @@ def test_planning_an_8b_model_on_h100s_answers_the_memory_question(tmp_path: Pat
     assert fits["sequential"] is False
     assert fits["fsdp x8"] is True and fits["gpipe x8 mb1"] is True
     assert answer["recommended"] is None  # nothing ranks without a step time
-    assert "python -m harness network=llama3_8b dataset=tokens distribution=sequential " \
-           "hardware=h100_node" in answer["missing_step_time"]
+    assert (
+        "python -m harness network=llama3_8b dataset=tokens distribution=sequential "
+        "hardware=h100_node" in answer["missing_step_time"]
+    )
 
 
 def test_a_fit_holds_out_a_whole_family_only_when_there_are_two() -> None:
@@ -195,9 +257,13 @@ def test_a_fit_holds_out_a_whole_family_only_when_there_are_two() -> None:
     from harness.config.schema import validate
 
     def cell(*overrides: str) -> MeasuredCell:
-        return MeasuredCell(run_id="-".join(overrides), run_name="cell",
-                            config=validate(compose_config(list(overrides))),
-                            seconds_per_epoch=1.0, peak_memory_mb=1.0)
+        return MeasuredCell(
+            run_id="-".join(overrides),
+            run_name="cell",
+            config=validate(compose_config(list(overrides))),
+            seconds_per_epoch=1.0,
+            peak_memory_mb=1.0,
+        )
 
     image, language = cell("network=resnet18"), cell("network=llama_tiny", "dataset=tokens")
     assert (image.family, language.family) == (IMAGE_NETWORKS, LANGUAGE_MODELS)

@@ -32,8 +32,12 @@ from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from harness.runtime.environment import machine_name
 from tests.helpers import run_module
 
-SMALL_PROBE = ["probe.repeats=3", "probe.warmup=1", "probe.message_bytes=[8,65536,1048576]",
-               "probe.rounds=2"]
+SMALL_PROBE = [
+    "probe.repeats=3",
+    "probe.warmup=1",
+    "probe.message_bytes=[8,65536,1048576]",
+    "probe.rounds=2",
+]
 
 
 def test_the_fit_reads_latency_at_the_smallest_message_and_bandwidth_from_the_slope() -> None:
@@ -61,11 +65,18 @@ def test_a_measured_curve_prices_between_its_sizes_on_straight_lines() -> None:
         MeasuredCurve((1e6, 1e6), (0.1, 0.2))
 
 
-@given(st.lists(st.tuples(st.floats(1.0, 1e9), st.floats(1e-6, 10.0)), min_size=2,
-                max_size=6, unique_by=lambda point: point[0]),
-       st.floats(0.0, 2e9))
+@given(
+    st.lists(
+        st.tuples(st.floats(1.0, 1e9), st.floats(1e-6, 10.0)),
+        min_size=2,
+        max_size=6,
+        unique_by=lambda point: point[0],
+    ),
+    st.floats(0.0, 2e9),
+)
 def test_a_measured_curve_is_continuous_and_never_leaves_its_neighbours(
-        points: list[tuple[float, float]], nbytes: float) -> None:
+    points: list[tuple[float, float]], nbytes: float
+) -> None:
     points.sort()
     curve = MeasuredCurve(tuple(n for n, _ in points), tuple(s for _, s in points))
     seconds = curve.seconds_at(nbytes)
@@ -81,20 +92,42 @@ def test_a_measured_curve_is_continuous_and_never_leaves_its_neighbours(
 
 
 def test_the_collectives_timed_after_compute_round_trip_through_the_profile() -> None:
-    measured = {"workers": 2, "compute_before_ms": 20.0, "bytes": [8e6, 8.0],
-                "all_gather": [0.5, 0.001], "reduce_scatter": [0.7, 0.002]}
-    profile = HardwareProfile.from_json(HardwareProfile(
-        "emulated_2nodes_1gbit", "measured", 2, 2, [], [],
-        {"collectives_after_compute": measured}).to_json())
+    measured = {
+        "workers": 2,
+        "compute_before_ms": 20.0,
+        "bytes": [8e6, 8.0],
+        "all_gather": [0.5, 0.001],
+        "reduce_scatter": [0.7, 0.002],
+    }
+    profile = HardwareProfile.from_json(
+        HardwareProfile(
+            "emulated_2nodes_1gbit",
+            "measured",
+            2,
+            2,
+            [],
+            [],
+            {"collectives_after_compute": measured},
+        ).to_json()
+    )
     assert profile.collective_after_compute("all_gather", 2) == MeasuredCurve(
-        (8.0, 8e6), (0.001, 0.5))  # in order of size
+        (8.0, 8e6), (0.001, 0.5)
+    )  # in order of size
     assert profile.collective_after_compute("reduce_scatter", 2).seconds == (0.002, 0.7)
     assert profile.collective_after_compute("all_gather", 4) is None  # measured among 2
-    assert HardwareProfile("local_2cpu", "measured", 2, 1, [], []).collective_after_compute(
-        "all_gather", 2) is None
+    assert (
+        HardwareProfile("local_2cpu", "measured", 2, 1, [], []).collective_after_compute(
+            "all_gather", 2
+        )
+        is None
+    )
     one_size = {**measured, "bytes": [8.0, 8.0]}  # probe.message_bytes=[8,8]
-    assert HardwareProfile("local_2cpu", "measured", 2, 1, [], [], {
-        "collectives_after_compute": one_size}).collective_after_compute("all_gather", 2) is None
+    assert (
+        HardwareProfile(
+            "local_2cpu", "measured", 2, 1, [], [], {"collectives_after_compute": one_size}
+        ).collective_after_compute("all_gather", 2)
+        is None
+    )
 
 
 def test_a_profile_from_the_configured_speeds_uses_intra_and_inter_node_links() -> None:
@@ -119,16 +152,19 @@ def test_nodes_of_one_worker_need_only_the_inter_node_speeds() -> None:
 
 
 def test_a_profile_needs_both_speeds_of_a_link_kind() -> None:
-    hardware = validate(compose_config(["hardware=local_2cpu",
-                                        "hardware.intra_node_bandwidth_mbps=null"])).hardware
+    hardware = validate(
+        compose_config(["hardware=local_2cpu", "hardware.intra_node_bandwidth_mbps=null"])
+    ).hardware
     with pytest.raises(ConfigError, match=r"hardware.intra_node_bandwidth_mbps=None"):
         HardwareProfile.from_config(hardware)
 
 
-def test_the_probe_measures_two_local_workers_and_records_the_profile(
-        output_root: Path) -> None:
-    done = run_module("harness.probe", ["hardware=local_2cpu", *SMALL_PROBE,
-                                        f"run.output_dir={output_root}"], cwd=output_root.parent)
+def test_the_probe_measures_two_local_workers_and_records_the_profile(output_root: Path) -> None:
+    done = run_module(
+        "harness.probe",
+        ["hardware=local_2cpu", *SMALL_PROBE, f"run.output_dir={output_root}"],
+        cwd=output_root.parent,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "allreduce among 2" in done.stdout
     profile = HardwareProfile.load(profile_path(output_root, "local_2cpu"))
@@ -151,13 +187,20 @@ def test_the_probe_measures_two_local_workers_and_records_the_profile(
     assert "after 20 ms of compute, an all-gather of 1.0 MB among 2 takes" in done.stdout
     # Every figure measured in two rounds, kept at their median, their spread beside it
     rounds = profile.facts[ROUNDS_FACT]
-    figures = {"link 0-1", "allreduce among 2", "all_gather after compute",
-               "reduce_scatter after compute"}
+    figures = {
+        "link 0-1",
+        "allreduce among 2",
+        "all_gather after compute",
+        "reduce_scatter after compute",
+    }
     assert rounds["rounds"] == 2 and set(rounds["values"]) == set(rounds["spread"]) == figures
-    assert all(len(values) == 2 and all(len(sizes) == 3 for sizes in values)
-               for values in rounds["values"].values())
+    assert all(
+        len(values) == 2 and all(len(sizes) == 3 for sizes in values)
+        for values in rounds["values"].values()
+    )
     assert link.samples["seconds"] == pytest.approx(
-        [sum(sizes) / 2 for sizes in zip(*rounds["values"]["link 0-1"])])
+        [sum(sizes) / 2 for sizes in zip(*rounds["values"]["link 0-1"])]
+    )
     assert "measured in 2 rounds, each figure the median across them" in done.stdout
     # The machine it measured (loopback's speed is the host's), named where the links are used
     machine = machine_name("cpu")
@@ -194,8 +237,7 @@ def test_a_round_disturbed_for_seconds_does_not_move_the_probes_figures() -> Non
         median_across_rounds([quiet, quiet[:2]])
 
 
-@given(st.lists(st.lists(st.floats(1e-7, 10.0), min_size=3, max_size=3), min_size=1,
-                max_size=7))
+@given(st.lists(st.lists(st.floats(1e-7, 10.0), min_size=3, max_size=3), min_size=1, max_size=7))
 def test_a_figures_median_across_rounds_lies_within_them(rounds: list[list[float]]) -> None:
     medians = median_across_rounds(rounds)
     for size, median in enumerate(medians):
@@ -207,8 +249,11 @@ def test_a_figures_median_across_rounds_lies_within_them(rounds: list[list[float
 
 
 def test_the_probe_refuses_a_single_worker(output_root: Path) -> None:
-    done = run_module("harness.probe", ["hardware=local_cpu", f"run.output_dir={output_root}"],
-                      cwd=output_root.parent)
+    done = run_module(
+        "harness.probe",
+        ["hardware=local_cpu", f"run.output_dir={output_root}"],
+        cwd=output_root.parent,
+    )
     assert done.returncode == 2
     assert "hardware=local_cpu is invalid for the probe" in done.stderr
     assert "Traceback" not in done.stderr

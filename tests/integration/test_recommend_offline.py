@@ -29,31 +29,44 @@ def no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _recommend(output_root: Path, *args: str):  # noqa: ANN202 - CompletedProcess
-    return run_module("harness.recommend", [*args, f"run.output_dir={output_root}"],
-                      cwd=output_root.parent, timeout=120)
+    return run_module(
+        "harness.recommend",
+        [*args, f"run.output_dir={output_root}"],
+        cwd=output_root.parent,
+        timeout=120,
+    )
 
 
 def test_nothing_measured_for_the_device_answers_memory_and_says_what_to_run_where(
-        output_root: Path) -> None:
+    output_root: Path,
+) -> None:
     """No step time on the device: no option is ranked by time, every option's memory is
     predicted (issue 22: the memory question needs no GPU), and one line says what to run
     where to rank them."""
-    done = _recommend(output_root, "dataset=imagenet", "network=resnet152",
-                      "hardware=titanrtx_cluster")
+    done = _recommend(
+        output_root, "dataset=imagenet", "network=resnet152", "hardware=titanrtx_cluster"
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
-    assert "s/epoch: not predicted: no step time of resnet152 has been measured on cuda yet" \
+    assert (
+        "s/epoch: not predicted: no step time of resnet152 has been measured on cuda yet"
         in done.stdout
+    )
     # every option a row: no seconds, no range, uncalibrated, its memory per worker and
     # whether it fits
-    assert re.search(r"^ +1 +\S.* +- +- +no +\d+ +(yes|NO) ", done.stdout, re.MULTILINE), \
+    assert re.search(r"^ +1 +\S.* +- +- +no +\d+ +(yes|NO) ", done.stdout, re.MULTILINE), (
         done.stdout
+    )
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("not ranked")]
     print(line)
-    assert line.startswith("not ranked by time: hardware=titanrtx_cluster: no sequential "
-                           "step time measured on cuda for resnet152/imagenet at batch 32")
-    assert ("run `python -m harness network=resnet152 dataset=imagenet distribution=sequential "
-            "hardware=titanrtx_cluster distribution.batch_size=32") in line
+    assert line.startswith(
+        "not ranked by time: hardware=titanrtx_cluster: no sequential "
+        "step time measured on cuda for resnet152/imagenet at batch 32"
+    )
+    assert (
+        "run `python -m harness network=resnet152 dataset=imagenet distribution=sequential "
+        "hardware=titanrtx_cluster distribution.batch_size=32"
+    ) in line
     assert str(output_root / "facts" / "titanrtx_cluster.json") in line
     assert not (output_root / "mlflow.db").exists()  # looking created no MLflow store
 
@@ -75,13 +88,33 @@ def _kept_facts(output_root: Path, steps: dict[int, float]) -> Path:
     path = facts_path(output_root, "titanrtx_cluster")
     store = FactsStore.load(path)
     for batch, seconds in steps.items():
-        store.record_step(network="mobilenetv2", dataset="mnist", device="cuda",
-                          device_name=GPU_NAME, batch=batch, seconds=seconds)
-    layers = [LayerProfile(index=i, type="Layer", forward_ms=1.0, backward_ms=2.0,
-                           update_ms=0.1, activation_mb=0.5, parameter_mb=0.2)
-              for i in range(_layer_count("mobilenetv2", "mnist"))]
-    store.record_profile(network="mobilenetv2", dataset="mnist", device="cuda",
-                         device_name=GPU_NAME, profile=NetworkProfile(128, "cpu", layers))
+        store.record_step(
+            network="mobilenetv2",
+            dataset="mnist",
+            device="cuda",
+            device_name=GPU_NAME,
+            batch=batch,
+            seconds=seconds,
+        )
+    layers = [
+        LayerProfile(
+            index=i,
+            type="Layer",
+            forward_ms=1.0,
+            backward_ms=2.0,
+            update_ms=0.1,
+            activation_mb=0.5,
+            parameter_mb=0.2,
+        )
+        for i in range(_layer_count("mobilenetv2", "mnist"))
+    ]
+    store.record_profile(
+        network="mobilenetv2",
+        dataset="mnist",
+        device="cuda",
+        device_name=GPU_NAME,
+        profile=NetworkProfile(128, "cpu", layers),
+    )
     return store.save()
 
 
@@ -91,8 +124,9 @@ def test_a_facts_file_of_the_device_is_used_and_named(output_root: Path) -> None
     path = _kept_facts(output_root, {128: 0.010, 64: 0.006})
     kept = path.read_text()
 
-    done = _recommend(output_root, "dataset=mnist", "network=mobilenetv2",
-                      "hardware=titanrtx_cluster", "--json")
+    done = _recommend(
+        output_root, "dataset=mnist", "network=mobilenetv2", "hardware=titanrtx_cluster", "--json"
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     answer = json.loads(done.stdout)
     source = f"facts file {path}"
@@ -102,8 +136,9 @@ def test_a_facts_file_of_the_device_is_used_and_named(output_root: Path) -> None
     # GPipe's 3072 / 12 micro-batch was measured nowhere: the nearest batch, per sample.
     assert steps[256]["seconds"] == pytest.approx(0.020) and steps[256]["scaled"]
     assert steps[256]["measured_batch"] == 128
-    assert all(step["source"] == source and step["device_name"] == GPU_NAME
-               for step in steps.values())
+    assert all(
+        step["source"] == source and step["device_name"] == GPU_NAME for step in steps.values()
+    )
     assert answer["layer_profile"] == [source]
     # No probe here and no fit: the config's link speeds, said as the table says it.
     assert answer["links"].startswith("links: hardware titanrtx_cluster's configured speeds")
@@ -136,18 +171,33 @@ def test_step_times_from_another_machine_than_the_fits_cells_are_named(tmp_path:
     path = tmp_path / "analysis" / "calibrate_local" / "fit.json"
 
     def fit(*machines: str) -> Fitted:
-        return Fitted({}, 0.0, str(path), hardware="local_2cpu", fit=FitCoverage(
-            path, "local_2cpu", 56, ("resnet18", "vgg11"), {"ddp": 8}, 0.0, "configured",
-            machines))
+        return Fitted(
+            {},
+            0.0,
+            str(path),
+            hardware="local_2cpu",
+            fit=FitCoverage(
+                path,
+                "local_2cpu",
+                56,
+                ("resnet18", "vgg11"),
+                {"ddp": 8},
+                0.0,
+                "configured",
+                machines,
+            ),
+        )
 
-    steps = [(f"batch {batch}", StepTime(batch, 0.1, "facts file f.json", batch,
-                                         "AMD EPYC (AVX2)"))
-             for batch in (16, 32)]
+    steps = [
+        (f"batch {batch}", StepTime(batch, 0.1, "facts file f.json", batch, "AMD EPYC (AVX2)"))
+        for batch in (16, 32)
+    ]
     assert machine_since_fit(fit("AMD EPYC (AVX512)"), steps, hardware) == (
         "machine changed since the fit: its cells ran on AMD EPYC (AVX512), the step times "
         "used on another (batch 16, batch 32 on AMD EPYC (AVX2)); its parameters were learnt "
         f"at the former's speed: {calibrate_commands(hardware)} on this machine fit them for "
-        f"it (the fit: {path})")
+        f"it (the fit: {path})"
+    )
     assert machine_since_fit(fit("AMD EPYC (AVX2)"), steps, hardware) is None
     assert machine_since_fit(fit(), steps, hardware) is None  # a fit from before it kept them
     assert machine_since_fit(Fitted.raw("no fit"), steps, hardware) is None
@@ -173,18 +223,25 @@ def test_the_table_says_where_the_links_speeds_come_from(output_root: Path) -> N
     configured = HardwareProfile.from_config(hardware)
     assert link_line(hardware, configured) == (
         "links: hardware titanrtx_cluster's configured speeds (no harness.probe profile yet; "
-        "python -m harness.probe hardware=titanrtx_cluster measures them)")
+        "python -m harness.probe hardware=titanrtx_cluster measures them)"
+    )
     assert link_line(hardware, None) is None  # one worker: no link
-    measured = HardwareProfile(configured.hardware, "measured", configured.workers,
-                               configured.nodes, configured.links,
-                               facts={"measured_at": "2026-11-29T11:13:30+00:00",
-                                      COMPUTE_LOST_FACT: 2.41})
+    measured = HardwareProfile(
+        configured.hardware,
+        "measured",
+        configured.workers,
+        configured.nodes,
+        configured.links,
+        facts={"measured_at": "2026-11-29T11:13:30+00:00", COMPUTE_LOST_FACT: 2.41},
+    )
     measured.save(profile_path(output_root, "titanrtx_cluster"))
     _kept_facts(output_root, {128: 0.010, 64: 0.006})
     done = _recommend(output_root, *ask)  # the table, as a user reads it
     assert done.returncode == 0, done.stderr[-3000:]
-    assert ("links: measured by harness.probe, 2026-11-29T11:13:30+00:00; an allreduce between "
-            "nodes takes 2.41 ms of a worker's compute per MB") in done.stdout.splitlines()
+    assert (
+        "links: measured by harness.probe, 2026-11-29T11:13:30+00:00; an allreduce between "
+        "nodes takes 2.41 ms of a worker's compute per MB"
+    ) in done.stdout.splitlines()
 
 
 def test_links_probed_after_the_fit_are_named_beside_its_factor(tmp_path: Path) -> None:
@@ -199,27 +256,39 @@ def test_links_probed_after_the_fit_are_named_beside_its_factor(tmp_path: Path) 
 
     hardware = validate(compose_config(["hardware=local_2cpu"])).hardware
     configured = HardwareProfile.from_config(hardware)
-    probed = replace(configured, source="measured",
-                     facts={"measured_at": "2026-11-30T06:31:22+00:00"})
+    probed = replace(
+        configured, source="measured", facts={"measured_at": "2026-11-30T06:31:22+00:00"}
+    )
     path = tmp_path / "analysis" / "calibrate_local" / "fit.json"
 
     def fit(links: str | None) -> Fitted:
-        return Fitted({}, 0.0, str(path), hardware="local_2cpu", fit=FitCoverage(
-            path, "local_2cpu", 56, ("resnet18", "vgg11"), {"ddp": 8}, 0.0, links))
+        return Fitted(
+            {},
+            0.0,
+            str(path),
+            hardware="local_2cpu",
+            fit=FitCoverage(path, "local_2cpu", 56, ("resnet18", "vgg11"), {"ddp": 8}, 0.0, links),
+        )
 
     assert links_since_fit(fit("configured"), probed) == (
         "links changed since the fit: it priced its cells with links configured, these are "
         "measured 2026-11-30T06:31:22+00:00; its communication factor belongs to the former: "
         "python -m harness.analysis tracking.experiment=calibrate_local fits it again (the "
-        f"fit: {path})")
+        f"fit: {path})"
+    )
     assert links_since_fit(fit("measured 2026-11-30T06:31:22+00:00"), probed) is None
     assert links_since_fit(fit(None), probed) is None  # a fit from before it kept its links
     assert links_since_fit(Fitted.raw("no fit"), probed) is None
     assert links_since_fit(fit("configured"), None) is None  # one worker: no link
 
 
-def _log_sequential_cell(output_root: Path, overrides: list[str], seconds_per_epoch: float,
-                         device_name: str, **metrics: float) -> str:
+def _log_sequential_cell(
+    output_root: Path,
+    overrides: list[str],
+    seconds_per_epoch: float,
+    device_name: str,
+    **metrics: float,
+) -> str:
     """A sequential cell as `harness.worker.run` records it: the resolved config as `config.yaml`,
     status ok, its seconds per epoch."""
     from omegaconf import OmegaConf
@@ -229,21 +298,32 @@ def _log_sequential_cell(output_root: Path, overrides: list[str], seconds_per_ep
     from harness.records.mlflow_store import tracking_uri
     from harness.records.tracking import log_run
 
-    resolved = resolved_container(compose_config(
-        ["dataset=mnist", "network=mobilenetv2", "distribution=sequential",
-         f"run.output_dir={output_root}", *overrides]))
+    resolved = resolved_container(
+        compose_config(
+            [
+                "dataset=mnist",
+                "network=mobilenetv2",
+                "distribution=sequential",
+                f"run.output_dir={output_root}",
+                *overrides,
+            ]
+        )
+    )
     folder = output_root / "runs" / f"cell-{len(list(output_root.glob('runs/*')))}"
     folder.mkdir(parents=True)
     OmegaConf.save(OmegaConf.create(resolved), folder / "config.yaml")
-    return log_run(uri=tracking_uri(None, output_root), experiment="gpu_grid",
-                   run_name="sequential", tags={"status": "ok", "device_name": device_name},
-                   params=resolved,
-                   metrics={"seconds_per_epoch": seconds_per_epoch, **metrics},
-                   artifacts=[folder / "config.yaml"])
+    return log_run(
+        uri=tracking_uri(None, output_root),
+        experiment="gpu_grid",
+        run_name="sequential",
+        tags={"status": "ok", "device_name": device_name},
+        params=resolved,
+        metrics={"seconds_per_epoch": seconds_per_epoch, **metrics},
+        artifacts=[folder / "config.yaml"],
+    )
 
 
-def test_a_step_time_from_sequential_cells_carries_the_speed_they_ran_at(
-        output_root: Path) -> None:
+def test_a_step_time_from_sequential_cells_carries_the_speed_they_ran_at(output_root: Path) -> None:
     """The reference kernel each cell times around itself (harness.measure.steadiness) goes
     with the step time taken from sequential cells: the median of theirs, timed in cells as
     every other cell's is (the analysis scales by it), and none where a cell lacks it."""
@@ -254,12 +334,20 @@ def test_a_step_time_from_sequential_cells_carries_the_speed_they_ran_at(
 
     overrides = ["hardware=local_cpu", "dataset.num_samples=320"]
     for seconds, before, after in ((0.5, 14.0, 15.0), (0.6, 17.0, 18.0), (0.7, 16.0, 16.0)):
-        _log_sequential_cell(output_root, [*overrides, "distribution.batch_size=32"], seconds,
-                             "a CPU", reference_kernel_ms_before=before,
-                             reference_kernel_ms_after=after)
+        _log_sequential_cell(
+            output_root,
+            [*overrides, "distribution.batch_size=32"],
+            seconds,
+            "a CPU",
+            reference_kernel_ms_before=before,
+            reference_kernel_ms_after=after,
+        )
     _log_sequential_cell(output_root, [*overrides, "distribution.batch_size=64"], 0.5, "a CPU")
-    config = validate(compose_config(["dataset=mnist", "network=mobilenetv2", *overrides,
-                                      f"run.output_dir={output_root}"]))
+    config = validate(
+        compose_config(
+            ["dataset=mnist", "network=mobilenetv2", *overrides, f"run.output_dir={output_root}"]
+        )
+    )
     at_32, at_64 = sequential_steps(config)[0]
     assert (at_32.batch, at_32.seconds, at_32.reference_ms) == (32, 0.6 / 10, 16.0)
     assert at_32.reference_in_cells and at_64.reference_in_cells
@@ -276,27 +364,44 @@ def test_a_step_time_from_sequential_cells_carries_the_speed_they_ran_at(
 
 def test_sequential_cells_recorded_in_mlflow_are_used_and_named(output_root: Path) -> None:
     # 320 samples at batch 32: 10 steps in 0.5 s, a step of 0.05 s on the GPU
-    run_id = _log_sequential_cell(output_root, [
-        "hardware=titanrtx_cluster", "distribution.batch_size=32", "dataset.num_samples=320"],
-        0.5, GPU_NAME)
+    run_id = _log_sequential_cell(
+        output_root,
+        ["hardware=titanrtx_cluster", "distribution.batch_size=32", "dataset.num_samples=320"],
+        0.5,
+        GPU_NAME,
+    )
     # the same workload on a CPU: another kind of device, never used for a cuda hardware
-    decoy = _log_sequential_cell(output_root, [
-        "hardware=local_cpu", "distribution.batch_size=32", "dataset.num_samples=320"],
-        99.0, "some CPU")
+    decoy = _log_sequential_cell(
+        output_root,
+        ["hardware=local_cpu", "distribution.batch_size=32", "dataset.num_samples=320"],
+        99.0,
+        "some CPU",
+    )
     facts = _kept_facts(output_root, {})  # a layer profile only: step times from MLflow
 
-    done = _recommend(output_root, "dataset=mnist", "network=mobilenetv2",
-                      "hardware=titanrtx_cluster", "distribution=gpipe",
-                      "distribution.batch_size=32", "distribution.micro_batches=4")
+    done = _recommend(
+        output_root,
+        "dataset=mnist",
+        "network=mobilenetv2",
+        "hardware=titanrtx_cluster",
+        "distribution=gpipe",
+        "distribution.batch_size=32",
+        "distribution.micro_batches=4",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     print(done.stdout)
     lines = done.stdout.splitlines()
-    assert any(line.strip().startswith(f"batch 32: 0.05 s, MLflow run {run_id} at sqlite:///")
-               and line.endswith(f"({GPU_NAME})") for line in lines), done.stdout
+    assert any(
+        line.strip().startswith(f"batch 32: 0.05 s, MLflow run {run_id} at sqlite:///")
+        and line.endswith(f"({GPU_NAME})")
+        for line in lines
+    ), done.stdout
     assert decoy not in done.stdout
     # GPipe's micro-batches of 32 / 8 = 4 samples: scaled from batch 32, and marked
-    assert any(line.strip().startswith("batch 4: 0.00625 s*, scaled per sample from batch 32")
-               for line in lines), done.stdout
+    assert any(
+        line.strip().startswith("batch 4: 0.00625 s*, scaled per sample from batch 32")
+        for line in lines
+    ), done.stdout
     assert f"layer profile (pipelines): facts file {facts}" in lines
     (row,) = [line for line in lines if re.match(r"\s*\d+\s+sequential\s", line)]
     # sequential: 70000 // 32 = 2187 steps of 0.05 s
@@ -308,16 +413,27 @@ def test_sequential_cells_recorded_in_mlflow_are_used_and_named(output_root: Pat
 
 
 def test_a_probe_here_is_kept_in_the_facts_file_and_read_back_without_probing(
-        output_root: Path) -> None:
+    output_root: Path,
+) -> None:
     from dataclasses import replace
 
     from harness.commands.compose import compose_config
     from harness.config.schema import validate
     from harness.predict.facts import cache_for, facts_path, gather, step_time_source
 
-    config = validate(compose_config([
-        "dataset=mnist", "network=mobilenetv2", "distribution=sequential", "hardware=local_cpu",
-        "hardware.cpu_threads=1", "distribution.batch_size=4", f"run.output_dir={output_root}"]))
+    config = validate(
+        compose_config(
+            [
+                "dataset=mnist",
+                "network=mobilenetv2",
+                "distribution=sequential",
+                "hardware=local_cpu",
+                "hardware.cpu_threads=1",
+                "distribution.batch_size=4",
+                f"run.output_dir={output_root}",
+            ]
+        )
+    )
     cache = cache_for(1)
     cache.measure_memory = False  # times only
     probed = gather(config, cache)
@@ -327,12 +443,19 @@ def test_a_probe_here_is_kept_in_the_facts_file_and_read_back_without_probing(
     kept = json.loads(facts_path(output_root, "local_cpu").read_text())
     (entry,) = kept["step_times"]
     assert (entry["network"], entry["device"], entry["threads"], entry["batch"]) == (
-        "mobilenetv2", "cpu", 1, 4)
+        "mobilenetv2",
+        "cpu",
+        1,
+        4,
+    )
     assert entry["seconds"] == probed.step_seconds
     assert (entry["probe_batches"], len(entry["batch_seconds"])) == (1, 1)
     assert entry["q1_seconds"] == entry["q3_seconds"] == entry["seconds"]  # one batch
     assert (used.low, used.high, used.measured_at) == (
-        entry["q1_seconds"], entry["q3_seconds"], entry["measured_at"])
+        entry["q1_seconds"],
+        entry["q3_seconds"],
+        entry["measured_at"],
+    )
     # the machine's speed around the probe: the reference kernel a cell times around itself,
     # kept with it (a 24-product kernel of milliseconds), but timed outside any cell
     assert 0.1 < entry["reference_ms"] < 1000 and used.reference_ms == entry["reference_ms"]
@@ -346,8 +469,10 @@ def test_a_probe_here_is_kept_in_the_facts_file_and_read_back_without_probing(
     offline.measure_memory = False
     again = gather(config, offline)
     assert again.step_seconds == probed.step_seconds
-    assert step_time_source(config, offline).source == \
-        f"facts file {facts_path(output_root, 'local_cpu')}"
+    assert (
+        step_time_source(config, offline).source
+        == f"facts file {facts_path(output_root, 'local_cpu')}"
+    )
     # another thread count is another measurement: not there
     from harness.predict.facts import MissingMeasurement
 
@@ -365,9 +490,18 @@ def test_a_probe_here_is_kept_in_the_facts_file_and_read_back_without_probing(
 
     for asked, measured in ((5, []), (3, ["the step time at batch 4"])):
         store = FactsStore.load(facts_path(output_root, "local_cpu"))
-        store.record_step(network="mobilenetv2", dataset="mnist", device="cpu", threads=1,
-                          device_name=entry["device_name"], batch=4, seconds=0.01,
-                          probe_batches=3, probe_asked=asked, batch_seconds=[0.01] * 3)
+        store.record_step(
+            network="mobilenetv2",
+            dataset="mnist",
+            device="cpu",
+            threads=1,
+            device_name=entry["device_name"],
+            batch=4,
+            seconds=0.01,
+            probe_batches=3,
+            probe_asked=asked,
+            batch_seconds=[0.01] * 3,
+        )
         store.save()
         cache = cache_for(5, reuse=True)
         cache.measure_memory = False
@@ -375,8 +509,10 @@ def test_a_probe_here_is_kept_in_the_facts_file_and_read_back_without_probing(
     # A step time kept on another machine is timed again, not reused: this VM's hosts all read
     # "AMD EPYC" and differed 3-5x in speed by instruction set (BENCHMARKS.md section 17).
     store = FactsStore.load(facts_path(output_root, "local_cpu"))
-    store.step_times = [{**step, "device_name": f"{cpu_model()} (another instruction set)"}
-                        for step in store.step_times]
+    store.step_times = [
+        {**step, "device_name": f"{cpu_model()} (another instruction set)"}
+        for step in store.step_times
+    ]
     store.save()
     cache = cache_for(1, reuse=True)
     cache.measure_memory = False
@@ -405,13 +541,22 @@ def _recommend_here(output_root: Path, capsys: pytest.CaptureFixture[str], *args
     from harness.recommend import main
 
     capsys.readouterr()
-    main(["dataset=mnist", "network=mobilenetv2", "hardware=titanrtx_cluster",
-          "hardware.nodes=1", *args, f"run.output_dir={output_root}"])
+    main(
+        [
+            "dataset=mnist",
+            "network=mobilenetv2",
+            "hardware=titanrtx_cluster",
+            "hardware.nodes=1",
+            *args,
+            f"run.output_dir={output_root}",
+        ]
+    )
     return capsys.readouterr().out
 
 
 def test_the_fit_is_chosen_by_coverage_or_named_and_models_it_did_not_calibrate_say_so(
-        output_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    output_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Issue 23: the newest fit.json won, however little it covered, and models it never saw
     kept ranges as narrow as calibrated ones. Now: the fit covering the most models asked
     about is used (or `--fit`), the header names it, and every option says whether it is
@@ -423,24 +568,36 @@ def test_the_fit_is_chosen_by_coverage_or_named_and_models_it_did_not_calibrate_
 
     _kept_facts(output_root, {128: 0.010, 64: 0.006})
     params = {"titanrtx_cluster": {"contention": 1.0, "communication": 1.0}}
-    broad = _write_fit(output_root / "analysis" / "grid", params,
-                       models={"ddp": 4, "gpipe": 4, "sequential": 4},
-                       errors={"ddp": 8.0, "gpipe": 10.0, "sequential": 4.0})
-    narrow = _write_fit(output_root / "analysis" / "b", params, networks=("vgg11",),
-                        models={"ddp": 1, "sequential": 2})
+    broad = _write_fit(
+        output_root / "analysis" / "grid",
+        params,
+        models={"ddp": 4, "gpipe": 4, "sequential": 4},
+        errors={"ddp": 8.0, "gpipe": 10.0, "sequential": 4.0},
+    )
+    narrow = _write_fit(
+        output_root / "analysis" / "b",
+        params,
+        networks=("vgg11",),
+        models={"ddp": 1, "sequential": 2},
+    )
     os.utime(broad, (1, 1))  # the narrow fit is the newer file
 
     answer = json.loads(_recommend_here(output_root, capsys, "--json"))
-    assert answer["fit"] == {"path": str(broad), "hardware": "titanrtx_cluster", "cells": 12,
-                             "networks": ["mobilenetv2", "resnet18"],
-                             "models": {"ddp": 4, "gpipe": 4, "sequential": 4},
-                             "leave_one_network_out_measured": True}
+    assert answer["fit"] == {
+        "path": str(broad),
+        "hardware": "titanrtx_cluster",
+        "cells": 12,
+        "networks": ["mobilenetv2", "resnet18"],
+        "models": {"ddp": 4, "gpipe": 4, "sequential": 4},
+        "leave_one_network_out_measured": True,
+    }
     assert answer["calibrated_models"] == ["ddp", "gpipe", "sequential"]
     assert answer["uncalibrated_models"] == ["fsdp", "horovod", "pipedream"]
     assert answer["calibrate"] == (
         "python -m harness +sweep=calibrate_local hydra.sweeper.params.hardware="
         "titanrtx_cluster hardware.nodes=1, python -m harness.probe hardware=titanrtx_cluster "
-        "hardware.nodes=1, then python -m harness.analysis tracking.experiment=calibrate_local")
+        "hardware.nodes=1, then python -m harness.analysis tracking.experiment=calibrate_local"
+    )
     errors = {"ddp": 8.0, "gpipe": 10.0, "sequential": 4.0}
     for option in answer["options"]:  # the kept step times have no spread: only the error
         seconds, model = option["seconds_per_epoch"], option["distribution"]
@@ -464,18 +621,24 @@ def test_the_fit_is_chosen_by_coverage_or_named_and_models_it_did_not_calibrate_
     assert lines[-1].startswith("recommended: ")
     assert lines[0].endswith(
         f"parameters: {broad} (hardware=titanrtx_cluster, 12 cells; networks mobilenetv2, "
-        f"resnet18; models ddp, gpipe, sequential)")
-    assert ("range (cal yes): the step times' quartiles over the probe's batches, widened by "
-            "the fit's error on a network it was not fitted on (ddp 8.0%, gpipe 10.0%, "
-            "sequential 4.0%)") in lines
-    assert ("range (cal no: fsdp, horovod, pipedream): uncalibrated (the fit has no cell of "
-            "the model on hardware=titanrtx_cluster): the raw equations' error, x/3 to x3 "
-            "(docs/recommend.md)") in lines
+        f"resnet18; models ddp, gpipe, sequential)"
+    )
+    assert (
+        "range (cal yes): the step times' quartiles over the probe's batches, widened by "
+        "the fit's error on a network it was not fitted on (ddp 8.0%, gpipe 10.0%, "
+        "sequential 4.0%)"
+    ) in lines
+    assert (
+        "range (cal no: fsdp, horovod, pipedream): uncalibrated (the fit has no cell of "
+        "the model on hardware=titanrtx_cluster): the raw equations' error, x/3 to x3 "
+        "(docs/recommend.md)"
+    ) in lines
     assert f"to calibrate hardware=titanrtx_cluster: {answer['calibrate']}" in lines
 
 
 def test_a_bad_ask_is_refused_before_anything_is_measured_or_written(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Issue 23: the recommender probed, rewrote facts/<hardware>.json, and only then found a
     candidate invalid. Every candidate is composed and validated first: here GPipe's Table 3.3
     batch (3072) cannot fit the 512 samples asked for, which DDP's 2 x 128 can."""
@@ -483,12 +646,22 @@ def test_a_bad_ask_is_refused_before_anything_is_measured_or_written(
 
     root = tmp_path / "outputs"
     with pytest.raises(SystemExit) as exit_:
-        main(["dataset=mnist", "network=mobilenetv2", "hardware=local_2cpu",
-              "dataset.num_samples=512", f"run.output_dir={root}", "--probe-batches=1"])
+        main(
+            [
+                "dataset=mnist",
+                "network=mobilenetv2",
+                "hardware=local_2cpu",
+                "dataset.num_samples=512",
+                f"run.output_dir={root}",
+                "--probe-batches=1",
+            ]
+        )
     assert exit_.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith("distbench: invalid config: dataset.num_samples=512 is invalid: "
-                           "an epoch needs at least one full pipeline batch (batch size 3072)")
+    assert line.startswith(
+        "distbench: invalid config: dataset.num_samples=512 is invalid: "
+        "an epoch needs at least one full pipeline batch (batch size 3072)"
+    )
     assert "the recommender's candidate gpipe" in line
     assert not root.exists()  # nothing measured, no facts file written
 
@@ -500,15 +673,22 @@ def test_a_candidate_that_cannot_exist_for_the_ask_is_skipped_with_why() -> None
     from harness.config.schema import validate
     from harness.recommend import check_candidates
 
-    asked = ["dataset=mnist", "network=resnet18", "hardware=local_2cpu",
-             "hardware.workers_per_node=16", "dataset.num_samples=4096",
-             "distribution.batch_size=32"]
+    asked = [
+        "dataset=mnist",
+        "network=resnet18",
+        "hardware=local_2cpu",
+        "hardware.workers_per_node=16",
+        "dataset.num_samples=4096",
+        "distribution.batch_size=32",
+    ]
     checked = check_candidates(validate(compose_config(asked)), asked)
     skipped = [line for line in checked.skipped if line.startswith(("gpipe", "pipedream"))]
-    assert skipped and all("16 pipeline stages for network=resnet18, which has 15 layers"
-                           in line for line in skipped), checked.skipped
-    assert "ddp x16" in {config.distribution.name + f" x{config.world_size}"
-                         for config in checked.configs}
+    assert skipped and all(
+        "16 pipeline stages for network=resnet18, which has 15 layers" in line for line in skipped
+    ), checked.skipped
+    assert "ddp x16" in {
+        config.distribution.name + f" x{config.world_size}" for config in checked.configs
+    }
 
 
 def test_a_layer_profile_is_kept_and_found_per_batch(tmp_path: Path) -> None:
@@ -519,14 +699,32 @@ def test_a_layer_profile_is_kept_and_found_per_batch(tmp_path: Path) -> None:
     from harness.profiles.network import LayerProfile, NetworkProfile
 
     def profile(batch: int) -> NetworkProfile:
-        return NetworkProfile(batch, "cpu", [LayerProfile(
-            index=0, type="Layer", forward_ms=batch, backward_ms=2.0 * batch, update_ms=0.1,
-            activation_mb=0.5, parameter_mb=0.2)])
+        return NetworkProfile(
+            batch,
+            "cpu",
+            [
+                LayerProfile(
+                    index=0,
+                    type="Layer",
+                    forward_ms=batch,
+                    backward_ms=2.0 * batch,
+                    update_ms=0.1,
+                    activation_mb=0.5,
+                    parameter_mb=0.2,
+                )
+            ],
+        )
 
     store = FactsStore.load(tmp_path / "facts.json")
     for batch in (8, 32, 8):  # the second batch-8 profile replaces the first
-        store.record_profile(network="resnet50", dataset="cifar10", device="cpu",
-                             device_name=GPU_NAME, threads=1, profile=profile(batch))
+        store.record_profile(
+            network="resnet50",
+            dataset="cifar10",
+            device="cpu",
+            device_name=GPU_NAME,
+            threads=1,
+            profile=profile(batch),
+        )
     store = FactsStore.load(store.save())
     assert sorted(entry["profile"]["batch_size"] for entry in store.layer_profiles) == [8, 32]
 

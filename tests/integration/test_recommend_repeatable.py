@@ -26,9 +26,15 @@ from harness.recommend import candidates
 from tests.helpers import run_module
 
 PRICE, CURRENCY = 0.5, "EUR"
-WORKLOAD = ["dataset=mnist", "network=mobilenetv2", "hardware=local_2cpu",
-            "distribution=gpipe", "distribution.batch_size=4", "distribution.micro_batches=2",
-            "--probe-batches=2"]
+WORKLOAD = [
+    "dataset=mnist",
+    "network=mobilenetv2",
+    "hardware=local_2cpu",
+    "distribution=gpipe",
+    "distribution.batch_size=4",
+    "distribution.micro_batches=2",
+    "--probe-batches=2",
+]
 PRICED = [f"hardware.price_per_device_hour={PRICE}", f"hardware.currency={CURRENCY}"]
 MNIST_IMAGES = 70_000
 
@@ -51,8 +57,7 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> TwoRuns:
     first = run_module("harness.recommend", args, cwd=root.parent, timeout=300)
     after_first = facts.read_bytes() if facts.exists() else b""
     second = run_module("harness.recommend", args, cwd=root.parent, timeout=300)
-    return TwoRuns(root, first, second, after_first,
-                   facts.read_bytes() if facts.exists() else b"")
+    return TwoRuns(root, first, second, after_first, facts.read_bytes() if facts.exists() else b"")
 
 
 def _asked() -> DistbenchConfig:
@@ -69,8 +74,10 @@ def _recommend_here(root: Path, capsys: pytest.CaptureFixture[str], *args: str) 
     return json.loads(capsys.readouterr().out)
 
 
-ROW = re.compile(r"\s*\d+  (?P<label>.+?) +(?P<seconds>[\d.]+)\*? +(?P<low>[\d.]+)-"
-                 r"(?P<high>[\d.]+) +(?P<cal>yes|no) +(?P<mb>\d+) +(?P<fits>yes|NO|unknown) ")
+ROW = re.compile(
+    r"\s*\d+  (?P<label>.+?) +(?P<seconds>[\d.]+)\*? +(?P<low>[\d.]+)-"
+    r"(?P<high>[\d.]+) +(?P<cal>yes|no) +(?P<mb>\d+) +(?P<fits>yes|NO|unknown) "
+)
 
 
 def _rows(stdout: str) -> list[str]:
@@ -78,14 +85,14 @@ def _rows(stdout: str) -> list[str]:
 
 
 def test_the_same_command_gives_the_same_numbers_and_the_second_run_measures_nothing(
-        two_runs: TwoRuns) -> None:
+    two_runs: TwoRuns,
+) -> None:
     first, second = two_runs.first, two_runs.second
     assert first.returncode == 0, first.stderr[-3000:]
     assert second.returncode == 0, second.stderr[-3000:]
     print(first.stdout)
     assert first.stdout == second.stdout
-    (measured,) = [line for line in first.stderr.splitlines()
-                   if line.startswith("measured here: ")]
+    (measured,) = [line for line in first.stderr.splitlines() if line.startswith("measured here: ")]
     assert "the step time at batch 4" in measured
     assert "measured here: nothing (all facts were kept from earlier runs)" in second.stderr
     assert two_runs.facts_after_second == two_runs.facts_after_first  # nothing rewritten
@@ -96,24 +103,29 @@ def test_the_same_command_gives_the_same_numbers_and_the_second_run_measures_not
     for batch, entry in entries.items():
         assert len(entry["batch_seconds"]) == entry["probe_batches"] == 2
         assert entry["q1_seconds"] <= entry["seconds"] <= entry["q3_seconds"]
-        line = (f"  batch {batch}: {entry['seconds']:.4g} s (IQR {entry['q1_seconds']:.4g}-"
-                f"{entry['q3_seconds']:.4g} over 2 batches), facts file "
-                f"{two_runs.root / 'facts' / 'local_2cpu.json'}, measured "
-                f"{entry['measured_at']}")
+        line = (
+            f"  batch {batch}: {entry['seconds']:.4g} s (IQR {entry['q1_seconds']:.4g}-"
+            f"{entry['q3_seconds']:.4g} over 2 batches), facts file "
+            f"{two_runs.root / 'facts' / 'local_2cpu.json'}, measured "
+            f"{entry['measured_at']}"
+        )
         assert any(row.startswith(line) for row in first.stdout.splitlines()), line
     assert [len(kept[kind]) for kind in ("runtimes", "saved_activations")] == [1, 1]
     # A layer profile per batch a pipeline's workers step at (GPipe's micro-batches, PipeDream's
     # batch): each layer's share of a step moves with the batch.
-    assert sorted(entry["profile"]["batch_size"] for entry in kept["layer_profiles"]) == \
-        sorted(entries)
+    assert sorted(entry["profile"]["batch_size"] for entry in kept["layer_profiles"]) == sorted(
+        entries
+    )
 
 
 def test_the_table_says_what_its_numbers_are_for(two_runs: TwoRuns) -> None:
     lines = two_runs.first.stdout.splitlines()
     assert f"s/epoch: seconds per epoch of {MNIST_IMAGES} images (all of mnist)" in lines
     assert "fits: unknown for all (hardware.device_memory_gb is not set)" in lines
-    assert f"cost: {PRICE:g} {CURRENCY} per device-hour (hardware.price_per_device_hour), " \
-           f"for the devices in use" in lines
+    assert (
+        f"cost: {PRICE:g} {CURRENCY} per device-hour (hardware.price_per_device_hour), "
+        f"for the devices in use" in lines
+    )
     title = next(line for line in lines if line.lstrip().startswith("#"))
     assert "range" in title and f"{CURRENCY}/epoch" in title
     rows = _rows(two_runs.first.stdout)
@@ -130,18 +142,22 @@ def test_the_table_says_what_its_numbers_are_for(two_runs: TwoRuns) -> None:
         assert found["cal"] == "no", row
         assert float(found["high"]) >= 3 * seconds - 0.002, row
         assert float(found["low"]) <= seconds / 3 + 0.001, row
-    assert ("range (cal no: ddp, fsdp, gpipe, horovod, pipedream, sequential): uncalibrated "
-            "(no fit of this hardware): the raw equations' error, x/3 to x3 "
-            "(docs/recommend.md)") in lines
-    assert ("to calibrate hardware=local_2cpu: python -m harness +sweep=calibrate_local, "
-            "python -m harness.probe hardware=local_2cpu, then python -m harness.analysis "
-            "tracking.experiment=calibrate_local") in lines
-    assert lines[0].endswith("parameters: raw equations (no analysis of hardware=local_2cpu "
-                             "found)")
+    assert (
+        "range (cal no: ddp, fsdp, gpipe, horovod, pipedream, sequential): uncalibrated "
+        "(no fit of this hardware): the raw equations' error, x/3 to x3 "
+        "(docs/recommend.md)"
+    ) in lines
+    assert (
+        "to calibrate hardware=local_2cpu: python -m harness +sweep=calibrate_local, "
+        "python -m harness.probe hardware=local_2cpu, then python -m harness.analysis "
+        "tracking.experiment=calibrate_local"
+    ) in lines
+    assert lines[0].endswith("parameters: raw equations (no analysis of hardware=local_2cpu found)")
 
 
 def test_fits_is_yes_or_no_once_the_hardware_has_a_memory_size(
-        two_runs: TwoRuns, capsys: pytest.CaptureFixture[str]) -> None:
+    two_runs: TwoRuns, capsys: pytest.CaptureFixture[str]
+) -> None:
     unknown = _recommend_here(two_runs.root, capsys)
     assert {option["fits_memory"] for option in unknown["options"]} == {None}
     assert unknown["measured_here"] == []  # the module's facts, again
@@ -155,36 +171,49 @@ def test_fits_is_yes_or_no_once_the_hardware_has_a_memory_size(
 
 
 def test_ranking_by_cost_names_the_fastest_and_the_cheapest(
-        two_runs: TwoRuns, capsys: pytest.CaptureFixture[str]) -> None:
+    two_runs: TwoRuns, capsys: pytest.CaptureFixture[str]
+) -> None:
     by_cost = _recommend_here(two_runs.root, capsys, *PRICED, "--objective=cost")
     by_time = _recommend_here(two_runs.root, capsys, *PRICED)
     assert (by_cost["currency"], by_cost["price_per_device_hour"]) == (CURRENCY, PRICE)
     for option in by_cost["options"]:  # devices in use x hours x price per device-hour
         assert option["cost_per_epoch"] == pytest.approx(
-            option["workers"] * option["seconds_per_epoch"] / 3600 * PRICE)
+            option["workers"] * option["seconds_per_epoch"] / 3600 * PRICE
+        )
     costs = [option["cost_per_epoch"] for option in by_cost["options"]]
     seconds = [option["seconds_per_epoch"] for option in by_time["options"]]
     assert costs == sorted(costs) and seconds == sorted(seconds)
     cheapest, fastest = by_cost["options"][0]["label"], by_time["options"][0]["label"]
     assert by_cost["recommended"] == by_cost["cheapest"] == by_time["cheapest"] == cheapest
     assert by_time["recommended"] == by_time["fastest"] == by_cost["fastest"] == fastest
+
     # The same options either way: only the order differs.
     def same(options: list[dict]) -> list[str]:
         return sorted(json.dumps(option, sort_keys=True) for option in options)
 
     assert same(by_cost["options"]) == same(by_time["options"])
-    verdict = (f"fastest and cheapest: {fastest}" if fastest == cheapest
-               else f"fastest: {fastest}; cheapest: {cheapest}")
+    verdict = (
+        f"fastest and cheapest: {fastest}"
+        if fastest == cheapest
+        else f"fastest: {fastest}; cheapest: {cheapest}"
+    )
     assert verdict in two_runs.first.stdout.splitlines()
 
 
-@pytest.mark.parametrize(("flags", "says"), [
-    (["--objective=cost"], "--objective=cost is invalid: hardware=local_2cpu has no "
-                           "hardware.price_per_device_hour"),
-    (["--remeasure", "--no-probe"], "--remeasure is invalid with --no-probe")])
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (
+            ["--objective=cost"],
+            "--objective=cost is invalid: hardware=local_2cpu has no "
+            "hardware.price_per_device_hour",
+        ),
+        (["--remeasure", "--no-probe"], "--remeasure is invalid with --no-probe"),
+    ],
+)
 def test_flags_that_cannot_be_followed_are_one_line(
-        two_runs: TwoRuns, capsys: pytest.CaptureFixture[str], flags: list[str],
-        says: str) -> None:
+    two_runs: TwoRuns, capsys: pytest.CaptureFixture[str], flags: list[str], says: str
+) -> None:
     with pytest.raises(SystemExit) as exit_:
         _recommend_here(two_runs.root, capsys, *flags)
     assert exit_.value.code == 2
@@ -213,26 +242,34 @@ def assert_overrides_train(options: Sequence[dict]) -> None:
         if "stages" in own:  # PipeDream: the planner's choice, pinned
             assert own.pop("stages") == option["stages"], option["label"]
             predicted.pop("stages")
-        assert distribution.own_settings(config) == {**distribution.own_settings(config),
-                                                      **predicted}, option["label"]
-        assert option["overrides"][-len(option["own_overrides"]):] == option["own_overrides"]
+        assert distribution.own_settings(config) == {
+            **distribution.own_settings(config),
+            **predicted,
+        }, option["label"]
+        assert option["overrides"][-len(option["own_overrides"]) :] == option["own_overrides"]
 
 
 def test_every_option_carries_the_overrides_that_train_it(
-        two_runs: TwoRuns, capsys: pytest.CaptureFixture[str]) -> None:
+    two_runs: TwoRuns, capsys: pytest.CaptureFixture[str]
+) -> None:
     answer = _recommend_here(two_runs.root, capsys, *PRICED)
     assert {option["distribution"] for option in answer["options"]} == set(specs())
     assert_overrides_train(answer["options"])
     # Worker counts the user set are restated by the options that keep them: 2 nodes of 2
-    two_nodes = _recommend_here(two_runs.root, capsys, "hardware.nodes=2",
-                                "hardware.inter_node_bandwidth_mbps=1000",
-                                "hardware.inter_node_latency_us=50")
+    two_nodes = _recommend_here(
+        two_runs.root,
+        capsys,
+        "hardware.nodes=2",
+        "hardware.inter_node_bandwidth_mbps=1000",
+        "hardware.inter_node_latency_us=50",
+    )
     assert two_nodes["measured_here"] == []  # the same batches and network: kept facts
     assert {option["workers"] for option in two_nodes["options"]} == {1, 2, 4}
     assert_overrides_train(two_nodes["options"])
     # The printed command of the recommendation is the same, shell-quoted.
-    (line,) = [line for line in two_runs.first.stdout.splitlines()
-               if line.startswith("recommended: ")]
+    (line,) = [
+        line for line in two_runs.first.stdout.splitlines() if line.startswith("recommended: ")
+    ]
     command = shlex.split(line.split(": python -m harness ", 1)[1])
     best = next(o for o in answer["options"] if o["label"] == answer["recommended"])
     assert command == best["overrides"]
@@ -266,8 +303,11 @@ def test_probe_rounds_leaves_cell_keys_as_they_were() -> None:
     resolved = resolved_container(compose_config([]))
     before = json.loads(json.dumps(resolved))
     del before["probe"]["rounds"]  # a cell keyed before the key existed
-    assert cell_key(before) == cell_key(resolved) == cell_key(
-        resolved_container(compose_config(["probe.rounds=1"])))
+    assert (
+        cell_key(before)
+        == cell_key(resolved)
+        == cell_key(resolved_container(compose_config(["probe.rounds=1"])))
+    )
 
 
 def test_hardware_one_host_leaves_cell_keys_as_they_were_and_set_is_another_cell() -> None:

@@ -37,6 +37,7 @@ def read_mllog(path: Path) -> list:
 
 # --- statistics over repeats, against numbers computed by hand -------------------------------
 
+
 def test_student_t_quantiles_match_the_table() -> None:
     for degrees, table in ((1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (29, 2.045)):
         assert student_t_975(degrees) == pytest.approx(table, abs=1e-3)
@@ -62,8 +63,11 @@ def test_fewer_repeats_give_fewer_statistics() -> None:
     assert (one.mean, one.std, one.ci95_low, one.trimmed_mean) == (4.0, 0.0, None, None)
     assert repeat_metrics([4.0]) == {"repeats": 1.0}
     assert set(repeat_metrics([1.0, 2.0, 3.0])) == {
-        "repeats", "seconds_per_epoch_repeat_std", "seconds_per_epoch_ci95_low",
-        "seconds_per_epoch_ci95_high"}
+        "repeats",
+        "seconds_per_epoch_repeat_std",
+        "seconds_per_epoch_ci95_low",
+        "seconds_per_epoch_ci95_high",
+    }
     assert "seconds_per_epoch_trimmed_mean" in repeat_metrics([1.0, 2.0, 3.0, 4.0, 5.0])
 
 
@@ -73,6 +77,7 @@ def test_repeats_must_be_positive(output_root: Path) -> None:
 
 
 # --- seeds ------------------------------------------------------------------------------------
+
 
 def test_seed_everything_seeds_python_numpy_and_torch() -> None:
     def draws() -> tuple:
@@ -102,8 +107,9 @@ def test_the_same_seed_builds_the_same_parameters_and_data_order(output_root: Pa
 
 def test_reseeding_the_loader_gives_the_order_of_that_seed(output_root: Path) -> None:
     loader = build_workload(validate(compose_config(tiny_overrides(output_root)))).loader
-    fresh = build_workload(validate(compose_config(
-        tiny_overrides(output_root, "run.seed=1")))).loader
+    fresh = build_workload(
+        validate(compose_config(tiny_overrides(output_root, "run.seed=1")))
+    ).loader
     loader.reseed(1)
     for epoch in (0, 1):
         loader.set_epoch(epoch)
@@ -114,10 +120,27 @@ def test_reseeding_the_loader_gives_the_order_of_that_seed(output_root: Path) ->
 # --- environment tags -------------------------------------------------------------------------
 
 ENVIRONMENT_TAGS = (
-    "distbench_version", "git_commit", "git_dirty", "python_version", "torch_version",
-    "cuda_version", "cudnn_version", "nccl_version", "horovod_version", "device_name",
-    "cuda_device_count", "cuda_device_names", "gpu_driver_version", "cpu_model", "cpu_capability",
-    "host", "slurm_job_id", "slurm_nodelist", "deterministic_algorithms", "cublas_workspace_config")
+    "distbench_version",
+    "git_commit",
+    "git_dirty",
+    "python_version",
+    "torch_version",
+    "cuda_version",
+    "cudnn_version",
+    "nccl_version",
+    "horovod_version",
+    "device_name",
+    "cuda_device_count",
+    "cuda_device_names",
+    "gpu_driver_version",
+    "cpu_model",
+    "cpu_capability",
+    "host",
+    "slurm_job_id",
+    "slurm_nodelist",
+    "deterministic_algorithms",
+    "cublas_workspace_config",
+)
 
 
 def test_slurm_facts_come_from_the_job_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,10 +161,12 @@ def test_slurm_facts_come_from_the_job_environment(monkeypatch: pytest.MonkeyPat
 
 # --- a real cell with repeats -----------------------------------------------------------------
 
+
 def test_repeats_are_seeded_apart_summarised_and_recorded(output_root: Path) -> None:
     # Deterministic mode changes torch's process-wide settings: the cell runs in its own process.
-    result = run_tiny_cell(output_root, "run.repeats=3", "run.epochs=1", "run.seed=5",
-                           "run.deterministic=true")
+    result = run_tiny_cell(
+        output_root, "run.repeats=3", "run.epochs=1", "run.seed=5", "run.deterministic=true"
+    )
 
     repeats = result["repeats"]
     assert [r["seed"] for r in repeats] == [5, 6, 7]  # run.seed + repeat
@@ -186,15 +211,26 @@ def test_repeats_are_seeded_apart_summarised_and_recorded(output_root: Path) -> 
         lines = read_mllog(Path(result["output_dir"]) / name)
         keys = [line.key for line in lines]
         assert keys[0] == "init_start" and keys.index("init_stop") < keys.index("run_start")
-        run_part = [(line.key, line.value["metadata"].get("repeat"),
-                     line.value["metadata"].get("epoch_num"), line.value["value"])
-                    for line in lines[keys.index("init_stop") + 1:]
-                    if line.key in ("seed", "run_start", "epoch_start", "epoch_stop", "run_stop")]
-        assert run_part == [("seed", repeat, None, seed), ("run_start", repeat, None, None),
-                            ("epoch_start", repeat, 1, None), ("epoch_stop", repeat, 1, None),
-                            ("run_stop", repeat, None, None)]
-        assert [line.value["metadata"]["status"] for line in lines
-                if line.key == "run_stop"] == ["success"]
+        run_part = [
+            (
+                line.key,
+                line.value["metadata"].get("repeat"),
+                line.value["metadata"].get("epoch_num"),
+                line.value["value"],
+            )
+            for line in lines[keys.index("init_stop") + 1 :]
+            if line.key in ("seed", "run_start", "epoch_start", "epoch_stop", "run_stop")
+        ]
+        assert run_part == [
+            ("seed", repeat, None, seed),
+            ("run_start", repeat, None, None),
+            ("epoch_start", repeat, 1, None),
+            ("epoch_stop", repeat, 1, None),
+            ("run_stop", repeat, None, None),
+        ]
+        assert [line.value["metadata"]["status"] for line in lines if line.key == "run_stop"] == [
+            "success"
+        ]
         facts = {line.key: line.value["value"] for line in lines}
         assert facts["global_batch_size"] == 8 and facts["epoch_count"] == 1
         assert facts["submission_benchmark"] == "mobilenetv2_mnist_synthetic"
@@ -202,8 +238,9 @@ def test_repeats_are_seeded_apart_summarised_and_recorded(output_root: Path) -> 
 
 
 def test_a_failed_cell_ends_its_event_log_as_aborted(output_root: Path, tmp_path: Path) -> None:
-    cfg = compose_config(tiny_overrides(output_root, "dataset.source=real",
-                                        f"dataset.root={tmp_path / 'missing'}"))
+    cfg = compose_config(
+        tiny_overrides(output_root, "dataset.source=real", f"dataset.root={tmp_path / 'missing'}")
+    )
     result = run_cell(check_cell(cfg), output_dir=tmp_path / "cell")
     assert result["status"] == "failed"
     lines = read_mllog(tmp_path / "cell" / MLLOG_FILE)

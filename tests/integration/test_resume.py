@@ -22,9 +22,16 @@ from harness.records.tracking import CELL_KEY_TAG
 from tests.helpers import cell_worker_pids, run_module
 
 # Two cells that differ in their epoch count only; the second is the one interrupted.
-SWEEP = ["-m", "dataset=mnist", "network=mobilenetv2", "distribution.batch_size=8",
-         "dataset.num_samples=16", "run.warmup_batches=0", "run.progress=false",
-         "tracking.experiment=resume"]
+SWEEP = [
+    "-m",
+    "dataset=mnist",
+    "network=mobilenetv2",
+    "distribution.batch_size=8",
+    "dataset.num_samples=16",
+    "run.warmup_batches=0",
+    "run.progress=false",
+    "tracking.experiment=resume",
+]
 EPOCHS = "run.epochs=1,2"
 
 
@@ -40,9 +47,11 @@ def _cell_runs(output_root: Path) -> Counter:
     """(cell key, status) -> number of MLflow runs of the experiment's cells."""
     client = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
     experiment = client.get_experiment_by_name("resume")
-    return Counter((run.data.tags[CELL_KEY_TAG], run.data.tags["status"])
-                   for run in client.search_runs([experiment.experiment_id])
-                   if CELL_KEY_TAG in run.data.tags)
+    return Counter(
+        (run.data.tags[CELL_KEY_TAG], run.data.tags["status"])
+        for run in client.search_runs([experiment.experiment_id])
+        if CELL_KEY_TAG in run.data.tags
+    )
 
 
 def _kill_once_second_cell_runs(sweep: subprocess.Popen, output_root: Path) -> None:
@@ -69,9 +78,13 @@ def _no_workers_left(output_root: Path, limit_s: float = 30) -> bool:
 
 def test_a_killed_sweep_resumes_with_its_unfinished_cells_only(output_root: Path) -> None:
     args = [*SWEEP, EPOCHS, f"run.output_dir={output_root}"]
-    sweep = subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=output_root.parent,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "harness", *args],
+        cwd=output_root.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
     try:
         _kill_once_second_cell_runs(sweep, output_root)
     finally:
@@ -96,8 +109,11 @@ def test_a_killed_sweep_resumes_with_its_unfinished_cells_only(output_root: Path
     assert len(keys) == 2
 
     # `hydra.launcher.force=true` runs a finished cell again (here: the first one only).
-    forced = run_module("harness", [*SWEEP, "run.epochs=1", f"run.output_dir={output_root}",
-                                    "hydra.launcher.force=true"], cwd=output_root.parent)
+    forced = run_module(
+        "harness",
+        [*SWEEP, "run.epochs=1", f"run.output_dir={output_root}", "hydra.launcher.force=true"],
+        cwd=output_root.parent,
+    )
     assert forced.returncode == 0, forced.stderr[-3000:]
     assert "skipped" not in forced.stdout
     assert _cell_runs(output_root)[(first[0]["cell_key"], "ok")] == 2
@@ -113,14 +129,17 @@ def test_the_cell_key_ignores_where_outputs_go_but_not_what_is_measured() -> Non
 
 
 def test_a_sweep_of_two_passes_measures_each_cell_in_two_runs_a_pass_apart(
-        output_root: Path) -> None:
+    output_root: Path,
+) -> None:
     """`hydra.launcher.passes=2`: the sweep measures its cells, then all of them again, each
     run in its own directory and MLflow run; a re-run finds both and runs nothing."""
     args = [*SWEEP, "run.epochs=1", f"run.output_dir={output_root}", "hydra.launcher.passes=2"]
     swept = run_module("harness", args, cwd=output_root.parent)
     assert swept.returncode == 0, swept.stderr[-3000:]
-    assert "pass 2: 1 cell(s) measured again, minutes after their run in the pass before " \
-           "(hydra.launcher.passes=2" in swept.stdout, swept.stdout
+    assert (
+        "pass 2: 1 cell(s) measured again, minutes after their run in the pass before "
+        "(hydra.launcher.passes=2" in swept.stdout
+    ), swept.stdout
     ((sweep_dir, runs),) = _sweep_results(output_root).items()
     assert len(runs) == 2 and all(run["status"] == "ok" for run in runs), runs
     directories = sorted(Path(run["output_dir"]).name for run in runs)
@@ -135,8 +154,10 @@ def test_a_sweep_of_two_passes_measures_each_cell_in_two_runs_a_pass_apart(
     # Asked for a third pass, the cell makes the one run it lacks, and the sweep says why.
     third = run_module("harness", [*args, "hydra.launcher.passes=3"], cwd=output_root.parent)
     assert third.returncode == 0, third.stderr[-3000:]
-    assert "1 cell(s) measured earlier in fewer than 3 runs that finished ok: each makes the " \
-           "runs it lacks (hydra.launcher.passes=3)" in third.stdout, third.stdout
+    assert (
+        "1 cell(s) measured earlier in fewer than 3 runs that finished ok: each makes the "
+        "runs it lacks (hydra.launcher.passes=3)" in third.stdout
+    ), third.stdout
     assert third.stdout.count("starting 1 worker process(es)") == 1, third.stdout
     assert _cell_runs(output_root) == Counter({(first["cell_key"], "ok"): 3})
 
@@ -164,9 +185,16 @@ class _Prepared:
 def _recorded(output_root: Path, cell: _Prepared, status: str, directory: str) -> None:
     from harness.records.resume import index_result
 
-    index_result(output_root, cell_key(cell.config), {
-        "status": status, "run_name": "cell", "output_dir": str(output_root / directory),
-        "finished_at": "2026-11-30T18:00:00+00:00"})
+    index_result(
+        output_root,
+        cell_key(cell.config),
+        {
+            "status": status,
+            "run_name": "cell",
+            "output_dir": str(output_root / directory),
+            "finished_at": "2026-11-30T18:00:00+00:00",
+        },
+    )
 
 
 def test_passes_make_the_runs_each_cell_lacks_pass_after_pass(tmp_path: Path) -> None:
@@ -182,14 +210,32 @@ def test_passes_make_the_runs_each_cell_lacks_pass_after_pass(tmp_path: Path) ->
     _recorded(tmp_path, full, "ok", "e")
     cells = [fresh, once, failed, full]
     assert runs_to_make(cells, {3}, passes=3, force=False) == [  # type: ignore[arg-type]
-        (1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2), (3, 0)]
+        (1, 0),
+        (1, 1),
+        (1, 2),
+        (2, 0),
+        (2, 1),
+        (2, 2),
+        (3, 0),
+    ]
     # force: every cell not reused makes all its passes anew
     assert runs_to_make(cells, set(), passes=2, force=True) == [  # type: ignore[arg-type]
-        (1, 0), (1, 1), (1, 2), (1, 3), (2, 0), (2, 1), (2, 2), (2, 3)]
+        (1, 0),
+        (1, 1),
+        (1, 2),
+        (1, 3),
+        (2, 0),
+        (2, 1),
+        (2, 2),
+        (2, 3),
+    ]
     # one pass: every cell not reused runs once, as a sweep always did; a cell whose count is
     # full but was chosen to run again (at random, or as unsteady) runs once more
     assert runs_to_make(cells, {1}, passes=1, force=False) == [  # type: ignore[arg-type]
-        (1, 0), (1, 2), (1, 3)]
+        (1, 0),
+        (1, 2),
+        (1, 3),
+    ]
 
 
 def test_a_cells_index_entry_counts_its_runs_that_finished_ok(tmp_path: Path) -> None:
@@ -213,13 +259,22 @@ def test_a_cells_index_entry_counts_its_runs_that_finished_ok(tmp_path: Path) ->
     assert finished_runs(tmp_path, key) == 2
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(made=st.lists(st.integers(0, 4), max_size=6), passes=st.integers(1, 5),
-       force=st.booleans(), data=st.data())
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    made=st.lists(st.integers(0, 4), max_size=6),
+    passes=st.integers(1, 5),
+    force=st.booleans(),
+    data=st.data(),
+)
 def test_the_runs_of_any_sweep_make_up_each_cells_passes(
-        tmp_path_factory: pytest.TempPathFactory, made: list[int], passes: int, force: bool,
-        data: st.DataObject) -> None:
+    tmp_path_factory: pytest.TempPathFactory,
+    made: list[int],
+    passes: int,
+    force: bool,
+    data: st.DataObject,
+) -> None:
     """Whatever runs the cells made earlier, whichever are reused: a reused cell makes none,
     every other as many as it lacks of `passes` (all of them with `force`; one at least), pass
     after pass from the first, each pass in the sweep's order and each cell once in it."""

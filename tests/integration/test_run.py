@@ -33,8 +33,9 @@ def test_a_cell_trains_measures_and_lands_in_mlflow(output_root: Path, tmp_path:
     assert metrics["images_per_second"] == pytest.approx(16 / metrics["seconds_per_epoch"])
     assert metrics["peak_memory_mb"] > 50  # a process that imported torch holds far more
     phases = {k: v for k, v in metrics.items() if k.endswith("_seconds_per_epoch")}
-    assert set(phases) == {f"{p}_seconds_per_epoch" for p in
-                           ("data", "forward", "backward", "comm_wait", "optimizer")}
+    assert set(phases) == {
+        f"{p}_seconds_per_epoch" for p in ("data", "forward", "backward", "comm_wait", "optimizer")
+    }
     assert phases["comm_wait_seconds_per_epoch"] == 0  # one worker: nothing to wait for
     assert sum(phases.values()) <= metrics["seconds_per_epoch"] * 1.01
     assert result["config"]["distribution"]["batch_size"] == 8
@@ -61,8 +62,9 @@ def test_a_cell_trains_measures_and_lands_in_mlflow(output_root: Path, tmp_path:
 
 def test_a_failing_cell_is_recorded_not_raised(output_root: Path, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-dataset"
-    cfg = compose_config(tiny_overrides(output_root, "dataset.source=real",
-                                        f"dataset.root={missing}"))
+    cfg = compose_config(
+        tiny_overrides(output_root, "dataset.source=real", f"dataset.root={missing}")
+    )
     result = run_cell(check_cell(cfg), output_dir=tmp_path / "cell")
 
     assert result["status"] == "failed"
@@ -74,22 +76,27 @@ def test_a_failing_cell_is_recorded_not_raised(output_root: Path, tmp_path: Path
 
 
 def test_mlflow_tracking_uri_from_the_environment_is_honoured(
-        output_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    output_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     elsewhere = tmp_path / "elsewhere.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{elsewhere}")
-    result = run_cell(check_cell(compose_config(tiny_overrides(output_root, "run.epochs=1"))),
-                      output_dir=tmp_path / "cell")
+    result = run_cell(
+        check_cell(compose_config(tiny_overrides(output_root, "run.epochs=1"))),
+        output_dir=tmp_path / "cell",
+    )
     assert elsewhere.exists() and not (output_root / DEFAULT_STORE_FILE).exists()
     run = MlflowClient(f"sqlite:///{elsewhere}").get_run(result["mlflow_run_id"])
     assert run.data.tags["status"] == "ok"
 
 
-def test_unreachable_mlflow_keeps_the_result_json(output_root: Path, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unreachable_mlflow_keeps_the_result_json(
+    output_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A tracking server on a closed loopback port: MLflow cannot record, result.json must.
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    cfg = compose_config(tiny_overrides(output_root, "run.epochs=1",
-                                        "tracking.uri=http://127.0.0.1:9"))
+    cfg = compose_config(
+        tiny_overrides(output_root, "run.epochs=1", "tracking.uri=http://127.0.0.1:9")
+    )
     result = run_cell(check_cell(cfg), output_dir=tmp_path / "cell")
     assert result["status"] == "ok"
     assert result["mlflow_run_id"] is None and result["tracking_error"]

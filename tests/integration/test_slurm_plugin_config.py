@@ -47,9 +47,17 @@ additional_parameters:
 wait_for_completion: false
 """
 
-CELL = ["+sweep=smoke", "hardware=slurm_local_2nodes", "network=mobilenetv2", "dataset=mnist",
-        "dataset.num_samples=32", "distribution.batch_size=8", "run.warmup_batches=1",
-        "run.progress=false", "tracking.enabled=false"]
+CELL = [
+    "+sweep=smoke",
+    "hardware=slurm_local_2nodes",
+    "network=mobilenetv2",
+    "dataset=mnist",
+    "dataset.num_samples=32",
+    "distribution.batch_size=8",
+    "run.warmup_batches=1",
+    "run.progress=false",
+    "tracking.enabled=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +72,12 @@ def plugin_config(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 def _harness(output_root: Path, *overrides: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "harness", *overrides, f"run.output_dir={output_root}"],
-        cwd=output_root.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        cwd=output_root.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
 
 
 def _echoed(process: subprocess.Popen[str], seen: list[str]) -> Iterator[str]:
@@ -84,15 +96,17 @@ def _job_log(output_root: Path, job_id: str) -> str:
 def _wait_for(condition, what: str, job_id: str, timeout: float = 240) -> None:  # noqa: ANN001
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, \
+        assert time.monotonic() < deadline, (
             f"timed out waiting for {what}; SLURM says:\n{_job_state(job_id)}"
+        )
         time.sleep(0.3)
 
 
 def _job_state(job_id: str) -> str:
     """What SLURM says of the job (state, reason, begin time), for a failure's message."""
-    shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True,
-                           timeout=60)
+    shown = subprocess.run(
+        ["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=60
+    )
     return shown.stdout + shown.stderr
 
 
@@ -102,17 +116,22 @@ def _signal_time_limit(output_root: Path, job_id: str, trained_epochs: int) -> N
     limit is whole minutes long; the signal is the same)."""
     # The epoch's own line, not its evaluation's ("epoch 1/3: eval accuracy ...").
     trained = re.compile(r"epoch 1/\d+: [\d.]+ s \(")
-    _wait_for(lambda: len(trained.findall(_job_log(output_root, job_id))) >= trained_epochs,
-              f"job {job_id} to train (try {trained_epochs})", job_id)
+    _wait_for(
+        lambda: len(trained.findall(_job_log(output_root, job_id))) >= trained_epochs,
+        f"job {job_id} to train (try {trained_epochs})",
+        job_id,
+    )
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=60)
 
 
 def test_a_plugin_config_runs_cells_side_by_side_and_requeues_a_timed_out_job(
-        slurm_cluster: None, output_root: Path, plugin_config: list[str]) -> None:
+    slurm_cluster: None, output_root: Path, plugin_config: list[str]
+) -> None:
     """Cell 0 is signalled for its time limit on its first try (re-queued: runs again in the
     same job) and on its last (runs on to the end); cell 1 runs beside it on the other node."""
-    sweep = _harness(output_root, *CELL, *plugin_config, "distribution=sequential",
-                     "run.epochs=3,1")
+    sweep = _harness(
+        output_root, *CELL, *plugin_config, "distribution=sequential", "run.epochs=3,1"
+    )
     seen: list[str] = []
     try:
         signalled, beside = _job_ids(_echoed(sweep, seen), 2)
@@ -141,21 +160,32 @@ def test_a_plugin_config_runs_cells_side_by_side_and_requeues_a_timed_out_job(
     # array_parallelism=2: the two cells ran at the same time, on distinct nodes.
     assert {r["environment"]["slurm_nodelist"] for r in results} == {"node1", "node2"}
     # (One at a time, cell 1 would have waited for cell 0's job to end, after its last try.)
-    assert dt.datetime.fromisoformat(results[1]["started_at"]) < \
-        dt.datetime.fromisoformat(results[0]["finished_at"])
+    assert dt.datetime.fromisoformat(results[1]["started_at"]) < dt.datetime.fromisoformat(
+        results[0]["finished_at"]
+    )
     # The sbatch script submitit wrote from the user's config.
-    script = (next(sweep_dir.rglob(f".submitit/{signalled}/{signalled}_submission.sh"))
-              .read_text())
-    for line in ("#SBATCH --partition=local", "#SBATCH --mem=1GB", "#SBATCH --cpus-per-task=1",
-                 "#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=1", "#SBATCH --time=10",
-                 "#SBATCH --signal=USR2@30", "#SBATCH --requeue", "#SBATCH --exclusive",
-                 "#SBATCH --dependency=singleton", "#SBATCH --job-name=distbench-smoke-0",
-                 "#SBATCH --mail-type=NONE", "export DISTBENCH_USER_SETUP=1"):
+    script = next(sweep_dir.rglob(f".submitit/{signalled}/{signalled}_submission.sh")).read_text()
+    for line in (
+        "#SBATCH --partition=local",
+        "#SBATCH --mem=1GB",
+        "#SBATCH --cpus-per-task=1",
+        "#SBATCH --nodes=1",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --time=10",
+        "#SBATCH --signal=USR2@30",
+        "#SBATCH --requeue",
+        "#SBATCH --exclusive",
+        "#SBATCH --dependency=singleton",
+        "#SBATCH --job-name=distbench-smoke-0",
+        "#SBATCH --mail-type=NONE",
+        "export DISTBENCH_USER_SETUP=1",
+    ):
         assert line in script.splitlines(), script
 
 
 def test_a_requeue_whose_scontrol_slurm_ends_with_sigterm_ends_the_try_as_requeued(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """SLURM ends a re-queued job's step with SIGTERM, `scontrol requeue` included when it has
     not returned yet: that try ends as re-queued (SystemExit, as submitit's own), not as a
     failure of the cell. Any other failure of the handler is raised as before. (A real
@@ -168,8 +198,10 @@ def test_a_requeue_whose_scontrol_slurm_ends_with_sigterm_ends_the_try_as_requeu
         scontrol.write_text(f"#!/bin/sh\nkill -{signal_number} $$\n")
         scontrol.chmod(0o755)
         return slurm.requeued_even_if_slurm_ends_scontrol(  # submitit's handler calls it so
-            lambda signum, frame: subprocess.check_call([str(scontrol), "requeue", "22"],
-                                                        timeout=60))
+            lambda signum, frame: subprocess.check_call(
+                [str(scontrol), "requeue", "22"], timeout=60
+            )
+        )
 
     with pytest.raises(SystemExit) as ended:
         requeue_ended_by(signals.SIGTERM)(signals.SIGUSR2, None)
@@ -179,9 +211,15 @@ def test_a_requeue_whose_scontrol_slurm_ends_with_sigterm_ends_the_try_as_requeu
 
 
 def test_a_plugin_config_whose_size_contradicts_the_hardware_stops_before_any_job(
-        output_root: Path, plugin_config: list[str]) -> None:
-    done = _harness(output_root, *CELL, *plugin_config, "distribution=sequential,ddp",
-                    "hydra.launcher.tasks_per_node=4")
+    output_root: Path, plugin_config: list[str]
+) -> None:
+    done = _harness(
+        output_root,
+        *CELL,
+        *plugin_config,
+        "distribution=sequential,ddp",
+        "hydra.launcher.tasks_per_node=4",
+    )
     out, _ = done.communicate(timeout=300)
     assert done.returncode == 2, out[-2000:]
     (line,) = [line for line in out.splitlines() if line.startswith("distbench:")]
@@ -191,27 +229,34 @@ def test_a_plugin_config_whose_size_contradicts_the_hardware_stops_before_any_jo
 
 
 def _cell(distribution: str, **hardware: object) -> DistbenchConfig:
-    fields = {"name": "gpus", "nodes": 2, "workers_per_node": 4, "device": Device.cuda,
-              **hardware}
-    return DistbenchConfig(hardware=HardwareConfig(**fields),  # type: ignore[arg-type]
-                           distribution=settings(distribution))
+    fields = {"name": "gpus", "nodes": 2, "workers_per_node": 4, "device": Device.cuda, **hardware}
+    return DistbenchConfig(
+        hardware=HardwareConfig(**fields),  # type: ignore[arg-type]
+        distribution=settings(distribution),
+    )
 
 
-@pytest.mark.parametrize(("launcher", "accepted"), [
-    ({"nodes": 2, "tasks_per_node": 4, "gpus_per_node": 4}, True),  # the cell's own size
-    ({"gpus_per_task": 1, "cpus_per_task": 8}, True),
-    ({"nodes": 1}, "hydra.launcher.nodes=1 is invalid for cell"),
-    ({"tasks_per_node": 2}, "it needs 4"),
-    ({"gpus_per_node": 8}, "change hardware.workers_per_node (one GPU per worker)"),
-    ({"gpus_per_task": 2}, "hydra.launcher.gpus_per_task=2"),
-    ({"cpus_per_task": 4}, "change hardware.cpu_threads"),
-    ({"additional_parameters": {"ntasks-per-node": 4}},
-     "additional_parameters.ntasks-per-node is invalid"),
-    ({"array_parallelism": 0}, "allowed: 1 or more"),
-    ({"one_cell_at_a_time": True, "array_parallelism": 2}, "they contradict"),
-])
-def test_the_plugin_sizing_keys_are_checks_against_the_cell(launcher: dict,
-                                                            accepted: bool | str) -> None:
+@pytest.mark.parametrize(
+    ("launcher", "accepted"),
+    [
+        ({"nodes": 2, "tasks_per_node": 4, "gpus_per_node": 4}, True),  # the cell's own size
+        ({"gpus_per_task": 1, "cpus_per_task": 8}, True),
+        ({"nodes": 1}, "hydra.launcher.nodes=1 is invalid for cell"),
+        ({"tasks_per_node": 2}, "it needs 4"),
+        ({"gpus_per_node": 8}, "change hardware.workers_per_node (one GPU per worker)"),
+        ({"gpus_per_task": 2}, "hydra.launcher.gpus_per_task=2"),
+        ({"cpus_per_task": 4}, "change hardware.cpu_threads"),
+        (
+            {"additional_parameters": {"ntasks-per-node": 4}},
+            "additional_parameters.ntasks-per-node is invalid",
+        ),
+        ({"array_parallelism": 0}, "allowed: 1 or more"),
+        ({"one_cell_at_a_time": True, "array_parallelism": 2}, "they contradict"),
+    ],
+)
+def test_the_plugin_sizing_keys_are_checks_against_the_cell(
+    launcher: dict, accepted: bool | str
+) -> None:
     ddp = _cell("ddp", cpu_threads=8)
     if accepted is True:
         assert slurm.cell_job_size(ddp, launcher) == slurm.CellJobSize(2, 4, 4)
@@ -224,8 +269,15 @@ def test_the_plugin_sizing_keys_are_checks_against_the_cell(launcher: dict,
 def test_the_baseline_takes_one_worker_of_a_config_sized_for_the_whole_hardware() -> None:
     """A plugin config sized for the hardware (2 nodes x 4 GPUs) also runs the sweep's
     one-worker baseline, which gets one node, one task, one GPU."""
-    launcher = {"nodes": 2, "tasks_per_node": 4, "gpus_per_node": 4, "name": "n",
-                "array_parallelism": 3, "max_num_timeout": 2, "gpus_per_task": None}
+    launcher = {
+        "nodes": 2,
+        "tasks_per_node": 4,
+        "gpus_per_node": 4,
+        "name": "n",
+        "array_parallelism": 3,
+        "max_num_timeout": 2,
+        "gpus_per_task": None,
+    }
     baseline = _cell("sequential")
     size = slurm.cell_job_size(baseline, launcher)
     assert size == slurm.CellJobSize(1, 1, 1)
@@ -235,6 +287,5 @@ def test_the_baseline_takes_one_worker_of_a_config_sized_for_the_whole_hardware(
     assert parameters["slurm_additional_parameters"] == {"requeue": True}
     per_task = slurm.executor_parameters(size, {**launcher, "gpus_per_task": 1}, baseline)
     assert per_task["gpus_per_node"] is None and per_task["slurm_gpus_per_task"] == 1
-    unlimited = slurm.executor_parameters(size, {**launcher, "one_cell_at_a_time": False},
-                                          baseline)
+    unlimited = slurm.executor_parameters(size, {**launcher, "one_cell_at_a_time": False}, baseline)
     assert "slurm_dependency" not in unlimited and unlimited["name"] == "n"

@@ -33,8 +33,14 @@ from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from launchers.cells import summary_table
 from tests.helpers import run_module
 
-TINY = ["dataset=mnist", "network=mobilenetv2", "distribution.batch_size=8",
-        "run.warmup_batches=1", "run.progress=false", "run.eval=false"]
+TINY = [
+    "dataset=mnist",
+    "network=mobilenetv2",
+    "distribution.batch_size=8",
+    "run.warmup_batches=1",
+    "run.progress=false",
+    "run.eval=false",
+]
 
 
 def test_drift_or_spread_beyond_the_threshold_makes_a_cell_unsteady() -> None:
@@ -55,8 +61,14 @@ def test_drift_or_spread_beyond_the_threshold_makes_a_cell_unsteady() -> None:
 def test_the_memory_bound_kernel_is_recorded_not_judged() -> None:
     """The streaming kernel's snapshot before and after a cell moved by up to 18 % around cells
     whose epochs held within 4 %: it is recorded beside the products, and flags nothing."""
-    held = Steadiness([0.027], [0.027], [[2.0, 2.0]], threshold=0.10,
-                      memory_before=[0.029, 0.028], memory_after=[0.030, 0.0385])
+    held = Steadiness(
+        [0.027],
+        [0.027],
+        [[2.0, 2.0]],
+        threshold=0.10,
+        memory_before=[0.029, 0.028],
+        memory_after=[0.030, 0.0385],
+    )
     assert held.drift == 0.0 and held.memory_drift == pytest.approx(0.375)
     assert held.steady and held.reasons == []
     metrics = held.metrics()
@@ -75,12 +87,23 @@ def test_the_reference_kernels_are_timed_on_the_device() -> None:
 
 
 def test_the_sweep_table_marks_an_unsteady_cell_and_says_why() -> None:
-    metrics = {"seconds_per_epoch": 2.5, "images_per_second": 100.0, "peak_memory_mb": 900.0,
-               "repeats": 1.0}
-    rows = [{"run_name": "ddp 1x2 b8", "status": "ok", "metrics": {**metrics, "steady": 1.0}},
-            {"run_name": "gpipe 1x2 b8", "status": "ok", "metrics": {**metrics, "steady": 0.0},
-             "environment": {"steadiness": "unsteady: its epochs varied by 30% (coefficient "
-                                           "of variation)"}}]
+    metrics = {
+        "seconds_per_epoch": 2.5,
+        "images_per_second": 100.0,
+        "peak_memory_mb": 900.0,
+        "repeats": 1.0,
+    }
+    rows = [
+        {"run_name": "ddp 1x2 b8", "status": "ok", "metrics": {**metrics, "steady": 1.0}},
+        {
+            "run_name": "gpipe 1x2 b8",
+            "status": "ok",
+            "metrics": {**metrics, "steady": 0.0},
+            "environment": {
+                "steadiness": "unsteady: its epochs varied by 30% (coefficient of variation)"
+            },
+        },
+    ]
     table = summary_table(rows).splitlines()
     assert "2.500~" not in table[1] and "2.500~" in table[2]
     assert table[3].strip().startswith("unsteady: its epochs varied by 30%")
@@ -93,16 +116,30 @@ def test_a_cell_disturbed_mid_run_is_flagged_unsteady(output_root: Path) -> None
     the cell has timed its reference kernel again (so that its recording runs at full speed):
     the cell is recorded ok but unsteady, with the reason, in result.json and MLflow."""
     cell = subprocess.Popen(
-        [sys.executable, "-m", "harness", *TINY, "dataset.num_samples=64", "run.epochs=3",
-         f"run.output_dir={output_root}"], cwd=output_root.parent, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            *TINY,
+            "dataset.num_samples=64",
+            "run.epochs=3",
+            f"run.output_dir={output_root}",
+        ],
+        cwd=output_root.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
     burners: list[subprocess.Popen[bytes]] = []
     try:
         assert cell.stdout is not None
         for line in cell.stdout:
             if "epoch 2/" in line and not burners:  # the first timed epoch is over
-                burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                           for _ in range(2 * (os.cpu_count() or 1))]
+                burners = [
+                    subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                    for _ in range(2 * (os.cpu_count() or 1))
+                ]
             if "recording the cell" in line:  # timed after the reference kernel's last trial
                 break
         for burner in burners:
@@ -131,28 +168,40 @@ def test_a_cell_disturbed_mid_run_is_flagged_unsteady(output_root: Path) -> None
 def test_a_rerun_measures_unsteady_cells_again_only_when_asked(output_root: Path) -> None:
     """A threshold no real machine meets makes the cell unsteady every time: a plain re-run
     reuses it, hydra.launcher.remeasure_unsteady=true measures it again."""
-    sweep = ["-m", *TINY, "dataset.num_samples=16", "run.epochs=2",
-             "run.steadiness_threshold=1e-9", f"run.output_dir={output_root}"]
+    sweep = [
+        "-m",
+        *TINY,
+        "dataset.num_samples=16",
+        "run.epochs=2",
+        "run.steadiness_threshold=1e-9",
+        f"run.output_dir={output_root}",
+    ]
     # Asked on the first run, the setting says that it acts on the next.
-    first = run_module("harness", [*sweep, "hydra.launcher.remeasure_unsteady=true"],
-                       cwd=output_root.parent)
+    first = run_module(
+        "harness", [*sweep, "hydra.launcher.remeasure_unsteady=true"], cwd=output_root.parent
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     assert "~" in first.stdout and UNSTEADY_FOOTNOTE in first.stdout
     assert "no cell of this sweep was measured earlier" in first.stdout, first.stdout
     again = run_module("harness", sweep, cwd=output_root.parent)
     assert "already measured, nothing to run" in again.stdout, again.stdout
-    remeasured = run_module("harness", [*sweep, "hydra.launcher.remeasure_unsteady=true"],
-                            cwd=output_root.parent)
+    remeasured = run_module(
+        "harness", [*sweep, "hydra.launcher.remeasure_unsteady=true"], cwd=output_root.parent
+    )
     assert remeasured.returncode == 0, remeasured.stderr[-3000:]
-    assert "1 cell(s) measured earlier while the machine was unsteady run again" in \
-        remeasured.stdout
+    assert (
+        "1 cell(s) measured earlier while the machine was unsteady run again" in remeasured.stdout
+    )
     assert len(list((output_root / "sweeps").glob("*/*/*/result.json"))) == 2
     # A random sample of the finished cells (here the one) is measured again when asked.
-    sampled = run_module("harness", [*sweep, "hydra.launcher.remeasure_sample=1"],
-                         cwd=output_root.parent)
+    sampled = run_module(
+        "harness", [*sweep, "hydra.launcher.remeasure_sample=1"], cwd=output_root.parent
+    )
     assert sampled.returncode == 0, sampled.stderr[-3000:]
-    assert "1 cell(s) finished earlier, chosen at random (hydra.launcher.remeasure_sample=1, " \
-           "remeasure_seed=0), run again: 0 (" in sampled.stdout, sampled.stdout
+    assert (
+        "1 cell(s) finished earlier, chosen at random (hydra.launcher.remeasure_sample=1, "
+        "remeasure_seed=0), run again: 0 (" in sampled.stdout
+    ), sampled.stdout
     assert len(list((output_root / "sweeps").glob("*/*/*/result.json"))) == 3
 
 
@@ -168,7 +217,8 @@ class _Prepared:
 
 
 def test_a_random_sample_of_finished_cells_is_chosen_by_its_seed(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """The same seed and results choose the same cells, another seed others; never more than
     finished, never one that did not finish; each chosen cell leaves the reused ones."""
     from launchers.cells import remeasured_at_random
@@ -178,8 +228,10 @@ def test_a_random_sample_of_finished_cells_is_chosen_by_its_seed(
     def finished() -> dict[int, dict]:
         return {index: {"status": "ok"} for index in range(0, 20, 2)}  # 10 of 20 finished
 
-    chosen = {seed: remeasured_at_random(prepared, finished(), 4, seed)  # type: ignore[arg-type]
-              for seed in (0, 0, 1)}
+    chosen = {
+        seed: remeasured_at_random(prepared, finished(), 4, seed)  # type: ignore[arg-type]
+        for seed in (0, 0, 1)
+    }
     assert len(chosen) == 2 and all(len(cells) == 4 for cells in chosen.values())
     assert chosen[0] <= set(finished()) and chosen[0] != chosen[1]
     assert remeasured_at_random(prepared, finished(), 4, 0) == chosen[0]  # type: ignore[arg-type]
@@ -187,15 +239,31 @@ def test_a_random_sample_of_finished_cells_is_chosen_by_its_seed(
     assert remeasured_at_random(prepared, done, 50, 7) == set(range(0, 20, 2))  # type: ignore[arg-type]
     assert done == {}
     assert remeasured_at_random(prepared, finished(), 0, 7) == set()  # type: ignore[arg-type]
-    assert "10 cell(s) finished earlier, chosen at random (hydra.launcher.remeasure_sample=50, " \
-           "remeasure_seed=7), run again: 0 (cell 0), 2 (cell 2)" in capsys.readouterr().out
+    assert (
+        "10 cell(s) finished earlier, chosen at random (hydra.launcher.remeasure_sample=50, "
+        "remeasure_seed=7), run again: 0 (cell 0), 2 (cell 2)" in capsys.readouterr().out
+    )
 
 
-def _cell(seconds: float, *, key: str, repeat_std: float | None = None,
-          model: str = "ddp", steady: bool = True) -> MeasuredCell:
+def _cell(
+    seconds: float,
+    *,
+    key: str,
+    repeat_std: float | None = None,
+    model: str = "ddp",
+    steady: bool = True,
+) -> MeasuredCell:
     config = validate(compose_config([f"distribution={model}", "hardware=local_2cpu"]))
-    return MeasuredCell(f"run-{key}-{seconds}", key, config, seconds, 100.0, steady=steady,
-                        repeat_std=repeat_std, cell_key=key)
+    return MeasuredCell(
+        f"run-{key}-{seconds}",
+        key,
+        config,
+        seconds,
+        100.0,
+        steady=steady,
+        repeat_std=repeat_std,
+        cell_key=key,
+    )
 
 
 def test_the_noise_floor_comes_from_repeats_and_from_cells_measured_twice() -> None:
@@ -211,8 +279,10 @@ def test_the_noise_floor_comes_from_repeats_and_from_cells_measured_twice() -> N
     assert (floor.repeats.cells, floor.runs.cells) == (1, 1)
     assert floor.repeats.percent == pytest.approx(EXPECTED_DIFFERENCE_PER_STD * 2.0)
     assert floor.runs.percent == pytest.approx(0.4 / 4.2 * 100)
-    assert "between repeats of one run 2.3 % (1 cell(s)), between runs 9.5 % (1 cell(s))" \
+    assert (
+        "between repeats of one run 2.3 % (1 cell(s)), between runs 9.5 % (1 cell(s))"
         in floor.text()
+    )
     # A cell measured in two runs, each with repeats: one figure of each kind, both averaged.
     both = [_cell(4.0, key="d", repeat_std=0.04), _cell(4.4, key="d", repeat_std=0.044)]
     floor = noise_floor(both)
@@ -234,9 +304,7 @@ class _Option:
     memory_error_percent: float | None = None
 
 
-
-def test_the_floor_between_runs_leaves_out_a_run_measured_while_the_machine_was_unsteady(
-        ) -> None:
+def test_the_floor_between_runs_leaves_out_a_run_measured_while_the_machine_was_unsteady() -> None:
     """A cell re-measured because its first run was unsteady was chosen for being noisy: its
     two runs say nothing of the noise between steady runs."""
     flagged = [_cell(4.0, key="a", steady=False), _cell(5.0, key="a")]
@@ -246,31 +314,45 @@ def test_the_floor_between_runs_leaves_out_a_run_measured_while_the_machine_was_
     assert floor.runs.percent == pytest.approx(0.2 / 4.1 * 100)
 
 
-@pytest.mark.parametrize(("runs", "expected"), [
-    ({"percent": 4.0, "cells": 5}, (4.0, "between runs (5 cells)")),
-    ({"percent": 30.0, "cells": 2}, (1.0, "between any two measurements")),  # too few cells
-    ({"percent": None, "cells": 0}, (1.0, "between any two measurements")),
-])
+@pytest.mark.parametrize(
+    ("runs", "expected"),
+    [
+        ({"percent": 4.0, "cells": 5}, (4.0, "between runs (5 cells)")),
+        ({"percent": 30.0, "cells": 2}, (1.0, "between any two measurements")),  # too few cells
+        ({"percent": None, "cells": 0}, (1.0, "between any two measurements")),
+    ],
+)
 def test_ties_use_the_noise_between_runs_where_enough_cells_measured_it(
-        tmp_path: Path, runs: dict, expected: tuple[float, str]) -> None:
+    tmp_path: Path, runs: dict, expected: tuple[float, str]
+) -> None:
     """A recommendation is compared with another run: its ties take the floor between runs
     (fit.json's noise_floor_by_kind) where five cells or more measured it."""
     from harness.analysis.calibration import Fitted
 
     fit = tmp_path / "fit.json"
-    fit.write_text(json.dumps({
-        "hardware": {"local_2cpu": {"params": {}, "runtime_mb": 0.0, "cells": 8}},
-        "noise_floor_percent": {"all": 1.0},
-        "noise_floor_by_kind": {"all": {"repeats": {"percent": 0.9, "cells": 8},
-                                        "runs": runs}}}))
+    fit.write_text(
+        json.dumps(
+            {
+                "hardware": {"local_2cpu": {"params": {}, "runtime_mb": 0.0, "cells": 8}},
+                "noise_floor_percent": {"all": 1.0},
+                "noise_floor_by_kind": {
+                    "all": {"repeats": {"percent": 0.9, "cells": 8}, "runs": runs}
+                },
+            }
+        )
+    )
     fitted = Fitted.load(fit, "local_2cpu")
     assert (fitted.noise_percent, fitted.noise_kind) == expected
     assert fitted.noise_text == f"{expected[0]:.1f} % {expected[1]}"
 
 
 def test_options_within_the_error_and_noise_are_tied_and_fewer_workers_win() -> None:
-    options = [_Option("ddp x4", 4, 10.0, 800), _Option("ddp x2", 2, 10.3, 900),
-               _Option("gpipe x2", 2, 10.4, 700), _Option("sequential", 1, 14.0, 600)]
+    options = [
+        _Option("ddp x4", 4, 10.0, 800),
+        _Option("ddp x2", 2, 10.3, 900),
+        _Option("gpipe x2", 2, 10.4, 700),
+        _Option("sequential", 1, 14.0, 600),
+    ]
     found = tie_with_fastest(options, noise_percent=2.0)
     assert found is not None
     assert [o.label for o in found.tied] == ["ddp x4", "ddp x2", "gpipe x2"]
@@ -278,15 +360,18 @@ def test_options_within_the_error_and_noise_are_tied_and_fewer_workers_win() -> 
     assert (found.chosen.label, found.decided_by) == ("gpipe x2", "less memory per worker")
     assert found.margin_percent == pytest.approx(math.sqrt(3**2 + 3**2 + 2 * 2**2))
     assert "tied within the models' error and the measurement noise" in found.line()
-    assert "(up to 5.1 %; noise 2.0 % between runs (6 cells)): ddp x4" in \
-        found.line("2.0 % between runs (6 cells)")
+    assert "(up to 5.1 %; noise 2.0 % between runs (6 cells)): ddp x4" in found.line(
+        "2.0 % between runs (6 cells)"
+    )
 
 
 def test_a_clear_winner_or_an_uncalibrated_one_is_no_tie() -> None:
     apart = [_Option("ddp x2", 2, 10.0, 800), _Option("gpipe x2", 2, 12.0, 700)]
     assert tie_with_fastest(apart, noise_percent=2.0) is None
-    uncalibrated = [_Option("ddp x2", 2, 10.0, 800, calibrated=False, error_percent=None),
-                    _Option("gpipe x2", 2, 10.1, 700, calibrated=False, error_percent=None)]
+    uncalibrated = [
+        _Option("ddp x2", 2, 10.0, 800, calibrated=False, error_percent=None),
+        _Option("gpipe x2", 2, 10.1, 700, calibrated=False, error_percent=None),
+    ]
     assert tie_with_fastest(uncalibrated, noise_percent=2.0) is None
 
 
@@ -298,37 +383,54 @@ def test_less_memory_breaks_a_tie_only_beyond_the_memory_models_error() -> None:
     pipedream = _Option("pipedream x2 st1-1", 2, 10.2, 960, memory_error_percent=11.7)
     assert memory_margin_percent(ddp, pipedream) == pytest.approx(math.hypot(4.8, 11.7))
     assert break_tie([ddp, pipedream]) == (
-        ddp, "the shortest predicted time (the tie-breaks left them equal)")
+        ddp,
+        "the shortest predicted time (the tie-breaks left them equal)",
+    )
     lean = _Option("pipedream x2 st1-1", 2, 10.2, 700, memory_error_percent=11.7)
     assert break_tie([ddp, lean]) == (lean, "less memory per worker")
     found = tie_with_fastest([ddp, lean], noise_percent=1.0)
     assert found is not None and found.line().endswith(
         "taking pipedream x2 st1-1, the one with less memory per worker (700 MB against ddp "
-        "x2's 1000 MB, 30 % less; the memory models' error 12.6 %)")
+        "x2's 1000 MB, 30 % less; the memory models' error 12.6 %)"
+    )
     # within the memory models' error, the cheaper of the two
-    priced = [_Option("a", 2, 10.0, 1000, cost_per_epoch=0.02, memory_error_percent=5.0),
-              _Option("b", 2, 10.1, 980, cost_per_epoch=0.01, memory_error_percent=5.0)]
+    priced = [
+        _Option("a", 2, 10.0, 1000, cost_per_epoch=0.02, memory_error_percent=5.0),
+        _Option("b", 2, 10.1, 980, cost_per_epoch=0.01, memory_error_percent=5.0),
+    ]
     assert break_tie(priced) == (priced[1], "lower cost")
 
 
-@given(st.lists(st.tuples(st.integers(1, 8), st.floats(1.0, 1e5), st.floats(0.0, 50.0)),
-                min_size=1, max_size=6))
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 8), st.floats(1.0, 1e5), st.floats(0.0, 50.0)),
+        min_size=1,
+        max_size=6,
+    )
+)
 def test_a_tie_is_broken_in_favour_of_an_option_no_other_beats_for_certain(
-        drawn: list[tuple[int, float, float]]) -> None:
+    drawn: list[tuple[int, float, float]],
+) -> None:
     """Whatever the options, the one chosen has the fewest workers, and the least memory of
     those within the two memory models' error."""
-    options = [_Option(f"o{i}", workers, 10.0 + i / 100, memory, memory_error_percent=error)
-               for i, (workers, memory, error) in enumerate(drawn)]
+    options = [
+        _Option(f"o{i}", workers, 10.0 + i / 100, memory, memory_error_percent=error)
+        for i, (workers, memory, error) in enumerate(drawn)
+    ]
     chosen, _ = break_tie(options)
     assert chosen.workers == min(option.workers for option in options)
-    least = min((option for option in options if option.workers == chosen.workers),
-                key=lambda option: option.memory_mb)
+    least = min(
+        (option for option in options if option.workers == chosen.workers),
+        key=lambda option: option.memory_mb,
+    )
     margin = max(least.memory_mb * memory_margin_percent(chosen, least) / 100, 0.5)
     assert chosen.memory_mb - least.memory_mb <= margin
 
 
 def test_a_tie_of_equal_workers_and_memory_goes_to_the_cheaper() -> None:
-    tied = [_Option("a", 2, 10.0, 800, cost_per_epoch=0.02),
-            _Option("b", 2, 10.1, 800, cost_per_epoch=0.01)]
+    tied = [
+        _Option("a", 2, 10.0, 800, cost_per_epoch=0.02),
+        _Option("b", 2, 10.1, 800, cost_per_epoch=0.01),
+    ]
     assert break_tie(tied)[0].label == "b"
     assert break_tie(tied)[1] == "lower cost"

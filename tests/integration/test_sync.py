@@ -22,17 +22,21 @@ def _closed_port() -> int:
 def _runs_of(store: str, output_dir: str) -> list:
     client = MlflowClient(store)
     experiment = client.get_experiment_by_name("distbench")
-    return client.search_runs([experiment.experiment_id],
-                              filter_string=f"tags.output_dir = '{output_dir}'")
+    return client.search_runs(
+        [experiment.experiment_id], filter_string=f"tags.output_dir = '{output_dir}'"
+    )
 
 
 def test_an_unreachable_mlflow_leaves_a_pending_result_that_sync_uploads_once(
-        output_root: Path) -> None:
+    output_root: Path,
+) -> None:
     unreachable = f"http://127.0.0.1:{_closed_port()}"
     started = time.monotonic()
-    done = run_module("harness", tiny_overrides(output_root, "run.epochs=1",
-                                                f"tracking.uri={unreachable}"),
-                      cwd=output_root.parent)
+    done = run_module(
+        "harness",
+        tiny_overrides(output_root, "run.epochs=1", f"tracking.uri={unreachable}"),
+        cwd=output_root.parent,
+    )
     took = time.monotonic() - started
     assert done.returncode == 0, done.stderr[-3000:]
     logs = done.stdout + done.stderr  # Hydra's job log goes to stdout
@@ -46,8 +50,11 @@ def test_an_unreachable_mlflow_leaves_a_pending_result_that_sync_uploads_once(
     assert result["pending_sync"] and result["mlflow_run_id"] is None
 
     store = f"sqlite:///{output_root / 'synced.db'}"
-    synced = run_module("harness.sync", [f"run.output_dir={output_root}",
-                                         f"tracking.uri={store}"], cwd=output_root.parent)
+    synced = run_module(
+        "harness.sync",
+        [f"run.output_dir={output_root}", f"tracking.uri={store}"],
+        cwd=output_root.parent,
+    )
     assert synced.returncode == 0, synced.stderr[-3000:]
     assert "uploaded" in synced.stdout
     after = json.loads(path.read_text())
@@ -57,14 +64,20 @@ def test_an_unreachable_mlflow_leaves_a_pending_result_that_sync_uploads_once(
     assert run.data.tags["status"] == "ok" and run.data.tags["distbench.cell_key"]
     assert run.data.metrics["seconds_per_epoch"] == result["metrics"]["seconds_per_epoch"]
     # The same artifacts as a cell that reached MLflow itself uploads, its MLPerf log included.
-    assert {entry.path for entry in MlflowClient(store).list_artifacts(run.info.run_id)} == \
-        {"config.yaml", "result.json", "mllog.txt"}
+    assert {entry.path for entry in MlflowClient(store).list_artifacts(run.info.run_id)} == {
+        "config.yaml",
+        "result.json",
+        "mllog.txt",
+    }
 
     # As if sync had been killed after its upload but before it marked the result: the next
     # sync finds the run and does not upload it again.
     path.write_text(json.dumps({**after, "pending_sync": True, "mlflow_run_id": None}))
-    again = run_module("harness.sync", [f"run.output_dir={output_root}",
-                                        f"tracking.uri={store}"], cwd=output_root.parent)
+    again = run_module(
+        "harness.sync",
+        [f"run.output_dir={output_root}", f"tracking.uri={store}"],
+        cwd=output_root.parent,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "already recorded" in again.stdout
     assert len(_runs_of(store, result["output_dir"])) == 1
@@ -75,26 +88,33 @@ def test_a_rerun_that_reuses_a_pending_result_records_it_in_mlflow(output_root: 
     """A sweep run again skips the cell it finished, but finishes its record: the result MLflow
     could not get when the cell ended is recorded in the sweep's store, once."""
     unreachable = f"http://127.0.0.1:{_closed_port()}"
-    first = run_module("harness", ["-m", *tiny_overrides(output_root, "run.epochs=1",
-                                                         f"tracking.uri={unreachable}")],
-                       cwd=output_root.parent)
+    first = run_module(
+        "harness",
+        ["-m", *tiny_overrides(output_root, "run.epochs=1", f"tracking.uri={unreachable}")],
+        cwd=output_root.parent,
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     (path,) = output_root.glob("sweeps/*/*/*/result.json")
     assert json.loads(path.read_text())["pending_sync"]
     store = f"sqlite:///{output_root / 'mlflow.db'}"
-    again = run_module("harness", ["-m", *tiny_overrides(output_root, "run.epochs=1",
-                                                         f"tracking.uri={store}")],
-                       cwd=output_root.parent)
+    again = run_module(
+        "harness",
+        ["-m", *tiny_overrides(output_root, "run.epochs=1", f"tracking.uri={store}")],
+        cwd=output_root.parent,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "already measured, nothing to run" in again.stdout, again.stdout
     after = json.loads(path.read_text())
     assert not after["pending_sync"] and after["mlflow_run_id"]
-    assert f"its result, reused, recorded in MLflow now (run {after['mlflow_run_id']})" in \
-        again.stdout
+    assert (
+        f"its result, reused, recorded in MLflow now (run {after['mlflow_run_id']})" in again.stdout
+    )
     (run,) = _runs_of(store, after["output_dir"])
     assert run.info.run_id == after["mlflow_run_id"]
-    third = run_module("harness", ["-m", *tiny_overrides(output_root, "run.epochs=1",
-                                                         f"tracking.uri={store}")],
-                       cwd=output_root.parent)
+    third = run_module(
+        "harness",
+        ["-m", *tiny_overrides(output_root, "run.epochs=1", f"tracking.uri={store}")],
+        cwd=output_root.parent,
+    )
     assert "recorded in MLflow now" not in third.stdout
     assert len(_runs_of(store, after["output_dir"])) == 1

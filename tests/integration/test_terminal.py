@@ -32,21 +32,30 @@ from tests.helpers import run_module, tiny_overrides
 from workloads import progress
 
 # run.progress=true: the bar is what is tested (tiny_overrides turns it off).
-DDP_CELL = ["distribution=ddp", "hardware=local_2cpu", "run.warmup_batches=0",
-            "tracking.enabled=false"]
+DDP_CELL = [
+    "distribution=ddp",
+    "hardware=local_2cpu",
+    "run.warmup_batches=0",
+    "tracking.enabled=false",
+]
 BAR_FRAME = re.compile(r"(?:repeat \d+/\d+, )?epoch (\d+)/(\d+): +\d+%\|")
 # What a bar leaves in a file: carriage returns, and escape sequences (cursor up: ESC[A).
 BAR_DEBRIS = re.compile(r"\r|\x1b\[")
 
 
 @pytest.fixture(scope="module")
-def ddp_cell(tmp_path_factory: pytest.TempPathFactory
-             ) -> tuple[subprocess.CompletedProcess[str], dict, Path]:
+def ddp_cell(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], dict, Path]:
     """The finished 2-worker cell: its terminal output, its result.json, its output root."""
     output_root = tmp_path_factory.mktemp("terminal") / "outputs"
     output_root.mkdir()
-    done = run_module("harness", [*tiny_overrides(output_root, *DDP_CELL), "run.progress=true"],
-                      cwd=output_root.parent, timeout=300)
+    done = run_module(
+        "harness",
+        [*tiny_overrides(output_root, *DDP_CELL), "run.progress=true"],
+        cwd=output_root.parent,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (path,) = (output_root / "runs").glob("*/result.json")
     return done, json.loads(path.read_text()), output_root
@@ -57,13 +66,16 @@ def test_a_two_worker_cell_shows_rank0s_epochs_and_result_summary(ddp_cell) -> N
     assert result["status"] == "ok", result["error"]
     terminal = done.stdout + done.stderr
     # Rank 0's own epoch lines (its seconds; the record's are the slowest worker's).
-    assert re.findall(r"\]\[harness\.worker\.run\]\[INFO\] - (epoch \d/2): [\d.]+ s \(8 images\)",
-                      terminal) == ["epoch 1/2", "epoch 2/2"], terminal[-3000:]
+    assert re.findall(
+        r"\]\[harness\.worker\.run\]\[INFO\] - (epoch \d/2): [\d.]+ s \(8 images\)", terminal
+    ) == ["epoch 1/2", "epoch 2/2"], terminal[-3000:]
     metrics = result["metrics"]
     # One repeat: no spread measured, and said so (not "std 0.000").
-    assert (f"{result['run_name']}: {metrics['seconds_per_epoch']:.3f} s/epoch (1 repeat: no "
-            f"spread), {metrics['images_per_second']:.1f} "
-            f"images/s, peak memory {metrics['peak_memory_mb']:.0f} MB") in terminal
+    assert (
+        f"{result['run_name']}: {metrics['seconds_per_epoch']:.3f} s/epoch (1 repeat: no "
+        f"spread), {metrics['images_per_second']:.1f} "
+        f"images/s, peak memory {metrics['peak_memory_mb']:.0f} MB"
+    ) in terminal
     assert f"result: {result['output_dir']}/result.json; MLflow run off" in terminal
     assert "submitit" not in terminal  # the launcher's bookkeeping stays in the worker's files
     assert "rank 1" not in terminal  # rank 0's output, not every worker's
@@ -77,8 +89,10 @@ def test_off_a_terminal_the_cell_prints_lines_a_line_per_phase_and_no_bar(ddp_ce
     (drawn,) = Path(result["output_dir"]).glob(".submitit/*/*_0_log.err")
     for text in (done.stdout, done.stderr, drawn.read_text()):
         assert not BAR_DEBRIS.search(text), repr(text[-2000:])
-    assert f"[distbench] {result['run_name']}: starting 2 worker process(es) in " \
+    assert (
+        f"[distbench] {result['run_name']}: starting 2 worker process(es) in "
         f"{result['output_dir']}" in done.stdout
+    )
     assert "rank 0/2 joined the gloo process group" in done.stderr
 
 
@@ -90,7 +104,7 @@ def _read_all(fd: int) -> str:
 
 
 def test_the_bar_counts_epochs_from_one_as_the_log_does(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Rank 0's bar on a terminal (a pseudo-terminal here), as it draws it: epochs counted from
     1. The same progress in a file: plain lines, none for a task shorter than its first line's
@@ -132,12 +146,18 @@ def test_a_rerun_sweep_with_every_cell_measured_says_so_in_one_line(ddp_cell) ->
     to measure again, no per-cell line and no sweep bar (whose rate would read thousands of
     cells per second); the table still shows the earlier measurement."""
     _, result, output_root = ddp_cell
-    done = run_module("harness", ["-m", *tiny_overrides(output_root, *DDP_CELL)],
-                      cwd=output_root.parent, timeout=300)
+    done = run_module(
+        "harness",
+        ["-m", *tiny_overrides(output_root, *DDP_CELL)],
+        cwd=output_root.parent,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     said = [line for line in done.stdout.splitlines() if line.startswith("[distbench]")]
-    assert said == ["[distbench] 1 cell(s) already measured, nothing to run; "
-                    "hydra.launcher.force=true measures them again"], done.stdout
+    assert said == [
+        "[distbench] 1 cell(s) already measured, nothing to run; "
+        "hydra.launcher.force=true measures them again"
+    ], done.stdout
     assert "cell/s" not in done.stderr and "sweep:" not in done.stderr, done.stderr[-3000:]
     (row,) = [line for line in done.stdout.splitlines() if line.startswith("  0  ")]
     assert f"{result['metrics']['seconds_per_epoch']:.3f}" in row and result["run_name"] in row
@@ -159,7 +179,8 @@ def _table_rows(stdout: str) -> dict[str, tuple[float, list[str]]]:
 
 
 def test_a_sweep_that_reuses_a_cell_summarizes_the_table_it_prints_and_logs_plain_lines(
-        ddp_cell, tmp_path: Path) -> None:
+    ddp_cell, tmp_path: Path
+) -> None:
     """The DDP cell measured above and a sequential cell, as a sweep with MLflow on, its
     stderr in a file: the DDP cell is reused, marked so in the table with where it came from,
     and the summary line under the table and the sweep's MLflow run name the fastest of the
@@ -169,24 +190,38 @@ def test_a_sweep_that_reuses_a_cell_summarizes_the_table_it_prints_and_logs_plai
     _, ddp, output_root = ddp_cell
     with (tmp_path / "stderr.log").open("w") as stderr:
         done = subprocess.run(
-            [sys.executable, "-m", "harness", "-m",
-             *tiny_overrides(output_root, *DDP_CELL), "distribution=sequential,ddp",
-             "run.progress=true",
-             "tracking.enabled=true"],  # not part of the cell's key: the DDP cell is reused
-            cwd=output_root.parent, env=dict(os.environ, PYTHONUNBUFFERED="1"), text=True,
-            stdout=subprocess.PIPE, stderr=stderr, timeout=300)
+            [
+                sys.executable,
+                "-m",
+                "harness",
+                "-m",
+                *tiny_overrides(output_root, *DDP_CELL),
+                "distribution=sequential,ddp",
+                "run.progress=true",
+                "tracking.enabled=true",
+            ],  # not part of the cell's key: the DDP cell is reused
+            cwd=output_root.parent,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            timeout=300,
+        )
     logged = (tmp_path / "stderr.log").read_text()
     assert done.returncode == 0, logged[-3000:]
     rows = _table_rows(done.stdout)
-    assert [line for line in rows[ddp["run_name"]][1] if not line.startswith("unsteady: ")] \
-        == [f"reused: measured earlier, in {ddp['output_dir']}"]
+    assert [line for line in rows[ddp["run_name"]][1] if not line.startswith("unsteady: ")] == [
+        f"reused: measured earlier, in {ddp['output_dir']}"
+    ]
     (sequential,) = [name for name in rows if name.startswith("sequential")]
     # ran now (an 'unsteady: ...' line may follow: these cells' epochs are milliseconds long)
     assert [line for line in rows[sequential][1] if not line.startswith("unsteady: ")] == []
     fastest = min(rows, key=lambda name: rows[name][0])
     mark = " (reused)" if fastest == ddp["run_name"] else ""
-    summary = (f"2 cell(s) ok (1 reused), 0 failed; fastest {fastest!r} at "
-               f"{rows[fastest][0]:.3f} s/epoch{mark}")
+    summary = (
+        f"2 cell(s) ok (1 reused), 0 failed; fastest {fastest!r} at "
+        f"{rows[fastest][0]:.3f} s/epoch{mark}"
+    )
     assert f"sweep: {summary}" in done.stdout.splitlines()
     assert f"FINISHED: {summary}. Compare the cells" in done.stdout + logged
     # A log file, not a terminal: plain lines only, no third-party INFO lines, a line a phase.
@@ -198,21 +233,32 @@ def test_a_sweep_that_reuses_a_cell_summarizes_the_table_it_prints_and_logs_plai
     environment = json.loads(result_path.read_text())["environment"]
     load = [float(environment[f"load_average_{m}min"]) for m in (1, 5, 15)]
     assert all(value >= 0 for value in load)
-    governors = sorted({path.read_text().strip() for path in Path("/sys/devices/system/cpu")
-                        .glob("cpu[0-9]*/cpufreq/scaling_governor")})
+    governors = sorted(
+        {
+            path.read_text().strip()
+            for path in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/scaling_governor")
+        }
+    )
     assert environment["cpu_governor"] == (",".join(governors) or "unavailable")
     assert environment["cpu_count"] == str(os.cpu_count())
     client = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
-    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()],
-                                "tags.status = 'ok'")  # the sequential cell's: it ran
-    assert {key: run.data.tags[key] for key in environment if key.startswith(
-        ("load_average", "cpu_governor"))} == {
-        key: value for key, value in environment.items()
-        if key.startswith(("load_average", "cpu_governor"))}
+    (run,) = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()], "tags.status = 'ok'"
+    )  # the sequential cell's: it ran
+    assert {
+        key: run.data.tags[key]
+        for key in environment
+        if key.startswith(("load_average", "cpu_governor"))
+    } == {
+        key: value
+        for key, value in environment.items()
+        if key.startswith(("load_average", "cpu_governor"))
+    }
 
 
 def test_a_followed_output_yields_finished_lines_and_the_frame_being_redrawn(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """What the launcher reads of a worker's output file: lines as a terminal shows them (the
     text after a line's last carriage return), and the progress bar's current frame."""
     path = tmp_path / "0_log.err"
@@ -222,8 +268,9 @@ def test_a_followed_output_yields_finished_lines_and_the_frame_being_redrawn(
     assert output.new_lines() == ["[x][harness.worker.run][INFO] - warm"]
     assert output.frame == "epoch 1/2:  50%|"
     with path.open("a") as file:  # the bar closes (leave=False), the epoch's log line follows
-        file.write("\r          \r[x][harness.worker.run][INFO] - epoch 1/2: 1.0 s\n"
-                   "\repoch 2/2:   0")
+        file.write(
+            "\r          \r[x][harness.worker.run][INFO] - epoch 1/2: 1.0 s\n\repoch 2/2:   0"
+        )
     assert output.new_lines() == ["[x][harness.worker.run][INFO] - epoch 1/2: 1.0 s"]
     assert output.frame == "epoch 2/2:   0"
     with path.open("ab") as file:  # a character cut between two reads
@@ -235,7 +282,8 @@ def test_a_followed_output_yields_finished_lines_and_the_frame_being_redrawn(
 
 
 def test_a_cell_is_recorded_once_its_record_is_no_longer_on_its_way_to_mlflow(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """The launcher's grace period for the other workers starts when rank 0 is done recording:
     not at result.json's first write (pending_sync, while rank 0 uploads it to MLflow, which
     the grace period cut short on a busy machine), but at its second."""
@@ -245,6 +293,9 @@ def test_a_cell_is_recorded_once_its_record_is_no_longer_on_its_way_to_mlflow(
     assert not recorded(path)  # uploading
     path.write_text(json.dumps({"status": "ok", "pending_sync": False, "mlflow_run_id": "x"}))
     assert recorded(path)
-    path.write_text(json.dumps({"status": "ok", "pending_sync": True,
-                                "tracking_error": "ConnectionError: refused"}))
+    path.write_text(
+        json.dumps(
+            {"status": "ok", "pending_sync": True, "tracking_error": "ConnectionError: refused"}
+        )
+    )
     assert recorded(path)  # MLflow refused it: rank 0 is done, harness.sync uploads it later

@@ -83,20 +83,30 @@ LR = "optimizer.lr=0.002"
 # process). reset() is checked once per trainer class (it trains the epoch a second time).
 # PipeDream only with BatchNorm: without it this network barely learns in STEPS steps (the
 # loss stays near ln 10), so stale weights change little that could be seen.
-CASES = [("ddp", False, False), ("ddp", True, True), ("gpipe", False, False),
-         ("gpipe", True, True), ("pipedream", True, True), ("horovod", False, True)]
+CASES = [
+    ("ddp", False, False),
+    ("ddp", True, True),
+    ("gpipe", False, False),
+    ("gpipe", True, True),
+    ("pipedream", True, True),
+    ("horovod", False, True),
+]
 
 
 def overrides(model: str) -> list[str]:
-    common = ["dataset=mnist", "network=vgg11", f"dataset.num_samples={STEPS * BATCH}", LR,
-              "run.progress=false"]
+    common = [
+        "dataset=mnist",
+        "network=vgg11",
+        f"dataset.num_samples={STEPS * BATCH}",
+        LR,
+        "run.progress=false",
+    ]
     if model == "sequential":
         return [*common, f"distribution.batch_size={BATCH}"]
     distributed = [f"distribution={model}", "hardware=local_2cpu", *common]
     if model in ("ddp", "horovod"):
         return [*distributed, f"distribution.batch_size={BATCH // WORKERS}"]
-    pipeline = [*distributed, f"distribution.batch_size={BATCH}",
-                f"distribution.balance={BALANCE}"]
+    pipeline = [*distributed, f"distribution.batch_size={BATCH}", f"distribution.balance={BALANCE}"]
     if model == "gpipe":
         return [*pipeline, f"distribution.micro_batches={MICRO_BATCHES}"]
     return [*pipeline, "distribution.stages=1-1"]
@@ -106,8 +116,9 @@ def workload(model: str, batchnorm: bool, rank: int = 0) -> tuple[DistbenchConfi
     """The cell's config and this worker's workload (data-parallel: its shard)."""
     config = validate(compose_config(overrides(model)))
     sharded = model in ("ddp", "horovod")
-    built = build_workload(config, rank=rank, world_size=WORKERS) if sharded \
-        else build_workload(config)  # pipelines do not shard the data by worker
+    built = (
+        build_workload(config, rank=rank, world_size=WORKERS) if sharded else build_workload(config)
+    )  # pipelines do not shard the data by worker
     if not batchnorm:
         strip_batchnorm(built.model)
     return config, built
@@ -125,15 +136,19 @@ def strip_batchnorm(model: nn.Module) -> None:
 def fingerprint(module: nn.Module) -> dict[str, list[float]]:
     """Per state entry (parameters and buffers): its sum and its sum of magnitudes, in float64:
     enough to tell weights apart, small enough to pass between processes."""
-    return {name: [float(t.double().sum()), float(t.double().abs().sum())]
-            for name, t in module.state_dict().items()}
+    return {
+        name: [float(t.double().sum()), float(t.double().abs().sum())]
+        for name, t in module.state_dict().items()
+    }
 
 
 def stage_fingerprint(network: nn.Module, stage: nn.Module) -> dict[str, list[float]]:
     """`fingerprint` of a pipeline stage's own tensors, under the whole network's names."""
     names = {id(t): name for name, t in network.state_dict(keep_vars=True).items()}
-    return {names[id(t)]: [float(t.double().sum()), float(t.double().abs().sum())]
-            for t in stage.state_dict(keep_vars=True).values()}
+    return {
+        names[id(t)]: [float(t.double().sum()), float(t.double().abs().sum())]
+        for t in stage.state_dict(keep_vars=True).values()
+    }
 
 
 def train_and_reset(context: TrainingContext, model: str, check_reset: bool) -> dict:
@@ -144,34 +159,56 @@ def train_and_reset(context: TrainingContext, model: str, check_reset: bool) -> 
     first = trainer.train_epoch(0).batch_losses
     versions = [[r.minibatch, r.forward_version] for r in getattr(trainer, "version_log", [])]
     trained = fingerprint(trainer.evaluation_model())
-    stage = stage_fingerprint(context.workload.model, trainer.module) \
-        if hasattr(trainer, "module") else None
-    report = {"initial": initial, "first": first, "trained": trained, "stage": stage,
-              "versions": versions}
+    stage = (
+        stage_fingerprint(context.workload.model, trainer.module)
+        if hasattr(trainer, "module")
+        else None
+    )
+    report = {
+        "initial": initial,
+        "first": first,
+        "trained": trained,
+        "stage": stage,
+        "versions": versions,
+    }
     if check_reset:
         trainer.reset()
-        report.update(optimizer_state_after_reset=len(trainer.optimizer.state),
-                      version_after_reset=getattr(trainer, "version", 0),
-                      reset=fingerprint(trainer.evaluation_model()))
+        report.update(
+            optimizer_state_after_reset=len(trainer.optimizer.state),
+            version_after_reset=getattr(trainer, "version", 0),
+            reset=fingerprint(trainer.evaluation_model()),
+        )
         report["second"] = trainer.train_epoch(0).batch_losses
     return json.loads(json.dumps(report))  # batch indices become strings, as the workers' do
 
 
-def worker_context(config: DistbenchConfig, built: Workload, rank: int,
-                   world_size: int) -> TrainingContext:
+def worker_context(
+    config: DistbenchConfig, built: Workload, rank: int, world_size: int
+) -> TrainingContext:
     """What the harness gives a CPU worker of a gloo group that is already initialised."""
     cpu = torch.device("cpu")
     return TrainingContext(
-        config=config, workload=built, device=cpu, clock=PhaseClock(cpu),
-        session=WorkerSession(WorkerEnvironment(rank=rank, local_rank=rank,
-                                                world_size=world_size), backend="gloo"),
-        heartbeat=lambda: None)
+        config=config,
+        workload=built,
+        device=cpu,
+        clock=PhaseClock(cpu),
+        session=WorkerSession(
+            WorkerEnvironment(rank=rank, local_rank=rank, world_size=world_size), backend="gloo"
+        ),
+        heartbeat=lambda: None,
+    )
 
 
-def _worker(rank: int, world_size: int, port: int, out: str,
-            cases: list[tuple[str, bool, bool]]) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=dt.timedelta(seconds=120))
+def _worker(
+    rank: int, world_size: int, port: int, out: str, cases: list[tuple[str, bool, bool]]
+) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=dt.timedelta(seconds=120),
+    )
     torch.set_num_threads(1)
     torch.set_default_dtype(DTYPE)  # this process only trains these trajectories
     try:
@@ -181,15 +218,19 @@ def _worker(rank: int, world_size: int, port: int, out: str,
             context = worker_context(config, built, rank, world_size)
             reports[f"{model}/{batchnorm}"] = {
                 **train_and_reset(context, model, check_reset),
-                "shard": built.loader.batch_indices().tolist()}
+                "shard": built.loader.batch_indices().tolist(),
+            }
         Path(out, f"rank{rank}.json").write_text(json.dumps(reports))
     finally:
         dist.destroy_process_group()
 
 
 # -- the single-process references ------------------------------------------------------------
-def reference(batchnorm: bool, groups: Sequence[Sequence[int]],
-              forward_versions: Sequence[Sequence[int]] | None = None) -> tuple[list[float], dict]:
+def reference(
+    batchnorm: bool,
+    groups: Sequence[Sequence[int]],
+    forward_versions: Sequence[Sequence[int]] | None = None,
+) -> tuple[list[float], dict]:
     """Loss per step of SGD on the sequential batches, each batch's loss the mean of its
     `groups`' (positions in the batch) mean losses, each group forwarded alone (its own
     BatchNorm statistics); and the final parameters' fingerprint (parameters only: BatchNorm's
@@ -208,10 +249,17 @@ def reference(batchnorm: bool, groups: Sequence[Sequence[int]],
     losses = []
     built.loader.set_epoch(0)
     for m, (images, labels) in enumerate(built.loader):
-        weights = {n: (history[forward_versions[stage_of[n]][m]][n] if forward_versions else p)
-                   .detach().clone().requires_grad_() for n, p in network.named_parameters()}
-        loss = sum(criterion(functional_call(network, weights, (images[list(g)],)),
-                             labels[list(g)]) for g in groups) / len(groups)
+        weights = {
+            n: (history[forward_versions[stage_of[n]][m]][n] if forward_versions else p)
+            .detach()
+            .clone()
+            .requires_grad_()
+            for n, p in network.named_parameters()
+        }
+        loss = sum(
+            criterion(functional_call(network, weights, (images[list(g)],)), labels[list(g)])
+            for g in groups
+        ) / len(groups)
         loss.backward()
         for name, p in network.named_parameters():
             p.grad = weights[name].grad
@@ -219,8 +267,10 @@ def reference(batchnorm: bool, groups: Sequence[Sequence[int]],
         optimizer.zero_grad()
         history.append({n: p.detach().clone() for n, p in network.named_parameters()})
         losses.append(float(loss.detach()))
-    weights = {name: [float(p.double().sum()), float(p.double().abs().sum())]
-               for name, p in network.named_parameters()}
+    weights = {
+        name: [float(p.double().sum()), float(p.double().abs().sum())]
+        for name, p in network.named_parameters()
+    }
     return losses, weights
 
 
@@ -230,8 +280,11 @@ def _stage_of_parameter(config: DistbenchConfig, network: nn.Module) -> dict[str
 
     first_of_second = json.loads(BALANCE)[0]
     layers = to_layer_list(config.network.name, network)
-    owner = {id(p): int(i >= first_of_second) for i, layer in enumerate(layers)
-             for p in layer.parameters()}
+    owner = {
+        id(p): int(i >= first_of_second)
+        for i, layer in enumerate(layers)
+        for p in layer.parameters()
+    }
     return {name: owner[id(p)] for name, p in network.named_parameters()}
 
 
@@ -268,8 +321,9 @@ def gap(a: Sequence[float], b: Sequence[float]) -> float:
 def moved(before: dict[str, list[float]], after: dict[str, list[float]]) -> float:
     """The largest change of a fingerprint entry (`fingerprint`) from `before` to `after`,
     relative to its sum of magnitudes before."""
-    return max(abs(x - y) / max(before[k][1], 1e-12)
-               for k in before for x, y in zip(after[k], before[k]))
+    return max(
+        abs(x - y) / max(before[k][1], 1e-12) for k in before for x, y in zip(after[k], before[k])
+    )
 
 
 def close(a: dict[str, list[float]], b: dict[str, list[float]], tolerance: float) -> bool:
@@ -323,11 +377,18 @@ def sequential(dataset_cache: None) -> dict[bool, dict]:
     for batchnorm in (False, True):
         config, built = workload("sequential", batchnorm)
         cpu = torch.device("cpu")
-        context = TrainingContext(config=config, workload=built, device=cpu,
-                                  clock=PhaseClock(cpu), session=WorkerSession(
-                                      WorkerEnvironment(), backend=None), heartbeat=lambda: None)
-        reports[batchnorm] = {**train_and_reset(context, "sequential", check_reset=batchnorm),
-                              "batches": built.loader.batch_indices().tolist()}
+        context = TrainingContext(
+            config=config,
+            workload=built,
+            device=cpu,
+            clock=PhaseClock(cpu),
+            session=WorkerSession(WorkerEnvironment(), backend=None),
+            heartbeat=lambda: None,
+        )
+        reports[batchnorm] = {
+            **train_and_reset(context, "sequential", check_reset=batchnorm),
+            "batches": built.loader.batch_indices().tolist(),
+        }
     return reports
 
 
@@ -337,7 +398,8 @@ MICRO = [range(k, k + BATCH // MICRO_BATCHES) for k in range(0, BATCH, BATCH // 
 
 
 def test_the_data_parallel_shards_together_are_the_sequential_batches(
-        worker_reports: list[dict], sequential: dict[bool, dict]) -> None:
+    worker_reports: list[dict], sequential: dict[bool, dict]
+) -> None:
     batches = sequential[False]["batches"]
     for model in ("ddp", "horovod"):
         shards = [report[f"{model}/False"]["shard"] for report in worker_reports]
@@ -347,7 +409,8 @@ def test_the_data_parallel_shards_together_are_the_sequential_batches(
 
 
 def test_sequential_ddp_horovod_and_gpipe_follow_one_trajectory_without_batchnorm(
-        worker_reports: list[dict], sequential: dict[bool, dict]) -> None:
+    worker_reports: list[dict], sequential: dict[bool, dict]
+) -> None:
     expected = sequential[False]["first"]
     expected = [expected[str(s)] for s in range(STEPS)]
     for model in ("ddp", "horovod", "gpipe"):
@@ -359,19 +422,20 @@ def test_sequential_ddp_horovod_and_gpipe_follow_one_trajectory_without_batchnor
     # network's loss stays within 0.03 of ln 10 over STEPS steps at every learning rate from
     # 0.001 to 0.05, each step a new batch, so whether the last step's loss is below the first
     # one's is the initialisation's luck.)
-    assert moved(sequential[False]["initial"], sequential[False]["trained"]) \
-        > 10 * FLOAT_TOLERANCE
+    assert moved(sequential[False]["initial"], sequential[False]["trained"]) > 10 * FLOAT_TOLERANCE
 
 
 @pytest.mark.parametrize(("model", "groups"), [("ddp", SHARDS), ("gpipe", MICRO)])
 def test_with_batchnorm_each_model_normalises_the_groups_it_sees(
-        worker_reports: list[dict], sequential: dict[bool, dict], model: str,
-        groups: list[range]) -> None:
+    worker_reports: list[dict], sequential: dict[bool, dict], model: str, groups: list[range]
+) -> None:
     plain = [sequential[True]["first"][str(s)] for s in range(STEPS)]
     predicted, final = reference(True, groups)
     measured = trajectory(worker_reports, f"{model}/True")
-    print(f"{model} with BatchNorm: gap to its grouped reference {gap(measured, predicted):.1e}, "
-          f"to sequential {gap(measured, plain):.1e}")
+    print(
+        f"{model} with BatchNorm: gap to its grouped reference {gap(measured, predicted):.1e}, "
+        f"to sequential {gap(measured, plain):.1e}"
+    )
     assert gap(measured, predicted) <= FLOAT_TOLERANCE
     assert gap(measured, plain) > 10 * FLOAT_TOLERANCE  # BatchNorm's groups do matter
     for report in worker_reports:  # the network it evaluates is the reference's
@@ -379,7 +443,8 @@ def test_with_batchnorm_each_model_normalises_the_groups_it_sees(
 
 
 def test_pipedream_follows_the_trajectory_weight_stashing_predicts(
-        worker_reports: list[dict], sequential: dict[bool, dict]) -> None:
+    worker_reports: list[dict], sequential: dict[bool, dict]
+) -> None:
     versions = pipedream_forward_versions()
     batchnorm, case = True, "pipedream/True"
     for stage, report in enumerate(worker_reports):  # stage s on rank s (1-1)
@@ -388,8 +453,10 @@ def test_pipedream_follows_the_trajectory_weight_stashing_predicts(
     predicted, final = reference(batchnorm, WHOLE, versions)
     plain = [sequential[batchnorm]["first"][str(s)] for s in range(STEPS)]
     measured = trajectory(worker_reports, case)
-    print(f"pipedream (BatchNorm {batchnorm}): gap to the prediction "
-          f"{gap(measured, predicted):.1e}, to sequential {gap(measured, plain):.1e}")
+    print(
+        f"pipedream (BatchNorm {batchnorm}): gap to the prediction "
+        f"{gap(measured, predicted):.1e}, to sequential {gap(measured, plain):.1e}"
+    )
     assert gap(measured, predicted) <= FLOAT_TOLERANCE
     assert gap(measured[:1], plain[:1]) <= FLOAT_TOLERANCE  # stale weights from step 1 on
     assert gap(measured, plain) > 10 * FLOAT_TOLERANCE
@@ -398,22 +465,23 @@ def test_pipedream_follows_the_trajectory_weight_stashing_predicts(
 
 
 @pytest.mark.parametrize("case", [f"{m}/{bn}" for m, bn, _ in CASES])
-def test_every_worker_evaluates_the_network_as_trained(worker_reports: list[dict],
-                                                       case: str) -> None:
+def test_every_worker_evaluates_the_network_as_trained(
+    worker_reports: list[dict], case: str
+) -> None:
     ranks = [report[case] for report in worker_reports]
     # Every worker's evaluation network is the same (pipelines: assembled from the stages).
     assert ranks[0]["trained"] == ranks[1]["trained"] != ranks[0]["initial"]
     for report in ranks:
         if report["stage"] is not None:  # its own stage's trained tensors, unchanged
-            assert all(report["trained"][name] == value
-                       for name, value in report["stage"].items())
+            assert all(report["trained"][name] == value for name, value in report["stage"].items())
     if ranks[0]["stage"] is not None:  # the stages together cover the network
         assert ranks[0]["stage"].keys() | ranks[1]["stage"].keys() == ranks[0]["trained"].keys()
 
 
 @pytest.mark.parametrize("case", [f"{m}/{bn}" for m, bn, reset in CASES if reset])
-def test_reset_returns_to_the_start_and_training_repeats_itself(worker_reports: list[dict],
-                                                                case: str) -> None:
+def test_reset_returns_to_the_start_and_training_repeats_itself(
+    worker_reports: list[dict], case: str
+) -> None:
     for report in (report[case] for report in worker_reports):
         # reset: the initial weights and buffers, no optimizer state, and the same losses again
         assert report["reset"] == report["initial"]

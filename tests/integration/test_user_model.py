@@ -102,7 +102,7 @@ def flat_dp_trainer(context):
     return BatchLoopTrainer(context, model, gradient_sync=sync)
 '''
 
-CONFIG_FILE = '''\
+CONFIG_FILE = """\
 defaults:
   - /flat_dp_schema
   - _self_
@@ -110,7 +110,7 @@ name: flat_dp
 batch_size: null
 backend: null
 chunks: 2
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -127,24 +127,41 @@ def user_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-models\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(
-        "[distbench.distributions]\nflat_dp = my_models.flat_dp\n")
+        "[distbench.distributions]\nflat_dp = my_models.flat_dp\n"
+    )
     assert not site.is_relative_to(REPO_ROOT)
     return site
 
 
 def _harness(site: Path, cwd: Path, module: str, *args: str) -> subprocess.CompletedProcess[str]:
     path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": path})
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": path},
+    )
 
 
-CELL = ["distribution=flat_dp", "hardware=local_2cpu", "dataset=mnist", "network=mobilenetv2",
-        "dataset.num_samples=32", "distribution.batch_size=8", "run.epochs=1",
-        "run.warmup_batches=1", "run.progress=false", "tracking.enabled=false"]
+CELL = [
+    "distribution=flat_dp",
+    "hardware=local_2cpu",
+    "dataset=mnist",
+    "network=mobilenetv2",
+    "dataset.num_samples=32",
+    "distribution.batch_size=8",
+    "run.epochs=1",
+    "run.warmup_batches=1",
+    "run.progress=false",
+    "tracking.enabled=false",
+]
 
 
-def test_a_registered_model_is_an_option_whose_settings_are_checked(user_site: Path,
-                                                                    tmp_path: Path) -> None:
+def test_a_registered_model_is_an_option_whose_settings_are_checked(
+    user_site: Path, tmp_path: Path
+) -> None:
     helped = _harness(user_site, tmp_path, "harness", "--help")
     assert helped.returncode == 0, helped.stderr
     group = next(line for line in helped.stdout.splitlines() if line.startswith("distribution:"))
@@ -152,19 +169,24 @@ def test_a_registered_model_is_an_option_whose_settings_are_checked(user_site: P
     refused = _harness(user_site, tmp_path, "harness", *CELL, "distribution.chunks=0")
     assert refused.returncode == 2
     assert refused.stderr.count("\n") == 1 and "distribution.chunks=0" in refused.stderr
-    dry = _harness(user_site, tmp_path, "harness", *CELL, f"run.output_dir={tmp_path}",
-                   "--dry-run")
+    dry = _harness(user_site, tmp_path, "harness", *CELL, f"run.output_dir={tmp_path}", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert "flat_dp" in dry.stdout
     # Without the package the option does not exist, and the error lists the built-in ones.
-    unknown = subprocess.run([sys.executable, "-m", "harness", *CELL], cwd=tmp_path,
-                             capture_output=True, text=True, timeout=600)
+    unknown = subprocess.run(
+        [sys.executable, "-m", "harness", *CELL],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert unknown.returncode == 2 and "ddp" in unknown.stderr
 
 
 def test_a_registered_model_trains_a_two_worker_cell(user_site: Path, output_root: Path) -> None:
-    done = _harness(user_site, output_root.parent, "harness", *CELL,
-                    f"run.output_dir={output_root}")
+    done = _harness(
+        user_site, output_root.parent, "harness", *CELL, f"run.output_dir={output_root}"
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (path,) = list(result_files(output_root))
     result = json.loads(path.read_text())
@@ -184,8 +206,7 @@ def test_a_registration_that_cannot_be_loaded_is_refused_in_one_line(tmp_path: P
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[distbench.distributions]\nnope = no_such_module\n")
-    for module, args in (("harness", ["distribution=ddp", "--dry-run"]),
-                         ("harness.describe", [])):
+    for module, args in (("harness", ["distribution=ddp", "--dry-run"]), ("harness.describe", [])):
         done = _harness(site, tmp_path, module, *args)
         assert done.returncode == 2, done.stderr
         assert done.stderr.count("\n") == 1, done.stderr

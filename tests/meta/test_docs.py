@@ -95,6 +95,7 @@ PLACEHOLDER = re.compile(r"\.\.\.|<|\[|\b[A-Z][A-Z_]*\b")
 
 # --- the docs' commands ------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class Block:
     path: Path
@@ -126,12 +127,20 @@ def blocks(path: Path) -> list[Block]:
         if opened is None:
             number += 1
             continue
-        end = next(j for j in range(number + 1, len(lines))
-                   if lines[j].strip().startswith(opened.group(1)))
+        end = next(
+            j for j in range(number + 1, len(lines)) if lines[j].strip().startswith(opened.group(1))
+        )
         before = next((line for line in reversed(lines[:number]) if line.strip()), "")
         mark = MARK_BEFORE.search(before)
-        found.append(Block(path, number + 2, opened.group(2).lower(),
-                           tuple(lines[number + 1:end]), mark.group(1) if mark else None))
+        found.append(
+            Block(
+                path,
+                number + 2,
+                opened.group(2).lower(),
+                tuple(lines[number + 1 : end]),
+                mark.group(1) if mark else None,
+            )
+        )
         number = end + 1
     return found
 
@@ -145,7 +154,7 @@ def split_comment(text: str) -> tuple[str, str]:
         elif char in "'\"":
             quote = char
         elif char == "#" and (index == 0 or text[index - 1].isspace()):
-            return text[:index].strip(), text[index + 1:].strip()
+            return text[:index].strip(), text[index + 1 :].strip()
     return text.strip(), ""
 
 
@@ -191,8 +200,9 @@ def block_commands(block: Block) -> list[DocCommand]:
     for number, text, output in found:
         command, comment = split_comment(text)
         own = comment.split(MARK, 1)[1].strip() if MARK in comment else None
-        commands.append(DocCommand(block.path, number, command, comment, tuple(output),
-                                   own or block.mark))
+        commands.append(
+            DocCommand(block.path, number, command, comment, tuple(output), own or block.mark)
+        )
     return commands
 
 
@@ -211,24 +221,35 @@ def inline_commands(path: Path) -> list[DocCommand]:
         command = " ".join(span.group(1).split())
         if "=" not in command or PLACEHOLDER.search(command):
             continue
-        after = text[span.end():span.end() + 200]
+        after = text[span.end() : span.end() + 200]
         mark = MARK_BEFORE.match(after.lstrip())
-        found.append(DocCommand(path, text[:span.start()].count("\n") + 1, command, "", (),
-                                mark.group(1) if mark else None))
+        found.append(
+            DocCommand(
+                path,
+                text[: span.start()].count("\n") + 1,
+                command,
+                "",
+                (),
+                mark.group(1) if mark else None,
+            )
+        )
     return found
 
 
 def doc_commands() -> list[DocCommand]:
-    return [command for path in DOCS
-            for found in ([c for b in blocks(path) for c in block_commands(b)],
-                          inline_commands(path))
-            for command in found]
+    return [
+        command
+        for path in DOCS
+        for found in ([c for b in blocks(path) for c in block_commands(b)], inline_commands(path))
+        for command in found
+    ]
 
 
 COMMANDS = doc_commands()
 
 
 # --- running them ------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class Outcome:
@@ -267,11 +288,21 @@ def bad_input_exits(function: Callable[[], object]) -> Callable[[], object]:
     def guarded() -> object:
         with exit_on_bad_input():
             return function()
+
     return guarded
 
 
-HYDRA_ONLY = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
-              "--shell-completion", "-sc"}
+HYDRA_ONLY = {
+    "--help",
+    "-h",
+    "--hydra-help",
+    "--info",
+    "-i",
+    "--cfg",
+    "-c",
+    "--shell-completion",
+    "-sc",
+}
 
 
 def sweep_cells(args: Sequence[str]) -> tuple[Any, Any, list[list[str]] | None]:
@@ -312,10 +343,11 @@ def harness_dry_run(argv0: str, args: tuple[str, ...]) -> Outcome:
         hydra, master, jobs = sweep_cells(args)
         limit = MAX_LISTED if "--dry-run" in args else MAX_COMPOSED
         if jobs is not None and len(jobs) > limit:
+
             def first_and_last() -> None:
                 for number in (0, len(jobs) - 1):
-                    validate(cells.cell_config(hydra.config_loader, master, jobs[number],
-                                               number))
+                    validate(cells.cell_config(hydra.config_loader, master, jobs[number], number))
+
             outcome = call(bad_input_exits(first_and_last), argv0, args)
             outcome.cells, outcome.ran = len(jobs), False
             return outcome
@@ -403,9 +435,14 @@ def run_sync(args: Sequence[str]) -> object:
 
 # module -> what runs it here (bad input: one line, exit status 2, as the command does)
 HELPERS: dict[str, Callable[[Sequence[str]], object]] = {
-    "harness.describe": run_describe, "harness.plan": run_plan, "harness.probe": run_probe,
-    "harness.analysis": run_analysis, "harness.recommend": run_recommend,
-    "harness.sweeps": run_sweeps, "harness.sync": run_sync, "harness.compliance": run_compliance,
+    "harness.describe": run_describe,
+    "harness.plan": run_plan,
+    "harness.probe": run_probe,
+    "harness.analysis": run_analysis,
+    "harness.recommend": run_recommend,
+    "harness.sweeps": run_sweeps,
+    "harness.sync": run_sync,
+    "harness.compliance": run_compliance,
 }
 
 
@@ -418,7 +455,7 @@ def program(argv: Sequence[str]) -> tuple[str, list[str]]:
     if name.startswith("python") and len(argv) > 2 and argv[1] == "-m":
         return argv[2], list(argv[3:])
     if name == "distbench" or name.startswith("distbench-"):
-        return "harness" + name[len("distbench"):].replace("-", "."), list(argv[1:])
+        return "harness" + name[len("distbench") :].replace("-", "."), list(argv[1:])
     return name, list(argv[1:])
 
 
@@ -515,12 +552,14 @@ def check_dry_run_output(command: DocCommand, outcome: Outcome) -> None:
     assert documented.header == outcome.listing.header
     for row in documented.rows:
         actual = outcome.listing.rows[int(row["#"])]
-        assert {k: v for k, v in row.items() if k != "s/epoch"} == \
-            {k: v for k, v in actual.items() if k in row and k != "s/epoch"}, row["#"]
+        assert {k: v for k, v in row.items() if k != "s/epoch"} == {
+            k: v for k, v in actual.items() if k in row and k != "s/epoch"
+        }, row["#"]
     # Predictions need an analysis of the hardware, which the doc's machine had.
     predicted = FIT_NOTES + (("no prediction",) if "s/epoch" in shown[1] else ())
-    assert [note for note in documented.notes if not note.startswith(predicted)] == \
-        [note for note in outcome.listing.notes if not note.startswith(predicted)]
+    assert [note for note in documented.notes if not note.startswith(predicted)] == [
+        note for note in outcome.listing.notes if not note.startswith(predicted)
+    ]
 
 
 def check_cell_names(command: DocCommand, outcome: Outcome) -> None:
@@ -553,18 +592,26 @@ def check_output(command: DocCommand, outcome: Outcome) -> None:
         check_cell_names(command, outcome)
         assert "can run" not in outcome.listing.rows[0] or elsewhere(command), (
             "the command names no cluster, and some of its cells cannot run here: "
-            + " ".join(outcome.listing.notes))
+            + " ".join(outcome.listing.notes)
+        )
     elif output and outcome.ran:  # a command that ran: the lines it printed, in order
-        printed = {line.rstrip() for line in (outcome.err + outcome.out)
-                   .replace(str(Path.cwd()), "$PWD").splitlines()}
+        printed = {
+            line.rstrip()
+            for line in (outcome.err + outcome.out).replace(str(Path.cwd()), "$PWD").splitlines()
+        }
         for line in output:
             assert "..." in line or line.rstrip() in printed, line
 
 
 def elsewhere(command: DocCommand) -> bool:
     """Whether the command is meant for a cluster (SLURM, or GPUs this machine may lack)."""
-    return bool(re.search(r"hydra/launcher=(?!submitit_local|serial_local)|hardware=("
-                          r"titanrtx|h100)|\+sweep=(imagenet_resnet|thesis_grid)", command.text))
+    return bool(
+        re.search(
+            r"hydra/launcher=(?!submitit_local|serial_local)|hardware=("
+            r"titanrtx|h100)|\+sweep=(imagenet_resnet|thesis_grid)",
+            command.text,
+        )
+    )
 
 
 # --- the tests ---------------------------------------------------------------------------------
@@ -574,8 +621,10 @@ RUN = [c for c in COMMANDS if c.mark is None and runnable(c)]
 
 def test_every_doc_command_runs_here_or_is_marked_illustrative() -> None:
     unmarked = [f"{c.where}: {c.text}" for c in COMMANDS if c.mark is None and not runnable(c)]
-    assert not unmarked, ("doc commands that no test runs; run them in tests/meta/test_docs.py or "
-                          f"mark them `<!-- {MARK} why -->`:\n" + "\n".join(unmarked))
+    assert not unmarked, (
+        "doc commands that no test runs; run them in tests/meta/test_docs.py or "
+        f"mark them `<!-- {MARK} why -->`:\n" + "\n".join(unmarked)
+    )
     assert len(RUN) > 50  # the parser still finds the docs' commands
 
 
@@ -608,14 +657,21 @@ PREVIOUS: dict[tuple[Path, int], Outcome] = {}  # a block's last outcome, for `e
 
 @pytest.mark.parametrize("command", RUN, ids=[c.where for c in RUN])
 def test_doc_command(command: DocCommand, in_empty_dir: Path, home: Path) -> None:
-    previous = next((PREVIOUS[key] for key in sorted(PREVIOUS, reverse=True)
-                     if key[0] == command.path and key[1] < command.line), None)
+    previous = next(
+        (
+            PREVIOUS[key]
+            for key in sorted(PREVIOUS, reverse=True)
+            if key[0] == command.path and key[1] < command.line
+        ),
+        None,
+    )
     outcome = run_line(command, home, previous)
     PREVIOUS[(command.path, command.line)] = outcome
     check_output(command, outcome)
 
 
 # --- facts the docs print ----------------------------------------------------------------------
+
 
 def cell_count(*args: str) -> int:
     with hydra_context():
@@ -634,24 +690,41 @@ class Fact:
 FLAGSHIP = ("+sweep=imagenet_resnet",)
 CELL_FACTS = (
     Fact("README.md", r"`\+sweep=imagenet_resnet` \((\d+) cells", lambda: cell_count(*FLAGSHIP)),
-    Fact("README.md", r"`\+sweep=thesis_grid` \((\d+) cells",
-         lambda: cell_count("+sweep=thesis_grid")),
-    Fact("docs/sweeps.md", r"That is (\d+) cells per network",
-         lambda: cell_count(*FLAGSHIP, "network=resnet18")),
+    Fact(
+        "README.md",
+        r"`\+sweep=thesis_grid` \((\d+) cells",
+        lambda: cell_count("+sweep=thesis_grid"),
+    ),
+    Fact(
+        "docs/sweeps.md",
+        r"That is (\d+) cells per network",
+        lambda: cell_count(*FLAGSHIP, "network=resnet18"),
+    ),
     Fact("docs/sweeps.md", r"cells per network, (\d+) in all", lambda: cell_count(*FLAGSHIP)),
-    Fact("docs/sweeps.md", r"is the same (\d+) cells for every dataset",
-         lambda: cell_count(*FLAGSHIP, "network=resnet18")),
+    Fact(
+        "docs/sweeps.md",
+        r"is the same (\d+) cells for every dataset",
+        lambda: cell_count(*FLAGSHIP, "network=resnet18"),
+    ),
     Fact("docs/sweeps.md", r"MobileNetV2\): (\d+) cells", lambda: cell_count("+sweep=thesis_grid")),
     Fact("docs/sweeps.md", r"its (\d+) ImageNet x ResNet cells", lambda: cell_count(*FLAGSHIP)),
-    Fact("docs/sweeps.md", r"runs that workload's (\d+) cells",
-         lambda: cell_count("+sweep=thesis_grid", "dataset=highres", "network=resnet152")),
-    Fact("docs/sweeps.md", r"the same (\d+) cells list without",
-         lambda: cell_count(*FLAGSHIP)),
+    Fact(
+        "docs/sweeps.md",
+        r"runs that workload's (\d+) cells",
+        lambda: cell_count("+sweep=thesis_grid", "dataset=highres", "network=resnet152"),
+    ),
+    Fact("docs/sweeps.md", r"the same (\d+) cells list without", lambda: cell_count(*FLAGSHIP)),
     Fact("docs/sweeps.md", r"lists its (\d+) cells", lambda: cell_count("+sweep=thesis_grid")),
-    Fact("docs/performance-models.md", r"for a fifth, (\d+) cells",
-         lambda: cell_count("+sweep=calibrate_local", "network=resnet50")),
-    Fact("docs/performance-models.md", r"every model \((\d+) cells",
-         lambda: cell_count("+sweep=calibrate_local_lm")),
+    Fact(
+        "docs/performance-models.md",
+        r"for a fifth, (\d+) cells",
+        lambda: cell_count("+sweep=calibrate_local", "network=resnet50"),
+    ),
+    Fact(
+        "docs/performance-models.md",
+        r"every model \((\d+) cells",
+        lambda: cell_count("+sweep=calibrate_local_lm"),
+    ),
 )
 
 
@@ -674,9 +747,11 @@ def test_the_docs_list_every_distribution_model() -> None:
     completions = []  # what <TAB> offers: the rest of the line, else the next line
     for path in DOCS:
         lines = path.read_text().splitlines()
-        completions += [line.split("<TAB>", 1)[1] or lines[number + 1]
-                        for number, line in enumerate(lines)
-                        if "distbench distribution=<TAB>" in line]
+        completions += [
+            line.split("<TAB>", 1)[1] or lines[number + 1]
+            for number, line in enumerate(lines)
+            if "distbench distribution=<TAB>" in line
+        ]
     assert len(completions) >= 2
     for offered in completions:
         assert re.findall(r"distribution=(\w+)", offered) == model_options()
@@ -690,8 +765,11 @@ def test_the_flagship_table_is_conf_sweep_scaling() -> None:
     layouts: dict[str, set[str]] = {}
     for path in (CONF_DIR / "sweep" / "scaling").glob("*.yaml"):
         option = OmegaConf.load(path)
-        (model,) = [entry["override /distribution"] for entry in option.defaults
-                    if "override /distribution" in entry]
+        (model,) = [
+            entry["override /distribution"]
+            for entry in option.defaults
+            if "override /distribution" in entry
+        ]
         nodes, per_node = option.hardware.nodes, option.hardware.workers_per_node
         shown = "1" if model == "sequential" else f"{nodes * per_node} ({nodes}x{per_node})"
         layouts.setdefault(model, set()).add(shown)
@@ -700,8 +778,10 @@ def test_the_flagship_table_is_conf_sweep_scaling() -> None:
     documented: dict[str, set[str]] = {}
     for line in table:
         models, workers = line.strip("|").split("|")[:2]
-        shown = {re.sub(r"\s+", " ", w.strip()) for w in re.split(r",(?![^(]*\))",
-                 workers.split(":")[0].split(" (the")[0])}
+        shown = {
+            re.sub(r"\s+", " ", w.strip())
+            for w in re.split(r",(?![^(]*\))", workers.split(":")[0].split(" (the")[0])
+        }
         for model in models.split(","):
             documented[model.strip()] = shown
     assert documented == layouts
@@ -710,9 +790,11 @@ def test_the_flagship_table_is_conf_sweep_scaling() -> None:
 def test_the_default_batch_sizes_the_docs_print_are_table_3_3() -> None:
     """docs/config.md's rows of `distribution.batch_size` and `.micro_batches` give Table 3.3's
     defaults per dataset (mnist, cifar10, imagenet, highres) as the code has them."""
-    rows = {line.split("|")[1].strip(): line
-            for line in (ROOT / "docs" / "config.md").read_text().splitlines()
-            if line.startswith("| `distribution.")}
+    rows = {
+        line.split("|")[1].strip(): line
+        for line in (ROOT / "docs" / "config.md").read_text().splitlines()
+        if line.startswith("| `distribution.")
+    }
     datasets = ("mnist", "cifar10", "imagenet", "highres")
     per_worker = ", ".join(f"{d} {default_batch_size(d)}" for d in datasets)
     pipeline = ", ".join(str(TABLE_3_3[d].batch_size) for d in datasets)
@@ -740,7 +822,8 @@ def test_config_excerpts_are_the_files() -> None:
 def contains(actual: object, shown: object) -> bool:
     if isinstance(shown, dict):
         return isinstance(actual, dict) and all(
-            key in actual and contains(actual[key], value) for key, value in shown.items())
+            key in actual and contains(actual[key], value) for key, value in shown.items()
+        )
     return actual == shown
 
 

@@ -53,8 +53,11 @@ def module_name(path: Path) -> str:
 
 def source_files() -> dict[str, Path]:
     """Every module of the packages, by dotted name."""
-    return {module_name(path): path for package in PACKAGES
-            for path in sorted((ROOT / package).rglob("*.py"))}
+    return {
+        module_name(path): path
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+    }
 
 
 def _ancestors(name: str) -> list[str]:
@@ -63,8 +66,9 @@ def _ancestors(name: str) -> list[str]:
     return [".".join(parts[:end]) for end in range(1, len(parts))]
 
 
-def _imported(node: ast.Import | ast.ImportFrom, module: str, is_package: bool,
-              modules: dict[str, Path]) -> tuple[set[str], set[str]]:
+def _imported(
+    node: ast.Import | ast.ImportFrom, module: str, is_package: bool, modules: dict[str, Path]
+) -> tuple[set[str], set[str]]:
     """What an import statement of `module` loads: the modules it names, and the packages
     Python executes on the way (candidates, not all of them ours)."""
     if isinstance(node, ast.Import):
@@ -72,14 +76,16 @@ def _imported(node: ast.Import | ast.ImportFrom, module: str, is_package: bool,
     else:
         if node.level:  # relative: from the module's package, one level up per further dot
             package = module.split(".") if is_package else module.split(".")[:-1]
-            base = package[:len(package) - (node.level - 1)]
+            base = package[: len(package) - (node.level - 1)]
             source = ".".join(base + ([node.module] if node.module else []))
         else:
             source = node.module or ""
         # `from package import module` names the module; `from package import name` uses
         # what the package's __init__ defines, so it names the package
-        named = {f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source
-                 for alias in node.names}
+        named = {
+            f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source
+            for alias in node.names
+        }
     return named, {ancestor for name in named for ancestor in _ancestors(name)}
 
 
@@ -98,8 +104,11 @@ def import_edges(modules: dict[str, Path]) -> list[Edge]:
                 continue
             named, on_the_way = _imported(node, module, is_package, modules)
             targets = named | (on_the_way - own_packages)
-            edges += [Edge(module, target, node.lineno) for target in sorted(targets)
-                      if target in modules and target != module]
+            edges += [
+                Edge(module, target, node.lineno)
+                for target in sorted(targets)
+                if target in modules and target != module
+            ]
     return edges
 
 
@@ -166,8 +175,10 @@ def a_cycle(component: list[str], edges: list[Edge]) -> list[Edge]:
 
 
 def describe(path: list[Edge], modules: dict[str, Path]) -> str:
-    steps = [f"{edge.source} -> {edge.target} "
-             f"({modules[edge.source].relative_to(ROOT)}:{edge.line})" for edge in path]
+    steps = [
+        f"{edge.source} -> {edge.target} ({modules[edge.source].relative_to(ROOT)}:{edge.line})"
+        for edge in path
+    ]
     return "\n    ".join(steps)
 
 
@@ -178,20 +189,27 @@ def layer(module: str) -> int:
 def test_the_module_graph_has_no_cycle() -> None:
     modules = source_files()
     edges = import_edges(modules)
-    cycles = [component for component in strongly_connected_components(sorted(modules), edges)
-              if len(component) > 1]
+    cycles = [
+        component
+        for component in strongly_connected_components(sorted(modules), edges)
+        if len(component) > 1
+    ]
     assert not cycles, "\n".join(
         f"{len(component)} modules import each other ({', '.join(component)}); one cycle:\n"
-        f"    {describe(a_cycle(component, edges), modules)}" for component in cycles)
+        f"    {describe(a_cycle(component, edges), modules)}"
+        for component in cycles
+    )
 
 
 def test_every_import_goes_to_its_own_layer_or_a_lower_one() -> None:
     modules = source_files()
     assert set(ENTRY_POINTS) <= set(modules), "an entry point listed here no longer exists"
     upward = [edge for edge in import_edges(modules) if layer(edge.target) > layer(edge.source)]
-    assert not upward, "imports against the layering (workloads, conf -> harness -> " \
-        "launchers -> hydra_plugins, entry points):\n    " + "\n    ".join(
-            describe([edge], modules) for edge in upward)
+    assert not upward, (
+        "imports against the layering (workloads, conf -> harness -> "
+        "launchers -> hydra_plugins, entry points):\n    "
+        + "\n    ".join(describe([edge], modules) for edge in upward)
+    )
 
 
 # The layers inside harness/, lowest first: a module may import its own layer or a lower one.
@@ -211,11 +229,23 @@ HARNESS_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the records: results, MLflow, event logs, a cell's identity", ("harness.records.*",)),
     ("the worker", ("harness.worker.*",)),
     ("prediction", ("harness.predict.*",)),
-    ("analysis, sweeps and what the commands share",
-     ("harness.analysis.*", "harness.sweeps.*", "harness.commands.*")),
-    ("the entry points",
-     ("harness.__main__", "harness.describe", "harness.plan", "harness.probe",
-      "harness.recommend", "harness.sync", "harness.compliance", "harness.stage_timing")),
+    (
+        "analysis, sweeps and what the commands share",
+        ("harness.analysis.*", "harness.sweeps.*", "harness.commands.*"),
+    ),
+    (
+        "the entry points",
+        (
+            "harness.__main__",
+            "harness.describe",
+            "harness.plan",
+            "harness.probe",
+            "harness.recommend",
+            "harness.sync",
+            "harness.compliance",
+            "harness.stage_timing",
+        ),
+    ),
 )
 
 
@@ -225,23 +255,36 @@ def harness_layer(module: str) -> int | None:
     named = [level for level, (_, entries) in enumerate(HARNESS_LAYERS) if module in entries]
     if named:
         return named[0]
-    covering = [(len(entry), level) for level, (_, entries) in enumerate(HARNESS_LAYERS)
-                for entry in entries
-                if entry.endswith(".*") and f"{module}.".startswith(entry.removesuffix("*"))]
+    covering = [
+        (len(entry), level)
+        for level, (_, entries) in enumerate(HARNESS_LAYERS)
+        for entry in entries
+        if entry.endswith(".*") and f"{module}.".startswith(entry.removesuffix("*"))
+    ]
     return max(covering)[1] if covering else None
 
 
 def test_harness_has_layers_that_import_downwards_only() -> None:
-    modules = {name: path for name, path in source_files().items()
-               if name.split(".")[0] == "harness"}
+    modules = {
+        name: path for name, path in source_files().items() if name.split(".")[0] == "harness"
+    }
     unplaced = sorted(name for name in modules if harness_layer(name) is None)
     assert not unplaced, f"modules of harness/ without a layer in HARNESS_LAYERS: {unplaced}"
-    upward = [edge for edge in import_edges(modules)
-              if harness_layer(edge.target) > harness_layer(edge.source)]  # type: ignore[operator]
-    assert not upward, "imports against harness/'s layers (" + " -> ".join(
-        name for name, _ in HARNESS_LAYERS) + "):\n    " + "\n    ".join(
-        f"{describe([edge], modules)}: {HARNESS_LAYERS[harness_layer(edge.source)][0]} "  # type: ignore[index]
-        f"-> {HARNESS_LAYERS[harness_layer(edge.target)][0]}" for edge in upward)
+    upward = [
+        edge
+        for edge in import_edges(modules)
+        if harness_layer(edge.target) > harness_layer(edge.source)
+    ]  # type: ignore[operator]
+    assert not upward, (
+        "imports against harness/'s layers ("
+        + " -> ".join(name for name, _ in HARNESS_LAYERS)
+        + "):\n    "
+        + "\n    ".join(
+            f"{describe([edge], modules)}: {HARNESS_LAYERS[harness_layer(edge.source)][0]} "  # type: ignore[index]
+            f"-> {HARNESS_LAYERS[harness_layer(edge.target)][0]}"
+            for edge in upward
+        )
+    )
 
 
 def test_the_graph_reader_sees_lazy_relative_and_submodule_imports(tmp_path: Path) -> None:
@@ -253,10 +296,15 @@ def test_the_graph_reader_sees_lazy_relative_and_submodule_imports(tmp_path: Pat
     (package / "a.py").write_text("def f():\n    from pkg.b import g\n")
     (package / "b.py").write_text("from pkg import a\n")
     (package / "c.py").write_text("from pkg import VERSION\n")
-    modules = {"pkg": package / "__init__.py", "pkg.a": package / "a.py",
-               "pkg.b": package / "b.py", "pkg.c": package / "c.py"}
+    modules = {
+        "pkg": package / "__init__.py",
+        "pkg.a": package / "a.py",
+        "pkg.b": package / "b.py",
+        "pkg.c": package / "c.py",
+    }
     edges = {(edge.source, edge.target) for edge in import_edges(modules)}
     assert edges == {("pkg", "pkg.a"), ("pkg.a", "pkg.b"), ("pkg.b", "pkg.a"), ("pkg.c", "pkg")}
-    components = strongly_connected_components(sorted(modules), [
-        Edge(source, target, 1) for source, target in edges])
+    components = strongly_connected_components(
+        sorted(modules), [Edge(source, target, 1) for source, target in edges]
+    )
     assert sorted(components) == [["pkg"], ["pkg.a", "pkg.b"], ["pkg.c"]]

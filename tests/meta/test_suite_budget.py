@@ -24,10 +24,10 @@ class _Reporter:
 
 
 def test_a_suite_over_its_budget_says_so_and_one_within_says_nothing(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     reporter = _Reporter()
-    monkeypatch.setattr(conftest, "_SUITE_STARTED",
-                        time.monotonic() - conftest.SUITE_BUDGET_S - 90)
+    monkeypatch.setattr(conftest, "_SUITE_STARTED", time.monotonic() - conftest.SUITE_BUDGET_S - 90)
     conftest.pytest_terminal_summary(reporter)  # type: ignore[arg-type]
     assert reporter.lines[0] == "over the suite's time budget"
     assert "took 26.5 min, over the suite's budget of 25 min" in reporter.lines[1]

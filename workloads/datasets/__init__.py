@@ -21,16 +21,32 @@ from typing import TYPE_CHECKING
 from workloads.lazy import lazy_exports
 
 _EXPORTS = {
-    "SOURCES": "build", "build_dataset": "build",
+    "SOURCES": "build",
+    "build_dataset": "build",
     "EpochLoader": "loader",
-    "DATASET_SPECS": "spec", "DatasetSpec": "spec", "dataset_spec": "spec",
-    "DEFAULT_UNIQUE_SAMPLES": "synthetic", "SyntheticDataset": "synthetic",
-    "TokenDataset": "tokens", "best_next_token_accuracy": "tokens", "markov_chain": "tokens",
+    "DATASET_SPECS": "spec",
+    "DatasetSpec": "spec",
+    "dataset_spec": "spec",
+    "DEFAULT_UNIQUE_SAMPLES": "synthetic",
+    "SyntheticDataset": "synthetic",
+    "TokenDataset": "tokens",
+    "best_next_token_accuracy": "tokens",
+    "markov_chain": "tokens",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-__all__ = ["DATASET_SPECS", "DEFAULT_UNIQUE_SAMPLES", "DatasetSpec", "EpochLoader", "SOURCES",
-           "SyntheticDataset", "TokenDataset", "best_next_token_accuracy", "build_dataset",
-           "dataset_spec", "markov_chain"]
+__all__ = [
+    "DATASET_SPECS",
+    "DEFAULT_UNIQUE_SAMPLES",
+    "DatasetSpec",
+    "EpochLoader",
+    "SOURCES",
+    "SyntheticDataset",
+    "TokenDataset",
+    "best_next_token_accuracy",
+    "build_dataset",
+    "dataset_spec",
+    "markov_chain",
+]
 
 if TYPE_CHECKING:  # what the names are, for type checkers and readers
     from workloads.datasets.build import SOURCES, build_dataset

@@ -40,8 +40,11 @@ def npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
     import numpy as np  # the .npy writers only: the JSON and text writers load no numpy
 
     buffer = io.BytesIO()
-    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
-              "shape": tuple(shape)}
+    header = {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+        "fortran_order": False,
+        "shape": tuple(shape),
+    }
     np.lib.format.write_array_header_1_0(buffer, header)
     return buffer.getvalue()
 
@@ -86,8 +89,9 @@ def _fsync_directory(directory: Path) -> None:
             os.close(fd)
 
 
-def write_npy_chunks(path: Path, shape: tuple[int, ...], dtype: np.dtype,
-                     chunks: Iterable[np.ndarray]) -> str:
+def write_npy_chunks(
+    path: Path, shape: tuple[int, ...], dtype: np.dtype, chunks: Iterable[np.ndarray]
+) -> str:
     """Atomically write a `.npy` file whose rows arrive in `chunks`; return its sha256 (hex).
 
     The checksum is computed from the bytes as they are written, so the (possibly 1.5 GB) file is
@@ -108,8 +112,9 @@ def write_npy_chunks(path: Path, shape: tuple[int, ...], dtype: np.dtype,
             digest.update(data)
             written += data.nbytes
         if written != expected_bytes:
-            raise ValueError(f"{path.name}: chunks hold {written} bytes, shape {shape} needs "
-                             f"{expected_bytes}")
+            raise ValueError(
+                f"{path.name}: chunks hold {written} bytes, shape {shape} needs {expected_bytes}"
+            )
     return digest.hexdigest()
 
 

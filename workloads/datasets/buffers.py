@@ -37,8 +37,11 @@ class BufferPool:
         when one is free."""
         dtype = np.dtype(str(torch.get_default_dtype()).removeprefix("torch."))  # as numpy names it
         for index in range(len(self._buffers)):  # no local name for a buffer: see _unused
-            if (self._buffers[index].shape == shape and self._buffers[index].dtype == dtype
-                    and self._unused(index)):
+            if (
+                self._buffers[index].shape == shape
+                and self._buffers[index].dtype == dtype
+                and self._unused(index)
+            ):
                 return torch.from_numpy(self._buffers[index])
         array = np.empty(shape, dtype=dtype)
         self._remember(array)

@@ -55,8 +55,11 @@ class ArraySpec:
 
     def describe(self) -> dict[str, Any]:
         """JSON form used in the manifest."""
-        return {"shape": list(self.shape), "dtype": np.dtype(self.dtype).str,
-                "bytes": npy_file_size(self.shape, self.dtype)}
+        return {
+            "shape": list(self.shape),
+            "dtype": np.dtype(self.dtype).str,
+            "bytes": npy_file_size(self.shape, self.dtype),
+        }
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,14 @@ class CacheEntry:
 ChunkSource = Callable[[str], Iterable[np.ndarray]]
 
 
-def load_or_generate(directory: Path, params: dict[str, Any], specs: dict[str, ArraySpec],
-                     make_chunks: ChunkSource, *, verify: bool = True) -> CacheEntry:
+def load_or_generate(
+    directory: Path,
+    params: dict[str, Any],
+    specs: dict[str, ArraySpec],
+    make_chunks: ChunkSource,
+    *,
+    verify: bool = True,
+) -> CacheEntry:
     """Return the arrays cached in `directory`, generating them first when they are not valid.
 
     Args:
@@ -99,8 +108,9 @@ def load_or_generate(directory: Path, params: dict[str, Any], specs: dict[str, A
     return CacheEntry(directory, arrays, generated=True)
 
 
-def _load_valid(directory: Path, params: dict[str, Any], specs: dict[str, ArraySpec], *,
-                verify: bool) -> dict[str, np.ndarray] | None:
+def _load_valid(
+    directory: Path, params: dict[str, Any], specs: dict[str, ArraySpec], *, verify: bool
+) -> dict[str, np.ndarray] | None:
     """The memory-mapped arrays if the entry passes every check, else None (reason logged)."""
     manifest = _read_manifest(directory)
     if manifest is None:
@@ -125,8 +135,9 @@ def _read_manifest(directory: Path) -> dict[str, Any] | None:
         return None
 
 
-def _manifest_problem(manifest: dict[str, Any], params: dict[str, Any],
-                      specs: dict[str, ArraySpec]) -> str | None:
+def _manifest_problem(
+    manifest: dict[str, Any], params: dict[str, Any], specs: dict[str, ArraySpec]
+) -> str | None:
     """Why the manifest does not describe the wanted content, or None if it does."""
     if manifest.get("format") != MANIFEST_FORMAT:
         return f"manifest format {manifest.get('format')!r}, expected {MANIFEST_FORMAT}"
@@ -140,8 +151,9 @@ def _manifest_problem(manifest: dict[str, Any], params: dict[str, Any],
     return None
 
 
-def _files_problem(directory: Path, manifest: dict[str, Any], specs: dict[str, ArraySpec], *,
-                   verify: bool) -> str | None:
+def _files_problem(
+    directory: Path, manifest: dict[str, Any], specs: dict[str, ArraySpec], *, verify: bool
+) -> str | None:
     """Why the files on disk do not match the manifest, or None if they do."""
     for name, spec in specs.items():
         path = directory / name
@@ -176,8 +188,9 @@ def _generation_lock(directory: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _generate(directory: Path, params: dict[str, Any], specs: dict[str, ArraySpec],
-              make_chunks: ChunkSource) -> None:
+def _generate(
+    directory: Path, params: dict[str, Any], specs: dict[str, ArraySpec], make_chunks: ChunkSource
+) -> None:
     """Write every array and then the manifest; called with the generation lock held."""
     # Withdraw trust first: from here on the entry is "not generated" until the new manifest lands.
     (directory / MANIFEST_NAME).unlink(missing_ok=True)

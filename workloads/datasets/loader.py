@@ -28,13 +28,28 @@ class EpochLoader:
     read per sample by a DataLoader and collated.
     """
 
-    def __init__(self, dataset: Dataset, batch_size: int, *, seed: int, shuffle: bool = True,
-                 num_workers: int = 0, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        *,
+        seed: int,
+        shuffle: bool = True,
+        num_workers: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
         _check_arguments(batch_size, seed, num_workers, rank, world_size)
         self.dataset = dataset
         self.num_workers = num_workers
-        self._schedule = ShardSchedule(dataset_length(dataset), batch_size, seed=seed,
-                                       shuffle=shuffle, rank=rank, world_size=world_size)
+        self._schedule = ShardSchedule(
+            dataset_length(dataset),
+            batch_size,
+            seed=seed,
+            shuffle=shuffle,
+            rank=rank,
+            world_size=world_size,
+        )
         self._data_loader: DataLoader | None = None
 
     @property
@@ -55,8 +70,9 @@ class EpochLoader:
         The schedule is read afresh at each iteration, so a DataLoader and its persistent
         workers follow; their per-worker random seeds still come from the first seed.
         """
-        _check_arguments(self.batch_size, seed, self.num_workers, self._schedule.rank,
-                         self._schedule.world_size)
+        _check_arguments(
+            self.batch_size, seed, self.num_workers, self._schedule.rank, self._schedule.world_size
+        )
         self._schedule.seed = seed
 
     def set_epoch(self, epoch: int) -> None:
@@ -110,8 +126,16 @@ class ShardSchedule(Sampler[list[int]]):
     every epoch.
     """
 
-    def __init__(self, dataset_size: int, batch_size: int, *, seed: int, shuffle: bool, rank: int,
-                 world_size: int) -> None:
+    def __init__(
+        self,
+        dataset_size: int,
+        batch_size: int,
+        *,
+        seed: int,
+        shuffle: bool,
+        rank: int,
+        world_size: int,
+    ) -> None:
         self.dataset_size = dataset_size
         self.batch_size = batch_size
         self.seed = seed
@@ -129,7 +153,7 @@ class ShardSchedule(Sampler[list[int]]):
             order = np.random.default_rng([self.seed, self.epoch]).permutation(self.dataset_size)
         else:
             order = np.arange(self.dataset_size)
-        shard = order[self.rank::self.world_size][: len(self) * self.batch_size]
+        shard = order[self.rank :: self.world_size][: len(self) * self.batch_size]
         return shard.reshape(len(self), self.batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -158,8 +182,9 @@ def _already_collated(batch: Any) -> Any:
     return batch
 
 
-def _check_arguments(batch_size: int, seed: int, num_workers: int, rank: int,
-                     world_size: int) -> None:
+def _check_arguments(
+    batch_size: int, seed: int, num_workers: int, rank: int, world_size: int
+) -> None:
     """Reject arguments that would silently produce wrong shards or orders."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -168,5 +193,7 @@ def _check_arguments(batch_size: int, seed: int, num_workers: int, rank: int,
     if num_workers < 0:
         raise ValueError(f"num_workers must be 0 or more, got {num_workers}")
     if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"need world_size >= 1 and 0 <= rank < world_size, got rank={rank}, "
-                         f"world_size={world_size}")
+        raise ValueError(
+            f"need world_size >= 1 and 0 <= rank < world_size, got rank={rank}, "
+            f"world_size={world_size}"
+        )

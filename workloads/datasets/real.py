@@ -31,13 +31,27 @@ from workloads.datasets.spec import DatasetSpec
 
 logger = logging.getLogger(__name__)
 
-_MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-                "eval": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
-_CIFAR10_FILES = {"train": tuple(f"data_batch_{number}" for number in range(1, 6)),
-                  "eval": ("test_batch",)}
+_MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "eval": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+_CIFAR10_FILES = {
+    "train": tuple(f"data_batch_{number}" for number in range(1, 6)),
+    "eval": ("test_batch",),
+}
 _IMAGENET_FOLDERS = {"train": "train", "eval": "val"}
-_CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
-                    "ship", "truck"]
+_CIFAR10_CLASSES = [
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+]
 # Channel statistics of the ImageNet training set, the normalisation every torchvision model uses.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -61,8 +75,9 @@ class SplitMNIST(datasets.MNIST):
 
     def _check_exists(self) -> bool:
         folder = self.raw_folder
-        return all(os.path.isfile(os.path.join(folder, name))
-                   for name in _MNIST_FILES[_split(self.train)])
+        return all(
+            os.path.isfile(os.path.join(folder, name)) for name in _MNIST_FILES[_split(self.train)]
+        )
 
 
 class UncheckedCIFAR10(datasets.CIFAR10):
@@ -75,8 +90,10 @@ class UncheckedCIFAR10(datasets.CIFAR10):
 
     def _check_integrity(self) -> bool:
         folder = os.path.join(self.root, self.base_folder)
-        return all(os.path.isfile(os.path.join(folder, name))
-                   for name in _CIFAR10_FILES[_split(self.train)])
+        return all(
+            os.path.isfile(os.path.join(folder, name))
+            for name in _CIFAR10_FILES[_split(self.train)]
+        )
 
     def _load_meta(self) -> None:
         path = os.path.join(self.root, self.base_folder, self.meta["filename"])
@@ -94,22 +111,26 @@ def _split(train: bool) -> str:
 
 def imagenet_train_transform() -> transforms.Compose:
     """The standard ImageNet training augmentation (as in the torchvision reference scripts)."""
-    return transforms.Compose([
-        transforms.RandomResizedCrop(224),
-        transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(),
-        transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-    ])
+    return transforms.Compose(
+        [
+            transforms.RandomResizedCrop(224),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
 
 
 def imagenet_eval_transform() -> transforms.Compose:
     """The standard ImageNet evaluation transform (as in the torchvision reference scripts)."""
-    return transforms.Compose([
-        transforms.Resize(256),
-        transforms.CenterCrop(224),
-        transforms.ToTensor(),
-        transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-    ])
+    return transforms.Compose(
+        [
+            transforms.Resize(256),
+            transforms.CenterCrop(224),
+            transforms.ToTensor(),
+            transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
 
 
 def required_paths(spec: DatasetSpec, root: Path, split: str = "train") -> list[Path]:
@@ -120,8 +141,10 @@ def required_paths(spec: DatasetSpec, root: Path, split: str = "train") -> list[
         return [root / datasets.CIFAR10.base_folder / name for name in _CIFAR10_FILES[split]]
     if spec.name == "imagenet":
         return [root / _IMAGENET_FOLDERS[split]]
-    raise ValueError(f"dataset {spec.name!r} has no real on-disk version; allowed for "
-                     f"source='real': {', '.join(_LOADERS)}; use source='synthetic'")
+    raise ValueError(
+        f"dataset {spec.name!r} has no real on-disk version; allowed for "
+        f"source='real': {', '.join(_LOADERS)}; use source='synthetic'"
+    )
 
 
 def build_real(spec: DatasetSpec, root: str | Path, split: str = "train") -> Dataset:
@@ -130,12 +153,19 @@ def build_real(spec: DatasetSpec, root: str | Path, split: str = "train") -> Dat
     root = Path(root)
     missing = [str(path) for path in required_paths(spec, root, split) if not path.exists()]
     if missing:
-        raise ValueError(f"real dataset {spec.name!r} ({split} split) not found under "
-                         f"root={str(root)!r}; missing: {', '.join(missing)}")
+        raise ValueError(
+            f"real dataset {spec.name!r} ({split} split) not found under "
+            f"root={str(root)!r}; missing: {', '.join(missing)}"
+        )
     dataset = _LOADERS[spec.name](root, split == "train")
     _check_class_count(spec, dataset)
-    logger.info("loaded real %s (%s split) from %s: %d samples", spec.name, split, root,
-                dataset_length(dataset))
+    logger.info(
+        "loaded real %s (%s split) from %s: %d samples",
+        spec.name,
+        split,
+        root,
+        dataset_length(dataset),
+    )
     return dataset
 
 
@@ -143,8 +173,10 @@ def _check_class_count(spec: DatasetSpec, dataset: Dataset) -> None:
     """Reject more classes than the network's output layer has: the loss would fail mid-run."""
     classes = getattr(dataset, "classes", [])
     if len(classes) > spec.num_classes:
-        raise ValueError(f"real dataset {spec.name!r} has {len(classes)} classes on disk, but the "
-                         f"spec allows at most {spec.num_classes}")
+        raise ValueError(
+            f"real dataset {spec.name!r} has {len(classes)} classes on disk, but the "
+            f"spec allows at most {spec.num_classes}"
+        )
 
 
 def _mnist(root: Path, train: bool) -> Dataset:
@@ -160,8 +192,11 @@ def _imagenet(root: Path, train: bool) -> Dataset:
     try:
         if train:
             return datasets.ImageFolder(folder, transform=imagenet_train_transform())
-        return ValImageFolder(folder, train_folder=root / _IMAGENET_FOLDERS["train"],
-                              transform=imagenet_eval_transform())
+        return ValImageFolder(
+            folder,
+            train_folder=root / _IMAGENET_FOLDERS["train"],
+            transform=imagenet_eval_transform(),
+        )
     except FileNotFoundError as error:  # no class folders, or no images in them
         raise ValueError(f"real dataset 'imagenet' under {folder}: {error}") from None
 
@@ -189,8 +224,10 @@ class ValImageFolder(datasets.ImageFolder):
         train_classes, train_to_idx = super().find_classes(self.train_folder)
         unknown = sorted(set(classes) - set(train_classes))
         if unknown:
-            raise ValueError(f"real dataset 'imagenet': val classes {', '.join(unknown[:5])} "
-                             f"have no folder in {self.train_folder}")
+            raise ValueError(
+                f"real dataset 'imagenet': val classes {', '.join(unknown[:5])} "
+                f"have no folder in {self.train_folder}"
+            )
         return train_classes, train_to_idx
 
 

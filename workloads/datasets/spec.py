@@ -93,17 +93,20 @@ class DatasetSpec:
         """Logits per prediction: the vocabulary for tokens, the classes for images."""
         return self.vocab_size if self.tokens else self.num_classes
 
-    def example_batch(self, batch: int, generator: torch.Generator | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    def example_batch(
+        self, batch: int, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """A random batch of this dataset's shape: (inputs, targets), what a profiler or a
         shape check feeds a network (uniform images in [0, 1) or uniform token ids)."""
         import torch  # a dataset's facts are read by commands that answer without torch
 
-        targets = torch.randint(0, self.output_classes, (batch, *self.target_shape),
-                                generator=generator)
+        targets = torch.randint(
+            0, self.output_classes, (batch, *self.target_shape), generator=generator
+        )
         if self.tokens:
-            return torch.randint(0, self.vocab_size, (batch, *self.input_shape),
-                                 generator=generator), targets
+            return torch.randint(
+                0, self.vocab_size, (batch, *self.input_shape), generator=generator
+            ), targets
         return torch.rand((batch, *self.input_shape), generator=generator), targets
 
     def with_tokens(self, seq_len: int | None, vocab_size: int | None) -> DatasetSpec:
@@ -111,9 +114,12 @@ class DatasetSpec:
         default); an image dataset is returned unchanged."""
         if not self.tokens:
             return self
-        return dataclasses.replace(self, seq_len=seq_len or self.seq_len,
-                                   vocab_size=vocab_size or self.vocab_size,
-                                   num_classes=vocab_size or self.vocab_size)
+        return dataclasses.replace(
+            self,
+            seq_len=seq_len or self.seq_len,
+            vocab_size=vocab_size or self.vocab_size,
+            num_classes=vocab_size or self.vocab_size,
+        )
 
     @property
     def small_images(self) -> bool:
@@ -135,24 +141,67 @@ DEFAULT_SEQ_LEN = 128
 DATASET_SPECS: dict[str, DatasetSpec] = {
     spec.name: spec
     for spec in (
-        DatasetSpec("mnist", num_classes=10, num_images=70_000, num_eval_images=10_000,
-                    channels=1, resolution=28),
-        DatasetSpec("cifar10", num_classes=10, num_images=60_000, num_eval_images=10_000,
-                    channels=3, resolution=32),
-        DatasetSpec("imagenet", num_classes=1000, num_images=1_280_000, num_eval_images=50_000,
-                    channels=3, resolution=224),
-        DatasetSpec("highres", num_classes=1000, num_images=60_000, num_eval_images=10_000,
-                    channels=3, resolution=512, synthetic_only=True),
+        DatasetSpec(
+            "mnist",
+            num_classes=10,
+            num_images=70_000,
+            num_eval_images=10_000,
+            channels=1,
+            resolution=28,
+        ),
+        DatasetSpec(
+            "cifar10",
+            num_classes=10,
+            num_images=60_000,
+            num_eval_images=10_000,
+            channels=3,
+            resolution=32,
+        ),
+        DatasetSpec(
+            "imagenet",
+            num_classes=1000,
+            num_images=1_280_000,
+            num_eval_images=50_000,
+            channels=3,
+            resolution=224,
+        ),
+        DatasetSpec(
+            "highres",
+            num_classes=1000,
+            num_images=60_000,
+            num_eval_images=10_000,
+            channels=3,
+            resolution=512,
+            synthetic_only=True,
+        ),
         # Language modelling. `tokens`: sequences of a seeded random Markov chain (learnable,
         # so next-token accuracy and time to quality mean something), 65,536 sequences (8.4 M
         # tokens at seq_len 128); `text`: a directory of local text files, byte-level tokens.
         # channels/resolution are 0: there is no image.
-        DatasetSpec("tokens", num_classes=BYTE_VOCAB, num_images=65_536, num_eval_images=4_096,
-                    channels=0, resolution=0, synthetic_only=True, kind=TOKENS,
-                    seq_len=DEFAULT_SEQ_LEN, vocab_size=BYTE_VOCAB),
-        DatasetSpec("text", num_classes=BYTE_VOCAB, num_images=65_536, num_eval_images=4_096,
-                    channels=0, resolution=0, real_only=True, kind=TOKENS,
-                    seq_len=DEFAULT_SEQ_LEN, vocab_size=BYTE_VOCAB),
+        DatasetSpec(
+            "tokens",
+            num_classes=BYTE_VOCAB,
+            num_images=65_536,
+            num_eval_images=4_096,
+            channels=0,
+            resolution=0,
+            synthetic_only=True,
+            kind=TOKENS,
+            seq_len=DEFAULT_SEQ_LEN,
+            vocab_size=BYTE_VOCAB,
+        ),
+        DatasetSpec(
+            "text",
+            num_classes=BYTE_VOCAB,
+            num_images=65_536,
+            num_eval_images=4_096,
+            channels=0,
+            resolution=0,
+            real_only=True,
+            kind=TOKENS,
+            seq_len=DEFAULT_SEQ_LEN,
+            vocab_size=BYTE_VOCAB,
+        ),
     )
 }
 

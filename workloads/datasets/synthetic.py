@@ -106,9 +106,16 @@ def unique_sample_count(spec: DatasetSpec, length: int, requested: int | None) -
     return min(length, requested)
 
 
-def build_synthetic(spec: DatasetSpec, *, length: int, seed: int, cache_dir: str | Path,
-                    unique_samples: int | None = None, verify: bool = True,
-                    split: str = "train") -> SyntheticDataset:
+def build_synthetic(
+    spec: DatasetSpec,
+    *,
+    length: int,
+    seed: int,
+    cache_dir: str | Path,
+    unique_samples: int | None = None,
+    verify: bool = True,
+    split: str = "train",
+) -> SyntheticDataset:
     """The synthetic version of `spec` with `length` samples, generated into `cache_dir` if needed.
 
     Args:
@@ -139,27 +146,45 @@ def build_synthetic(spec: DatasetSpec, *, length: int, seed: int, cache_dir: str
             return _image_chunks(spec, labels(), seed, split)
         return iter([labels()])
 
-    entry = load_or_generate(directory, _cache_params(spec, unique, seed, split), specs,
-                             make_chunks, verify=verify)
+    entry = load_or_generate(
+        directory, _cache_params(spec, unique, seed, split), specs, make_chunks, verify=verify
+    )
     if entry.generated:
-        logger.info("generated synthetic %s (%s split): %d distinct images in %s", spec.name,
-                    split, unique, directory)
-    return SyntheticDataset(directory, length, images=entry.arrays[IMAGES_FILE],
-                            labels=entry.arrays[LABELS_FILE], generated=entry.generated)
+        logger.info(
+            "generated synthetic %s (%s split): %d distinct images in %s",
+            spec.name,
+            split,
+            unique,
+            directory,
+        )
+    return SyntheticDataset(
+        directory,
+        length,
+        images=entry.arrays[IMAGES_FILE],
+        labels=entry.arrays[LABELS_FILE],
+        generated=entry.generated,
+    )
 
 
 def _entry_name(spec: DatasetSpec, unique: int, seed: int, split: str) -> str:
     """Directory name of a cache entry; it encodes everything the content depends on."""
     shape = "x".join(str(size) for size in spec.input_shape)
-    return (f"{spec.name}-{shape}-c{spec.num_classes}-u{unique}-seed{seed}-{split}"
-            f"-v{GENERATOR_VERSION}")
+    return (
+        f"{spec.name}-{shape}-c{spec.num_classes}-u{unique}-seed{seed}-{split}-v{GENERATOR_VERSION}"
+    )
 
 
 def _cache_params(spec: DatasetSpec, unique: int, seed: int, split: str) -> dict[str, Any]:
     """The parameters recorded in (and checked against) the manifest."""
-    return {"dataset": spec.name, "split": split, "input_shape": list(spec.input_shape),
-            "num_classes": spec.num_classes, "unique_samples": unique, "seed": seed,
-            "generator_version": GENERATOR_VERSION}
+    return {
+        "dataset": spec.name,
+        "split": split,
+        "input_shape": list(spec.input_shape),
+        "num_classes": spec.num_classes,
+        "unique_samples": unique,
+        "seed": seed,
+        "generator_version": GENERATOR_VERSION,
+    }
 
 
 def _rng(spec: DatasetSpec, seed: int, *stream: int) -> np.random.Generator:
@@ -183,28 +208,32 @@ def class_templates(spec: DatasetSpec, seed: int) -> np.ndarray:
     Seeded by (seed, dataset name) alone, so every split of the same seed shares them.
     """
     cells = _rng(spec, seed, _TEMPLATE_STREAM).integers(
-        0, 2, size=(spec.num_classes, spec.channels, TEMPLATE_GRID, TEMPLATE_GRID),
-        dtype=np.uint8)
+        0, 2, size=(spec.num_classes, spec.channels, TEMPLATE_GRID, TEMPLATE_GRID), dtype=np.uint8
+    )
     return cells * np.uint8(255)
 
 
-def _image_chunks(spec: DatasetSpec, labels: np.ndarray, seed: int,
-                  split: str) -> Iterator[np.ndarray]:
+def _image_chunks(
+    spec: DatasetSpec, labels: np.ndarray, seed: int, split: str
+) -> Iterator[np.ndarray]:
     """The images of `labels`, `_CHUNK_BYTES` at a time: uniform noise plus each label's template,
     generated as uint16 and uint8 (no int64 or float intermediate)."""
     unique = len(labels)
     per_chunk = max(1, _CHUNK_BYTES // spec.bytes_per_image)
     templates = class_templates(spec, seed)
     show_progress = unique * spec.bytes_per_image >= _PROGRESS_BAR_BYTES
-    with steps(unique, f"generating synthetic {spec.name} ({split})", "img",
-               enabled=show_progress) as progress:
+    with steps(
+        unique, f"generating synthetic {spec.name} ({split})", "img", enabled=show_progress
+    ) as progress:
         for index, start in enumerate(range(0, unique, per_chunk)):
             count = min(per_chunk, unique - start)
             # Drawn as uint16: numpy draws a range that is not a power of two 6x faster so.
-            images = _split_rng(spec, seed, split, _IMAGES, index).integers(
-                0, 256 - SIGNAL_LEVEL, size=(count, *spec.input_shape),
-                dtype=np.uint16).astype(np.uint8)
-            _add_templates(images, templates[labels[start:start + count]])
+            images = (
+                _split_rng(spec, seed, split, _IMAGES, index)
+                .integers(0, 256 - SIGNAL_LEVEL, size=(count, *spec.input_shape), dtype=np.uint16)
+                .astype(np.uint8)
+            )
+            _add_templates(images, templates[labels[start : start + count]])
             progress.update(count)
             yield images
 
@@ -222,8 +251,9 @@ def _add_templates(images: np.ndarray, templates: np.ndarray) -> None:
 
 def _labels(spec: DatasetSpec, unique: int, seed: int, split: str) -> np.ndarray:
     """Uniformly random labels in [0, num_classes), one per distinct image of `split`."""
-    return _split_rng(spec, seed, split, _LABELS).integers(0, spec.num_classes, size=unique,
-                                                          dtype=np.int64)
+    return _split_rng(spec, seed, split, _LABELS).integers(
+        0, spec.num_classes, size=unique, dtype=np.int64
+    )
 
 
 class SyntheticDataset(Dataset):
@@ -239,8 +269,15 @@ class SyntheticDataset(Dataset):
     # Tells `EpochLoader` that `__getitems__` returns a ready (images, labels) batch.
     fetches_whole_batches = True
 
-    def __init__(self, directory: Path, length: int, *, images: np.ndarray | None = None,
-                 labels: np.ndarray | None = None, generated: bool = False) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        length: int,
+        *,
+        images: np.ndarray | None = None,
+        labels: np.ndarray | None = None,
+        generated: bool = False,
+    ) -> None:
         self.directory = Path(directory)
         self.length = length
         self.generated = generated  # whether building this dataset (re)generated the cache

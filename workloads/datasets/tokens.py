@@ -128,8 +128,9 @@ class MarkovChain:
         floor = NOISE / self.vocab_size
         peaked = [p + floor for p in self.probabilities]
         rest = self.vocab_size - len(peaked)
-        return -sum(p * math.log(p) for p in peaked) - (rest * floor * math.log(floor)
-                                                       if rest else 0.0)
+        return -sum(p * math.log(p) for p in peaked) - (
+            rest * floor * math.log(floor) if rest else 0.0
+        )
 
     def walk(self, rng: np.random.Generator, rows: int, length: int) -> np.ndarray:
         """`rows` walks of `length` tokens, int64 (rows, length), from uniformly random starts.
@@ -167,16 +168,18 @@ def _distinct_successors(rng: np.random.Generator, vocab_size: int, width: int) 
         repeated = (ordered[:, 1:] == ordered[:, :-1]).any(axis=1)
         if not repeated.any():
             return table
-        table[repeated] = rng.integers(0, vocab_size, size=(int(repeated.sum()), width),
-                                       dtype=np.int64)
+        table[repeated] = rng.integers(
+            0, vocab_size, size=(int(repeated.sum()), width), dtype=np.int64
+        )
 
 
 def _rng(seed: int, vocab_size: int, *stream: int) -> np.random.Generator:
     """An independent stream for (seed, vocab_size, stream ids); crc32 of the name because
     Python's str hash changes between processes."""
     name_code = zlib.crc32(b"tokens")
-    return np.random.default_rng(np.random.SeedSequence([seed, name_code, vocab_size],
-                                                        spawn_key=stream))
+    return np.random.default_rng(
+        np.random.SeedSequence([seed, name_code, vocab_size], spawn_key=stream)
+    )
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -201,12 +204,17 @@ class TokenWindows:
         flat = np.load(self.path, mmap_mode="r").reshape(-1)
         end = self.start + (self.rows - 1) * self.stride + self.seq_len + 1
         if end > flat.size:
-            raise ValueError(f"{self.path} holds {flat.size} tokens, its windows need {end}; "
-                             f"delete the cache entry {self.path.parent} to regenerate it")
-        window = flat[self.start:end]
+            raise ValueError(
+                f"{self.path} holds {flat.size} tokens, its windows need {end}; "
+                f"delete the cache entry {self.path.parent} to regenerate it"
+            )
+        window = flat[self.start : end]
         return np.lib.stride_tricks.as_strided(
-            window, shape=(self.rows, self.seq_len + 1),
-            strides=(self.stride * window.itemsize, window.itemsize), writeable=False)
+            window,
+            shape=(self.rows, self.seq_len + 1),
+            strides=(self.stride * window.itemsize, window.itemsize),
+            writeable=False,
+        )
 
 
 class TokenDataset(Dataset):
@@ -220,8 +228,14 @@ class TokenDataset(Dataset):
     # Tells `EpochLoader` that `__getitems__` returns a ready (inputs, targets) batch.
     fetches_whole_batches = True
 
-    def __init__(self, windows: TokenWindows, length: int, *,
-                 selection: np.ndarray | None = None, generated: bool = False) -> None:
+    def __init__(
+        self,
+        windows: TokenWindows,
+        length: int,
+        *,
+        selection: np.ndarray | None = None,
+        generated: bool = False,
+    ) -> None:
         self.windows = windows
         self.length = length
         self.selection = selection
@@ -253,8 +267,10 @@ class TokenDataset(Dataset):
     def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch of `indices`: int64 (N, seq_len) inputs and the targets shifted by one."""
         tokens = self._array()[self._rows(np.asarray(indices, dtype=np.int64))]
-        return (torch.from_numpy(tokens[:, :-1].astype(np.int64)),
-                torch.from_numpy(tokens[:, 1:].astype(np.int64)))
+        return (
+            torch.from_numpy(tokens[:, :-1].astype(np.int64)),
+            torch.from_numpy(tokens[:, 1:].astype(np.int64)),
+        )
 
     def _rows(self, positions: np.ndarray) -> np.ndarray:
         """The window rows of sample `positions`, which must lie in [0, length)."""
@@ -278,9 +294,16 @@ class TokenDataset(Dataset):
 # ------------------------------------------------------------------------- synthetic tokens
 
 
-def build_synthetic_tokens(spec: DatasetSpec, *, length: int, seed: int, cache_dir: str | Path,
-                           unique_samples: int | None = None, verify: bool = True,
-                           split: str = "train") -> TokenDataset:
+def build_synthetic_tokens(
+    spec: DatasetSpec,
+    *,
+    length: int,
+    seed: int,
+    cache_dir: str | Path,
+    unique_samples: int | None = None,
+    verify: bool = True,
+    split: str = "train",
+) -> TokenDataset:
     """`length` walks of the chain of (seed, spec.vocab_size), generated into `cache_dir` if
     needed (the synthetic images' `build_synthetic`, for tokens).
 
@@ -297,45 +320,67 @@ def build_synthetic_tokens(spec: DatasetSpec, *, length: int, seed: int, cache_d
     _check_synthetic(spec, length, seed, split)
     unique = unique_sample_count(spec, length, unique_samples)
     tokens_per_row = spec.seq_len + 1
-    directory = Path(cache_dir) / (f"{spec.name}-L{spec.seq_len}-V{spec.vocab_size}-u{unique}"
-                                   f"-seed{seed}-{split}-v{GENERATOR_VERSION}")
-    params = {"dataset": spec.name, "split": split, "seq_len": spec.seq_len,
-              "vocab_size": spec.vocab_size, "unique_samples": unique, "seed": seed,
-              "generator_version": GENERATOR_VERSION}
+    directory = Path(cache_dir) / (
+        f"{spec.name}-L{spec.seq_len}-V{spec.vocab_size}-u{unique}"
+        f"-seed{seed}-{split}-v{GENERATOR_VERSION}"
+    )
+    params = {
+        "dataset": spec.name,
+        "split": split,
+        "seq_len": spec.seq_len,
+        "vocab_size": spec.vocab_size,
+        "unique_samples": unique,
+        "seed": seed,
+        "generator_version": GENERATOR_VERSION,
+    }
     specs = {TOKENS_FILE: ArraySpec((unique, tokens_per_row), token_dtype(spec.vocab_size))}
 
     def make_chunks(_: str) -> Iterator[np.ndarray]:
-        return _token_chunks(markov_chain(seed, spec.vocab_size), unique, tokens_per_row,
-                             seed, split)
+        return _token_chunks(
+            markov_chain(seed, spec.vocab_size), unique, tokens_per_row, seed, split
+        )
 
     entry = load_or_generate(directory, params, specs, make_chunks, verify=verify)
     if entry.generated:
-        logger.info("generated synthetic %s (%s split): %d sequences of %d tokens in %s",
-                    spec.name, split, unique, tokens_per_row, directory)
-    windows = TokenWindows(directory / TOKENS_FILE, spec.seq_len, stride=tokens_per_row, start=0,
-                           rows=unique)
+        logger.info(
+            "generated synthetic %s (%s split): %d sequences of %d tokens in %s",
+            spec.name,
+            split,
+            unique,
+            tokens_per_row,
+            directory,
+        )
+    windows = TokenWindows(
+        directory / TOKENS_FILE, spec.seq_len, stride=tokens_per_row, start=0, rows=unique
+    )
     return TokenDataset(windows, length, generated=entry.generated)
 
 
 def _check_synthetic(spec: DatasetSpec, length: int, seed: int, split: str) -> None:
     """Reject what cannot be generated, in one line naming the setting."""
     if not spec.tokens:
-        raise ValueError(f"dataset {spec.name!r} is not a token dataset; synthetic tokens need "
-                         f"dataset=tokens")
+        raise ValueError(
+            f"dataset {spec.name!r} is not a token dataset; synthetic tokens need dataset=tokens"
+        )
     if spec.real_only:
-        raise ValueError(f"dataset {spec.name!r} is read from local files (dataset.root); "
-                         f"allowed source: real, or dataset=tokens for synthetic tokens")
+        raise ValueError(
+            f"dataset {spec.name!r} is read from local files (dataset.root); "
+            f"allowed source: real, or dataset=tokens for synthetic tokens"
+        )
     if seed < 0:
         raise ValueError(f"seed must be non-negative for synthetic data, got {seed}")
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; allowed: {', '.join(SPLITS)}")
     if length < 1 or spec.seq_len < 1 or spec.vocab_size < 1:
-        raise ValueError(f"synthetic tokens need positive num_samples, dataset.seq_len and "
-                         f"dataset.vocab_size, got {length}, {spec.seq_len}, {spec.vocab_size}")
+        raise ValueError(
+            f"synthetic tokens need positive num_samples, dataset.seq_len and "
+            f"dataset.vocab_size, got {length}, {spec.seq_len}, {spec.vocab_size}"
+        )
 
 
-def _token_chunks(chain: MarkovChain, unique: int, tokens_per_row: int, seed: int,
-                  split: str) -> Iterator[np.ndarray]:
+def _token_chunks(
+    chain: MarkovChain, unique: int, tokens_per_row: int, seed: int, split: str
+) -> Iterator[np.ndarray]:
     """The stored sequences, a chunk of rows at a time. Every chunk walks its full row count
     from its own stream and the last one is cut, so a row's content does not depend on
     `unique`."""
@@ -343,14 +388,15 @@ def _token_chunks(chain: MarkovChain, unique: int, tokens_per_row: int, seed: in
     dtype = token_dtype(chain.vocab_size)
     for index, start in enumerate(range(0, unique, per_chunk)):
         rng = _rng(seed, chain.vocab_size, 1 + SPLITS.index(split), index)
-        yield chain.walk(rng, per_chunk, tokens_per_row)[:unique - start].astype(dtype)
+        yield chain.walk(rng, per_chunk, tokens_per_row)[: unique - start].astype(dtype)
 
 
 # ------------------------------------------------------------------------------- text files
 
 
-def build_text(spec: DatasetSpec, root: str | Path, split: str, *,
-               cache_dir: str | Path, verify: bool = True) -> TokenDataset:
+def build_text(
+    spec: DatasetSpec, root: str | Path, split: str, *, cache_dir: str | Path, verify: bool = True
+) -> TokenDataset:
     """One split of the byte-level text under `root` (module docstring), its concatenation
     cached in `cache_dir`.
 
@@ -364,10 +410,14 @@ def build_text(spec: DatasetSpec, root: str | Path, split: str, *,
     seq_len = spec.seq_len
     entry = _cached_concatenation(directory, files, total, cache_dir, verify=verify)
     eval_bytes = max(math.ceil(total * EVAL_FRACTION), seq_len + 1)
-    start, size = (0, total - eval_bytes) if split == "train" else (total - eval_bytes,
-                                                                     eval_bytes)
-    windows = TokenWindows(entry.directory / TEXT_FILE, seq_len, stride=seq_len, start=start,
-                           rows=(size - 1) // seq_len)
+    start, size = (0, total - eval_bytes) if split == "train" else (total - eval_bytes, eval_bytes)
+    windows = TokenWindows(
+        entry.directory / TEXT_FILE,
+        seq_len,
+        stride=seq_len,
+        start=start,
+        rows=(size - 1) // seq_len,
+    )
     return TokenDataset(windows, windows.rows, generated=entry.generated)
 
 
@@ -380,30 +430,40 @@ def check_text_root(spec: DatasetSpec, root: str | Path) -> tuple[Path, FileList
     or too few bytes for one training and one eval window of spec.seq_len. Cheap (it lists
     and stats the files): commands run it before anything starts."""
     if spec.vocab_size < BYTE_VOCAB:
-        raise ValueError(f"dataset.vocab_size={spec.vocab_size} is below the {BYTE_VOCAB} ids "
-                         f"of the byte-level tokenizer of dataset={spec.name}; allowed: "
-                         f"{BYTE_VOCAB} or more")
+        raise ValueError(
+            f"dataset.vocab_size={spec.vocab_size} is below the {BYTE_VOCAB} ids "
+            f"of the byte-level tokenizer of dataset={spec.name}; allowed: "
+            f"{BYTE_VOCAB} or more"
+        )
     directory = Path(root).expanduser().resolve()
     files = _text_files(directory, root)
     total = sum(size for _, size, _ in files) + len(files) - 1
     needed = 2 * (spec.seq_len + 1)
     if total < needed:
-        raise ValueError(f"dataset.root={root} holds {total} bytes of text in {len(files)} .txt "
-                         f"file(s); dataset.seq_len={spec.seq_len} needs at least {needed} (one "
-                         f"training and one eval sample): add text or lower dataset.seq_len")
+        raise ValueError(
+            f"dataset.root={root} holds {total} bytes of text in {len(files)} .txt "
+            f"file(s); dataset.seq_len={spec.seq_len} needs at least {needed} (one "
+            f"training and one eval sample): add text or lower dataset.seq_len"
+        )
     return directory, files, total
 
 
 def _text_files(directory: Path, root: str | Path) -> FileListing:
     """Every .txt file under `directory`, sorted by relative path, with its size and mtime."""
     if not directory.is_dir():
-        raise ValueError(f"dataset.root={root} is not an existing directory; set it to the "
-                         f"directory holding the .txt files")
-    paths = sorted((path for path in directory.rglob("*.txt") if path.is_file()),
-                   key=lambda path: path.relative_to(directory).as_posix())
+        raise ValueError(
+            f"dataset.root={root} is not an existing directory; set it to the "
+            f"directory holding the .txt files"
+        )
+    paths = sorted(
+        (path for path in directory.rglob("*.txt") if path.is_file()),
+        key=lambda path: path.relative_to(directory).as_posix(),
+    )
     if not paths:
-        raise ValueError(f"dataset.root={root} holds no .txt file (searched recursively); "
-                         f"put the text there as UTF-8 .txt files")
+        raise ValueError(
+            f"dataset.root={root} holds no .txt file (searched recursively); "
+            f"put the text there as UTF-8 .txt files"
+        )
     listing = []
     for path in paths:
         stat = path.stat()
@@ -411,27 +471,42 @@ def _text_files(directory: Path, root: str | Path) -> FileListing:
     return listing
 
 
-def _cached_concatenation(directory: Path, files: FileListing, total: int,
-                          cache_dir: str | Path, *, verify: bool) -> CacheEntry:
+def _cached_concatenation(
+    directory: Path, files: FileListing, total: int, cache_dir: str | Path, *, verify: bool
+) -> CacheEntry:
     """The cache entry holding the files' bytes joined by SEPARATOR, written if not there yet.
 
     The entry's name is a digest of the listing (paths, sizes, mtimes), so an edited, added or
     removed file gives a new entry rather than stale text.
     """
-    params = {"dataset": "text", "root": str(directory), "separator": SEPARATOR,
-              "files": [list(file) for file in files], "format_version": TEXT_FORMAT_VERSION}
+    params = {
+        "dataset": "text",
+        "root": str(directory),
+        "separator": SEPARATOR,
+        "files": [list(file) for file in files],
+        "format_version": TEXT_FORMAT_VERSION,
+    }
     digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
     entry_dir = Path(cache_dir) / f"text-{digest}"
 
     def make_chunks(_: str) -> Iterator[np.ndarray]:
         return _file_chunks(directory, files)
 
-    entry = load_or_generate(entry_dir, params,
-                             {TEXT_FILE: ArraySpec((total,), np.dtype(np.uint8))}, make_chunks,
-                             verify=verify)
+    entry = load_or_generate(
+        entry_dir,
+        params,
+        {TEXT_FILE: ArraySpec((total,), np.dtype(np.uint8))},
+        make_chunks,
+        verify=verify,
+    )
     if entry.generated:
-        logger.info("cached %d bytes of text from %d files under %s in %s", total, len(files),
-                    directory, entry_dir)
+        logger.info(
+            "cached %d bytes of text from %d files under %s in %s",
+            total,
+            len(files),
+            directory,
+            entry_dir,
+        )
     return entry
 
 
@@ -442,8 +517,10 @@ def _file_chunks(directory: Path, files: FileListing) -> Iterator[np.ndarray]:
     for number, (name, size, _) in enumerate(files):
         data = np.fromfile(directory / name, dtype=np.uint8)
         if data.size != size:
-            raise ValueError(f"dataset.root={directory}: {name} changed while it was read; "
-                             f"run again once the text is no longer being written")
+            raise ValueError(
+                f"dataset.root={directory}: {name} changed while it was read; "
+                f"run again once the text is no longer being written"
+            )
         if number:
             yield separator
         yield data

@@ -21,13 +21,28 @@ from typing import TYPE_CHECKING
 from workloads.lazy import lazy_exports
 
 _EXPORTS = {
-    "NetworkError": "ref", "NetworkRef": "ref", "as_ref": "ref",
-    "NETWORK_NAMES": "layers", "build_layer_list": "layers", "build_network": "layers",
-    "has_layer_list": "layers", "layer_count": "layers", "to_layer_list": "layers",
+    "NetworkError": "ref",
+    "NetworkRef": "ref",
+    "as_ref": "ref",
+    "NETWORK_NAMES": "layers",
+    "build_layer_list": "layers",
+    "build_network": "layers",
+    "has_layer_list": "layers",
+    "layer_count": "layers",
+    "to_layer_list": "layers",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-__all__ = ["NETWORK_NAMES", "NetworkError", "NetworkRef", "as_ref", "build_layer_list",
-           "build_network", "has_layer_list", "layer_count", "to_layer_list"]
+__all__ = [
+    "NETWORK_NAMES",
+    "NetworkError",
+    "NetworkRef",
+    "as_ref",
+    "build_layer_list",
+    "build_network",
+    "has_layer_list",
+    "layer_count",
+    "to_layer_list",
+]
 
 if TYPE_CHECKING:  # what the names are, for type checkers and readers
     from workloads.networks.layers import (

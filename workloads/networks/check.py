@@ -33,19 +33,23 @@ def check_network(ref: NetworkRef, spec: DatasetSpec) -> None:
             raise NetworkError(
                 f"network {ref.name}: its forward fails on dataset={spec.name}'s input of shape "
                 f"{_shape(inputs.shape)} ({inputs.dtype}): {type(err).__name__}: "
-                f"{_first_line(err)}") from None
+                f"{_first_line(err)}"
+            ) from None
     # A language model's vocabulary may be larger than the data's (a preset that fixes
     # Llama 3's 128,256 ids trains on bytes too); every target id needs a logit.
     fits = isinstance(output, torch.Tensor) and (
-        tuple(output.shape) == expected if not spec.tokens
-        else tuple(output.shape[:-1]) == expected[:-1] and output.shape[-1] >= expected[-1])
+        tuple(output.shape) == expected
+        if not spec.tokens
+        else tuple(output.shape[:-1]) == expected[:-1] and output.shape[-1] >= expected[-1]
+    )
     if not fits:
         got = _shape(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
         raise NetworkError(
             f"network {ref.name} maps dataset={spec.name}'s input {_shape(inputs.shape)} to "
             f"{got}, expected logits of shape {_shape(expected)} (batch, "
             f"{'positions, vocabulary' if spec.tokens else 'classes'}); return one tensor of "
-            f"logits" + ("" if spec.tokens else f" with {spec.output_classes} classes"))
+            f"logits" + ("" if spec.tokens else f" with {spec.output_classes} classes")
+        )
 
 
 def _shape(shape: tuple[int, ...] | torch.Size) -> str:

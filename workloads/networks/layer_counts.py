@@ -43,14 +43,19 @@ from workloads.networks.ref import (
 
 # The libraries whose version decides a network's layer list, by where the network comes from
 # (not `module`: a user's own code).
-_LIBRARIES = {BUILTIN: ("torch", "torchvision"), TORCHVISION: ("torch", "torchvision"),
-              TIMM: ("torch", "timm"), HF: ("torch", "transformers")}
+_LIBRARIES = {
+    BUILTIN: ("torch", "torchvision"),
+    TORCHVISION: ("torch", "torchvision"),
+    TIMM: ("torch", "timm"),
+    HF: ("torch", "transformers"),
+}
 _FOLDER = "layer-counts"
 _KEPT = Path(__file__).with_name("layer_counts.json")
 
 
-def remembered_layer_count(ref: NetworkRef, dataset: DatasetSpec, cache_dir: str | Path, *,
-                           keep: bool = True) -> int:
+def remembered_layer_count(
+    ref: NetworkRef, dataset: DatasetSpec, cache_dir: str | Path, *, keep: bool = True
+) -> int:
     """`workloads.networks.layers.layer_count(ref, dataset)`, read from `cache_dir` when the
     same code counted it before; else counted (loading torch) and, if `keep`, kept there (a
     command that is only checking its input keeps nothing: bad input writes nothing). A count
@@ -68,8 +73,7 @@ def remembered_layer_count(ref: NetworkRef, dataset: DatasetSpec, cache_dir: str
     count = layer_count(ref, dataset)
     if keep and entry is not None:
         with contextlib.suppress(OSError):
-            write_json_atomic(entry, {"layers": count, "network": ref.key,
-                                      "dataset": dataset.name})
+            write_json_atomic(entry, {"layers": count, "network": ref.key, "dataset": dataset.name})
     return count
 
 
@@ -79,9 +83,14 @@ def _entry_path(ref: NetworkRef, dataset: DatasetSpec, cache_dir: str | Path) ->
     versions = _library_versions(ref.source)
     if versions is None:
         return None
-    identity = canonical_json({"network": dataclasses.asdict(ref) | {"_options": None},
-                               "dataset": dataclasses.asdict(dataset), "versions": versions,
-                               "code": _network_code_digest()})
+    identity = canonical_json(
+        {
+            "network": dataclasses.asdict(ref) | {"_options": None},
+            "dataset": dataclasses.asdict(dataset),
+            "versions": versions,
+            "code": _network_code_digest(),
+        }
+    )
     digest = hashlib.sha256(identity.encode()).hexdigest()[:20]
     return Path(cache_dir).expanduser() / _FOLDER / f"{ref.key}-{dataset.name}-{digest}.json"
 
@@ -140,11 +149,15 @@ def builtin_counts() -> dict[str, int]:
 def main() -> None:
     """Write `_KEPT` anew from the built-in networks as today's code builds them."""
     counts = builtin_counts()
-    write_json_atomic(_KEPT, {
-        "about": "layer counts of the built-in networks on every image dataset, by cache "
-                 "entry name (workloads/networks/layer_counts.py); written by python -m "
-                 "workloads.networks.layer_counts",
-        "layers": dict(sorted(counts.items()))})
+    write_json_atomic(
+        _KEPT,
+        {
+            "about": "layer counts of the built-in networks on every image dataset, by cache "
+            "entry name (workloads/networks/layer_counts.py); written by python -m "
+            "workloads.networks.layer_counts",
+            "layers": dict(sorted(counts.items())),
+        },
+    )
     print(f"{len(counts)} counts kept in {_KEPT}")
 
 

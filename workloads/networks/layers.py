@@ -26,8 +26,11 @@ _VGG = _Family(build_vgg, vgg_layers)
 _MOBILENET = _Family(build_mobilenetv2, mobilenetv2_layers)
 
 _FAMILIES: dict[str, _Family] = {
-    "resnet18": _RESNET, "resnet50": _RESNET, "resnet152": _RESNET,
-    "vgg11": _VGG, "vgg16": _VGG,
+    "resnet18": _RESNET,
+    "resnet50": _RESNET,
+    "resnet152": _RESNET,
+    "vgg11": _VGG,
+    "vgg16": _VGG,
     "mobilenetv2": _MOBILENET,
 }
 NETWORK_NAMES: tuple[str, ...] = tuple(_FAMILIES)
@@ -46,15 +49,19 @@ def build_network(network: str | NetworkRef, dataset: DatasetSpec) -> nn.Module:
     ref = as_ref(network)
     if ref.source == BUILTIN:
         if dataset.tokens:
-            raise NetworkError(f"network={ref.name} is an image network and dataset="
-                               f"{dataset.name} holds tokens; choose a language model "
-                               f"(network=llama_tiny, network=gpt2_small, network=hf ...) or "
-                               f"an image dataset")
+            raise NetworkError(
+                f"network={ref.name} is an image network and dataset="
+                f"{dataset.name} holds tokens; choose a language model "
+                f"(network=llama_tiny, network=gpt2_small, network=hf ...) or "
+                f"an image dataset"
+            )
         return _family(ref.name).build(ref.name, dataset)
     if ref.source == HF:
         from workloads.networks.lm import build_hf  # transformers loads only when asked for
+
         return build_hf(ref, dataset)
     from workloads.networks.zoo import build_zoo
+
     return build_zoo(ref, dataset)
 
 
@@ -73,7 +80,8 @@ def to_layer_list(network: str | NetworkRef, model: nn.Module) -> list[nn.Module
         f"network {ref.name} ({type(model).__name__}) has no layer list, which the pipeline "
         f"models and per-layer sharding need: return a torch.nn.{nn.Sequential.__name__}, "
         f"define pipeline_layers() returning its layers in order, or set network.blocks=<path "
-        f"of its repeated block container>")
+        f"of its repeated block container>"
+    )
 
 
 def has_layer_list(network: str | NetworkRef, dataset: DatasetSpec) -> bool:

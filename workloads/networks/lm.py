@@ -97,8 +97,9 @@ class Block(nn.Module):
     model passes every block (positions, the attention mask for the config's attention
     implementation, rotary cos/sin from the model's own rotary module) as the model does."""
 
-    def __init__(self, block: nn.Module, config: PreTrainedConfig, mask: str,
-                 rotary: nn.Module | None = None) -> None:
+    def __init__(
+        self, block: nn.Module, config: PreTrainedConfig, mask: str, rotary: nn.Module | None = None
+    ) -> None:
         super().__init__()
         self.block = block
         # The model's one rotary module, shared by every block (it holds no parameters, and
@@ -112,8 +113,12 @@ class Block(nn.Module):
         extra: dict[str, Any] = {}
         if self.rotary is not None:
             extra["position_embeddings"] = self.rotary(hidden, positions)
-        out = self.block(hidden, attention_mask=_attention_mask(self.config, hidden, self.mask),
-                         position_ids=positions, **extra)
+        out = self.block(
+            hidden,
+            attention_mask=_attention_mask(self.config, hidden, self.mask),
+            position_ids=positions,
+            **extra,
+        )
         return out[0] if isinstance(out, tuple) else out
 
 
@@ -140,8 +145,7 @@ def _attention_mask(config: PreTrainedConfig, hidden: torch.Tensor, kind: str) -
     )
 
     if kind == BIDIRECTIONAL:
-        return create_bidirectional_mask(config=config, inputs_embeds=hidden,
-                                         attention_mask=None)
+        return create_bidirectional_mask(config=config, inputs_embeds=hidden, attention_mask=None)
     build = create_sliding_window_causal_mask if kind == SLIDING else create_causal_mask
     # The cache is passed by position: transformers renamed it (`past_key_values` until 5.17
     # at least, `cache` in 5.24), and transformers>=5.0 is what distbench asks for.
@@ -151,18 +155,24 @@ def _attention_mask(config: PreTrainedConfig, hidden: torch.Tensor, kind: str) -
 # -- the supported architectures ----------------------------------------------------------------
 def _gpt2_layers(model: Any) -> list[nn.Module]:
     body = model.transformer
-    return [GPT2Embedding(body.wte, body.wpe, body.drop),
-            *(Block(block, model.config, CAUSAL) for block in body.h),
-            Head(body.ln_f, model.lm_head)]
+    return [
+        GPT2Embedding(body.wte, body.wpe, body.drop),
+        *(Block(block, model.config, CAUSAL) for block in body.h),
+        Head(body.ln_f, model.lm_head),
+    ]
 
 
 def _llama_layers(model: Any) -> list[nn.Module]:
     """Llama and the models of its layout (Mistral, Qwen2): RMSNorm, rotary, SwiGLU."""
     body, config = model.model, model.config
-    return [TokenEmbedding(body.embed_tokens),
-            *(Block(layer, config, _decoder_mask(config, index), body.rotary_emb)
-              for index, layer in enumerate(body.layers)),
-            Head(body.norm, model.lm_head)]
+    return [
+        TokenEmbedding(body.embed_tokens),
+        *(
+            Block(layer, config, _decoder_mask(config, index), body.rotary_emb)
+            for index, layer in enumerate(body.layers)
+        ),
+        Head(body.norm, model.lm_head),
+    ]
 
 
 def _decoder_mask(config: PreTrainedConfig, index: int) -> str:
@@ -176,9 +186,11 @@ def _decoder_mask(config: PreTrainedConfig, index: int) -> str:
 def _bert_layers(model: Any) -> list[nn.Module]:
     body, config = model.bert, model.config
     mask = CAUSAL if config.is_decoder else BIDIRECTIONAL
-    return [TokenEmbedding(body.embeddings),
-            *(Block(layer, config, mask) for layer in body.encoder.layer),
-            Head(nn.Identity(), model.cls)]
+    return [
+        TokenEmbedding(body.embeddings),
+        *(Block(layer, config, mask) for layer in body.encoder.layer),
+        Head(nn.Identity(), model.cls),
+    ]
 
 
 @dataclass(frozen=True)
@@ -204,8 +216,10 @@ def build_hf(ref: NetworkRef, spec: DatasetSpec) -> nn.Module:
     setting) for an image dataset, an unknown or unsupported model type, an unknown config
     field, or a vocabulary or position limit below the dataset's."""
     if not spec.tokens:
-        raise NetworkError(f"network {ref.name} is a language model and dataset={spec.name} "
-                           f"holds images; use dataset=tokens or dataset=text")
+        raise NetworkError(
+            f"network {ref.name} is a language model and dataset={spec.name} "
+            f"holds images; use dataset=tokens or dataset=text"
+        )
     arch = _arch(ref)
     config = _config(ref, spec)
     import transformers
@@ -214,8 +228,10 @@ def build_hf(ref: NetworkRef, spec: DatasetSpec) -> nn.Module:
     try:
         model = model_class(config)
     except (ValueError, TypeError, AttributeError) as err:
-        raise NetworkError(f"network {ref.name} (network.arch={ref.arch}) cannot be built "
-                           f"from network.config: {_one_line(err)}") from None
+        raise NetworkError(
+            f"network {ref.name} (network.arch={ref.arch}) cannot be built "
+            f"from network.config: {_one_line(err)}"
+        ) from None
     _tie_bert_output_bias(model)
     _persist_buffers(model)
     return TokenLM(model, arch.layers(model))
@@ -231,10 +247,13 @@ def _arch(ref: NetworkRef) -> _Arch:
     try:
         AutoConfig.for_model(ref.arch or "")
     except ValueError:
-        raise NetworkError(f"network.arch={ref.arch} is not a transformers model type; "
-                           f"allowed: {allowed}") from None
-    raise NetworkError(f"network.arch={ref.arch} has no layer adapter here (embedding, "
-                       f"blocks, head); allowed: {allowed}")
+        raise NetworkError(
+            f"network.arch={ref.arch} is not a transformers model type; allowed: {allowed}"
+        ) from None
+    raise NetworkError(
+        f"network.arch={ref.arch} has no layer adapter here (embedding, "
+        f"blocks, head); allowed: {allowed}"
+    )
 
 
 def _config(ref: NetworkRef, spec: DatasetSpec) -> PreTrainedConfig:
@@ -259,8 +278,10 @@ def _config(ref: NetworkRef, spec: DatasetSpec) -> PreTrainedConfig:
     try:
         config = AutoConfig.for_model(arch, attn_implementation=_attention(arch), **fields)
     except (ValueError, TypeError, StrictDataclassError) as err:
-        raise NetworkError(f"network {ref.name}: network.config is invalid for "
-                           f"network.arch={arch}: {_one_line(err)}") from None
+        raise NetworkError(
+            f"network {ref.name}: network.config is invalid for "
+            f"network.arch={arch}: {_one_line(err)}"
+        ) from None
     _check_limits(ref, spec, config, positions)
     return config
 
@@ -273,8 +294,7 @@ def _check_field(default: PreTrainedConfig, key: str) -> None:
     known = [*default.to_dict(), *default.attribute_map]
     close = difflib.get_close_matches(key, known, n=1)
     hint = f" (did you mean network.config.{close[0]}?)" if close else ""
-    raise NetworkError(f"network.config.{key} is not a field of "
-                       f"{type(default).__name__}{hint}")
+    raise NetworkError(f"network.config.{key} is not a field of {type(default).__name__}{hint}")
 
 
 def _positions_field(config: PreTrainedConfig) -> str:
@@ -286,8 +306,11 @@ def _positions_field(config: PreTrainedConfig) -> str:
 def _benchmark_defaults(default: PreTrainedConfig) -> dict[str, Any]:
     fields: dict[str, Any] = {"use_cache": False, "tie_word_embeddings": False}
     for key, value in default.to_dict().items():
-        if ("dropout" in key or "pdrop" in key) and isinstance(value, (int, float)) \
-                and not isinstance(value, bool):
+        if (
+            ("dropout" in key or "pdrop" in key)
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+        ):
             fields[key] = 0.0
     for key in _SPECIAL_TOKENS:
         if getattr(default, key, None) is not None:
@@ -299,23 +322,25 @@ def _attention(arch: str) -> str:
     """PyTorch's fused attention where the model supports it, else the plain one."""
     import transformers
 
-    supports_sdpa = getattr(getattr(transformers, ARCHS[arch].model_class), "_supports_sdpa",
-                            False)
+    supports_sdpa = getattr(getattr(transformers, ARCHS[arch].model_class), "_supports_sdpa", False)
     return "sdpa" if supports_sdpa else "eager"
 
 
-def _check_limits(ref: NetworkRef, spec: DatasetSpec, config: PreTrainedConfig,
-                  positions: str) -> None:
+def _check_limits(
+    ref: NetworkRef, spec: DatasetSpec, config: PreTrainedConfig, positions: str
+) -> None:
     if config.vocab_size < spec.vocab_size:
         raise NetworkError(
             f"dataset.vocab_size={spec.vocab_size} is beyond network {ref.name}'s "
             f"{config.vocab_size} token ids (network.config.vocab_size); allowed: at most "
-            f"{config.vocab_size}")
+            f"{config.vocab_size}"
+        )
     limit = getattr(config, positions)
     if limit < spec.seq_len:
         raise NetworkError(
             f"dataset.seq_len={spec.seq_len} is beyond network {ref.name}'s {limit} positions "
-            f"(network.config.{positions}); allowed: at most {limit}")
+            f"(network.config.{positions}); allowed: at most {limit}"
+        )
 
 
 def _tie_bert_output_bias(model: PreTrainedModel) -> None:

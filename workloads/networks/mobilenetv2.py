@@ -11,8 +11,15 @@ from workloads.datasets.spec import DatasetSpec
 # (t, c, n, s) rows: expansion, output channels, repeats, stride of the first repeat. For small
 # images the second row keeps stride 1 (the first conv does too), so a 32-pixel input reaches
 # the final 1x1 conv at 4x4; the ImageNet strides are 1, 2, 2, 2, 1, 2, 1.
-_SMALL_IMAGE_ROWS = [[1, 16, 1, 1], [6, 24, 2, 1], [6, 32, 3, 2], [6, 64, 4, 2],
-                     [6, 96, 3, 1], [6, 160, 3, 2], [6, 320, 1, 1]]
+_SMALL_IMAGE_ROWS = [
+    [1, 16, 1, 1],
+    [6, 24, 2, 1],
+    [6, 32, 3, 2],
+    [6, 64, 4, 2],
+    [6, 96, 3, 1],
+    [6, 160, 3, 2],
+    [6, 320, 1, 1],
+]
 _FIRST_CONV_CHANNELS = 32
 
 
@@ -22,13 +29,18 @@ def build_mobilenetv2(name: str, dataset: DatasetSpec) -> models.MobileNetV2:
         model = models.mobilenet_v2(weights=None, num_classes=dataset.num_classes)
         stem_stride = 2
     else:
-        model = models.MobileNetV2(num_classes=dataset.num_classes,
-                                   inverted_residual_setting=_SMALL_IMAGE_ROWS)
+        model = models.MobileNetV2(
+            num_classes=dataset.num_classes, inverted_residual_setting=_SMALL_IMAGE_ROWS
+        )
         stem_stride = 1
     if dataset.small_images or dataset.channels != 3:
         model.features[0] = Conv2dNormActivation(
-            dataset.channels, _FIRST_CONV_CHANNELS, stride=stem_stride,
-            norm_layer=nn.BatchNorm2d, activation_layer=nn.ReLU6)
+            dataset.channels,
+            _FIRST_CONV_CHANNELS,
+            stride=stem_stride,
+            norm_layer=nn.BatchNorm2d,
+            activation_layer=nn.ReLU6,
+        )
     return model
 
 

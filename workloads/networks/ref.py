@@ -57,8 +57,7 @@ class NetworkRef:
     arch: str | None = None
     options_json: str = "{}"
     blocks: str | None = None
-    _options: dict[str, Any] = field(default_factory=dict, compare=False, hash=False,
-                                     repr=False)
+    _options: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_options", json.loads(self.options_json))
@@ -82,9 +81,15 @@ class NetworkRef:
         digest of everything that defines the network (two settings never share facts)."""
         if self.is_builtin:
             return self.name
-        identity = canonical_json({"source": self.source, "target": self.target,
-                                   "arch": self.arch, "options": self._options,
-                                   "blocks": self.blocks})
+        identity = canonical_json(
+            {
+                "source": self.source,
+                "target": self.target,
+                "arch": self.arch,
+                "options": self._options,
+                "blocks": self.blocks,
+            }
+        )
         digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
         return f"{self.name}-{digest}"
 

@@ -7,8 +7,11 @@ from torchvision import models
 
 from workloads.datasets.spec import DatasetSpec
 
-_TORCHVISION = {"resnet18": models.resnet18, "resnet50": models.resnet50,
-                "resnet152": models.resnet152}
+_TORCHVISION = {
+    "resnet18": models.resnet18,
+    "resnet50": models.resnet50,
+    "resnet152": models.resnet152,
+}
 
 
 def build_resnet(name: str, dataset: DatasetSpec) -> models.ResNet:
@@ -20,15 +23,27 @@ def build_resnet(name: str, dataset: DatasetSpec) -> models.ResNet:
     """
     model = _TORCHVISION[name](weights=None, num_classes=dataset.num_classes)
     if dataset.small_images or dataset.channels != 3:
-        model.conv1 = nn.Conv2d(dataset.channels, 64, kernel_size=3, stride=1, padding=1,
-                                bias=False)
+        model.conv1 = nn.Conv2d(
+            dataset.channels, 64, kernel_size=3, stride=1, padding=1, bias=False
+        )
         model.maxpool = nn.Identity()
     return model
 
 
 def resnet_layers(model: models.ResNet) -> list[nn.Module]:
     """Stem, each residual block, pooling, flatten, classifier (torchvision's forward order)."""
-    blocks = [block for stage in (model.layer1, model.layer2, model.layer3, model.layer4)
-              for block in stage]
-    return [model.conv1, model.bn1, model.relu, model.maxpool, *blocks, model.avgpool,
-            nn.Flatten(1), model.fc]
+    blocks = [
+        block
+        for stage in (model.layer1, model.layer2, model.layer3, model.layer4)
+        for block in stage
+    ]
+    return [
+        model.conv1,
+        model.bn1,
+        model.relu,
+        model.maxpool,
+        *blocks,
+        model.avgpool,
+        nn.Flatten(1),
+        model.fc,
+    ]

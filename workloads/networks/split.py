@@ -54,8 +54,7 @@ class LayerSequence(nn.Sequential):
         return f"source={self.source}"
 
 
-def with_layer_list(model: nn.Module, spec: DatasetSpec, blocks: str | None = None
-                    ) -> nn.Module:
+def with_layer_list(model: nn.Module, spec: DatasetSpec, blocks: str | None = None) -> nn.Module:
     """`model` itself when it already has a layer list (an `nn.Sequential`, or a model with
     `pipeline_layers()`) or none can be derived; else a `LayerSequence` of its derived
     layers."""
@@ -65,8 +64,9 @@ def with_layer_list(model: nn.Module, spec: DatasetSpec, blocks: str | None = No
     return model if layers is None else LayerSequence(layers, type(model).__name__)
 
 
-def derive_layers(model: nn.Module, spec: DatasetSpec, blocks: str | None = None
-                  ) -> list[nn.Module] | None:
+def derive_layers(
+    model: nn.Module, spec: DatasetSpec, blocks: str | None = None
+) -> list[nn.Module] | None:
     """The layers of `model` in forward order (GraphModules sharing its submodules), or None
     when it cannot be traced (data-dependent control flow, a forward that needs more than one
     input, a top-level forward that branches on `self.training`) or has fewer than two places
@@ -79,9 +79,11 @@ def derive_layers(model: nn.Module, spec: DatasetSpec, blocks: str | None = None
     traced = _trace(model)
     if traced is None:
         if blocks:
-            raise NetworkError(f"network.blocks={blocks}: {type(model).__name__} cannot be "
-                               f"traced by torch.fx, so it cannot be split there; define "
-                               f"pipeline_layers() returning its layers in order")
+            raise NetworkError(
+                f"network.blocks={blocks}: {type(model).__name__} cannot be "
+                f"traced by torch.fx, so it cannot be split there; define "
+                f"pipeline_layers() returning its layers in order"
+            )
         return None
     flow = _Flow.of(traced, _tensor_values(traced, spec))
     if len(flow.cuts) < 2 and not blocks:
@@ -128,8 +130,9 @@ def _trace(model: nn.Module) -> fx.GraphModule | None:
     return None
 
 
-def _trace_in_modes(model: nn.Module, leaves: tuple[type[nn.Module], ...]
-                    ) -> tuple[fx.GraphModule | None, fx.GraphModule | None]:
+def _trace_in_modes(
+    model: nn.Module, leaves: tuple[type[nn.Module], ...]
+) -> tuple[fx.GraphModule | None, fx.GraphModule | None]:
     with _mode(model, training=True):
         in_training = _trace_once(model, leaves)
     with _mode(model, training=False):
@@ -149,8 +152,7 @@ def _mode(model: nn.Module, training: bool) -> Iterator[None]:
             module.training = mode
 
 
-def _follow_mode(in_training: fx.GraphModule, in_eval: fx.GraphModule
-                 ) -> fx.GraphModule | None:
+def _follow_mode(in_training: fx.GraphModule, in_eval: fx.GraphModule) -> fx.GraphModule | None:
     """`in_eval` reading `self.training` for the arguments that are True in `in_training` and
     False in it, or None when the graphs differ in anything else."""
     flags: list[tuple[fx.Node, int | str]] = []
@@ -158,12 +160,18 @@ def _follow_mode(in_training: fx.GraphModule, in_eval: fx.GraphModule
     if len(pairs) != len(in_eval.graph.nodes) or len(pairs) != len(in_training.graph.nodes):
         return None
     for mine, theirs in pairs:
-        if ((mine.op, mine.target, mine.name, len(mine.args), mine.kwargs.keys())
-                != (theirs.op, theirs.target, theirs.name, len(theirs.args), theirs.kwargs.keys())):
+        if (mine.op, mine.target, mine.name, len(mine.args), mine.kwargs.keys()) != (
+            theirs.op,
+            theirs.target,
+            theirs.name,
+            len(theirs.args),
+            theirs.kwargs.keys(),
+        ):
             return None
         places: list[tuple[int | str, object, object]] = [
             *zip(range(len(mine.args)), mine.args, theirs.args),
-            *((key, mine.kwargs[key], theirs.kwargs[key]) for key in mine.kwargs)]
+            *((key, mine.kwargs[key], theirs.kwargs[key]) for key in mine.kwargs),
+        ]
         for place, trained, evaluated in places:
             if trained is True and evaluated is False:
                 flags.append((theirs, place))
@@ -208,8 +216,7 @@ def _calling_module(node: fx.Node) -> type[nn.Module] | None:
     return cls if isinstance(cls, type) and issubclass(cls, nn.Module) else None
 
 
-def _trace_once(model: nn.Module, leaves: tuple[type[nn.Module], ...]
-                ) -> fx.GraphModule | None:
+def _trace_once(model: nn.Module, leaves: tuple[type[nn.Module], ...]) -> fx.GraphModule | None:
     concrete = _defaulted_arguments(model)
     if concrete is None:
         return None
@@ -265,8 +272,9 @@ def _drop_extra_inputs(graph: fx.Graph) -> bool:
 class _Tracer(fx.Tracer):
     """torch.fx's tracer, keeping modules of the given classes whole (leaves)."""
 
-    def __init__(self, leaves: tuple[type[nn.Module], ...],
-                 functions: tuple[Callable[..., object], ...] = ()) -> None:
+    def __init__(
+        self, leaves: tuple[type[nn.Module], ...], functions: tuple[Callable[..., object], ...] = ()
+    ) -> None:
         super().__init__(autowrap_functions=functions)
         self.leaves = leaves
 
@@ -281,12 +289,12 @@ def _tracers(model: nn.Module, leaves: tuple[type[nn.Module], ...]) -> Iterable[
     if type(model).__module__.split(".")[0] == "timm":
         from timm.layers import _fx as timm_fx  # only for timm models, which imported it
 
-        yield _Tracer((*leaves, *timm_fx.get_notrace_modules()),
-                      tuple(timm_fx.get_notrace_functions()))
+        yield _Tracer(
+            (*leaves, *timm_fx.get_notrace_modules()), tuple(timm_fx.get_notrace_functions())
+        )
 
 
-def _tensor_values(traced: fx.GraphModule, spec: DatasetSpec
-                   ) -> Callable[[fx.Node], bool]:
+def _tensor_values(traced: fx.GraphModule, spec: DatasetSpec) -> Callable[[fx.Node], bool]:
     """Which nodes produce a tensor: shapes propagated with fake tensors (nothing is computed,
     and it works for meta parameters); where that fails, every value that is not unpacked
     like a tuple is taken for one."""
@@ -303,8 +311,12 @@ def _tensor_values(traced: fx.GraphModule, spec: DatasetSpec
         with _mode(traced, training=False), torch.no_grad(), quiet_logger(FAKE_TENSOR_LOG):
             FakeTensorProp(traced, mode).propagate(mode.from_tensor(example))
     except Exception:  # noqa: BLE001 - unknown to fake tensors: fall back on the graph's form
-        return lambda node: not all(user.op == "call_function" and user.target is
-                                    operator.getitem for user in node.users)
+        return lambda node: (
+            not all(
+                user.op == "call_function" and user.target is operator.getitem
+                for user in node.users
+            )
+        )
     return lambda node: isinstance(node.meta.get("val"), torch.Tensor)
 
 
@@ -358,8 +370,10 @@ class _Flow:
         position = {node: index for index, node in enumerate(nodes)}
         position[source] = -1
         position[output] = len(nodes)
-        last_use = {node: max((position[user] for user in node.users), default=-2)
-                    for node in (source, *nodes)}
+        last_use = {
+            node: max((position[user] for user in node.users), default=-2)
+            for node in (source, *nodes)
+        }
         expiring: dict[int, list[fx.Node]] = {}
         for node, last in last_use.items():
             expiring.setdefault(last, []).append(node)
@@ -387,7 +401,7 @@ class _Flow:
         for start, end in zip(bounds, bounds[1:]):
             given = self.source if start < 0 else self.handed[start]
             returned = self.result if end == len(self.nodes) - 1 else self.handed[end]
-            layers.append(_layer(traced, self.nodes[start + 1:end + 1], given, returned))
+            layers.append(_layer(traced, self.nodes[start + 1 : end + 1], given, returned))
         return layers
 
 
@@ -402,8 +416,9 @@ def _path(node: fx.Node) -> str:
     return str(list(stack.values())[-1][0])
 
 
-def _layer(traced: fx.GraphModule, nodes: list[fx.Node], given: fx.Node, returned: fx.Node
-           ) -> fx.GraphModule:
+def _layer(
+    traced: fx.GraphModule, nodes: list[fx.Node], given: fx.Node, returned: fx.Node
+) -> fx.GraphModule:
     """A GraphModule computing `nodes` from `given` to `returned`; it holds the same
     submodules and parameters as `traced` (GraphModule copies references, not tensors)."""
     graph = fx.Graph()
@@ -442,7 +457,7 @@ def _unit(path: str, model: nn.Module) -> str:
     for depth, part in enumerate(parts[:-1]):
         module = getattr(module, part, None) if module is not None else None
         if isinstance(module, _CONTAINERS):
-            return ".".join(parts[:depth + 2])
+            return ".".join(parts[: depth + 2])
     return parts[0]
 
 
@@ -461,25 +476,33 @@ def _check_block_container(model: nn.Module, blocks: str) -> None:
     try:
         container = model.get_submodule(blocks)
     except AttributeError:
-        raise NetworkError(f"network.blocks={blocks}: {type(model).__name__} has no submodule "
-                           f"{blocks!r}; name the dotted path of its repeated block container "
-                           f"(e.g. blocks, layers, transformer.h)") from None
+        raise NetworkError(
+            f"network.blocks={blocks}: {type(model).__name__} has no submodule "
+            f"{blocks!r}; name the dotted path of its repeated block container "
+            f"(e.g. blocks, layers, transformer.h)"
+        ) from None
     if not isinstance(container, _CONTAINERS) or not list(container.children()):
-        raise NetworkError(f"network.blocks={blocks}: is a {type(container).__name__}, not an "
-                           f"nn.ModuleList or nn.{nn.Sequential.__name__} of blocks; name the "
-                           f"container of the repeated blocks")
+        raise NetworkError(
+            f"network.blocks={blocks}: is a {type(container).__name__}, not an "
+            f"nn.ModuleList or nn.{nn.Sequential.__name__} of blocks; name the "
+            f"container of the repeated blocks"
+        )
 
 
 def _block_keys(paths: list[str], blocks: str) -> list[str]:
     """Per node: its block (`blocks.3`), or one key for everything before the first block and
     one for everything after the last; other nodes between blocks join the block before."""
     prefix = blocks + "."
-    keys = [prefix + path[len(prefix):].split(".")[0] if path.startswith(prefix) else ""
-            for path in paths]
+    keys = [
+        prefix + path[len(prefix) :].split(".")[0] if path.startswith(prefix) else ""
+        for path in paths
+    ]
     inside = [index for index, key in enumerate(keys) if key]
     if not inside:
-        raise NetworkError(f"network.blocks={blocks}: the forward never calls a module in "
-                           f"{blocks}; name the container whose blocks the forward runs")
+        raise NetworkError(
+            f"network.blocks={blocks}: the forward never calls a module in "
+            f"{blocks}; name the container whose blocks the forward runs"
+        )
     for index in range(len(keys)):
         if index < inside[0]:
             keys[index] = _PRE
@@ -496,7 +519,9 @@ def _check_blocks(cuts: list[int], keys: list[str], blocks: str) -> None:
         block_keys = {key for key in keys[start:end] if key not in (_PRE, _POST)}
         if len(block_keys) > 1:
             names = sorted(block_keys)
-            raise NetworkError(f"network.blocks={blocks}: {names[0]} and {names[1]} cannot be "
-                               f"cut apart (more than one value, or a value that is not a "
-                               f"tensor, passes between them); define pipeline_layers() "
-                               f"returning the model's layers in order")
+            raise NetworkError(
+                f"network.blocks={blocks}: {names[0]} and {names[1]} cannot be "
+                f"cut apart (more than one value, or a value that is not a "
+                f"tensor, passes between them); define pipeline_layers() "
+                f"returning the model's layers in order"
+            )

@@ -12,8 +12,26 @@ _TORCHVISION = {"vgg11": models.vgg11, "vgg16": models.vgg16}
 # Conv widths per stage, "M" = 2x2 max-pool (the VGG paper's configurations A and D).
 _CONFIGS: dict[str, list[int | str]] = {
     "vgg11": [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
-    "vgg16": [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M",
-              512, 512, 512, "M"],
+    "vgg16": [
+        64,
+        64,
+        "M",
+        128,
+        128,
+        "M",
+        256,
+        256,
+        256,
+        "M",
+        512,
+        512,
+        512,
+        "M",
+        512,
+        512,
+        512,
+        "M",
+    ],
 }
 
 
@@ -34,8 +52,11 @@ class SmallImageVGG(nn.Module):
                 layers.append(nn.MaxPool2d(kernel_size=2, stride=2, ceil_mode=ceil_mode))
                 continue
             assert isinstance(width, int)
-            layers += [nn.Conv2d(channels, width, kernel_size=3, padding=1),
-                       nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
+            layers += [
+                nn.Conv2d(channels, width, kernel_size=3, padding=1),
+                nn.BatchNorm2d(width),
+                nn.ReLU(inplace=True),
+            ]
             channels = width
         self.features = nn.Sequential(*layers)
         self.flatten = nn.Flatten(1)

@@ -46,11 +46,16 @@ def build_zoo(ref: NetworkRef, spec: DatasetSpec) -> nn.Module:
     """The network `ref` names (source module, torchvision or timm) for `spec`, as a
     `LayerSequence` where a layer list could be derived, else as built."""
     builders: dict[str, Callable[[NetworkRef, DatasetSpec], nn.Module]] = {
-        MODULE: _build_module, TORCHVISION: _build_torchvision, TIMM: _build_timm}
+        MODULE: _build_module,
+        TORCHVISION: _build_torchvision,
+        TIMM: _build_timm,
+    }
     builder = builders.get(ref.source)
     if builder is None:
-        raise NetworkError(f"network.source={ref.source}: not built by workloads.networks.zoo; "
-                           f"allowed: {', '.join(builders)}")
+        raise NetworkError(
+            f"network.source={ref.source}: not built by workloads.networks.zoo; "
+            f"allowed: {', '.join(builders)}"
+        )
     return with_layer_list(builder(ref, spec), spec, ref.blocks)
 
 
@@ -65,12 +70,15 @@ def _build_module(ref: NetworkRef, spec: DatasetSpec) -> nn.Module:
         model = _build(lambda: factory(**kwargs))
     except Exception as exc:  # noqa: BLE001 - the user's code may raise anything: one line
         given = f" with network.kwargs {', '.join(sorted(ref.options))}" if ref.options else ""
-        raise NetworkError(f"network.target={target}: calling it{given} raised "
-                           f"{_one_line(exc)}") from exc
+        raise NetworkError(
+            f"network.target={target}: calling it{given} raised {_one_line(exc)}"
+        ) from exc
     if not isinstance(model, nn.Module):
-        raise NetworkError(f"network.target={target}: returned a {type(model).__name__}, not "
-                           f"a torch.nn.Module; name a factory that returns the model, or the "
-                           f"model's nn.Module class")
+        raise NetworkError(
+            f"network.target={target}: returned a {type(model).__name__}, not "
+            f"a torch.nn.Module; name a factory that returns the model, or the "
+            f"model's nn.Module class"
+        )
     return model
 
 
@@ -81,32 +89,42 @@ def _resolve(target: str) -> Callable[..., Any]:
     else:
         module_name, _, attribute = target.rpartition(".")
     if not module_name or not attribute:
-        raise NetworkError(f"network.target={target!r}: expected \"package.module:factory\" "
-                           f"(or package.module.factory), an importable module and a factory "
-                           f"function or nn.Module class in it")
+        raise NetworkError(
+            f'network.target={target!r}: expected "package.module:factory" '
+            f"(or package.module.factory), an importable module and a factory "
+            f"function or nn.Module class in it"
+        )
     try:
         found: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise NetworkError(f"network.target={target}: module {module_name} does not import "
-                           f"({_one_line(exc)}); the package must be importable where the cell "
-                           f"runs (installed, or its directory on PYTHONPATH)") from exc
+        raise NetworkError(
+            f"network.target={target}: module {module_name} does not import "
+            f"({_one_line(exc)}); the package must be importable where the cell "
+            f"runs (installed, or its directory on PYTHONPATH)"
+        ) from exc
     except Exception as exc:  # noqa: BLE001 - the module's own code failed: one line
-        raise NetworkError(f"network.target={target}: importing module {module_name} raised "
-                           f"{_one_line(exc)}") from exc
+        raise NetworkError(
+            f"network.target={target}: importing module {module_name} raised {_one_line(exc)}"
+        ) from exc
     owner = module_name
     for name in attribute.split("."):
         if not hasattr(found, name):
-            raise NetworkError(f"network.target={target}: {owner} has no attribute {name!r}"
-                               f"{_close_matches(name, dir(found))}")
+            raise NetworkError(
+                f"network.target={target}: {owner} has no attribute {name!r}"
+                f"{_close_matches(name, dir(found))}"
+            )
         found, owner = getattr(found, name), f"{owner}.{name}"
     if not callable(found):
-        raise NetworkError(f"network.target={target}: {owner} is a {type(found).__name__}, "
-                           f"not a factory function or nn.Module class")
+        raise NetworkError(
+            f"network.target={target}: {owner} is a {type(found).__name__}, "
+            f"not a factory function or nn.Module class"
+        )
     return found
 
 
-def _factory_kwargs(target: str, factory: Callable[..., Any], options: dict[str, Any],
-                    spec: DatasetSpec) -> dict[str, Any]:
+def _factory_kwargs(
+    target: str, factory: Callable[..., Any], options: dict[str, Any], spec: DatasetSpec
+) -> dict[str, Any]:
     """`network.kwargs`, plus `dataset=spec` where the factory takes a `dataset` the kwargs do
     not set; a key the factory does not take, or a parameter it needs that is not set, is
     named before anything is called."""
@@ -117,18 +135,28 @@ def _factory_kwargs(target: str, factory: Callable[..., Any], options: dict[str,
     kwargs = dict(options)
     if "dataset" in parameters and "dataset" not in kwargs:
         kwargs["dataset"] = spec
-    named = {name for name, parameter in parameters.items()
-             if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)}
+    named = {
+        name
+        for name, parameter in parameters.items()
+        if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+    }
     takes_any = any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters.values())
     for key in kwargs:
         if key not in named and not takes_any:
-            raise NetworkError(f"network.kwargs.{key}: {target} takes no argument {key!r}; "
-                               f"its arguments: {', '.join(sorted(named)) or 'none'}")
-    missing = [name for name in named
-               if parameters[name].default is parameters[name].empty and name not in kwargs]
+            raise NetworkError(
+                f"network.kwargs.{key}: {target} takes no argument {key!r}; "
+                f"its arguments: {', '.join(sorted(named)) or 'none'}"
+            )
+    missing = [
+        name
+        for name in named
+        if parameters[name].default is parameters[name].empty and name not in kwargs
+    ]
     if missing:
-        raise NetworkError(f"network.target={target}: needs argument(s) {', '.join(missing)}; "
-                           f"set them with +network.kwargs.{missing[0]}=...")
+        raise NetworkError(
+            f"network.target={target}: needs argument(s) {', '.join(missing)}; "
+            f"set them with +network.kwargs.{missing[0]}=..."
+        )
     return kwargs
 
 
@@ -141,9 +169,11 @@ def _build_torchvision(ref: NetworkRef, spec: DatasetSpec) -> nn.Module:
     arch = _image_arch(ref, spec)
     names = torchvision.models.list_models(module=torchvision.models)
     if arch not in names:
-        raise NetworkError(f"network.arch={arch}: not a torchvision classification model"
-                           f"{_close_matches(arch, names)}; torchvision.models.list_models("
-                           f"module=torchvision.models) lists them")
+        raise NetworkError(
+            f"network.arch={arch}: not a torchvision classification model"
+            f"{_close_matches(arch, names)}; torchvision.models.list_models("
+            f"module=torchvision.models) lists them"
+        )
     kwargs = _zoo_kwargs(ref, forbidden="weights")
     kwargs.setdefault("num_classes", spec.num_classes)
     if arch in _AUXILIARY_HEADS:  # in training they return a tuple with the side heads' logits
@@ -161,44 +191,60 @@ def _build_timm(ref: NetworkRef, spec: DatasetSpec) -> nn.Module:
 
     arch = _image_arch(ref, spec)
     if ":" in arch or "/" in arch:  # hf-hub:..., local-dir:...: a config read from elsewhere
-        raise NetworkError(f"network.arch={arch}: only timm's own model names are built (from "
-                           f"their code, random weights, nothing downloaded); timm.list_models() "
-                           f"lists them")
+        raise NetworkError(
+            f"network.arch={arch}: only timm's own model names are built (from "
+            f"their code, random weights, nothing downloaded); timm.list_models() "
+            f"lists them"
+        )
     if not timm.is_model(arch):
-        raise NetworkError(f"network.arch={arch}: not a timm model"
-                           f"{_close_matches(arch, timm.list_models())}; timm.list_models() "
-                           f"lists them")
+        raise NetworkError(
+            f"network.arch={arch}: not a timm model"
+            f"{_close_matches(arch, timm.list_models())}; timm.list_models() "
+            f"lists them"
+        )
     kwargs = _zoo_kwargs(ref, forbidden="pretrained")
     kwargs.setdefault("num_classes", spec.num_classes)
     kwargs.setdefault("in_chans", spec.channels)
     cfg = timm.models.get_pretrained_cfg(arch)  # the registry's entry: nothing is read
-    if (cfg is not None and cfg.fixed_input_size and "img_size" not in kwargs
-            and tuple(cfg.input_size[-2:]) != (spec.resolution, spec.resolution)):
+    if (
+        cfg is not None
+        and cfg.fixed_input_size
+        and "img_size" not in kwargs
+        and tuple(cfg.input_size[-2:]) != (spec.resolution, spec.resolution)
+    ):
         # A ViT-like model is built for one image size: the dataset's, where it takes one.
         try:
-            return _build(lambda: timm.create_model(arch, pretrained=False,
-                                                    img_size=spec.resolution, **kwargs))
+            return _build(
+                lambda: timm.create_model(
+                    arch, pretrained=False, img_size=spec.resolution, **kwargs
+                )
+            )
         except TypeError as exc:
             if "img_size" not in str(exc):
-                raise NetworkError(f"network.arch={arch}: building it raised "
-                                   f"{_one_line(exc)}") from exc
+                raise NetworkError(
+                    f"network.arch={arch}: building it raised {_one_line(exc)}"
+                ) from exc
     return _zoo_call(arch, lambda: timm.create_model(arch, pretrained=False, **kwargs))
 
 
 def _image_arch(ref: NetworkRef, spec: DatasetSpec) -> str:
     arch = ref.arch or ""
     if spec.tokens:
-        raise NetworkError(f"network.arch={arch}: network.source={ref.source} builds an image "
-                           f"network on token data (dataset={spec.name}); choose an image "
-                           f"dataset, or a language model (network=hf, or network=module)")
+        raise NetworkError(
+            f"network.arch={arch}: network.source={ref.source} builds an image "
+            f"network on token data (dataset={spec.name}); choose an image "
+            f"dataset, or a language model (network=hf, or network=module)"
+        )
     return arch
 
 
 def _zoo_kwargs(ref: NetworkRef, forbidden: str) -> dict[str, Any]:
     kwargs = ref.options
     if forbidden in kwargs:
-        raise NetworkError(f"network.kwargs.{forbidden}: zoo models are built with random "
-                           f"weights (nothing is downloaded); remove it")
+        raise NetworkError(
+            f"network.kwargs.{forbidden}: zoo models are built with random "
+            f"weights (nothing is downloaded); remove it"
+        )
     return kwargs
 
 
@@ -219,15 +265,23 @@ def _adapt_input_channels(model: nn.Module, arch: str, spec: DatasetSpec) -> Non
         if isinstance(module, nn.Conv2d) and module.in_channels == 3:
             parent_name, _, child = name.rpartition(".")
             geometry: dict[str, Any] = {
-                "kernel_size": module.kernel_size, "stride": module.stride,
-                "padding": module.padding, "dilation": module.dilation, "groups": module.groups,
-                "bias": module.bias is not None, "padding_mode": module.padding_mode}
-            stem = nn.Conv2d(spec.channels, module.out_channels, **geometry,
-                             device=module.weight.device)
+                "kernel_size": module.kernel_size,
+                "stride": module.stride,
+                "padding": module.padding,
+                "dilation": module.dilation,
+                "groups": module.groups,
+                "bias": module.bias is not None,
+                "padding_mode": module.padding_mode,
+            }
+            stem = nn.Conv2d(
+                spec.channels, module.out_channels, **geometry, device=module.weight.device
+            )
             setattr(model.get_submodule(parent_name), child, stem)
             return
-    raise NetworkError(f"network.arch={arch}: has no 3-channel input convolution to adapt to "
-                       f"dataset={spec.name}'s {spec.channels} channel(s); choose an RGB dataset")
+    raise NetworkError(
+        f"network.arch={arch}: has no 3-channel input convolution to adapt to "
+        f"dataset={spec.name}'s {spec.channels} channel(s); choose an RGB dataset"
+    )
 
 
 # --- building on the meta device -------------------------------------------------------------
@@ -263,14 +317,16 @@ def _weights_on_meta() -> Iterator[None]:
             param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
         register_parameter(module, name, param)
 
-    def buffer_on_meta(module: nn.Module, name: str, tensor: torch.Tensor | None,
-                       persistent: bool = True) -> None:
-        register_buffer(module, name, None if tensor is None else tensor.to("meta"),
-                        persistent)
+    def buffer_on_meta(
+        module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True
+    ) -> None:
+        register_buffer(module, name, None if tensor is None else tensor.to("meta"), persistent)
 
-    with (torch.device("cpu"),
-          mock.patch.object(nn.Module, "register_parameter", parameter_on_meta),
-          mock.patch.object(nn.Module, "register_buffer", buffer_on_meta)):
+    with (
+        torch.device("cpu"),
+        mock.patch.object(nn.Module, "register_parameter", parameter_on_meta),
+        mock.patch.object(nn.Module, "register_buffer", buffer_on_meta),
+    ):
         yield
 
 
@@ -281,7 +337,7 @@ def _one_line(exc: BaseException) -> str:
     """`Type: message` on one line, shortened."""
     message = " ".join(str(exc).split())
     if len(message) > _MAX_MESSAGE:
-        message = message[:_MAX_MESSAGE - 3] + "..."
+        message = message[: _MAX_MESSAGE - 3] + "..."
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 

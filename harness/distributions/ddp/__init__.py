@@ -35,8 +35,9 @@ class DDPConfig(DistributionConfig):
 
     name: str = "ddp"
     # Gradient bucket size in MB (torch's default 25); its counterpart of Horovod's `th`.
-    bucket_cap_mb: float = field(default=25.0,
-                                 metadata=number(0, MAX_BUFFER_MB, "MB", low_open=True))
+    bucket_cap_mb: float = field(
+        default=25.0, metadata=number(0, MAX_BUFFER_MB, "MB", low_open=True)
+    )
 
 
 def ddp_settings(config: DistbenchConfig) -> DDPConfig:
@@ -50,14 +51,20 @@ def ddp_buckets(gradient_mb: float, bucket_cap_mb: float) -> int:
     return 1 + math.ceil(max(gradient_mb - first, 0.0) / bucket_cap_mb)
 
 
-def epoch_terms(config: DistbenchConfig, facts: CellFacts,
-                profile: HardwareProfile | None) -> EpochTerms:
+def epoch_terms(
+    config: DistbenchConfig, facts: CellFacts, profile: HardwareProfile | None
+) -> EpochTerms:
     """Eq. 5.1 with DDP's buckets: the last bucket exposed on a GPU, every bucket's
     allreduce (each with its latency) on CPU workers (`predict.terms.data_parallel_terms`)."""
     assert profile is not None
     bucket_mb = ddp_settings(config).bucket_cap_mb
-    return data_parallel_terms(config, facts, profile, exposed_threshold_mb=bucket_mb,
-                               messages=ddp_buckets(facts.gradient_mb, bucket_mb))
+    return data_parallel_terms(
+        config,
+        facts,
+        profile,
+        exposed_threshold_mb=bucket_mb,
+        messages=ddp_buckets(facts.gradient_mb, bucket_mb),
+    )
 
 
 def ddp_buffer_mb(gradient_mb: float) -> float:
@@ -67,12 +74,18 @@ def ddp_buffer_mb(gradient_mb: float) -> float:
 
 def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.WorkerMemory]:
     """A replica per worker, plus DDP's buckets: a second copy of the gradients."""
-    return [replica_memory(config, facts, buffer_mb=ddp_buffer_mb(facts.gradient_mb))
-            ] * config.world_size
+    return [
+        replica_memory(config, facts, buffer_mb=ddp_buffer_mb(facts.gradient_mb))
+    ] * config.world_size
 
 
 SPEC = DistributionSpec(
-    name="ddp", title="PyTorch DDP", settings=DDPConfig,
+    name="ddp",
+    title="PyTorch DDP",
+    settings=DDPConfig,
     trainer=trainer_in(f"{__name__}.trainer", "ddp_trainer"),
-    epoch_terms=epoch_terms, memory_per_worker=memory_per_worker,
-    candidates=at_every_count(DDPConfig), label=workers_label("ddp"))
+    epoch_terms=epoch_terms,
+    memory_per_worker=memory_per_worker,
+    candidates=at_every_count(DDPConfig),
+    label=workers_label("ddp"),
+)

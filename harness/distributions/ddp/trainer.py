@@ -59,7 +59,8 @@ def ddp_trainer(context: TrainingContext) -> BatchLoopTrainer:
         return BatchLoopTrainer(context, model)
     # DDP broadcasts rank 0's parameters at construction: every replica starts equal.
     model = DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None,
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
         bucket_cap_mb=ddp_settings(context.config).bucket_cap_mb,
     )
     timed_allreduce = TimedAllreduce()

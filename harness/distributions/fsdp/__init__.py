@@ -90,7 +90,9 @@ COPIES = FreeParameter(
     "fsdp_copies",
     "ms of a worker's cores per MB FSDP2 gathers or reduces (the copies into and out of "
     "each collective's buffers); FSDP only, 0 where workers have devices of their own",
-    0.0, 10.0)
+    0.0,
+    10.0,
+)
 
 
 _BFLOAT16_SHARE = 0.5  # bytes of a bfloat16 copy of float32 weights
@@ -114,9 +116,12 @@ class FSDPConfig(DistributionConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require(self.shard_degree is None or self.shard_degree >= 1,
-                "distribution.shard_degree", self.shard_degree,
-                "must be a positive number of workers, or null (all the cell's workers)")
+        require(
+            self.shard_degree is None or self.shard_degree >= 1,
+            "distribution.shard_degree",
+            self.shard_degree,
+            "must be a positive number of workers, or null (all the cell's workers)",
+        )
 
     def shards(self, cell: DistbenchConfig) -> int:
         """Workers each parameter is split over."""
@@ -125,11 +130,14 @@ class FSDPConfig(DistributionConfig):
     def check_cell(self, cell: DistbenchConfig) -> None:
         super().check_cell(cell)
         shards = self.shards(cell)
-        require(shards <= cell.world_size and cell.world_size % shards == 0,
-                "distribution.shard_degree", self.shard_degree,
-                f"must divide the cell's {cell.world_size} workers (hardware.nodes x "
-                f"hardware.workers_per_node); allowed: "
-                f"{nearest_divisors(cell.world_size, shards)}, or null (all of them)")
+        require(
+            shards <= cell.world_size and cell.world_size % shards == 0,
+            "distribution.shard_degree",
+            self.shard_degree,
+            f"must divide the cell's {cell.world_size} workers (hardware.nodes x "
+            f"hardware.workers_per_node); allowed: "
+            f"{nearest_divisors(cell.world_size, shards)}, or null (all of them)",
+        )
 
     def run_name_parts(self, cell: DistbenchConfig) -> list[str]:
         parts = [] if self.reshard_after_forward else ["keep"]
@@ -149,8 +157,9 @@ def fsdp_settings(config: DistbenchConfig) -> FSDPConfig:
 # -- the performance model -------------------------------------------------------------------
 def _units(facts: CellFacts) -> list[float]:
     """Each FSDP unit's weights (MB): the layer-list entries with parameters."""
-    return [layer.weights_mb for layer in facts.layers if layer.weights_mb > 0] or \
-        [facts.weights_mb]
+    return [layer.weights_mb for layer in facts.layers if layer.weights_mb > 0] or [
+        facts.weights_mb
+    ]
 
 
 def _share(config: DistbenchConfig, collective: str) -> float:
@@ -163,8 +172,9 @@ def _share(config: DistbenchConfig, collective: str) -> float:
     return GLOO_SHARE[collective]
 
 
-def collective_seconds(config: DistbenchConfig, profile: HardwareProfile, collective: str,
-                       megabytes: float) -> float:
+def collective_seconds(
+    config: DistbenchConfig, profile: HardwareProfile, collective: str, megabytes: float
+) -> float:
     """One all-gather (of `megabytes` gathered) or reduce-scatter (of `megabytes` reduced)
     among the cell's shard group: on CPU workers, as the probe timed it after compute where
     the profile holds that among as many workers (such a collective takes its turn with the
@@ -193,8 +203,9 @@ def step_collective_mb(config: DistbenchConfig, facts: CellFacts) -> tuple[float
     return gathered, units * facts.gradient_mb / max(facts.weights_mb, 1e-12)
 
 
-def step_communication_seconds(config: DistbenchConfig, facts: CellFacts,
-                               profile: HardwareProfile) -> float:
+def step_communication_seconds(
+    config: DistbenchConfig, facts: CellFacts, profile: HardwareProfile
+) -> float:
     """The collectives of one step that the compute does not hide.
 
     Per unit: an all-gather of its weights (bfloat16 with mixed precision) before its
@@ -215,9 +226,11 @@ def step_communication_seconds(config: DistbenchConfig, facts: CellFacts,
     gathers = 2 if settings.reshard_after_forward else 1
     precision = _BFLOAT16_SHARE if settings.mixed_precision else 1.0
     gradient_scale = facts.gradient_mb / max(facts.weights_mb, 1e-12)
-    seconds = sum(gathers * collective_seconds(config, profile, "all_gather", unit * precision)
-                  + collective_seconds(config, profile, "reduce_scatter", unit * gradient_scale)
-                  for unit in units)
+    seconds = sum(
+        gathers * collective_seconds(config, profile, "all_gather", unit * precision)
+        + collective_seconds(config, profile, "reduce_scatter", unit * gradient_scale)
+        for unit in units
+    )
     if replicas > 1:
         gradient_mb = step_collective_mb(config, facts)[1]
         seconds += allreduce_seconds(profile, replicas, gradient_mb / shards, len(units))
@@ -234,8 +247,9 @@ class UnitWork:
     reduce_s: float  # reduce-scatter, and with HSDP the shard's allreduce among the replicas
 
 
-def unit_work(config: DistbenchConfig, facts: CellFacts,
-              profile: HardwareProfile) -> list[UnitWork]:
+def unit_work(
+    config: DistbenchConfig, facts: CellFacts, profile: HardwareProfile
+) -> list[UnitWork]:
     """Each unit (a layer-list entry with parameters, with the parameterless entries after it
     up to the next one) with its forward, backward and collectives."""
     settings = fsdp_settings(config)
@@ -255,18 +269,22 @@ def unit_work(config: DistbenchConfig, facts: CellFacts,
         reduce = collective_seconds(config, profile, "reduce_scatter", gradient)
         if replicas > 1:
             reduce += allreduce_seconds(profile, replicas, gradient / shards, 1)
-        units.append(UnitWork(
-            forward_s=sum(layer_forward_share(facts, layer) for layer in group)
-            * facts.step_seconds,
-            backward_s=sum(layer_backward_share(facts, layer) for layer in group)
-            * facts.step_seconds,
-            gather_s=collective_seconds(config, profile, "all_gather", weights * precision),
-            reduce_s=reduce))
+        units.append(
+            UnitWork(
+                forward_s=sum(layer_forward_share(facts, layer) for layer in group)
+                * facts.step_seconds,
+                backward_s=sum(layer_backward_share(facts, layer) for layer in group)
+                * facts.step_seconds,
+                gather_s=collective_seconds(config, profile, "all_gather", weights * precision),
+                reduce_s=reduce,
+            )
+        )
     return units
 
 
-def _exposed_on_a_timeline(config: DistbenchConfig, facts: CellFacts,
-                           profile: HardwareProfile) -> float:
+def _exposed_on_a_timeline(
+    config: DistbenchConfig, facts: CellFacts, profile: HardwareProfile
+) -> float:
     """FSDP2's step on a timeline (`predict.overlap`): the forward gathers each unit's weights
     before it computes, the next unit's prefetched as the current one starts; the backward,
     from the last unit back, gathers again where resharded (prefetched one ahead) and issues
@@ -274,8 +292,9 @@ def _exposed_on_a_timeline(config: DistbenchConfig, facts: CellFacts,
     One link carries them in the order issued."""
     units = unit_work(config, facts, profile)
     reshard = fsdp_settings(config).reshard_after_forward
-    timeline, forward_ends = prefetched([unit.forward_s for unit in units],
-                                        [unit.gather_s for unit in units], overlaps=True)
+    timeline, forward_ends = prefetched(
+        [unit.forward_s for unit in units], [unit.gather_s for unit in units], overlaps=True
+    )
     ended = forward_ends[-1] if forward_ends else 0.0
     backward = list(reversed(units))
     fetched, reduced = ended, []
@@ -289,8 +308,9 @@ def _exposed_on_a_timeline(config: DistbenchConfig, facts: CellFacts,
     return timeline.exposed_s
 
 
-def epoch_terms(config: DistbenchConfig, facts: CellFacts,
-                profile: HardwareProfile | None) -> EpochTerms:
+def epoch_terms(
+    config: DistbenchConfig, facts: CellFacts, profile: HardwareProfile | None
+) -> EpochTerms:
     """The workers' own steps at the per-worker batch (DDP's compute term), FSDP's
     collectives (`step_communication_seconds`) once per step, and on CPU workers the copies
     around them (`COPIES`)."""
@@ -303,8 +323,14 @@ def epoch_terms(config: DistbenchConfig, facts: CellFacts,
     if config.hardware.device.value != "cuda":
         copied_mb = sum(step_collective_mb(config, facts))
         model_terms = ((COPIES, steps * copied_mb / 1000),)  # COPIES is in ms per MB
-    return EpochTerms(compute, steps * step_communication_seconds(config, facts, profile), 0.0,
-                      steps, concurrent=True, model_terms=model_terms)
+    return EpochTerms(
+        compute,
+        steps * step_communication_seconds(config, facts, profile),
+        0.0,
+        steps,
+        concurrent=True,
+        model_terms=model_terms,
+    )
 
 
 def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.WorkerMemory]:
@@ -326,12 +352,13 @@ def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.
     one = memory.WorkerMemory(
         weights=facts.weights_mb / shards,
         gradients=memory.gradients_mb(facts.gradient_mb) / shards,
-        optimizer=memory.optimizer_state_mb(facts.weights_mb,
-                                            config.optimizer.state_buffers) / shards,
+        optimizer=memory.optimizer_state_mb(facts.weights_mb, config.optimizer.state_buffers)
+        / shards,
         buffers=(gathered * precision + units[0]) if shards > 1 else 0.0,
         activations=memory.activations_mb(stage, batch),
         backward=memory.backward_temporaries_mb(stage, batch),
-        runtime=facts.runtime_mb)
+        runtime=facts.runtime_mb,
+    )
     return [one] * config.world_size
 
 
@@ -343,22 +370,33 @@ def candidates(asked: DistbenchConfig, counts: WorkerCounts) -> Iterator[Distben
         if nodes * per_node < 2:
             continue
         for reshard in (True, False):
-            yield candidate(asked, candidate_settings(asked, FSDPConfig,
-                                                      reshard_after_forward=reshard,
-                                                      shard_degree=None), nodes, per_node)
+            yield candidate(
+                asked,
+                candidate_settings(
+                    asked, FSDPConfig, reshard_after_forward=reshard, shard_degree=None
+                ),
+                nodes,
+                per_node,
+            )
         if nodes > 1 and per_node > 1:
-            yield candidate(asked, candidate_settings(asked, FSDPConfig, shard_degree=per_node),
-                            nodes, per_node)
+            yield candidate(
+                asked, candidate_settings(asked, FSDPConfig, shard_degree=per_node), nodes, per_node
+            )
 
 
 def label(config: DistbenchConfig, plan: StagePlan | None) -> str:
     """The workers and, where they are not the defaults, the settings the cell's name shows."""
-    return " ".join([f"fsdp x{config.world_size}",
-                     *fsdp_settings(config).run_name_parts(config)])
+    return " ".join([f"fsdp x{config.world_size}", *fsdp_settings(config).run_name_parts(config)])
 
 
 SPEC = DistributionSpec(
-    name="fsdp", title="PyTorch FSDP2", settings=FSDPConfig,
+    name="fsdp",
+    title="PyTorch FSDP2",
+    settings=FSDPConfig,
     trainer=trainer_in(f"{__name__}.trainer", "fsdp_trainer"),
-    epoch_terms=epoch_terms, memory_per_worker=memory_per_worker, candidates=candidates,
-    label=label, free_parameters=(COPIES,))
+    epoch_terms=epoch_terms,
+    memory_per_worker=memory_per_worker,
+    candidates=candidates,
+    label=label,
+    free_parameters=(COPIES,),
+)

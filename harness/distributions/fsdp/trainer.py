@@ -25,14 +25,16 @@ class FSDPTrainer(BatchLoopTrainer):
     """The batch loop over a fully sharded network: FSDP's collectives run inside the forward
     and backward passes (its hooks), so the loop itself is the sequential one."""
 
-    def __init__(self, context: TrainingContext, model: nn.Module, mesh: DeviceMesh,
-                 skeleton: nn.Module) -> None:
+    def __init__(
+        self, context: TrainingContext, model: nn.Module, mesh: DeviceMesh, skeleton: nn.Module
+    ) -> None:
         super().__init__(context, model)
         self.skeleton = skeleton  # the network unsharded, on the meta device (no memory)
         # Workers in the same position of their shard group hold the same shard: the
         # replicas the harness compares (every worker is its own when there is one group).
-        self.replica_group = mesh.get_local_rank("shard") if mesh.ndim == 2 else \
-            context.session.env.rank
+        self.replica_group = (
+            mesh.get_local_rank("shard") if mesh.ndim == 2 else context.session.env.rank
+        )
 
     def evaluation_model(self) -> nn.Module:
         """The whole network, unsharded, on this worker's device: every parameter's shards
@@ -62,8 +64,7 @@ def fsdp_trainer(context: TrainingContext) -> BatchLoopTrainer:
             dist.broadcast(tensor, src=0)
     skeleton = copy.deepcopy(model).to("meta")  # before fully_shard changes the module
     mesh = shard_mesh(context.config, context.device.type)
-    shard_network(model, to_layer_list(context.config.network.ref, model), mesh,
-                  settings)
+    shard_network(model, to_layer_list(context.config.network.ref, model), mesh, settings)
     return FSDPTrainer(context, model, mesh, skeleton)
 
 
@@ -73,23 +74,28 @@ def shard_mesh(config: DistbenchConfig, device_type: str) -> DeviceMesh:
     shards = fsdp_settings(config).shards(config)
     if shards == config.world_size:
         return init_device_mesh(device_type, (shards,), mesh_dim_names=("shard",))
-    return init_device_mesh(device_type, (config.world_size // shards, shards),
-                            mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(
+        device_type, (config.world_size // shards, shards), mesh_dim_names=("replicate", "shard")
+    )
 
 
-def shard_network(network: nn.Module, layers: list[nn.Module], mesh: DeviceMesh,
-                  settings: FSDPConfig) -> None:
+def shard_network(
+    network: nn.Module, layers: list[nn.Module], mesh: DeviceMesh, settings: FSDPConfig
+) -> None:
     """`fully_shard` each layer-list entry that has parameters, then the root (innermost
     first, as FSDP2 requires); with mixed precision, each BatchNorm first, in float32."""
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-        if settings.mixed_precision else MixedPrecisionPolicy()
-    common: dict[str, Any] = {"mesh": mesh,
-                              "reshard_after_forward": settings.reshard_after_forward}
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if settings.mixed_precision
+        else MixedPrecisionPolicy()
+    )
+    common: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": settings.reshard_after_forward}
     if settings.mixed_precision:
         for module in network.modules():
             if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                fully_shard(module, mp_policy=MixedPrecisionPolicy(cast_forward_inputs=False),
-                            **common)
+                fully_shard(
+                    module, mp_policy=MixedPrecisionPolicy(cast_forward_inputs=False), **common
+                )
     for layer in layers:
         # (a BatchNorm entry of the list is a unit already, with mixed precision)
         if any(True for _ in layer.parameters()) and not isinstance(layer, FSDPModule):

@@ -83,15 +83,17 @@ class GPipeConfig(PipelineConfig):
     name: str = "gpipe"
     # Micro-batches per batch; must divide batch_size. null = Table 3.3's count, or with a
     # batch_size given, its largest divisor not above that count (32 on mnist: 16).
-    micro_batches: int | None = field(default=None,
-                                      metadata=integer(1, 2**31 - 1, "micro-batches"))
+    micro_batches: int | None = field(default=None, metadata=integer(1, 2**31 - 1, "micro-batches"))
     recompute: Recompute = Recompute.always
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require(self.micro_batches is None or self.micro_batches > 0,
-                "distribution.micro_batches", self.micro_batches,
-                "must be a positive number, or null (SPEC Table 3.3 for the dataset)")
+        require(
+            self.micro_batches is None or self.micro_batches > 0,
+            "distribution.micro_batches",
+            self.micro_batches,
+            "must be a positive number, or null (SPEC Table 3.3 for the dataset)",
+        )
 
     def default_batch_size(self, dataset: str) -> int:
         """The whole pipeline batch of Table 3.3."""
@@ -109,19 +111,26 @@ class GPipeConfig(PipelineConfig):
         return cell.batch_size // self.micro_batch_count(cell)
 
     def check_cell(self, cell: DistbenchConfig) -> None:
-        require(cell.world_size >= 2, "hardware.workers_per_node",
-                cell.hardware.workers_per_node,
-                "GPipe needs 2 or more workers (hardware.nodes x hardware.workers_per_node); "
-                "one stage on one worker is distribution=sequential")
+        require(
+            cell.world_size >= 2,
+            "hardware.workers_per_node",
+            cell.hardware.workers_per_node,
+            "GPipe needs 2 or more workers (hardware.nodes x hardware.workers_per_node); "
+            "one stage on one worker is distribution=sequential",
+        )
         micro = self.micro_batch_count(cell)
-        require(cell.batch_size >= micro and cell.batch_size % micro == 0,
-                "distribution.micro_batches", micro,
-                f"must divide the GPipe batch (distribution.batch_size={cell.batch_size}) "
-                f"into equal micro-batches of 1 sample or more; allowed: "
-                f"{nearest_divisors(cell.batch_size, micro)}, or null (the largest divisor "
-                f"up to {TABLE_3_3[cell.dataset.name.value].micro_batches})")
-        self.check_stages(cell, cell.world_size, "hardware.workers_per_node",
-                          cell.hardware.workers_per_node)
+        require(
+            cell.batch_size >= micro and cell.batch_size % micro == 0,
+            "distribution.micro_batches",
+            micro,
+            f"must divide the GPipe batch (distribution.batch_size={cell.batch_size}) "
+            f"into equal micro-batches of 1 sample or more; allowed: "
+            f"{nearest_divisors(cell.batch_size, micro)}, or null (the largest divisor "
+            f"up to {TABLE_3_3[cell.dataset.name.value].micro_batches})",
+        )
+        self.check_stages(
+            cell, cell.world_size, "hardware.workers_per_node", cell.hardware.workers_per_node
+        )
 
     def batch_multiple(self, cell: DistbenchConfig) -> int:
         """A set micro-batch count must divide the batch; null follows any batch."""
@@ -133,8 +142,9 @@ class GPipeConfig(PipelineConfig):
     def own_settings(self, cell: DistbenchConfig) -> dict[str, Any]:
         return {**super().own_settings(cell), "micro_batches": self.micro_batch_count(cell)}
 
-    def parallelism(self, cell: DistbenchConfig,
-                    resolved: dict[str, Any]) -> tuple[int | list[int], int]:
+    def parallelism(
+        self, cell: DistbenchConfig, resolved: dict[str, Any]
+    ) -> tuple[int | list[int], int]:
         return 1, len(resolved.get("balance") or []) or cell.world_size
 
 
@@ -143,8 +153,9 @@ def gpipe_settings(config: DistbenchConfig) -> GPipeConfig:
     return config.distribution
 
 
-def stage_plan(config: DistbenchConfig, num_layers: int,
-               profile: NetworkProfile | None) -> StagePlan:
+def stage_plan(
+    config: DistbenchConfig, num_layers: int, profile: NetworkProfile | None
+) -> StagePlan:
     """One stage per worker: `distribution.balance`, else the partition that balances the
     profiled time per layer (taken at the micro-batch)."""
     settings, workers = gpipe_settings(config), config.world_size
@@ -162,19 +173,26 @@ def updates_per_pass(config: DistbenchConfig) -> float:
 
 
 PLANNER = StagePlanner(
-    plan=stage_plan, needs_profile=lambda config: gpipe_settings(config).balance is None,
-    updates_per_pass=updates_per_pass, timed_in_place=True)
+    plan=stage_plan,
+    needs_profile=lambda config: gpipe_settings(config).balance is None,
+    updates_per_pass=updates_per_pass,
+    timed_in_place=True,
+)
 
 
 def recompute_share(recompute: Recompute, micro_batches: int) -> float:
     """Share of the micro-batches whose forward runs again in the backward pass (GPipe's
     activation checkpointing): all (`always`), all but the last (`except_last`), none."""
-    return {Recompute.always: 1.0, Recompute.never: 0.0,
-            Recompute.except_last: (micro_batches - 1) / micro_batches}[recompute]
+    return {
+        Recompute.always: 1.0,
+        Recompute.never: 0.0,
+        Recompute.except_last: (micro_batches - 1) / micro_batches,
+    }[recompute]
 
 
-def epoch_terms(config: DistbenchConfig, facts: CellFacts,
-                profile: HardwareProfile | None) -> EpochTerms:
+def epoch_terms(
+    config: DistbenchConfig, facts: CellFacts, profile: HardwareProfile | None
+) -> EpochTerms:
     """GPipe per batch: the schedule over the plan's real stages (`gpipe.schedule_seconds`,
     Eq. 6.1 generalised to uneven stages and recomputation) and Eq. 6.2's transfers. A stage's
     work is its layers' shares of one sequential step at the micro-batch, or, where an analysis
@@ -191,25 +209,37 @@ def epoch_terms(config: DistbenchConfig, facts: CellFacts,
     timed_concurrently = len(timed) == len(plan.stages)
     if timed_concurrently:
         # as the stages ran in their own processes, the recomputation in their backward
-        stages = [equations.StageWork(stage.forward_s, stage.backward_s, stage.update_s)
-                  for stage in timed]
+        stages = [
+            equations.StageWork(stage.forward_s, stage.backward_s, stage.update_s)
+            for stage in timed
+        ]
         recomputed = 0.0
     else:
         t = facts.step_seconds  # one sequential step at the micro-batch size
-        stages = [equations.StageWork(
-            forward_s=t * sum(layer.forward_share for layer in facts.layers[s.first:s.end]),
-            backward_s=t * sum(layer.backward_share for layer in facts.layers[s.first:s.end]),
-            update_s=t * sum(layer.update_share for layer in facts.layers[s.first:s.end]))
-            for s in plan.stages]
+        stages = [
+            equations.StageWork(
+                forward_s=t * sum(layer.forward_share for layer in facts.layers[s.first : s.end]),
+                backward_s=t * sum(layer.backward_share for layer in facts.layers[s.first : s.end]),
+                update_s=t * sum(layer.update_share for layer in facts.layers[s.first : s.end]),
+            )
+            for s in plan.stages
+        ]
         recomputed = recompute_share(settings.recompute, micro_batches)
     compute = equations.schedule_seconds(stages, micro_batches, recomputed)
-    boundaries = [facts.layers[stage.end - 1].activation_mb_per_sample
-                  for stage in plan.stages[:-1]]
-    costs = equations.link_costs(boundaries, facts.step_batch, profile,
-                                 burst_bytes=burst_bytes(config))
-    return EpochTerms(steps * compute, 0.0,
-                      steps * equations.communication_seconds(costs, micro_batches), steps,
-                      concurrent=True, compute_timed_concurrently=timed_concurrently)
+    boundaries = [
+        facts.layers[stage.end - 1].activation_mb_per_sample for stage in plan.stages[:-1]
+    ]
+    costs = equations.link_costs(
+        boundaries, facts.step_batch, profile, burst_bytes=burst_bytes(config)
+    )
+    return EpochTerms(
+        steps * compute,
+        0.0,
+        steps * equations.communication_seconds(costs, micro_batches),
+        steps,
+        concurrent=True,
+        compute_timed_concurrently=timed_concurrently,
+    )
 
 
 def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.WorkerMemory]:
@@ -217,11 +247,17 @@ def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.
     micro-batches' activations under its recompute mode."""
     assert facts.plan is not None
     settings = gpipe_settings(config)
-    return [equations.gpipe_stage_memory(
-        memory_stage(facts, stage.first, stage.end), facts.step_batch,
-        settings.micro_batch_count(config), settings.recompute.value,
-        optimizer_states=config.optimizer.state_buffers, runtime_mb=facts.runtime_mb)
-        for stage in facts.plan.stages]
+    return [
+        equations.gpipe_stage_memory(
+            memory_stage(facts, stage.first, stage.end),
+            facts.step_batch,
+            settings.micro_batch_count(config),
+            settings.recompute.value,
+            optimizer_states=config.optimizer.state_buffers,
+            runtime_mb=facts.runtime_mb,
+        )
+        for stage in facts.plan.stages
+    ]
 
 
 def candidates(asked: DistbenchConfig, counts: WorkerCounts) -> Iterator[DistbenchConfig]:
@@ -229,8 +265,9 @@ def candidates(asked: DistbenchConfig, counts: WorkerCounts) -> Iterator[Distben
     the batch; the plans are the candidates' own."""
     table = TABLE_3_3[asked.dataset.name.value]
     batch = asked.distribution.batch_size or table.batch_size
-    asked_count = asked.distribution.micro_batches \
-        if isinstance(asked.distribution, GPipeConfig) else None
+    asked_count = (
+        asked.distribution.micro_batches if isinstance(asked.distribution, GPipeConfig) else None
+    )
     # Table 3.3's count where it divides the batch asked for, else its largest divisor below
     # that (GPipeConfig.micro_batch_count's rule for null): a batch the table did not plan for
     # (distribution.batch_size=1 of a large language model) still gets GPipe candidates.
@@ -238,9 +275,14 @@ def candidates(asked: DistbenchConfig, counts: WorkerCounts) -> Iterator[Distben
     for nodes, per_node in counts:
         for micro_batches in sorted({max(1, default // 2), default, default * 2}):
             if batch % micro_batches == 0:
-                yield candidate(asked, candidate_settings(asked, GPipeConfig, balance=None,
-                                                          micro_batches=micro_batches),
-                                nodes, per_node)
+                yield candidate(
+                    asked,
+                    candidate_settings(
+                        asked, GPipeConfig, balance=None, micro_batches=micro_batches
+                    ),
+                    nodes,
+                    per_node,
+                )
 
 
 def label(config: DistbenchConfig, plan: StagePlan | None) -> str:
@@ -256,7 +298,14 @@ def pinned_overrides(config: DistbenchConfig, plan: StagePlan | None) -> list[st
 
 
 SPEC = DistributionSpec(
-    name="gpipe", title="GPipe", settings=GPipeConfig,
+    name="gpipe",
+    title="GPipe",
+    settings=GPipeConfig,
     trainer=trainer_in(f"{__name__}.trainer", "gpipe_trainer"),
-    epoch_terms=epoch_terms, memory_per_worker=memory_per_worker, candidates=candidates,
-    label=label, pinned_overrides=pinned_overrides, stage_planner=PLANNER)
+    epoch_terms=epoch_terms,
+    memory_per_worker=memory_per_worker,
+    candidates=candidates,
+    label=label,
+    pinned_overrides=pinned_overrides,
+    stage_planner=PLANNER,
+)

@@ -42,8 +42,7 @@ class StageWork:
     update_s: float
 
 
-def schedule_seconds(stages: Sequence[StageWork], micro_batches: int,
-                     recomputed: float) -> float:
+def schedule_seconds(stages: Sequence[StageWork], micro_batches: int, recomputed: float) -> float:
     """One batch of GPipe's fill-drain schedule over stages of unequal work.
 
     All micro-batches run forward, then all run backward (torch's ScheduleGPipe). In each
@@ -57,21 +56,29 @@ def schedule_seconds(stages: Sequence[StageWork], micro_batches: int,
     """
     forward = [stage.forward_s for stage in stages]
     backward = [recomputed * stage.forward_s + stage.backward_s for stage in stages]
-    fill_drain = sum(sum(phase) + (micro_batches - 1) * max(phase)
-                     for phase in (forward, backward))
+    fill_drain = sum(sum(phase) + (micro_batches - 1) * max(phase) for phase in (forward, backward))
     return fill_drain + max(stage.update_s for stage in stages)
 
 
-def link_costs(boundary_activation_mb: Sequence[float], micro_batch_size: int,
-               profile: HardwareProfile, *, bandwidth_scale: float = 1.0,
-               burst_bytes: float = 0.0) -> list[float]:
+def link_costs(
+    boundary_activation_mb: Sequence[float],
+    micro_batch_size: int,
+    profile: HardwareProfile,
+    *,
+    bandwidth_scale: float = 1.0,
+    burst_bytes: float = 0.0,
+) -> list[float]:
     """c_j for the W-1 links between consecutive stages (stage j on worker j); the first
     `burst_bytes` of each transfer pass at once (an emulated link's token bucket:
     `predict.terms.burst_bytes`)."""
-    return [profile.link(j, j + 1).seconds_for(micro_batch_size * mb * BYTES_PER_MB,
-                                                bandwidth_scale=bandwidth_scale,
-                                                burst_bytes=burst_bytes)
-            for j, mb in enumerate(boundary_activation_mb)]
+    return [
+        profile.link(j, j + 1).seconds_for(
+            micro_batch_size * mb * BYTES_PER_MB,
+            bandwidth_scale=bandwidth_scale,
+            burst_bytes=burst_bytes,
+        )
+        for j, mb in enumerate(boundary_activation_mb)
+    ]
 
 
 def communication_seconds(costs: Sequence[float], micro_batches: int) -> float:
@@ -80,14 +87,15 @@ def communication_seconds(costs: Sequence[float], micro_batches: int) -> float:
         return 0.0
     stages = len(costs) + 1
     c = [0.0, *costs]  # 1-based, as in the equation
-    filling = sum(max(c[1:i + 1]) for i in range(1, stages - 1))
+    filling = sum(max(c[1 : i + 1]) for i in range(1, stages - 1))
     full = (micro_batches - (stages - 2)) * max(c[1:])
     draining = sum(max(c[i:stages]) for i in range(2, stages))
     return 2 * (filling + full + draining)
 
 
-def gpipe_activations_mb(stage: StageFacts, micro_batch_size: int, micro_batches: int,
-                         recompute: str) -> float:
+def gpipe_activations_mb(
+    stage: StageFacts, micro_batch_size: int, micro_batches: int, recompute: str
+) -> float:
     """A GPipe stage after the forwards of all #mb micro-batches (its peak, the backwards then
     free them in turn).
 
@@ -104,18 +112,26 @@ def gpipe_activations_mb(stage: StageFacts, micro_batch_size: int, micro_batches
         return (micro_batches - 1) * boundary + full
     if recompute == "never":
         return micro_batches * full
-    raise ValueError(f"unknown recompute mode {recompute!r}; allowed: always, except_last, "
-                     f"never")
+    raise ValueError(f"unknown recompute mode {recompute!r}; allowed: always, except_last, never")
 
 
-def gpipe_stage_memory(stage: StageFacts, micro_batch_size: int, micro_batches: int,
-                       recompute: str, *, optimizer_states: int = 1,
-                       runtime_mb: float = 0.0) -> WorkerMemory:
+def gpipe_stage_memory(
+    stage: StageFacts,
+    micro_batch_size: int,
+    micro_batches: int,
+    recompute: str,
+    *,
+    optimizer_states: int = 1,
+    runtime_mb: float = 0.0,
+) -> WorkerMemory:
     """A GPipe stage: its weights, the gradients it accumulates over the micro-batches, its
     momentum, and the micro-batches' activations (`gpipe_activations_mb`)."""
-    return WorkerMemory(stage.weights_mb, gradients_mb(stage.weights_mb),
-                        optimizer_state_mb(stage.weights_mb, optimizer_states), 0.0,
-                        gpipe_activations_mb(stage, micro_batch_size, micro_batches,
-                                             recompute),
-                        backward=backward_temporaries_mb(stage, micro_batch_size),
-                        runtime=runtime_mb)
+    return WorkerMemory(
+        stage.weights_mb,
+        gradients_mb(stage.weights_mb),
+        optimizer_state_mb(stage.weights_mb, optimizer_states),
+        0.0,
+        gpipe_activations_mb(stage, micro_batch_size, micro_batches, recompute),
+        backward=backward_temporaries_mb(stage, micro_batch_size),
+        runtime=runtime_mb,
+    )

@@ -74,8 +74,10 @@ class GPipeTrainer(Trainer):
     def __init__(self, context: TrainingContext) -> None:
         config, env = context.config, context.session.env
         if not env.is_distributed:
-            raise ValueError("distribution.name=gpipe needs 2 or more workers "
-                             "(hardware.nodes x hardware.workers_per_node)")
+            raise ValueError(
+                "distribution.name=gpipe needs 2 or more workers "
+                "(hardware.nodes x hardware.workers_per_node)"
+            )
         self.device = context.device
         self.network = context.workload.model
         self.session = context.session
@@ -92,15 +94,19 @@ class GPipeTrainer(Trainer):
         self.module = stage_module(context, self.plan, self.stage_index)
         self.stage = TimedStage(
             RecomputingStage(self.module, settings.recompute, self.micro_batches),
-            self.clock, stage_index=self.stage_index, num_stages=self.num_stages,
-            device=self.device)
+            self.clock,
+            stage_index=self.stage_index,
+            num_stages=self.num_stages,
+            device=self.device,
+        )
         self.criterion = TaskLoss()
         self.target_shape = context.workload.spec.target_shape  # () for a label, (T,) for tokens
         # Every stage gets the loss (only the last computes it; without one the schedule runs
         # no backward). scale_grads: the micro-batches' mean losses are averaged, so the
         # gradient is that of the whole batch's mean loss, as the sequential model computes it.
-        self.schedule = ScheduleGPipe(self.stage, self.micro_batches, loss_fn=self.criterion,
-                                      scale_grads=True)
+        self.schedule = ScheduleGPipe(
+            self.stage, self.micro_batches, loss_fn=self.criterion, scale_grads=True
+        )
         self.optimizer = context.workload.make_optimizer(self.module.parameters())
         self.batches = PipelineBatches(context)
         self.batch_size = config.batch_size
@@ -133,24 +139,31 @@ class GPipeTrainer(Trainer):
         phases = self.clock.reset()
         self._epochs.add(seconds, phases)
         # Samples counted once per cell: the first stage's; the others report 0.
-        return EpochMeasurement(seconds=seconds, samples=len(rows) * self.batch_size
-                                if self.is_first else 0, batches=len(rows), phase_seconds=phases,
-                                batch_losses=epoch_losses(losses))
+        return EpochMeasurement(
+            seconds=seconds,
+            samples=len(rows) * self.batch_size if self.is_first else 0,
+            batches=len(rows),
+            phase_seconds=phases,
+            batch_losses=epoch_losses(losses),
+        )
 
     def evaluation_model(self) -> nn.Module:
         """The whole network with every stage's current weights (a collective; memory: see
         state.assemble_network)."""
-        return assemble_network(self.network, self.module, contributes=True,
-                                session=self.session, device=self.device)
+        return assemble_network(
+            self.network, self.module, contributes=True, session=self.session, device=self.device
+        )
 
     def reset(self) -> None:
         self.initial.restore(self.module, self.optimizer)
 
     # -- what the harness records besides the epochs ----------------------------------------
     def extra_metrics(self) -> dict[str, float]:
-        metrics = {"micro_batches": float(self.micro_batches),
-                   "micro_batch_size": float(self.batch_size // self.micro_batches),
-                   "pipeline_stages": float(self.num_stages)}
+        metrics = {
+            "micro_batches": float(self.micro_batches),
+            "micro_batch_size": float(self.batch_size // self.micro_batches),
+            "pipeline_stages": float(self.num_stages),
+        }
         metrics.update(self._epochs.metrics(self.stage_index))
         return metrics
 
@@ -167,8 +180,9 @@ class GPipeTrainer(Trainer):
             self.optimizer.zero_grad()
         return loss
 
-    def accumulate_gradients(self, images: torch.Tensor | None,
-                             labels: torch.Tensor | None) -> torch.Tensor | None:
+    def accumulate_gradients(
+        self, images: torch.Tensor | None, labels: torch.Tensor | None
+    ) -> torch.Tensor | None:
         """Run the GPipe schedule over one batch; the stage's gradients are then the batch's.
 
         The first stage passes `images`, the last `labels`, the others neither. The last stage
@@ -195,8 +209,9 @@ class GPipeTrainer(Trainer):
             dist.send(labels, self.last_rank, tag=LABEL_TAG)
             return images, None
         if self.is_last:
-            labels = torch.empty((self.batch_size, *self.target_shape), dtype=torch.int64,
-                                 device=self.device)
+            labels = torch.empty(
+                (self.batch_size, *self.target_shape), dtype=torch.int64, device=self.device
+            )
             dist.recv(labels, 0, tag=LABEL_TAG)
             return None, labels
         return None, None

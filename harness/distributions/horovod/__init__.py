@@ -38,7 +38,10 @@ BACKGROUND = FreeParameter(
     "horovod_background",
     "share of a core Horovod's background thread (a negotiation cycle every "
     "cycle_time_ms, all through the step) takes from workers that share their cores; "
-    "Horovod only, 0 where workers have devices of their own", 0.0, 5.0)
+    "Horovod only, 0 where workers have devices of their own",
+    0.0,
+    5.0,
+)
 
 
 @dataclass
@@ -50,8 +53,9 @@ class HorovodConfig(DistributionConfig):
     # buffers of up to this many MB (0: no fusion).
     fusion_threshold_mb: float = field(default=64.0, metadata=number(0, MAX_BUFFER_MB, "MB"))
     # How often, in ms, Horovod's background thread fuses and sends what is ready.
-    cycle_time_ms: float = field(default=1.0,
-                                 metadata=number(0, MAX_CYCLE_TIME_MS, "ms", low_open=True))
+    cycle_time_ms: float = field(
+        default=1.0, metadata=number(0, MAX_CYCLE_TIME_MS, "ms", low_open=True)
+    )
 
 
 def horovod_settings(config: DistbenchConfig) -> HorovodConfig:
@@ -59,8 +63,13 @@ def horovod_settings(config: DistbenchConfig) -> HorovodConfig:
     return config.distribution
 
 
-def horovod_allreduces(gradient_mb: float, gradient_tensors: int, threshold_mb: float,
-                       cycle_time_ms: float, backward_s: float) -> int:
+def horovod_allreduces(
+    gradient_mb: float,
+    gradient_tensors: int,
+    threshold_mb: float,
+    cycle_time_ms: float,
+    backward_s: float,
+) -> int:
     """Horovod's allreduces per step: every cycle (`cycle_time_ms`) its background thread
     fuses the gradients that became ready since the last one into one allreduce (at most
     `threshold_mb` each). A backward pass spanning many cycles hands over a few tensors per
@@ -71,20 +80,30 @@ def horovod_allreduces(gradient_mb: float, gradient_tensors: int, threshold_mb: 
     return max(1, by_threshold, min(gradient_tensors, cycles))
 
 
-def epoch_terms(config: DistbenchConfig, facts: CellFacts,
-                profile: HardwareProfile | None) -> EpochTerms:
+def epoch_terms(
+    config: DistbenchConfig, facts: CellFacts, profile: HardwareProfile | None
+) -> EpochTerms:
     """Eq. 5.1 with Tensor Fusion: the last fused buffer exposed on a GPU; on CPU workers
     every per-cycle fusion's allreduce, and the background thread's share of the cores.
     Across nodes a CPU worker's allreduces run beside the backward still to run, one per layer
     (`fused_mb_per_allreduce`)."""
     assert profile is not None
     settings = horovod_settings(config)
-    messages = horovod_allreduces(facts.gradient_mb, facts.gradient_tensors,
-                                  settings.fusion_threshold_mb, settings.cycle_time_ms,
-                                  BACKWARD_SHARE * facts.step_seconds)
-    return data_parallel_terms(config, facts, profile,
-                               exposed_threshold_mb=fused_mb_per_allreduce(config),
-                               messages=messages, background=BACKGROUND)
+    messages = horovod_allreduces(
+        facts.gradient_mb,
+        facts.gradient_tensors,
+        settings.fusion_threshold_mb,
+        settings.cycle_time_ms,
+        BACKWARD_SHARE * facts.step_seconds,
+    )
+    return data_parallel_terms(
+        config,
+        facts,
+        profile,
+        exposed_threshold_mb=fused_mb_per_allreduce(config),
+        messages=messages,
+        background=BACKGROUND,
+    )
 
 
 def fused_mb_per_allreduce(config: DistbenchConfig) -> float:
@@ -109,14 +128,21 @@ def horovod_buffer_mb(gradient_mb: float, fusion_threshold_mb: float) -> float:
 def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.WorkerMemory]:
     """A replica per worker, plus the fusion buffer. Horovod reads its threshold in MiB (this
     module's trainer): 64 -> 67.1 MB."""
-    buffer = horovod_buffer_mb(facts.gradient_mb,
-                                      horovod_settings(config).fusion_threshold_mb * 1.048576)
+    buffer = horovod_buffer_mb(
+        facts.gradient_mb, horovod_settings(config).fusion_threshold_mb * 1.048576
+    )
     return [replica_memory(config, facts, buffer_mb=buffer)] * config.world_size
 
 
 SPEC = DistributionSpec(
-    name="horovod", title="Horovod", settings=HorovodConfig,
+    name="horovod",
+    title="Horovod",
+    settings=HorovodConfig,
     trainer=trainer_in(f"{__name__}.trainer", "horovod_trainer"),
-    epoch_terms=epoch_terms, memory_per_worker=memory_per_worker,
-    candidates=at_every_count(HorovodConfig), label=workers_label("horovod"),
-    frameworks=("horovod",), free_parameters=(BACKGROUND,))
+    epoch_terms=epoch_terms,
+    memory_per_worker=memory_per_worker,
+    candidates=at_every_count(HorovodConfig),
+    label=workers_label("horovod"),
+    frameworks=("horovod",),
+    free_parameters=(BACKGROUND,),
+)

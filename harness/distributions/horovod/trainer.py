@@ -20,20 +20,28 @@ def horovod_trainer(context: TrainingContext) -> BatchLoopTrainer:
     try:
         import horovod.torch as hvd
     except ImportError as err:
-        raise RuntimeError("distribution.name=horovod needs Horovod, which scripts/setup.sh "
-                           f"builds (scripts/build_horovod.sh): {err}") from err
+        raise RuntimeError(
+            "distribution.name=horovod needs Horovod, which scripts/setup.sh "
+            f"builds (scripts/build_horovod.sh): {err}"
+        ) from err
 
     distribution = horovod_settings(context.config)
-    rendezvous = init_horovod(context.session, context.device.type,
-                              fusion_threshold_mb=distribution.fusion_threshold_mb,
-                              cycle_time_ms=distribution.cycle_time_ms)
+    rendezvous = init_horovod(
+        context.session,
+        context.device.type,
+        fusion_threshold_mb=distribution.fusion_threshold_mb,
+        cycle_time_ms=distribution.cycle_time_ms,
+    )
     model = context.workload.model.to(context.device)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # every replica starts equal
     trainer = BatchLoopTrainer(
-        context, model,
+        context,
+        model,
         wrap_optimizer=lambda optimizer: hvd.DistributedOptimizer(
-            optimizer, named_parameters=model.named_parameters()),
-        gradient_sync=HorovodGradientSync())
+            optimizer, named_parameters=model.named_parameters()
+        ),
+        gradient_sync=HorovodGradientSync(),
+    )
     # No hvd.broadcast_optimizer_state: a freshly built optimizer has no state, the same on
     # every rank, and Horovod would initialise it by an SGD step with zero gradients, which with
     # weight decay shrinks every weight and seeds the momentum: a step no other model takes
@@ -61,8 +69,9 @@ class HorovodGradientSync:
             optimizer.step()
 
 
-def init_horovod(session: WorkerSession, device_type: str, *, fusion_threshold_mb: float,
-                 cycle_time_ms: float) -> Any:
+def init_horovod(
+    session: WorkerSession, device_type: str, *, fusion_threshold_mb: float, cycle_time_ms: float
+) -> Any:
     """Start Horovod on this worker without horovodrun; return rank 0's rendezvous server."""
     import horovod.torch as hvd
 
@@ -72,8 +81,9 @@ def init_horovod(session: WorkerSession, device_type: str, *, fusion_threshold_m
         server = RendezvousServer(env, listen_address(env))
         where = server.address
     address, port = session.broadcast_from_main(where)
-    os.environ.update(horovod_environment(env, address, port, device_type,
-                                          fusion_threshold_mb, cycle_time_ms))
+    os.environ.update(
+        horovod_environment(env, address, port, device_type, fusion_threshold_mb, cycle_time_ms)
+    )
     hvd.init()
     return server
 
@@ -93,8 +103,9 @@ class RendezvousServer:
         self._httpd = RendezvousHTTPServer((address, 0), RendezvousHandler, 0)
         self._httpd.init(hosts.get_host_assignments(hosts.parse_hosts(plan), env.world_size))
         # A daemon thread, as in Horovod: it must not keep a finished worker alive.
-        self._thread = threading.Thread(target=self._httpd.serve_forever,
-                                        name="horovod-rendezvous", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="horovod-rendezvous", daemon=True
+        )
         self._thread.start()
 
     @property
@@ -117,9 +128,14 @@ def _host_names(env: WorkerEnvironment) -> list[str]:
     return [f"node{k}" for k in range(env.num_nodes)]
 
 
-def horovod_environment(env: WorkerEnvironment, rendezvous_addr: str, port: int,
-                        device_type: str, fusion_threshold_mb: float,
-                        cycle_time_ms: float) -> dict[str, str]:
+def horovod_environment(
+    env: WorkerEnvironment,
+    rendezvous_addr: str,
+    port: int,
+    device_type: str,
+    fusion_threshold_mb: float,
+    cycle_time_ms: float,
+) -> dict[str, str]:
     """What horovodrun would export to this rank (gloo controller)."""
     variables = {
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_addr,

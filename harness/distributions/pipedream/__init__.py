@@ -84,7 +84,10 @@ FLATTEN = FreeParameter(
     "pipedream_flatten",
     "ms of a worker's cores per MB of a replicated stage's gradients, each minibatch: the "
     "copies into and out of its replicas' one allreduce message, and their wait for each "
-    "other; PipeDream only, 0 where workers have devices of their own", 0.0, 10.0)
+    "other; PipeDream only, 0 where workers have devices of their own",
+    0.0,
+    10.0,
+)
 
 
 class BatchDivision(str, Enum):
@@ -113,8 +116,9 @@ class PipeDreamConfig(PipelineConfig):
             try:
                 parse_stages(self.stages)
             except ValueError as err:
-                raise ConfigError(f"distribution.stages={self.stages!r} is invalid: {err}") \
-                    from None
+                raise ConfigError(
+                    f"distribution.stages={self.stages!r} is invalid: {err}"
+                ) from None
 
     def check_cell(self, cell: DistbenchConfig) -> None:
         if self.stages == STRAIGHT:  # spelled out once the worker count is known
@@ -122,27 +126,35 @@ class PipeDreamConfig(PipelineConfig):
         stage_count = None
         if self.stages is not None:
             replicas = parse_stages(self.stages)
-            require(sum(replicas) == cell.world_size, "distribution.stages", self.stages,
-                    f"the replica counts must sum to the {cell.world_size} workers of "
-                    f"hardware={cell.hardware.name} (e.g. "
-                    f"{'-'.join(['1'] * cell.world_size)})")
+            require(
+                sum(replicas) == cell.world_size,
+                "distribution.stages",
+                self.stages,
+                f"the replica counts must sum to the {cell.world_size} workers of "
+                f"hardware={cell.hardware.name} (e.g. "
+                f"{'-'.join(['1'] * cell.world_size)})",
+            )
             stage_count = len(replicas)
         self.check_stages(cell, stage_count, "distribution.stages", self.stages)
         if self.stages is not None and self.batch_division is BatchDivision.drop:
             # The trainer would drop every batch of an epoch shorter than the batch count the
             # replicas share evenly; refused here, before any worker starts.
             step = math.lcm(*parse_stages(self.stages))
-            cell.check_epoch_holds(step, f"distribution.stages={self.stages} shares batches "
-                                         f"evenly in multiples of {step}, and "
-                                         f"batch_division=drop needs {step} or more batches of "
-                                         f"{cell.batch_size} per epoch (or "
-                                         f"distribution.batch_division=oversample)")
+            cell.check_epoch_holds(
+                step,
+                f"distribution.stages={self.stages} shares batches "
+                f"evenly in multiples of {step}, and "
+                f"batch_division=drop needs {step} or more batches of "
+                f"{cell.batch_size} per epoch (or "
+                f"distribution.batch_division=oversample)",
+            )
 
     def run_name_parts(self, cell: DistbenchConfig) -> list[str]:
         return [f"st{self.stages}"] if self.stages else []
 
-    def parallelism(self, cell: DistbenchConfig,
-                    resolved: dict[str, Any]) -> tuple[int | list[int], int]:
+    def parallelism(
+        self, cell: DistbenchConfig, resolved: dict[str, Any]
+    ) -> tuple[int | list[int], int]:
         replicas = parse_stages(resolved.get("stages") or self.stages or "1")
         return (replicas[0] if len(set(replicas)) == 1 else list(replicas)), len(replicas)
 
@@ -152,8 +164,9 @@ def pipedream_settings(config: DistbenchConfig) -> PipeDreamConfig:
     return config.distribution
 
 
-def stage_plan(config: DistbenchConfig, num_layers: int,
-               profile: NetworkProfile | None) -> StagePlan:
+def stage_plan(
+    config: DistbenchConfig, num_layers: int, profile: NetworkProfile | None
+) -> StagePlan:
     """Replicas per stage from `distribution.stages`, else PipeDream's planner on the profile
     (taken at the minibatch); layers per stage from `distribution.balance`, else the planner's
     or the partition that balances the profiled time."""
@@ -163,9 +176,13 @@ def stage_plan(config: DistbenchConfig, num_layers: int,
     else:
         assert profile is not None, "PipeDream's planner needs a profile"
         link = LinkModel(config.hardware.intra_node_bandwidth_mbps or LinkModel.bandwidth_mbps)
-        planned = plan_pipedream(profile.compute_ms(1.0),
-                                 [layer.parameter_mb for layer in profile.layers],
-                                 [layer.activation_mb for layer in profile.layers], workers, link)
+        planned = plan_pipedream(
+            profile.compute_ms(1.0),
+            [layer.parameter_mb for layer in profile.layers],
+            [layer.activation_mb for layer in profile.layers],
+            workers,
+            link,
+        )
         if settings.balance is None:
             return planned
         replicas = planned.replicas
@@ -189,8 +206,11 @@ PLANNER = StagePlanner(plan=stage_plan, needs_profile=needs_profile)
 def minibatches(config: DistbenchConfig, replicas: list[int]) -> int:
     """An epoch's minibatches under PipeDream's batch division (a multiple of the lcm of the
     stages' replica counts, lowered or raised)."""
-    return divisible_batches(config.samples_per_epoch // config.batch_size, replicas,
-                             pipedream_settings(config).batch_division is BatchDivision.oversample)
+    return divisible_batches(
+        config.samples_per_epoch // config.batch_size,
+        replicas,
+        pipedream_settings(config).batch_division is BatchDivision.oversample,
+    )
 
 
 def pipeline_stages(config: DistbenchConfig, facts: CellFacts) -> list[equations.PipelineStage]:
@@ -198,37 +218,49 @@ def pipeline_stages(config: DistbenchConfig, facts: CellFacts) -> list[equations
     assert facts.plan is not None
     stages = []
     for index, stage in enumerate(facts.plan.stages):
-        layers = facts.layers[stage.first:stage.end]
+        layers = facts.layers[stage.first : stage.end]
         last = index == len(facts.plan.stages) - 1
-        stages.append(equations.PipelineStage(
-            compute_s=facts.step_seconds * sum(layer.compute_share for layer in layers),
-            replicas=stage.replicas,
-            weights_mb=sum(layer.weights_mb for layer in layers),
-            output_mb=0.0 if last else config.batch_size * layers[-1].activation_mb_per_sample))
+        stages.append(
+            equations.PipelineStage(
+                compute_s=facts.step_seconds * sum(layer.compute_share for layer in layers),
+                replicas=stage.replicas,
+                weights_mb=sum(layer.weights_mb for layer in layers),
+                output_mb=0.0 if last else config.batch_size * layers[-1].activation_mb_per_sample,
+            )
+        )
     return stages
 
 
-def epoch_terms(config: DistbenchConfig, facts: CellFacts,
-                profile: HardwareProfile | None) -> EpochTerms:
+def epoch_terms(
+    config: DistbenchConfig, facts: CellFacts, profile: HardwareProfile | None
+) -> EpochTerms:
     """Pipeline depth, then one minibatch per bottleneck interval (`equations`), and on CPU
     workers the replicas' flattening of their gradients (`FLATTEN`)."""
     assert profile is not None and facts.plan is not None
     steps = minibatches(config, facts.plan.replicas)
-    split = equations.epoch_split(pipeline_stages(config, facts), steps, profile,
-                                  burst_bytes=burst_bytes(config))
+    split = equations.epoch_split(
+        pipeline_stages(config, facts), steps, profile, burst_bytes=burst_bytes(config)
+    )
     model_terms: tuple[tuple[FreeParameter, float], ...] = ()
     if config.hardware.device.value != "cuda" and split.flattened_mb > 0:
         model_terms = ((FLATTEN, split.flattened_mb / 1000),)  # FLATTEN is in ms per MB
-    return EpochTerms(split.compute_s, split.allreduce_s, split.transfer_s, steps,
-                      concurrent=True, model_terms=model_terms)
+    return EpochTerms(
+        split.compute_s,
+        split.allreduce_s,
+        split.transfer_s,
+        steps,
+        concurrent=True,
+        model_terms=model_terms,
+    )
 
 
 def held_sends(config: DistbenchConfig, replicas: list[int], index: int) -> int:
     """Minibatches whose sent tensors a worker of stage `index` holds at once: over gloo all
     of its epoch's (a gloo send is complete only once waited for, and the trainer waits at
     the epoch's end), elsewhere none beyond those in flight."""
-    backend = config.distribution.backend or \
-        ("nccl" if config.hardware.device.value == "cuda" else "gloo")
+    backend = config.distribution.backend or (
+        "nccl" if config.hardware.device.value == "cuda" else "gloo"
+    )
     if backend != "gloo":
         return 0
     return minibatches(config, replicas) // replicas[index]
@@ -242,9 +274,14 @@ def memory_per_worker(config: DistbenchConfig, facts: CellFacts) -> list[memory.
     workers = []
     for index, stage in enumerate(facts.plan.stages):
         one = equations.pipedream_stage_memory(
-            memory_stage(facts, stage.first, stage.end), config.batch_size, replicas, index,
+            memory_stage(facts, stage.first, stage.end),
+            config.batch_size,
+            replicas,
+            index,
             held_sends=held_sends(config, replicas, index),
-            optimizer_states=config.optimizer.state_buffers, runtime_mb=facts.runtime_mb)
+            optimizer_states=config.optimizer.state_buffers,
+            runtime_mb=facts.runtime_mb,
+        )
         workers.extend([one] * stage.replicas)
     return workers
 
@@ -254,8 +291,12 @@ def candidates(asked: DistbenchConfig, counts: WorkerCounts) -> Iterator[Distben
     for nodes, per_node in counts:
         straight = "-".join(["1"] * nodes * per_node)
         for stages in (None, straight):
-            yield candidate(asked, candidate_settings(asked, PipeDreamConfig, balance=None,
-                                                      stages=stages), nodes, per_node)
+            yield candidate(
+                asked,
+                candidate_settings(asked, PipeDreamConfig, balance=None, stages=stages),
+                nodes,
+                per_node,
+            )
 
 
 def label(config: DistbenchConfig, plan: StagePlan | None) -> str:
@@ -267,13 +308,22 @@ def pinned_overrides(config: DistbenchConfig, plan: StagePlan | None) -> list[st
     """The plan predicted, pinned: the planner could choose another on another machine."""
     if plan is None:
         return []
-    return [f"distribution.stages={plan.stage_string()}",
-            f"distribution.balance=[{','.join(map(str, plan.balance))}]"]
+    return [
+        f"distribution.stages={plan.stage_string()}",
+        f"distribution.balance=[{','.join(map(str, plan.balance))}]",
+    ]
 
 
 SPEC = DistributionSpec(
-    name="pipedream", title="PipeDream", settings=PipeDreamConfig,
+    name="pipedream",
+    title="PipeDream",
+    settings=PipeDreamConfig,
     trainer=trainer_in(f"{__name__}.trainer", "pipedream_trainer"),
-    epoch_terms=epoch_terms, memory_per_worker=memory_per_worker, candidates=candidates,
-    label=label, pinned_overrides=pinned_overrides, stage_planner=PLANNER,
-    free_parameters=(FLATTEN,))
+    epoch_terms=epoch_terms,
+    memory_per_worker=memory_per_worker,
+    candidates=candidates,
+    label=label,
+    pinned_overrides=pinned_overrides,
+    stage_planner=PLANNER,
+    free_parameters=(FLATTEN,),
+)

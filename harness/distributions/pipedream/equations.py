@@ -86,27 +86,35 @@ class EpochSplit:
         return self.compute_s + self.communication_s
 
 
-def boundary_seconds(stages: Sequence[PipelineStage], profile: HardwareProfile, *,
-                     burst_bytes: float = 0.0) -> list[float]:
+def boundary_seconds(
+    stages: Sequence[PipelineStage], profile: HardwareProfile, *, burst_bytes: float = 0.0
+) -> list[float]:
     """c_j, one transfer of a minibatch's activations from stage j to stage j+1 (between the
     first workers of the two stages: replicas of a stage are on neighbouring workers); the
     first `burst_bytes` of each pass at once (`predict.terms.burst_bytes`)."""
     starts = _first_workers(stages)
-    return [profile.link(starts[j], starts[j + 1]).seconds(
-        stages[j].output_mb * BYTES_PER_MB, burst_bytes=burst_bytes)
-        for j in range(len(stages) - 1)]
+    return [
+        profile.link(starts[j], starts[j + 1]).seconds(
+            stages[j].output_mb * BYTES_PER_MB, burst_bytes=burst_bytes
+        )
+        for j in range(len(stages) - 1)
+    ]
 
 
-def stage_transfer_seconds(stages: Sequence[PipelineStage],
-                           boundaries: Sequence[float]) -> list[float]:
+def stage_transfer_seconds(
+    stages: Sequence[PipelineStage], boundaries: Sequence[float]
+) -> list[float]:
     """2 (c_in + c_out) for every stage: its activations in and out, their gradients back."""
-    return [2 * ((boundaries[s - 1] if s > 0 else 0.0)
-                 + (boundaries[s] if s < len(stages) - 1 else 0.0))
-            for s in range(len(stages))]
+    return [
+        2
+        * ((boundaries[s - 1] if s > 0 else 0.0) + (boundaries[s] if s < len(stages) - 1 else 0.0))
+        for s in range(len(stages))
+    ]
 
 
-def stage_allreduce_seconds(stages: Sequence[PipelineStage],
-                            profile: HardwareProfile) -> list[float]:
+def stage_allreduce_seconds(
+    stages: Sequence[PipelineStage], profile: HardwareProfile
+) -> list[float]:
     """AR_s for every stage: one allreduce of its gradients among its replicas (the trainer
     flattens them into one message). The probe's measured allreduce among that many workers
     when the profile has one, else the ring over the stage's links."""
@@ -120,21 +128,33 @@ def stage_allreduce_seconds(stages: Sequence[PipelineStage],
             cost = profile.allreduce_cost(stage.replicas)
             result.append(cost.seconds(stage.weights_mb * BYTES_PER_MB))
         except KeyError:
-            result.append(ring_allreduce_seconds(profile, stage.replicas, stage.weights_mb,
-                                                 first_rank=starts[s]))
+            result.append(
+                ring_allreduce_seconds(
+                    profile, stage.replicas, stage.weights_mb, first_rank=starts[s]
+                )
+            )
     return result
 
 
-def stage_communication_seconds(stages: Sequence[PipelineStage], boundaries: Sequence[float],
-                                profile: HardwareProfile) -> list[float]:
+def stage_communication_seconds(
+    stages: Sequence[PipelineStage], boundaries: Sequence[float], profile: HardwareProfile
+) -> list[float]:
     """x_s for every stage: 2 (c_in + c_out) plus the allreduce among its replicas."""
-    return [transfer + allreduce for transfer, allreduce in
-            zip(stage_transfer_seconds(stages, boundaries),
-                stage_allreduce_seconds(stages, profile))]
+    return [
+        transfer + allreduce
+        for transfer, allreduce in zip(
+            stage_transfer_seconds(stages, boundaries), stage_allreduce_seconds(stages, profile)
+        )
+    ]
 
 
-def epoch_split(stages: Sequence[PipelineStage], minibatches: int,
-                profile: HardwareProfile, *, burst_bytes: float = 0.0) -> EpochSplit:
+def epoch_split(
+    stages: Sequence[PipelineStage],
+    minibatches: int,
+    profile: HardwareProfile,
+    *,
+    burst_bytes: float = 0.0,
+) -> EpochSplit:
     """T = depth + (N - 1) * I, split into compute and communication (module docstring);
     `burst_bytes`: what an emulated link lets through at once (`boundary_seconds`)."""
     if minibatches < 1:
@@ -142,18 +162,22 @@ def epoch_split(stages: Sequence[PipelineStage], minibatches: int,
     boundaries = boundary_seconds(stages, profile, burst_bytes=burst_bytes)
     transfers = stage_transfer_seconds(stages, boundaries)
     allreduces = stage_allreduce_seconds(stages, profile)
-    bottleneck = max(range(len(stages)), key=lambda s: (
-        stages[s].compute_s + transfers[s] + allreduces[s]) / stages[s].replicas)
+    bottleneck = max(
+        range(len(stages)),
+        key=lambda s: (stages[s].compute_s + transfers[s] + allreduces[s]) / stages[s].replicas,
+    )
     # Each replica of the bottleneck trains its N / r minibatches one after another: after the
     # first one's depth, N / r - 1 more of its periods (r = 1: the N - 1 intervals). Its first
     # r minibatches start together, so the depth counts one of them, not r. Every minibatch
     # on a replica ends in the replicas' allreduce, the first one's too (the depth has none).
     per_replica = minibatches / stages[bottleneck].replicas
-    compute = sum(stage.compute_s for stage in stages) + \
-        (per_replica - 1) * stages[bottleneck].compute_s
+    compute = (
+        sum(stage.compute_s for stage in stages) + (per_replica - 1) * stages[bottleneck].compute_s
+    )
     transfer = 2 * sum(boundaries) + (per_replica - 1) * transfers[bottleneck]
-    flattened = per_replica * stages[bottleneck].weights_mb \
-        if stages[bottleneck].replicas > 1 else 0.0
+    flattened = (
+        per_replica * stages[bottleneck].weights_mb if stages[bottleneck].replicas > 1 else 0.0
+    )
     return EpochSplit(compute, transfer, per_replica * allreduces[bottleneck], flattened)
 
 
@@ -172,13 +196,15 @@ def replica_allreduce_buffer_mb(stage_gradient_mb: float, replicas: int) -> floa
     return stage_gradient_mb if replicas > 1 else 0.0
 
 
-def held_sends_mb(stage: StageFacts, batch_size: int, minibatches: int, *, first: bool,
-                  last: bool) -> float:
+def held_sends_mb(
+    stage: StageFacts, batch_size: int, minibatches: int, *, first: bool, last: bool
+) -> float:
     """What a PipeDream stage sent in an epoch and still holds: its output (to the next
     stage) and its input's gradient (to the previous one), per minibatch, for `minibatches`
     minibatches (over gloo, all of the epoch's: see the module docstring)."""
-    per_sample = (0.0 if last else stage.output_mb_per_sample) + \
-        (0.0 if first else stage.input_mb_per_sample)
+    per_sample = (0.0 if last else stage.output_mb_per_sample) + (
+        0.0 if first else stage.input_mb_per_sample
+    )
     return minibatches * batch_size * per_sample
 
 
@@ -217,19 +243,30 @@ def stashed_versions(replicas: Sequence[int], stage: int, batches: int = 64) -> 
     return most
 
 
-def pipedream_stage_memory(stage: StageFacts, batch_size: int, replicas: Sequence[int],
-                           index: int, *, held_sends: int = 0, optimizer_states: int = 1,
-                           runtime_mb: float = 0.0) -> WorkerMemory:
+def pipedream_stage_memory(
+    stage: StageFacts,
+    batch_size: int,
+    replicas: Sequence[int],
+    index: int,
+    *,
+    held_sends: int = 0,
+    optimizer_states: int = 1,
+    runtime_mb: float = 0.0,
+) -> WorkerMemory:
     """A PipeDream stage replica: one batch's activations per minibatch in flight, one copy
     of the stage's weights per stashed version, a replicated stage's allreduce buffer, and
     the tensors of `held_sends` minibatches it sent and still holds (`held_sends_mb`)."""
     in_flight = in_flight_minibatches(replicas, index)
-    sent = held_sends_mb(stage, batch_size, held_sends, first=index == 0,
-                         last=index == len(replicas) - 1)
-    return WorkerMemory(stage.weights_mb, gradients_mb(stage.weights_mb),
-                        optimizer_state_mb(stage.weights_mb, optimizer_states),
-                        replica_allreduce_buffer_mb(stage.weights_mb, replicas[index]) + sent,
-                        in_flight * activations_mb(stage, batch_size),
-                        backward=backward_temporaries_mb(stage, batch_size),
-                        stashed=stashed_versions(replicas, index) * stage.weights_mb,
-                        runtime=runtime_mb)
+    sent = held_sends_mb(
+        stage, batch_size, held_sends, first=index == 0, last=index == len(replicas) - 1
+    )
+    return WorkerMemory(
+        stage.weights_mb,
+        gradients_mb(stage.weights_mb),
+        optimizer_state_mb(stage.weights_mb, optimizer_states),
+        replica_allreduce_buffer_mb(stage.weights_mb, replicas[index]) + sent,
+        in_flight * activations_mb(stage, batch_size),
+        backward=backward_temporaries_mb(stage, batch_size),
+        stashed=stashed_versions(replicas, index) * stage.weights_mb,
+        runtime=runtime_mb,
+    )

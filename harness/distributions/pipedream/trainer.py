@@ -86,8 +86,9 @@ class PipeDreamTrainer(Trainer):
         self.optimizer = context.workload.make_optimizer(self.module.parameters())
         self.criterion = TaskLoss()
         target_shape = context.workload.spec.target_shape  # () for a label, (T,) for tokens
-        self.labels = torch.empty((self.batch_size, *target_shape), dtype=torch.int64,
-                                  device="meta")  # what the last stage receives of them
+        self.labels = torch.empty(
+            (self.batch_size, *target_shape), dtype=torch.int64, device="meta"
+        )  # what the last stage receives of them
         self.batches = PipelineBatches(context)
         self.oversample = distribution.batch_division is BatchDivision.oversample
         self.group = self._replica_groups(dt.timedelta(seconds=config.run.progress_timeout_s))
@@ -109,7 +110,8 @@ class PipeDreamTrainer(Trainer):
                 f"dataset.num_samples gives {len(self.batches)} batches of {self.batch_size}, "
                 f"fewer than the {self.plan.replica_lcm} that distribution.stages="
                 f"{self.plan.stage_string()} shares evenly; use more samples or "
-                f"distribution.batch_division=oversample")
+                f"distribution.batch_division=oversample"
+            )
 
     # -- plan and process groups --------------------------------------------------------------
     def division(self, batches: int) -> int:
@@ -140,13 +142,12 @@ class PipeDreamTrainer(Trainer):
         spec = context.workload.spec
         with torch.device("meta"):
             layers = to_layer_list(network, build_network(network, spec))
-            activation = torch.zeros((self.batch_size, *spec.input_shape),
-                                     dtype=spec.input_dtype)
+            activation = torch.zeros((self.batch_size, *spec.input_shape), dtype=spec.input_dtype)
             part = self.plan.stages[self.stage]
-            for layer in layers[:part.first]:
+            for layer in layers[: part.first]:
                 activation = layer(activation)
             stage_input = activation
-            for layer in layers[part.first:part.end]:
+            for layer in layers[part.first : part.end]:
                 activation = layer(activation)
         return stage_input, activation
 
@@ -166,16 +167,24 @@ class PipeDreamTrainer(Trainer):
         phases = self.clock.reset()
         self._epochs.add(seconds, phases)
         # The first stage's replicas count the samples, once per cell.
-        return EpochMeasurement(seconds=seconds,
-                                samples=trained * self.batch_size if self.is_first else 0,
-                                batches=self.epoch_batches, phase_seconds=phases,
-                                batch_losses=losses)
+        return EpochMeasurement(
+            seconds=seconds,
+            samples=trained * self.batch_size if self.is_first else 0,
+            batches=self.epoch_batches,
+            phase_seconds=phases,
+            batch_losses=losses,
+        )
 
     def evaluation_model(self) -> nn.Module:
         """The whole network with every stage's live (latest) weights, replica 0 of each stage
         contributing its stage (a collective; memory: see state.assemble_network)."""
-        return assemble_network(self.network, self.module, contributes=self.replica == 0,
-                                session=self.session, device=self.device)
+        return assemble_network(
+            self.network,
+            self.module,
+            contributes=self.replica == 0,
+            session=self.session,
+            device=self.device,
+        )
 
     def reset(self) -> None:
         """The initial weights and optimizer state, weight version 0, no stashed snapshot and
@@ -243,20 +252,26 @@ class PipeDreamTrainer(Trainer):
             if not self.is_last:
                 self._send(labels, self._rank(self.num_stages - 1, m), LABEL_TAG)
         else:
-            inputs = self._recv(self.input, self._rank(self.stage - 1, m),
-                                ACTIVATION_TAG).requires_grad_()
+            inputs = self._recv(
+                self.input, self._rank(self.stage - 1, m), ACTIVATION_TAG
+            ).requires_grad_()
         if self.is_last and not self.is_first:
             labels = self._recv(self.labels, self._rank(0, m), LABEL_TAG)
         with self.clock.phase("forward"):
-            snapshot = self._current_snapshot() if stash else _Snapshot(
-                self.version, dict(self.module.named_parameters()), live=True)
+            snapshot = (
+                self._current_snapshot()
+                if stash
+                else _Snapshot(self.version, dict(self.module.named_parameters()), live=True)
+            )
             output = functional_call(self.module, snapshot.weights, (inputs,))
             if self.is_last:
                 output = self.criterion(output, labels)
                 self._losses[m] = output.detach()
         self._in_flight[m] = _InFlight(inputs, output, snapshot)
-        self._stashed_max = max(self._stashed_max, len({
-            id(f.snapshot) for f in self._in_flight.values() if not f.snapshot.live}))
+        self._stashed_max = max(
+            self._stashed_max,
+            len({id(f.snapshot) for f in self._in_flight.values() if not f.snapshot.live}),
+        )
         if not self.is_last:
             self._send(output.detach(), self._rank(self.stage + 1, m), ACTIVATION_TAG)
 
@@ -273,11 +288,16 @@ class PipeDreamTrainer(Trainer):
         if not self.is_first:
             assert flight.inputs.grad is not None  # the stage's input requires grad
             self._send(flight.inputs.grad, self._rank(self.stage - 1, m), GRADIENT_TAG)
-        self.version_log.append(VersionRecord(
-            minibatch=m, forward_version=flight.snapshot.version,
-            backward_version=flight.snapshot.version if all(
-                w.grad is not None for w in weights.values()) else -1,
-            latest_version=self.version))
+        self.version_log.append(
+            VersionRecord(
+                minibatch=m,
+                forward_version=flight.snapshot.version,
+                backward_version=flight.snapshot.version
+                if all(w.grad is not None for w in weights.values())
+                else -1,
+                latest_version=self.version,
+            )
+        )
         with self.clock.phase("optimizer"):
             # a weight without a gradient (none reached it) keeps its value, as with grad None
             self._step({name: w.grad for name, w in weights.items() if w.grad is not None})
@@ -294,7 +314,7 @@ class PipeDreamTrainer(Trainer):
             flat /= self.replicas[self.stage]
             offset = 0
             for name, gradient in gradients.items():
-                gradients[name] = flat[offset:offset + gradient.numel()].view_as(gradient)
+                gradients[name] = flat[offset : offset + gradient.numel()].view_as(gradient)
                 offset += gradient.numel()
         for name, gradient in gradients.items():
             parameters[name].grad = gradient
@@ -305,8 +325,10 @@ class PipeDreamTrainer(Trainer):
     def _current_snapshot(self) -> _Snapshot:
         """The weights at the current version, cloned once per version."""
         if self._snapshot is None or self._snapshot.version != self.version:
-            weights = {name: p.detach().clone().requires_grad_()
-                       for name, p in self.module.named_parameters()}
+            weights = {
+                name: p.detach().clone().requires_grad_()
+                for name, p in self.module.named_parameters()
+            }
             self._snapshot = _Snapshot(self.version, weights)
         return self._snapshot
 

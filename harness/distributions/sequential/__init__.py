@@ -29,8 +29,9 @@ class SequentialConfig(DistributionConfig):
         return 1
 
 
-def epoch_terms(config: DistbenchConfig, facts: CellFacts,
-                profile: HardwareProfile | None) -> EpochTerms:
+def epoch_terms(
+    config: DistbenchConfig, facts: CellFacts, profile: HardwareProfile | None
+) -> EpochTerms:
     """The probe's step time, once per batch: the statistical model itself."""
     steps = batches_per_epoch(config)
     return EpochTerms(steps * facts.step_seconds, steps=steps)
@@ -49,6 +50,13 @@ def label(config: DistbenchConfig, plan: StagePlan | None) -> str:
 
 
 SPEC = DistributionSpec(
-    name="sequential", title="sequential PyTorch", settings=SequentialConfig,
-    trainer=trainer_in(f"{__name__}.trainer", "sequential_trainer"), epoch_terms=epoch_terms,
-    memory_per_worker=memory_per_worker, candidates=candidates, label=label, baseline=True)
+    name="sequential",
+    title="sequential PyTorch",
+    settings=SequentialConfig,
+    trainer=trainer_in(f"{__name__}.trainer", "sequential_trainer"),
+    epoch_terms=epoch_terms,
+    memory_per_worker=memory_per_worker,
+    candidates=candidates,
+    label=label,
+    baseline=True,
+)

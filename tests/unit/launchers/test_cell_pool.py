@@ -43,26 +43,38 @@ print(json.dumps(plan_cells(cells, plan_one, plan_here, desc="composing cells",
 """
 
 
-def _plan_script(workers: int, fail_in_child: set[int] = frozenset(),
-                 fail_here: set[int] = frozenset(), stall_in_child_s: float = 0.0) -> list[str]:
-    script = f"FAIL_IN_CHILD = {set(fail_in_child)!r}\nFAIL_HERE = {set(fail_here)!r}\n" \
-             f"WORKERS = {workers}\nSTALL_IN_CHILD = {stall_in_child_s}\n" + \
-             textwrap.dedent(_PLAN)
+def _plan_script(
+    workers: int,
+    fail_in_child: set[int] = frozenset(),
+    fail_here: set[int] = frozenset(),
+    stall_in_child_s: float = 0.0,
+) -> list[str]:
+    script = (
+        f"FAIL_IN_CHILD = {set(fail_in_child)!r}\nFAIL_HERE = {set(fail_here)!r}\n"
+        f"WORKERS = {workers}\nSTALL_IN_CHILD = {stall_in_child_s}\n" + textwrap.dedent(_PLAN)
+    )
     return [sys.executable, "-c", script]
 
 
-def _planned(workers: int, fail_in_child: set[int] = frozenset(),
-             fail_here: set[int] = frozenset()) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(_plan_script(workers, fail_in_child, fail_here), capture_output=True,
-                          text=True, timeout=120, cwd=REPO_ROOT)
+def _planned(
+    workers: int, fail_in_child: set[int] = frozenset(), fail_here: set[int] = frozenset()
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        _plan_script(workers, fail_in_child, fail_here),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
 
 
 def test_the_cells_come_back_in_order_planned_in_children() -> None:
     done = _planned(workers=2)
     assert done.returncode == 0, done.stderr
     planned = json.loads(done.stdout)
-    assert [(number, overrides) for number, overrides, _ in planned] == \
-        [(n, [f"run.epochs={n + 1}"]) for n in range(50)]
+    assert [(number, overrides) for number, overrides, _ in planned] == [
+        (n, [f"run.epochs={n + 1}"]) for n in range(50)
+    ]
     assert not any(here for _, _, here in planned)  # every one in a child
     alone = json.loads(_planned(workers=1).stdout)
     assert [cell[:2] for cell in alone] == [cell[:2] for cell in planned]
@@ -84,38 +96,57 @@ def test_a_cell_a_child_cannot_plan_is_planned_here_and_its_error_ends_the_run()
     assert here[0] == 20 and here == list(range(20, here[-1] + 1))
 
 
-def _dry_run_alone_and_on_every_core(args: list[str], tmp_path: Path
-                                     ) -> tuple[subprocess.CompletedProcess[str], ...]:
+def _dry_run_alone_and_on_every_core(
+    args: list[str], tmp_path: Path
+) -> tuple[subprocess.CompletedProcess[str], ...]:
     runs = []
     for cores in (None, {0}):  # every core, then one: the cells one after another
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        runs.append(subprocess.run(
-            [sys.executable, "-m", "harness", *args, "--dry-run",
-             f"run.output_dir={tmp_path / 'outputs'}"],
-            capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
-            preexec_fn=None if cores is None else lambda: os.sched_setaffinity(0, {0})))
+        runs.append(
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "harness",
+                    *args,
+                    "--dry-run",
+                    f"run.output_dir={tmp_path / 'outputs'}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                cwd=tmp_path,
+                env=env,
+                preexec_fn=None if cores is None else lambda: os.sched_setaffinity(0, {0}),
+            )
+        )
     return tuple(runs)
 
 
 def test_a_dry_run_on_every_core_lists_what_one_core_lists(tmp_path: Path) -> None:
     epochs = ",".join(str(n) for n in range(1, 21))
     every_core, one_core = _dry_run_alone_and_on_every_core(
-        ["-m", "network=resnet18,vgg11", f"run.epochs={epochs}"], tmp_path)
+        ["-m", "network=resnet18,vgg11", f"run.epochs={epochs}"], tmp_path
+    )
     assert every_core.returncode == one_core.returncode == 0, every_core.stderr[-2000:]
     assert every_core.stdout == one_core.stdout
     assert ": 40 cells," in every_core.stdout.splitlines()[0]
     # a cell refused in the second chunk (cell 20): the same line, the same status
     every_core, one_core = _dry_run_alone_and_on_every_core(
-        ["-m", "network=resnet18,vgg11", f"run.epochs={epochs},-3"], tmp_path)
+        ["-m", "network=resnet18,vgg11", f"run.epochs={epochs},-3"], tmp_path
+    )
     assert every_core.returncode == one_core.returncode == 2
     assert every_core.stdout == one_core.stdout == ""
-    assert every_core.stderr.strip().splitlines()[-1] == \
-        one_core.stderr.strip().splitlines()[-1] == (
+    assert (
+        every_core.stderr.strip().splitlines()[-1]
+        == one_core.stderr.strip().splitlines()[-1]
+        == (
             f"distbench: invalid config in sweep cell network=resnet18 run.epochs=-3 "
             f"run.output_dir={tmp_path / 'outputs'}: run.epochs=-3 is invalid: must be 1 or "
-            f"more")
+            f"more"
+        )
+    )
     assert not (tmp_path / "outputs").exists()
-
 
 
 def test_children_busy_with_cells_end_with_a_killed_parent() -> None:
@@ -124,9 +155,12 @@ def test_children_busy_with_cells_end_with_a_killed_parent() -> None:
     pool gone: the kernel ends it with its parent."""
     import psutil
 
-    command = subprocess.Popen(_plan_script(workers=2, stall_in_child_s=600),
-                               cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    command = subprocess.Popen(
+        _plan_script(workers=2, stall_in_child_s=600),
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         parent = psutil.Process(command.pid)
         deadline = time.monotonic() + 60
@@ -150,9 +184,18 @@ def test_a_dry_run_ended_by_sigterm_as_it_forks_leaves_no_child(tmp_path: Path) 
     import psutil
 
     command = subprocess.Popen(
-        [sys.executable, "-m", "harness", "+sweep=thesis_grid", "--dry-run",
-         f"run.output_dir={tmp_path / 'outputs'}"], cwd=tmp_path, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "+sweep=thesis_grid",
+            "--dry-run",
+            f"run.output_dir={tmp_path / 'outputs'}",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         parent = psutil.Process(command.pid)
         deadline = time.monotonic() + 120
@@ -189,8 +232,11 @@ def test_cells_that_share_work_are_chunked_together_and_a_large_group_is_cut() -
     # nothing shared: in order, CHUNK_CELLS each
     count = 2 * CHUNK_CELLS + 8
     chunks = _chunks([[str(number)] for number in range(count)], None)
-    assert chunks == [list(range(0, CHUNK_CELLS)), list(range(CHUNK_CELLS, 2 * CHUNK_CELLS)),
-                      list(range(2 * CHUNK_CELLS, count))]
+    assert chunks == [
+        list(range(0, CHUNK_CELLS)),
+        list(range(CHUNK_CELLS, 2 * CHUNK_CELLS)),
+        list(range(2 * CHUNK_CELLS, count)),
+    ]
 
 
 # Where the command sends itself SIGTERM while the pool is built (the handler, which raises
@@ -237,17 +283,24 @@ print("planned every cell", flush=True)
 """
 
 
-@pytest.mark.parametrize("moment", ["after the first fork", "after the last fork",
-                                    "as the pool's first thread starts"])
+@pytest.mark.parametrize(
+    "moment", ["after the first fork", "after the last fork", "as the pool's first thread starts"]
+)
 def test_sigterm_while_the_pool_is_built_ends_the_command_and_its_children(
-        moment: str, tmp_path: Path) -> None:
+    moment: str, tmp_path: Path
+) -> None:
     """Deterministic: `Pool.__init__` raising SystemExit after its last fork left a pool whose
     thread forked children again, and the command hung at exit joining them (before the
     signals were held while building it)."""
     marker = str(tmp_path / "marker")  # in the command line of the command and its children
     script = f"AT = {moment!r}\n" + textwrap.dedent(_SIGTERM_WHILE_BUILDING)
-    ended = subprocess.run([sys.executable, "-c", script, marker], capture_output=True,
-                           text=True, timeout=60, cwd=REPO_ROOT)
+    ended = subprocess.run(
+        [sys.executable, "-c", script, marker],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
+    )
     assert ended.returncode == 143, ended.stderr[-2000:]
     assert "planned every cell" not in ended.stdout
     assert "Exception ignored" not in ended.stderr  # no handler ran where it is swallowed
@@ -260,5 +313,8 @@ def test_sigterm_while_the_pool_is_built_ends_the_command_and_its_children(
 def _processes_with(marker: str) -> list[int]:
     import psutil
 
-    return [process.info["pid"] for process in psutil.process_iter(["pid", "cmdline"])
-            if marker in (process.info["cmdline"] or [])]
+    return [
+        process.info["pid"]
+        for process in psutil.process_iter(["pid", "cmdline"])
+        if marker in (process.info["cmdline"] or [])
+    ]

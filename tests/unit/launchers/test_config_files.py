@@ -24,8 +24,11 @@ from tests.helpers import REPO_ROOT
 
 # Every model one after another (a model's settings node, merged into `distribution`, is
 # changed by the next model's merge if a loaded config were shared), on two hardwares.
-SWEEP = ["network=mobilenetv2", f"distribution={','.join(specs())}",
-         "hardware=local_2cpu,emulated_2nodes_1gbit"]
+SWEEP = [
+    "network=mobilenetv2",
+    f"distribution={','.join(specs())}",
+    "hardware=local_2cpu,emulated_2nodes_1gbit",
+]
 
 
 def _cells(overrides: list[str]) -> tuple[DictConfig, list[DictConfig]]:
@@ -38,8 +41,10 @@ def _cells(overrides: list[str]) -> tuple[DictConfig, list[DictConfig]]:
         master, job_overrides = _sweep_cells(hydra, overrides)
         assert job_overrides is not None
         str(master.hydra.sweep.dir)
-        return master, [cells.cell_config(hydra.config_loader, master, job, number)
-                        for number, job in enumerate(job_overrides)]
+        return master, [
+            cells.cell_config(hydra.config_loader, master, job, number)
+            for number, job in enumerate(job_overrides)
+        ]
 
 
 def _text(configs: list[DictConfig]) -> list[str]:
@@ -67,8 +72,9 @@ def _counting_compositions(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     composed: list[list[str]] = []
     original = ConfigLoaderImpl.load_sweep_config
 
-    def counted(self: ConfigLoaderImpl, master_config: DictConfig,
-                sweep_overrides: list[str]) -> DictConfig:  # Hydra passes them by keyword
+    def counted(
+        self: ConfigLoaderImpl, master_config: DictConfig, sweep_overrides: list[str]
+    ) -> DictConfig:  # Hydra passes them by keyword
         composed.append(sweep_overrides)
         return original(self, master_config, sweep_overrides)
 
@@ -77,7 +83,8 @@ def _counting_compositions(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
 
 
 def test_a_cell_is_composed_once_while_open_and_a_dry_runs_cells_are_not_kept(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     composed = _counting_compositions(monkeypatch)
     with config_files_read_once():
         _, first = _cells(SWEEP)
@@ -114,17 +121,30 @@ _SWEEP_PREPARED = textwrap.dedent("""
 @pytest.mark.parametrize("multirun", [True, False])
 def test_a_sweep_composes_each_cell_once_before_it_runs(multirun: bool, tmp_path: Path) -> None:
     """With -m, or with a sweep file that sets hydra.mode (Hydra then adds no override)."""
-    grid = (["-m", "distribution=sequential,ddp", "network=mobilenetv2,resnet18"] if multirun
-            else ["+sweep=smoke"])
-    done = subprocess.run([sys.executable, "-c", _SWEEP_PREPARED, *grid, "tracking.enabled=false",
-                           f"run.output_dir={tmp_path / 'outputs'}"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    grid = (
+        ["-m", "distribution=sequential,ddp", "network=mobilenetv2,resnet18"]
+        if multirun
+        else ["+sweep=smoke"]
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _SWEEP_PREPARED,
+            *grid,
+            "tracking.enabled=false",
+            f"run.output_dir={tmp_path / 'outputs'}",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "composed 4 prepared 4" in done.stdout, done.stdout + done.stderr[-3000:]
 
 
-def test_a_defaults_list_that_interpolates_composes_as_hydra_composes_it(
-        tmp_path: Path) -> None:
+def test_a_defaults_list_that_interpolates_composes_as_hydra_composes_it(tmp_path: Path) -> None:
     """The interpolation map (launchers.config_files builds it only where a defaults entry
     interpolates: distbench's own configs have none) still resolves such an entry."""
     from hydra import compose, initialize_config_dir
@@ -136,7 +156,8 @@ def test_a_defaults_list_that_interpolates_composes_as_hydra_composes_it(
     (tmp_path / "server" / "mysql_server.yaml").write_text("name: m\n")
     (tmp_path / "server" / "sqlite_server.yaml").write_text("name: s\n")
     (tmp_path / "config.yaml").write_text(
-        "defaults:\n  - db: mysql\n  - server: ${db}_server\n  - _self_\nx: 1\n")
+        "defaults:\n  - db: mysql\n  - server: ${db}_server\n  - _self_\nx: 1\n"
+    )
 
     def composed(overrides: list[str]) -> str:
         with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):

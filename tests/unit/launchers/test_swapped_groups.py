@@ -24,27 +24,31 @@ from launchers.swapped_groups import SwappedGroups
 
 # Every sweep in conf/sweep/. The thesis grid's 480 cells (imagenet_resnet's, which are in the
 # suite, for 4 datasets x 6 networks: Hydra composes them in 30 s) are compared with -m perf.
-SWEEPS = [pytest.param(path.stem, marks=pytest.mark.perf) if path.stem == "thesis_grid"
-          else path.stem for path in sorted((CONF_DIR / "sweep").glob("*.yaml"))]
+SWEEPS = [
+    pytest.param(path.stem, marks=pytest.mark.perf) if path.stem == "thesis_grid" else path.stem
+    for path in sorted((CONF_DIR / "sweep").glob("*.yaml"))
+]
 
 
 def _same(hydras: DictConfig, swapped: DictConfig, cell: list[str]) -> None:
     """Equal as YAML (values, interpolations unresolved, order of keys) and node types (a
     model's settings class: `distribution` is a GpipeConfig, not its base class)."""
     expected, got = OmegaConf.to_yaml(hydras), OmegaConf.to_yaml(swapped)
-    assert got == expected, f"{cell}:\n" + "".join(difflib.unified_diff(
-        expected.splitlines(keepends=True), got.splitlines(keepends=True)))
+    assert got == expected, f"{cell}:\n" + "".join(
+        difflib.unified_diff(expected.splitlines(keepends=True), got.splitlines(keepends=True))
+    )
     for key in hydras:
-        assert OmegaConf.get_type(swapped, str(key)) is OmegaConf.get_type(hydras, str(key)), \
-            (cell, key)
+        assert OmegaConf.get_type(swapped, str(key)) is OmegaConf.get_type(hydras, str(key)), (
+            cell,
+            key,
+        )
 
 
 @pytest.mark.parametrize("sweep", SWEEPS)
 def test_every_cell_of_a_shipped_sweep_is_hydras_composition(sweep: str) -> None:
     register_configs()
     with config_files_read_once(), composing_hydra(CONFIG_MODULE) as hydra:
-        master, cells = hydra_main._sweep_cells(hydra, [f"+sweep={sweep}",
-                                                        "hydra.mode=MULTIRUN"])
+        master, cells = hydra_main._sweep_cells(hydra, [f"+sweep={sweep}", "hydra.mode=MULTIRUN"])
         assert cells
         composer = SwappedGroups.of_sweep(hydra.config_loader, master)
         for cell in cells:
@@ -60,7 +64,7 @@ FILES = {
     "a/z.yaml": "k: 2\n",
     "a/global.yaml": "# @package _global_\na:\n  k: 3\nb:\n  k: 30\n",  # writes under b
     "a/overriding.yaml": "# @package _global_\ndefaults:\n  - override /b: w\n  - _self_\n"
-                         "a:\n  k: 4\n",  # chooses b's option
+    "a:\n  k: 4\n",  # chooses b's option
     "a/nested.yaml": "defaults:\n  - /c@a.inner: one\n  - _self_\nk: 5\n",  # its own defaults
     "b/y.yaml": "k: 10\n",
     "b/w.yaml": "k: 20\n",
@@ -86,27 +90,35 @@ def composer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Swapped
         def hydras(overrides: list[str]) -> DictConfig:
             return loader.load_configuration("config", overrides, RunMode.RUN)
 
-        yield SwappedGroups(
-            hydras, lambda overrides: loader.compute_defaults_list("config", overrides,
-                                                                   RunMode.RUN),
-            lambda path: loader.repository.load_config(path).config), hydras
+        yield (
+            SwappedGroups(
+                hydras,
+                lambda overrides: loader.compute_defaults_list("config", overrides, RunMode.RUN),
+                lambda path: loader.repository.load_config(path).config,
+            ),
+            hydras,
+        )
 
 
-@pytest.mark.parametrize(("cell", "swapped"), [
-    (["a=z", "b=w"], {"a", "b"}),  # options that stay in their node: both taken whole
-    (["a=nested", "b=w"], {"a", "b"}),  # an option's own defaults are its node's
-    (["a=z", "+s=writes_top"], {"a"}),  # a sweep file writing elsewhere
-    (["a=z", "b=w", "+s=writes_b"], {"a"}),  # ... and under b: b is Hydra's
-    (["a=z", "b=w", "+s=chooses_b"], {"a"}),  # ... choosing b's option: the same
-    (["a=z", "b=w", "b.k=7"], {"a"}),  # a key of b set on the command line
-    (["a=z", "b=w", "+b.extra=7"], {"a"}),  # ... or added
-    (["a=global", "b=w"], set()),  # an option writing under another group: neither
-    (["a=overriding", "b=v"], set()),  # ... or choosing another group's option
-    (["a=z", "a=x"], set()),  # a group chosen twice: Hydra's to refuse or resolve
-    (["a=x", "top=5"], {"a"}),  # an interpolation inside the node: resolved in the cell
-])
+@pytest.mark.parametrize(
+    ("cell", "swapped"),
+    [
+        (["a=z", "b=w"], {"a", "b"}),  # options that stay in their node: both taken whole
+        (["a=nested", "b=w"], {"a", "b"}),  # an option's own defaults are its node's
+        (["a=z", "+s=writes_top"], {"a"}),  # a sweep file writing elsewhere
+        (["a=z", "b=w", "+s=writes_b"], {"a"}),  # ... and under b: b is Hydra's
+        (["a=z", "b=w", "+s=chooses_b"], {"a"}),  # ... choosing b's option: the same
+        (["a=z", "b=w", "b.k=7"], {"a"}),  # a key of b set on the command line
+        (["a=z", "b=w", "+b.extra=7"], {"a"}),  # ... or added
+        (["a=global", "b=w"], set()),  # an option writing under another group: neither
+        (["a=overriding", "b=v"], set()),  # ... or choosing another group's option
+        (["a=z", "a=x"], set()),  # a group chosen twice: Hydra's to refuse or resolve
+        (["a=x", "top=5"], {"a"}),  # an interpolation inside the node: resolved in the cell
+    ],
+)
 def test_a_group_is_swapped_only_where_nothing_else_reaches_its_node(
-        composer: tuple, cell: list[str], swapped: set[str]) -> None:
+    composer: tuple, cell: list[str], swapped: set[str]
+) -> None:
     swapping, hydras = composer
     try:
         expected = without_hydra(hydras(cell))
@@ -117,8 +129,9 @@ def test_a_group_is_swapped_only_where_nothing_else_reaches_its_node(
     assert set(swapping.swapped(cell)) == swapped
     composed = swapping.compose(cell)
     _same(expected, composed, cell)
-    assert OmegaConf.to_container(composed, resolve=True) == \
-        OmegaConf.to_container(expected, resolve=True)
+    assert OmegaConf.to_container(composed, resolve=True) == OmegaConf.to_container(
+        expected, resolve=True
+    )
 
 
 def test_a_cell_composed_is_its_own_copy(composer: tuple) -> None:
@@ -130,4 +143,3 @@ def test_a_cell_composed_is_its_own_copy(composer: tuple) -> None:
     again = swapping.compose(["a=z", "b=w"])
     assert (again.a.k, again.top) == (2, 1)
     assert swapping.compose(["a=z", "b=y"]).a.k == 2
-

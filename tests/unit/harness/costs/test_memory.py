@@ -15,10 +15,16 @@ from harness.distributions.pipedream import equations as pipedream
 # A stage: 10 MB of weights; 2 MB saved per sample and 0.5 MB whatever the batch (BatchNorm's
 # statistics); 0.2 MB enters and 0.1 MB leaves per sample, 0.1 MB of which autograd did not save;
 # its largest layer-list entry saves 0.5 MB per sample and 0.25 MB.
-STAGE = memory.StageFacts(weights_mb=10, saved_mb_per_sample=2.0, saved_mb_constant=0.5,
-                          input_mb_per_sample=0.2, output_mb_per_sample=0.1,
-                          held_mb_per_sample=0.1, largest_entry_mb_per_sample=0.5,
-                          largest_entry_mb_constant=0.25)
+STAGE = memory.StageFacts(
+    weights_mb=10,
+    saved_mb_per_sample=2.0,
+    saved_mb_constant=0.5,
+    input_mb_per_sample=0.2,
+    output_mb_per_sample=0.1,
+    held_mb_per_sample=0.1,
+    largest_entry_mb_per_sample=0.5,
+    largest_entry_mb_constant=0.25,
+)
 
 
 def test_model_state_and_communication_buffers() -> None:
@@ -46,8 +52,7 @@ def test_pipedream_sends_held_until_the_epoch_ends() -> None:
     # its input's gradient (0.2), a middle stage both
     assert pipedream.held_sends_mb(STAGE, 32, 16, first=True, last=False) == pytest.approx(51.2)
     assert pipedream.held_sends_mb(STAGE, 32, 16, first=False, last=True) == pytest.approx(102.4)
-    assert pipedream.held_sends_mb(STAGE, 32, 16, first=False, last=False) == \
-        pytest.approx(153.6)
+    assert pipedream.held_sends_mb(STAGE, 32, 16, first=False, last=False) == pytest.approx(153.6)
     assert pipedream.held_sends_mb(STAGE, 32, 16, first=True, last=True) == 0
     worker = pipedream.pipedream_stage_memory(STAGE, 32, [1, 1], 1, held_sends=16)
     assert worker.buffers == pytest.approx(102.4)
@@ -57,8 +62,7 @@ def test_gpipe_micro_batches_per_recompute_mode() -> None:
     # 8 micro-batches of 4: each keeps its input and output (4 x 0.3 = 1.2 MB)
     assert gpipe.gpipe_activations_mb(STAGE, 4, 8, "always") == pytest.approx(8 * 1.2 + 8.5)
     # the last one not recomputed: its saved activations and held boundaries (8.5 + 0.4)
-    assert gpipe.gpipe_activations_mb(STAGE, 4, 8, "except_last") == \
-        pytest.approx(7 * 1.2 + 8.9)
+    assert gpipe.gpipe_activations_mb(STAGE, 4, 8, "except_last") == pytest.approx(7 * 1.2 + 8.9)
     assert gpipe.gpipe_activations_mb(STAGE, 4, 8, "never") == pytest.approx(8 * 8.9)
     with pytest.raises(ValueError, match="allowed"):
         gpipe.gpipe_activations_mb(STAGE, 4, 8, "sometimes")
@@ -91,8 +95,12 @@ def test_pipedream_in_flight_minibatches_and_stashed_versions() -> None:
 
 def test_a_data_parallel_worker() -> None:
     worker = memory.data_parallel_memory(100, 100, STAGE, 32, buffer_mb=64, runtime_mb=900)
-    assert (worker.weights, worker.gradients, worker.optimizer, worker.buffers) == \
-        (100, 100, 100, 64)
+    assert (worker.weights, worker.gradients, worker.optimizer, worker.buffers) == (
+        100,
+        100,
+        100,
+        64,
+    )
     assert worker.total == pytest.approx(900 + 364 + 67.7 + 16.25)
     assert memory.fits([428, 300], 0.5) and not memory.fits([428, 600], 0.5)
     assert memory.fits([10**9], None)
@@ -130,13 +138,22 @@ def test_a_cells_workers_from_its_facts() -> None:
     from harness.costs.terms import CellFacts, LayerFacts
     from harness.predict.cell import memory_per_worker_mb, memory_terms_per_worker
 
-    config = validate(compose_config([
-        "dataset=mnist", "distribution=pipedream", "distribution.stages=1-1",
-        "hardware=local_2cpu", "distribution.batch_size=32", "dataset.num_samples=512"]))
-    layers = [LayerFacts(1.0, saved.output_mb_per_sample, 0.25, saved=saved)
-              for saved in _layers()]
-    facts = CellFacts(4.0, 4.0, 1.0, layers, 0.0, 32, plan=StagePlan.of([2, 2], [1, 1]),
-                      runtime_mb=900)
+    config = validate(
+        compose_config(
+            [
+                "dataset=mnist",
+                "distribution=pipedream",
+                "distribution.stages=1-1",
+                "hardware=local_2cpu",
+                "distribution.batch_size=32",
+                "dataset.num_samples=512",
+            ]
+        )
+    )
+    layers = [LayerFacts(1.0, saved.output_mb_per_sample, 0.25, saved=saved) for saved in _layers()]
+    facts = CellFacts(
+        4.0, 4.0, 1.0, layers, 0.0, 32, plan=StagePlan.of([2, 2], [1, 1]), runtime_mb=900
+    )
     first, second = memory_terms_per_worker(config, facts)
     # stage 0: 3 MB saved per sample (+0.25), 2 minibatches in flight, its largest entry the
     # ReLU (2 MB per sample), two stashed copies of its 2 MB, 16 x 32 x 2 MB of outputs sent
@@ -148,7 +165,8 @@ def test_a_cells_workers_from_its_facts() -> None:
     assert second.activations == pytest.approx(32 * (2.5 + 0.01))
     assert (second.backward, second.stashed, second.buffers) == pytest.approx((64, 0, 1024))
     assert memory_per_worker_mb(config, facts, runtime_mb=50) == pytest.approx(
-        [first.total + 50, second.total + 50])
+        [first.total + 50, second.total + 50]
+    )
 
 
 def test_on_cuda_no_backward_temporaries_and_a_copy_of_the_starting_weights() -> None:
@@ -161,12 +179,19 @@ def test_on_cuda_no_backward_temporaries_and_a_copy_of_the_starting_weights() ->
     from harness.costs.terms import CellFacts, LayerFacts
     from harness.predict.cell import memory_terms_per_worker
 
-    layers = [LayerFacts(1.0, saved.output_mb_per_sample, 0.25, saved=saved)
-              for saved in _layers()]
+    layers = [LayerFacts(1.0, saved.output_mb_per_sample, 0.25, saved=saved) for saved in _layers()]
     facts = CellFacts(4.0, 4.0, 1.0, layers, 0.0, 32, runtime_mb=900)
-    on = {hardware: memory_terms_per_worker(validate(compose_config([
-        "dataset=mnist", f"hardware={hardware}", "distribution.batch_size=32"])), facts)[0]
-        for hardware in ("local_cpu", "h100_1gpu")}
+    on = {
+        hardware: memory_terms_per_worker(
+            validate(
+                compose_config(
+                    ["dataset=mnist", f"hardware={hardware}", "distribution.batch_size=32"]
+                )
+            ),
+            facts,
+        )[0]
+        for hardware in ("local_cpu", "h100_1gpu")
+    }
     cpu, cuda = on["local_cpu"], on["h100_1gpu"]
     assert cpu.backward == pytest.approx(64.25) and cuda.backward == 0
     assert (cpu.initial, cuda.initial) == (0, cuda.weights) == (0, 4)
@@ -184,17 +209,18 @@ def test_a_cuda_cells_recorded_peak_is_predicted_without_the_context() -> None:
     from harness.costs.terms import CellFacts, LayerFacts
     from harness.predict.cell import memory_per_worker_mb, recorded_peak_mb
 
-    layers = [LayerFacts(1.0, saved.output_mb_per_sample, 0.25, saved=saved)
-              for saved in _layers()]
+    layers = [LayerFacts(1.0, saved.output_mb_per_sample, 0.25, saved=saved) for saved in _layers()]
     on_cuda = CellFacts(4.0, 4.0, 1.0, layers, 0.0, 32, runtime_mb=900, context_mb=836)
-    config = validate(compose_config([
-        "dataset=mnist", "hardware=h100_1gpu", "distribution.batch_size=32"]))
+    config = validate(
+        compose_config(["dataset=mnist", "hardware=h100_1gpu", "distribution.batch_size=32"])
+    )
     fills = max(memory_per_worker_mb(config, on_cuda))
     assert recorded_peak_mb(config, on_cuda) == pytest.approx(fills - 836)
     # A CPU's recorded peak is the process's: all of it counts.
     on_cpu = CellFacts(4.0, 4.0, 1.0, layers, 0.0, 32, runtime_mb=900)
-    cpu = validate(compose_config([
-        "dataset=mnist", "hardware=local_cpu", "distribution.batch_size=32"]))
+    cpu = validate(
+        compose_config(["dataset=mnist", "hardware=local_cpu", "distribution.batch_size=32"])
+    )
     assert recorded_peak_mb(cpu, on_cpu) == max(memory_per_worker_mb(cpu, on_cpu))
     # A cell that measured what the model says: the remainder the analysis learns is 0, not
     # minus the context (which the recommender would then take off every CUDA prediction).
@@ -216,8 +242,14 @@ def test_a_runtime_share_keeps_its_context_apart_in_the_facts_file(tmp_path) -> 
     path = tmp_path / "h100_1gpu.json"
     store = FactsStore.load(path, "h100_1gpu")
     store.record_runtime(("mnist", "synthetic"), RuntimeShare(900.0, 836.0), device_name="H100")
-    store.runtimes.append({"key": ["cifar10"], "device_name": "H100", "mb": 700.0,
-                           "measured_at": "2026-11-01T00:00:00+00:00"})
+    store.runtimes.append(
+        {
+            "key": ["cifar10"],
+            "device_name": "H100",
+            "mb": 700.0,
+            "measured_at": "2026-11-01T00:00:00+00:00",
+        }
+    )
     store.save()
     kept = FactsStore.load(path, "h100_1gpu")
     assert kept.runtime(("mnist", "synthetic"), "H100") == RuntimeShare(900.0, 836.0)
@@ -249,11 +281,13 @@ def test_saved_activations_are_measured_per_layer_and_affine_in_the_batch() -> N
     # max-pool saves its input (the ReLU's, so it names the ReLU) and int64 indices
     indices = 64 * 14 * 14 * 8 / 1e6
     assert {g.previous_saver: g.mb_per_sample for g in pool.groups} == pytest.approx(
-        {2: conv_out, -1: indices})
+        {2: conv_out, -1: indices}
+    )
     whole = stage_saved_mb(saved.layers, 0, len(saved.layers), 1)
     assert whole == pytest.approx(
         sum(layer.mb_per_sample() + layer.mb_constant() for layer in saved.layers)
-        - sum(g.mb(1) for layer in saved.layers for g in layer.groups if g.previous_saver >= 0))
+        - sum(g.mb(1) for layer in saved.layers for g in layer.groups if g.previous_saver >= 0)
+    )
 
 
 @pytest.mark.parametrize("network", ["resnet18", "mobilenetv2"])
@@ -271,8 +305,7 @@ def test_the_affine_form_predicts_a_third_batch(network: str) -> None:
     traced = saved_activations._trace(model, to_layer_list(network, model), spec, 5)
     for layer, trace in zip(saved.layers, traced):
         predicted = {g.previous_saver: g.mb(5) * 1e6 for g in layer.groups}
-        assert predicted == pytest.approx({k: float(v) for k, v in trace.groups.items()},
-                                          abs=1.0)
+        assert predicted == pytest.approx({k: float(v) for k, v in trace.groups.items()}, abs=1.0)
     if network == "resnet18":
         # A residual block saves five tensors of its output's size, not one (the layer
         # list's view): its input (conv1's), bn1's input, the ReLU's result (conv2's input),
@@ -288,7 +321,8 @@ def test_the_runtime_share_is_a_fresh_worker_process() -> None:
     from harness.config.schema import validate
     from harness.worker.runtime_memory import measure_runtime_mb
 
-    config = validate(compose_config(["dataset=mnist", "dataset.num_samples=64",
-                                      "distribution.batch_size=8"]))
+    config = validate(
+        compose_config(["dataset=mnist", "dataset.num_samples=64", "distribution.batch_size=8"])
+    )
     runtime = measure_runtime_mb(config)
     assert 200 < runtime < 4000  # an interpreter that imported torch, and less than a model

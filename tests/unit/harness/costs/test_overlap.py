@@ -31,14 +31,14 @@ from harness.profiles.hardware import (
 def test_a_bucket_hides_only_behind_the_backward_still_to_run() -> None:
     # Three backward chunks of 1 s; allreduces of 0.5 s each: the first two hide behind the
     # chunks after them, the last is exposed: 0.5 s.
-    assert overlap.after_each_chunk([1, 1, 1], [0.5, 0.5, 0.5], overlaps=True) == \
-        pytest.approx(0.5)
+    assert overlap.after_each_chunk([1, 1, 1], [0.5, 0.5, 0.5], overlaps=True) == pytest.approx(0.5)
     # Allreduces of 2 s: they queue on the link. Ready at 1, 2, 3; the link runs 1-3, 3-5,
     # 5-7; the compute ends at 3: 4 s exposed, not the thesis' "only the last" (2 s).
     assert overlap.after_each_chunk([1, 1, 1], [2, 2, 2], overlaps=True) == pytest.approx(4.0)
     # Where nothing can overlap (CPU workers of one machine) everything takes its turn.
-    assert overlap.after_each_chunk([1, 1, 1], [0.5, 0.5, 0.5], overlaps=False) == \
-        pytest.approx(1.5)
+    assert overlap.after_each_chunk([1, 1, 1], [0.5, 0.5, 0.5], overlaps=False) == pytest.approx(
+        1.5
+    )
 
 
 def test_a_collective_that_takes_the_cores_lengthens_the_compute_beside_it() -> None:
@@ -46,18 +46,21 @@ def test_a_collective_that_takes_the_cores_lengthens_the_compute_beside_it() -> 
     # first runs 1-1.5 beside chunk 2 (1-2.2, stretched by its 0.2 s); the second 2.2-2.7
     # beside chunk 3 (2.2-3.4); the third 3.4-3.9, after the compute: its cores' share costs
     # nothing more. Exposed: 3.9 - 3 s of compute = 0.9 s, of which 0.4 s the cores lost.
-    assert overlap.after_each_chunk([1, 1, 1], [0.5, 0.5, 0.5], overlaps=True,
-                                    cores_s=[0.2, 0.2, 0.2]) == pytest.approx(0.9)
+    assert overlap.after_each_chunk(
+        [1, 1, 1], [0.5, 0.5, 0.5], overlaps=True, cores_s=[0.2, 0.2, 0.2]
+    ) == pytest.approx(0.9)
     # An allreduce that outlasts the compute beside it takes only its share of that compute:
     # 2 s on the link, 0.4 s of the cores over them (0.2 s a second), 1 s of compute beside it.
-    assert overlap.after_each_chunk([1, 1], [2, 0], overlaps=True, cores_s=[0.4, 0]) == \
-        pytest.approx(overlap.after_each_chunk([1, 1], [2, 0], overlaps=True))
+    assert overlap.after_each_chunk(
+        [1, 1], [2, 0], overlaps=True, cores_s=[0.4, 0]
+    ) == pytest.approx(overlap.after_each_chunk([1, 1], [2, 0], overlaps=True))
     timeline = overlap.Timeline()
     timeline.run(overlap.LINK, 2.0, cores_s=0.4)
     assert timeline.run(overlap.COMPUTE, 1.0) == pytest.approx((0.0, 1.2))
     # Where nothing overlaps (one machine), a collective's own time holds its copies already.
-    assert overlap.after_each_chunk([1, 1, 1], [0.5, 0.5, 0.5], overlaps=False,
-                                    cores_s=[0.2, 0.2, 0.2]) == pytest.approx(1.5)
+    assert overlap.after_each_chunk(
+        [1, 1, 1], [0.5, 0.5, 0.5], overlaps=False, cores_s=[0.2, 0.2, 0.2]
+    ) == pytest.approx(1.5)
 
 
 def test_a_prefetch_hides_only_behind_the_chunk_it_is_issued_under() -> None:
@@ -76,19 +79,44 @@ def _profile() -> HardwareProfile:
 def _vgg_like(step_seconds: float = 0.1) -> CellFacts:
     """Two small convolutional units that carry the compute, then one 400 MB classifier unit
     that computes almost nothing (VGG's first classifier layer, on a GPU)."""
-    conv = LayerFacts(weights_mb=5.0, activation_mb_per_sample=0.1, compute_share=0.49,
-                      forward_share=0.16, backward_share=0.33)
-    classifier = LayerFacts(weights_mb=400.0, activation_mb_per_sample=0.01,
-                            compute_share=0.02, forward_share=0.005, backward_share=0.01)
-    return CellFacts(weights_mb=410.0, gradient_mb=410.0, input_mb_per_sample=0.01,
-                     layers=[conv, conv, classifier], step_seconds=step_seconds,
-                     step_batch=32, gradient_tensors=6)
+    conv = LayerFacts(
+        weights_mb=5.0,
+        activation_mb_per_sample=0.1,
+        compute_share=0.49,
+        forward_share=0.16,
+        backward_share=0.33,
+    )
+    classifier = LayerFacts(
+        weights_mb=400.0,
+        activation_mb_per_sample=0.01,
+        compute_share=0.02,
+        forward_share=0.005,
+        backward_share=0.01,
+    )
+    return CellFacts(
+        weights_mb=410.0,
+        gradient_mb=410.0,
+        input_mb_per_sample=0.01,
+        layers=[conv, conv, classifier],
+        step_seconds=step_seconds,
+        step_batch=32,
+        gradient_tensors=6,
+    )
 
 
 def _config(model: str) -> object:
-    return validate(compose_config([f"distribution={model}", "hardware=titanrtx_cluster",
-                                    "hardware.nodes=2", "hardware.workers_per_node=1",
-                                    "distribution.batch_size=32", "dataset.num_samples=640"]))
+    return validate(
+        compose_config(
+            [
+                f"distribution={model}",
+                "hardware=titanrtx_cluster",
+                "hardware.nodes=2",
+                "hardware.workers_per_node=1",
+                "distribution.batch_size=32",
+                "dataset.num_samples=640",
+            ]
+        )
+    )
 
 
 def test_fsdp_cannot_hide_a_large_unit_behind_a_tiny_forward() -> None:
@@ -103,8 +131,7 @@ def test_fsdp_cannot_hide_a_large_unit_behind_a_tiny_forward() -> None:
     assert exposed > 0.2
 
 
-def test_ddp_exposes_more_than_its_last_bucket_when_the_allreduces_outlast_the_backward(
-        ) -> None:
+def test_ddp_exposes_more_than_its_last_bucket_when_the_allreduces_outlast_the_backward() -> None:
     """410 MB of gradients over 1 GB/s take 0.41 s per step; the backward they could hide
     behind lasts 67 ms: most of it is exposed, not only the last 25 MB bucket."""
     config = _config("ddp")
@@ -116,8 +143,7 @@ def test_ddp_exposes_more_than_its_last_bucket_when_the_allreduces_outlast_the_b
     assert slow.allreduce_s / slow.steps < 0.05
 
 
-def test_cpu_workers_take_turns_on_one_machine_and_overlap_their_allreduces_across_nodes(
-        ) -> None:
+def test_cpu_workers_take_turns_on_one_machine_and_overlap_their_allreduces_across_nodes() -> None:
     """A gloo collective among the workers of one machine is copies on the cores that compute:
     it takes its turn. Across nodes an allreduce's bytes wait on the link while the cores go
     on with the backward: measured on emulated nodes, five networks held out, DDP's error fell
@@ -139,8 +165,11 @@ def test_a_node_is_crossed_only_by_a_group_larger_than_a_node() -> None:
     assert two_nodes.group_spans_nodes(2) and not two_nodes.group_spans_nodes(1)
     wide = validate(compose_config(["hardware=local_2cpu"])).hardware
     assert not wide.group_spans_nodes(wide.world_size)
-    fat = validate(compose_config(["hardware=titanrtx_cluster", "hardware.nodes=2",
-                                   "hardware.workers_per_node=2"])).hardware
+    fat = validate(
+        compose_config(
+            ["hardware=titanrtx_cluster", "hardware.nodes=2", "hardware.workers_per_node=2"]
+        )
+    ).hardware
     assert not fat.group_spans_nodes(2) and fat.group_spans_nodes(3)
     assert two_nodes.group_crosses_links(2) and fat.group_crosses_links(3)
 
@@ -157,38 +186,66 @@ def test_nodes_on_one_host_share_its_cores_and_their_allreduces_take_their_turn(
     assert local.hardware.one_host and local.hardware.group_spans_nodes(2)
     assert not local.hardware.group_crosses_links(2)
     assert not allreduces_overlap_backward(local) and allreduces_overlap_backward(emulated)
-    fsdp = [validate(compose_config([f"hardware={name}", "distribution=fsdp"]))
-            for name in ("slurm_local_2nodes", "emulated_2nodes_1gbit")]
+    fsdp = [
+        validate(compose_config([f"hardware={name}", "distribution=fsdp"]))
+        for name in ("slurm_local_2nodes", "emulated_2nodes_1gbit")
+    ]
     assert [_share(config, "all_gather") for config in fsdp] == [
-        GLOO_SHARE["all_gather"], GLOO_ACROSS_NODES_SHARE["all_gather"]]
+        GLOO_SHARE["all_gather"],
+        GLOO_ACROSS_NODES_SHARE["all_gather"],
+    ]
 
 
 def _four_layers(step_seconds: float = 1.0) -> CellFacts:
     """Four layers of 30 MB, each 15 % of a step's backward."""
-    layer = LayerFacts(weights_mb=30.0, activation_mb_per_sample=0.1, compute_share=0.25,
-                       forward_share=0.1, backward_share=0.15)
-    return CellFacts(weights_mb=120.0, gradient_mb=120.0, input_mb_per_sample=0.01,
-                     layers=[layer] * 4, step_seconds=step_seconds, step_batch=32,
-                     gradient_tensors=8)
+    layer = LayerFacts(
+        weights_mb=30.0,
+        activation_mb_per_sample=0.1,
+        compute_share=0.25,
+        forward_share=0.1,
+        backward_share=0.15,
+    )
+    return CellFacts(
+        weights_mb=120.0,
+        gradient_mb=120.0,
+        input_mb_per_sample=0.01,
+        layers=[layer] * 4,
+        step_seconds=step_seconds,
+        step_batch=32,
+        gradient_tensors=8,
+    )
 
 
 def _cpu_cell(model: str, hardware: str) -> object:
-    return validate(compose_config([f"distribution={model}", f"hardware={hardware}",
-                                    "distribution.batch_size=32", "dataset.num_samples=640"]))
+    return validate(
+        compose_config(
+            [
+                f"distribution={model}",
+                f"hardware={hardware}",
+                "distribution.batch_size=32",
+                "dataset.num_samples=640",
+            ]
+        )
+    )
 
 
-def test_ddp_across_cpu_nodes_exposes_only_what_the_backward_after_a_bucket_cannot_hide(
-        ) -> None:
+def test_ddp_across_cpu_nodes_exposes_only_what_the_backward_after_a_bucket_cannot_hide() -> None:
     # Each 30 MB layer fills a bucket (cap 25 MB) after 0.15 s of backward; its allreduce
     # (50 us + 30 MB at 1000 MB/s = 30.05 ms) runs beside the next layer's backward: only the
     # last one is exposed. 640 images, 2 workers x 32: 10 steps.
-    nodes = epoch_terms(_cpu_cell("ddp", "emulated_2nodes_1gbit"),  # type: ignore[arg-type]
-                        _four_layers(), _profile())
+    nodes = epoch_terms(
+        _cpu_cell("ddp", "emulated_2nodes_1gbit"),  # type: ignore[arg-type]
+        _four_layers(),
+        _profile(),
+    )
     assert nodes.steps == 10
     assert nodes.allreduce_s == pytest.approx(10 * (50e-6 + 0.030))
     # On one machine every one of DDP's 1 + ceil(119 / 25) = 6 buckets takes its turn.
-    one = epoch_terms(_cpu_cell("ddp", "local_2cpu"),  # type: ignore[arg-type]
-                      _four_layers(), _profile())
+    one = epoch_terms(
+        _cpu_cell("ddp", "local_2cpu"),  # type: ignore[arg-type]
+        _four_layers(),
+        _profile(),
+    )
     assert one.allreduce_s == pytest.approx(10 * (6 * 50e-6 + 0.120))
 
 
@@ -204,8 +261,7 @@ def test_horovod_across_cpu_nodes_allreduces_a_layer_per_cycle_beside_the_backwa
     assert fused_mb_per_allreduce(_config("horovod")) == 64.0  # type: ignore[arg-type]
 
 
-def test_an_allreduce_between_cpu_nodes_takes_the_probed_share_of_the_backward_beside_it(
-        ) -> None:
+def test_an_allreduce_between_cpu_nodes_takes_the_probed_share_of_the_backward_beside_it() -> None:
     """The probe measures what an allreduce between nodes takes from a CPU worker's compute
     per MB (on the emulated 1 Gbit/s link 2.4 ms, BENCHMARKS.md section 15); the backward it
     runs beside lasts that much longer. Each 30 MB layer's allreduce (30.05 ms on the link)
@@ -220,4 +276,5 @@ def test_an_allreduce_between_cpu_nodes_takes_the_probed_share_of_the_backward_b
     # The same profile on GPUs: their collectives do not compute on the CPU's cores.
     gpu = epoch_terms(_config("ddp"), _four_layers(), probed)  # type: ignore[arg-type]
     assert gpu.allreduce_s == pytest.approx(
-        epoch_terms(_config("ddp"), _four_layers(), _profile()).allreduce_s)  # type: ignore[arg-type]
+        epoch_terms(_config("ddp"), _four_layers(), _profile()).allreduce_s
+    )  # type: ignore[arg-type]

@@ -76,12 +76,24 @@ CASES = {
 }
 
 
-def fsdp_workload(settings: list[str], batchnorm: bool,
-                  rank: int = 0) -> tuple[DistbenchConfig, Workload]:
-    config = validate(compose_config([
-        "distribution=fsdp", "hardware=local_2cpu", "dataset=mnist", "network=vgg11",
-        f"dataset.num_samples={STEPS * BATCH}", "run.progress=false", LR,
-        f"distribution.batch_size={BATCH // WORKERS}", *settings]))
+def fsdp_workload(
+    settings: list[str], batchnorm: bool, rank: int = 0
+) -> tuple[DistbenchConfig, Workload]:
+    config = validate(
+        compose_config(
+            [
+                "distribution=fsdp",
+                "hardware=local_2cpu",
+                "dataset=mnist",
+                "network=vgg11",
+                f"dataset.num_samples={STEPS * BATCH}",
+                "run.progress=false",
+                LR,
+                f"distribution.batch_size={BATCH // WORKERS}",
+                *settings,
+            ]
+        )
+    )
     built = build_workload(config, rank=rank, world_size=WORKERS)
     if not batchnorm:
         strip_batchnorm(built.model)
@@ -89,8 +101,13 @@ def fsdp_workload(settings: list[str], batchnorm: bool,
 
 
 def _worker(rank: int, world_size: int, port: int, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=dt.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=dt.timedelta(seconds=120),
+    )
     torch.set_num_threads(1)
     try:
         reports = {}
@@ -109,8 +126,9 @@ def _worker(rank: int, world_size: int, port: int, out: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def worker_reports(tmp_path_factory: pytest.TempPathFactory,
-                   request: pytest.FixtureRequest) -> list[dict]:
+def worker_reports(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> list[dict]:
     request.getfixturevalue("dataset_cache")
     out = tmp_path_factory.mktemp("fsdp")
     for settings, batchnorm, _ in CASES.values():  # the synthetic data cache, built once here
@@ -127,8 +145,11 @@ def references(request: pytest.FixtureRequest) -> dict[str, tuple[list[float], d
     request.getfixturevalue("dataset_cache")
     with default_dtype(torch.float32):
         float32 = reference(True, SHARDS)
-    return {"whole": reference(False, [range(BATCH)]), "shards": reference(True, SHARDS),
-            "shards_float32": float32}
+    return {
+        "whole": reference(False, [range(BATCH)]),
+        "shards": reference(True, SHARDS),
+        "shards_float32": float32,
+    }
 
 
 def test_the_parameters_are_sharded_dtensors(worker_reports: list[dict]) -> None:
@@ -139,7 +160,8 @@ def test_the_parameters_are_sharded_dtensors(worker_reports: list[dict]) -> None
 
 @pytest.mark.parametrize("case", ["reshard", "keep", "hsdp"])
 def test_without_batchnorm_fsdp_follows_the_sequential_trajectory(
-        worker_reports: list[dict], references: dict, case: str) -> None:
+    worker_reports: list[dict], references: dict, case: str
+) -> None:
     expected, final = references["whole"]
     measured = gap(trajectory(worker_reports, case), expected)
     print(f"fsdp {case} vs sequential, no BatchNorm: largest relative gap {measured:.1e}")
@@ -150,8 +172,9 @@ def test_without_batchnorm_fsdp_follows_the_sequential_trajectory(
         assert moved(report[case]["initial"], report[case]["trained"]) > 10 * FLOAT_TOLERANCE
 
 
-def test_with_batchnorm_each_worker_normalises_its_shard(worker_reports: list[dict],
-                                                        references: dict) -> None:
+def test_with_batchnorm_each_worker_normalises_its_shard(
+    worker_reports: list[dict], references: dict
+) -> None:
     predicted, final = references["shards"]
     measured = gap(trajectory(worker_reports, "batchnorm"), predicted)
     print(f"fsdp with BatchNorm: gap to the per-shard reference {measured:.1e}")
@@ -161,20 +184,21 @@ def test_with_batchnorm_each_worker_normalises_its_shard(worker_reports: list[di
     assert close(ranks[0]["trained"], final, FLOAT_TOLERANCE)
 
 
-def test_reset_returns_to_the_start_and_training_repeats_itself(
-        worker_reports: list[dict]) -> None:
+def test_reset_returns_to_the_start_and_training_repeats_itself(worker_reports: list[dict]) -> None:
     for report in (report["batchnorm"] for report in worker_reports):
         assert report["reset"] == report["initial"]
         assert report["optimizer_state_after_reset"] == 0
         assert report["second"] == report["first"]
 
 
-def test_mixed_precision_trains_close_to_float32(worker_reports: list[dict],
-                                                references: dict) -> None:
+def test_mixed_precision_trains_close_to_float32(
+    worker_reports: list[dict], references: dict
+) -> None:
     predicted, _ = references["shards_float32"]
     measured = trajectory(worker_reports, "bf16")
-    print(f"fsdp bfloat16 with BatchNorm: gap to the float32 reference "
-          f"{gap(measured, predicted):.1e}")
+    print(
+        f"fsdp bfloat16 with BatchNorm: gap to the float32 reference {gap(measured, predicted):.1e}"
+    )
     assert gap(measured, predicted) <= BF16_TOLERANCE
     assert gap(measured, predicted) > FLOAT_TOLERANCE  # bfloat16 did compute
 
@@ -185,11 +209,27 @@ def test_a_two_worker_fsdp_cell_is_recorded_like_the_others(output_root: Path) -
     whole and each must take its shard of (they once failed to load into the sharded
     parameters: 'mixed torch.Tensor and DTensor')."""
     done = subprocess.run(
-        [sys.executable, "-m", "harness", "distribution=fsdp", "hardware=local_2cpu",
-         "network=mobilenetv2", "dataset=mnist", "distribution.batch_size=8",
-         "dataset.num_samples=64", "run.epochs=1", "run.repeats=2", "run.warmup_batches=1",
-         "run.progress=false", f"run.output_dir={output_root}"],
-        cwd=output_root.parent, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "distribution=fsdp",
+            "hardware=local_2cpu",
+            "network=mobilenetv2",
+            "dataset=mnist",
+            "distribution.batch_size=8",
+            "dataset.num_samples=64",
+            "run.epochs=1",
+            "run.repeats=2",
+            "run.warmup_batches=1",
+            "run.progress=false",
+            f"run.output_dir={output_root}",
+        ],
+        cwd=output_root.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (path,) = (output_root / "runs").glob("*/result.json")
     result = json.loads(path.read_text())
@@ -202,7 +242,8 @@ def test_a_two_worker_fsdp_cell_is_recorded_like_the_others(output_root: Path) -
     assert result["config"]["distribution"]["name"] == "fsdp"
     assert result["config"]["distribution"]["reshard_after_forward"] is True
     run = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}").get_run(
-        result["mlflow_run_id"])
+        result["mlflow_run_id"]
+    )
     assert run.data.params["distribution.name"] == "fsdp"
     assert run.data.metrics["seconds_per_epoch"] == metrics["seconds_per_epoch"]
     assert not cell_worker_pids(output_root)
@@ -211,16 +252,25 @@ def test_a_two_worker_fsdp_cell_is_recorded_like_the_others(output_root: Path) -
 
 
 # -- bad input --------------------------------------------------------------------------------
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["distribution.shard_degree=3"],
-     "distribution.shard_degree=3 is invalid: must divide the cell's 2 workers"),
-    (["distribution.shard_degree=0"],
-     "distribution.shard_degree=0 is invalid: must be a positive number of workers"),
-    (["+distribution.micro_batches=4"], "distribution.micro_batches: unknown key; allowed: "
-                                         "name, batch_size, backend, reshard_after_forward"),
-])
-def test_bad_fsdp_settings_are_refused_naming_the_key(overrides: list[str],
-                                                      message: str) -> None:
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["distribution.shard_degree=3"],
+            "distribution.shard_degree=3 is invalid: must divide the cell's 2 workers",
+        ),
+        (
+            ["distribution.shard_degree=0"],
+            "distribution.shard_degree=0 is invalid: must be a positive number of workers",
+        ),
+        (
+            ["+distribution.micro_batches=4"],
+            "distribution.micro_batches: unknown key; allowed: "
+            "name, batch_size, backend, reshard_after_forward",
+        ),
+    ],
+)
+def test_bad_fsdp_settings_are_refused_naming_the_key(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         validate(compose_config(["distribution=fsdp", "hardware=local_2cpu", *overrides]))
 
@@ -228,15 +278,24 @@ def test_bad_fsdp_settings_are_refused_naming_the_key(overrides: list[str],
 # -- the performance model and the recommender ------------------------------------------------
 def _facts() -> CellFacts:
     """A network of three units (10, 30 and 60 MB of weights)."""
-    layers = [LayerFacts(weights_mb=mb, activation_mb_per_sample=1.0, compute_share=1 / 3)
-              for mb in (10.0, 30.0, 60.0)]
-    return CellFacts(weights_mb=100.0, gradient_mb=100.0, input_mb_per_sample=0.1,
-                     layers=layers, step_seconds=1.0, step_batch=32)
+    layers = [
+        LayerFacts(weights_mb=mb, activation_mb_per_sample=1.0, compute_share=1 / 3)
+        for mb in (10.0, 30.0, 60.0)
+    ]
+    return CellFacts(
+        weights_mb=100.0,
+        gradient_mb=100.0,
+        input_mb_per_sample=0.1,
+        layers=layers,
+        step_seconds=1.0,
+        step_batch=32,
+    )
 
 
 def _config(*overrides: str, hardware: str = "local_4cpu") -> DistbenchConfig:
-    return validate(compose_config(["distribution=fsdp", f"hardware={hardware}",
-                                    "dataset=cifar10", *overrides]))
+    return validate(
+        compose_config(["distribution=fsdp", f"hardware={hardware}", "dataset=cifar10", *overrides])
+    )
 
 
 def test_each_worker_holds_its_shard_of_weights_gradients_and_momentum() -> None:
@@ -253,13 +312,19 @@ def test_each_worker_holds_its_shard_of_weights_gradients_and_momentum() -> None
 
 def test_the_collectives_follow_the_settings() -> None:
     facts = _facts()
-    profile = HardwareProfile("local_4cpu", "config", 4, 1, [], [
-        AllreduceCost(workers, Cost(1e-3, 1e9)) for workers in (2, 4)])
+    profile = HardwareProfile(
+        "local_4cpu",
+        "config",
+        4,
+        1,
+        [],
+        [AllreduceCost(workers, Cost(1e-3, 1e9)) for workers in (2, 4)],
+    )
     resharded = step_communication_seconds(_config(), facts, profile)
-    kept = step_communication_seconds(_config("distribution.reshard_after_forward=false"),
-                                      facts, profile)
-    bf16 = step_communication_seconds(_config("distribution.mixed_precision=true"), facts,
-                                      profile)
+    kept = step_communication_seconds(
+        _config("distribution.reshard_after_forward=false"), facts, profile
+    )
+    bf16 = step_communication_seconds(_config("distribution.mixed_precision=true"), facts, profile)
     # gloo: an all-gather 0.75x an allreduce, a reduce-scatter 1.3x; 3 units, 100 MB
     gather, scatter = 0.75 * 2 * (3e-3 + 0.1), 1.3 * (3e-3 + 0.1)
     assert resharded == pytest.approx(gather + scatter)
@@ -272,16 +337,28 @@ def test_across_nodes_a_collective_costs_its_wire_bytes() -> None:
     the wire, gloo's reduce-scatter a whole allreduce's (the emulated sweep's link counters);
     HSDP's shard groups within a node keep the shares measured on one machine's cores."""
     facts = _facts()
-    profile = HardwareProfile("emulated_2nodes_1gbit", "config", 2, 1, [], [
-        AllreduceCost(2, Cost(1e-3, 1e9))])
-    across = step_communication_seconds(_config(hardware="emulated_2nodes_1gbit"), facts,
-                                        profile)
+    profile = HardwareProfile(
+        "emulated_2nodes_1gbit", "config", 2, 1, [], [AllreduceCost(2, Cost(1e-3, 1e9))]
+    )
+    across = step_communication_seconds(_config(hardware="emulated_2nodes_1gbit"), facts, profile)
     assert across == pytest.approx(0.5 * 2 * (3e-3 + 0.1) + 1.0 * (3e-3 + 0.1))
-    nodes = HardwareProfile("slurm_local_2nodes", "config", 2, 2, [], [
-        AllreduceCost(workers, Cost(1e-3, 1e9)) for workers in (2, 4)])
+    nodes = HardwareProfile(
+        "slurm_local_2nodes",
+        "config",
+        2,
+        2,
+        [],
+        [AllreduceCost(workers, Cost(1e-3, 1e9)) for workers in (2, 4)],
+    )
     within = step_communication_seconds(
-        _config("distribution.shard_degree=2", "hardware.workers_per_node=2",
-                hardware="slurm_local_2nodes"), facts, nodes)
+        _config(
+            "distribution.shard_degree=2",
+            "hardware.workers_per_node=2",
+            hardware="slurm_local_2nodes",
+        ),
+        facts,
+        nodes,
+    )
     # each node's shard group on its cores (gloo's shares), then the shards' allreduce
     # between the two nodes (50 MB of each worker's half of the gradients)
     gather, scatter = 0.75 * 2 * (3e-3 + 0.1), 1.3 * (3e-3 + 0.1)
@@ -294,34 +371,57 @@ def test_across_nodes_a_collective_costs_what_the_probe_timed_after_compute() ->
     reduce-scatter is priced from those times, between two sizes on the straight line through
     them; elsewhere (GPUs, a group of another size) by its share of the allreduce."""
     facts = _facts()
-    measured = {"workers": 2, "compute_before_ms": 20.0, "bytes": [1e6, 1e7, 1e8],
-                "all_gather": [0.002, 0.05, 0.7], "reduce_scatter": [0.003, 0.08, 1.0]}
+    measured = {
+        "workers": 2,
+        "compute_before_ms": 20.0,
+        "bytes": [1e6, 1e7, 1e8],
+        "all_gather": [0.002, 0.05, 0.7],
+        "reduce_scatter": [0.003, 0.08, 1.0],
+    }
     allreduce = [AllreduceCost(2, Cost(1e-3, 1e9))]
-    profile = HardwareProfile("emulated_2nodes_1gbit", "measured", 2, 2, [], allreduce,
-                              {"collectives_after_compute": measured})
-    across = step_communication_seconds(_config(hardware="emulated_2nodes_1gbit"), facts,
-                                        profile)
+    profile = HardwareProfile(
+        "emulated_2nodes_1gbit",
+        "measured",
+        2,
+        2,
+        [],
+        allreduce,
+        {"collectives_after_compute": measured},
+    )
+    across = step_communication_seconds(_config(hardware="emulated_2nodes_1gbit"), facts, profile)
     # units of 10, 30 and 60 MB: 10 MB is the middle size; 30 and 60 MB between 10 and 100 MB
     gather = {10: 0.05, 30: 0.05 + 0.65 * 20 / 90, 60: 0.05 + 0.65 * 50 / 90}
     scatter = {10: 0.08, 30: 0.08 + 0.92 * 20 / 90, 60: 0.08 + 0.92 * 50 / 90}
     assert across == pytest.approx(sum(2 * gather[mb] + scatter[mb] for mb in (10, 30, 60)))
     kept = step_communication_seconds(
         _config("distribution.reshard_after_forward=false", hardware="emulated_2nodes_1gbit"),
-        facts, profile)
+        facts,
+        profile,
+    )
     assert kept == pytest.approx(sum(gather[mb] + scatter[mb] for mb in (10, 30, 60)))
     # the shares where the profile cannot say: a group of 4, one host's nodes
-    wider = HardwareProfile("emulated_2nodes_1gbit", "measured", 4, 2, [], [
-        AllreduceCost(4, Cost(1e-3, 1e9))], {"collectives_after_compute": measured})
+    wider = HardwareProfile(
+        "emulated_2nodes_1gbit",
+        "measured",
+        4,
+        2,
+        [],
+        [AllreduceCost(4, Cost(1e-3, 1e9))],
+        {"collectives_after_compute": measured},
+    )
     assert step_communication_seconds(
-        _config("hardware.workers_per_node=2", hardware="emulated_2nodes_1gbit"), facts,
-        wider) == pytest.approx(0.5 * 2 * (3e-3 + 0.1) + 1.0 * (3e-3 + 0.1))
-    one_machine = HardwareProfile("local_2cpu", "measured", 2, 1, [], allreduce,
-                                  {"collectives_after_compute": measured})
-    assert step_communication_seconds(_config(hardware="local_2cpu"), facts, one_machine) == \
-        pytest.approx(across)
+        _config("hardware.workers_per_node=2", hardware="emulated_2nodes_1gbit"), facts, wider
+    ) == pytest.approx(0.5 * 2 * (3e-3 + 0.1) + 1.0 * (3e-3 + 0.1))
+    one_machine = HardwareProfile(
+        "local_2cpu", "measured", 2, 1, [], allreduce, {"collectives_after_compute": measured}
+    )
+    assert step_communication_seconds(
+        _config(hardware="local_2cpu"), facts, one_machine
+    ) == pytest.approx(across)
     gpus = _config("hardware.device=cuda", hardware="local_2cpu")
     assert collective_seconds(gpus, one_machine, "all_gather", 10.0) == pytest.approx(
-        0.5 * (1e-3 + 0.01))  # NCCL's half of the allreduce, on GPUs' own links
+        0.5 * (1e-3 + 0.01)
+    )  # NCCL's half of the allreduce, on GPUs' own links
 
 
 def test_the_copies_around_the_collectives_are_fsdps_own_term_on_cpu_workers() -> None:

@@ -46,10 +46,17 @@ def free_port() -> int:
 
 def gpipe_overrides(workers: int, recompute: str, balance: str) -> list[str]:
     hardware = "local_2cpu" if workers == 2 else "local_4cpu"
-    return ["distribution=gpipe", f"hardware={hardware}", "dataset=mnist",
-            "network=vgg11", f"distribution.batch_size={BATCH}",
-            f"distribution.micro_batches={MICRO_BATCHES}", f"distribution.recompute={recompute}",
-            f"distribution.balance={balance}", "dataset.num_samples=16"]
+    return [
+        "distribution=gpipe",
+        f"hardware={hardware}",
+        "dataset=mnist",
+        "network=vgg11",
+        f"distribution.batch_size={BATCH}",
+        f"distribution.micro_batches={MICRO_BATCHES}",
+        f"distribution.recompute={recompute}",
+        f"distribution.balance={balance}",
+        "dataset.num_samples=16",
+    ]
 
 
 def worker_context(rank: int, world_size: int, overrides: list[str]) -> TrainingContext:
@@ -59,15 +66,25 @@ def worker_context(rank: int, world_size: int, overrides: list[str]) -> Training
     config = validate(compose_config(overrides))
     workload = build_workload(config)  # pipelines do not shard the data by worker
     env = WorkerEnvironment(rank=rank, world_size=world_size)
-    return TrainingContext(config=config, workload=workload, device=torch.device("cpu"),
-                           clock=PhaseClock(torch.device("cpu")),
-                           session=WorkerSession(env, backend="gloo"), heartbeat=lambda: None)
+    return TrainingContext(
+        config=config,
+        workload=workload,
+        device=torch.device("cpu"),
+        clock=PhaseClock(torch.device("cpu")),
+        session=WorkerSession(env, backend="gloo"),
+        heartbeat=lambda: None,
+    )
 
 
 def _gradients_worker(rank: int, world_size: int, port: int, overrides: list[str]) -> None:
     # A bounded timeout: a schedule that deadlocks fails the test instead of hanging it.
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=dt.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=dt.timedelta(seconds=120),
+    )
     try:
         context = worker_context(rank, world_size, overrides)
         trainer = GPipeTrainer(context)
@@ -88,8 +105,9 @@ def _flat(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return [(name, p.grad.clone()) for name, p in module.named_parameters()]
 
 
-def _compare(context: TrainingContext, gathered: list, images: torch.Tensor,
-             labels: torch.Tensor) -> None:
+def _compare(
+    context: TrainingContext, gathered: list, images: torch.Tensor, labels: torch.Tensor
+) -> None:
     """The sequential model, fresh from the same seed, over the same micro-batches."""
     config = context.config
     torch.manual_seed(config.run.seed)
@@ -107,8 +125,13 @@ def _compare(context: TrainingContext, gathered: list, images: torch.Tensor,
         assert len(stage_grads) == len(reference) > 0
         for name, grad in stage_grads:
             where = f"stage [{first}:{end}] {name}"
-            torch.testing.assert_close(grad, reference[name].grad, rtol=1e-4, atol=1e-5,
-                                       msg=lambda m, where=where: f"{where}: {m}")
+            torch.testing.assert_close(
+                grad,
+                reference[name].grad,
+                rtol=1e-4,
+                atol=1e-5,
+                msg=lambda m, where=where: f"{where}: {m}",
+            )
             checked += 1
     assert checked == len(list(model.parameters()))
 
@@ -128,8 +151,9 @@ def test_gpipe_gradients_equal_the_sequential_models_on_three_stages() -> None:
 
 
 def test_a_gpipe_cell_runs_end_to_end_and_records_its_plan(output_root: Path) -> None:
-    result = run_tiny_cell(output_root, "distribution=gpipe", "hardware=local_2cpu",
-                           "distribution.micro_batches=4")
+    result = run_tiny_cell(
+        output_root, "distribution=gpipe", "hardware=local_2cpu", "distribution.micro_batches=4"
+    )
     metrics = result["metrics"]
     assert metrics["world_size"] == 2 and metrics["replicas_in_sync"] == 1.0
     assert metrics["samples_per_epoch"] == 16 and metrics["batches_per_epoch"] == 2
@@ -144,21 +168,38 @@ def test_a_gpipe_cell_runs_end_to_end_and_records_its_plan(output_root: Path) ->
 def _plan_facts(in_place: InPlaceStages | None) -> tuple[object, CellFacts]:
     """A two-stage GPipe cell over four equal layers, and its facts (a 1 s step at the
     micro-batch), with or without its stages timed in place."""
-    config = validate(compose_config([*gpipe_overrides(2, "always", "[16,15]"),
-                                      "hardware.cpu_threads=1"]))
-    layer = LayerFacts(weights_mb=1.0, activation_mb_per_sample=0.001, compute_share=0.25,
-                       forward_share=0.08, backward_share=0.16, update_share=0.01)
+    config = validate(
+        compose_config([*gpipe_overrides(2, "always", "[16,15]"), "hardware.cpu_threads=1"])
+    )
+    layer = LayerFacts(
+        weights_mb=1.0,
+        activation_mb_per_sample=0.001,
+        compute_share=0.25,
+        forward_share=0.08,
+        backward_share=0.16,
+        update_share=0.01,
+    )
     plan = StagePlan((Stage(0, 2, 1), Stage(2, 2, 1)))
-    return config, CellFacts(weights_mb=4.0, gradient_mb=4.0, input_mb_per_sample=0.001,
-                             layers=[layer] * 4, step_seconds=1.0, step_batch=2, plan=plan,
-                             stages_in_place=in_place)
+    return config, CellFacts(
+        weights_mb=4.0,
+        gradient_mb=4.0,
+        input_mb_per_sample=0.001,
+        layers=[layer] * 4,
+        step_seconds=1.0,
+        step_batch=2,
+        plan=plan,
+        stages_in_place=in_place,
+    )
 
 
 def test_stages_timed_in_place_replace_the_layers_shares_in_gpipes_schedule() -> None:
     """Timed in place, a stage's backward holds its recomputation already: the schedule is
     the fill-drain over the timed stages, sum + (micro-batches - 1) x slowest, per phase."""
-    timed = InPlaceStages((StageSeconds(0.10, 0.30, 0.01), StageSeconds(0.25, 0.50, 0.02)),
-                          reference_ms=14.0, measured_at="2026-11-29T11:35:28+00:00")
+    timed = InPlaceStages(
+        (StageSeconds(0.10, 0.30, 0.01), StageSeconds(0.25, 0.50, 0.02)),
+        reference_ms=14.0,
+        measured_at="2026-11-29T11:35:28+00:00",
+    )
     config, facts = _plan_facts(timed)
     terms = epoch_terms(config, facts, HardwareProfile.from_config(config.hardware))
     per_batch = (0.10 + 0.25 + 3 * 0.25) + (0.30 + 0.50 + 3 * 0.50) + 0.02
@@ -168,7 +209,8 @@ def test_stages_timed_in_place_replace_the_layers_shares_in_gpipes_schedule() ->
     _, shares = _plan_facts(None)
     untimed = epoch_terms(config, shares, HardwareProfile.from_config(config.hardware))
     assert untimed.compute_s == pytest.approx(
-        untimed.steps * ((5 * 0.16) + (5 * (0.16 + 0.32)) + 0.02))
+        untimed.steps * ((5 * 0.16) + (5 * (0.16 + 0.32)) + 0.02)
+    )
     # At the speed a cell ran at: its reference kernel took 21 ms, 1.5 x the timing's.
     slower = timed.at_speed(21.0)
     assert [s.backward_s for s in slower.stages] == pytest.approx([0.45, 0.75])
@@ -181,8 +223,11 @@ def test_stages_timed_in_place_carry_their_contention_the_factor_scales_only_the
     took GPipe's held-out MAPE on `local_2cpu` from the raw equations' 6.7 to 8.8 %); the
     transfers stay the communication factor's. From the layers' shares of one sequential step
     (a worker alone), the compute is the contention factor's, as every model's."""
-    timed = InPlaceStages((StageSeconds(0.10, 0.30, 0.01), StageSeconds(0.25, 0.50, 0.02)),
-                          reference_ms=14.0, measured_at="2026-11-29T11:35:28+00:00")
+    timed = InPlaceStages(
+        (StageSeconds(0.10, 0.30, 0.01), StageSeconds(0.25, 0.50, 0.02)),
+        reference_ms=14.0,
+        measured_at="2026-11-29T11:35:28+00:00",
+    )
     config, facts = _plan_facts(timed)
     profile = HardwareProfile.from_config(config.hardware)
     terms = epoch_terms(config, facts, profile)
@@ -195,7 +240,8 @@ def test_stages_timed_in_place_carry_their_contention_the_factor_scales_only_the
     assert untimed.fixed_s() == 0.0
     assert untimed.coefficients()["contention"] == pytest.approx(untimed.compute_s)
     assert untimed.seconds({"contention": 1.3}) == pytest.approx(
-        1.3 * untimed.compute_s + untimed.transfer_s)
+        1.3 * untimed.compute_s + untimed.transfer_s
+    )
 
 
 def test_a_facts_file_keeps_stages_timed_in_place_by_plan(tmp_path: Path) -> None:
@@ -218,14 +264,23 @@ def test_a_gpipe_cells_stages_are_timed_in_place(output_root: Path) -> None:
     their own on this machine; each stage's forward and backward per micro-batch."""
     from omegaconf import OmegaConf
 
-    config = validate(compose_config([*gpipe_overrides(2, "always", "[16,15]"),
-                                      "hardware=emulated_2nodes_1gbit",
-                                      f"run.output_dir={output_root}"]))
+    config = validate(
+        compose_config(
+            [
+                *gpipe_overrides(2, "always", "[16,15]"),
+                "hardware=emulated_2nodes_1gbit",
+                f"run.output_dir={output_root}",
+            ]
+        )
+    )
     cell = output_root / "cell.yaml"
     output_root.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.structured(config), cell)
-    done = run_module("harness.stage_timing", [str(cell), str(output_root / "stages.json")],
-                      cwd=output_root.parent)
+    done = run_module(
+        "harness.stage_timing",
+        [str(cell), str(output_root / "stages.json")],
+        cwd=output_root.parent,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     timed = InPlaceStages.from_json(json.loads((output_root / "stages.json").read_text()))
     assert len(timed.stages) == 2 and timed.reference_ms is not None and timed.reference_ms > 0

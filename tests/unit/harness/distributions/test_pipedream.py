@@ -40,8 +40,9 @@ BATCH = 4
 def _compositions(total: int) -> list[list[int]]:
     if total == 0:
         return [[]]
-    return [[first, *rest] for first in range(1, total + 1)
-            for rest in _compositions(total - first)]
+    return [
+        [first, *rest] for first in range(1, total + 1) for rest in _compositions(total - first)
+    ]
 
 
 # -- the schedule as data -----------------------------------------------------------------------
@@ -54,8 +55,20 @@ def bwd(minibatch: int) -> Op:
 
 
 def test_one_f_one_b_warms_up_then_alternates_without_a_flush() -> None:
-    assert worker_ops([1, 1, 1], 0, 0, 6) == [fwd(0), fwd(1), fwd(2), bwd(0), fwd(3), bwd(1),
-                                               fwd(4), bwd(2), fwd(5), bwd(3), bwd(4), bwd(5)]
+    assert worker_ops([1, 1, 1], 0, 0, 6) == [
+        fwd(0),
+        fwd(1),
+        fwd(2),
+        bwd(0),
+        fwd(3),
+        bwd(1),
+        fwd(4),
+        bwd(2),
+        fwd(5),
+        bwd(3),
+        bwd(4),
+        bwd(5),
+    ]
     assert worker_ops([1, 1, 1], 2, 0, 3) == [fwd(0), bwd(0), fwd(1), bwd(1), fwd(2), bwd(2)]
     # Replica 1 of a 2-replica first stage of 2-1: minibatches 1, 3, 5; 2 in flight.
     assert worker_ops([2, 1], 0, 1, 6) == [fwd(1), fwd(3), bwd(1), fwd(5), bwd(3), bwd(5)]
@@ -67,12 +80,21 @@ def test_only_minibatches_with_an_update_before_their_backward_stash_weights() -
     assert _no_update_between(worker_ops([1, 1, 1], 2, 0, 6)) == set(range(6))  # last stage
 
 
-@pytest.mark.parametrize(("replicas", "batches", "drop", "oversample"), [
-    ([3, 2], 13, 12, 18), ([3, 2], 12, 12, 12), ([2, 1], 7, 6, 8), ([1, 2], 7, 6, 8),
-    ([1, 3], 7, 6, 9), ([1, 1], 7, 7, 7), ([3, 2], 5, 0, 6),
-])
+@pytest.mark.parametrize(
+    ("replicas", "batches", "drop", "oversample"),
+    [
+        ([3, 2], 13, 12, 18),
+        ([3, 2], 12, 12, 12),
+        ([2, 1], 7, 6, 8),
+        ([1, 2], 7, 6, 8),
+        ([1, 3], 7, 6, 9),
+        ([1, 1], 7, 7, 7),
+        ([3, 2], 5, 0, 6),
+    ],
+)
 def test_batch_division_lowers_or_raises_to_what_every_replica_shares(
-        replicas: list[int], batches: int, drop: int, oversample: int) -> None:
+    replicas: list[int], batches: int, drop: int, oversample: int
+) -> None:
     assert divisible_batches(batches, replicas, oversample=False) == drop
     assert divisible_batches(batches, replicas, oversample=True) == oversample
     for count in (drop, oversample):
@@ -88,18 +110,22 @@ def test_no_stage_plan_up_to_eight_workers_deadlocks() -> None:
             for batches in (step, 2 * step, 5 * step):
                 simulate(replicas, batches)
                 checked += 1
-    assert checked == 3 * (2 ** 8 - 1)
+    assert checked == 3 * (2**8 - 1)
 
 
 def test_the_simulation_detects_a_schedule_that_would_deadlock(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Backwards before forwards on the first stage: it would wait for a gradient of a
     # minibatch it never sent forward.
     def backwards_first(replicas: list[int], stage: int, replica: int, batches: int) -> list[Op]:
         ops = [Op(Kind.forward, m) for m in range(batches)]
         backs = [Op(Kind.backward, m) for m in range(batches)]
-        return backs + ops if stage == 0 else ops[:1] + backs[:1] + [
-            op for pair in zip(ops[1:], backs[1:]) for op in pair]
+        return (
+            backs + ops
+            if stage == 0
+            else ops[:1] + backs[:1] + [op for pair in zip(ops[1:], backs[1:]) for op in pair]
+        )
 
     monkeypatch.setattr(onefoneb, "worker_ops", backwards_first)
     with pytest.raises(DeadlockError, match="stage 0 replica 0"):
@@ -107,13 +133,20 @@ def test_the_simulation_detects_a_schedule_that_would_deadlock(
 
 
 # -- configuration --------------------------------------------------------------------------------
-@pytest.mark.parametrize(("overrides", "fragment"), [
-    (["distribution.stages=2-1"], "distribution.stages='2-1' is invalid: the replica counts "
-                                  "must sum to the 2 workers"),
-    (["distribution.stages=2-x"], "distribution.stages='2-x' is invalid: allowed: replica"),
-    (["distribution.stages=1-1", "distribution.balance=[3]"],
-     "distribution.balance=[3] is invalid: needs one layer count per stage (2)"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        (
+            ["distribution.stages=2-1"],
+            "distribution.stages='2-1' is invalid: the replica counts must sum to the 2 workers",
+        ),
+        (["distribution.stages=2-x"], "distribution.stages='2-x' is invalid: allowed: replica"),
+        (
+            ["distribution.stages=1-1", "distribution.balance=[3]"],
+            "distribution.balance=[3] is invalid: needs one layer count per stage (2)",
+        ),
+    ],
+)
 def test_stage_plans_that_do_not_fit_are_refused(overrides: list[str], fragment: str) -> None:
     with pytest.raises(ConfigError) as error:
         validate(compose_config(["distribution=pipedream", "hardware=local_2cpu", *overrides]))
@@ -123,26 +156,41 @@ def test_stage_plans_that_do_not_fit_are_refused(overrides: list[str], fragment:
 # -- real workers ----------------------------------------------------------------------------------
 def pipedream_overrides(stages: str, division: str, samples: int) -> list[str]:
     workers = sum(map(int, stages.split("-")))
-    return ["distribution=pipedream", "hardware=local_4cpu",
-            f"hardware.workers_per_node={workers}", "dataset=mnist", "network=vgg11",
-            f"distribution.batch_size={BATCH}", f"distribution.stages={stages}",
-            f"distribution.batch_division={division}", f"dataset.num_samples={samples}"]
+    return [
+        "distribution=pipedream",
+        "hardware=local_4cpu",
+        f"hardware.workers_per_node={workers}",
+        "dataset=mnist",
+        "network=vgg11",
+        f"distribution.batch_size={BATCH}",
+        f"distribution.stages={stages}",
+        f"distribution.batch_division={division}",
+        f"dataset.num_samples={samples}",
+    ]
 
 
-def _epoch_worker(rank: int, world_size: int, port: int, overrides: list[str],
-                  out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=dt.timedelta(seconds=120))
+def _epoch_worker(rank: int, world_size: int, port: int, overrides: list[str], out: str) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=dt.timedelta(seconds=120),
+    )
     try:
         trainer = PipeDreamTrainer(worker_context(rank, world_size, overrides))
         epochs = [trainer.train_epoch(epoch) for epoch in range(2)]
         report = {
-            "stage": trainer.stage, "replica": trainer.replica,
-            "batches": [e.batches for e in epochs], "samples": [e.samples for e in epochs],
+            "stage": trainer.stage,
+            "replica": trainer.replica,
+            "batches": [e.batches for e in epochs],
+            "samples": [e.samples for e in epochs],
             "metrics": trainer.extra_metrics(),
             "digest": parameter_digest(trainer.module),
-            "versions": [[r.minibatch, r.forward_version, r.backward_version, r.latest_version]
-                         for r in trainer.version_log],
+            "versions": [
+                [r.minibatch, r.forward_version, r.backward_version, r.latest_version]
+                for r in trainer.version_log
+            ],
         }
         Path(out, f"rank{rank}.json").write_text(json.dumps(report))
     finally:
@@ -153,27 +201,38 @@ def _run(tmp_path: Path, stages: str, division: str, samples: int) -> list[dict]
     overrides = pipedream_overrides(stages, division, samples)
     build_workload(validate(compose_config(overrides)))  # the synthetic cache, once
     workers = sum(map(int, stages.split("-")))
-    spawn_workers(_epoch_worker, args=(workers, free_port(), overrides, str(tmp_path)),
-                  nprocs=workers)
+    spawn_workers(
+        _epoch_worker, args=(workers, free_port(), overrides, str(tmp_path)), nprocs=workers
+    )
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(workers)]
 
 
-@pytest.mark.parametrize(("stages", "division", "expected"), [
-    ("2-1", "drop", 6), ("2-1", "oversample", 8),
-    ("1-2", "drop", 6), ("1-2", "oversample", 8),
-    ("1-3", "drop", 6), ("3-1", "oversample", 9), ("2-1-1", "drop", 6),
-    ("3-2", "drop", 6), ("3-2", "oversample", 12),  # 5 processes: lcm(3, 2) = 6
-])
+@pytest.mark.parametrize(
+    ("stages", "division", "expected"),
+    [
+        ("2-1", "drop", 6),
+        ("2-1", "oversample", 8),
+        ("1-2", "drop", 6),
+        ("1-2", "oversample", 8),
+        ("1-3", "drop", 6),
+        ("3-1", "oversample", 9),
+        ("2-1-1", "drop", 6),
+        ("3-2", "drop", 6),
+        ("3-2", "oversample", 12),  # 5 processes: lcm(3, 2) = 6
+    ],
+)
 def test_replicated_stages_train_the_divided_batch_count(
-        tmp_path: Path, stages: str, division: str, expected: int) -> None:
+    tmp_path: Path, stages: str, division: str, expected: int
+) -> None:
     reports = _run(tmp_path, stages, division, samples=7 * BATCH)  # 7 batches per epoch
     replicas = list(map(int, stages.split("-")))
     for report in reports:
         mine = expected // replicas[report["stage"]]
         assert report["batches"] == [expected, expected]
         assert len(report["versions"]) == 2 * mine  # backwards this replica ran, 2 epochs
-        assert {v[0] % replicas[report["stage"]] for v in report["versions"]} == \
-            {report["replica"]}  # round robin
+        assert {v[0] % replicas[report["stage"]] for v in report["versions"]} == {
+            report["replica"]
+        }  # round robin
         assert report["metrics"]["batches_dropped"] == max(0, 7 - expected)
         assert report["metrics"]["batches_added"] == max(0, expected - 7)
     assert sum(r["samples"][0] for r in reports if r["stage"] == 0) == expected * BATCH
@@ -195,8 +254,13 @@ def test_weight_stashing_gives_each_backward_its_forwards_weights(tmp_path: Path
 
 
 def _stashed_gradient_worker(rank: int, world_size: int, port: int, overrides: list[str]) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=dt.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=dt.timedelta(seconds=120),
+    )
     try:
         trainer = PipeDreamTrainer(worker_context(rank, world_size, overrides))
         captured: dict[int, tuple] = {}
@@ -224,9 +288,11 @@ def _spy_on_backwards(trainer: PipeDreamTrainer, captured: dict[int, tuple]) -> 
 
     def spying_backward(op: Op) -> None:
         flight = trainer._in_flight[op.minibatch]
-        record = [flight.inputs.detach().clone(),
-                  {k: v.detach().clone() for k, v in flight.snapshot.weights.items()},
-                  {k: p.detach().clone() for k, p in trainer.module.named_parameters()}]
+        record = [
+            flight.inputs.detach().clone(),
+            {k: v.detach().clone() for k, v in flight.snapshot.weights.items()},
+            {k: p.detach().clone() for k, p in trainer.module.named_parameters()},
+        ]
 
         def spying_recv(*args: object, **kwargs: object) -> torch.Tensor:
             tensor = recv(*args, **kwargs)
@@ -247,8 +313,12 @@ def _spy_on_backwards(trainer: PipeDreamTrainer, captured: dict[int, tuple]) -> 
     trainer._backward = spying_backward
 
 
-def _gradients(trainer: PipeDreamTrainer, weights: dict[str, torch.Tensor],
-               inputs: torch.Tensor, upstream: torch.Tensor) -> dict[str, torch.Tensor]:
+def _gradients(
+    trainer: PipeDreamTrainer,
+    weights: dict[str, torch.Tensor],
+    inputs: torch.Tensor,
+    upstream: torch.Tensor,
+) -> dict[str, torch.Tensor]:
     leaves = {k: w.clone().requires_grad_() for k, w in weights.items()}
     torch.autograd.backward(functional_call(trainer.module, leaves, (inputs,)), upstream)
     return {k: w.grad for k, w in leaves.items()}
@@ -263,8 +333,13 @@ def test_weight_stashing_computes_the_gradient_of_the_stashed_weights() -> None:
 
 
 def test_a_pipedream_cell_runs_end_to_end_and_records_its_plan(output_root: Path) -> None:
-    result = run_tiny_cell(output_root, "distribution=pipedream", "hardware=local_2cpu",
-                           "distribution.stages=1-1", "dataset.num_samples=24")
+    result = run_tiny_cell(
+        output_root,
+        "distribution=pipedream",
+        "hardware=local_2cpu",
+        "distribution.stages=1-1",
+        "dataset.num_samples=24",
+    )
     metrics = result["metrics"]
     assert metrics["world_size"] == 2 and metrics["replicas_in_sync"] == 1.0
     assert metrics["samples_per_epoch"] == 24 and metrics["batches_per_epoch"] == 3

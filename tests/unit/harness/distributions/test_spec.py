@@ -27,28 +27,39 @@ from tests.helpers import REPO_ROOT
 
 ROOT = REPO_ROOT
 CODE_DIRS = ("harness", "launchers", "workloads", "hydra_plugins", "conf", "scripts")
-OWN = ("harness/distributions/{name}/*.py",
-       "conf/distribution/{name}.yaml", "conf/distribution/{name}_*.yaml",
-       "conf/sweep/*/{name}.yaml", "conf/sweep/*/{name}_*.yaml")
+OWN = (
+    "harness/distributions/{name}/*.py",
+    "conf/distribution/{name}.yaml",
+    "conf/distribution/{name}_*.yaml",
+    "conf/sweep/*/{name}.yaml",
+    "conf/sweep/*/{name}_*.yaml",
+)
 
 # Where the thesis' models are named besides their own files, and why.
 NAMED_ELSEWHERE: dict[str, set[str]] = {
     "sequential": {
         "conf/config.yaml",  # the default model of a cell
-        "conf/sweep/calibrate_local_memory.yaml", "conf/sweep/local_data_parallel.yaml",
+        "conf/sweep/calibrate_local_memory.yaml",
+        "conf/sweep/local_data_parallel.yaml",
         # the probe's step is a sequential step (the code asks `registry.baseline()`; these
         # name it in their messages and help)
-        "harness/predict/facts.py", "harness/recommend.py",
+        "harness/predict/facts.py",
+        "harness/recommend.py",
         # its errors: one stage is distribution=sequential
-        "harness/distributions/gpipe/__init__.py", "harness/distributions/gpipe/trainer.py",
+        "harness/distributions/gpipe/__init__.py",
+        "harness/distributions/gpipe/trainer.py",
     },
     # the CUDA check runs each model that can train on one GPU (BENCHMARKS.md section 13)
-    "ddp": {"conf/sweep/calibrate_local_memory.yaml", "conf/sweep/local_data_parallel.yaml",
-            "scripts/gpu_check.sh"},
+    "ddp": {
+        "conf/sweep/calibrate_local_memory.yaml",
+        "conf/sweep/local_data_parallel.yaml",
+        "scripts/gpu_check.sh",
+    },
     "fsdp": {"scripts/gpu_check.sh"},
     "horovod": {
         "harness/runtime/environment.py",  # its version, in the record
-        "scripts/build_horovod.sh", "scripts/setup.sh",  # it is built from source
+        "scripts/build_horovod.sh",
+        "scripts/setup.sh",  # it is built from source
     },
     "gpipe": {"conf/sweep/calibrate_local_memory.yaml", "scripts/gpu_check.sh"},
     "pipedream": set(),
@@ -71,17 +82,25 @@ def names(path: Path, name: str) -> bool:
     if path.suffix == ".py":
         tree = ast.parse(path.read_text())
         docstrings = _docstrings(tree)
-        return any(isinstance(node, ast.Constant) and isinstance(node.value, str)
-                   and id(node) not in docstrings and word.search(node.value)
-                   for node in ast.walk(tree))
-    return bool(word.search("\n".join(line.split("#")[0]
-                                      for line in path.read_text().splitlines())))
+        return any(
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and word.search(node.value)
+            for node in ast.walk(tree)
+        )
+    return bool(
+        word.search("\n".join(line.split("#")[0] for line in path.read_text().splitlines()))
+    )
 
 
 def files_naming(name: str) -> set[str]:
-    return {str(path.relative_to(ROOT)) for folder in CODE_DIRS
-            for path in (ROOT / folder).rglob("*")
-            if path.suffix in (".py", ".yaml", ".sh") and names(path, name)}
+    return {
+        str(path.relative_to(ROOT))
+        for folder in CODE_DIRS
+        for path in (ROOT / folder).rglob("*")
+        if path.suffix in (".py", ".yaml", ".sh") and names(path, name)
+    }
 
 
 def own(path: str, name: str) -> bool:
@@ -92,8 +111,9 @@ def own(path: str, name: str) -> bool:
 def test_every_file_a_model_touches(name: str) -> None:
     named = files_naming(name)
     elsewhere = {path for path in named if not own(path, name)}
-    assert elsewhere == NAMED_ELSEWHERE.get(name, set()), \
+    assert elsewhere == NAMED_ELSEWHERE.get(name, set()), (
         f"{name} is named outside its own files: {sorted(elsewhere)}"
+    )
     assert (ROOT / "harness" / "distributions" / name / "__init__.py").is_file()
     assert (ROOT / "harness" / "distributions" / name / "trainer.py").is_file()
     assert (ROOT / "conf" / "distribution" / f"{name}.yaml").is_file()
@@ -112,31 +132,41 @@ def test_one_model_is_the_baseline_the_others_are_measured_against() -> None:
 @pytest.mark.parametrize("name", list(specs()))
 def test_a_models_settings_are_the_schema_of_its_config_file(name: str) -> None:
     spec = specs()[name]
-    config = validate(compose_config([f"distribution={name}", "hardware=local_2cpu",
-                                      "dataset.num_samples=8192"]))
+    config = validate(
+        compose_config([f"distribution={name}", "hardware=local_2cpu", "dataset.num_samples=8192"])
+    )
     assert type(config.distribution) is spec.settings
     assert config.distribution.name == name
     # another model's own key (one of each) is refused, in one line that names what is allowed
     allowed = [field.name for field in dataclasses.fields(spec.settings)]
     for other in specs().values():
-        for key in [field.name for field in dataclasses.fields(other.settings)
-                    if field.name not in allowed][:1]:
+        for key in [
+            field.name for field in dataclasses.fields(other.settings) if field.name not in allowed
+        ][:1]:
             with pytest.raises(ConfigError) as refused:
-                validate(compose_config([f"distribution={name}", "hardware=local_2cpu",
-                                         f"+distribution.{key}=1"]))
+                validate(
+                    compose_config(
+                        [f"distribution={name}", "hardware=local_2cpu", f"+distribution.{key}=1"]
+                    )
+                )
             message = str(refused.value)
             assert "\n" not in message and f"distribution.{key}: unknown key" in message
             # ... and which models have it, with the form that sets it in a sweep over models
-            assert f"unknown key; allowed: {', '.join(allowed)}; {key} is a setting of " \
-                   "distribution=" in message
+            assert (
+                f"unknown key; allowed: {', '.join(allowed)}; {key} is a setting of "
+                "distribution=" in message
+            )
             assert ": in a sweep over models use +per_model." in message
 
 
 def test_every_config_file_of_the_group_is_a_model() -> None:
     """conf/distribution/ holds each model's file and variants of one (pipedream_straight)."""
     for path in (ROOT / "conf" / "distribution").glob("*.yaml"):
-        config = validate(compose_config([f"distribution={path.stem}", "hardware=local_2cpu",
-                                          "dataset.num_samples=8192"]))
+        config = validate(
+            compose_config(
+                [f"distribution={path.stem}", "hardware=local_2cpu", "dataset.num_samples=8192"]
+            )
+        )
         assert own(f"conf/distribution/{path.name}", config.distribution.name)
 
 

@@ -37,8 +37,13 @@ print(json.dumps({"faults": faults, "allocator": host_allocator()}))
 
 def _rounds(setting: str) -> tuple[list[int], str]:
     """Each round's page faults, and how the process said it allocates."""
-    done = subprocess.run([sys.executable, "-c", _ROUNDS, setting], capture_output=True,
-                          text=True, timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", _ROUNDS, setting],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     answer = json.loads(done.stdout)
     return answer["faults"], answer["allocator"]
 

@@ -19,8 +19,13 @@ def test_work_left_out_is_no_part_of_the_peak_and_the_peak_before_it_stays() -> 
     """In a fresh process, as a cell's worker measures: a test process late in the suite holds
     freed memory still resident (2.5 GB in one CI run), which a new block reuses without
     raising the high-water mark, so that the block outside `left_out()` went uncounted there."""
-    done = subprocess.run([sys.executable, "-c", _IN_A_FRESH_PROCESS], capture_output=True,
-                          text=True, timeout=120, cwd=REPO_ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", _IN_A_FRESH_PROCESS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
     if "SKIP:" in done.stdout:
         pytest.skip(done.stdout.split("SKIP:", 1)[1].strip())
     assert done.returncode == 0, done.stderr[-3000:]

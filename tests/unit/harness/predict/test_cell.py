@@ -21,25 +21,47 @@ from harness.worker import step_time as sequential
 
 def _ring() -> HardwareProfile:
     """4 workers; the links of the ring 0-1-2-3-0 (latency s, bandwidth MB/s)."""
+
     def link(src: int, dst: int, latency_us: float, mbps: float) -> Link:
         return Link(src, dst, True, Cost(latency_us / 1e6, mbps * 1e6))
-    return HardwareProfile("ring", "config", 4, 1, [
-        link(0, 1, 10, 1000), link(1, 2, 20, 500), link(2, 3, 10, 1000), link(0, 3, 50, 2000)])
+
+    return HardwareProfile(
+        "ring",
+        "config",
+        4,
+        1,
+        [link(0, 1, 10, 1000), link(1, 2, 20, 500), link(2, 3, 10, 1000), link(0, 3, 50, 2000)],
+    )
 
 
 def _gpu_cell(distribution: str, *overrides: str, workers: int = 4) -> DistbenchConfig:
     """A cell of `workers` GPUs on one node: their allreduces overlap the backward pass
     (`predict.terms.communication_overlaps`), Eq. 5.1's premise."""
-    return validate(compose_config([
-        f"distribution={distribution}", "hardware=titanrtx_cluster", "hardware.nodes=1",
-        f"hardware.workers_per_node={workers}", "distribution.batch_size=32", *overrides]))
+    return validate(
+        compose_config(
+            [
+                f"distribution={distribution}",
+                "hardware=titanrtx_cluster",
+                "hardware.nodes=1",
+                f"hardware.workers_per_node={workers}",
+                "distribution.batch_size=32",
+                *overrides,
+            ]
+        )
+    )
 
 
 def _replica_facts(gradient_mb: float, step_seconds: float = 0.5) -> CellFacts:
     """A network whose whole gradient is `gradient_mb` MB and whose step takes `step_seconds`."""
     layer = LayerFacts(weights_mb=gradient_mb, activation_mb_per_sample=0.1, compute_share=1.0)
-    return CellFacts(weights_mb=gradient_mb, gradient_mb=gradient_mb, input_mb_per_sample=0.01,
-                     layers=[layer], step_seconds=step_seconds, step_batch=32)
+    return CellFacts(
+        weights_mb=gradient_mb,
+        gradient_mb=gradient_mb,
+        input_mb_per_sample=0.01,
+        layers=[layer],
+        step_seconds=step_seconds,
+        step_batch=32,
+    )
 
 
 def test_horovod_eq_5_1_takes_the_slowest_ring_link_and_the_last_fused_buffer() -> None:
@@ -56,10 +78,17 @@ def test_horovod_eq_5_1_takes_the_slowest_ring_link_and_the_last_fused_buffer() 
     # the last seven layers) hides behind the backward of the first three; only the last
     # buffer (30 MB) is exposed, as Eq. 5.1 assumes.
     layers = [LayerFacts(weights_mb=10, activation_mb_per_sample=0.01, compute_share=0.1)] * 10
-    deep = CellFacts(weights_mb=100, gradient_mb=100, input_mb_per_sample=0.01, layers=layers,
-                     step_seconds=10.0, step_batch=32)
+    deep = CellFacts(
+        weights_mb=100,
+        gradient_mb=100,
+        input_mb_per_sample=0.01,
+        layers=layers,
+        step_seconds=10.0,
+        step_batch=32,
+    )
     assert epoch_terms(cell, deep, _ring()).seconds() == pytest.approx(
-        8 * (10.0 + 6 * (20e-6 + 7.5 / 500)))
+        8 * (10.0 + 6 * (20e-6 + 7.5 / 500))
+    )
     # a gradient smaller than th is sent whole; th = 0 (no fusion) is bounded by G as well
     small = 8 * (0.5 + 6 * (20e-6 + 2 / 500))
     assert epoch_terms(cell, _replica_facts(8), _ring()).seconds() == pytest.approx(small)
@@ -78,19 +107,32 @@ def test_the_free_parameters_of_the_data_parallel_model() -> None:
     # one worker has nothing to communicate, and its step is the probe itself: no parameter
     alone = _gpu_cell("horovod", "dataset.num_samples=1024", workers=1)
     assert epoch_terms(alone, _replica_facts(100), None).seconds(
-        {"contention": 1.1, "communication": 2.0}) == pytest.approx(32 * 0.5)
+        {"contention": 1.1, "communication": 2.0}
+    ) == pytest.approx(32 * 0.5)
 
 
 def test_ddp_is_eq_5_1_with_its_bucket_size() -> None:
     # Ten 10 MB layers, a backward long enough to hide every bucket but the last (the thesis'
     # regime): DDP's 25 MB buckets fill every three layers, the last one holds 10 MB.
     layers = [LayerFacts(weights_mb=10, activation_mb_per_sample=0.01, compute_share=0.1)] * 10
-    facts = CellFacts(weights_mb=100, gradient_mb=100, input_mb_per_sample=0.01, layers=layers,
-                      step_seconds=10.0, step_batch=32)
-    ddp = epoch_terms(_gpu_cell("ddp", "distribution.bucket_cap_mb=25",
-                                "dataset.num_samples=1024"), facts, _ring())
-    horovod_25 = epoch_terms(_gpu_cell("horovod", "distribution.fusion_threshold_mb=25",
-                                       "dataset.num_samples=1024"), facts, _ring())
+    facts = CellFacts(
+        weights_mb=100,
+        gradient_mb=100,
+        input_mb_per_sample=0.01,
+        layers=layers,
+        step_seconds=10.0,
+        step_batch=32,
+    )
+    ddp = epoch_terms(
+        _gpu_cell("ddp", "distribution.bucket_cap_mb=25", "dataset.num_samples=1024"),
+        facts,
+        _ring(),
+    )
+    horovod_25 = epoch_terms(
+        _gpu_cell("horovod", "distribution.fusion_threshold_mb=25", "dataset.num_samples=1024"),
+        facts,
+        _ring(),
+    )
     assert ddp.seconds() == pytest.approx(horovod_25.seconds())
     assert ddp.seconds() == pytest.approx(8 * (10.0 + 6 * (20e-6 + 2.5 / 500)))
 
@@ -106,13 +148,32 @@ def test_gpipe_eq_6_2_communication() -> None:
 def test_gpipe_eq_6_1_and_6_2_over_an_epoch() -> None:
     # 4 equal one-layer stages; a sequential step of one micro-batch (4 images) takes 1 s:
     # forward 1/3, backward 2/3, no update. 320 images in batches of 32 = 8 micro-batches.
-    cell = _gpu_cell("gpipe", "distribution.micro_batches=8", "distribution.recompute=never",
-                     "dataset.num_samples=320")
+    cell = _gpu_cell(
+        "gpipe",
+        "distribution.micro_batches=8",
+        "distribution.recompute=never",
+        "dataset.num_samples=320",
+    )
     out_mb = [0.5, 0.25, 0.1, 0.01]  # each stage's output per sample
-    layers = [LayerFacts(weights_mb=1.0, activation_mb_per_sample=mb, compute_share=0.25,
-                         forward_share=1 / 12, backward_share=1 / 6) for mb in out_mb]
-    facts = CellFacts(weights_mb=4.0, gradient_mb=4.0, input_mb_per_sample=0.01, layers=layers,
-                      step_seconds=1.0, step_batch=4, plan=StagePlan.of([1, 1, 1, 1]))
+    layers = [
+        LayerFacts(
+            weights_mb=1.0,
+            activation_mb_per_sample=mb,
+            compute_share=0.25,
+            forward_share=1 / 12,
+            backward_share=1 / 6,
+        )
+        for mb in out_mb
+    ]
+    facts = CellFacts(
+        weights_mb=4.0,
+        gradient_mb=4.0,
+        input_mb_per_sample=0.01,
+        layers=layers,
+        step_seconds=1.0,
+        step_batch=4,
+        plan=StagePlan.of([1, 1, 1, 1]),
+    )
     costs = gpipe.link_costs(out_mb[:-1], 4, _ring())
     assert costs == pytest.approx([10e-6 + 2 / 1000, 20e-6 + 1 / 500, 10e-6 + 0.4 / 1000])
     terms = epoch_terms(cell, facts, _ring())
@@ -128,29 +189,54 @@ def test_gpipe_eq_6_1_and_6_2_over_an_epoch() -> None:
 def test_an_emulated_links_bucket_lets_a_small_transfer_through_at_once() -> None:
     """tbf's bucket (`hardware.link.burst_kb`, 256 KB) passes a message up to its size at once
     once it has refilled; the rest goes at the rate. Real links have none."""
-    emulated = validate(compose_config([
-        "distribution=gpipe", "hardware=emulated_2nodes_100mbit", "distribution.batch_size=32",
-        "distribution.micro_batches=4", "distribution.recompute=never",
-        "dataset.num_samples=320"]))
+    emulated = validate(
+        compose_config(
+            [
+                "distribution=gpipe",
+                "hardware=emulated_2nodes_100mbit",
+                "distribution.batch_size=32",
+                "distribution.micro_batches=4",
+                "distribution.recompute=never",
+                "dataset.num_samples=320",
+            ]
+        )
+    )
     bucket = 256 * 1024
     assert burst_bytes(emulated) == bucket
     assert burst_bytes(validate(compose_config(["hardware=local_2cpu"]))) == 0.0
     # Micro-batches of 4: 4 x 0.05 MB = 200 KB fit the bucket (the latency only); 4 x 0.5 MB
     # = 2 MB leave 2 MB - 256 KB for the link's 500 MB/s.
     assert gpipe.link_costs([0.05, 0.5], 4, _ring(), burst_bytes=bucket) == pytest.approx(
-        [10e-6, 20e-6 + (2e6 - bucket) / 500e6])
-    stages = [PipelineStage(compute_s=1.0, replicas=1, weights_mb=1.0, output_mb=mb)
-              for mb in (0.2, 2.0, 0.0)]
+        [10e-6, 20e-6 + (2e6 - bucket) / 500e6]
+    )
+    stages = [
+        PipelineStage(compute_s=1.0, replicas=1, weights_mb=1.0, output_mb=mb)
+        for mb in (0.2, 2.0, 0.0)
+    ]
     assert boundary_seconds(stages, _ring(), burst_bytes=bucket) == pytest.approx(
-        [10e-6, 20e-6 + (2e6 - bucket) / 500e6])
+        [10e-6, 20e-6 + (2e6 - bucket) / 500e6]
+    )
     # Through the cell: VGG-like boundaries of 8 x 0.01 MB cost the latency alone.
-    layers = [LayerFacts(weights_mb=1.0, activation_mb_per_sample=0.01, compute_share=0.5,
-                         forward_share=1 / 6, backward_share=1 / 3)] * 2
-    facts = CellFacts(weights_mb=2.0, gradient_mb=2.0, input_mb_per_sample=0.01, layers=layers,
-                      step_seconds=1.0, step_batch=8, plan=StagePlan.of([1, 1]))
+    layers = [
+        LayerFacts(
+            weights_mb=1.0,
+            activation_mb_per_sample=0.01,
+            compute_share=0.5,
+            forward_share=1 / 6,
+            backward_share=1 / 3,
+        )
+    ] * 2
+    facts = CellFacts(
+        weights_mb=2.0,
+        gradient_mb=2.0,
+        input_mb_per_sample=0.01,
+        layers=layers,
+        step_seconds=1.0,
+        step_batch=8,
+        plan=StagePlan.of([1, 1]),
+    )
     terms = epoch_terms(emulated, facts, _ring())
-    assert terms.transfer_s == pytest.approx(
-        terms.steps * gpipe.communication_seconds([10e-6], 4))
+    assert terms.transfer_s == pytest.approx(terms.steps * gpipe.communication_seconds([10e-6], 4))
 
 
 def test_memory_per_worker() -> None:
@@ -167,19 +253,34 @@ def test_the_sequential_epoch_is_the_measured_step_once_per_full_batch() -> None
     # T_seq as the harness trains: the last, partial batch is never trained, so 1000 images in
     # batches of 32 are 31 steps (one worker of any model is the same)
     for distribution in ("sequential", "ddp"):
-        cell = validate(compose_config([f"distribution={distribution}", "dataset.num_samples=1000",
-                                        "distribution.batch_size=32"]))
+        cell = validate(
+            compose_config(
+                [
+                    f"distribution={distribution}",
+                    "dataset.num_samples=1000",
+                    "distribution.batch_size=32",
+                ]
+            )
+        )
         assert cell.world_size == 1
         terms = epoch_terms(cell, _replica_facts(10, step_seconds=0.5), None)
         assert terms.steps == 31 and terms.seconds() == pytest.approx(0.5 * 31)
 
 
 def test_the_sequential_model_extrapolates_measured_batches(tmp_path) -> None:  # noqa: ANN001
-    config = validate(compose_config([
-        "dataset=mnist", "network=mobilenetv2", "hardware.cpu_threads=1",
-        f"dataset.cache_dir={tmp_path}"]))
-    timing = sequential.measure_batch_seconds(config, batch_size=8, probe_batches=3,
-                                              warmup_batches=1)
+    config = validate(
+        compose_config(
+            [
+                "dataset=mnist",
+                "network=mobilenetv2",
+                "hardware.cpu_threads=1",
+                f"dataset.cache_dir={tmp_path}",
+            ]
+        )
+    )
+    timing = sequential.measure_batch_seconds(
+        config, batch_size=8, probe_batches=3, warmup_batches=1
+    )
     assert timing.batch_size == 8 and timing.batches == 3
     assert 0 < timing.median_s < 10 and timing.std_s >= 0
 
@@ -208,9 +309,17 @@ def test_the_probe_warms_up_once_a_long_step_has_run_and_stops_timing_once_stead
 
 
 def _uniform(workers: int, latency_us: float = 10, mbps: float = 1000) -> HardwareProfile:
-    return HardwareProfile("uniform", "config", workers, 1, [
-        Link(i, j, True, Cost(latency_us / 1e6, mbps * 1e6))
-        for i in range(workers) for j in range(i + 1, workers)])
+    return HardwareProfile(
+        "uniform",
+        "config",
+        workers,
+        1,
+        [
+            Link(i, j, True, Cost(latency_us / 1e6, mbps * 1e6))
+            for i in range(workers)
+            for j in range(i + 1, workers)
+        ],
+    )
 
 
 def test_pipedream_epoch_is_pipeline_depth_plus_the_bottleneck_interval() -> None:
@@ -236,8 +345,12 @@ def test_pipedream_epoch_is_pipeline_depth_plus_the_bottleneck_interval() -> Non
     # What the bottleneck's replica flattens for its allreduces: its 8 MB, for each of its 5
     # minibatches; an unreplicated bottleneck flattens nothing.
     assert split.flattened_mb == pytest.approx(5 * 8.0)
-    assert epoch_split([PipelineStage(0.2, 1, 8.0, 1.0), PipelineStage(0.3, 1, 4.0, 0.0)],
-                       10, _uniform(2)).flattened_mb == 0.0
+    assert (
+        epoch_split(
+            [PipelineStage(0.2, 1, 8.0, 1.0), PipelineStage(0.3, 1, 4.0, 0.0)], 10, _uniform(2)
+        ).flattened_mb
+        == 0.0
+    )
 
 
 def test_pipedreams_flattening_is_its_own_term_on_cpu_workers() -> None:
@@ -249,16 +362,33 @@ def test_pipedreams_flattening_is_its_own_term_on_cpu_workers() -> None:
 
     pipedream = spec_named("pipedream")
     layer = LayerFacts(weights_mb=15.0, activation_mb_per_sample=0.1, compute_share=0.5)
-    facts = CellFacts(weights_mb=30.0, gradient_mb=30.0, input_mb_per_sample=0.01,
-                      layers=[layer, layer], step_seconds=1.0, step_batch=32,
-                      plan=StagePlan.of([2], [2]))
+    facts = CellFacts(
+        weights_mb=30.0,
+        gradient_mb=30.0,
+        input_mb_per_sample=0.01,
+        layers=[layer, layer],
+        step_seconds=1.0,
+        step_batch=32,
+        plan=StagePlan.of([2], [2]),
+    )
 
     def flatten_s(*overrides: str, plan: StagePlan = facts.plan) -> float:
-        config = validate(compose_config([
-            "distribution=pipedream", "hardware=local_2cpu", "distribution.batch_size=32",
-            "dataset.num_samples=512", *overrides]))
-        terms = pipedream.epoch_terms(config, dataclasses.replace(facts, plan=plan),
-                                      HardwareProfile.from_config(config.hardware))
+        config = validate(
+            compose_config(
+                [
+                    "distribution=pipedream",
+                    "hardware=local_2cpu",
+                    "distribution.batch_size=32",
+                    "dataset.num_samples=512",
+                    *overrides,
+                ]
+            )
+        )
+        terms = pipedream.epoch_terms(
+            config,
+            dataclasses.replace(facts, plan=plan),
+            HardwareProfile.from_config(config.hardware),
+        )
         assert terms.seconds() == terms.seconds({FLATTEN.name: FLATTEN.prior})
         return terms.coefficients().get(FLATTEN.name, 0.0)
 

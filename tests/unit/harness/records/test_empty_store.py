@@ -20,8 +20,10 @@ def _schema(store: Path) -> dict[tuple[str, str], list[str]]:
     process (a set's), so two stores MLflow creates itself differ in that order."""
     with contextlib.closing(sqlite3.connect(store)) as db:
         rows = db.execute("SELECT type, name, sql FROM sqlite_master").fetchall()
-    return {(kind, name): sorted(line.strip().rstrip(",") for line in (sql or "").splitlines())
-            for kind, name, sql in rows}
+    return {
+        (kind, name): sorted(line.strip().rstrip(",") for line in (sql or "").splitlines())
+        for kind, name, sql in rows
+    }
 
 
 def _rows(store: Path, query: str) -> list[tuple]:
@@ -29,8 +31,9 @@ def _rows(store: Path, query: str) -> list[tuple]:
         return db.execute(query).fetchall()
 
 
-def test_a_new_store_reads_as_one_mlflow_created(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_new_store_reads_as_one_mlflow_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
@@ -42,9 +45,11 @@ def test_a_new_store_reads_as_one_mlflow_created(tmp_path: Path,
     assert list((tmp_path / "cache" / "mlflow").glob("empty-store-*.db")), "no template made"
     migrated = MlflowClient(tracking_uri=f"sqlite:///{created}")  # MLflow's own, migrations
     assert _schema(copied) == _schema(created)
-    for query in ("SELECT version_num FROM alembic_version", "SELECT * FROM workspaces",
-                  "SELECT experiment_id, name, artifact_location, lifecycle_stage "
-                  "FROM experiments"):
+    for query in (
+        "SELECT version_num FROM alembic_version",
+        "SELECT * FROM workspaces",
+        "SELECT experiment_id, name, artifact_location, lifecycle_stage FROM experiments",
+    ):
         assert _rows(copied, query) == _rows(created, query), query
     # The next experiment gets the id it gets in MLflow's own store, and takes runs.
     assert seeded.create_experiment("next") == migrated.create_experiment("next") == "1"
@@ -57,8 +62,9 @@ def test_a_new_store_reads_as_one_mlflow_created(tmp_path: Path,
     assert list((tmp_path / "cache" / "mlflow").iterdir()) == templates
 
 
-def test_an_existing_store_is_never_replaced(tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_existing_store_is_never_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     store = tmp_path / "mlflow.db"
     client = open_store(f"sqlite:///{store}")
@@ -69,8 +75,9 @@ def test_an_existing_store_is_never_replaced(tmp_path: Path,
     assert open_store(f"sqlite:///{store}").get_experiment_by_name("kept") is not None
 
 
-def test_a_cache_that_refuses_leaves_the_store_to_mlflow(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cache_that_refuses_leaves_the_store_to_mlflow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     not_a_folder = tmp_path / "a-file"
     not_a_folder.write_text("")
     monkeypatch.setenv(CACHE_ENV, str(not_a_folder))

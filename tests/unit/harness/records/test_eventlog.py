@@ -35,35 +35,69 @@ MODELS = {  # name: (overrides, resolved plan, (data, pipeline, micro_batch_size
     "sequential": ([], {}, (1, 1, 8)),
     "ddp": (["distribution=ddp", "hardware=local_2cpu"], {}, (2, 1, 8)),
     "horovod": (["distribution=horovod", "hardware=local_2cpu"], {}, (2, 1, 8)),
-    "gpipe": (["distribution=gpipe", "hardware=local_2cpu", "distribution.micro_batches=4"],
-              {"balance": [10, 10], "micro_batches": 4}, (1, 2, 2)),
-    "pipedream": (["distribution=pipedream", "hardware=local_4cpu"],
-                  {"stages": "2-1-1", "balance": [4, 8, 8]}, ([2, 1, 1], 3, 8)),
-    "pipedream_straight": (["distribution=pipedream_straight", "hardware=local_2cpu"],
-                           {"stages": "1-1", "balance": [10, 10]}, (1, 2, 8)),
+    "gpipe": (
+        ["distribution=gpipe", "hardware=local_2cpu", "distribution.micro_batches=4"],
+        {"balance": [10, 10], "micro_batches": 4},
+        (1, 2, 2),
+    ),
+    "pipedream": (
+        ["distribution=pipedream", "hardware=local_4cpu"],
+        {"stages": "2-1-1", "balance": [4, 8, 8]},
+        ([2, 1, 1], 3, 8),
+    ),
+    "pipedream_straight": (
+        ["distribution=pipedream_straight", "hardware=local_2cpu"],
+        {"stages": "1-1", "balance": [10, 10]},
+        (1, 2, 8),
+    ),
 }
 
 
 def _config(*overrides: str) -> DistbenchConfig:
-    return validate(compose_config(["dataset=mnist", "network=mobilenetv2",
-                                    "distribution.batch_size=8", "dataset.num_samples=64",
-                                    *overrides]))
+    return validate(
+        compose_config(
+            [
+                "dataset=mnist",
+                "network=mobilenetv2",
+                "distribution.batch_size=8",
+                "dataset.num_samples=64",
+                *overrides,
+            ]
+        )
+    )
 
 
 def _mllog(path: Path) -> list[dict]:
-    return [json.loads(line.split(":::MLLOG", 1)[1]) for line in path.read_text().splitlines()
-            if ":::MLLOG" in line]
+    return [
+        json.loads(line.split(":::MLLOG", 1)[1])
+        for line in path.read_text().splitlines()
+        if ":::MLLOG" in line
+    ]
 
 
-def write_cell_log(folder: Path, config: DistbenchConfig, resolved: dict, *, repeats: int = 1,
-                   evaluate: bool = True, targets: tuple[bool, ...] = ()) -> EventLog:
+def write_cell_log(
+    folder: Path,
+    config: DistbenchConfig,
+    resolved: dict,
+    *,
+    repeats: int = 1,
+    evaluate: bool = True,
+    targets: tuple[bool, ...] = (),
+) -> EventLog:
     """What harness/worker/run.py logs for a cell: initialisation, then per repeat its epochs, each
     evaluated (unless not `evaluate`)."""
     with EventLog.for_worker(folder, is_main=True) as events:
         events.init_start()
-        events.init_stop(config, RunFacts(train_samples=64, eval_samples=16 if evaluate else 0,
-                                          resolved=resolved, precision=precision_name(
-                                              "torch.float32"), config_file="config.yaml"))
+        events.init_stop(
+            config,
+            RunFacts(
+                train_samples=64,
+                eval_samples=16 if evaluate else 0,
+                resolved=resolved,
+                precision=precision_name("torch.float32"),
+                config_file="config.yaml",
+            ),
+        )
         for repeat in range(repeats):
             events.run_start(repeat, seed=repeat)
             for epoch in range(2):
@@ -89,13 +123,15 @@ def assert_compliant(cell_dir: Path, repeats: int = 1) -> None:
         benchmark = {event["key"]: event["value"] for event in _mllog(log)}["submission_benchmark"]
         assert not stock.ok and len(stock.problems) == 2, stock.problems
         assert stock.problems[0].startswith("CHECK for 'submission_benchmark' failed")
-        assert stock.problems[1].startswith("Could not find config file") and \
-            stock.problems[1].endswith(f"training_{RULESET}/open_{benchmark}.yaml")
+        assert stock.problems[1].startswith("Could not find config file") and stock.problems[
+            1
+        ].endswith(f"training_{RULESET}/open_{benchmark}.yaml")
 
 
 @pytest.mark.parametrize("model", list(MODELS))
-def test_every_models_log_passes_the_checker_with_its_true_facts(model: str,
-                                                                  tmp_path: Path) -> None:
+def test_every_models_log_passes_the_checker_with_its_true_facts(
+    model: str, tmp_path: Path
+) -> None:
     overrides, resolved, (data, stages, micro) = MODELS[model]
     config = _config(*overrides)
     write_cell_log(tmp_path, config, resolved)
@@ -103,8 +139,12 @@ def test_every_models_log_passes_the_checker_with_its_true_facts(model: str,
     facts = {event["key"]: event["value"] for event in _mllog(tmp_path / MLLOG_FILE)}
     assert facts["pipeline_parallelism"] == stages and facts["micro_batch_size"] == micro
     assert facts["data_parallelism"] == data
-    assert facts["tensor_parallelism"] == facts["context_parallelism"] == \
-        facts["expert_parallelism"] == 1
+    assert (
+        facts["tensor_parallelism"]
+        == facts["context_parallelism"]
+        == facts["expert_parallelism"]
+        == 1
+    )
     assert facts["global_batch_size"] == config.global_batch_size
     assert facts["world_size"] == config.world_size
     assert facts["submission_benchmark"] == "mobilenetv2_mnist_synthetic"
@@ -112,35 +152,55 @@ def test_every_models_log_passes_the_checker_with_its_true_facts(model: str,
     assert facts["submission_platform"] == config.hardware.name
     assert facts["cache_clear"] is False  # distbench does not drop the page cache
     assert facts["train_samples"] == 64 and facts["eval_samples"] == 16
-    assert {facts[f"lowest_numerical_precision_in_{part}"] for part in
-            ("linear", "attn", "comm")} == {"fp32"}
+    assert {
+        facts[f"lowest_numerical_precision_in_{part}"] for part in ("linear", "attn", "comm")
+    } == {"fp32"}
     assert facts["config_filename"] == "config.yaml"
 
 
 def test_each_repeat_is_a_whole_mlperf_run_in_its_own_file(tmp_path: Path) -> None:
     """Repeat k > 1 writes mllog-<k>.txt: the initialisation's lines verbatim (timestamps
     too), then its own run; `text()` has every file, as the cell's record uploads them."""
-    events = write_cell_log(tmp_path, _config("run.submission_org=acme"), {}, repeats=3,
-                            targets=(True, False, True))
+    events = write_cell_log(
+        tmp_path, _config("run.submission_org=acme"), {}, repeats=3, targets=(True, False, True)
+    )
     assert_compliant(tmp_path, repeats=3)
     assert sorted(events.text()) == ["mllog-2.txt", "mllog-3.txt", MLLOG_FILE]
     for name, text in events.text().items():
         assert (tmp_path / name).read_text() == text
     first, second = (_mllog(tmp_path / name) for name in (MLLOG_FILE, "mllog-2.txt"))
-    init = first[:[event["key"] for event in first].index("init_stop") + 1]
-    assert second[:len(init)] == init
+    init = first[: [event["key"] for event in first].index("init_stop") + 1]
+    assert second[: len(init)] == init
     assert {e["value"] for e in second if e["key"] == "submission_org"} == {"acme"}
     assert [e["metadata"]["status"] for e in second if e["key"] == "run_stop"] == ["aborted"]
-    assert {e["metadata"]["repeat"] for e in second[len(init):]} == {1}
+    assert {e["metadata"]["repeat"] for e in second[len(init) :]} == {1}
     # MLPerf's blocks around the epochs, evaluations after them with the samples seen so far.
-    run = [(e["key"], e["metadata"].get("epoch_num", e["metadata"].get("first_epoch_num")),
-            e["metadata"].get("samples_count")) for e in second[len(init) + 2:-1]]
-    assert run == [("block_start", 1, 0), ("epoch_start", 1, 0), ("epoch_stop", 1, 64),
-                   ("block_stop", 1, 64), ("eval_start", 1, 64), ("eval_accuracy", 1, 64),
-                   ("eval_loss", 1, 64), ("eval_stop", 1, 64),
-                   ("block_start", 2, 64), ("epoch_start", 2, 64), ("epoch_stop", 2, 128),
-                   ("block_stop", 2, 128), ("eval_start", 2, 128), ("eval_accuracy", 2, 128),
-                   ("eval_loss", 2, 128), ("eval_stop", 2, 128)]
+    run = [
+        (
+            e["key"],
+            e["metadata"].get("epoch_num", e["metadata"].get("first_epoch_num")),
+            e["metadata"].get("samples_count"),
+        )
+        for e in second[len(init) + 2 : -1]
+    ]
+    assert run == [
+        ("block_start", 1, 0),
+        ("epoch_start", 1, 0),
+        ("epoch_stop", 1, 64),
+        ("block_stop", 1, 64),
+        ("eval_start", 1, 64),
+        ("eval_accuracy", 1, 64),
+        ("eval_loss", 1, 64),
+        ("eval_stop", 1, 64),
+        ("block_start", 2, 64),
+        ("epoch_start", 2, 64),
+        ("epoch_stop", 2, 128),
+        ("block_stop", 2, 128),
+        ("eval_start", 2, 128),
+        ("eval_accuracy", 2, 128),
+        ("eval_loss", 2, 128),
+        ("eval_stop", 2, 128),
+    ]
 
 
 def test_a_log_without_evaluation_fails_only_for_want_of_eval_accuracy(tmp_path: Path) -> None:
@@ -162,27 +222,39 @@ def test_the_benchmark_name_says_what_was_trained() -> None:
         precision_name("torch.int8")
 
 
-def test_mlperfs_own_command_agrees_and_ours_names_each_log(tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture) -> None:
+def test_mlperfs_own_command_agrees_and_ours_names_each_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     write_cell_log(tmp_path / "cell", _config(), {}, repeats=2)
     rules = write_rules(tmp_path / "rules")
-    done = subprocess.run(mlperf_command(tmp_path / "cell" / "mllog-2.txt", rules),
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        mlperf_command(tmp_path / "cell" / "mllog-2.txt", rules),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and "SUCCESS" in done.stderr, done.stderr
     # The stock command has no verdict for a benchmark it does not know: a traceback.
-    stock = [arg for arg in mlperf_command(tmp_path / "cell" / MLLOG_FILE, rules)
-             if arg not in ("--config", str(rules))]
+    stock = [
+        arg
+        for arg in mlperf_command(tmp_path / "cell" / MLLOG_FILE, rules)
+        if arg not in ("--config", str(rules))
+    ]
     done = subprocess.run(stock, capture_output=True, text=True, timeout=120)
     assert f"training_{RULESET}/open_mobilenetv2_mnist_synthetic.yaml" in done.stderr
     assert "FileNotFoundError" in done.stderr
 
     assert main(["--write-rules", str(tmp_path / "printed")]) == 0
     assert capsys.readouterr().out.split() == [
-        "python", *mlperf_command(Path("FILE"), tmp_path / "printed" / "common.yaml")[1:]]
+        "python",
+        *mlperf_command(Path("FILE"), tmp_path / "printed" / "common.yaml")[1:],
+    ]
     assert main([str(tmp_path / "cell")]) == 0
     cell = tmp_path / "cell"
     assert capsys.readouterr().out.splitlines() == [
-        f"{cell / 'mllog-2.txt'}: SUCCESS", f"{cell / MLLOG_FILE}: SUCCESS"]
+        f"{cell / 'mllog-2.txt'}: SUCCESS",
+        f"{cell / MLLOG_FILE}: SUCCESS",
+    ]
 
 
 def test_the_record_carries_every_repeats_log(tmp_path: Path) -> None:
@@ -194,14 +266,16 @@ def test_the_record_carries_every_repeats_log(tmp_path: Path) -> None:
     data = {"config": {"run": {"epochs": 2}}, "status": "ok"}
     with staged_artifacts(data, cell) as staged:  # harness.sync: from the cell's directory
         assert sorted(path.name for path in staged) == [
-            "config.yaml", "mllog-2.txt", MLLOG_FILE, "result.json"]
-        assert (staged[0].parent / "mllog-2.txt").read_text() == \
-            (cell / "mllog-2.txt").read_text()
+            "config.yaml",
+            "mllog-2.txt",
+            MLLOG_FILE,
+            "result.json",
+        ]
+        assert (staged[0].parent / "mllog-2.txt").read_text() == (cell / "mllog-2.txt").read_text()
     for path in log_files([cell]):
         path.unlink()  # as if the disk had refused them: the copies in memory are recorded
     files = write_record_files(tmp_path / "rescue", data, cell, events.text())
-    assert {path.name: path.read_text() for path in files if "mllog" in path.name} == \
-        events.text()
+    assert {path.name: path.read_text() for path in files if "mllog" in path.name} == events.text()
 
 
 def test_a_worker_that_writes_no_log_writes_no_repeat_either(tmp_path: Path) -> None:

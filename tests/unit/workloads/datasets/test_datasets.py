@@ -31,10 +31,12 @@ CIFAR = dataset_spec("cifar10")
 DATA_FILES = ("images.npy", "labels.npy")
 
 
-def synthetic_cifar(cache: Path, *, num_samples: int = 64, unique: int | None = None,
-                    seed: int = 0) -> SyntheticDataset:
-    dataset = build_dataset(CIFAR, num_samples=num_samples, seed=seed, cache_dir=cache,
-                            synthetic_unique_samples=unique)
+def synthetic_cifar(
+    cache: Path, *, num_samples: int = 64, unique: int | None = None, seed: int = 0
+) -> SyntheticDataset:
+    dataset = build_dataset(
+        CIFAR, num_samples=num_samples, seed=seed, cache_dir=cache, synthetic_unique_samples=unique
+    )
     assert isinstance(dataset, SyntheticDataset)
     return dataset
 
@@ -45,15 +47,20 @@ def file_bytes(dataset: SyntheticDataset) -> dict[str, bytes]:
 
 def file_stamps(directory: Path) -> dict[str, tuple[int, int]]:
     """(inode, mtime) of each cache file: both change when a file is rewritten via os.replace."""
-    return {name: (os.stat(directory / name).st_ino, os.stat(directory / name).st_mtime_ns)
-            for name in (*DATA_FILES, MANIFEST_NAME)}
+    return {
+        name: (os.stat(directory / name).st_ino, os.stat(directory / name).st_mtime_ns)
+        for name in (*DATA_FILES, MANIFEST_NAME)
+    }
 
 
-def per_sample_batch(dataset: torch.utils.data.Dataset,
-                     indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+def per_sample_batch(
+    dataset: torch.utils.data.Dataset, indices: np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor]:
     items = [dataset[int(index)] for index in indices]
-    return (torch.stack([image for image, _ in items]),
-            torch.tensor([label for _, label in items], dtype=torch.int64))
+    return (
+        torch.stack([image for image, _ in items]),
+        torch.tensor([label for _, label in items], dtype=torch.int64),
+    )
 
 
 # ---------------------------------------------------------------------------- synthetic data
@@ -133,8 +140,9 @@ def test_values_are_the_stored_bytes_divided_by_255(tmp_path: Path) -> None:
 MNIST = dataset_spec("mnist")
 
 
-def mnist_splits(cache: Path, *, seed: int = 0,
-                 count: int = 400) -> tuple[SyntheticDataset, SyntheticDataset]:
+def mnist_splits(
+    cache: Path, *, seed: int = 0, count: int = 400
+) -> tuple[SyntheticDataset, SyntheticDataset]:
     """The training and the eval split of synthetic MNIST, `count` samples each."""
     train = build_dataset(MNIST, num_samples=count, seed=seed, cache_dir=cache)
     held_out = build_dataset(MNIST, split="eval", num_samples=count, seed=seed, cache_dir=cache)
@@ -188,8 +196,9 @@ def test_both_splits_carry_the_same_class_templates(tmp_path: Path) -> None:
     class_means = []
     for dataset in mnist_splits(tmp_path, count=2000):
         images, labels = all_samples(dataset)
-        means = np.stack([cell_means(images[labels == label]).mean(axis=0)
-                          for label in range(MNIST.num_classes)])
+        means = np.stack(
+            [cell_means(images[labels == label]).mean(axis=0) for label in range(MNIST.num_classes)]
+        )
         # ~200 images x 49 pixels per cell: the noise's mean is within ~0.003 of 127.5/255.
         assert np.abs(means - expected).max() < 0.02
         class_means.append(means)
@@ -198,7 +207,8 @@ def test_both_splits_carry_the_same_class_templates(tmp_path: Path) -> None:
 
 
 def test_the_classes_are_learnable_from_the_blocks_but_no_pixel_gives_them_away(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """A nearest-class-mean classifier fitted on 100 training images classifies held-out images
     far above chance (0.1); on one pixel per template cell it does much worse: the class is in
     the averages over blocks of pixels, which a network has to learn to take."""
@@ -207,12 +217,18 @@ def test_the_classes_are_learnable_from_the_blocks_but_no_pixel_gives_them_away(
     eval_images, eval_labels = all_samples(held_out)
     train_images, train_labels = train_images[:100], train_labels[:100]
     block = MNIST.resolution // synthetic.TEMPLATE_GRID
-    one_pixel_per_cell = (np.arange(synthetic.TEMPLATE_GRID)[:, None] * block * MNIST.resolution
-                          + np.arange(synthetic.TEMPLATE_GRID)[None, :] * block).ravel()
+    one_pixel_per_cell = (
+        np.arange(synthetic.TEMPLATE_GRID)[:, None] * block * MNIST.resolution
+        + np.arange(synthetic.TEMPLATE_GRID)[None, :] * block
+    ).ravel()
 
     def nearest_class_mean(pixels: np.ndarray) -> float:
-        means = np.stack([train_images[train_labels == label][:, pixels].mean(axis=0)
-                          for label in range(MNIST.num_classes)])
+        means = np.stack(
+            [
+                train_images[train_labels == label][:, pixels].mean(axis=0)
+                for label in range(MNIST.num_classes)
+            ]
+        )
         distances = ((eval_images[:, None, pixels] - means[None]) ** 2).sum(axis=2)
         return float((distances.argmin(axis=1) == eval_labels).mean())
 
@@ -252,8 +268,11 @@ def test_second_build_reuses_the_cached_files(tmp_path: Path) -> None:
 
 
 def test_different_parameters_get_their_own_cache_entry(tmp_path: Path) -> None:
-    directories = {synthetic_cifar(tmp_path, num_samples=8, unique=unique, seed=seed).directory
-                   for unique in (4, 8) for seed in (0, 1)}
+    directories = {
+        synthetic_cifar(tmp_path, num_samples=8, unique=unique, seed=seed).directory
+        for unique in (4, 8)
+        for seed in (0, 1)
+    }
     assert len(directories) == 4
 
 
@@ -313,7 +332,8 @@ def test_flipped_bits_of_the_same_size_are_found_by_the_checksum(tmp_path: Path)
 
 
 def test_generation_failing_midway_leaves_nothing_to_trust(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real_chunks = synthetic._image_chunks
 
     def failing_chunks(*args: object) -> Iterator[np.ndarray]:
@@ -387,8 +407,9 @@ def test_epoch_loader_counts_full_batches_only(tmp_path: Path) -> None:
     loader = EpochLoader(dataset, 8, seed=0)
     batches = list(loader)
     assert len(loader) == len(batches) == 12 and loader.samples_per_epoch == 96
-    assert all(images.shape == (8, 3, 32, 32) and labels.shape == (8,)
-               for images, labels in batches)
+    assert all(
+        images.shape == (8, 3, 32, 32) and labels.shape == (8,) for images, labels in batches
+    )
     assert len(EpochLoader(dataset, 8, seed=0, rank=1, world_size=2)) == 6
 
 
@@ -444,10 +465,17 @@ def test_worker_processes_give_the_same_batches(tmp_path: Path) -> None:
             assert torch.equal(images, expected) and torch.equal(labels, expected_labels)
 
 
-@pytest.mark.parametrize("arguments", [
-    {"batch_size": 0}, {"rank": 2, "world_size": 2}, {"rank": -1}, {"world_size": 0},
-    {"num_workers": -1}, {"seed": -1},
-])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"batch_size": 0},
+        {"rank": 2, "world_size": 2},
+        {"rank": -1},
+        {"world_size": 0},
+        {"num_workers": -1},
+        {"seed": -1},
+    ],
+)
 def test_epoch_loader_rejects_bad_arguments(tmp_path: Path, arguments: dict[str, int]) -> None:
     dataset = synthetic_cifar(tmp_path, num_samples=8)
     options = {"batch_size": 4, "seed": 0, **arguments}
@@ -490,21 +518,27 @@ def write_cifar10(root: Path, per_batch: int) -> tuple[np.ndarray, list[int]]:
     return np.concatenate(all_data), all_labels
 
 
-def write_cifar10_batch(root: Path, name: str, count: int,
-                        rng: np.random.Generator) -> tuple[np.ndarray, list[int]]:
+def write_cifar10_batch(
+    root: Path, name: str, count: int, rng: np.random.Generator
+) -> tuple[np.ndarray, list[int]]:
     """One pickled batch file (a training batch, or "test_batch")."""
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True, exist_ok=True)
     data = rng.integers(0, 256, size=(count, 3072), dtype=np.uint8)
     labels = rng.integers(0, 10, size=count).tolist()
-    batch = {"batch_label": name, "labels": labels, "data": data,
-             "filenames": [f"{name}_{index}.png" for index in range(count)]}
+    batch = {
+        "batch_label": name,
+        "labels": labels,
+        "data": data,
+        "filenames": [f"{name}_{index}.png" for index in range(count)],
+    }
     (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
     return data, labels
 
 
-def write_image_folder(root: Path, classes: int, per_class: int, split: str = "train",
-                       first_class: int = 0) -> None:
+def write_image_folder(
+    root: Path, classes: int, per_class: int, split: str = "train", first_class: int = 0
+) -> None:
     """Class folders n0144<index> of JPEGs under root/<split> ("train" or "val")."""
     rng = np.random.default_rng(2)
     for class_index in range(first_class, first_class + classes):
@@ -517,8 +551,9 @@ def write_image_folder(root: Path, classes: int, per_class: int, split: str = "t
 
 def test_real_mnist_from_idx_files(tmp_path: Path) -> None:
     images, labels = write_mnist(tmp_path / "data", 20)
-    dataset = build_dataset(dataset_spec("mnist"), source="real", root=tmp_path / "data",
-                            cache_dir=tmp_path / "cache")
+    dataset = build_dataset(
+        dataset_spec("mnist"), source="real", root=tmp_path / "data", cache_dir=tmp_path / "cache"
+    )
     assert len(dataset) == 20
     image, label = dataset[3]
     assert image.shape == (1, 28, 28) and label == labels[3]
@@ -530,8 +565,13 @@ def test_real_mnist_from_idx_files(tmp_path: Path) -> None:
         assert batch_images.shape == (4, 1, 28, 28) and batch_images.dtype == torch.float32
         assert batch_labels.dtype == torch.int64
         assert batch_labels.tolist() == labels[indices].tolist()
-    subset = build_dataset(dataset_spec("mnist"), source="real", root=tmp_path / "data",
-                           num_samples=8, cache_dir=tmp_path / "cache")
+    subset = build_dataset(
+        dataset_spec("mnist"),
+        source="real",
+        root=tmp_path / "data",
+        num_samples=8,
+        cache_dir=tmp_path / "cache",
+    )
     assert len(subset) == 8 and torch.equal(subset[3][0], image)
 
 
@@ -549,8 +589,9 @@ def test_real_cifar10_from_pickled_batches(tmp_path: Path) -> None:
 
 def test_real_imagenet_from_an_image_folder_with_workers(tmp_path: Path) -> None:
     write_image_folder(tmp_path, classes=2, per_class=3)
-    dataset = build_dataset(dataset_spec("imagenet"), source="real", root=tmp_path,
-                            cache_dir=tmp_path / "cache")
+    dataset = build_dataset(
+        dataset_spec("imagenet"), source="real", root=tmp_path, cache_dir=tmp_path / "cache"
+    )
     assert len(dataset) == 6
     loader = EpochLoader(dataset, 2, seed=0, num_workers=2)
     for epoch in (0, 1):
@@ -571,8 +612,9 @@ def test_real_mnist_test_split_from_t10k_files(tmp_path: Path) -> None:
     image, label = dataset[5]
     assert label == labels[5] and torch.allclose(image[0], torch.from_numpy(images[5]) / 255)
     # A part of the split is evenly spaced over it, not its first samples.
-    subset = build_dataset(MNIST, split="eval", source="real", root=tmp_path, num_samples=4,
-                           cache_dir=tmp_path)
+    subset = build_dataset(
+        MNIST, split="eval", source="real", root=tmp_path, num_samples=4, cache_dir=tmp_path
+    )
     assert [subset[index][1] for index in range(4)] == labels[[0, 3, 6, 9]].tolist()
 
 
@@ -591,8 +633,9 @@ def test_real_imagenet_val_uses_the_training_class_indices(tmp_path: Path) -> No
     images are resized to 256 and centre-cropped to 224, the same on every read."""
     write_image_folder(tmp_path, classes=4, per_class=1)
     write_image_folder(tmp_path, classes=2, per_class=2, split="val", first_class=2)
-    dataset = build_dataset(dataset_spec("imagenet"), split="eval", source="real", root=tmp_path,
-                            cache_dir=tmp_path)
+    dataset = build_dataset(
+        dataset_spec("imagenet"), split="eval", source="real", root=tmp_path, cache_dir=tmp_path
+    )
     assert len(dataset) == 4
     assert sorted(dataset[index][1] for index in range(4)) == [2, 2, 3, 3]
     image = dataset[0][0]
@@ -603,8 +646,9 @@ def test_real_imagenet_val_class_unknown_to_training(tmp_path: Path) -> None:
     write_image_folder(tmp_path, classes=1, per_class=1)
     write_image_folder(tmp_path, classes=1, per_class=1, split="val", first_class=1)
     with pytest.raises(ValueError, match="val classes n01440001 have no folder in .*train"):
-        build_dataset(dataset_spec("imagenet"), split="eval", source="real", root=tmp_path,
-                      cache_dir=tmp_path)
+        build_dataset(
+            dataset_spec("imagenet"), split="eval", source="real", root=tmp_path, cache_dir=tmp_path
+        )
 
 
 # ---------------------------------------------------------------------------- errors
@@ -620,21 +664,32 @@ def test_real_without_root(tmp_path: Path) -> None:
         build_dataset(CIFAR, source="real", cache_dir=tmp_path)
 
 
-@pytest.mark.parametrize("name, missing", [
-    ("mnist", "train-images-idx3-ubyte"), ("cifar10", "data_batch_1"), ("imagenet", "train"),
-])
+@pytest.mark.parametrize(
+    "name, missing",
+    [
+        ("mnist", "train-images-idx3-ubyte"),
+        ("cifar10", "data_batch_1"),
+        ("imagenet", "train"),
+    ],
+)
 def test_real_root_without_the_files(tmp_path: Path, name: str, missing: str) -> None:
     with pytest.raises(ValueError, match=f"not found under root.*missing: .*{missing}"):
         build_dataset(dataset_spec(name), source="real", root=tmp_path, cache_dir=tmp_path)
 
 
-@pytest.mark.parametrize("name, missing", [
-    ("mnist", "t10k-images-idx3-ubyte"), ("cifar10", "test_batch"), ("imagenet", "val"),
-])
+@pytest.mark.parametrize(
+    "name, missing",
+    [
+        ("mnist", "t10k-images-idx3-ubyte"),
+        ("cifar10", "test_batch"),
+        ("imagenet", "val"),
+    ],
+)
 def test_real_root_without_the_test_split(tmp_path: Path, name: str, missing: str) -> None:
     with pytest.raises(ValueError, match=f"eval split.*not found under root.*missing: .*{missing}"):
-        build_dataset(dataset_spec(name), split="eval", source="real", root=tmp_path,
-                      cache_dir=tmp_path)
+        build_dataset(
+            dataset_spec(name), split="eval", source="real", root=tmp_path, cache_dir=tmp_path
+        )
 
 
 def test_real_image_folder_without_images(tmp_path: Path) -> None:
@@ -646,8 +701,9 @@ def test_real_image_folder_without_images(tmp_path: Path) -> None:
 def test_num_samples_larger_than_the_real_dataset(tmp_path: Path) -> None:
     write_mnist(tmp_path, 20)
     with pytest.raises(ValueError, match="num_samples=21 exceeds the 20 samples"):
-        build_dataset(dataset_spec("mnist"), source="real", root=tmp_path, num_samples=21,
-                      cache_dir=tmp_path)
+        build_dataset(
+            dataset_spec("mnist"), source="real", root=tmp_path, num_samples=21, cache_dir=tmp_path
+        )
 
 
 def test_unknown_source(tmp_path: Path) -> None:
@@ -655,8 +711,9 @@ def test_unknown_source(tmp_path: Path) -> None:
         build_dataset(CIFAR, source="disk", cache_dir=tmp_path)
 
 
-@pytest.mark.parametrize("arguments", [{"num_samples": 0}, {"synthetic_unique_samples": 0},
-                                       {"seed": -1}])
+@pytest.mark.parametrize(
+    "arguments", [{"num_samples": 0}, {"synthetic_unique_samples": 0}, {"seed": -1}]
+)
 def test_bad_synthetic_arguments(tmp_path: Path, arguments: dict[str, int]) -> None:
     with pytest.raises(ValueError):
         build_dataset(CIFAR, cache_dir=tmp_path, **arguments)

@@ -29,10 +29,22 @@ TOKENS = dataset_spec("tokens")
 TEXT = dataset_spec("text")
 
 
-def synthetic(cache: Path, *, seq_len: int = 32, vocab: int = 64, num_samples: int = 16,
-              seed: int = 0, split: str = "train") -> TokenDataset:
-    dataset = build_dataset(TOKENS.with_tokens(seq_len, vocab), split=split,
-                            num_samples=num_samples, seed=seed, cache_dir=cache)
+def synthetic(
+    cache: Path,
+    *,
+    seq_len: int = 32,
+    vocab: int = 64,
+    num_samples: int = 16,
+    seed: int = 0,
+    split: str = "train",
+) -> TokenDataset:
+    dataset = build_dataset(
+        TOKENS.with_tokens(seq_len, vocab),
+        split=split,
+        num_samples=num_samples,
+        seed=seed,
+        cache_dir=cache,
+    )
     assert isinstance(dataset, TokenDataset)
     return dataset
 
@@ -50,10 +62,22 @@ def write_text(root: Path, files: dict[str, bytes]) -> bytes:
     return bytes([SEPARATOR]).join(texts)
 
 
-def text(root: Path, cache: Path, *, seq_len: int = 8, split: str = "train",
-         num_samples: int | None = None) -> TokenDataset:
-    dataset = build_dataset(TEXT.with_tokens(seq_len, None), split=split, source="real",
-                            root=root, cache_dir=cache, num_samples=num_samples)
+def text(
+    root: Path,
+    cache: Path,
+    *,
+    seq_len: int = 8,
+    split: str = "train",
+    num_samples: int | None = None,
+) -> TokenDataset:
+    dataset = build_dataset(
+        TEXT.with_tokens(seq_len, None),
+        split=split,
+        source="real",
+        root=root,
+        cache_dir=cache,
+        num_samples=num_samples,
+    )
     assert isinstance(dataset, TokenDataset)
     return dataset
 
@@ -92,8 +116,9 @@ def test_synthetic_tokens_are_determined_by_the_seed(tmp_path: Path) -> None:
 
 
 def test_unique_samples_repeat(tmp_path: Path) -> None:
-    dataset = build_dataset(TOKENS.with_tokens(16, 32), num_samples=40, cache_dir=tmp_path,
-                            synthetic_unique_samples=8)
+    dataset = build_dataset(
+        TOKENS.with_tokens(16, 32), num_samples=40, cache_dir=tmp_path, synthetic_unique_samples=8
+    )
     assert isinstance(dataset, TokenDataset) and dataset.unique_samples == 8
     assert len(dataset) == 40
     inputs, _ = dataset.__getitems__([3, 11, 35])
@@ -128,8 +153,9 @@ def test_the_data_has_the_documented_best_accuracy(tmp_path: Path) -> None:
     best = best_next_token_accuracy(vocab)
     assert best == pytest.approx(0.6 + 0.05 / 256) == markov_chain(0, vocab).best_accuracy
     assert markov_chain(0, vocab).entropy_rate == pytest.approx(1.4295, abs=1e-4)
-    previous, following = transitions(stored(synthetic(tmp_path, seq_len=128, vocab=vocab,
-                                                       num_samples=2048)))
+    previous, following = transitions(
+        stored(synthetic(tmp_path, seq_len=128, vocab=vocab, num_samples=2048))
+    )
     counts = np.zeros((vocab, vocab), dtype=np.int64)
     np.add.at(counts, (previous, following), 1)
     empirical_max = counts.max(axis=1).sum() / counts.sum()
@@ -150,8 +176,9 @@ def test_a_bigram_model_learns_the_synthetic_tokens(tmp_path: Path) -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    inputs, targets = synthetic(tmp_path, seq_len=64, vocab=vocab, num_samples=256,
-                                split="eval").__getitems__(list(range(256)))
+    inputs, targets = synthetic(
+        tmp_path, seq_len=64, vocab=vocab, num_samples=256, split="eval"
+    ).__getitems__(list(range(256)))
     with torch.no_grad():
         logits = model(inputs)
     eval_loss = torch.nn.functional.cross_entropy(logits.flatten(0, -2), targets.flatten())
@@ -189,13 +216,13 @@ def test_text_windows_cover_the_concatenated_bytes(tmp_path: Path) -> None:
     data = np.frombuffer(corpus, dtype=np.uint8).astype(np.int64)
     inputs, targets = train.__getitems__(list(range(len(train))))
     for index in range(len(train)):
-        window = data[index * 8:index * 8 + 9]
+        window = data[index * 8 : index * 8 + 9]
         assert inputs[index].tolist() == window[:-1].tolist()
         assert targets[index].tolist() == window[1:].tolist()
     assert index * 8 + 9 <= train_bytes  # training never reads the eval bytes
     eval_inputs, eval_targets = held_out.__getitems__([0])
-    assert eval_inputs[0].tolist() == data[train_bytes:train_bytes + 8].tolist()
-    assert eval_targets[0].tolist() == data[train_bytes + 1:train_bytes + 9].tolist()
+    assert eval_inputs[0].tolist() == data[train_bytes : train_bytes + 8].tolist()
+    assert eval_targets[0].tolist() == data[train_bytes + 1 : train_bytes + 9].tolist()
     assert inputs.dtype == torch.int64
 
 
@@ -204,8 +231,7 @@ def test_text_num_samples_first_for_training_evenly_spaced_for_eval(tmp_path: Pa
     whole = text(tmp_path / "root", tmp_path / "cache", seq_len=4)
     first = text(tmp_path / "root", tmp_path / "cache", seq_len=4, num_samples=5)
     assert isinstance(first, TokenDataset) and len(first) == 5
-    assert torch.equal(first.__getitems__(list(range(5)))[0],
-                       whole.__getitems__(list(range(5)))[0])
+    assert torch.equal(first.__getitems__(list(range(5)))[0], whole.__getitems__(list(range(5)))[0])
     held_out = text(tmp_path / "root", tmp_path / "cache", seq_len=4, split="eval")
     spaced = text(tmp_path / "root", tmp_path / "cache", seq_len=4, split="eval", num_samples=3)
     size = len(held_out)
@@ -227,8 +253,9 @@ def test_bad_text_roots_are_refused_naming_dataset_root(tmp_path: Path) -> None:
         text(tmp_path / "short", cache, seq_len=8)
     assert len(text(tmp_path / "short", cache, seq_len=7)) == 1  # 16 bytes: one window each
     with pytest.raises(ValueError, match="dataset.vocab_size=100"):
-        build_dataset(TEXT.with_tokens(8, 100), source="real", root=tmp_path / "short",
-                      cache_dir=cache)
+        build_dataset(
+            TEXT.with_tokens(8, 100), source="real", root=tmp_path / "short", cache_dir=cache
+        )
 
 
 # ------------------------------------------------------------------------ loading and cache
@@ -237,8 +264,10 @@ def test_bad_text_roots_are_refused_naming_dataset_root(tmp_path: Path) -> None:
 @pytest.mark.parametrize("workers", [0, 1])
 def test_epoch_loader_reads_token_batches(tmp_path: Path, workers: int) -> None:
     write_text(tmp_path / "root", FILES)
-    for dataset in (synthetic(tmp_path / "cache", seq_len=16, num_samples=40),
-                    text(tmp_path / "root", tmp_path / "cache", seq_len=4, num_samples=20)):
+    for dataset in (
+        synthetic(tmp_path / "cache", seq_len=16, num_samples=40),
+        text(tmp_path / "root", tmp_path / "cache", seq_len=4, num_samples=20),
+    ):
         loader = EpochLoader(dataset, 4, seed=0, num_workers=workers)
         batches = list(loader)
         assert len(batches) == len(dataset) // 4
@@ -256,8 +285,9 @@ def stamps(directory: Path, name: str) -> tuple[int, int]:
 def test_the_cache_is_reused_not_regenerated(tmp_path: Path) -> None:
     first = synthetic(tmp_path / "cache")
     assert first.generated
-    before = {name: stamps(first.windows.path.parent, name)
-              for name in (TOKENS_FILE, MANIFEST_NAME)}
+    before = {
+        name: stamps(first.windows.path.parent, name) for name in (TOKENS_FILE, MANIFEST_NAME)
+    }
     again = synthetic(tmp_path / "cache")
     assert not again.generated
     assert before == {name: stamps(again.windows.path.parent, name) for name in before}
@@ -267,8 +297,9 @@ def test_the_cache_is_reused_not_regenerated(tmp_path: Path) -> None:
     cached = text(tmp_path / "root", tmp_path / "cache", split="eval")
     assert not cached.generated
     entry = cached.windows.path.parent
-    assert stamps(entry, TEXT_FILE) == stamps(text(tmp_path / "root", tmp_path / "cache")
-                                              .windows.path.parent, TEXT_FILE)
+    assert stamps(entry, TEXT_FILE) == stamps(
+        text(tmp_path / "root", tmp_path / "cache").windows.path.parent, TEXT_FILE
+    )
     # An edited file is a new entry: the cache never serves stale text.
     (tmp_path / "root" / "c.txt").write_bytes(b"new text")
     edited = text(tmp_path / "root", tmp_path / "cache")
@@ -281,8 +312,9 @@ def test_the_dataset_configs_compose(tmp_path: Path) -> None:
     assert isinstance(config, DatasetConfig)
     assert config.spec.seq_len == 64 and config.spec.vocab_size == 256
     assert config.source.value == "synthetic"
-    text_config = OmegaConf.to_object(compose_config(["dataset=text",
-                                                      f"dataset.root={tmp_path}"]).dataset)
+    text_config = OmegaConf.to_object(
+        compose_config(["dataset=text", f"dataset.root={tmp_path}"]).dataset
+    )
     assert isinstance(text_config, DatasetConfig)
     assert text_config.source.value == "real" and text_config.root == str(tmp_path)
     # `root: ???` merged over the schema's null stays null (OmegaConf never lets ??? override a

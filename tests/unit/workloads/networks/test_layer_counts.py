@@ -28,12 +28,19 @@ def nothing_kept_with_the_code(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(remembered, "kept_counts", dict)
 
 
-@pytest.mark.parametrize("ref", [
-    NetworkRef.builtin("mobilenetv2"), NetworkRef.builtin("resnet18"),
-    NetworkRef(name="alexnet", source="torchvision", arch="alexnet")], ids=str)
+@pytest.mark.parametrize(
+    "ref",
+    [
+        NetworkRef.builtin("mobilenetv2"),
+        NetworkRef.builtin("resnet18"),
+        NetworkRef(name="alexnet", source="torchvision", arch="alexnet"),
+    ],
+    ids=str,
+)
 @pytest.mark.usefixtures("nothing_kept_with_the_code")
-def test_a_count_is_the_built_networks_and_is_read_back_unbuilt(tmp_path: Path,
-                                                                ref: NetworkRef) -> None:
+def test_a_count_is_the_built_networks_and_is_read_back_unbuilt(
+    tmp_path: Path, ref: NetworkRef
+) -> None:
     counted = remembered.remembered_layer_count(ref, CIFAR, tmp_path)
     assert counted == layer_count(ref, CIFAR)
     (entry,) = _entries(tmp_path)
@@ -44,7 +51,8 @@ def test_a_count_is_the_built_networks_and_is_read_back_unbuilt(tmp_path: Path,
 
 @pytest.mark.usefixtures("nothing_kept_with_the_code")
 def test_each_dataset_shape_and_code_version_has_its_own_count(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ref = NetworkRef.builtin("vgg11")
     remembered.remembered_layer_count(ref, MNIST, tmp_path)
     remembered.remembered_layer_count(ref, CIFAR, tmp_path)
@@ -57,9 +65,11 @@ def test_each_dataset_shape_and_code_version_has_its_own_count(
 
 @pytest.mark.usefixtures("nothing_kept_with_the_code")
 def test_a_users_module_is_counted_afresh_and_a_broken_entry_is_counted_again(
-        tmp_path: Path) -> None:
-    ref = NetworkRef(name="tiny", source="module", target="torch.nn:Sequential",
-                     options_json=canonical_json({}))
+    tmp_path: Path,
+) -> None:
+    ref = NetworkRef(
+        name="tiny", source="module", target="torch.nn:Sequential", options_json=canonical_json({})
+    )
     assert remembered._entry_path(ref, CIFAR, tmp_path) is None  # its code may change
     builtin = NetworkRef.builtin("mobilenetv2")
     counted = remembered.remembered_layer_count(builtin, MNIST, tmp_path)
@@ -72,20 +82,23 @@ def test_a_users_module_is_counted_afresh_and_a_broken_entry_is_counted_again(
 def test_a_cache_that_cannot_be_written_still_answers(tmp_path: Path) -> None:
     cache = tmp_path / "a-file"  # no folder can be made under it (root ignores a chmod)
     cache.write_text("")
-    assert remembered.remembered_layer_count(NetworkRef.builtin("resnet18"), MNIST,
-                                             cache) == layer_count("resnet18", MNIST)
+    assert remembered.remembered_layer_count(
+        NetworkRef.builtin("resnet18"), MNIST, cache
+    ) == layer_count("resnet18", MNIST)
 
 
 def test_the_counts_kept_with_the_code_are_todays_code_counts() -> None:
     """Every built-in network on every image dataset, kept beside the module under the name
     its cache entry has: when the network code or a pinned library changes, the names change
     and this fails until `python -m workloads.networks.layer_counts` writes them anew."""
-    assert remembered.kept_counts() == remembered.builtin_counts(), \
+    assert remembered.kept_counts() == remembered.builtin_counts(), (
         "the kept layer counts are not this code's: python -m workloads.networks.layer_counts"
+    )
 
 
 def test_a_count_kept_with_the_code_is_read_unbuilt_and_writes_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ref = NetworkRef.builtin("vgg16")
     entry = remembered._entry_path(ref, CIFAR, tmp_path)
     assert entry is not None and entry.name in remembered.kept_counts()
@@ -98,10 +111,12 @@ def test_a_count_kept_with_the_code_is_read_unbuilt_and_writes_nothing(
     assert remembered.remembered_layer_count(ref, CIFAR, tmp_path) == 7
 
 
-@pytest.mark.parametrize("kept", ["{not json", '{"layers": [1, 2]}', None], ids=[
-    "unreadable", "not a table", "missing"])
+@pytest.mark.parametrize(
+    "kept", ["{not json", '{"layers": [1, 2]}', None], ids=["unreadable", "not a table", "missing"]
+)
 def test_a_kept_file_that_cannot_be_read_leaves_counting_to_the_network(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kept: str | None) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kept: str | None
+) -> None:
     path = tmp_path / "layer_counts.json"
     if kept is not None:
         path.write_text(kept)
@@ -109,8 +124,9 @@ def test_a_kept_file_that_cannot_be_read_leaves_counting_to_the_network(
     remembered.kept_counts.cache_clear()
     try:
         assert remembered.kept_counts() == {}
-        assert remembered.remembered_layer_count(NetworkRef.builtin("resnet18"), MNIST,
-                                                 tmp_path) == layer_count("resnet18", MNIST)
+        assert remembered.remembered_layer_count(
+            NetworkRef.builtin("resnet18"), MNIST, tmp_path
+        ) == layer_count("resnet18", MNIST)
     finally:
         monkeypatch.undo()
         remembered.kept_counts.cache_clear()  # the real file again, for the tests after

@@ -32,21 +32,32 @@ TIED_PARAMETERS = {
     "bert_large": (335_174_458, 1024, BERT_VOCAB),
 }
 LLAMA3_8B_PARAMETERS = 8_030_261_248
-TINY = {"llama": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                  "num_attention_heads": 4, "num_key_value_heads": 2},
-        "gpt2": {"n_embd": 32, "n_layer": 2, "n_head": 4},
-        "bert": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                 "num_attention_heads": 4}}
+TINY = {
+    "llama": {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
+    "gpt2": {"n_embd": 32, "n_layer": 2, "n_head": 4},
+    "bert": {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+    },
+}
 
 
 def _spec(seq_len: int = 16, vocab_size: int = 64) -> DatasetSpec:
     return DATASET_SPECS["tokens"].with_tokens(seq_len=seq_len, vocab_size=vocab_size)
 
 
-def _ref(arch: str, config: dict[str, Any] | None = None, name: str | None = None
-         ) -> NetworkRef:
-    return NetworkRef(name=name or arch, source="hf", arch=arch,
-                      options_json=canonical_json(config or {}))
+def _ref(arch: str, config: dict[str, Any] | None = None, name: str | None = None) -> NetworkRef:
+    return NetworkRef(
+        name=name or arch, source="hf", arch=arch, options_json=canonical_json(config or {})
+    )
 
 
 def _preset(name: str, **overrides: Any) -> NetworkRef:
@@ -112,8 +123,7 @@ def test_token_lm_equals_the_hugging_face_model(arch: str) -> None:
     ids = torch.randint(0, 64, (3, 16))
     logits = model(ids)
     assert logits.shape == (3, 16, 64)
-    torch.testing.assert_close(logits, model.hf_model(input_ids=ids).logits, rtol=0,
-                               atol=1e-5)
+    torch.testing.assert_close(logits, model.hf_model(input_ids=ids).logits, rtol=0, atol=1e-5)
     layers = list(model.children())
     assert len(layers) == model.hf_model.config.num_hidden_layers + 2 == 2 + 2
     assert torch.equal(nn.Sequential(*layers)(ids), logits)
@@ -151,18 +161,24 @@ def test_a_copy_rebuilt_from_meta_and_the_state_dict_computes_the_same(arch: str
 
 
 # -- bad input: one line naming the setting ----------------------------------------------------
-@pytest.mark.parametrize(("ref", "spec", "named"), [
-    (_ref("gpt2", TINY["gpt2"]), DATASET_SPECS["cifar10"], "dataset=tokens or dataset=text"),
-    (_ref("gpt2", {"vocab_size": 50}), _spec(vocab_size=64), "network.config.vocab_size"),
-    (_ref("gpt2", {"n_positions": 8}), _spec(seq_len=16), "network.config.n_positions"),
-    (_ref("llama", {"max_position_embeddings": 8}), _spec(seq_len=16),
-     "network.config.max_position_embeddings"),
-    (_ref("nosuchmodel"), _spec(), "network.arch=nosuchmodel"),
-    (_ref("t5"), _spec(), "network.arch=t5"),
-    (_ref("gpt2", {"n_layers": 2}), _spec(), "network.config.n_layers"),
-    (_ref("gpt2", {"n_layer": "six"}), _spec(), "network.config"),
-    (_ref("gpt2", {"n_embd": 30, "n_head": 4}), _spec(), "network.config"),
-])
+@pytest.mark.parametrize(
+    ("ref", "spec", "named"),
+    [
+        (_ref("gpt2", TINY["gpt2"]), DATASET_SPECS["cifar10"], "dataset=tokens or dataset=text"),
+        (_ref("gpt2", {"vocab_size": 50}), _spec(vocab_size=64), "network.config.vocab_size"),
+        (_ref("gpt2", {"n_positions": 8}), _spec(seq_len=16), "network.config.n_positions"),
+        (
+            _ref("llama", {"max_position_embeddings": 8}),
+            _spec(seq_len=16),
+            "network.config.max_position_embeddings",
+        ),
+        (_ref("nosuchmodel"), _spec(), "network.arch=nosuchmodel"),
+        (_ref("t5"), _spec(), "network.arch=t5"),
+        (_ref("gpt2", {"n_layers": 2}), _spec(), "network.config.n_layers"),
+        (_ref("gpt2", {"n_layer": "six"}), _spec(), "network.config"),
+        (_ref("gpt2", {"n_embd": 30, "n_head": 4}), _spec(), "network.config"),
+    ],
+)
 def test_bad_input_names_the_setting(ref: NetworkRef, spec: DatasetSpec, named: str) -> None:
     with pytest.raises(NetworkError) as raised:
         build_hf(ref, spec)
@@ -171,15 +187,24 @@ def test_bad_input_names_the_setting(ref: NetworkRef, spec: DatasetSpec, named: 
 
 
 def test_the_limits_name_both_numbers() -> None:
-    with pytest.raises(NetworkError, match=r"dataset.seq_len=4096 is beyond network gpt2_small's "
-                                           r"1024 positions \(network.config.n_positions\); "
-                                           r"allowed: at most 1024"):
+    with pytest.raises(
+        NetworkError,
+        match=r"dataset.seq_len=4096 is beyond network gpt2_small's "
+        r"1024 positions \(network.config.n_positions\); "
+        r"allowed: at most 1024",
+    ):
         _meta(_preset("gpt2_small"), _spec(seq_len=4096, vocab_size=GPT2_VOCAB))
-    with pytest.raises(NetworkError, match=r"dataset.vocab_size=200000 .*128256 .*"
-                                           r"network.config.vocab_size"):
+    with pytest.raises(
+        NetworkError,
+        match=r"dataset.vocab_size=200000 .*128256 .*"
+        r"network.config.vocab_size",
+    ):
         _meta(_preset("llama3_8b"), _spec(seq_len=128, vocab_size=200_000))
-    with pytest.raises(NetworkError, match=r"not a field of GPT2Config \(did you mean "
-                                           r"network.config.n_layer\?\)"):
+    with pytest.raises(
+        NetworkError,
+        match=r"not a field of GPT2Config \(did you mean "
+        r"network.config.n_layer\?\)",
+    ):
         build_hf(_ref("gpt2", {"n_layers": 2}), _spec())
 
 

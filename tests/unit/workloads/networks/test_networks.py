@@ -13,14 +13,32 @@ from workloads.networks import NETWORK_NAMES, build_network, to_layer_list
 # pytorch-cifar (kuangliu) CIFAR-10 models. MobileNetV2-CIFAR uses torchvision's blocks; moving
 # the first conv to stride 1 changes no weights, so it has torchvision's 10-class count.
 REFERENCE_PARAMETERS = {
-    "imagenet": {"resnet18": 11_689_512, "resnet50": 25_557_032, "resnet152": 60_192_808,
-                 "vgg11": 132_863_336, "vgg16": 138_357_544, "mobilenetv2": 3_504_872},
-    "cifar10": {"resnet18": 11_173_962, "resnet50": 23_520_842, "resnet152": 58_156_618,
-                "vgg11": 9_231_114, "vgg16": 14_728_266, "mobilenetv2": 2_236_682},
+    "imagenet": {
+        "resnet18": 11_689_512,
+        "resnet50": 25_557_032,
+        "resnet152": 60_192_808,
+        "vgg11": 132_863_336,
+        "vgg16": 138_357_544,
+        "mobilenetv2": 3_504_872,
+    },
+    "cifar10": {
+        "resnet18": 11_173_962,
+        "resnet50": 23_520_842,
+        "resnet152": 58_156_618,
+        "vgg11": 9_231_114,
+        "vgg16": 14_728_266,
+        "mobilenetv2": 2_236_682,
+    },
 }
 # MNIST's first conv sees 1 channel instead of 3: 3x3 kernels x 2 channels x its width fewer.
-FIRST_CONV_WIDTH = {"resnet18": 64, "resnet50": 64, "resnet152": 64, "vgg11": 64, "vgg16": 64,
-                    "mobilenetv2": 32}
+FIRST_CONV_WIDTH = {
+    "resnet18": 64,
+    "resnet50": 64,
+    "resnet152": 64,
+    "vgg11": 64,
+    "vgg16": 64,
+    "mobilenetv2": 32,
+}
 
 
 def _count(model: nn.Module) -> int:

@@ -123,8 +123,10 @@ USER_MODELS = textwrap.dedent('''
 @pytest.fixture(autouse=True)
 def no_network(monkeypatch):
     """Nothing may be downloaded: any connection attempt fails the test."""
+
     def refuse(*args, **kwargs):
         raise AssertionError(f"network access attempted: {args}")
+
     monkeypatch.setattr(socket.socket, "connect", refuse)
 
 
@@ -143,8 +145,13 @@ def userpkg(tmp_path, monkeypatch):
 
 
 def module_ref(target: str, blocks: str | None = None, **kwargs) -> NetworkRef:
-    return NetworkRef(name="mine", source="module", target=target,
-                      options_json=canonical_json(kwargs), blocks=blocks)
+    return NetworkRef(
+        name="mine",
+        source="module",
+        target=target,
+        options_json=canonical_json(kwargs),
+        blocks=blocks,
+    )
 
 
 def zoo_ref(source: str, arch: str, **kwargs) -> NetworkRef:
@@ -193,7 +200,8 @@ def test_user_factory_builds_and_splits_at_its_units(userpkg):
     assert isinstance(built, LayerSequence) and len(built) == 7
     assert to_layer_list(module_ref("userpkg.models:build"), built) == list(built.children())
     assert build_network(module_ref("userpkg.models.build"), CIFAR)(
-        CIFAR.example_batch(2)[0]).shape == (2, 10)
+        CIFAR.example_batch(2)[0]
+    ).shape == (2, 10)
 
 
 def test_blocks_make_each_block_one_layer(userpkg):
@@ -241,37 +249,53 @@ def test_an_untraceable_module_is_returned_as_built_without_a_layer_list(userpkg
     assert type(model).__name__ == "Untraceable"
     assert derive_layers(model, CIFAR) is None
     one_line_error(lambda: to_layer_list(ref, model), "network.blocks")
-    one_line_error(lambda: build_zoo(module_ref("userpkg.models:Untraceable", blocks="blocks"),
-                                     CIFAR), "network.blocks=blocks")
+    one_line_error(
+        lambda: build_zoo(module_ref("userpkg.models:Untraceable", blocks="blocks"), CIFAR),
+        "network.blocks=blocks",
+    )
 
 
-@pytest.mark.parametrize(("target", "kwargs", "key", "says"), [
-    ("userpkg.nowhere:build", {}, "network.target", "PYTHONPATH"),
-    ("userpkg.needs_dep:build", {}, "network.target", "a_package_that_is_not_installed"),
-    ("nodots", {}, "network.target", "package.module:factory"),
-    ("userpkg.models:biuld", {}, "network.target", "no attribute 'biuld' (close: build)"),
-    ("userpkg.models:NOT_CALLABLE", {}, "network.target", "not a factory"),
-    ("userpkg.models:broken", {}, "network.target", "RuntimeError: boom on two lines"),
-    ("userpkg.models:not_a_module", {}, "network.target", "not a torch.nn.Module"),
-    ("userpkg.models:needs_depth", {}, "network.target", "+network.kwargs.depth="),
-    ("userpkg.models:build", {"depth": 3}, "network.kwargs.depth", "takes no argument"),
-])
+@pytest.mark.parametrize(
+    ("target", "kwargs", "key", "says"),
+    [
+        ("userpkg.nowhere:build", {}, "network.target", "PYTHONPATH"),
+        ("userpkg.needs_dep:build", {}, "network.target", "a_package_that_is_not_installed"),
+        ("nodots", {}, "network.target", "package.module:factory"),
+        ("userpkg.models:biuld", {}, "network.target", "no attribute 'biuld' (close: build)"),
+        ("userpkg.models:NOT_CALLABLE", {}, "network.target", "not a factory"),
+        ("userpkg.models:broken", {}, "network.target", "RuntimeError: boom on two lines"),
+        ("userpkg.models:not_a_module", {}, "network.target", "not a torch.nn.Module"),
+        ("userpkg.models:needs_depth", {}, "network.target", "+network.kwargs.depth="),
+        ("userpkg.models:build", {"depth": 3}, "network.kwargs.depth", "takes no argument"),
+    ],
+)
 def test_a_bad_module_setting_is_one_line_naming_its_key(userpkg, target, kwargs, key, says):
     message = one_line_error(lambda: build_zoo(module_ref(target, **kwargs), CIFAR), key)
     assert says in message
 
 
 def test_a_bad_blocks_path_names_network_blocks(userpkg):
-    one_line_error(lambda: build_zoo(module_ref("userpkg.models:build", blocks="stages"),
-                                     CIFAR), "network.blocks=stages")
-    one_line_error(lambda: build_zoo(module_ref("userpkg.models:build", blocks="head"), CIFAR),
-                   "network.blocks=head")
+    one_line_error(
+        lambda: build_zoo(module_ref("userpkg.models:build", blocks="stages"), CIFAR),
+        "network.blocks=stages",
+    )
+    one_line_error(
+        lambda: build_zoo(module_ref("userpkg.models:build", blocks="head"), CIFAR),
+        "network.blocks=head",
+    )
 
 
 # --- torchvision and timm ---------------------------------------------------------------------
 
-SMALL_VIT = {"image_size": 32, "patch_size": 8, "num_layers": 3, "num_heads": 2,
-             "hidden_dim": 32, "mlp_dim": 64, "num_classes": 10}
+SMALL_VIT = {
+    "image_size": 32,
+    "patch_size": 8,
+    "num_layers": 3,
+    "num_heads": 2,
+    "hidden_dim": 32,
+    "mlp_dim": 64,
+    "num_classes": 10,
+}
 ZOO = [
     # (ref, layers expected), each small at 32x32
     (zoo_ref("torchvision", "efficientnet_b0"), 12),  # StochasticDepth branches on training
@@ -282,8 +306,11 @@ ZOO = [
 ]
 
 
-@pytest.mark.parametrize(("ref", "count"), ZOO, ids=lambda value: getattr(value, "arch", None)
-                         or getattr(value, "target", None))
+@pytest.mark.parametrize(
+    ("ref", "count"),
+    ZOO,
+    ids=lambda value: getattr(value, "arch", None) or getattr(value, "target", None),
+)
 def test_zoo_models_split_exactly_on_cpu_and_meta(ref, count):
     torch.manual_seed(0)
     built = build_zoo(ref, CIFAR)
@@ -304,18 +331,24 @@ def _unsplit(ref: NetworkRef) -> nn.Module:
     options = ref.options
     if ref.source == "torchvision":
         import torchvision
+
         return torchvision.models.get_model(ref.arch, weights=None, num_classes=10, **options)
     if ref.source == "timm":
         import timm
+
         size = {"img_size": 32} if ref.arch.startswith("vit") else {}
         return timm.create_model(ref.arch, pretrained=False, num_classes=10, **size, **options)
     from torchvision.models.vision_transformer import VisionTransformer
+
     return VisionTransformer(**options)
 
 
 def test_vit_blocks_are_its_encoder_layers():
-    ref = module_ref("torchvision.models.vision_transformer:VisionTransformer",
-                     blocks="encoder.layers", **SMALL_VIT)
+    ref = module_ref(
+        "torchvision.models.vision_transformer:VisionTransformer",
+        blocks="encoder.layers",
+        **SMALL_VIT,
+    )
     assert len(build_zoo(ref, CIFAR)) == 5  # patches and class token, 3 blocks, head
 
 
@@ -324,18 +357,34 @@ def test_torchvision_on_grayscale_adapts_its_stem():
     assert model(MNIST.example_batch(2)[0]).shape == (2, 10)
 
 
-@pytest.mark.parametrize(("ref", "spec", "key", "says"), [
-    (zoo_ref("torchvision", "resnet19"), CIFAR, "network.arch=resnet19", "list_models"),
-    (zoo_ref("torchvision", "fasterrcnn_resnet50_fpn"), CIFAR, "network.arch", "classification"),
-    (zoo_ref("torchvision", "resnet18"), TOKENS, "network.arch=resnet18", "token data"),
-    (zoo_ref("torchvision", "resnet18", foo=1), CIFAR, "network.kwargs.foo", "foo"),
-    (zoo_ref("torchvision", "resnet18", weights="DEFAULT"), CIFAR, "network.kwargs.weights",
-     "random weights"),
-    (zoo_ref("timm", "resnet11t"), CIFAR, "network.arch=resnet11t", "timm.list_models"),
-    (zoo_ref("timm", "hf-hub:timm/resnet18.a1_in1k"), CIFAR, "network.arch", "downloaded"),
-    (zoo_ref("timm", "resnet10t"), TOKENS, "network.arch=resnet10t", "token data"),
-    (zoo_ref("timm", "resnet10t", pretrained=True), CIFAR, "network.kwargs.pretrained",
-     "random weights"),
-])
+@pytest.mark.parametrize(
+    ("ref", "spec", "key", "says"),
+    [
+        (zoo_ref("torchvision", "resnet19"), CIFAR, "network.arch=resnet19", "list_models"),
+        (
+            zoo_ref("torchvision", "fasterrcnn_resnet50_fpn"),
+            CIFAR,
+            "network.arch",
+            "classification",
+        ),
+        (zoo_ref("torchvision", "resnet18"), TOKENS, "network.arch=resnet18", "token data"),
+        (zoo_ref("torchvision", "resnet18", foo=1), CIFAR, "network.kwargs.foo", "foo"),
+        (
+            zoo_ref("torchvision", "resnet18", weights="DEFAULT"),
+            CIFAR,
+            "network.kwargs.weights",
+            "random weights",
+        ),
+        (zoo_ref("timm", "resnet11t"), CIFAR, "network.arch=resnet11t", "timm.list_models"),
+        (zoo_ref("timm", "hf-hub:timm/resnet18.a1_in1k"), CIFAR, "network.arch", "downloaded"),
+        (zoo_ref("timm", "resnet10t"), TOKENS, "network.arch=resnet10t", "token data"),
+        (
+            zoo_ref("timm", "resnet10t", pretrained=True),
+            CIFAR,
+            "network.kwargs.pretrained",
+            "random weights",
+        ),
+    ],
+)
 def test_a_bad_zoo_setting_is_one_line_naming_its_key(ref, spec, key, says):
     assert says in one_line_error(lambda: build_zoo(ref, spec), key)
