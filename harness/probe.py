@@ -8,7 +8,14 @@ over the same torch.distributed backend the distribution models use:
   `probe.message_bytes`; one-way time = round trip / 2; latency at the smallest message,
   bandwidth fitted over all sizes (the role NVIDIA's p2pBandwidthLatencyTest played in the
   thesis);
-- allreduce: among the first k workers for every k from 2 to W, at every message size.
+- allreduce: among the first k workers for every k from 2 to W, at every message size;
+- and what else the registered distribution models declare their time terms read
+  (`DistributionSpec.probed_collectives`, `harness.profiles.collectives`): on CPU workers,
+  an all-gather and a reduce-scatter timed after compute, and between nodes the compute an
+  allreduce takes from the cores beside it.
+
+The probe measures the union of what the models declare, each figure where a model's terms
+read it, and holds no code of any model.
 
 Each figure is the median of `probe.repeats` timed repetitions after `probe.warmup` untimed
 ones, with devices synchronised; the whole is measured `probe.rounds` times, one round after
@@ -42,6 +49,7 @@ from harness.config.schema import (
     validate,
     without_hydra,
 )
+from harness.profiles.collectives import AFTER_COMPUTE, Collective
 from harness.profiles.hardware import (
     COLLECTIVES_AFTER_COMPUTE_FACT,
     COMPUTE_LOST_FACT,
@@ -109,14 +117,15 @@ def record_profile(profile: HardwareProfile, config: DistbenchConfig, output_dir
         metrics = {"workers": float(profile.workers)}
         latencies = [link.cost.latency_s * 1e6 for link in profile.links]
         bandwidths = [link.cost.bandwidth_bytes_per_s / 1e6 for link in profile.links]
-        metrics.update(
-            {
-                "link_latency_us_max": max(latencies),
-                "link_latency_us_min": min(latencies),
-                "link_bandwidth_mbps_min": min(bandwidths),
-                "link_bandwidth_mbps_max": max(bandwidths),
-            }
-        )
+        if profile.links:  # measured where a registered model declares point-to-point
+            metrics.update(
+                {
+                    "link_latency_us_max": max(latencies),
+                    "link_latency_us_min": min(latencies),
+                    "link_bandwidth_mbps_min": min(bandwidths),
+                    "link_bandwidth_mbps_max": max(bandwidths),
+                }
+            )
         for entry in profile.allreduce:
             metrics[f"allreduce_latency_us_w{entry.workers}"] = entry.cost.latency_s * 1e6
             metrics[f"allreduce_bandwidth_mbps_w{entry.workers}"] = (
@@ -154,6 +163,13 @@ def probe_params(config: DistbenchConfig) -> dict[str, Any]:
     return {"hardware": asdict(config.hardware), "probe": asdict(config.probe)}
 
 
+# How the summary names each collective timed after compute.
+_AFTER_COMPUTE_NAMES = {
+    Collective.all_gather: "an all-gather",
+    Collective.reduce_scatter: "a reduce-scatter",
+}
+
+
 def summary(profile: HardwareProfile) -> str:
     lines = [
         f"hardware {profile.hardware}: {profile.workers} workers on {profile.nodes} "
@@ -181,14 +197,21 @@ def summary(profile: HardwareProfile) -> str:
             f"ms of a worker's compute per MB, beside it"
         )
     after = profile.facts.get(COLLECTIVES_AFTER_COMPUTE_FACT)
-    if after:  # the collectives FSDP's model prices its own from (distributions.fsdp)
+    if after:  # the collectives a model prices its own from, as measured after compute
         largest = max(range(len(after["bytes"])), key=lambda i: after["bytes"][i])
-        lines.append(
-            f"after {after['compute_before_ms']:.0f} ms of compute, an all-gather of "
-            f"{after['bytes'][largest] / 1e6:.1f} MB among {after['workers']} takes "
-            f"{after['all_gather'][largest] * 1e3:.1f} ms, a reduce-scatter "
-            f"{after['reduce_scatter'][largest] * 1e3:.1f} ms"
-        )
+        timed = [
+            (_AFTER_COMPUTE_NAMES[collective], after[collective.value][largest])
+            for collective in AFTER_COMPUTE
+            if collective.value in after
+        ]
+        if timed:
+            (first, seconds), rest = timed[0], timed[1:]
+            lines.append(
+                f"after {after['compute_before_ms']:.0f} ms of compute, {first} of "
+                f"{after['bytes'][largest] / 1e6:.1f} MB among {after['workers']} takes "
+                f"{seconds * 1e3:.1f} ms"
+                + "".join(f", {name} {taken * 1e3:.1f} ms" for name, taken in rest)
+            )
     return "\n".join(lines)
 
 

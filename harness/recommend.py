@@ -53,27 +53,24 @@ from harness.analysis.calibration import (
     choose_fit,
     machine_since_fit,
 )
-from harness.analysis.report import setting_label
 from harness.cli.bad_input import BAD_INPUT_ERRORS, bad_input_message
 from harness.cli.errors import command
 from harness.cli.preflight import check_writable_dir
 from harness.commands.compose import compose_config
+from harness.commands.facts_options import command_parser
 from harness.config.schema import ConfigError, DistbenchConfig, validate
 from harness.costs.memory import fits
 from harness.costs.partition import StagePlan
 from harness.distributions.registry import spec_of, specs
 from harness.predict.cell import cost_per_epoch, epoch_terms, memory_per_worker_mb
-from harness.predict.facts import (
-    FactsCache,
-    MissingMeasurement,
-    cache_for,
-    command_parser,
-    gather,
-    step_time_source,
-)
+from harness.predict.facts.cache import FactsCache, cache_for, step_time_source
+from harness.predict.facts.gather import gather
+from harness.predict.facts.store import MissingMeasurement
+from harness.predict.labels import setting_label
 from harness.predict.ties import Tie, tie_with_fastest
 from harness.profiles.hardware import HardwareProfile, link_line, links_label, profile_for
 from harness.profiles.steps import StepTime
+from harness.worker.measurements import WorkerMeasurements
 
 OBJECTIVES = ("time", "cost")
 # `--probe-spread`'s default here (`harness.measure.timing_rule.ProbeLength`): the probe stops after
@@ -731,6 +728,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     output_root = Path(config.run.output_dir)
     cache = cache_for(
         flags.probe_batches,
+        measurements=WorkerMeasurements(),
         probe=not flags.no_probe,
         facts_root=output_root,
         reuse=not flags.remeasure,

@@ -1,18 +1,20 @@
 """`python -m harness.stage_timing CELL_CONFIG OUT`: time a pipeline cell's stages in place.
 
-A pipeline's stage does not run as fast as its layers' share of one sequential step says: in
-its own process, holding only its own weights, with its own recomputation, a stage's forward
-and backward came out up to 23 % slower or 12 % faster than those shares (GPipe on the emulated
-calibration, BENCHMARKS.md section 15). So the analysis times them as the pipeline runs them:
-this command trains the cell `CELL_CONFIG` (a resolved config, YAML) for a few batches on this
-machine, every stage a worker process of its own (the cell's workers on one node, each with
-the cell's threads; no link shaped, nothing recorded in MLflow), and writes what each stage
-spent per micro-batch in each phase (`<phase>_seconds_per_epoch_stage<k>` of the cell's
-record) to OUT (JSON, `harness.profiles.stages.InPlaceStages`). The links between the stages are
-the models' business; only the compute is taken from here.
+A pipeline's stage does not run as fast as its layers' share of one sequential step says: in its own
+process, holding only its own weights, with its own recomputation, a stage's forward and backward
+came out up to 23 % slower or 12 % faster than those shares (GPipe on the emulated calibration:
+docs/benchmarks/2026-11-29-gpipe-stages-in-place.md, "Where GPipe's stages spend their time,
+measured in place (2026-11-29)"). So the analysis times them as the pipeline runs them: this command
+trains the cell `CELL_CONFIG` (a resolved config, YAML) for a few batches on this machine, every
+stage a worker process of its own (the cell's workers on one node, each with the cell's threads; no
+link shaped, nothing recorded in MLflow), and writes what each stage spent per micro-batch in each
+phase (`<phase>_seconds_per_epoch_stage<k>` of the cell's record) to OUT (JSON,
+`harness.profiles.stages.InPlaceStages`). The links between the stages are the models' business;
+only the compute is taken from here.
 
-The analysis runs it in a process of its own (`predict.facts`), which keeps the launchers out
-of the prediction's imports; it is not a command a user needs to type.
+The analysis runs it in a process of its own (`harness.worker.measurements`), which keeps the
+launchers out of the prediction's and the worker's imports; it is not a command a user needs to
+type.
 """
 
 from __future__ import annotations

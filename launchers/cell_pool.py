@@ -1,16 +1,16 @@
 """A dry run's cells composed and checked on every core this process may use (`plan_cells`).
 
 A cell of the thesis grid is composed and checked in about 8 ms of one core
-(`launchers.swapped_groups`, BENCHMARKS.md section 16), and no cell's composition or check
-depends on another's. So the cells are cut into chunks, and each chunk is planned in a child
-forked from this process, which holds everything composing needs (Hydra's config loader, the
-files read once, the sweep's master config); the planned cells come back in order. Cells that
-share work (composed from the same Hydra composition, which a child makes once) go to the same
-chunk. A child composes exactly as this process would: the same code on a copy of the same
-state. A chunk that meets a cell that cannot be planned (an invalid config) returns the cells
-planned before it; the children end, and every cell not planned yet is planned here, in
-order, where the first invalid one ends the dry run exactly as without the children (one line,
-exit status 2).
+(`launchers.swapped_groups`; docs/benchmarks/2026-11-29-dry-run.md, "The thesis grid's dry run in
+4 s, and the suite (2026-11-29)"), and no cell's composition or check depends on another's. So the
+cells are cut into chunks, and each chunk is planned in a child forked from this process, which
+holds everything composing needs (Hydra's config loader, the files read once, the sweep's master
+config); the planned cells come back in order. Cells that share work (composed from the same Hydra
+composition, which a child makes once) go to the same chunk. A child composes exactly as this
+process would: the same code on a copy of the same state. A chunk that meets a cell that cannot be
+planned (an invalid config) returns the cells planned before it; the children end, and every cell
+not planned yet is planned here, in order, where the first invalid one ends the dry run exactly as
+without the children (one line, exit status 2).
 
 A child is forked only from a process of one thread (the command line's dry run: no MLflow
 client, no progress bar yet, CUDA untouched), so that no lock another thread held can be

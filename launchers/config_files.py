@@ -4,11 +4,12 @@ Hydra composes a config from its files through a `CachingConfigRepository`, a ca
 files it has loaded (parsed YAML or a structured config, and its defaults list), but makes a
 fresh, empty one for every composition, from a deep copy of every config source
 (`ConfigLoaderImpl._parse_overrides_and_create_caching_repo`, 13 ms a copy).
-A sweep composes every cell (the check before Hydra runs, the dry run, the launcher), its
---help asks 86 questions, and each re-reads and re-parses the same files (14 loads for a cell
-of the thesis grid). With them read once, a cell of the thesis grid composes in 0.07 s instead
-of 0.10 s (measured, BENCHMARKS.md section 16); the rest is Hydra building the defaults tree
-and merging, which no cache of files removes.
+A sweep composes every cell (the check before Hydra runs, the dry run, the launcher), its --help
+asks 86 questions, and each re-reads and re-parses the same files (14 loads for a cell of the thesis
+grid). With them read once, a cell of the thesis grid composes in 0.07 s instead of 0.10 s
+(measured: docs/benchmarks/2026-11-28-commands-and-suite.md, "Each file read once, each cell
+composed once (2026-11-28)"); the rest is Hydra building the defaults tree and merging, which no
+cache of files removes.
 
 `config_files_read_once()` keeps what each file loaded to (per config loader and search path)
 for every later composition. Each composition still gets its own repository, as in Hydra, and
@@ -25,10 +26,11 @@ sources, the config name, Hydra's own overrides of the sweep and the cell's), an
 deep copy with the asking sweep's resolved values (its `${now:}`): 5 ms instead of 70-100 ms
 for a cell of the thesis grid.
 
-While it is open, Hydra also builds the interpolation map of a defaults list (an OmegaConf
-config of every group choice so far, built for each config that has a defaults list: 19 per
-cell of the thesis grid) only where an entry of that list interpolates, the one thing that
-reads it: the same compositions, 15 % less time (BENCHMARKS.md section 16).
+While it is open, Hydra also builds the interpolation map of a defaults list (an OmegaConf config of
+every group choice so far, built for each config that has a defaults list: 19 per cell of the thesis
+grid) only where an entry of that list interpolates, the one thing that reads it: the same
+compositions, 15 % less time (docs/benchmarks/2026-11-29-dry-run.md, "The dry run on every core, a
+probe that stops once steady (2026-11-29)").
 """
 
 from __future__ import annotations

@@ -207,11 +207,12 @@ def _check_config_source(args) -> None:  # noqa: ANN001 - argparse's Namespace
     declaration = Accepts("path", path="read")
     named = (
         ("--config-dir", args.config_dir, os.path.abspath(args.config_dir or ".")),
-        # relative to the directory of the module that declares `@hydra.main`: harness/
+        # relative to the directory of the module that declares `@hydra.main`: harness/, the
+        # package above harness/commands/dryrun.py
         (
             "--config-path",
             args.config_path,
-            os.path.join(Path(dryrun.__file__).parent, args.config_path or ""),
+            os.path.join(Path(dryrun.__file__).parents[1], args.config_path or ""),
         ),
         ("--config-name", args.config_name, f"{args.config_name}.yaml"),
     )

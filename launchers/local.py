@@ -109,8 +109,10 @@ def submit_local(
 def gpu_parameters(declared: str | None) -> dict[str, Any]:
     """submitit's settings that give a local cell's workers the GPUs this process sees.
 
-        submitit sets the tasks' CUDA_VISIBLE_DEVICES to the GPUs it is given, none unless told:
-        a CUDA cell's workers would see no GPU (seen on an H100, BENCHMARKS.md section 13).
+        submitit sets the tasks' CUDA_VISIBLE_DEVICES to the GPUs it is given, none unless told: a
+        CUDA cell's workers would see no GPU (seen on an H100:
+        docs/benchmarks/2026-11-25-cuda-h100-h200.md, "The CUDA path's first run on a GPU: one H100
+        (2026-11-25)").
         `declared` is this process's CUDA_VISIBLE_DEVICES (None: unset, then every GPU torch
         counts). submitit takes GPU indices only; GPU UUIDs or MIG names are exported by its
         `setup` lines instead. No GPU here: nothing (submitit's default, none); a machine without
@@ -206,11 +208,11 @@ def wait_for_cell(
 
 
 def every_worker_returned(job: submitit.Job) -> bool:
-    """Whether every worker's function returned and submitit saved its value: then all a
-    worker has left is the interpreter's exit, which takes a process that imported torch
-    about 1.2 s on this machine (BENCHMARKS.md section 16), every cell of a sweep; the launcher
-    ends them instead. A worker whose function raised is left to exit by itself: it is still
-    printing its traceback."""
+    """Whether every worker's function returned and submitit saved its value: then all a worker has
+    left is the interpreter's exit, which takes a process that imported torch about 1.2 s on this
+    machine (docs/benchmarks/2026-12-01-process-exit.md, "A local cell's workers ended once they
+    returned (2026-12-01)"), every cell of a sweep; the launcher ends them instead. A worker whose
+    function raised is left to exit by itself: it is still printing its traceback."""
     tasks = [job.task(rank) for rank in range(job.num_tasks)] if job.num_tasks > 1 else [job]
     return all(_saved_outcome(task.paths.result_pickle) == "success" for task in tasks)
 

@@ -2,7 +2,7 @@
 # Build and install Horovod 0.28.1 (its last release) into .venv against the pinned torch.
 #
 # Horovod 0.28.1 does not build against torch 2.14 as released; three changes make it build
-# (measured, see ../shared/notes/horovod.md in the project workspace):
+# (each found by building it; docs/install.md, "Horovod's build", has what was measured):
 #   1. torch 2.14's headers need C++20: Horovod's CMake files ask for C++14 (and C++11 for CUDA).
 #   2. CMake 4 rejects gloo's old cmake_minimum_required: CMAKE_POLICY_VERSION_MINIMUM=3.5.
 #   3. With a CUDA build of torch, Horovod's CMake requires the CUDA toolkit (cudart and its

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The CUDA path on one GPU, as BENCHMARKS.md section 13 measured it: the CUDA tests
-# (tests/integration/test_cuda.py: a cell on cuda, DDP and FSDP2 over a real NCCL group of one rank), cells
-# that train on the GPU (ResNet-18 on MNIST, Llama-tiny and GPT-2 small on tokens), the memory
-# model against the CUDA allocator's peak (4 networks x 2 batch sizes), DDP and FSDP2 with one
-# worker, and two workers on the one GPU (DDP over gloo; GPipe, which cannot run there). Then
-# the report: every cell's seconds per epoch (median and spread over its epochs),
-# peak MB, the memory model's prediction and its error (scripts/gpu_report.py).
+# The CUDA path on one GPU, as measured in docs/benchmarks/2026-11-25-cuda-h100-h200.md, "CUDA on
+# one H100, then on one H200 (2026-11-25 to 2026-11-28)": the CUDA tests
+# (tests/integration/test_cuda.py: a cell on cuda, DDP and FSDP2 over a real NCCL group of one
+# rank), cells that train on the GPU (ResNet-18 on MNIST, Llama-tiny and GPT-2 small on tokens), the
+# memory model against the CUDA allocator's peak (4 networks x 2 batch sizes), DDP and FSDP2 with
+# one worker, and two workers on the one GPU (DDP over gloo; GPipe, which cannot run there). Then
+# the report: every cell's seconds per epoch (median and spread over its epochs), peak MB, the
+# memory model's prediction and its error (scripts/gpu_report.py).
 #
 #   scripts/gpu_check.sh [OUTDIR]      # default outputs/gpu_check; PYTHON=..., HARDWARE=...
 #   STEPS="tests gpipe_2_gloo" scripts/gpu_check.sh   # only these steps (names as printed)

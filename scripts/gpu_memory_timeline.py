@@ -1,12 +1,13 @@
 """`python scripts/gpu_memory_timeline.py [--networks ...] [--batches ...] [--json FILE]`: where
 a training step's CUDA allocator peak comes from, beside the memory model's terms.
 
-BENCHMARKS.md section 13 found the memory model off the CUDA allocator's peak in one shape: the
-predicted peak grows 16-29 % faster with the batch than the measured one, and its part that
-does not grow with the batch is 80-150 MB too low. Two causes were named and not separated:
-autograd saving less per sample on CUDA than the CPU measurement of `predict.activations`
-says, and cuBLAS/cuDNN workspaces counted in `max_memory_allocated`. This script separates
-them, for sequential cells (one worker, the harness's own network, optimizer and data):
+The first run on an H100 (docs/benchmarks/2026-11-25-cuda-h100-h200.md, "The CUDA path's first run
+on a GPU: one H100 (2026-11-25)") found the memory model off the CUDA allocator's peak in one shape:
+the predicted peak grows 16-29 % faster with the batch than the measured one, and its part that does
+not grow with the batch is 80-150 MB too low. Two causes were named and not separated: autograd
+saving less per sample on CUDA than the CPU measurement of `predict.activations` says, and
+cuBLAS/cuDNN workspaces counted in `max_memory_allocated`. This script separates them, for
+sequential cells (one worker, the harness's own network, optimizer and data):
 
 - what autograd saves, measured by `predict.activations.measure` on the CPU (what the model
   uses) and on the GPU (the same hooks, the GPU's kernels);
@@ -24,9 +25,11 @@ with the CUDA allocator's history on, and names what is alive at the trace's pea
 block's size grouped by the innermost frame of this repository's code that allocated it, beside
 the cell's recorded peak. That is where a real cell's peak parts from the bare step's.
 
-Needs a CUDA device; runs from a checkout (`harness/conf` linked to `conf/` where distbench
-is not installed), as scripts/gpu_check.sh does. Written for the next session lent a GPU: it
-has not run on one yet (its CPU parts, the saved bytes and the model's terms, have).
+Needs a CUDA device; runs from a checkout (`harness/conf` linked to `conf/` where distbench is not
+installed), as scripts/gpu_check.sh does. Run on one H200:
+docs/benchmarks/2026-11-25-cuda-h100-h200.md, "Where the CUDA peak comes from (one H200,
+2026-11-28)" (the bare steps) and docs/benchmarks/2026-12-01-cuda-allocator-history.md, "The memory
+model against the CUDA allocator's history (one H200, 2026-12-01)" (`--owners`).
 """
 
 from __future__ import annotations
@@ -42,7 +45,10 @@ from harness.config.units import BYTES_PER_MB
 from harness.costs import activations
 from harness.measure import saved_activations
 from harness.predict.cell import memory_terms_per_worker
-from harness.predict.facts import FactsCache, gather
+from harness.predict.facts.cache import FactsCache
+from harness.predict.facts.gather import gather
+from harness.predict.facts.policy import FactsPolicy
+from harness.worker.measurements import WorkerMeasurements
 
 # The saved bytes of a network on a device, measured once whatever the batch (they are affine
 # in it: `predict.activations`).
@@ -338,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump(rows, stream, indent=1)
         return 0
     rows = []
-    facts = FactsCache(probe=False)  # one network's facts serve each of its batches
+    # one network's facts serve each of its batches
+    facts = FactsCache(FactsPolicy(probe=False), WorkerMeasurements())
     print(
         f"{'network':12} {'batch':>5} {'model':>8} {'peak':>8} {'fwd+':>8} {'bwd peak+':>9} "
         f"{'model act+bwd':>13} {'saved cpu':>9} {'saved gpu':>9} {'/sample cpu':>11} "

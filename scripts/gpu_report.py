@@ -1,13 +1,15 @@
 """`python scripts/gpu_report.py DIR [--json FILE]`: the cells measured under DIR (every
 result.json below it), with the memory model's prediction beside each worker's measured peak.
 
-What a cell measured is compared with the part of the prediction that its measurement counts.
-On CUDA the harness records the CUDA allocator's peak (`torch.cuda.max_memory_allocated`),
-which leaves the CUDA context out: the prediction then is every term less the context (the
-part of the runtime share, `predict.runtime`, outside torch's allocator, printed in its own
-column; the math libraries' workspaces, the share's other part, are in the allocator's
-peak). On a CPU the recorded peak is the process's resident set, and the whole prediction
-counts. `scripts/gpu_check.sh` runs this after its cells (BENCHMARKS.md sections 13, 18).
+What a cell measured is compared with the part of the prediction that its measurement counts. On
+CUDA the harness records the CUDA allocator's peak (`torch.cuda.max_memory_allocated`), which leaves
+the CUDA context out: the prediction then is every term less the context (the part of the runtime
+share, `predict.runtime`, outside torch's allocator, printed in its own column; the math libraries'
+workspaces, the share's other part, are in the allocator's peak). On a CPU the recorded peak is the
+process's resident set, and the whole prediction counts. `scripts/gpu_check.sh` runs this after its
+cells (docs/benchmarks/2026-11-25-cuda-h100-h200.md, "CUDA on one H100, then on one H200 (2026-11-25
+to 2026-11-28)"; docs/benchmarks/2026-12-01-cuda-allocator-history.md, "The memory model against the
+CUDA allocator's history (one H200, 2026-12-01)").
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ sys.path.insert(0, str(ROOT))  # run as a file from a checkout: the harness besi
 
 from harness.distributions.registry import config_from_record  # noqa: E402
 from harness.predict.cell import memory_terms_per_worker  # noqa: E402
-from harness.predict.facts import FactsCache, gather  # noqa: E402
+from harness.predict.facts.cache import FactsCache  # noqa: E402
+from harness.predict.facts.gather import gather  # noqa: E402
+from harness.predict.facts.policy import FactsPolicy  # noqa: E402
+from harness.worker.measurements import WorkerMeasurements  # noqa: E402
 
 
 def worker_peaks(result: dict[str, Any]) -> list[float]:
@@ -116,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     paths = sorted(args.directory.rglob("result.json"), key=lambda p: p.stat().st_mtime)
-    cache = FactsCache(probe=False)  # memory facts only: no step is timed
+    # memory facts only: no step is timed
+    cache = FactsCache(FactsPolicy(probe=False), WorkerMeasurements())
     rows = [summarise(json.loads(path.read_text()), cache) for path in paths]
     print(table(rows))
     if args.json:

@@ -14,7 +14,8 @@ import pytest
 
 from tests.helpers import SLURM_SCRIPT, install_slurm_where_missing
 
-# The whole suite's time budget on CI (2 cores, no GPU; BENCHMARKS.md "The test suite's time").
+# The whole suite's time budget on CI (2 cores, no GPU; BENCHMARKS.md, "How long commands take,
+# and the test suite").
 # A run of the whole suite that takes longer says so at its end, with what to do: the guard
 # reports and fails nothing, since a slow machine is no bug of the code.
 SUITE_BUDGET_S = 25 * 60
@@ -90,8 +91,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         f"or move a measurement of scale to tests/benchmarks (-m perf)"
     )
     # The suite's time scales with the host: on one whose reference kernel read 93 ms it took
-    # 46 min, where 21 min on hosts at 17-30 ms (BENCHMARKS.md section 16). Timed now, after
-    # the tests, on a quiet machine: which of the two the overrun is.
+    # 46 min, where 21 min on hosts at 17-30 ms (BENCHMARKS.md, "How long commands take, and the
+    # test suite"). Timed now, after the tests, on a quiet machine: which of the two the overrun is.
     from harness.measure.steadiness import reference_seconds
 
     terminalreporter.write_line(
@@ -106,7 +107,7 @@ def isolated_environment(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Keep tests off the user's ~/.cache and MLflow settings."""
-    cache = tmp_path_factory.getbasetemp() / "dataset-cache"  # shared: generated once per session
+    cache = tmp_path_factory.getbasetemp() / "dataset-cache"  # shared: generated once per test run
     monkeypatch.setenv("DISTBENCH_CACHE_DIR", str(cache))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("DISTBENCH_PARENT_RUN_ID", raising=False)

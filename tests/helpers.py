@@ -174,14 +174,14 @@ def spawn_workers(function: Callable[..., None], args: tuple, nprocs: int) -> No
     """`function(rank, *args)` in `nprocs` new processes, as torch.multiprocessing.spawn runs
     it (an exception in any worker is raised here), started from a forkserver instead of a
     fresh interpreter each: real, separate processes with their own gloo group, but torch and
-    the harness are imported once per test session (in the forkserver, which never ran a torch
+    the harness are imported once per test run (in the forkserver, which never ran a torch
     op, so the forked workers share no thread pool or lock state) instead of once per worker,
     several seconds each on 2 CPU cores."""
     import multiprocessing
 
     import torch.multiprocessing
 
-    # Takes effect when the session's forkserver starts (at the first call), later calls keep it;
+    # Takes effect when the test run's forkserver starts (at the first call), later calls keep it;
     # the worker's own module is imported by each worker, cheaply once the preload is in.
     multiprocessing.set_forkserver_preload([*_WORKER_PRELOAD, function.__module__])
     torch.multiprocessing.start_processes(

@@ -49,23 +49,18 @@ from harness.analysis.grid import (
 )
 from harness.analysis.noise import NoiseFloor, noise_floor, noise_floor_per_model
 from harness.analysis.recommendations import judge, memory_verdicts, tie_summary
-from harness.analysis.report import setting_label, write_report
+from harness.analysis.report import write_report
 from harness.analysis.step_from_cells import StepFromCells, judge_with_steps_from_cells
 from harness.cli.errors import command
 from harness.cli.preflight import check_writable_dir
 from harness.commands.compose import compose_config
+from harness.commands.facts_options import command_parser
 from harness.config.schema import ConfigError, DistbenchConfig, validate
 from harness.predict.cell import epoch_terms, memory_per_worker_mb, recorded_peak_mb
-from harness.predict.facts import (
-    FactsCache,
-    at_machine_speed,
-    cache_for,
-    command_parser,
-    gather,
-    speed_ratio,
-    step_time_source,
-    step_times_used,
-)
+from harness.predict.facts.cache import FactsCache, cache_for, step_time_source, step_times_used
+from harness.predict.facts.gather import gather
+from harness.predict.facts.speed import at_machine_speed, speed_ratio
+from harness.predict.labels import setting_label
 from harness.predict.parameters import PARAMETERS
 from harness.profiles.hardware import (
     HardwareProfile,
@@ -76,6 +71,7 @@ from harness.profiles.hardware import (
 )
 from harness.records.mlflow_store import tracking_uri
 from harness.records.tracking import log_run
+from harness.worker.measurements import WorkerMeasurements
 from workloads.datasets.atomic import write_json_atomic
 from workloads.progress import track
 
@@ -130,7 +126,7 @@ def predict_cells(
     """The raw equations' terms and memory for every measured cell, each hardware's links
     from `profiles` (`hardware_profiles`); `at_cells_speed`: a step time taken from
     sequential cells is moved to the machine speed each cell ran at
-    (`predict.facts.at_machine_speed`)."""
+    (`predict.facts.speed.at_machine_speed`)."""
     predictions = []
     for cell in track(cells, len(cells), "predicting cells", "cell(s)"):
         facts, scale = gather(cell.config, cache), 1.0
@@ -381,7 +377,7 @@ def analyse(
             "cells_left_out_unsteady": len(unsteady) if exclude_unsteady else 0,
             # Whether the accuracy's `network_*` errors (NaN where not) could be measured.
             "leave_one_network_out": {"measured": note is None, "why": note},
-            "probe_batches": cache.probe_batches,
+            "probe_batches": cache.policy.probe_batches,
             "accuracy": [asdict(row) for row in table],
             "recommendations": [
                 {
@@ -672,14 +668,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     uri = tracking_uri(config.tracking.uri, config.run.output_dir)
     cache = cache_for(
         options.probe_batches,
+        measurements=WorkerMeasurements(),
         probe=not options.no_probe,
         facts_root=Path(config.run.output_dir),
         tracking_uri=uri,
         probe_spread=options.probe_spread,
+        # A pipeline whose planner asks for it has each plan's stages timed in place, once
+        # (seconds a plan; kept in the facts file): the recommender reads them from there.
+        time_in_place=not options.no_probe,
     )
-    # A pipeline whose planner asks for it has each plan's stages timed in place, once
-    # (seconds a plan; kept in the facts file): the recommender reads them from there.
-    cache.time_in_place = not options.no_probe
     check_writable_dir("run.output_dir", config.run.output_dir)  # the report goes there
     _check_store_exists(uri, config.tracking.experiment)
     analyse(

@@ -25,12 +25,15 @@ from harness.config.schema import ConfigError, HardwareConfig
 from harness.predict.parameters import RAW
 from harness.profiles.steps import StepTime, steps_from_other_machines
 
-# How far the raw (uncalibrated) equations have missed measured cells, as a factor either way:
-# an uncalibrated option's range is its prediction / RAW_ERROR_FACTOR to its prediction x
-# RAW_ERROR_FACTOR. Measured (docs/recommend.md, "How sure a range is"): issue 23's first-day
-# cells on local_2cpu ran 1.8-2.8x (DDP, ResNet-18/MNIST: 2.97 s predicted, 5.44-8.35 s
-# measured) and 2.9x (GPipe: 3.53 s, 10.27 s) the raw prediction; BENCHMARKS.md section 7's
-# raw equations were up to 63 % off, section 12's up to 31 %. 3 covers every recorded miss.
+# How far the raw (uncalibrated) equations have missed measured cells, as a factor either way: an
+# uncalibrated option's range is its prediction / RAW_ERROR_FACTOR to its prediction x
+# RAW_ERROR_FACTOR. Measured (docs/recommend.md, "How sure a range is"): a first day's cells on
+# local_2cpu, with no probe and no fit, ran 1.8-2.8x (DDP, ResNet-18/MNIST: 2.97 s predicted,
+# 5.44-8.35 s measured) and 2.9x (GPipe: 3.53 s, 10.27 s) the raw prediction; the raw equations were
+# up to 63 % off on a busy machine (docs/benchmarks/2026-11-23-local-calibration-held-out.md, "A
+# first 20-cell grid (superseded by the held-out calibration below)") and up to 31 % on a quiet one
+# (docs/benchmarks/2026-11-25-transformers-and-open-networks.md, "A small calibration of two
+# families"). 3 covers every recorded miss.
 RAW_ERROR_FACTOR = 3.0
 
 # The sweep and analysis that calibrate a hardware (conf/sweep/calibrate_local.yaml: every
@@ -154,8 +157,9 @@ def coverage(path: Path, hardware: str, data: dict[str, Any] | None = None) -> F
 
 
 def _models(data: dict[str, Any], hardware: str) -> dict[str, int]:
-    """Cells per model on `hardware`: the entry's own count (analyses since issue 23); an
-    older fit of one hardware, from its residuals (every cell's model); else none is known."""
+    """Cells per model on `hardware`: the entry's own count (`models`, which every analysis now
+    writes); an older fit of one hardware, from its residuals (every cell's model); else none is
+    known."""
     entry = data["hardware"][hardware]
     if isinstance(entry.get("models"), dict):
         return {str(model): int(cells) for model, cells in entry["models"].items()}

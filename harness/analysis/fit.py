@@ -46,7 +46,7 @@ class CellPrediction:
     memory_fitted_mb: float = float("nan")  # with the held-out runtime share
     # The machine's speed while the cell ran over its speed around the step time the cell was
     # predicted from (reference kernels, cell / step time; NaN where either is not recorded),
-    # and whether the step time was scaled by it (`predict.facts.at_machine_speed`).
+    # and whether the step time was scaled by it (`predict.facts.speed.at_machine_speed`).
     speed_ratio: float = float("nan")
     speed_scaled: bool = False
 

@@ -154,7 +154,7 @@ def step_time_machine_lines(
     predictions use (probed by an analysis run elsewhere, or read from a facts file kept on
     another machine with --no-probe). Such a step time holds that machine's speed: the
     reference kernel scales only step times taken from the cells themselves
-    (`predict.facts.at_machine_speed`), and across instruction sets not even those reliably.
+    (`predict.facts.speed.at_machine_speed`), and across instruction sets not even those reliably.
     Silent where no cell names its machine (recorded before `cpu_capability` was)."""
     machines = {cell.machine for cell in cells if cell.machine}
     other = steps_from_other_machines(

@@ -16,10 +16,11 @@ analysis states every model's error beside it. Two kinds of repeated measurement
 The floor is the median of those per-cell figures (per model, and over the grid). The two
 kinds are also stated apart, since they are not the same noise: back-to-back repeats share the
 machine's state (its clock, its neighbours, its caches), separate runs do not. On the emulated
-calibration (BENCHMARKS.md section 16) repeats differed by a median 0.9 %, and the 11 cells
-measured in two runs, each because its first run was unsteady, by 8.6 %; an error can only be
-judged against the floor of the kind of measurement it will be compared with, which for a
-recommendation is another run: where it is measured, the recommender's ties use it
+calibration (docs/benchmarks/2026-11-28-commands-and-suite.md, "The suite in two processes; a prompt
+cell's launcher without torch; the noise floor by kind (2026-11-28)") repeats differed by a median
+0.9 %, and the 11 cells measured in two runs, each because its first run was unsteady, by 8.6 %; an
+error can only be judged against the floor of the kind of measurement it will be compared with,
+which for a recommendation is another run: where it is measured, the recommender's ties use it
 (`harness.analysis.calibration`).
 """
 

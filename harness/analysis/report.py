@@ -24,9 +24,8 @@ from harness.analysis.fit import (
 )
 from harness.analysis.noise import NoiseFloor
 from harness.analysis.recommendations import MemoryVerdict, WorkloadVerdict, tie_summary
-from harness.config.schema import DistbenchConfig
-from harness.costs.partition import StagePlan
-from harness.distributions.registry import baseline, spec_of
+from harness.distributions.registry import baseline
+from harness.predict.labels import setting_label
 from harness.predict.parameters import PARAMETERS
 from harness.profiles.steps import StepTime
 
@@ -35,12 +34,6 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from harness.analysis.step_from_cells import StepFromCells
-
-
-def setting_label(config: DistbenchConfig, plan: StagePlan | None = None) -> str:
-    """A configuration in a few characters: the model and its main settings (a pipeline
-    cell's plan is `plan`, else its configured one): `DistributionSpec.label`."""
-    return spec_of(config).label(config, plan)
 
 
 def workload_label(workload: tuple[str, str]) -> str:

@@ -5,11 +5,12 @@ a probe of a few batches, timed once, minutes to hours away from the cells: what
 recommendation for a network never measured gets. On a shared host the probe and the cells
 then ran at different speeds: on `local_2cpu` two probes' step times were 0.86-1.13 of the
 grid's own one-worker cells (two probes four minutes apart disagreed as much), and every cell of
-a network carried its probe's miss (BENCHMARKS.md section 17, twenty-second session).
+a network carried its probe's miss (docs/benchmarks/2026-11-30-step-from-cells.md, "The
+models' own error, apart from the probe's step times (2026-11-30)").
 
 So the models are judged a second time, with the grid's sequential cells as the step time of
 their network (measured minutes from its other cells, over as many batches; each cell scaled
-by its reference kernel over theirs, `predict.facts.at_machine_speed`), the parameters fitted
+by its reference kernel over theirs, `predict.facts.speed.at_machine_speed`), the parameters fitted
 the same way, network held out. What error is left is the models' own; the gap between the two
 judgements is the step time's. Judged there are the cells whose step time their network's
 one-worker cells measured: not the sequential model's (its cells are its step time), nor a
@@ -28,7 +29,8 @@ from harness.analysis.fit import Accuracy, CellPrediction, accuracy, held_out
 from harness.analysis.grid import MeasuredCell
 from harness.analysis.recommendations import WorkloadVerdict, judge
 from harness.distributions.registry import baseline
-from harness.predict.facts import FactsCache, MissingMeasurement, step_time_source
+from harness.predict.facts.cache import FactsCache, step_time_source
+from harness.predict.facts.store import MissingMeasurement
 
 
 @dataclass(frozen=True)
@@ -96,9 +98,7 @@ def cells_step_cache(cache: FactsCache) -> FactsCache:
     memory facts)."""
     return replace(
         cache,
-        steps_from_cells=True,
-        probe=False,
-        time_in_place=False,
+        policy=replace(cache.policy, steps_from_cells=True, probe=False, time_in_place=False),
         step_seconds={},
         sources={},
         recorded={},

@@ -107,7 +107,9 @@ def predict(cells: Sequence[PlannedCell]) -> Predictions:
     from harness.analysis.calibration import Fitted, choose_fit
     from harness.distributions.registry import specs
     from harness.predict.cell import epoch_terms
-    from harness.predict.facts import FactsCache, gather, step_time_source
+    from harness.predict.facts.cache import FactsCache, step_time_source
+    from harness.predict.facts.gather import gather
+    from harness.predict.facts.policy import FactsPolicy
     from harness.profiles.hardware import profile_for
 
     predictions = Predictions()
@@ -133,9 +135,9 @@ def predict(cells: Sequence[PlannedCell]) -> Predictions:
         if why_not is not None:
             _missing(predictions, why_not, planned)
             continue
-        cache = caches.setdefault(
-            root, FactsCache(probe=False, measure_memory=False, facts_root=Path(root))
-        )
+        # no measurements: a dry run reads kept facts only, and starts no worker
+        policy = FactsPolicy(probe=False, measure_memory=False, facts_root=Path(root))
+        cache = caches.setdefault(root, FactsCache(policy))
         try:
             facts = gather(config, cache)
             terms = epoch_terms(config, facts, profile_for(config.hardware, Path(root)))
@@ -172,11 +174,12 @@ def _machine_lines(
 
 def _unpredictable(config: DistbenchConfig) -> str | None:
     """Why a cell whose prediction takes a layer profile (a pipeline's, or one whose
-    collectives hide behind its compute: `predict.facts.needs_layer_profile`) cannot be
+    collectives hide behind its compute: `predict.facts.gather.needs_layer_profile`) cannot be
     predicted without measuring: no profile kept for its network on its device (taking one
     means training the network's layers here)."""
     from harness.distributions.registry import spec_of
-    from harness.predict.facts import FactsStore, facts_path, needs_layer_profile
+    from harness.predict.facts.gather import needs_layer_profile
+    from harness.predict.facts.store import FactsStore, facts_path
 
     if not needs_layer_profile(config):
         return None

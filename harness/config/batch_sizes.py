@@ -1,7 +1,7 @@
-"""Default batch sizes per dataset (SPEC Table 3.3) for the models that train one batch per
-worker (sequential, Horovod, DDP) or per minibatch (PipeDream). GPipe's whole batch and its
-micro-batch count are its own (`harness.distributions.gpipe`); the divisor arithmetic below
-is what picks a micro-batch count that splits a given batch, and what refusals suggest."""
+"""Default batch sizes per dataset (Table 3.3, docs/thesis.md) for the models that train one batch
+per worker (sequential, Horovod, DDP) or per minibatch (PipeDream). GPipe's whole batch and its
+micro-batch count are its own (`harness.distributions.gpipe`); the divisor arithmetic below is what
+picks a micro-batch count that splits a given batch, and what refusals suggest."""
 
 from __future__ import annotations
 

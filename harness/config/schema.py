@@ -35,7 +35,9 @@ from harness.config.accepts import (
 )
 from harness.config.batch_sizes import default_batch_size
 from workloads.datasets.spec import BYTE_VOCAB, DATASET_SPECS, DatasetSpec
-from workloads.networks.ref import NetworkRef, canonical_json
+from workloads.networks import registry as network_registry
+from workloads.networks.ref import BUILTIN, NetworkError, NetworkRef, canonical_json
+from workloads.networks.source import SOURCE_SETTINGS, NetworkSourceSpec
 
 # torch.manual_seed's range (an unsigned 64-bit integer).
 MAX_SEED = 2**64 - 1
@@ -81,25 +83,6 @@ class DataSource(str, Enum):
     real = "real"  # read from `dataset.root` through torchvision
 
 
-class NetworkName(str, Enum):
-    """The six built-in networks of the thesis (network.source=builtin)."""
-
-    resnet18 = "resnet18"
-    resnet50 = "resnet50"
-    resnet152 = "resnet152"
-    vgg11 = "vgg11"
-    vgg16 = "vgg16"
-    mobilenetv2 = "mobilenetv2"
-
-
-class NetworkSource(str, Enum):
-    builtin = "builtin"  # one of NetworkName, by network.name
-    module = "module"  # a user's factory or class: network.target, network.kwargs
-    torchvision = "torchvision"  # torchvision.models by network.arch, network.kwargs
-    timm = "timm"  # timm.create_model(network.arch, **network.kwargs)
-    hf = "hf"  # transformers: config class of model type network.arch, fields network.config
-
-
 class Device(str, Enum):
     cpu = "cpu"
     cuda = "cuda"
@@ -108,6 +91,20 @@ class Device(str, Enum):
 class OptimizerName(str, Enum):
     sgd = "sgd"  # with momentum: what the thesis trained its CNNs with
     adamw = "adamw"  # two states per weight: how language models are trained
+
+
+def _network_sources() -> dict[str, NetworkSourceSpec]:
+    """Every network source, in their order (`workloads.networks.registry.sources`); a source
+    registered by another package that cannot be loaded is bad input, refused in one line."""
+    try:
+        return network_registry.sources()
+    except NetworkError as err:
+        raise ConfigError(str(err)) from None
+
+
+def _either(names: list[str]) -> str:
+    """ "a, b or c": one of `names`, in a message."""
+    return " or ".join(filter(None, (", ".join(names[:-1]), *names[-1:])))
 
 
 def require(condition: bool, key: str, value: Any, allowed: str) -> None:
@@ -127,7 +124,7 @@ def _check_positive(
 
 @dataclass
 class DatasetConfig:
-    """What is trained on (SPEC Table 3.2)."""
+    """What is trained on (Table 3.2, docs/thesis.md)."""
 
     _section: ClassVar[str] = "dataset"
     name: DatasetName = DatasetName.mnist
@@ -153,7 +150,7 @@ class DatasetConfig:
     # Samples of the held-out evaluation split evaluated after every epoch (run.eval): the
     # real datasets' test split, or a synthetic split generated like the training data.
     # null = one tenth of the epoch's samples (at most the split), which
-    # keeps evaluation under 5 % of a cell's wall time (BENCHMARKS.md).
+    # keeps evaluation under 5 % of a cell's wall time (BENCHMARKS.md, "Time to quality").
     eval_samples: int | None = field(default=None, metadata=integer(1, MAX_COUNT, "samples"))
     # Token datasets (tokens, text): tokens per sample and the vocabulary; null = the
     # dataset's default (128 and 256, the byte-level tokenizer's ids). Refused for images.
@@ -263,7 +260,9 @@ class NetworkConfig:
     # The network's label (tables, run names, MLflow); a built-in's name. Empty for another
     # source = derived from network.arch or network.target.
     name: str = "resnet18"
-    source: NetworkSource = NetworkSource.builtin
+    # Where the network comes from: a network source's name (`workloads.networks.registry`:
+    # builtin, module, torchvision, timm, hf, and those other packages register).
+    source: str = BUILTIN
     # source=module: "package.module:factory" (or a class), importable where the cell runs.
     target: str | None = None
     # source=torchvision/timm: the model's name in the zoo; source=hf: the transformers model
@@ -281,41 +280,33 @@ class NetworkConfig:
     blocks: str | None = None
 
     def __post_init__(self) -> None:
-        source = self.source
-        if source is NetworkSource.builtin:
+        """What the source's spec asks of the config (`NetworkSourceSpec`): a name of its
+        closed list, the key it needs, and no key of another source's."""
+        source = self.source_spec
+        if source.names is not None:
+            others = [name for name, spec in _network_sources().items() if spec.names is None]
             require(
-                self.name in NetworkName.__members__,
+                self.name in source.names,
                 "network.name",
                 self.name,
-                f"allowed built-in networks: {', '.join(NetworkName.__members__)}; any "
-                f"other network: network=module, torchvision, timm or hf",
+                f"allowed {source.title} networks: {', '.join(source.names)}; any "
+                f"other network: network={_either(others)}",
             )
-        need = {
-            NetworkSource.module: "target",
-            NetworkSource.torchvision: "arch",
-            NetworkSource.timm: "arch",
-            NetworkSource.hf: "arch",
-        }.get(source)
+        need = source.requires
         if need is not None:
             require(
                 bool(getattr(self, need)),
                 f"network.{need}",
                 getattr(self, need),
-                f"network.source={source.value} needs network.{need}",
+                f"network.source={source.name} needs network.{need}",
             )
-        for key, used_by in (
-            ("target", (NetworkSource.module,)),
-            ("arch", (NetworkSource.torchvision, NetworkSource.timm, NetworkSource.hf)),
-            ("config", (NetworkSource.hf,)),
-            ("kwargs", (NetworkSource.module, NetworkSource.torchvision, NetworkSource.timm)),
-            ("blocks", (NetworkSource.module, NetworkSource.torchvision, NetworkSource.timm)),
-        ):
+        for key in SOURCE_SETTINGS:
+            used_by = [name for name, spec in _network_sources().items() if key in spec.settings]
             require(
-                not getattr(self, key) or source in used_by,
+                not getattr(self, key) or key in source.settings,
                 f"network.{key}",
                 getattr(self, key),
-                f"is a setting of network.source="
-                f"{', '.join(s.value for s in used_by)}, not of {source.value}",
+                f"is a setting of network.source={', '.join(used_by)}, not of {source.name}",
             )
         if not self.name:
             self.name = (self.arch or str(self.target)).replace(":", ".").split(".")[-1]
@@ -327,11 +318,22 @@ class NetworkConfig:
         )
 
     @property
+    def source_spec(self) -> NetworkSourceSpec:
+        """The spec of the network's source; ConfigError names the sources there are."""
+        try:
+            return _network_sources()[self.source]
+        except KeyError:
+            raise ConfigError(
+                f"network.source={self.source!r} is invalid: allowed: "
+                f"{', '.join(_network_sources())}"
+            ) from None
+
+    @property
     def ref(self) -> NetworkRef:
         """The network as workloads.networks builds it (hashable)."""
         return NetworkRef(
             name=self.name,
-            source=self.source.value,
+            source=self.source,
             target=self.target,
             arch=self.arch,
             options_json=canonical_json(dict(self.config or self.kwargs)),
@@ -420,7 +422,7 @@ class DistributionConfig:
             "batch_size",
             self.batch_size,
             nullable=True,
-            null_means="SPEC Table 3.3 for the dataset and distribution model",
+            null_means="the thesis' Table 3.3 for the dataset and distribution model",
         )
         require(
             self.backend in (None, "gloo", "nccl"),
@@ -430,7 +432,7 @@ class DistributionConfig:
         )
 
     def default_batch_size(self, dataset: str) -> int:
-        """The batch size of SPEC Table 3.3 (per worker)."""
+        """The batch size of Table 3.3 (docs/thesis.md; per worker)."""
         return default_batch_size(dataset)
 
     def workers(self, hardware: HardwareConfig) -> int:
@@ -812,25 +814,19 @@ class DistbenchConfig:
         )
 
     def check_network(self) -> None:
-        """The network takes the dataset's input: an image network on token data (or the
-        reverse) is refused by name; another source's network is built and run on the meta
-        device (workloads.networks.check), once per (network, dataset shape)."""
-        spec = self.dataset.spec
-        if self.network.source is NetworkSource.builtin:
-            require(
-                not spec.tokens,
-                "network",
-                self.network.name,
-                f"an image network; dataset={spec.name} holds tokens: choose a language "
-                f"model (network=llama_tiny, gpt2_small, ..., or network=hf) or an image "
-                f"dataset",
-            )
-            return
-        from workloads.networks import NetworkError
-        from workloads.networks.check import check_network
-
+        """The network takes the dataset's input: asked of its source without building it
+        where the source can answer so (a built-in network on token data is refused by name),
+        else the network is built and run on the meta device (workloads.networks.check), once
+        per (network, dataset shape)."""
+        spec, ref = self.dataset.spec, self.network.ref
         try:
-            check_network(self.network.ref, spec)
+            input_check = self.network.source_spec.input_check
+            if input_check is not None:  # answered without building the network (nor torch)
+                input_check(ref, spec)
+                return
+            from workloads.networks.check import check_network
+
+            check_network(ref, spec)
         except NetworkError as err:
             raise ConfigError(str(err)) from None
 
@@ -877,7 +873,7 @@ class DistbenchConfig:
 
     @property
     def batch_size(self) -> int:
-        """The batch size this cell trains with: the override, else SPEC Table 3.3."""
+        """The batch size this cell trains with: the override, else Table 3.3 of docs/thesis.md."""
         if self.distribution.batch_size is not None:
             return self.distribution.batch_size
         return self.distribution.default_batch_size(self.dataset.name.value)

@@ -3,7 +3,8 @@ facts (the thesis' chapters 4-6, symbols as in its Table 5.1: docs/thesis.md).
 
 `terms` (the epoch split by cause and the free parameters every model shares), `memory`
 (weights, gradients, optimizer state, activations per worker), `allreduce` (Eq. 5.1's ring),
-`overlap` (a step's compute and collectives on a timeline: what hides behind what),
+`overlap` (a step's compute and collectives on a timeline: what hides behind what), `onefoneb`
+(PipeDream's 1F1B schedule as data: each worker's operations, the batches it divides),
 `activations` (what autograd saves per layer, as records, and a stage's share of it) and
 `partition` (stage plans that balance a pipeline's layers by their cost).
 

@@ -20,14 +20,17 @@ PipeDream's stage memory in their `equations`):
   made, about as many bytes again: the largest entry's saved bytes (a whole residual block for
   a ResNet, one layer for a VGG), on a CPU. On CUDA none (`held_on_the_device`): each
   entry's saved tensors are freed as its backward runs and the caching allocator hands their
-  blocks to the next gradients, so the backward peaked 8-56 MB above the forward's end
-  whatever the batch, within the gradients counted whole (on an H200, four networks at
-  batches 32 and 128: BENCHMARKS.md section 13);
+  blocks to the next gradients, so the backward peaked 8-56 MB above the forward's end whatever the
+  batch, within the gradients counted whole (on an H200, four networks at batches 32 and 128:
+  docs/benchmarks/2026-11-25-cuda-h100-h200.md, "Where the CUDA peak comes from (one H200,
+  2026-11-28)");
 - on CUDA, the starting weights: a copy of each worker's weights and buffers, taken when its
   trainer is built, from which every repeat starts (`distributions.state.InitialState`; the
-  optimizer's state is empty then: momentum is made at the first step). A CPU worker holds
-  the copy too, but its resident set was predicted no better with it (BENCHMARKS.md section
-  18): what the CPU cells teach stays in the fitted remainder there;
+  optimizer's state is empty then: momentum is made at the first step). A CPU worker holds the copy
+  too, but its resident set was predicted no better with it
+  (docs/benchmarks/2026-12-01-cuda-allocator-history.md, "The memory model against the CUDA
+  allocator's history (one H200, 2026-12-01)"): what the CPU cells teach stays in the fitted
+  remainder there;
 - GPipe per recompute mode: `always` keeps each micro-batch's stage input and output, plus one
   micro-batch's saved activations while it is recomputed; `except_last` keeps the last
   micro-batch's saved activations instead of recomputing them; `never` keeps every
@@ -140,7 +143,9 @@ def held_on_the_device(worker: WorkerMemory, *, cuda: bool) -> WorkerMemory:
     """On CUDA, what every model's worker holds besides its model's own terms (module
     docstring): the copy of its starting weights (the size of the weights it holds), and no
     backward temporaries. Both read off the CUDA allocator's history of real cells on an H200
-    (BENCHMARKS.md section 18); a CPU worker's terms are returned as they are."""
+    (docs/benchmarks/2026-12-01-cuda-allocator-history.md, "The memory model against the CUDA
+    allocator's history (one H200, 2026-12-01)"); a CPU worker's terms are returned as they
+    are."""
     if not cuda:
         return worker
     return replace(worker, initial=worker.weights, backward=0.0)

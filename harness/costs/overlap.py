@@ -5,7 +5,7 @@ start before its data exists (a gradient bucket before the backward has produced
 weights before the prefetch is issued), and one link carries one collective at a time. The
 thesis' equations assume the opposite extreme where it suits them (every bucket but the last
 hidden, whatever the bucket's size against the backward it overlaps), which makes a model with
-many large collectives look free on a GPU (issue 25: FSDP ranked ahead of DDP on a 4-node
+many large collectives look free on a GPU (they ranked FSDP ahead of DDP on a 4-node
 cluster by exactly DDP's last bucket, VGG's 411 MB classifier gathered in the shadow of a
 forward well under a millisecond long).
 

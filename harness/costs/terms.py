@@ -108,7 +108,7 @@ class CellFacts:
     probe_seconds: float = 0.0  # how long measuring these facts took (0 when cached)
     runtime_mb: float = 0.0  # a worker process's memory besides the model (`predict.runtime`)
     # Of `runtime_mb`, what a cell's recorded peak leaves out: on CUDA the context, outside
-    # torch's allocator (`predict.facts.RuntimeShare`); 0 on a CPU.
+    # torch's allocator (`profiles.runtime.RuntimeShare`); 0 on a CPU.
     context_mb: float = 0.0
     # Pipelines: the plan's stages timed in place (`harness.stage_timing`), where measured;
     # their time equations then read it instead of the layers' shares of `step_seconds`.
@@ -183,12 +183,13 @@ def communication_overlaps(config: DistbenchConfig) -> bool:
     there is compute to hide behind (`predict.overlap`).
 
     On a GPU the collectives run on their own streams and links while the device computes. A
-    CPU worker's gloo collective is memory copies and additions, and socket writes, on the
-    cores that compute the backward pass: on one machine, where loopback is those copies too,
-    it takes its turn. Across nodes a data-parallel allreduce spends most of its time on the
-    link, beside the compute (`allreduces_overlap_backward`); FSDP's collectives there still
-    take their turn (their copies in and out of the buffers are on the cores: on a timeline
-    FSDP was predicted 23 % too fast, BENCHMARKS.md section 15)."""
+    CPU worker's gloo collective is memory copies and additions, and socket writes, on the cores
+    that compute the backward pass: on one machine, where loopback is those copies too, it takes its
+    turn. Across nodes a data-parallel allreduce spends most of its time on the link, beside the
+    compute (`allreduces_overlap_backward`); FSDP's collectives there still take their turn (their
+    copies in and out of the buffers are on the cores: on a timeline FSDP was predicted 23 % too
+    fast: docs/benchmarks/2026-11-29-emulated-overlap-bucket-profiles.md, "DDP and Horovod across
+    nodes on the overlap timeline (shipped) (2026-11-29)")."""
     return config.hardware.device.value == "cuda"
 
 
@@ -201,11 +202,12 @@ def allreduces_overlap_backward(config: DistbenchConfig) -> bool:
     copies and reductions run on the cores the backward needs.
 
     Measured across two emulated nodes at 1 Gbit/s and 100 Mbit/s, five networks held out one
-    at a time (BENCHMARKS.md section 15, eighth session): the timeline took DDP's held-out MAPE
-    from 8.2 to 5.7 % and Horovod's from 10.9 to 10.3 %, the raw equations' (no fit) from 9.9 to
-    4.1 % and 15.9 to 6.5 %. An earlier sweep (2026-11-27) had said the opposite, before FSDP's
-    collectives were priced by their wire bytes and with Horovod's allreduces priced as whole
-    64 MB fusion buffers."""
+    at a time (docs/benchmarks/2026-11-29-emulated-overlap-bucket-profiles.md, "DDP and Horovod
+    across nodes on the overlap timeline (shipped) (2026-11-29)"): the timeline took DDP's held-out
+    MAPE from 8.2 to 5.7 % and Horovod's from 10.9 to 10.3 %, the raw equations' (no fit) from 9.9
+    to 4.1 % and 15.9 to 6.5 %. An earlier sweep (2026-11-27) had said the opposite, before FSDP's
+    collectives were priced by their wire bytes and with Horovod's allreduces priced as whole 64 MB
+    fusion buffers."""
     return communication_overlaps(config) or config.hardware.group_crosses_links(config.world_size)
 
 
@@ -214,10 +216,11 @@ def burst_bytes(config: DistbenchConfig) -> float:
     token bucket that shapes it (`hardware.link.burst_kb`) refills at the rate while the node
     computes, and a message no larger than the bucket passes at the speed of the machine's
     own virtual link. A pipeline's boundary tensors are often that small (VGG-11's 131 KB a
-    micro-batch: its GPipe cell measured 2.38 s at 1 Gbit/s and 2.52 s at 100 Mbit/s, where
-    the rate alone prices 1.3 s of transfers); what exceeds the bucket goes at the rate
-    (ResNet-50's 1.05 MB: 8.4 s at 100 Mbit/s priced, 8.35 s measured; BENCHMARKS.md section
-    15). 0 on real links, whose bytes all go at the link's speed."""
+    micro-batch: its GPipe cell measured 2.38 s at 1 Gbit/s and 2.52 s at 100 Mbit/s, where the rate
+    alone prices 1.3 s of transfers); what exceeds the bucket goes at the rate (ResNet-50's 1.05 MB:
+    8.4 s at 100 Mbit/s priced, 8.35 s measured;
+    docs/benchmarks/2026-11-29-emulated-overlap-bucket-profiles.md, "The emulated link's bucket,
+    priced (shipped) (2026-11-29)"). 0 on real links, whose bytes all go at the link's speed."""
     link = config.hardware.link
     return link.burst_bytes if link is not None else 0.0
 

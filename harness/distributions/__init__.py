@@ -7,4 +7,5 @@ its model's trainer when it builds it.
 
 The plain modules are what the models share: the settings of the pipelines
 (`pipeline_config`), and, for training only, the trainer protocol (`base`), the one-replica
-loop (`loop`), pipeline plumbing (`pipeline`, `onefoneb`) and weight snapshots (`state`)."""
+loop (`loop`), pipeline plumbing (`pipeline`) and weight snapshots (`state`); the 1F1B
+schedule as data is `harness.costs.onefoneb`, which the cost models share."""

@@ -146,9 +146,10 @@ class PipelineBatches:
 @dataclass
 class StageEpochs:
     """What one pipeline stage's worker measured of its epochs: the idle share (`bubble`) and
-    each phase's seconds, per epoch. Recorded per stage (`metrics`), so that a cell says where
-    each stage spent its time, which the workers' mean phases hide (BENCHMARKS.md section 15:
-    GPipe's misses are one stage's compute)."""
+    each phase's seconds, per epoch. Recorded per stage (`metrics`), so that a cell says where each
+    stage spent its time, which the workers' mean phases hide (GPipe's misses are one stage's
+    compute: docs/benchmarks/2026-11-29-gpipe-stages-in-place.md, "Where GPipe's stages spend their
+    time, measured in place (2026-11-29)")."""
 
     idle: list[float] = field(default_factory=list)
     phases: list[dict[str, float]] = field(default_factory=list)

@@ -13,44 +13,34 @@ if it wants a place in the calibration sweep, `conf/sweep/calibrate_local/local_
 The registry (`harness.distributions.registry`) adds each registered SPEC to distbench's own;
 Hydra's search path gets each module's `conf/` (`hydra_plugins/distbench_models`), so
 `distribution=local_sgd` composes, is checked, predicted, recommended and trained like a
-built-in model. This module reads the entry points only (no import of a model): Hydra runs
-its search-path plugins on every start-up.
+built-in model. This module reads the entry points only (no import of a model:
+`workloads.plugins`, which reads the network sources' too): Hydra runs its search-path
+plugins on every start-up.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
 from pathlib import Path
+
+from workloads import plugins
 
 ENTRY_POINT_GROUP = "distbench.distributions"
 
 
-@functools.cache  # reading every installed package's metadata takes ~30 ms: once a process
 def registered() -> tuple[EntryPoint, ...]:
-    """The models other packages registered, by name."""
-    return tuple(sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda entry: entry.name))
+    """The models other packages registered, by name (read once a process:
+    `workloads.plugins.registered`)."""
+    return plugins.registered(ENTRY_POINT_GROUP)
 
 
 def module_dir(entry: EntryPoint) -> Path | None:
-    """The directory of the registered module (a package's folder, a module's parent), found
-    without running it; None when it cannot be found."""
-    try:
-        found = importlib.util.find_spec(entry.module)
-    except (ImportError, ValueError):
-        return None
-    if found is None or found.origin is None:
-        return None
-    return Path(found.origin).parent
+    """The directory of the registered module, found without running it; None when it cannot
+    be found."""
+    return plugins.module_dir(entry)
 
 
 def config_dirs() -> list[Path]:
     """The `conf/` folder of every registered model that has one: where Hydra finds its config
     file (conf/distribution/<name>.yaml)."""
-    dirs = []
-    for entry in registered():
-        folder = module_dir(entry)
-        if folder is not None and (folder / "conf").is_dir():
-            dirs.append(folder / "conf")
-    return dirs
+    return plugins.config_dirs(ENTRY_POINT_GROUP)

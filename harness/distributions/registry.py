@@ -22,6 +22,7 @@ import harness.distributions as package
 from harness.config.schema import ConfigError, DistbenchConfig, DistributionConfig, validate
 from harness.distributions import plugins
 from harness.distributions.spec import DistributionSpec
+from harness.profiles.collectives import Collective
 
 
 @functools.cache
@@ -75,6 +76,14 @@ def baseline() -> DistributionSpec:
     says `baseline=True`)."""
     (spec,) = [spec for spec in specs().values() if spec.baseline]
     return spec
+
+
+def probed_collectives() -> frozenset[Collective]:
+    """What the hardware probe measures: the union of the collectives every registered model
+    declares (`DistributionSpec.probed_collectives`)."""
+    return frozenset(
+        collective for spec in specs().values() for collective in spec.probed_collectives
+    )
 
 
 def spec_named(name: str) -> DistributionSpec:

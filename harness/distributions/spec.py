@@ -19,6 +19,7 @@ from harness.config.schema import DistbenchConfig, DistributionConfig
 from harness.costs.memory import WorkerMemory
 from harness.costs.partition import StagePlan
 from harness.costs.terms import CellFacts, EpochTerms, FreeParameter
+from harness.profiles.collectives import Collective
 from harness.profiles.hardware import HardwareProfile
 from harness.profiles.network import NetworkProfile
 
@@ -96,8 +97,20 @@ class DistributionSpec:
     # Free parameters of terms of the model's own (`EpochTerms.model_terms`), fitted per
     # hardware beside the shared contention and communication (Horovod's background thread).
     free_parameters: tuple[FreeParameter, ...] = ()
+    # The transfers between workers its time terms read from a hardware profile, which
+    # `python -m harness.probe` measures (it measures the union of every registered model's,
+    # `registry.probed_collectives`): point-to-point links, allreduce, an allreduce beside
+    # compute, all-gather, reduce-scatter (`harness.profiles.collectives.Collective`). Empty
+    # for a model that never communicates (the one-worker baseline).
+    probed_collectives: tuple[Collective, ...] = ()
 
     def __post_init__(self) -> None:
+        unknown = [c for c in self.probed_collectives if not isinstance(c, Collective)]
+        if unknown:
+            raise TypeError(
+                f"the spec {self.name!r} declares probed_collectives {unknown}; allowed: "
+                f"{', '.join(f'Collective.{c.name}' for c in Collective)}"
+            )
         own_name = self.settings.__dataclass_fields__["name"].default
         if own_name != self.name:
             raise TypeError(

@@ -1,16 +1,17 @@
 """Freed host memory kept in the process, so that a training step does not page-fault its
 memory back in every time (what every timing process of distbench sets first).
 
-glibc's malloc hands a large block back to the kernel when it is freed (`munmap`, or a trim of
-the heap's top), and the next step's tensors of the same size fault their pages in again, each
-page zeroed by the kernel. Which blocks go back depends on the heap's history (the mmap
-threshold adapts to the blocks freed), so the same step pays a different number of faults in
-different processes. Measured on this VM (BENCHMARKS.md section 17, eighteenth session),
-MobileNetV2/MNIST at batch 32, one thread: 11-34 thousand page faults a step and 477-534 ms a
-step alone, 515-584 ms for each of two processes stepping at once; with the memory kept, 0 faults,
-462 ms alone and 456-470 ms for each of two. The faults were part of what the time models
-fitted as "contention" between a node's workers (two at once read 0.96-1.13 of one alone by
-the default, 1.00 kept), and of DDP's time on `local_2cpu` they could not explain.
+glibc's malloc hands a large block back to the kernel when it is freed (`munmap`, or a trim of the
+heap's top), and the next step's tensors of the same size fault their pages in again, each page
+zeroed by the kernel. Which blocks go back depends on the heap's history (the mmap threshold adapts
+to the blocks freed), so the same step pays a different number of faults in different processes.
+Measured on this VM (docs/benchmarks/2026-11-30-freed-memory-kept.md, "Freed memory kept in the
+workers (shipped); `calibrate_local` again (2026-11-30)"), MobileNetV2/MNIST at batch 32, one
+thread: 11-34 thousand page faults a step and 477-534 ms a step alone, 515-584 ms for each of two
+processes stepping at once; with the memory kept, 0 faults, 462 ms alone and 456-470 ms for each of
+two. The faults were part of what the time models fitted as "contention" between a node's workers
+(two at once read 0.96-1.13 of one alone by the default, 1.00 kept), and of DDP's time on
+`local_2cpu` they could not explain.
 
 Keeping freed memory is what PyTorch's CPU performance guide reaches with jemalloc or TCMalloc
 ("reusing memory as much as possible"); on a GPU the caching allocator does it for device

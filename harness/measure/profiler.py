@@ -7,7 +7,7 @@ update matters for balancing: PipeDream updates every stage after every minibatc
 costs in proportion to the weights, not to the compute. The backward of a layer is timed with
 its input requiring grad, as inside a pipeline, where every stage but the first sends gradients
 upstream. Output activation and parameter sizes are recorded too: they are the A_i and W_i of
-the performance models (SPEC Table 5.1).
+the performance models (Table 5.1, docs/thesis.md).
 
 Profiling a large network takes tens of seconds: it says so when it starts and shows its
 progress over the layers (`workloads.progress`: a bar on a terminal, lines in a file).

@@ -14,16 +14,17 @@ witnesses, both recorded with every cell:
   17.1-17.2 ms;
 - a memory-bound reference kernel (streaming additions over arrays far larger than the caches),
   timed with it: the matrix products run from the caches and do not see a host whose memory
-  bandwidth others take. Over four quiet minutes here (BENCHMARKS.md section 17, nineteenth
-  session) the products held within 26.3-27.1 ms while the streaming kernel went from 28 to
-  39 ms in episodes of a few seconds, and a MobileNetV2 step (memory-bound: depthwise
-  convolutions) from 425 to 573 ms with it (correlation 0.72 with the streaming kernel, 0.48
-  with the products; ResNet-18's steps moved 2 %). The workers time it one at a time
-  (`harness.worker.run.machine_speed`): two streams at once share the bandwidth. It is
-  recorded, not judged: a snapshot of a fraction of a second, before and after, moved by up
-  to 18 % around cells whose own epochs held within 4 % (the episodes last seconds, a cell
-  minutes), so that a threshold of 10 % on it flagged 4 of a calibration's first 9 cells
-  (BENCHMARKS.md); a disturbance that lasts is in the epochs' spread;
+  bandwidth others take. Over four quiet minutes here
+  (docs/benchmarks/2026-11-30-one-cell-counts-once.md, "One cell counts once; the recommender judged
+  with its ties; a memory-bound witness (2026-11-30)") the products held within 26.3-27.1 ms while
+  the streaming kernel went from 28 to 39 ms in episodes of a few seconds, and a MobileNetV2 step
+  (memory-bound: depthwise convolutions) from 425 to 573 ms with it (correlation 0.72 with the
+  streaming kernel, 0.48 with the products; ResNet-18's steps moved 2 %). The workers time it one at
+  a time (`harness.worker.run.machine_speed`): two streams at once share the bandwidth. It is
+  recorded, not judged: a snapshot of a fraction of a second, before and after, moved by up to 18 %
+  around cells whose own epochs held within 4 % (the episodes last seconds, a cell minutes), so that
+  a threshold of 10 % on it flagged 4 of a calibration's first 9 cells (the same report); a
+  disturbance that lasts is in the epochs' spread;
 - the spread of the cell's own epochs (their coefficient of variation within each repeat): a
   disturbance that came and went between the two timings shows there.
 
@@ -121,7 +122,8 @@ class Steadiness:
     # The epochs' seconds of each repeat (the cell's, i.e. its slowest worker's).
     repeat_epochs: Sequence[Sequence[float]]
     threshold: float
-    # Per worker: the memory-bound kernel's seconds before and after (empty: not timed).
+    # Per worker: the memory-bound kernel's seconds before and after (empty: not timed; 0: not
+    # timed by that worker, whose memory limit left no room for its arrays).
     memory_before: Sequence[float] = ()
     memory_after: Sequence[float] = ()
 
@@ -167,6 +169,11 @@ class Steadiness:
     def steady(self) -> bool:
         return not self.reasons
 
+    def _memory_timed(self) -> bool:
+        """Whether every worker timed the memory-bound kernel before and after the cell."""
+        timed = [*self.memory_before, *self.memory_after]
+        return bool(self.memory_before and self.memory_after) and min(timed) > 0
+
     def metrics(self) -> dict[str, float]:
         measured = {
             "steady": float(self.steady),
@@ -174,7 +181,7 @@ class Steadiness:
             "reference_kernel_ms_after": 1e3 * max(self.reference_after, default=0.0),
             "reference_kernel_drift": self.drift,
         }
-        if self.memory_before and self.memory_after:
+        if self._memory_timed():
             measured.update(
                 {
                     "memory_kernel_ms_before": 1e3 * max(self.memory_before),
@@ -193,7 +200,7 @@ class Steadiness:
             f"reference kernel {self.drift:+.1%} over the cell"
             + (
                 f", memory-bound kernel {self.memory_drift:+.1%} (not judged)"
-                if self.memory_before
+                if self._memory_timed()
                 else ""
             )
             + (f", epochs cv {cv:.1%}" if cv is not None else "")
@@ -205,7 +212,7 @@ class Steadiness:
 
 
 def _largest_change(before: Sequence[float], after: Sequence[float]) -> float:
-    changes = [end / start - 1 for start, end in zip(before, after) if start > 0]
+    changes = [end / start - 1 for start, end in zip(before, after) if start > 0 and end > 0]
     return max(changes, key=abs, default=0.0)
 
 
@@ -213,7 +220,7 @@ def machine_speed_ms(metrics: Mapping[str, float]) -> float | None:
     """How fast the machine was while a cell ran: the reference kernel's milliseconds, the
     mean of its timing before the cell and after it (each the slowest worker's); None for a
     cell recorded without them. A step time measured when the kernel took 14 ms predicts a cell
-    whose kernel took 17.5 ms about 25 % short (`harness.predict.facts.at_machine_speed`)."""
+    whose kernel took 17.5 ms about 25 % short (`harness.predict.facts.speed.at_machine_speed`)."""
     before = metrics.get("reference_kernel_ms_before", 0.0)
     after = metrics.get("reference_kernel_ms_after", 0.0)
     if not (before > 0 and after > 0):

@@ -10,11 +10,12 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# How long a measurement warms up and times (measured here, BENCHMARKS.md section 16: on a
-# fresh process the first step of ResNet-50, VGG-11, ResNet-18 and MobileNetV2 took 10-60 % longer
-# than the later ones, the second was within their spread): warming up stops after the first
-# step once the warm-up has taken WARMUP_SECONDS; timing stops after STEADY_BATCHES once their
-# quartiles lie within `spread` of their median. A 5-second step is then timed 4 times, not 9.
+# How long a measurement warms up and times (measured here, docs/benchmarks/2026-11-29-dry-run.md,
+# "The dry run on every core, a probe that stops once steady (2026-11-29)": on a fresh process the
+# first step of ResNet-50, VGG-11, ResNet-18 and MobileNetV2 took 10-60 % longer than the later
+# ones, the second was within their spread): warming up stops after the first step once the warm-up
+# has taken WARMUP_SECONDS; timing stops after STEADY_BATCHES once their quartiles lie within
+# `spread` of their median. A 5-second step is then timed 4 times, not 9.
 WARMUP_SECONDS = 1.0
 STEADY_BATCHES = 3
 STEADY_SPREAD = 0.02

@@ -7,11 +7,12 @@ the predicted time alone would then pick one at random, so the recommender says 
 options are tied and breaks the tie by what is certain: fewer workers, then less memory per
 worker, then lower cost, and says which decided.
 
-Memory is predicted too, and with an error of its own (the memory model's on an unseen
-network, fit.json's `accuracy[].memory_mape`: 5-17 % per model on `local_2cpu`), so less
-memory decides only where it is less beyond the two models' memory errors: before, PipeDream
-`1-1` was taken over DDP for a predicted 4 % less memory per worker, within those errors, and
-ran 7-12 % slower (BENCHMARKS.md section 17, twentieth session).
+Memory is predicted too, and with an error of its own (the memory model's on an unseen network,
+fit.json's `accuracy[].memory_mape`: 5-17 % per model on `local_2cpu`), so less memory decides only
+where it is less beyond the two models' memory errors: before, PipeDream `1-1` was taken over DDP
+for a predicted 4 % less memory per worker, within those errors, and ran 7-12 % slower
+(docs/benchmarks/2026-11-30-probe-in-rounds.md, "The probe measured in rounds; less memory decides a
+tie only beyond its error (2026-11-30)").
 
 Only calibrated options can tie: an uncalibrated one carries the raw equations' error (a factor
 of 3 either way), within which every option would tie with every other; it is ranked by its

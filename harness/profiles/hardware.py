@@ -1,7 +1,7 @@
 """A hardware profile: how fast the workers of a hardware configuration talk to each other.
 
 The performance models read links (latency L_ij and bandwidth BW_ij between workers i and j,
-SPEC Table 5.1) and allreduce costs from here. A profile is either measured by
+Table 5.1 of docs/thesis.md) and allreduce costs from here. A profile is either measured by
 `python -m harness.probe` (the role NVIDIA's p2pBandwidthLatencyTest played in the thesis) or,
 as Table 4.1 allows, built from the intra- and inter-node speeds given in the hardware config.
 
@@ -21,6 +21,7 @@ from harness.cli.errors import StateError
 from harness.config.accepts import finite_number
 from harness.config.schema import ConfigError, HardwareConfig
 from harness.config.units import BYTES_PER_MB
+from harness.profiles.collectives import AFTER_COMPUTE
 from harness.profiles.rounds import ROUNDS_FACT, largest_spread
 from workloads.datasets.atomic import write_json_atomic
 
@@ -109,7 +110,7 @@ def _sizes_and_times(after: object) -> bool:
         isinstance(after.get(name), list)
         and len(after[name]) == len(sizes)
         and all(finite_number(t) and t >= 0 for t in after[name])
-        for name in ("all_gather", "reduce_scatter")
+        for name in (collective.value for collective in AFTER_COMPUTE)
         if name in after
     )
 

@@ -4,11 +4,12 @@
 collectives after compute) once per round, one round after the other. On this 2-core VM four
 back-to-back probes of one round read a 1 MB ping-pong at 1.0-1.6 ms, an allreduce of 1 MB at
 0.8-3.0 ms and an 8-byte all-gather after compute at 3.8-4.4 ms, and one probe, started as a
-calibration's sweep ended, read the 8-byte ping-pong at 1620 us (84 us half an hour later) and
-the 8-byte collectives after compute at 13 ms (4 ms): a disturbance of seconds meets one round,
-and the median across three rounds does not follow it (BENCHMARKS.md section 17, twentieth
-session). The rounds' spread is the probe's own noise, kept in the profile beside its figures
-(pyperf's runs, for a probe).
+calibration's sweep ended, read the 8-byte ping-pong at 1620 us (84 us half an hour later) and the
+8-byte collectives after compute at 13 ms (4 ms): a disturbance of seconds meets one round, and the
+median across three rounds does not follow it (docs/benchmarks/2026-11-30-probe-in-rounds.md, "The
+probe measured in rounds; less memory decides a tie only beyond its error (2026-11-30)"). The
+rounds' spread is the probe's own noise, kept in the profile beside its figures (pyperf's runs, for
+a probe).
 """
 
 from __future__ import annotations

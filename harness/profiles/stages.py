@@ -1,6 +1,6 @@
 """A pipeline's stages timed in place (`python -m harness.stage_timing`), as a record: each
 stage's compute per micro-batch as the pipeline runs it, every stage a process of its own, with
-the machine's speed then. The facts file keeps it (`predict.facts.FactsStore`) and a
+the machine's speed then. The facts file keeps it (`predict.facts.store.FactsStore`) and a
 pipeline's time equations read it instead of its layers' shares of one sequential step
 (`CellFacts.stages_in_place`)."""
 

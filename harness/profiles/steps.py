@@ -1,7 +1,10 @@
-"""A sequential step time measured earlier, and which one predicts a batch size.
+"""A sequential step time: as a probe timed it (`BatchTiming`), as measured earlier, and which
+one predicts a batch size.
 
 Its own module because both sources of measured steps use it: the facts file
-(`harness.predict.facts`) and MLflow's sequential cells (`harness.predict.recorded`).
+(`harness.predict.facts`) and MLflow's sequential cells (`harness.predict.recorded`); and
+because the worker that times a step (`harness.worker.step_time`) hands its timing to
+prediction, which imports no worker, as this record.
 """
 
 from __future__ import annotations
@@ -9,6 +12,21 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BatchTiming:
+    """Seconds of one training step (forward, backward, optimizer) at one batch size, as a
+    probe on one worker timed it (`harness.worker.step_time.measure_batch_seconds`)."""
+
+    batch_size: int
+    median_s: float
+    std_s: float
+    batches: int
+    seconds: tuple[float, ...] = ()  # every timed step, for the spread (facts keep IQRs)
+    # The reference kernel's milliseconds around the probe (`harness.measure.steadiness`: the
+    # machine's speed then); None where it was not timed.
+    reference_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -125,8 +143,10 @@ def steps_from_other_machines(
     """The step times in `used` (each with what it is of, "resnet18/mnist on cpu, batch 32")
     measured on a machine not in `machines`, the ones they are to be compared with, by machine
     (`harness.runtime.environment.machine_label`); none where `machines` is empty or a step time's
-    machine is not recorded. A step time holds its machine's speed: this VM's hosts, all
-    "AMD EPYC", ran 3-5x apart by instruction set (BENCHMARKS.md section 17)."""
+    machine is not recorded. A step time holds its machine's speed: this VM's hosts, all "AMD EPYC",
+    ran 3-5x apart by instruction set
+    (docs/benchmarks/2026-12-02-probe-length-slow-and-noisy-hosts.md, "A slower host, and the
+    machine a cell ran on recorded (2026-12-02)")."""
     other: dict[str, list[str]] = {}
     for what, step in used:
         if machines and step.device_name and step.device_name not in machines:

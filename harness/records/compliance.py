@@ -30,7 +30,8 @@ from typing import Any
 import yaml
 from mlperf_logging.compliance_checker import mlp_compliance
 
-from harness.config.schema import DatasetName, NetworkName
+from harness.config.schema import DatasetName
+from workloads.networks.sources.builtin import NAMES as BUILTIN_NETWORKS
 
 USAGE = "training"
 RULESET = max(
@@ -49,9 +50,9 @@ def benchmark_names() -> list[str]:
     """The names `harness.records.eventlog.benchmark_name` gives the built-in networks (a user's own
     network or a zoo model adds its own label: `BENCHMARK_CHECK` admits those)."""
     return [
-        f"{network.value}_{dataset.value}{suffix}"
+        f"{network}_{dataset.value}{suffix}"
         for network, dataset, suffix in itertools.product(
-            NetworkName, DatasetName, ("", "_synthetic")
+            BUILTIN_NETWORKS, DatasetName, ("", "_synthetic")
         )
     ]
 

@@ -17,7 +17,7 @@ import torch
 from harness.measure.allocator import host_allocator
 from harness.runtime.seeding import determinism_facts
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # harness/runtime/environment.py
 CPU_SYSFS = Path("/sys/devices/system/cpu")
 UNAVAILABLE = "unavailable"
 
@@ -171,9 +171,11 @@ def cpu_model() -> str:
 def cpu_capability() -> str:
     """The instruction set torch's CPU kernels dispatch to here (`AVX512`, `AVX2`, ...).
 
-    Recorded because the model name does not tell hosts apart: this VM read "AMD EPYC" on every
-    day, and on 2026-12-02 came up where torch chose AVX2 kernels, the reference kernel reading
-    93 ms against 17-30 ms on earlier days (BENCHMARKS.md section 17)."""
+    Recorded because the model name does not tell hosts apart: this VM read "AMD EPYC" on every day,
+    and on 2026-12-02 came up where torch chose AVX2 kernels, the reference kernel reading 93 ms
+    against 17-30 ms on earlier days
+    (docs/benchmarks/2026-12-02-probe-length-slow-and-noisy-hosts.md, "A slower host, and the
+    machine a cell ran on recorded (2026-12-02)")."""
     return str(torch.backends.cpu.get_cpu_capability())
 
 

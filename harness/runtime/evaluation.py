@@ -28,7 +28,7 @@ from workloads.task import correct_predictions, prediction_count, task_loss
 
 # Share of an epoch's samples evaluated when dataset.eval_samples is null: forward passes
 # only, so about 1/30 of an epoch's compute, which keeps evaluation under 5 % of a cell's wall
-# time (measured in BENCHMARKS.md).
+# time (measured: BENCHMARKS.md, "Time to quality").
 DEFAULT_EVAL_SHARE = 0.1
 
 

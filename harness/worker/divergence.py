@@ -37,9 +37,10 @@ def check_finite_eval_loss(loss: float, where: str, forward_batch: int, model: n
     up in `model` only once the loss is not finite, since it walks every module), it normalises
     by those it gathered from `forward_batch` samples at a time (a pipeline's micro-batch)
     instead of the batch's own. Measured: torchvision's EfficientNet-B0 on CIFAR-10 trained one
-    short epoch at forward passes of 2 samples (GPipe, batch 8, 4 micro-batches) evaluates to
-    NaN at any learning rate tried (0.01, 0.001), and evaluates finite from 4 samples on
-    (BENCHMARKS.md section 12).
+    short epoch at forward passes of 2 samples (GPipe, batch 8, 4 micro-batches) evaluates to NaN at
+    any learning rate tried (0.01, 0.001), and evaluates finite from 4 samples on
+    (docs/benchmarks/2026-11-25-transformers-and-open-networks.md, "Run again; EfficientNet-B0's
+    GPipe cell had been recorded `diverged` (2026-12-01)").
     """
     if math.isfinite(loss):
         return

@@ -1,7 +1,9 @@
-"""What each worker of `python -m harness.probe` runs: ping-pong between every pair of
-workers and allreduce among the first k, over the process group a cell's workers use; rank 0
-assembles and writes the hardware profile. The command (`harness.probe`) starts these workers
-and never imports torch itself, so its --help and bad input answer at once."""
+"""What each worker of `python -m harness.probe` runs: the collectives the registered
+distribution models declare (`harness.distributions.registry.probed_collectives`: ping-pong
+between every pair of workers, allreduce among the first k, ...), over the process group a
+cell's workers use; rank 0 assembles and writes the hardware profile. The command
+(`harness.probe`) starts these workers and never imports torch itself, so its --help and bad
+input answer at once."""
 
 from __future__ import annotations
 
@@ -24,8 +26,10 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from harness.config.schema import DistbenchConfig, ProbeConfig, validate
+from harness.distributions.registry import probed_collectives
 from harness.measure.allocator import keep_freed_memory
 from harness.measure.metrics import median_seconds
+from harness.profiles.collectives import AFTER_COMPUTE, Collective
 from harness.profiles.hardware import (
     COLLECTIVES_AFTER_COMPUTE_FACT,
     COMPUTE_LOST_FACT,
@@ -190,31 +194,34 @@ def _kernel_seconds_alone(left: torch.Tensor, right: torch.Tensor) -> float:
 _COMPUTE_BEFORE_COLLECTIVE_S = 0.02
 
 
-def measure_collectives_after_compute(probe: ProbeConfig) -> dict[str, list[float]]:
-    """Mean seconds of an all-gather (of `size` bytes gathered) and a reduce-scatter (of
-    `size` bytes reduced) among all the workers at each probe size, each after
-    `_COMPUTE_BEFORE_COLLECTIVE_S` of compute on this worker's cores, as FSDP issues them
-    (this worker's clock: a member's is the group's). Neither is a fixed share of an allreduce
-    of the same bytes timed back to back (BENCHMARKS.md section 17): across two emulated
-    nodes an all-gather of a few MB after compute took 0.7 of one where its bytes on the wire
-    are half of one (a single bulk send per direction meets TCP's losses at the link's queue,
-    which the allreduce's chunks, each waiting on the other worker's, do not), one within the
-    link's bucket passed at once; on one machine's cores a 33.6 MB all-gather took 1.3 of one
-    (0.75 back to back). The mean, not the median: a step pays the sum of its collectives, and
-    a small one after compute took either about 0.5 or about 3.8 ms, one time or the other; so
-    a size is repeated, where it is quick, until 1 s of it is timed (`_more_repeats`)."""
+def measure_collectives_after_compute(
+    probe: ProbeConfig, timed: tuple[Collective, ...] = AFTER_COMPUTE
+) -> dict[str, list[float]]:
+    """Mean seconds of an all-gather (of `size` bytes gathered) and a reduce-scatter (of `size`
+    bytes reduced), those of them `timed` names, among all the workers at each probe size, each
+    after `_COMPUTE_BEFORE_COLLECTIVE_S` of compute on this worker's cores, as FSDP issues them
+    (this worker's clock: a member's is the group's). Neither is a fixed share of an allreduce of
+    the same bytes timed back to back (docs/benchmarks/2026-11-29-fsdp-collectives-after-compute.md,
+    "FSDP2's collectives between nodes, timed after compute (2026-11-29)"): across two emulated
+    nodes an all-gather of a few MB after compute took 0.7 of one where its bytes on the wire are
+    half of one (a single bulk send per direction meets TCP's losses at the link's queue, which the
+    allreduce's chunks, each waiting on the other worker's, do not), one within the link's bucket
+    passed at once; on one machine's cores a 33.6 MB all-gather took 1.3 of one (0.75 back to back).
+    The mean, not the median: a step pays the sum of its collectives, and a small one after compute
+    took either about 0.5 or about 3.8 ms, one time or the other; so a size is repeated, where it is
+    quick, until 1 s of it is timed (`_more_repeats`)."""
     workers = dist.get_world_size()
     left, right = _kernel_operands()
     fewest = max(probe.repeats // 2, 3)
-    measured: dict[str, list[float]] = {"all_gather": [], "reduce_scatter": []}
+    measured: dict[str, list[float]] = {collective.value: [] for collective in timed}
     for nbytes in probe.message_bytes:
         elements = max(nbytes // 4 // workers, 1) * workers
         whole, shard = torch.zeros(elements), torch.zeros(elements // workers)
         collectives = {
-            "all_gather": functools.partial(dist.all_gather_into_tensor, whole, shard),
-            "reduce_scatter": functools.partial(dist.reduce_scatter_tensor, shard, whole),
+            Collective.all_gather: functools.partial(dist.all_gather_into_tensor, whole, shard),
+            Collective.reduce_scatter: functools.partial(dist.reduce_scatter_tensor, shard, whole),
         }
-        for name, collective in collectives.items():
+        for name, collective in ((c.value, collectives[c]) for c in timed):
             dist.barrier()
             seconds = _timed_after_compute(collective, probe.warmup, fewest, (left, right))
             seconds += _timed_after_compute(
@@ -279,14 +286,16 @@ def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
                 f"hardware={config.hardware.name} has one worker: there is "
                 f"nothing to probe between workers"
             )
+        collectives = probed_collectives()  # what the registered models' terms read
         log.info(
-            "rank %d: probing %d links and allreduce among 2..%d workers, %d round(s)",
+            "rank %d: probing %s, %d round(s)",
             env.rank,
-            env.world_size * (env.world_size - 1) // 2,
-            env.world_size,
+            _probing(collectives, env.world_size),
             config.probe.rounds,
         )
-        rounds = [measure_round(session, device, config) for _ in range(config.probe.rounds)]
+        rounds = [
+            measure_round(session, device, config, collectives) for _ in range(config.probe.rounds)
+        ]
         # The node as the scheduler names it (SLURM's test cluster runs its nodes on one host).
         hosts = session.all_gather(os.environ.get("SLURMD_NODENAME", socket.gethostname()))
         shaping = session.all_gather(None if session.link is None else session.link.shaping)
@@ -307,7 +316,8 @@ def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
             "compute_before_ms": _COMPUTE_BEFORE_COLLECTIVE_S * 1e3,
             "bytes": [float(n) for n in config.probe.message_bytes],
             **{
-                name: median_across_rounds(figures[_after_compute(name)]) for name in _AFTER_COMPUTE
+                name: median_across_rounds(figures[_after_compute(name)])
+                for name in rounds[0].after_compute
             },
         }
     profile.save(output_dir / PROFILE_FILE)
@@ -325,29 +335,53 @@ class ProbeRound:
 
 
 def measure_round(
-    session: WorkerSession, device: torch.device, config: DistbenchConfig
+    session: WorkerSession,
+    device: torch.device,
+    config: DistbenchConfig,
+    collectives: frozenset[Collective] = frozenset(Collective),
 ) -> ProbeRound:
-    """Every figure once (`probe.rounds` of these, one after the other: a disturbance of a
-    few seconds meets one round, and each figure is the median across them)."""
-    by_rank = session.all_gather(measure_links(session, device, config.probe))
-    links = {pair: seconds for measured in by_rank for pair, seconds in measured.items()}
-    allreduce = measure_allreduce(session, device, config.probe)
+    """Every figure of `collectives` once (`probe.rounds` of these, one after the other: a
+    disturbance of a few seconds meets one round, and each figure is the median across
+    them), each where a model's terms read it."""
+    links: dict[tuple[int, int], list[float]] = {}
+    if Collective.point_to_point in collectives:
+        by_rank = session.all_gather(measure_links(session, device, config.probe))
+        links = {pair: seconds for measured in by_rank for pair, seconds in measured.items()}
+    allreduce = (
+        measure_allreduce(session, device, config.probe)
+        if Collective.allreduce in collectives
+        else {}
+    )
     # Only where it is used: CPU workers on nodes of their own, whose allreduces run
     # beside the backward (on one machine they take their turn; a GPU's run on its links).
     lost = (
         session.all_gather(measure_compute_lost(session, config.probe))
-        if device.type == "cpu" and config.hardware.nodes > 1
+        if Collective.allreduce_beside_compute in collectives
+        and device.type == "cpu"
+        and config.hardware.nodes > 1
         else None
     )
-    # FSDP's collectives take their turn with a CPU worker's compute (distributions.fsdp)
+    # Collectives that take their turn with a CPU worker's compute, timed after it
+    timed = tuple(collective for collective in AFTER_COMPUTE if collective in collectives)
     after_compute = (
-        measure_collectives_after_compute(config.probe) if device.type == "cpu" else None
+        measure_collectives_after_compute(config.probe, timed)
+        if device.type == "cpu" and timed
+        else None
     )
     return ProbeRound(links, allreduce, lost, after_compute)
 
 
+def _probing(collectives: frozenset[Collective], workers: int) -> str:
+    """What a round measures, for the log: its links and allreduces."""
+    parts = []
+    if Collective.point_to_point in collectives:
+        parts.append(f"{workers * (workers - 1) // 2} links")
+    if Collective.allreduce in collectives:
+        parts.append(f"allreduce among 2..{workers} workers")
+    return " and ".join(parts) or "no links and no allreduce"
+
+
 _LOST = "compute lost"
-_AFTER_COMPUTE = ("all_gather", "reduce_scatter")
 
 
 def _link(pair: tuple[int, int]) -> str:
@@ -375,7 +409,7 @@ def round_figures(rounds: list[ProbeRound]) -> dict[str, list[list[float]]]:
         figures.update(
             {
                 _after_compute(name): [(r.after_compute or {})[name] for r in rounds]
-                for name in _AFTER_COMPUTE
+                for name in first.after_compute
             }
         )
     return figures
@@ -393,8 +427,13 @@ def assemble_profile(
     per_node = config.hardware.workers_per_node
     pairs = itertools.combinations(range(session.env.world_size), 2)
     workers = range(2, session.env.world_size + 1)
-    links = {pair: median_across_rounds(figures[_link(pair)]) for pair in pairs}
-    allreduce = {k: median_across_rounds(figures[_allreduce(k)]) for k in workers}
+    # (those measured: the probe measures what the registered models declare)
+    links = {
+        pair: median_across_rounds(figures[_link(pair)]) for pair in pairs if _link(pair) in figures
+    }
+    allreduce = {
+        k: median_across_rounds(figures[_allreduce(k)]) for k in workers if _allreduce(k) in figures
+    }
     measured_links = [
         Link(
             low,

@@ -17,8 +17,8 @@ worker's first matrix product and keep for the process (32 MiB each on an H200; 
 allocator still holds once the tiny network, its optimizer and its batch are gone). The CUDA
 peak the harness records (`max_memory_allocated`) counts the workspaces and leaves the context
 out, so a comparison with it subtracts the context (`RuntimeProbe.reading()`'s `context_mb`,
-kept apart in the facts file: `predict.facts.RuntimeShare`, `predict.cell.recorded_peak_mb`),
-while what is to fit a device counts both.
+kept apart in the facts file: `harness.profiles.runtime.RuntimeShare`,
+`predict.cell.recorded_peak_mb`), while what is to fit a device counts both.
 
 `python -m harness.worker.runtime_memory '<json>'` is the probe (its argument: the data set's
 settings, threads, device); `measure_runtime_mb` runs it, `RuntimeProbe` starts it and reads it
@@ -42,25 +42,6 @@ from harness.config.units import BYTES_PER_MB
 from harness.system.processes import ends_with_parent
 
 _PROBE_BATCH = 2
-
-
-def probe_key(config: DistbenchConfig) -> tuple[Any, ...]:
-    """What the runtime share depends on: the data set (and how it is read), the device and
-    the threads. Not the distribution model: a process group and Horovod's library add under
-    5 MB (measured on the calibration machine: 954, 955 and 959 MB for a sequential, a
-    distributed and a Horovod worker of MNIST), so one probe per data set serves them all."""
-    dataset = config.dataset
-    # A network from another source brings its library's imports (transformers, timm, the
-    # user's package): its own share; the built-in networks share one.
-    key = (
-        dataset.key,
-        dataset.source.value,
-        dataset.num_samples,
-        dataset.num_workers,
-        config.hardware.device.value,
-        config.hardware.cpu_threads,
-    )
-    return key if config.network.ref.is_builtin else (*key, config.network.key)
 
 
 def measure_runtime_mb(config: DistbenchConfig, *, timeout_s: float = 300.0) -> float:

@@ -12,21 +12,11 @@ returned so that a caller can say how sure the number is.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from harness.config.schema import DistbenchConfig
 from harness.measure.timing_rule import ProbeLength
-
-
-@dataclass(frozen=True)
-class BatchTiming:
-    """Seconds of one training step (forward, backward, optimizer) at one batch size."""
-
-    batch_size: int
-    median_s: float
-    std_s: float
-    batches: int
-    seconds: tuple[float, ...] = ()  # every timed step, for the spread (facts keep IQRs)
+from harness.profiles.steps import BatchTiming
 
 
 def measure_batch_seconds(

@@ -1,16 +1,18 @@
-"""Benchmarks (pytest-benchmark; `-m perf`): how long a command makes a person wait (issue 26).
+"""Benchmarks (pytest-benchmark; `-m perf`): how long a command makes a person wait.
 
-Each command runs as a user types it, in a fresh interpreter, one round after another (never
-two at once), on a quiet machine: `python -m harness --help`, a TAB of bash's completion
-(what the function `-sc install=bash` installs runs: `-sc query=bash` with COMP_LINE), bad
-input refused in one line, and the dry run of the thesis grid (480 cells composed, checked and
-predicted; the built-in networks' layer counts are kept with the code). Targets (issue 26): --help
-under 1 s, a TAB under 0.5 s, the dry run under 5 s.
+Each command runs as a user types it, in a fresh interpreter, one round after another (never two at
+once), on a quiet machine: `python -m harness --help`, a TAB of bash's completion (what the function
+`-sc install=bash` installs runs: `-sc query=bash` with COMP_LINE), bad input refused in one line,
+and the dry run of the thesis grid (480 cells composed, checked and predicted; the built-in
+networks' layer counts are kept with the code). Targets: --help under 1 s, a TAB under 0.5 s, the
+dry run under 5 s.
 
 Run: .venv/bin/python -m pytest tests/benchmarks/test_command_latency.py -m perf
      --benchmark-enable -s
 The medians and spreads are printed and attached to the benchmark JSON (extra_info);
-BENCHMARKS.md section 16 keeps them.
+BENCHMARKS.md, "How long commands take, and the test suite", keeps the latest; the first are in
+docs/benchmarks/2026-11-27-command-latency.md, "How long a command makes a person wait, and the
+suite's time (2026-11-27)".
 """
 
 from __future__ import annotations

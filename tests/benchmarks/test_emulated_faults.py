@@ -1,7 +1,7 @@
-"""Faults across emulated nodes (issue 25, item 6): a node's link cut mid-allreduce, a link
-throttled to a trickle mid-cell, a node's slurmd killed, a node's namespace torn down under a
-running cell. Each faulted cell must end within its timeout and be recorded with its reason, no
-process of it may be left on any node, the sweep must go on, and a re-run must measure it again.
+"""Faults across emulated nodes: a node's link cut mid-allreduce, a link throttled to a trickle
+mid-cell, a node's slurmd killed, a node's namespace torn down under a running cell. Each faulted
+cell must end within its timeout and be recorded with its reason, no process of it may be left on
+any node, the sweep must go on, and a re-run must measure it again.
 
 A benchmark (`-m perf`, several minutes): `.venv/bin/python -m pytest -m perf
 tests/benchmarks/test_emulated_faults.py`. Needs root and network namespaces (skipped otherwise,

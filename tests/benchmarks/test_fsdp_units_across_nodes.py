@@ -1,12 +1,13 @@
 """Benchmark (`-m perf`): FSDP2's collectives across two emulated nodes, at each network's units.
 
-What BENCHMARKS.md section 17 measured to find why FSDP's model missed across nodes: two gloo
-workers, one in each node's namespace on its own cores, run `all_gather_into_tensor`,
-`reduce_scatter_tensor` and `all_reduce` at the exact sizes of each calibration network's FSDP
-units (each layer-list entry with parameters), median of REPEATS, back to back (between
-barriers) and each after COMPUTE_MS of compute (as FSDP issues them). Printed: per network,
-the all-gather and the reduce-scatter summed over the units as multiples of the allreduce of
-the same bytes, both ways. Needs root (the emulated nodes); about 6 minutes at 100 Mbit/s:
+What docs/benchmarks/2026-11-29-fsdp-collectives-after-compute.md, "FSDP2's collectives between
+nodes, timed after compute (2026-11-29)", measured to find why FSDP's model missed across nodes: two
+gloo workers, one in each node's namespace on its own cores, run `all_gather_into_tensor`,
+`reduce_scatter_tensor` and `all_reduce` at the exact sizes of each calibration network's FSDP units
+(each layer-list entry with parameters), median of REPEATS, back to back (between barriers) and each
+after COMPUTE_MS of compute (as FSDP issues them). Printed: per network, the all-gather and the
+reduce-scatter summed over the units as multiples of the allreduce of the same bytes, both ways.
+Needs root (the emulated nodes); about 6 minutes at 100 Mbit/s:
 
     .venv/bin/python -m pytest tests/benchmarks/test_fsdp_units_across_nodes.py -m perf -s
 """

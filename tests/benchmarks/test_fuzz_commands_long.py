@@ -1,9 +1,9 @@
-"""The command fuzzer's long profile (issue 24): LONG_DRAWS drawn command lines through every
-command's real entry point, each refused in one line with exit status 2 and nothing written,
-or run as promised, and no file outside the temporary root (tests/fuzz/test_commands.py has the
-property, the short profile the suite runs and the regression cases). A benchmark:
-`python -m pytest -m perf tests/benchmarks/test_fuzz_commands_long.py` (BENCHMARKS.md
-section 14 has its time)."""
+"""The command fuzzer's long profile: LONG_DRAWS drawn command lines through every command's real
+entry point, each refused in one line with exit status 2 and nothing written, or run as promised,
+and no file outside the temporary root (tests/fuzz/test_commands.py has the property, the short
+profile the suite runs and the regression cases). A benchmark:
+`python -m pytest -m perf tests/benchmarks/test_fuzz_commands_long.py` (BENCHMARKS.md, "Faults and
+bad input held", has its time)."""
 
 from __future__ import annotations
 

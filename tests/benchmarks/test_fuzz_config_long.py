@@ -1,7 +1,7 @@
-"""The config fuzzer's long profile (issue 24): 5,000 drawn settings, each valid within its
-declaration or refused in one line (tests/fuzz/test_config.py has the property and the short
-profile the suite runs). A benchmark: `python -m pytest -m perf
-tests/benchmarks/test_fuzz_config_long.py` (about 12 minutes on 2 cores)."""
+"""The config fuzzer's long profile: 5,000 drawn settings, each valid within its declaration or
+refused in one line (tests/fuzz/test_config.py has the property and the short profile the suite
+runs). A benchmark: `python -m pytest -m perf tests/benchmarks/test_fuzz_config_long.py` (about 12
+minutes on 2 cores)."""
 
 from __future__ import annotations
 

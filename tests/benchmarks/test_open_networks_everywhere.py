@@ -1,6 +1,6 @@
 """Benchmark (`-m perf`): four kinds of network from outside distbench's six, each through
 every distribution model, locally and as jobs of the 2-node SLURM cluster on this machine
-(scripts/slurm_local.sh), recorded in MLflow with images/s or tokens/s (issue 22's target):
+(scripts/slurm_local.sh), recorded in MLflow with images/s or tokens/s:
 
 - a user's module from a package in a temporary directory (a small causal language model, not
   an nn.Sequential, split at its blocks),

@@ -8,7 +8,8 @@
    Target: at least 10x, so that data loading never bounds a measurement.
 
 Run: .venv/bin/python -m pytest tests/benchmarks -m perf --benchmark-enable -s
-The figures are printed and attached to the benchmark JSON (extra_info); BENCHMARKS.md keeps them.
+The figures are printed and attached to the benchmark JSON (extra_info); BENCHMARKS.md, "What the
+harness itself adds", keeps them.
 """
 
 from __future__ import annotations

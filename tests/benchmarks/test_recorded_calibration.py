@@ -1,17 +1,18 @@
 """Benchmark (`-m perf`): the performance models judged on a calibration kept in the repository.
 
 `data/calibrate_emulated-2026-11-29b.tar.xz` holds what `+sweep=calibrate_emulated` measured on
-2026-11-29 across two emulated nodes at 1 Gbit/s and 100 Mbit/s (BENCHMARKS.md section 15): its
-MLflow store (79 runs of the 70 cells of MobileNetV2, VGG-11, ResNet-18, VGG-16 and ResNet-50 on
-CIFAR-10; the first four networks' cells measured 23:19-00:20 UTC, ResNet-50's 05:41-06:28, each
-network's step times probed right after its cells) with each run's `config.yaml` artifact, the
-facts (step times with the reference kernel timed around them where kept, layer profiles at
-batches 8 and 32, saved activations) and the probed hardware profiles. The sweep takes 94
-minutes and the links and namespaces of root; the analysis on the kept data takes about 15 s on
-any machine, and measures nothing (only a fresh worker's runtime memory): a model change is
-judged on the same cells, networks held out, before and after, with both calibrations (every
-network, and the small one a user with an hour runs). Each model's held-out MAPE, worst, bias
-and noise floor are printed and kept in the benchmark's extra info:
+2026-11-29 across two emulated nodes at 1 Gbit/s and 100 Mbit/s
+(docs/benchmarks/2026-11-29-machine-speed-between-cells.md, "ResNet-50's cells measured again, and
+the kept calibration's second version (2026-11-29)"): its MLflow store (79 runs of the 70 cells of
+MobileNetV2, VGG-11, ResNet-18, VGG-16 and ResNet-50 on CIFAR-10; the first four networks' cells
+measured 23:19-00:20 UTC, ResNet-50's 05:41-06:28, each network's step times probed right after its
+cells) with each run's `config.yaml` artifact, the facts (step times with the reference kernel timed
+around them where kept, layer profiles at batches 8 and 32, saved activations) and the probed
+hardware profiles. The sweep takes 94 minutes and the links and namespaces of root; the analysis on
+the kept data takes about 15 s on any machine, and measures nothing (only a fresh worker's runtime
+memory): a model change is judged on the same cells, networks held out, before and after, with both
+calibrations (every network, and the small one a user with an hour runs). Each model's held-out
+MAPE, worst, bias and noise floor are printed and kept in the benchmark's extra info:
 
     .venv/bin/python -m pytest tests/benchmarks/test_recorded_calibration.py -m perf -s
 

@@ -12,7 +12,8 @@
 
 Run: .venv/bin/python -m pytest tests/benchmarks/test_time_to_quality.py -m perf
      --benchmark-enable -s
-The figures are printed and attached to the benchmark JSON (extra_info); BENCHMARKS.md keeps them.
+The figures are printed and attached to the benchmark JSON (extra_info); BENCHMARKS.md, "Time to
+quality", keeps them.
 """
 
 from __future__ import annotations

@@ -434,8 +434,8 @@ BAD_INPUTS: list[Bad] = [
     _bad("harness", "optimizer.lr=0", "optimizer.lr=0"),
     _bad("harness", "optimizer.momentum=1", "optimizer.momentum=1"),
     _bad("harness", "optimizer.weight_decay=-1", "optimizer.weight_decay=-1"),
-    # what the fields declare (harness.config.accepts, issue 24): finite numbers within physical
-    # bounds, names that cannot leave their root, paths the file system can hold
+    # what the fields declare (harness.config.accepts): finite numbers within physical bounds, names
+    # that cannot leave their root, paths the file system can hold
     _bad(
         "harness",
         "optimizer.weight_decay=inf",
@@ -716,7 +716,7 @@ BAD_INPUTS: list[Bad] = [
     _bad("harness.recommend", "--fit={work}/missing.json", "--fit={work}/missing.json is invalid"),
     _bad("harness.recommend", "--fit={file}", "--fit={file} is invalid: not a fit.json"),
     # a candidate invalid for the settings asked (GPipe's Table 3.3 batch of 3072 in an epoch
-    # of 512): refused before anything is probed or a facts file written (issue 23)
+    # of 512): refused before anything is probed or a facts file written
     _bad(
         "harness.recommend",
         "network=mobilenetv2 hardware=local_2cpu dataset.num_samples=512",

@@ -246,7 +246,7 @@ def test_any_kept_step_time_is_read_or_named_in_one_line(
     """A facts file's step time whose fields hold any JSON value (beside a sound one of
     another batch, or alone): the file is refused naming it and how to recover, or the step
     times it gives are numbers a prediction can use."""
-    from harness.predict.facts import FactsStore, MissingMeasurement
+    from harness.predict.facts.store import FactsStore, MissingMeasurement
     from harness.profiles.steps import choose_step_time
 
     workload = {"network": "resnet18", "dataset": "mnist", "device": "cpu", "threads": 1}
@@ -389,7 +389,7 @@ def test_any_kept_profile_runtime_or_stage_is_read_or_named_in_one_line(
     any JSON value (beside a sound entry of the same key): refused naming the file, or read as
     numbers a prediction can use."""
     from harness.config.schema import ConfigError
-    from harness.predict.facts import FactsStore, MissingMeasurement
+    from harness.predict.facts.store import FactsStore, MissingMeasurement
 
     workload = {"network": "resnet18", "dataset": "mnist", "device": "cpu", "threads": 1}
     sound_profile = {"batch_size": 32, "device": "cpu", "layers": [_LAYER]}

@@ -1,6 +1,6 @@
-"""Runs that must not be lost or mis-recorded (issue 24, item 3): a diverged loss, an
-interrupted cell, runs and sweeps that start at the same time. Through real processes and
-signals, as tests/faults/test_cells_that_hang_or_crash.py does."""
+"""Runs that must not be lost or mis-recorded: a diverged loss, an interrupted cell, runs and sweeps
+that start at the same time. Through real processes and signals, as
+tests/faults/test_cells_that_hang_or_crash.py does."""
 
 from __future__ import annotations
 
@@ -81,7 +81,9 @@ def test_an_evaluation_that_is_not_finite_after_finite_training_names_the_forwar
     """torchvision's EfficientNet-B0 trained on forward passes of 2 CIFAR-10 samples evaluates
     to NaN (its BatchNorm's running statistics; its training losses are finite): recorded
     `diverged`, and the error names the forward pass's samples and what to change, not only
-    the learning rate (found by the open-networks benchmark, BENCHMARKS.md section 12)."""
+    the learning rate (found by the open-networks benchmark:
+    docs/benchmarks/2026-11-25-transformers-and-open-networks.md, "Run again; EfficientNet-B0's
+    GPipe cell had been recorded `diverged` (2026-12-01)")."""
     done = subprocess.run(
         [
             sys.executable,
@@ -251,13 +253,15 @@ def test_a_runtime_probe_started_beside_other_work_ends_when_that_work_fails(
     output_root: Path,
 ) -> None:
     """The recommender starts the runtime memory probe while it describes the network
-    (harness.predict.facts.gather); a failure there must not leave the probe running."""
+    (harness.predict.facts.gather.gather); a failure there must not leave the probe running."""
     from harness.commands.compose import compose_config
     from harness.config.schema import validate
-    from harness.predict.facts import _runtime_measured_meanwhile, cache_for
+    from harness.predict.facts.cache import cache_for
+    from harness.predict.facts.gather import _runtime_measured_meanwhile
+    from harness.worker.measurements import WorkerMeasurements
 
     config = validate(compose_config(tiny_overrides(output_root)))
-    cache = cache_for(1)
+    cache = cache_for(1, measurements=WorkerMeasurements())
     with (
         pytest.raises(RuntimeError, match="describing failed"),
         _runtime_measured_meanwhile(config, cache),

@@ -1,4 +1,4 @@
-"""A fuzzer of the commands (issue 24): drawn command lines through each command's REAL entry
+"""A fuzzer of the commands: drawn command lines through each command's REAL entry
 point (`python -m <module>`, runpy, as tests/faults/test_bad_input.py's table runs its rows).
 Each draw is one command and one or two hostile parts on top of a tiny valid command line: a config
 override over every field of every group (tests/fuzz/test_config.py's KEYS and VALUES), or any
@@ -582,7 +582,7 @@ def _missing_store(config: DistbenchConfig) -> bool:
 
 def _predict_analysis(argv: list[str]) -> Expect | None:
     from harness.cli.preflight import check_writable_dir
-    from harness.predict.facts import cache_for
+    from harness.predict.facts.cache import cache_for
 
     parsed = _parsed(_analysis_parser(), argv, known=True)
     if isinstance(parsed, int):
@@ -604,7 +604,7 @@ def _predict_recommend(argv: list[str]) -> Expect | None:
     from harness import recommend
     from harness.analysis.calibration import Fitted, choose_fit
     from harness.cli.preflight import check_writable_dir
-    from harness.predict.facts import cache_for
+    from harness.predict.facts.cache import cache_for
     from harness.profiles.hardware import profile_for
 
     parsed = _parsed(_recommend_parser(), argv, known=True)
@@ -886,7 +886,7 @@ def run_draw(draw: Draw, root: Root, report: Report) -> None:
         )
 
 
-# Found by this fuzzer (issue 24), kept as regression cases: they run first in every profile.
+# Found by this fuzzer, kept as regression cases: they run first in every profile.
 REGRESSIONS: list[Draw] = [
     # A newline in an argument: the line quoting it was two lines
     # (harness.cli.bad_input.single_line).

@@ -1,9 +1,9 @@
-"""A fuzzer of the config (issue 24): for every field of every config group (the distribution
-models' settings included), values of the wrong type, out of range, non-finite, empty, huge,
-with path separators, '..', newlines and non-ASCII, composed in this process as the commands
-compose them and validated. Each ends as a valid config whose numbers are finite and within
-what the fields declare (harness.config.accepts), or as one line of bad input (harness.cli); never
-as another exception. A short profile runs in the suite; the long one is a benchmark
+"""A fuzzer of the config: for every field of every config group (the distribution models' settings
+included), values of the wrong type, out of range, non-finite, empty, huge, with path separators,
+'..', newlines and non-ASCII, composed in this process as the commands compose them and validated.
+Each ends as a valid config whose numbers are finite and within what the fields declare
+(harness.config.accepts), or as one line of bad input (harness.cli); never as another exception. A
+short profile runs in the suite; the long one is a benchmark
 (tests/benchmarks/test_fuzz_config_long.py, `-m perf`). tests/faults/test_bad_input.py stays the
 readable list of promises; what this finds is kept below as `@example`s."""
 
@@ -141,7 +141,7 @@ FUZZ = settings(
 
 @FUZZ
 @given(key=st.sampled_from(KEYS), value=VALUES)
-# Found by the fuzzer or by hand (issue 24), kept as regression cases.
+# Found by the fuzzer or by hand, kept as regression cases.
 @example(key=("", "optimizer.weight_decay"), value="inf")
 @example(key=("", "hardware.device_memory_gb"), value="1e15")
 @example(key=("", "hardware.cpu_threads"), value="1099511627776")

@@ -586,9 +586,9 @@ def test_recommend_takes_the_parameters_fitted_for_the_hardware_asked_about(
 def test_the_fit_that_covers_the_most_models_wins_over_a_newer_narrower_one(
     output_root: Path,
 ) -> None:
-    """Issue 23: an analysis of three cells of one network, run last, became the recommender's
-    source and flipped its answer. The fit is chosen by coverage of the hardware and the
-    models asked about, then networks, cells and recency, never by recency alone."""
+    """An analysis of three cells of one network, run last, does not become the recommender's
+    source and flip its answer: the fit is chosen by coverage of the hardware and the models
+    asked about, then networks, cells and recency, never by recency alone."""
     import os
 
     from harness.analysis.calibration import choose_fit
@@ -662,8 +662,8 @@ def test_a_fit_calibrates_only_the_models_it_measured_with_two_networks(output_r
 def test_an_analysis_of_one_network_says_leave_one_network_out_cannot_be_measured(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Issue 23: three cells of one network printed "held out by network" errors with no
-    second network to hold out (they were the raw equations' errors)."""
+    """Three cells of one network print no "held out by network" errors: there is no second
+    network to hold out (such errors would be the raw equations')."""
     from harness.analysis.__main__ import _print_summary
     from harness.analysis.fit import leave_one_network_out_note
     from harness.analysis.report import write_report
@@ -759,7 +759,7 @@ def test_a_step_time_from_sequential_cells_is_moved_to_the_speed_each_cell_ran_a
     scaled by each cell's kernel over theirs. A probe's kernel, timed outside any cell and
     noisier than the step, scales nothing."""
     from harness.costs.terms import CellFacts
-    from harness.predict.facts import at_machine_speed
+    from harness.predict.facts.speed import at_machine_speed
     from harness.profiles.steps import MeasuredStep, StepTime
 
     facts = CellFacts(
@@ -833,7 +833,8 @@ def test_a_step_time_the_grids_one_worker_cells_measured_comes_first_when_asked(
     network's step from its one-worker cells, where they ran at the batch; elsewhere (GPipe's
     micro-batch) the facts file's, as always."""
     from harness.analysis.step_from_cells import cells_step_cache
-    from harness.predict.facts import _step_seconds, cache_for
+    from harness.predict.facts.cache import cache_for
+    from harness.predict.facts.gather import _step_seconds
     from harness.profiles.steps import MeasuredStep
 
     config = validate(
@@ -894,7 +895,8 @@ def test_the_second_judgement_is_left_out_where_a_step_time_is_not_to_be_had(
     not timed again for the second: that judgement is left out, with one line, and the
     analysis goes on."""
     from harness.analysis.step_from_cells import judge_with_steps_from_cells
-    from harness.predict.facts import MissingMeasurement, cache_for
+    from harness.predict.facts.cache import cache_for
+    from harness.predict.facts.store import MissingMeasurement
 
     def predict(cache: object) -> list[CellPrediction]:
         raise MissingMeasurement("hardware=local_2cpu: no sequential step time measured")

@@ -2,11 +2,12 @@
 allocator's peak, a local cell's workers see the GPU, and DDP's and FSDP2's code runs over a
 real NCCL process group.
 
-Skipped where torch sees no CUDA device (CI has none), but for the launcher's GPU settings,
-which need none; `scripts/gpu_check.sh` runs these and the measured cells of BENCHMARKS.md
-section 13 on a GPU machine. One GPU cannot hold two NCCL
-ranks (NCCL refuses two ranks on one device), so the NCCL tests open a group of one rank: the
-collectives run through NCCL's kernels, with nothing to exchange.
+Skipped where torch sees no CUDA device (CI has none), but for the launcher's GPU settings, which
+need none; `scripts/gpu_check.sh` runs these and the measured cells of
+docs/benchmarks/2026-11-25-cuda-h100-h200.md ("CUDA on one H100, then on one H200 (2026-11-25 to
+2026-11-28)") on a GPU machine. One GPU cannot hold two NCCL ranks (NCCL refuses two ranks on one
+device), so the NCCL tests open a group of one rank: the collectives run through NCCL's kernels,
+with nothing to exchange.
 """
 
 from __future__ import annotations
@@ -214,7 +215,8 @@ def test_a_pipeline_profiles_its_cpu_built_layers_on_the_gpu_and_puts_them_back(
 def test_the_runtime_share_on_cuda_is_the_context_and_the_math_libraries_workspaces() -> None:
     """`predict.runtime` on CUDA: the context outside torch's allocator, and the workspaces
     cuBLAS and cuBLASLt keep in it (on an H200 the real cells' peaks held two blocks of
-    32 MiB beyond the model: BENCHMARKS.md section 18)."""
+    32 MiB beyond the model: docs/benchmarks/2026-12-01-cuda-allocator-history.md, "The memory
+    model against the CUDA allocator's history (one H200, 2026-12-01)")."""
     from harness.worker.runtime_memory import RuntimeProbe
 
     reading = RuntimeProbe(

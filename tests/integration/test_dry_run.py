@@ -248,7 +248,7 @@ def _fitted(
     """A fit of `hardware` under `root` (3 cells, `params`, run on `machines`) and
     ResNet-18/MNIST's step time at `batches` (measured on `step_machine`), as an analysis and
     a probe leave them; the fit's path."""
-    from harness.predict.facts import FactsStore, facts_path
+    from harness.predict.facts.store import FactsStore, facts_path
 
     fit = root / "analysis" / "calibrated" / "fit.json"
     fit.parent.mkdir(parents=True)

@@ -107,7 +107,8 @@ def test_the_probe_measures_the_shaped_rate(emulated_nodes: object, output_root:
     )
     assert "links shaped to 200 Mbit/s (25.0 MB/s): measured" in done.stdout
     # What an allreduce between the nodes takes from a worker's compute beside it: each
-    # worker's, measured (2.4 ms per MB on the 1 Gbit/s link, BENCHMARKS.md section 15).
+    # worker's, measured (2.4 ms per MB on the 1 Gbit/s link: BENCHMARKS.md, "The links, as the
+    # probe sees them").
     assert len(profile.facts["compute_lost_ms_per_mb_per_worker"]) == 2
     assert 0 < profile.compute_lost_s_per_mb() < 0.1
     assert "ms of a worker's compute per MB" in done.stdout

@@ -1,7 +1,7 @@
 """A user's own network, from a package distbench has never seen, trained by every
 distribution model as a user runs it (`python -m harness -m distribution=...`, real gloo
 workers, a real MLflow store, MLPerf's compliance checker), on token data: the network and the
-task are open axes of the grid (issue 22)."""
+task are open axes of the grid."""
 
 from __future__ import annotations
 
@@ -179,7 +179,9 @@ def test_the_memory_model_predicts_a_transformer_cells_peak(tmp_path: Path) -> N
     saved activations within 10 % of the peak the cell measured (-2.9 % when written)."""
     from harness.distributions.registry import config_from_record
     from harness.predict.cell import memory_per_worker_mb
-    from harness.predict.facts import cache_for, gather
+    from harness.predict.facts.cache import cache_for
+    from harness.predict.facts.gather import gather
+    from harness.worker.measurements import WorkerMeasurements
     from tests.helpers import run_module
 
     output = tmp_path / "outputs"
@@ -205,7 +207,10 @@ def test_the_memory_model_predicts_a_transformer_cells_peak(tmp_path: Path) -> N
     (path,) = (output / "runs").glob("*/result.json")
     result = json.loads(path.read_text())
     config = config_from_record(result["config"])
-    facts = gather(config, cache_for(5, probe=False, facts_root=tmp_path / "facts"), timed=False)
+    cache = cache_for(
+        5, measurements=WorkerMeasurements(), probe=False, facts_root=tmp_path / "facts"
+    )
+    facts = gather(config, cache, timed=False)
     predicted, measured = (
         max(memory_per_worker_mb(config, facts)),
         result["metrics"]["peak_memory_mb"],

@@ -257,3 +257,63 @@ def test_the_probe_refuses_a_single_worker(output_root: Path) -> None:
     assert done.returncode == 2
     assert "hardware=local_cpu is invalid for the probe" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_round_measures_only_what_the_registered_models_declare(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The probe holds no code of a model: each figure is measured where a declared collective
+    needs it (`harness.distributions.registry.probed_collectives`), each only on the hardware
+    its terms read it on."""
+    import torch
+
+    from harness.profiles.collectives import Collective
+    from harness.worker import probe_worker
+
+    measured: list[str] = []
+
+    def record(name: str, value: object) -> object:
+        def measure(*args: object) -> object:
+            measured.append(name)
+            return value
+
+        return measure
+
+    monkeypatch.setattr(probe_worker, "measure_links", record("links", {(0, 1): [1.0]}))
+    monkeypatch.setattr(probe_worker, "measure_allreduce", record("allreduce", {2: [1.0]}))
+    monkeypatch.setattr(probe_worker, "measure_compute_lost", record("lost", 0.5))
+
+    def after_compute(probe: object, timed: tuple[Collective, ...]) -> dict[str, list[float]]:
+        measured.extend(collective.value for collective in timed)
+        return {collective.value: [1.0] for collective in timed}
+
+    monkeypatch.setattr(probe_worker, "measure_collectives_after_compute", after_compute)
+
+    class Session:
+        def all_gather(self, value: object) -> list[object]:
+            return [value]
+
+    nodes = validate(compose_config(["hardware=emulated_2nodes_1gbit"]))
+    cpu = torch.device("cpu")
+
+    def round_of(*collectives: Collective, config: object = nodes) -> probe_worker.ProbeRound:
+        measured.clear()
+        return probe_worker.measure_round(Session(), cpu, config, frozenset(collectives))
+
+    everything = round_of(*Collective)
+    assert measured == ["links", "allreduce", "lost", "all_gather", "reduce_scatter"]
+    assert set(probe_worker.round_figures([everything])) == {
+        "link 0-1",
+        "allreduce among 2",
+        "compute lost",
+        "all_gather after compute",
+        "reduce_scatter after compute",
+    }
+    pipelines_only = round_of(Collective.point_to_point)
+    assert measured == ["links"] and pipelines_only.after_compute is None
+    assert set(probe_worker.round_figures([pipelines_only])) == {"link 0-1"}
+    round_of(Collective.reduce_scatter, Collective.allreduce)
+    assert measured == ["allreduce", "reduce_scatter"]
+    # between the processes of one machine no allreduce is timed beside compute
+    round_of(*Collective, config=validate(compose_config(["hardware=local_2cpu"])))
+    assert "lost" not in measured and "all_gather" in measured

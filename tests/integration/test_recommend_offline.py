@@ -41,7 +41,7 @@ def test_nothing_measured_for_the_device_answers_memory_and_says_what_to_run_whe
     output_root: Path,
 ) -> None:
     """No step time on the device: no option is ranked by time, every option's memory is
-    predicted (issue 22: the memory question needs no GPU), and one line says what to run
+    predicted (the memory question needs no GPU), and one line says what to run
     where to rank them."""
     done = _recommend(
         output_root, "dataset=imagenet", "network=resnet152", "hardware=titanrtx_cluster"
@@ -82,7 +82,7 @@ def _kept_facts(output_root: Path, steps: dict[int, float]) -> Path:
     """The facts file a calibration on the GPU machine would have kept for mobilenetv2 on
     mnist: `steps` (batch -> seconds) and a layer profile (so that nothing is profiled here,
     which takes long on a CPU), written through the real writer."""
-    from harness.predict.facts import FactsStore, facts_path
+    from harness.predict.facts.store import FactsStore, facts_path
     from harness.profiles.network import LayerProfile, NetworkProfile
 
     path = facts_path(output_root, "titanrtx_cluster")
@@ -419,7 +419,10 @@ def test_a_probe_here_is_kept_in_the_facts_file_and_read_back_without_probing(
 
     from harness.commands.compose import compose_config
     from harness.config.schema import validate
-    from harness.predict.facts import cache_for, facts_path, gather, step_time_source
+    from harness.predict.facts.cache import cache_for, step_time_source
+    from harness.predict.facts.gather import gather
+    from harness.predict.facts.store import facts_path
+    from harness.worker.measurements import WorkerMeasurements
 
     config = validate(
         compose_config(
@@ -434,8 +437,8 @@ def test_a_probe_here_is_kept_in_the_facts_file_and_read_back_without_probing(
             ]
         )
     )
-    cache = cache_for(1)
-    cache.measure_memory = False  # times only
+    measurements = WorkerMeasurements()
+    cache = cache_for(1, measurements=measurements, measure_memory=False)  # times only
     probed = gather(config, cache)
     # what is used is what was kept, read back as a later run reads it
     used = step_time_source(config, cache)
@@ -465,8 +468,7 @@ def test_a_probe_here_is_kept_in_the_facts_file_and_read_back_without_probing(
 
     assert entry["device_name"] == used.device_name == f"{cpu_model()} ({cpu_capability()})"
 
-    offline = cache_for(1, probe=False)
-    offline.measure_memory = False
+    offline = cache_for(1, measurements=measurements, probe=False, measure_memory=False)
     again = gather(config, offline)
     assert again.step_seconds == probed.step_seconds
     assert (
@@ -474,19 +476,18 @@ def test_a_probe_here_is_kept_in_the_facts_file_and_read_back_without_probing(
         == f"facts file {facts_path(output_root, 'local_cpu')}"
     )
     # another thread count is another measurement: not there
-    from harness.predict.facts import MissingMeasurement
+    from harness.predict.facts.store import MissingMeasurement
 
     with pytest.raises(MissingMeasurement, match="cpu \\(2 threads\\)"):
         gather(replace(config, hardware=replace(config.hardware, cpu_threads=2)), offline)
     # The recommender's cache uses what was kept for this device; without reuse
     # (`--remeasure`, or an analysis) it times the step again.
     for reuse, measured in ((True, []), (False, ["the step time at batch 4"])):
-        cache = cache_for(1, reuse=reuse)
-        cache.measure_memory = False
+        cache = cache_for(1, measurements=measurements, reuse=reuse, measure_memory=False)
         assert gather(config, cache).step_seconds > 0 and cache.measured == measured
     # A probe asked for 5 batches that stopped after 3, steady, is what a later run asking for
     # 5 would measure: kept; one asked for 3 is not.
-    from harness.predict.facts import FactsStore
+    from harness.predict.facts.store import FactsStore
 
     for asked, measured in ((5, []), (3, ["the step time at batch 4"])):
         store = FactsStore.load(facts_path(output_root, "local_cpu"))
@@ -503,19 +504,19 @@ def test_a_probe_here_is_kept_in_the_facts_file_and_read_back_without_probing(
             batch_seconds=[0.01] * 3,
         )
         store.save()
-        cache = cache_for(5, reuse=True)
-        cache.measure_memory = False
+        cache = cache_for(5, measurements=measurements, reuse=True, measure_memory=False)
         assert gather(config, cache).step_seconds > 0 and cache.measured == measured
-    # A step time kept on another machine is timed again, not reused: this VM's hosts all read
-    # "AMD EPYC" and differed 3-5x in speed by instruction set (BENCHMARKS.md section 17).
+    # A step time kept on another machine is timed again, not reused: this VM's hosts all read "AMD
+    # EPYC" and differed 3-5x in speed by instruction set
+    # (docs/benchmarks/2026-12-02-probe-length-slow-and-noisy-hosts.md, "A slower host, and the
+    # machine a cell ran on recorded (2026-12-02)").
     store = FactsStore.load(facts_path(output_root, "local_cpu"))
     store.step_times = [
         {**step, "device_name": f"{cpu_model()} (another instruction set)"}
         for step in store.step_times
     ]
     store.save()
-    cache = cache_for(1, reuse=True)
-    cache.measure_memory = False
+    cache = cache_for(1, measurements=measurements, reuse=True, measure_memory=False)
     assert gather(config, cache).step_seconds > 0
     assert cache.measured == ["the step time at batch 4"]
 
@@ -557,10 +558,10 @@ def _recommend_here(output_root: Path, capsys: pytest.CaptureFixture[str], *args
 def test_the_fit_is_chosen_by_coverage_or_named_and_models_it_did_not_calibrate_say_so(
     output_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Issue 23: the newest fit.json won, however little it covered, and models it never saw
-    kept ranges as narrow as calibrated ones. Now: the fit covering the most models asked
-    about is used (or `--fit`), the header names it, and every option says whether it is
-    calibrated; an uncalibrated one has the raw equations' range and the calibrating command."""
+    """Not the newest fit.json, however little it covers, and no range as narrow as a calibrated one
+    for a model it never saw: the fit covering the most models asked about is used (or `--fit`), the
+    header names it, and every option says whether it is calibrated; an uncalibrated one has the raw
+    equations' range and the calibrating command."""
     import os
 
     from harness.analysis.calibration import RAW_ERROR_FACTOR
@@ -639,9 +640,9 @@ def test_the_fit_is_chosen_by_coverage_or_named_and_models_it_did_not_calibrate_
 def test_a_bad_ask_is_refused_before_anything_is_measured_or_written(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Issue 23: the recommender probed, rewrote facts/<hardware>.json, and only then found a
-    candidate invalid. Every candidate is composed and validated first: here GPipe's Table 3.3
-    batch (3072) cannot fit the 512 samples asked for, which DDP's 2 x 128 can."""
+    """No probe and no rewritten facts/<hardware>.json before a candidate is found invalid: every
+    candidate is composed and validated first: here GPipe's Table 3.3 batch (3072) cannot fit the
+    512 samples asked for, which DDP's 2 x 128 can."""
     from harness.recommend import main
 
     root = tmp_path / "outputs"
@@ -695,7 +696,7 @@ def test_a_layer_profile_is_kept_and_found_per_batch(tmp_path: Path) -> None:
     """Each layer's share of a step moves with the batch (ResNet-50 on one core: its first 9
     layers take 35 % of a step at batch 8, 50 % at batch 32), so a profile is kept per batch
     and a cell's is the one at its batch, else the nearest kept."""
-    from harness.predict.facts import FactsStore
+    from harness.predict.facts.store import FactsStore
     from harness.profiles.network import LayerProfile, NetworkProfile
 
     def profile(batch: int) -> NetworkProfile:

@@ -137,7 +137,7 @@ def test_the_table_says_what_its_numbers_are_for(two_runs: TwoRuns) -> None:
         assert float(found["low"]) <= float(found["seconds"]) <= float(found["high"]), row
         assert found["fits"] == "unknown"
         # No analysis in this output directory: every model is uncalibrated, and its range is
-        # the raw equations' error (x/3 to x3), not the probe's narrow spread (issue 23).
+        # the raw equations' error (x/3 to x3), not the probe's narrow spread.
         seconds = float(found["seconds"])
         assert found["cal"] == "no", row
         assert float(found["high"]) >= 3 * seconds - 0.002, row

@@ -1,7 +1,7 @@
-"""Results that know their noise (issue 25, item 7): every cell records how steady the machine
-was while it ran; a disturbed cell is flagged in its record, the sweep table and MLflow, and can
-be measured again; the analysis states the noise floor beside every error; the recommender
-calls options tied within the models' error and the noise, and says how it broke the tie."""
+"""Results that know their noise: every cell records how steady the machine was while it ran; a
+disturbed cell is flagged in its record, the sweep table and MLflow, and can be measured again; the
+analysis states the noise floor beside every error; the recommender calls options tied within the
+models' error and the noise, and says how it broke the tie."""
 
 from __future__ import annotations
 

@@ -55,8 +55,8 @@ from torch.func import functional_call
 
 from harness.commands.compose import compose_config
 from harness.config.schema import DistbenchConfig, validate
+from harness.costs.onefoneb import Kind, worker_ops
 from harness.distributions.base import TrainingContext
-from harness.distributions.onefoneb import Kind, worker_ops
 from harness.distributions.registry import spec_named
 from harness.measure.metrics import PhaseClock
 from harness.runtime.distributed import WorkerSession
@@ -354,8 +354,9 @@ def in_float64() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def dataset_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """conftest's session dataset cache for the module-scoped fixtures too, which run before
-    its function-scoped autouse fixture sets it (else they would read the user's ~/.cache)."""
+    """conftest's dataset cache (one per test run) for the module-scoped fixtures too, which run
+    before its function-scoped autouse fixture sets it (else they would read the user's
+    ~/.cache)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DISTBENCH_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "dataset-cache"))
         yield

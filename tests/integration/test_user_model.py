@@ -1,10 +1,9 @@
-"""A distribution model of the user's own, in a package of theirs, registered as a Python
-plugin is (an entry point of the group `distbench.distributions`,
-`harness.distributions.plugins`), with no file of distbench edited (issue 26): its module,
-its config and its trainer live in a temporary folder on PYTHONPATH with the package's
-`dist-info` (what `pip install` of a package declaring the entry point leaves), and
-`distribution=flat_dp` is then an option like a built-in one: listed by --help, its setting
-checked, its time predicted by the dry run, and a real 2-worker cell trained with it.
+"""A distribution model of the user's own, in a package of theirs, registered as a Python plugin is
+(an entry point of the group `distbench.distributions`, `harness.distributions.plugins`), with no
+file of distbench edited: its module, its config and its trainer live in a temporary folder on
+PYTHONPATH with the package's `dist-info` (what `pip install` of a package declaring the entry point
+leaves), and `distribution=flat_dp` is then an option like a built-in one: listed by --help, its
+setting checked, its time predicted by the dry run, and a real 2-worker cell trained with it.
 
 The model, `flat_dp`, is one a researcher would add to compare with DDP: data parallelism
 whose gradients are averaged after the backward pass by `chunks` allreduces of one flat

@@ -388,7 +388,7 @@ def run_probe(args: Sequence[str]) -> None:
 
 
 def run_analysis(args: Sequence[str]) -> None:
-    from harness.predict.facts import command_parser
+    from harness.commands.facts_options import command_parser
 
     _, overrides = command_parser("python -m harness.analysis", None).parse_known_args(args)
     checked_config(overrides)

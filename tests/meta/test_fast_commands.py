@@ -1,8 +1,8 @@
-"""`python -m harness` answers --help, shell completion and bad input without loading torch
-(issue 26): what a person waits for at the prompt, and what a TAB of the shell's completion
-costs. Each command runs in a fresh interpreter, which then says which heavy libraries it
-loaded; the wall time is reported, not asserted (BENCHMARKS.md section 16 measures it on a
-quiet machine).
+"""`python -m harness` answers --help, shell completion and bad input without loading torch: what a
+person waits for at the prompt, and what a TAB of the shell's completion costs. Each command runs in
+a fresh interpreter, which then says which heavy libraries it loaded; the wall time is reported, not
+asserted (BENCHMARKS.md, "How long commands take, and the test suite", has it measured on a quiet
+machine).
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ of the launchers may import them back.
 
 Inside harness/ the same holds between its own layers (`HARNESS_LAYERS`), one per package:
 config -> system -> cli -> profiles -> costs -> measure -> runtime -> distributions ->
-records -> worker -> predict -> analysis, sweeps, commands -> the entry points.
+records -> worker -> predict -> analysis, sweeps, commands -> the entry points. Prediction,
+though above the worker, imports neither it nor a module that trains (`TRAINING_MODULES`, a
+model's trainer): what measures is handed to it.
 """
 
 from __future__ import annotations
@@ -284,6 +286,54 @@ def test_harness_has_layers_that_import_downwards_only() -> None:
             f"-> {HARNESS_LAYERS[harness_layer(edge.target)][0]}"
             for edge in upward
         )
+    )
+
+
+# The modules that train: a model's trainer (`harness.distributions.<name>.trainer`), the trainer
+# protocol, the one-replica loop, the pipelines' plumbing and weight snapshots (the 1F1B schedule
+# as data, `harness.costs.onefoneb`, is arithmetic the cost models share with the trainer).
+# Prediction imports none of them, nor the worker, not even inside a function: a prediction from
+# kept facts starts no worker and loads no trainer, and what measures is handed to it
+# (`harness.predict.facts.measurements.Measurements`, implemented by `harness.worker.measurements`).
+TRAINING_MODULES = frozenset(
+    {
+        "harness.distributions.base",
+        "harness.distributions.loop",
+        "harness.distributions.pipeline",
+        "harness.distributions.state",
+    }
+)
+
+
+def _in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")
+
+
+def trains_or_starts_workers(module: str) -> bool:
+    """Whether `module` is the worker's or one that trains (`TRAINING_MODULES`, a trainer)."""
+    trainer = _in_package(module, "harness.distributions") and module.endswith(".trainer")
+    return _in_package(module, "harness.worker") or module in TRAINING_MODULES or trainer
+
+
+def test_the_training_modules_named_here_exist() -> None:
+    # a module renamed away would make the prediction's check below pass on nothing
+    modules = source_files()
+    assert TRAINING_MODULES <= set(modules), sorted(TRAINING_MODULES - set(modules))
+    trainers = sorted((ROOT / "harness" / "distributions").glob("*/trainer.py"))
+    assert trainers and all(trains_or_starts_workers(module_name(path)) for path in trainers)
+
+
+def test_prediction_imports_no_worker_and_no_trainer() -> None:
+    modules = source_files()
+    offending = [
+        edge
+        for edge in import_edges(modules)
+        if _in_package(edge.source, "harness.predict") and trains_or_starts_workers(edge.target)
+    ]
+    assert not offending, (
+        "harness.predict imports the worker or a training module (measuring belongs to "
+        "harness.worker.measurements, handed in as harness.predict.facts.measurements."
+        "Measurements):\n    " + "\n    ".join(describe([edge], modules) for edge in offending)
     )
 
 

@@ -1,5 +1,5 @@
-"""The suite says at its end when it took longer than its time budget on CI (issue 26):
-whoever adds the test that crosses it sees it in the run that crossed it."""
+"""The suite says at its end when it took longer than its time budget on CI: whoever adds the test
+that crosses it sees it in the run that crossed it."""
 
 from __future__ import annotations
 

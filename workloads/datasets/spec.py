@@ -1,5 +1,5 @@
-"""The benchmark datasets as immutable facts: the four image datasets of SPEC Table 3.2, and
-the token datasets of language models (`tokens`: synthetic, learnable; `text`: local text files,
+"""The benchmark datasets as immutable facts: the four image datasets of Table 3.2 (docs/thesis.md),
+and the token datasets of language models (`tokens`: synthetic, learnable; `text`: local text files,
 byte-level).
 
 Everything that needs to know a dataset's shape (the networks, the synthetic generator, the

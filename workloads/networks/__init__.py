@@ -1,10 +1,13 @@
 """The benchmark networks, as whole models and as ordered layer lists.
 
-A network is named by a `NetworkRef` (or, for the six built-in CNNs of the thesis, by its
-name): a built-in (`resnet18/50/152`, `vgg11/16`, `mobilenetv2`, whose variant follows the
-dataset, SPEC "The grid"), a user's own module, a torchvision or timm model by name, or a
-Hugging Face `transformers` model built from its config class (`workloads.networks.zoo`,
-`workloads.networks.lm`). The layer list of a model shares its modules (no copies), and
+A network is named by a `NetworkRef` (or, for the six built-in CNNs of the thesis, by its name): a
+built-in (`resnet18/50/152`, `vgg11/16`, `mobilenetv2`, whose variant follows the dataset:
+docs/thesis.md, Table 3.2 and Appendix A), a user's own module, a torchvision or timm model by name,
+or a Hugging Face `transformers` model built from its config class (`workloads.networks.zoo`,
+`workloads.networks.lm`). Where a network comes from is its source, one spec each
+(`workloads.networks.source`, found by `workloads.networks.registry`: distbench's own in
+`workloads.networks.sources`, others registered by their packages), which builds it and lists
+its layers. The layer list of a model shares its modules (no copies), and
 `nn.Sequential(*layers)` computes what the model computes; the pipeline models partition that
 list across workers and FSDP shards each entry. A network that has no layer list (it is not an
 `nn.Sequential`, defines no `pipeline_layers()`, and could not be split by tracing) raises
@@ -24,6 +27,9 @@ _EXPORTS = {
     "NetworkError": "ref",
     "NetworkRef": "ref",
     "as_ref": "ref",
+    "NetworkSourceSpec": "source",
+    "function_in": "source",
+    "source_named": "registry",
     "NETWORK_NAMES": "layers",
     "build_layer_list": "layers",
     "build_network": "layers",
@@ -36,11 +42,14 @@ __all__ = [
     "NETWORK_NAMES",
     "NetworkError",
     "NetworkRef",
+    "NetworkSourceSpec",
     "as_ref",
     "build_layer_list",
     "build_network",
+    "function_in",
     "has_layer_list",
     "layer_count",
+    "source_named",
     "to_layer_list",
 ]
 
@@ -54,3 +63,5 @@ if TYPE_CHECKING:  # what the names are, for type checkers and readers
         to_layer_list,
     )
     from workloads.networks.ref import NetworkError, NetworkRef, as_ref
+    from workloads.networks.registry import source_named
+    from workloads.networks.source import NetworkSourceSpec, function_in

@@ -6,9 +6,10 @@ building after 3-4 s of importing torch and torchvision (or timm, transformers),
 that otherwise never load them: a sweep's launcher checking its cells before any worker starts,
 a dry run. The count depends only on what builds the network, so it is kept per network and
 dataset shape, and per version of that code: distbench's own network code (a digest of
-`workloads/networks/`) and the installed library the network comes from. A user's own module
-(`network=module`) is counted afresh each time: its code can change between two commands
-without any version saying so. Nothing here imports torch.
+`workloads/networks/`, its sources included) and the installed libraries the network's source
+builds with (`NetworkSourceSpec.libraries`). A user's own module (`network=module`) is counted
+afresh each time: its code can change between two commands without any version saying so.
+Nothing here imports torch.
 
 The built-in networks' counts on every image dataset are also kept with the code
 (`layer_counts.json` beside this module, written by `python -m workloads.networks.layer_counts`),
@@ -32,23 +33,9 @@ from pathlib import Path
 
 from workloads.datasets.atomic import write_json_atomic
 from workloads.datasets.spec import DatasetSpec
-from workloads.networks.ref import (
-    BUILTIN,
-    HF,
-    TIMM,
-    TORCHVISION,
-    NetworkRef,
-    canonical_json,
-)
+from workloads.networks.ref import NetworkRef, canonical_json
+from workloads.networks.registry import source_named
 
-# The libraries whose version decides a network's layer list, by where the network comes from
-# (not `module`: a user's own code).
-_LIBRARIES = {
-    BUILTIN: ("torch", "torchvision"),
-    TORCHVISION: ("torch", "torchvision"),
-    TIMM: ("torch", "timm"),
-    HF: ("torch", "transformers"),
-}
 _FOLDER = "layer-counts"
 _KEPT = Path(__file__).with_name("layer_counts.json")
 
@@ -97,25 +84,29 @@ def _entry_path(ref: NetworkRef, dataset: DatasetSpec, cache_dir: str | Path) ->
 
 @functools.cache
 def _library_versions(source: str) -> dict[str, str] | None:
-    """The installed versions of what builds a network of `source`; None: a user's module
-    (`MODULE`: no version covers its code) or a library that is not installed (counting says
-    what is missing)."""
-    if source not in _LIBRARIES:
+    """The installed versions of what builds a network of `source` (its spec's `libraries`);
+    None: a source whose code no version covers (a user's module) or a library that is not
+    installed (counting says what is missing)."""
+    libraries = source_named(source).libraries
+    if libraries is None:
         return None
     try:
-        return {name: metadata.version(name) for name in _LIBRARIES[source]}
+        return {name: metadata.version(name) for name in libraries}
     except metadata.PackageNotFoundError:
         return None
 
 
 @functools.cache
 def _network_code_digest() -> str:
-    """A digest of the code that builds every network (this package's modules but this one,
-    which builds none: a change here leaves the counts, and the kept file, as they were)."""
+    """A digest of the code that builds every network (this package's modules and its sources'
+    specs, but this module, which builds none: a change here leaves the counts, and the kept
+    file, as they were)."""
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        if path.name != Path(__file__).name:
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    folder = Path(__file__).parent
+    for path in sorted(folder.rglob("*.py")):
+        if path != Path(__file__):
+            name = path.relative_to(folder).as_posix()
+            digest.update(name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 

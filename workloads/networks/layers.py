@@ -1,4 +1,5 @@
-"""Building a network by its reference, and its ordered layer list (see the package's docstring)."""
+"""Building a network by its reference, and its ordered layer list (see the package's docstring),
+through the network's source (`workloads.networks.registry`); the built-in CNNs' builders."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from torch import nn
 
 from workloads.datasets.spec import DatasetSpec
 from workloads.networks.mobilenetv2 import build_mobilenetv2, mobilenetv2_layers
-from workloads.networks.ref import BUILTIN, HF, NetworkError, NetworkRef, as_ref
+from workloads.networks.ref import NetworkError, NetworkRef, as_ref
+from workloads.networks.registry import source_of
 from workloads.networks.resnet import build_resnet, resnet_layers
 from workloads.networks.vgg import build_vgg, vgg_layers
 
@@ -43,34 +45,28 @@ def _family(name: str) -> _Family:
         raise KeyError(f"unknown network {name!r}; allowed: {', '.join(NETWORK_NAMES)}") from None
 
 
-def build_network(network: str | NetworkRef, dataset: DatasetSpec) -> nn.Module:
-    """The network in the variant that fits `dataset` (channels, resolution, classes; for
-    token data the vocabulary and sequence length)."""
-    ref = as_ref(network)
-    if ref.source == BUILTIN:
-        if dataset.tokens:
-            raise NetworkError(
-                f"network={ref.name} is an image network and dataset="
-                f"{dataset.name} holds tokens; choose a language model "
-                f"(network=llama_tiny, network=gpt2_small, network=hf ...) or "
-                f"an image dataset"
-            )
-        return _family(ref.name).build(ref.name, dataset)
-    if ref.source == HF:
-        from workloads.networks.lm import build_hf  # transformers loads only when asked for
-
-        return build_hf(ref, dataset)
-    from workloads.networks.zoo import build_zoo
-
-    return build_zoo(ref, dataset)
+def build_builtin(ref: NetworkRef, dataset: DatasetSpec) -> nn.Module:
+    """A built-in network (`network.source=builtin`) in the variant that fits `dataset`; token
+    data is refused by name."""
+    if dataset.tokens:
+        raise NetworkError(
+            f"network={ref.name} is an image network and dataset="
+            f"{dataset.name} holds tokens; choose a language model "
+            f"(network=llama_tiny, network=gpt2_small, network=hf ...) or "
+            f"an image dataset"
+        )
+    return _family(ref.name).build(ref.name, dataset)
 
 
-def to_layer_list(network: str | NetworkRef, model: nn.Module) -> list[nn.Module]:
-    """The ordered layers of `model` (built by `build_network(network, ...)`), sharing its
-    modules. Raises NetworkError when the model has none."""
-    ref = as_ref(network)
-    if ref.source == BUILTIN:
-        return _family(ref.name).layers(model)
+def builtin_layers(ref: NetworkRef, model: nn.Module) -> list[nn.Module]:
+    """A built-in network's layer list, as its family splits it."""
+    return _family(ref.name).layers(model)
+
+
+def declared_layers(ref: NetworkRef, model: nn.Module) -> list[nn.Module]:
+    """The layer list a network declares: its `pipeline_layers()`, else an `nn.Sequential`'s
+    children (a network split by tracing is a `LayerSequence`, one). NetworkError says how to
+    give one where it has none."""
     pipeline_layers = getattr(model, "pipeline_layers", None)
     if callable(pipeline_layers):
         return list(pipeline_layers())
@@ -82,6 +78,22 @@ def to_layer_list(network: str | NetworkRef, model: nn.Module) -> list[nn.Module
         f"define pipeline_layers() returning its layers in order, or set network.blocks=<path "
         f"of its repeated block container>"
     )
+
+
+def build_network(network: str | NetworkRef, dataset: DatasetSpec) -> nn.Module:
+    """The network in the variant that fits `dataset` (channels, resolution, classes; for
+    token data the vocabulary and sequence length), as its source builds it
+    (`NetworkSourceSpec.build`)."""
+    ref = as_ref(network)
+    return source_of(ref).build(ref, dataset)
+
+
+def to_layer_list(network: str | NetworkRef, model: nn.Module) -> list[nn.Module]:
+    """The ordered layers of `model` (built by `build_network(network, ...)`), sharing its
+    modules, as its source lists them (`NetworkSourceSpec.layers`). Raises NetworkError when
+    the model has none."""
+    ref = as_ref(network)
+    return source_of(ref).layers(ref, model)
 
 
 def has_layer_list(network: str | NetworkRef, dataset: DatasetSpec) -> bool:

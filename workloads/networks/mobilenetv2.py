@@ -1,4 +1,5 @@
-"""MobileNetV2: torchvision's, with the small-image strides of SPEC for MNIST/CIFAR-10."""
+"""MobileNetV2: torchvision's, with the small-image strides of the thesis' Appendix A
+(docs/thesis.md) for MNIST/CIFAR-10."""
 
 from __future__ import annotations
 

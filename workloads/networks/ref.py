@@ -2,10 +2,11 @@
 
 A network is one of the six built-in CNNs of the thesis (`source="builtin"`, by name), a
 user's own module (`source="module"`: an importable factory or class and its keyword
-arguments), a model of a zoo by name (`torchvision`, `timm`), or a Hugging Face `transformers`
+arguments), a model of a zoo by name (`torchvision`, `timm`), a Hugging Face `transformers`
 model built from its config class (`hf`: `arch` is the model type, `options` the config's
-fields). Everything that builds, profiles or caches facts of a network takes a `NetworkRef`, so
-the same code serves all of them; `key` tells two networks apart wherever facts are cached.
+fields), or one of a source another package registers (`workloads.networks.registry`).
+Everything that builds, profiles or caches facts of a network takes a `NetworkRef`, so the
+same code serves all of them; `key` tells two networks apart wherever facts are cached.
 """
 
 from __future__ import annotations
@@ -15,12 +16,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+# The source of the six built-in networks, which a bare name means (`as_ref`); every source,
+# this one's spec included, is in `workloads.networks.registry`.
 BUILTIN = "builtin"
-MODULE = "module"
-TORCHVISION = "torchvision"
-TIMM = "timm"
-HF = "hf"
-SOURCES = (BUILTIN, MODULE, TORCHVISION, TIMM, HF)
 
 
 class NetworkError(ValueError):
@@ -40,7 +38,8 @@ class NetworkRef:
     Attributes:
         name: the network's label in tables, run names and MLflow (a built-in's name, or a
             preset's, e.g. `llama_tiny`, or what the user called it).
-        source: where it comes from (`SOURCES`).
+        source: where it comes from: the name of a network source
+            (`workloads.networks.registry.sources()`).
         target: `module`: "package.module:attribute" (or "package.module.attribute") of a
             factory or an `nn.Module` class.
         arch: `torchvision`/`timm`: the model's name in the zoo; `hf`: the model type of a

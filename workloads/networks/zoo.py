@@ -11,7 +11,8 @@ channels (timm's `in_chans`; torchvision's first 3-channel convolution is replac
 grayscale), and its resolution for models built for one image size (torchvision's ViTs'
 `image_size`, timm's `img_size` where its config has a fixed input size).
 
-A model that is not an `nn.Sequential` and defines no `pipeline_layers()` is split by tracing
+Each of the three builders is its source's (`workloads.networks.sources`). A model that is
+not an `nn.Sequential` and defines no `pipeline_layers()` is split by tracing
 (`workloads.networks.split`): where that works the model is returned as a `LayerSequence` of
 its layers (the same modules and parameters, computing the same), which pipelines and FSDP
 use; where it does not, the model is returned unchanged and has no layer list.
@@ -32,7 +33,7 @@ import torch
 from torch import nn
 
 from workloads.datasets.spec import DatasetSpec
-from workloads.networks.ref import MODULE, TIMM, TORCHVISION, NetworkError, NetworkRef
+from workloads.networks.ref import NetworkError, NetworkRef
 from workloads.networks.split import with_layer_list
 
 # Longest exception message quoted in an error (a user's exception may carry a whole dump).
@@ -42,21 +43,21 @@ _UNEXPECTED_KEYWORD = re.compile(r"unexpected keyword argument '(\w+)'")
 _AUXILIARY_HEADS = ("googlenet", "inception_v3")
 
 
-def build_zoo(ref: NetworkRef, spec: DatasetSpec) -> nn.Module:
-    """The network `ref` names (source module, torchvision or timm) for `spec`, as a
-    `LayerSequence` where a layer list could be derived, else as built."""
-    builders: dict[str, Callable[[NetworkRef, DatasetSpec], nn.Module]] = {
-        MODULE: _build_module,
-        TORCHVISION: _build_torchvision,
-        TIMM: _build_timm,
-    }
-    builder = builders.get(ref.source)
-    if builder is None:
-        raise NetworkError(
-            f"network.source={ref.source}: not built by workloads.networks.zoo; "
-            f"allowed: {', '.join(builders)}"
-        )
-    return with_layer_list(builder(ref, spec), spec, ref.blocks)
+def build_module(ref: NetworkRef, spec: DatasetSpec) -> nn.Module:
+    """`network.source=module`: the user's factory or class `ref.target` called with its
+    keyword arguments, for `spec`."""
+    return with_layer_list(_build_module(ref, spec), spec, ref.blocks)
+
+
+def build_torchvision(ref: NetworkRef, spec: DatasetSpec) -> nn.Module:
+    """`network.source=torchvision`: the torchvision classification model `ref.arch`, random
+    weights, for `spec`."""
+    return with_layer_list(_build_torchvision(ref, spec), spec, ref.blocks)
+
+
+def build_timm(ref: NetworkRef, spec: DatasetSpec) -> nn.Module:
+    """`network.source=timm`: the timm model `ref.arch`, `pretrained=False`, for `spec`."""
+    return with_layer_list(_build_timm(ref, spec), spec, ref.blocks)
 
 
 # --- a user's module ------------------------------------------------------------------------

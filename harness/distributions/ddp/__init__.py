@@ -22,6 +22,7 @@ from harness.config.schema import MAX_BUFFER_MB, DistbenchConfig, DistributionCo
 from harness.costs import memory
 from harness.costs.terms import CellFacts, EpochTerms, data_parallel_terms, replica_memory
 from harness.distributions.spec import DistributionSpec, at_every_count, trainer_in, workers_label
+from harness.profiles.collectives import Collective
 from harness.profiles.hardware import HardwareProfile
 
 # DDP's first gradient bucket is small (torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES), so
@@ -88,4 +89,9 @@ SPEC = DistributionSpec(
     memory_per_worker=memory_per_worker,
     candidates=at_every_count(DDPConfig),
     label=workers_label("ddp"),
+    probed_collectives=(
+        Collective.point_to_point,  # the ring over the links, on GPUs
+        Collective.allreduce,
+        Collective.allreduce_beside_compute,
+    ),
 )

@@ -54,17 +54,19 @@ from harness.distributions.spec import (
     candidate_settings,
     trainer_in,
 )
+from harness.profiles.collectives import Collective
 from harness.profiles.hardware import HardwareProfile
 
 # An all-gather or a reduce-scatter of M bytes, as a multiple of an allreduce of M bytes among
-# the same workers (what the hardware probe measures), for a profile that holds no timing of
-# the collectives themselves: on CPU workers the probe times them after compute, as FSDP
-# issues them (`collective_seconds`), and no share is used. A ring allreduce is a
-# reduce-scatter followed by an all-gather, so on NCCL each is half of one. gloo's are not:
-# measured on a 2-core machine (2 and 4 workers, 4-16 MB, median of 12 after 3 warm-up, back
-# to back), its all-gather took 0.65-0.81 of an allreduce and its reduce-scatter 1.21-1.43
-# (tests/benchmarks/test_fsdp_collectives.py measures them again); after 20 ms of compute,
-# as FSDP runs them, a 33.6 MB all-gather took 1.3 (BENCHMARKS.md section 17).
+# the same workers (what the hardware probe measures), for a profile that holds no timing of the
+# collectives themselves: on CPU workers the probe times them after compute, as FSDP issues them
+# (`collective_seconds`), and no share is used. A ring allreduce is a reduce-scatter followed by an
+# all-gather, so on NCCL each is half of one. gloo's are not: measured on a 2-core machine (2 and 4
+# workers, 4-16 MB, median of 12 after 3 warm-up, back to back), its all-gather took 0.65-0.81 of an
+# allreduce and its reduce-scatter 1.21-1.43 (tests/benchmarks/test_fsdp_collectives.py measures
+# them again); after 20 ms of compute, as FSDP runs them, a 33.6 MB all-gather took 1.3
+# (docs/benchmarks/2026-11-29-fsdp-collectives-after-compute.md, "FSDP2's collectives between nodes,
+# timed after compute (2026-11-29)").
 CUDA_SHARE = {"all_gather": 0.5, "reduce_scatter": 0.5}
 
 
@@ -72,20 +74,22 @@ GLOO_SHARE = {"all_gather": 0.75, "reduce_scatter": 1.3}
 # The same collectives over gloo between nodes, where the link, not the cores, sets their pace,
 # priced by their bytes on the wire where the probe did not time them after compute
 # (`HardwareProfile.collective_after_compute`, which prices them where it did): measured on the
-# links' counters of the emulated sweep (`link_sent_mb`), an FSDP2 step with
-# `reshard_after_forward` sends 2.08-2.10 times what a DDP step of the same network sends (one
-# allreduce of the gradients): an all-gather puts half an allreduce's bytes on the wire
-# ((W-1)/W of the data against 2(W-1)/W), gloo's reduce-scatter a whole allreduce's. Their
-# time is not in proportion (BENCHMARKS.md section 17): after compute an all-gather of a
-# few MB took 0.7 of an allreduce, one within the link's bucket passed at once.
+# links' counters of the emulated sweep (`link_sent_mb`), an FSDP2 step with `reshard_after_forward`
+# sends 2.08-2.10 times what a DDP step of the same network sends (one allreduce of the gradients):
+# an all-gather puts half an allreduce's bytes on the wire ((W-1)/W of the data against 2(W-1)/W),
+# gloo's reduce-scatter a whole allreduce's. Their time is not in proportion
+# (docs/benchmarks/2026-11-29-fsdp-collectives-after-compute.md, "FSDP2's collectives between nodes,
+# timed after compute (2026-11-29)"): after compute an all-gather of a few MB took 0.7 of an
+# allreduce, one within the link's bucket passed at once.
 GLOO_ACROSS_NODES_SHARE = {"all_gather": 0.5, "reduce_scatter": 1.0}
 
-# FSDP2's own free parameter: around every collective it copies on the worker's cores (each
-# unit's shard into the all-gather's input, the gathered output into the parameters, the
-# gradients into the reduce-scatter's input), work a CPU worker does on the cores that compute
-# and that the collectives' shares above do not hold (they time the bare collectives).
-# Measured across emulated nodes (BENCHMARKS.md section 15), a fit puts it at about 2 ms per MB
-# at 1 Gbit/s and under 0.4 at 100 Mbit/s, where the slow link's waits hide most of it.
+# FSDP2's own free parameter: around every collective it copies on the worker's cores (each unit's
+# shard into the all-gather's input, the gathered output into the parameters, the gradients into the
+# reduce-scatter's input), work a CPU worker does on the cores that compute and that the
+# collectives' shares above do not hold (they time the bare collectives). Measured across emulated
+# nodes (docs/benchmarks/2026-11-29-emulated-calibration-kept.md, "The emulated calibration measured
+# again and kept; FSDP across nodes (2026-11-29)"), a fit puts it at about 2 ms per MB at 1 Gbit/s
+# and under 0.4 at 100 Mbit/s, where the slow link's waits hide most of it.
 COPIES = FreeParameter(
     "fsdp_copies",
     "ms of a worker's cores per MB FSDP2 gathers or reduces (the copies into and out of "
@@ -176,12 +180,13 @@ def collective_seconds(
     config: DistbenchConfig, profile: HardwareProfile, collective: str, megabytes: float
 ) -> float:
     """One all-gather (of `megabytes` gathered) or reduce-scatter (of `megabytes` reduced)
-    among the cell's shard group: on CPU workers, as the probe timed it after compute where
-    the profile holds that among as many workers (such a collective takes its turn with the
-    compute, and its time follows no straight line in its size: a share of the allreduce
-    timed back to back priced FSDP 18 % too fast on one machine's cores and 12 % between
-    emulated nodes, BENCHMARKS.md section 17), else as its share of the probed allreduce of
-    the same bytes (`_share`)."""
+    among the cell's shard group: on CPU workers, as the probe timed it after compute where the
+    profile holds that among as many workers (such a collective takes its turn with the compute, and
+    its time follows no straight line in its size: a share of the allreduce timed back to back
+    priced FSDP 18 % too fast on one machine's cores and 12 % between emulated nodes:
+    docs/benchmarks/2026-11-29-fsdp-collectives-after-compute.md, "FSDP2's collectives between
+    nodes, timed after compute (2026-11-29)"), else as its share of the probed allreduce of the same
+    bytes (`_share`)."""
     shards = fsdp_settings(config).shards(config)
     if shards < 2 or megabytes <= 0:
         return 0.0
@@ -399,4 +404,10 @@ SPEC = DistributionSpec(
     candidates=candidates,
     label=label,
     free_parameters=(COPIES,),
+    probed_collectives=(
+        Collective.point_to_point,  # the ring over the links, on GPUs
+        Collective.allreduce,  # HSDP's, and the share of it a collective takes on GPUs
+        Collective.all_gather,
+        Collective.reduce_scatter,
+    ),
 )

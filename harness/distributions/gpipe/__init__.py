@@ -45,6 +45,7 @@ from harness.distributions.spec import (
     candidate_settings,
     trainer_in,
 )
+from harness.profiles.collectives import Collective
 from harness.profiles.hardware import HardwareProfile
 from harness.profiles.network import NetworkProfile
 
@@ -62,7 +63,7 @@ class GPipeBatch(NamedTuple):
     micro_batches: int
 
 
-# SPEC Table 3.3: dataset -> GPipe's whole batch and its number of micro-batches
+# Table 3.3 (docs/thesis.md): dataset -> GPipe's whole batch and its number of micro-batches
 TABLE_3_3: dict[str, GPipeBatch] = {
     "mnist": GPipeBatch(3072, 24),
     "cifar10": GPipeBatch(2048, 32),
@@ -92,7 +93,7 @@ class GPipeConfig(PipelineConfig):
             self.micro_batches is None or self.micro_batches > 0,
             "distribution.micro_batches",
             self.micro_batches,
-            "must be a positive number, or null (SPEC Table 3.3 for the dataset)",
+            "must be a positive number, or null (the thesis' Table 3.3 for the dataset)",
         )
 
     def default_batch_size(self, dataset: str) -> int:
@@ -194,13 +195,13 @@ def epoch_terms(
     config: DistbenchConfig, facts: CellFacts, profile: HardwareProfile | None
 ) -> EpochTerms:
     """GPipe per batch: the schedule over the plan's real stages (`gpipe.schedule_seconds`,
-    Eq. 6.1 generalised to uneven stages and recomputation) and Eq. 6.2's transfers. A stage's
-    work is its layers' shares of one sequential step at the micro-batch, or, where an analysis
-    timed the plan's stages in place (`CellFacts.stages_in_place`), what each stage took in a
-    process of its own: the shares missed that by up to 23 % (BENCHMARKS.md section 15).
-    Those processes computed at once, on the cores the cell's workers share: the contention is
-    in the timing, and the contention factor scales only compute from the shares (a worker
-    alone, the probe)."""
+    Eq. 6.1 generalised to uneven stages and recomputation) and Eq. 6.2's transfers. A stage's work
+    is its layers' shares of one sequential step at the micro-batch, or, where an analysis timed the
+    plan's stages in place (`CellFacts.stages_in_place`), what each stage took in a process of its
+    own: the shares missed that by up to 23 % (docs/benchmarks/2026-11-29-gpipe-stages-in-place.md,
+    "Where GPipe's stages spend their time, measured in place (2026-11-29)"). Those processes
+    computed at once, on the cores the cell's workers share: the contention is in the timing, and
+    the contention factor scales only compute from the shares (a worker alone, the probe)."""
     assert profile is not None and facts.plan is not None
     settings, plan, steps = gpipe_settings(config), facts.plan, batches_per_epoch(config)
     micro_batches = settings.micro_batch_count(config)
@@ -308,4 +309,5 @@ SPEC = DistributionSpec(
     label=label,
     pinned_overrides=pinned_overrides,
     stage_planner=PLANNER,
+    probed_collectives=(Collective.point_to_point,),
 )

@@ -27,6 +27,7 @@ from harness.costs.terms import (
     replica_memory,
 )
 from harness.distributions.spec import DistributionSpec, at_every_count, trainer_in, workers_label
+from harness.profiles.collectives import Collective
 from harness.profiles.hardware import HardwareProfile
 
 MAX_CYCLE_TIME_MS = 1e6  # 1,000 s between fusion cycles: a cell would never finish
@@ -145,4 +146,9 @@ SPEC = DistributionSpec(
     label=workers_label("horovod"),
     frameworks=("horovod",),
     free_parameters=(BACKGROUND,),
+    probed_collectives=(
+        Collective.point_to_point,  # the ring over the links, on GPUs
+        Collective.allreduce,
+        Collective.allreduce_beside_compute,
+    ),
 )

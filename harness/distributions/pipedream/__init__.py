@@ -2,7 +2,7 @@
 
 Each worker trains one replica of one stage of the stage plan (`distribution.stages`, e.g.
 "2-1": stage 0 on two workers, stage 1 on one). Minibatches (Table 3.3's batch each) are
-routed round robin over a stage's replicas and scheduled 1F1B (harness.distributions.onefoneb:
+routed round robin over a stage's replicas and scheduled 1F1B (harness.costs.onefoneb:
 warm-up forwards, then one backward and one forward alternately, no flush between
 minibatches). Every backward is followed by this stage's weight update, so the weights a
 minibatch's forward used may have been updated several times before its backward runs.
@@ -38,6 +38,9 @@ from typing import Any
 from harness.config.accepts import text
 from harness.config.schema import ConfigError, DistbenchConfig, require
 from harness.costs import memory
+from harness.costs.onefoneb import (
+    divisible_batches,
+)
 from harness.costs.partition import (
     LinkModel,
     StagePlan,
@@ -53,9 +56,6 @@ from harness.costs.terms import (
     burst_bytes,
     memory_stage,
 )
-from harness.distributions.onefoneb import (
-    divisible_batches,
-)
 from harness.distributions.pipedream import equations
 from harness.distributions.pipeline_config import PipelineConfig
 from harness.distributions.spec import (
@@ -66,20 +66,22 @@ from harness.distributions.spec import (
     candidate_settings,
     trainer_in,
 )
+from harness.profiles.collectives import Collective
 from harness.profiles.hardware import HardwareProfile
 from harness.profiles.network import NetworkProfile
 
 # `distribution.stages` shorthand for one unreplicated stage per worker.
 STRAIGHT = "straight"
 
-# PipeDream's own free parameter: after each backward a replica of a replicated stage copies
-# its gradients into one message (`torch.cat`, a fresh tensor every minibatch), allreduces it,
-# divides it and reads the gradients back out of it, on the cores that compute, and waits for
-# the slower replica. On `local_2cpu` that optimizer phase took 2.3-2.5 ms per MB of the
-# stage's weights for all four calibration networks (VGG-11: 93 ms a minibatch, DDP's update
-# and wait 36), where the probe's allreduce is 0.74 ms per MB and the same allreduce after
-# compute 0.77: the cat alone took 17 ms of VGG-11's 36.9 MB (BENCHMARKS.md section 17,
-# "fifteenth session").
+# PipeDream's own free parameter: after each backward a replica of a replicated stage copies its
+# gradients into one message (`torch.cat`, a fresh tensor every minibatch), allreduces it, divides
+# it and reads the gradients back out of it, on the cores that compute, and waits for the slower
+# replica. On `local_2cpu` that optimizer phase took 2.3-2.5 ms per MB of the stage's weights for
+# all four calibration networks (VGG-11: 93 ms a minibatch, DDP's update and wait 36), where the
+# probe's allreduce is 0.74 ms per MB and the same allreduce after compute 0.77: the cat alone took
+# 17 ms of VGG-11's 36.9 MB
+# (docs/benchmarks/2026-11-29-calibrate-local-fsdp-pipedream-flattening.md, "PipeDream's flattening,
+# its own term (shipped) (2026-11-29)").
 FLATTEN = FreeParameter(
     "pipedream_flatten",
     "ms of a worker's cores per MB of a replicated stage's gradients, each minibatch: the "
@@ -326,4 +328,8 @@ SPEC = DistributionSpec(
     pinned_overrides=pinned_overrides,
     stage_planner=PLANNER,
     free_parameters=(FLATTEN,),
+    probed_collectives=(
+        Collective.point_to_point,
+        Collective.allreduce,  # a replicated stage's gradients
+    ),
 )

@@ -23,10 +23,11 @@ and its first r_b minibatches start together, so an epoch of N minibatches takes
 
 (the depth holds no allreduce: the first minibatch's is the last term). With r_b = 1 this is
 depth + (N - 1) * I. Counting the depth and then N - 1 intervals I for a replicated bottleneck,
-as this model did before, over-counts w_b and its transfers by (1 - 1/r_b) of them and
-under-counts AR_b / r_b: on the kept
-emulated calibration (8 minibatches an epoch) PipeDream `2` of VGG-16 at 100 Mbit/s was 10 %
-under its measurement, ResNet-50's at 1 Gbit/s 10 % over (BENCHMARKS.md section 15).
+as this model did before, over-counts w_b and its transfers by (1 - 1/r_b) of them and under-counts
+AR_b / r_b: on the kept emulated calibration (8 minibatches an epoch) PipeDream `2` of VGG-16 at
+100 Mbit/s was 10 % under its measurement, ResNet-50's at 1 Gbit/s 10 % over
+(docs/benchmarks/2026-11-29-pipedream-replicated-epoch.md, "A replicated stage's epoch counted per
+replica (2026-11-29)").
 
 The fill at the start and the drain at the end of 1F1B's warm-up are this depth once: the
 warm-up's extra forwards are done while the first minibatch still travels. The bottleneck
@@ -219,7 +220,7 @@ def stashed_versions(replicas: Sequence[int], stage: int, batches: int = 64) -> 
     trainer's rule over its 1F1B op list: a forward needs a stashed copy when a backward (an
     update) comes between it and its own backward; a copy is made once per weight version
     and freed when its last minibatch's backward is done (the newest is kept for reuse)."""
-    from harness.distributions.onefoneb import Kind, worker_ops
+    from harness.costs.onefoneb import Kind, worker_ops
 
     ops = worker_ops(list(replicas), stage, 0, batches)
     needs_copy = set()

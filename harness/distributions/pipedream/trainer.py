@@ -12,8 +12,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.func import functional_call
 
-from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
-from harness.distributions.onefoneb import (
+from harness.costs.onefoneb import (
     Kind,
     Op,
     check_deadlock_free,
@@ -22,6 +21,7 @@ from harness.distributions.onefoneb import (
     replica_of,
     worker_ops,
 )
+from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
 from harness.distributions.pipedream import PLANNER, BatchDivision, pipedream_settings
 from harness.distributions.pipeline import (
     LABEL_TAG,

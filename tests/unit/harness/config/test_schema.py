@@ -244,7 +244,7 @@ def test_a_straight_pipedream_is_one_stage_per_worker(hardware: str, stages: str
     assert config.distribution.stages == stages
 
 
-# --- GPipe's micro-batches follow the batch (issue 23) -----------------------------------------
+# --- GPipe's micro-batches follow the batch ----------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -269,7 +269,7 @@ def test_gpipe_micro_batches_follow_the_batch(overrides: list[str], micro_batche
     assert f" mb{micro_batches} " in config.run_name
 
 
-# --- Refused sizes name the value that works (issue 23) ----------------------------------------
+# --- Refused sizes name the value that works ---------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -385,7 +385,7 @@ def test_the_suggested_sizes_validate() -> None:
         validate(compose_config(overrides))
 
 
-# --- One model's settings in a sweep over models (issue 23) ------------------------------------
+# --- One model's settings in a sweep over models -----------------------------------------------
 
 PER_MODEL = ["hardware=local_2cpu", "dataset.num_samples=64", "distribution.batch_size=32"]
 
@@ -499,8 +499,8 @@ def test_another_models_key_names_the_per_model_form(
 def test_a_sweep_over_models_takes_one_models_setting(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The issue's sweep: every cell validates as its launcher will compose it, and the dry run
-    shows GPipe's cell with the setting and the others without."""
+    """A sweep over three models with one model's setting: every cell validates as its launcher will
+    compose it, and the dry run shows GPipe's cell with the setting and the others without."""
     from launchers.hydra_main import check_hydra_main
 
     monkeypatch.chdir(tmp_path)
@@ -522,7 +522,7 @@ def test_a_sweep_over_models_takes_one_models_setting(
     assert list(tmp_path.iterdir()) == []
 
 
-# --- Internal schemas are not options (issue 23) ------------------------------------------------
+# --- Internal schemas are not options -----------------------------------------------------------
 
 
 def test_the_models_schemas_are_not_distribution_options() -> None:

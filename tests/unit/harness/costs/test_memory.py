@@ -170,10 +170,11 @@ def test_a_cells_workers_from_its_facts() -> None:
 
 
 def test_on_cuda_no_backward_temporaries_and_a_copy_of_the_starting_weights() -> None:
-    """The same facts on a CPU and on CUDA: the backward's temporaries only on the CPU (the
-    CUDA allocator reuses the blocks of the saved tensors each backward frees), the copy of
-    the starting weights only on CUDA (on a CPU it stays in the fitted remainder: BENCHMARKS.md
-    section 18)."""
+    """The same facts on a CPU and on CUDA: the backward's temporaries only on the CPU (the CUDA
+    allocator reuses the blocks of the saved tensors each backward frees), the copy of the starting
+    weights only on CUDA (on a CPU it stays in the fitted remainder:
+    docs/benchmarks/2026-12-01-cuda-allocator-history.md, "The memory model against the CUDA
+    allocator's history (one H200, 2026-12-01)")."""
     from harness.commands.compose import compose_config
     from harness.config.schema import validate
     from harness.costs.terms import CellFacts, LayerFacts
@@ -237,7 +238,8 @@ def test_a_runtime_share_keeps_its_context_apart_in_the_facts_file(tmp_path) -> 
     """The facts file keeps the CUDA context beside the runtime share; a share kept before
     it was (no `context_mb`) reads as none of it left out."""
     from harness.config.schema import ConfigError
-    from harness.predict.facts import FactsStore, RuntimeShare
+    from harness.predict.facts.store import FactsStore
+    from harness.profiles.runtime import RuntimeShare
 
     path = tmp_path / "h100_1gpu.json"
     store = FactsStore.load(path, "h100_1gpu")

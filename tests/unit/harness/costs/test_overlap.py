@@ -1,6 +1,6 @@
-"""Overlap bounded by the compute each collective can hide behind (issue 25, item 5): the
-timeline of `harness.costs.overlap`, against values computed by hand, and what it changes for
-DDP and FSDP where collectives can run beside the compute (GPUs, nodes joined by a network)."""
+"""Overlap bounded by the compute each collective can hide behind: the timeline of
+`harness.costs.overlap`, against values computed by hand, and what it changes for DDP and FSDP where
+collectives can run beside the compute (GPUs, nodes joined by a network)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from harness.costs.terms import (
 from harness.distributions.fsdp import step_communication_seconds
 from harness.distributions.horovod import fused_mb_per_allreduce
 from harness.predict.cell import epoch_terms
-from harness.predict.facts import needs_layer_profile
+from harness.predict.facts.gather import needs_layer_profile
 from harness.profiles.hardware import (
     COMPUTE_LOST_FACT,
     AllreduceCost,
@@ -144,11 +144,12 @@ def test_ddp_exposes_more_than_its_last_bucket_when_the_allreduces_outlast_the_b
 
 
 def test_cpu_workers_take_turns_on_one_machine_and_overlap_their_allreduces_across_nodes() -> None:
-    """A gloo collective among the workers of one machine is copies on the cores that compute:
-    it takes its turn. Across nodes an allreduce's bytes wait on the link while the cores go
-    on with the backward: measured on emulated nodes, five networks held out, DDP's error fell
-    from 8.2 to 5.7 % with it (BENCHMARKS.md section 15). FSDP's collectives there still take
-    their turn (their copies are on the cores). GPUs overlap everything."""
+    """A gloo collective among the workers of one machine is copies on the cores that compute: it
+    takes its turn. Across nodes an allreduce's bytes wait on the link while the cores go on with
+    the backward: measured on emulated nodes, five networks held out, DDP's error fell from 8.2 to
+    5.7 % with it (docs/benchmarks/2026-11-29-emulated-overlap-bucket-profiles.md, "DDP and Horovod
+    across nodes on the overlap timeline (shipped) (2026-11-29)"). FSDP's collectives there still
+    take their turn (their copies are on the cores). GPUs overlap everything."""
     one_machine = validate(compose_config(["distribution=ddp", "hardware=local_2cpu"]))
     nodes = validate(compose_config(["distribution=ddp", "hardware=emulated_2nodes_1gbit"]))
     assert not allreduces_overlap_backward(one_machine)
@@ -262,10 +263,10 @@ def test_horovod_across_cpu_nodes_allreduces_a_layer_per_cycle_beside_the_backwa
 
 
 def test_an_allreduce_between_cpu_nodes_takes_the_probed_share_of_the_backward_beside_it() -> None:
-    """The probe measures what an allreduce between nodes takes from a CPU worker's compute
-    per MB (on the emulated 1 Gbit/s link 2.4 ms, BENCHMARKS.md section 15); the backward it
-    runs beside lasts that much longer. Each 30 MB layer's allreduce (30.05 ms on the link)
-    takes 0.5 ms/MB x 30 MB = 15 ms of the cores, all beside the next layer's backward
+    """The probe measures what an allreduce between nodes takes from a CPU worker's compute per MB
+    (on the emulated 1 Gbit/s link 2.4 ms: BENCHMARKS.md, "The links, as the probe sees them"); the
+    backward it runs beside lasts that much longer. Each 30 MB layer's allreduce (30.05 ms on the
+    link) takes 0.5 ms/MB x 30 MB = 15 ms of the cores, all beside the next layer's backward
     (0.15 s): three of them stretch the backward by 45 ms, the last runs after it."""
     config = _cpu_cell("ddp", "emulated_2nodes_1gbit")
     probed = _profile()

@@ -1,4 +1,4 @@
-"""The terms the time models gained for issue 11, each against values computed by hand:
+"""Terms of the time models beyond the thesis' equations, each against values computed by hand:
 GPipe's schedule over uneven stages with recomputation, the allreduces that cannot hide on
 CPU workers sharing cores (each message with its latency), and the free parameters' form."""
 

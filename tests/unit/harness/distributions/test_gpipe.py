@@ -26,7 +26,7 @@ from harness.distributions.base import TrainingContext
 from harness.distributions.gpipe import epoch_terms
 from harness.distributions.gpipe.trainer import GPipeTrainer
 from harness.measure.metrics import PhaseClock
-from harness.predict.facts import FactsStore, in_place_key
+from harness.predict.facts.store import FactsStore, in_place_key
 from harness.profiles.hardware import HardwareProfile
 from harness.profiles.stages import InPlaceStages, StageSeconds
 from harness.runtime.distributed import WorkerSession

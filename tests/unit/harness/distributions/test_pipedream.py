@@ -19,8 +19,8 @@ from torch.func import functional_call
 
 from harness.commands.compose import compose_config
 from harness.config.schema import ConfigError, validate
-from harness.distributions import onefoneb
-from harness.distributions.onefoneb import (
+from harness.costs import onefoneb
+from harness.costs.onefoneb import (
     DeadlockError,
     Kind,
     Op,

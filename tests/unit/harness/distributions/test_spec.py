@@ -43,13 +43,16 @@ NAMED_ELSEWHERE: dict[str, set[str]] = {
         "conf/sweep/local_data_parallel.yaml",
         # the probe's step is a sequential step (the code asks `registry.baseline()`; these
         # name it in their messages and help)
-        "harness/predict/facts.py",
+        "harness/commands/facts_options.py",
+        "harness/predict/facts/gather.py",
         "harness/recommend.py",
         # its errors: one stage is distribution=sequential
         "harness/distributions/gpipe/__init__.py",
         "harness/distributions/gpipe/trainer.py",
     },
-    # the CUDA check runs each model that can train on one GPU (BENCHMARKS.md section 13)
+    # the CUDA check runs each model that can train on one GPU (scripts/gpu_check.sh;
+    # docs/benchmarks/2026-11-25-cuda-h100-h200.md, "CUDA on one H100, then on one H200
+    # (2026-11-25 to 2026-11-28)")
     "ddp": {
         "conf/sweep/calibrate_local_memory.yaml",
         "conf/sweep/local_data_parallel.yaml",
@@ -179,3 +182,18 @@ def test_a_models_own_free_parameters_join_the_fit() -> None:
     declared = [parameter.name for spec in specs().values() for parameter in spec.free_parameters]
     assert declared == ["fsdp_copies", "horovod_background", "pipedream_flatten"]
     assert list(PARAMETERS) == ["contention", "communication", *declared]
+
+
+def test_the_probe_measures_what_the_models_declare() -> None:
+    # Each model names the transfers its terms read from a hardware profile; the probe
+    # measures their union (`registry.probed_collectives`), which for distbench's own models
+    # is every figure it has measured so far.
+    from harness.distributions.registry import probed_collectives
+    from harness.profiles.collectives import Collective
+
+    declared = {name: set(spec.probed_collectives) for name, spec in specs().items()}
+    assert declared["sequential"] == set()
+    assert declared["gpipe"] == {Collective.point_to_point}
+    assert {Collective.all_gather, Collective.reduce_scatter} <= declared["fsdp"]
+    assert Collective.allreduce_beside_compute in declared["ddp"] & declared["horovod"]
+    assert probed_collectives() == frozenset(Collective) == frozenset().union(*declared.values())

@@ -17,7 +17,6 @@ from workloads.datasets.spec import DATASET_SPECS
 from workloads.networks import build_network, layer_count, to_layer_list
 from workloads.networks.ref import NetworkError, NetworkRef, canonical_json
 from workloads.networks.split import LayerSequence, derive_layers
-from workloads.networks.zoo import build_zoo
 
 CIFAR = DATASET_SPECS["cifar10"]
 MNIST = DATASET_SPECS["mnist"]
@@ -196,7 +195,7 @@ def test_user_factory_builds_and_splits_at_its_units(userpkg):
     assert_splits_exactly(model, layers, CIFAR)
     assert_splits_exactly(model, layers, CIFAR, train=True)
 
-    built = build_zoo(module_ref("userpkg.models:build", width=8), CIFAR)
+    built = build_network(module_ref("userpkg.models:build", width=8), CIFAR)
     assert isinstance(built, LayerSequence) and len(built) == 7
     assert to_layer_list(module_ref("userpkg.models:build"), built) == list(built.children())
     assert build_network(module_ref("userpkg.models.build"), CIFAR)(
@@ -211,12 +210,12 @@ def test_blocks_make_each_block_one_layer(userpkg):
     layers = derive_layers(model, CIFAR, blocks="blocks")
     assert layers is not None and len(layers) == 5  # before, 3 blocks, after
     assert_splits_exactly(model, layers, CIFAR)
-    built = build_zoo(module_ref("userpkg.models:build", blocks="blocks"), CIFAR)
+    built = build_network(module_ref("userpkg.models:build", blocks="blocks"), CIFAR)
     assert len(built) == 5
 
 
 def test_a_class_taking_dataset_is_given_the_spec(userpkg):
-    model = build_zoo(module_ref("userpkg.models:SizedNet"), MNIST)
+    model = build_network(module_ref("userpkg.models:SizedNet"), MNIST)
     assert isinstance(model, LayerSequence)
     assert model(MNIST.example_batch(2)[0]).shape == (2, MNIST.num_classes)
 
@@ -239,18 +238,18 @@ def test_a_language_model_module_splits_on_token_data(userpkg):
     assert layers is not None and len(layers) == 4  # embed, 2 layers, out
     assert_splits_exactly(model, layers, TOKENS)
     assert_splits_exactly(model, layers, TOKENS, train=True)
-    built = build_zoo(module_ref("userpkg.models:TinyLM"), TOKENS)
+    built = build_network(module_ref("userpkg.models:TinyLM"), TOKENS)
     assert built(TOKENS.example_batch(2)[0]).shape == (2, TOKENS.seq_len, TOKENS.vocab_size)
 
 
 def test_an_untraceable_module_is_returned_as_built_without_a_layer_list(userpkg):
     ref = module_ref("userpkg.models:Untraceable")
-    model = build_zoo(ref, CIFAR)
+    model = build_network(ref, CIFAR)
     assert type(model).__name__ == "Untraceable"
     assert derive_layers(model, CIFAR) is None
     one_line_error(lambda: to_layer_list(ref, model), "network.blocks")
     one_line_error(
-        lambda: build_zoo(module_ref("userpkg.models:Untraceable", blocks="blocks"), CIFAR),
+        lambda: build_network(module_ref("userpkg.models:Untraceable", blocks="blocks"), CIFAR),
         "network.blocks=blocks",
     )
 
@@ -270,17 +269,17 @@ def test_an_untraceable_module_is_returned_as_built_without_a_layer_list(userpkg
     ],
 )
 def test_a_bad_module_setting_is_one_line_naming_its_key(userpkg, target, kwargs, key, says):
-    message = one_line_error(lambda: build_zoo(module_ref(target, **kwargs), CIFAR), key)
+    message = one_line_error(lambda: build_network(module_ref(target, **kwargs), CIFAR), key)
     assert says in message
 
 
 def test_a_bad_blocks_path_names_network_blocks(userpkg):
     one_line_error(
-        lambda: build_zoo(module_ref("userpkg.models:build", blocks="stages"), CIFAR),
+        lambda: build_network(module_ref("userpkg.models:build", blocks="stages"), CIFAR),
         "network.blocks=stages",
     )
     one_line_error(
-        lambda: build_zoo(module_ref("userpkg.models:build", blocks="head"), CIFAR),
+        lambda: build_network(module_ref("userpkg.models:build", blocks="head"), CIFAR),
         "network.blocks=head",
     )
 
@@ -313,7 +312,7 @@ ZOO = [
 )
 def test_zoo_models_split_exactly_on_cpu_and_meta(ref, count):
     torch.manual_seed(0)
-    built = build_zoo(ref, CIFAR)
+    built = build_network(ref, CIFAR)
     assert isinstance(built, LayerSequence) and len(built) == count
     torch.manual_seed(0)
     model = _unsplit(ref)
@@ -321,7 +320,7 @@ def test_zoo_models_split_exactly_on_cpu_and_meta(ref, count):
     assert_splits_exactly(model, layers, CIFAR)
     assert_splits_exactly(model, layers, CIFAR, train=True)
     with torch.device("meta"):
-        on_meta = build_zoo(ref, CIFAR)
+        on_meta = build_network(ref, CIFAR)
     assert next(on_meta.parameters()).is_meta and len(on_meta) == count
     assert layer_count(ref, CIFAR) == count
 
@@ -349,11 +348,11 @@ def test_vit_blocks_are_its_encoder_layers():
         blocks="encoder.layers",
         **SMALL_VIT,
     )
-    assert len(build_zoo(ref, CIFAR)) == 5  # patches and class token, 3 blocks, head
+    assert len(build_network(ref, CIFAR)) == 5  # patches and class token, 3 blocks, head
 
 
 def test_torchvision_on_grayscale_adapts_its_stem():
-    model = build_zoo(zoo_ref("torchvision", "resnet18"), MNIST)
+    model = build_network(zoo_ref("torchvision", "resnet18"), MNIST)
     assert model(MNIST.example_batch(2)[0]).shape == (2, 10)
 
 
@@ -387,4 +386,4 @@ def test_torchvision_on_grayscale_adapts_its_stem():
     ],
 )
 def test_a_bad_zoo_setting_is_one_line_naming_its_key(ref, spec, key, says):
-    assert says in one_line_error(lambda: build_zoo(ref, spec), key)
+    assert says in one_line_error(lambda: build_network(ref, spec), key)
