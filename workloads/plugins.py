@@ -20,6 +20,9 @@ import functools
 import importlib.util
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
+from typing import TypeVar
+
+Spec = TypeVar("Spec")
 
 # Where a package registers a network source (`workloads.networks.registry`).
 NETWORK_SOURCES = "distbench.network_sources"
@@ -52,3 +55,28 @@ def config_dirs(group: str) -> list[Path]:
         if folder is not None and (folder / "conf").is_dir():
             dirs.append(folder / "conf")
     return dirs
+
+
+def registered_spec(
+    entry: EntryPoint, spec_type: type[Spec], what: str, error: type[Exception]
+) -> Spec:
+    """The spec a package registered: its entry point names a module defining `SPEC`, or the
+    spec itself (`module:SPEC`). A registration that cannot be loaded, or holds no
+    `spec_type`, is refused as `error` in one line naming it (`what`: "the network source",
+    "the distribution model")."""
+    where = f"{what} {entry.name} = {entry.value} (entry point {entry.group})"
+    try:
+        loaded = entry.load()
+    except Exception as err:  # noqa: BLE001 - any failure of a user's module, named
+        raise error(
+            f"{where} is invalid: importing it failed: {type(err).__name__}: {err}; "
+            f"allowed: a module that defines SPEC"
+        ) from err
+    spec = getattr(loaded, "SPEC", loaded)
+    if not isinstance(spec, spec_type):
+        name = spec_type.__name__
+        raise error(
+            f"{where} is invalid: it holds no {name}; allowed: a module that defines "
+            f"SPEC = {name}(...)"
+        )
+    return spec

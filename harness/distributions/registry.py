@@ -12,7 +12,6 @@ import functools
 import importlib
 import pkgutil
 from collections.abc import Mapping
-from importlib.metadata import EntryPoint
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -23,6 +22,7 @@ from harness.config.schema import ConfigError, DistbenchConfig, DistributionConf
 from harness.distributions import plugins
 from harness.distributions.spec import DistributionSpec
 from harness.profiles.collectives import Collective
+from workloads.plugins import registered_spec
 
 
 @functools.cache
@@ -36,7 +36,7 @@ def specs() -> dict[str, DistributionSpec]:
         if isinstance(spec, DistributionSpec):
             found[spec.name] = spec
     for entry in plugins.registered():
-        spec = _registered_spec(entry)
+        spec = registered_spec(entry, DistributionSpec, "the distribution model", ConfigError)
         if spec.name in found:
             raise ConfigError(
                 f"the distribution model {entry.name} = {entry.value} (entry point "
@@ -45,30 +45,6 @@ def specs() -> dict[str, DistributionSpec]:
             )
         found[spec.name] = spec
     return dict(sorted(found.items()))
-
-
-def _registered_spec(entry: EntryPoint) -> DistributionSpec:
-    """The SPEC a package registered: its entry point names a module defining `SPEC`, or the
-    spec itself (`module:SPEC`). A registration that cannot be loaded is refused in one line
-    naming it."""
-    where = (
-        f"the distribution model {entry.name} = {entry.value} (entry point "
-        f"{plugins.ENTRY_POINT_GROUP})"
-    )
-    try:
-        loaded = entry.load()
-    except Exception as err:  # noqa: BLE001 - any failure of a user's module, named
-        raise ConfigError(
-            f"{where} is invalid: importing it failed: {type(err).__name__}: "
-            f"{err}; allowed: a module that defines SPEC"
-        ) from err
-    spec = getattr(loaded, "SPEC", loaded)
-    if not isinstance(spec, DistributionSpec):
-        raise ConfigError(
-            f"{where} is invalid: it holds no DistributionSpec; allowed: a module "
-            f"that defines SPEC = DistributionSpec(...)"
-        )
-    return spec
 
 
 def baseline() -> DistributionSpec:

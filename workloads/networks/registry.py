@@ -30,7 +30,7 @@ def sources() -> dict[str, NetworkSourceSpec]:
         if isinstance(spec, NetworkSourceSpec):
             found[spec.name] = spec
     for entry in plugins.registered(ENTRY_POINT_GROUP):
-        spec = _registered_spec(entry)
+        spec = plugins.registered_spec(entry, NetworkSourceSpec, "the network source", NetworkError)
         if spec.name in found:
             raise NetworkError(
                 f"{_where(entry)} is invalid: its name {spec.name!r} is taken; allowed: a "
@@ -42,26 +42,6 @@ def sources() -> dict[str, NetworkSourceSpec]:
 
 def _where(entry: EntryPoint) -> str:
     return f"the network source {entry.name} = {entry.value} (entry point {ENTRY_POINT_GROUP})"
-
-
-def _registered_spec(entry: EntryPoint) -> NetworkSourceSpec:
-    """The SPEC a package registered: its entry point names a module defining `SPEC`, or the
-    spec itself (`module:SPEC`). A registration that cannot be loaded is refused in one line
-    naming it."""
-    try:
-        loaded = entry.load()
-    except Exception as err:  # noqa: BLE001 - any failure of a user's module, named
-        raise NetworkError(
-            f"{_where(entry)} is invalid: importing it failed: {type(err).__name__}: "
-            f"{err}; allowed: a module that defines SPEC"
-        ) from err
-    spec = getattr(loaded, "SPEC", loaded)
-    if not isinstance(spec, NetworkSourceSpec):
-        raise NetworkError(
-            f"{_where(entry)} is invalid: it holds no NetworkSourceSpec; allowed: a module "
-            f"that defines SPEC = NetworkSourceSpec(...)"
-        )
-    return spec
 
 
 def source_named(name: str) -> NetworkSourceSpec:
