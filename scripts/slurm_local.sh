@@ -10,9 +10,13 @@
 # (one shared path makes the second node unreachable); both nodes share the same cores, so the
 # partition oversubscribes. Node names resolve through /etc/hosts, as submitit's hostnames and
 # the rendezvous of the distributed models need. State lives in $DISTBENCH_SLURM_DIR
-# (default /tmp/distbench-slurm). A job credential lives 30 s (cred_expire; SLURM's default is
-# 120 s): it is also how long SLURM holds a re-queued job before it may start again, and
-# starting it sooner (scontrol update StartTime=now) kills it with "Job credential revoked".
+# (default /tmp/distbench-slurm). A job credential lives 10 s (cred_expire; SLURM's default is
+# 120 s, its least 5 s; a job's or step's credential is checked as it is launched, moments after
+# it is made): it is also how long SLURM holds a re-queued job before it may start again (the
+# re-queue test waits that long), and starting it sooner (scontrol update StartTime=now) kills
+# it with "Job credential revoked". The scheduler looks at pending jobs every second
+# (SchedulerParameters; 60 s and 30 s by default), so a re-queued job starts once its hold
+# ends instead of at the next pass.
 set -euo pipefail
 
 state="${DISTBENCH_SLURM_DIR:-/tmp/distbench-slurm}"
@@ -48,7 +52,7 @@ write_config() {
 ClusterName=distbench
 SlurmctldHost=localhost
 AuthType=auth/munge
-AuthInfo=cred_expire=30
+AuthInfo=cred_expire=10
 SlurmUser=root
 StateSaveLocation=$state/ctld
 SlurmdSpoolDir=$state/spool-%n
@@ -62,6 +66,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
 ReturnToService=2
+SchedulerParameters=sched_interval=1,bf_interval=1
 NodeName=node[1-2] NodeHostname=$(hostname) NodeAddr=127.0.0.1 Port=17001-17002 CPUs=$cpus RealMemory=$mem
 PartitionName=local Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF

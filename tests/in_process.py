@@ -6,7 +6,10 @@ since a fresh interpreter per command line costs ~4 s of imports on 2 CPU cores.
 
 from __future__ import annotations
 
+import io
 import os
+import signal
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -128,3 +131,36 @@ def refusal_broken(outcome: dict[str, Any]) -> str | None:
     if outcome["written"]:
         return f"wrote {outcome['written'][:5]}"
     return None
+
+
+def in_process_command(
+    command: str, args: list[str], cwd: Path, timeout: int = 300
+) -> subprocess.CompletedProcess[str]:
+    """`python -m command args` in `cwd`, through its real entry point but in this process
+    (tests.in_process.run_in_process: exit status, stdout and stderr as a subprocess's), for
+    the tests that are not about the process itself: a fresh interpreter costs several
+    CPU-seconds of imports. The SIGTERM handler and unraisable hook a command installs
+    (harness.cli.signals) are put back afterwards."""
+    capture = cwd / f"capture-{command}"
+    capture.mkdir(exist_ok=True)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    hook, streams = sys.unraisablehook, (sys.stdout, sys.stderr)
+    # sys.stdout and sys.stderr onto file descriptors 1 and 2, which run_in_process captures
+    # (pytest's capture puts objects of its own there, which write elsewhere).
+    sys.stdout, sys.stderr = (
+        io.TextIOWrapper(
+            io.FileIO(fd, "w", closefd=False), errors="backslashreplace", write_through=True
+        )
+        for fd in (1, 2)
+    )
+    try:
+        outcome = run_in_process(command, args, cwd, capture, timeout_s=timeout)
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+        sys.stdout, sys.stderr = streams
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        sys.unraisablehook = hook
+    return subprocess.CompletedProcess(
+        [command, *args], outcome["code"], outcome["stdout"], outcome["stderr"]
+    )

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_module, tiny_overrides
+from tests.helpers import tiny_overrides
+from tests.in_process import in_process_command
 
 _DISK_FAULT_HOOK = """
 import os
@@ -157,9 +158,9 @@ def test_a_full_disk_and_no_mlflow_leave_the_result_in_a_rescue_directory(
     result = json.loads(rescued.read_text())
     assert result["status"] == "ok" and result["pending_sync"] and result["storage_error"]
     assert (rescued.parent / "mllog.txt").read_text().count(":::MLLOG") > 5
-    # What the line says to run uploads it.
+    # What the line says to run uploads it (its real entry point, in this process).
     store = tmp_path / "store" / "mlflow.db"
-    synced = run_module(
+    synced = in_process_command(
         "harness.sync",
         [f"run.output_dir={rescued.parents[1]}", f"tracking.uri=sqlite:///{store}"],
         cwd=tmp_path,

@@ -39,6 +39,7 @@ from harness.records.sweep_runs import (
 from harness.records.tracking import RESULT_ID_TAG
 from harness.system.processes import start_time
 from tests.helpers import cell_worker_pids, run_module, starting_mlflow_server, tiny_overrides
+from tests.in_process import in_process_command
 
 HELD_WAIT_S = 180  # until sync's request reaches the proxy (its imports take most of it)
 
@@ -125,11 +126,10 @@ def mlflow_server_starting(tmp_path: Path) -> Iterator[Callable[[], str]]:
 
 def _sync(output_root: Path, uri: str) -> subprocess.CompletedProcess[str]:
     # Quoted: Hydra's override grammar takes a path with a quote or a space only in quotes.
-    return run_module(
+    return in_process_command(
         "harness.sync",
         [f'run.output_dir="{output_root}"', f"tracking.uri={uri}"],
         cwd=output_root.parent,
-        timeout=300,
     )
 
 
@@ -314,7 +314,7 @@ def _parents(output_root: Path, experiment: str = "distbench") -> list:
 
 
 def test_a_rejected_sweep_opens_no_parent_run(output_root: Path) -> None:
-    done = run_module(
+    done = in_process_command(
         "harness",
         [
             "-m",
@@ -361,7 +361,8 @@ def test_a_killed_sweeps_parent_is_closed_by_the_next_and_a_skipped_sweep_opens_
     assert old.info.run_id == stale.info.run_id and old.info.status == "KILLED"
     assert new.info.status == "FINISHED"
 
-    again = run_module("harness", [*sweep, "run.epochs=1"], cwd=output_root.parent)
+    # Nothing to train: its launcher runs in this process.
+    again = in_process_command("harness", [*sweep, "run.epochs=1"], cwd=output_root.parent)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "1 cell(s) already measured, nothing to run" in again.stdout
     assert [r.info.run_id for r in _parents(output_root)] == [old.info.run_id, new.info.run_id]

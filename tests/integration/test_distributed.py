@@ -55,9 +55,9 @@ def _result(output_root: Path) -> dict:
     return json.loads(path.read_text())
 
 
-# A cell that trains until the test ends it: short epochs (8 batches per worker), so that the
+# A cell that trains until the test ends it: short epochs (2 batches per worker), so that the
 # first "epoch 1/" line, which _wait_for_training waits for, comes soon, and many of them.
-LONG_RUNNING = ["dataset.num_samples=128", "run.epochs=200"]
+LONG_RUNNING = ["dataset.num_samples=32", "run.epochs=800"]
 
 
 def _wait_for_training(output_root: Path, timeout: float = 300) -> dict[int, int]:
@@ -135,12 +135,13 @@ def test_a_hanging_worker_ends_the_cell_as_timeout(output_root: Path, tmp_path: 
     controller held this test's stdout pipe open, so communicate() never returned)."""
     log = tmp_path / "cell.log"
     with log.open("w") as out:  # a file: a process left behind cannot block the test
-        # The frozen worker is ended 3 s after rank 0 recorded the cell (20 s by default).
+        # The frozen worker is ended 1 s after rank 0 recorded the cell (20 s by default);
+        # rank 0 gives up on it after 5 s without progress, as in the test below.
         cell = _start(
             output_root,
             *LONG_RUNNING,
-            "run.progress_timeout_s=10",
-            "hydra.launcher.grace_after_result_s=3",
+            "run.progress_timeout_s=5",
+            "hydra.launcher.grace_after_result_s=1",
             stdout=out,
         )
     try:

@@ -34,6 +34,7 @@ SWEEP = [
     "run.epochs=1",
     "run.warmup_batches=1",
     "run.progress=false",
+    "tracking.enabled=false",  # what the tests read is in result.json: no MLflow store to fill
 ]
 
 pytestmark = pytest.mark.slow
@@ -94,6 +95,7 @@ def test_the_probe_measures_the_shaped_rate(emulated_nodes: object, output_root:
         "probe.warmup=1",
         "probe.message_bytes=[8,1048576,4194304]",
         "probe.rounds=2",
+        "tracking.enabled=false",
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     (path,) = (output_root / "hardware_profiles").glob("*.json")

@@ -20,14 +20,15 @@ from harness.system.processes import descendants
 from tests.helpers import cell_worker_pids
 
 LOOPBACK = {"127.0.0.1", "::1"}
-# Long enough to be still training when the sockets are read (the cell is killed then).
+# Long enough to be still training when the sockets are read (the cell is killed then); short
+# epochs (2 batches per worker), so that the first, which the test waits for, ends soon.
 _LONG_CELL = [
     "hardware=local_2cpu",
     "network=mobilenetv2",
     "dataset=mnist",
     "distribution.batch_size=8",
-    "dataset.num_samples=64",
-    "run.epochs=200",
+    "dataset.num_samples=32",
+    "run.epochs=800",
     "run.warmup_batches=0",
     "run.progress=false",
 ]

@@ -69,7 +69,7 @@ def test_each_cell_gets_its_own_allocation_and_cells_run_one_at_a_time(
     slurm_cluster: None, output_root: Path
 ) -> None:
     sweep = _sweep(
-        output_root, "distribution=sequential,ddp,horovod", "dataset.num_samples=64", "run.epochs=2"
+        output_root, "distribution=sequential,ddp,horovod", "dataset.num_samples=32", "run.epochs=1"
     )
     out, _ = sweep.communicate(timeout=900)
     assert sweep.returncode == 0, out[-3000:]
@@ -115,8 +115,9 @@ def test_a_two_node_gpipe_and_pipedream_cell_run_through_slurm(
             output_root,
             *pipeline,
             "distribution.batch_size=16",
-            "dataset.num_samples=64",
+            "dataset.num_samples=32",
             "run.epochs=1",
+            "tracking.enabled=false",  # what is asserted is in result.json
         )
         out, _ = sweep.communicate(timeout=900)
         assert sweep.returncode == 0, out[-3000:]
@@ -161,11 +162,14 @@ def test_a_killed_and_a_hanging_multi_node_cell_are_recorded_and_the_sweep_goes_
 ) -> None:
     """Cell 0 loses its rank 0 to SIGKILL (the job leaves no result: the launcher records
     it); cell 1's rank 1 freezes (rank 0 records a timeout, the launcher cancels the job);
-    cell 2 runs as usual."""
+    cell 2 runs as usual. Short epochs (4 batches per worker): the first epoch line, which the
+    test waits for, comes soon, and the 30 epochs still outlast the test's signal. (Recording
+    a failed cell in MLflow is test_a_rerun_records_a_job_that_died_unwatched's.)"""
     sweep = _sweep(
         output_root,
         "distribution=ddp",
-        "dataset.num_samples=1024",
+        "dataset.num_samples=64",
+        "tracking.enabled=false",
         "run.epochs=30,31,1",
         "run.progress_timeout_s=10",
         "hydra.launcher.grace_after_result_s=5",
@@ -384,6 +388,8 @@ def test_the_probe_measures_the_link_between_two_slurm_nodes(
             "hydra/launcher=submitit_slurm",
             "probe.repeats=3",
             "probe.message_bytes=[8,1048576]",
+            "probe.rounds=1",  # several rounds: test_emulated_nodes.py's probe
+            "tracking.enabled=false",
             f"run.output_dir={output_root}",
         ],
         cwd=output_root.parent,

@@ -139,7 +139,7 @@ def test_a_plugin_config_runs_cells_side_by_side_and_requeues_a_timed_out_job(
         for line in _echoed(sweep, seen):  # the launcher sees the job back in the queue
             if f"SLURM job {signalled} re-queued" in line:
                 break
-        # SLURM holds a re-queued job for the test cluster's cred_expire + 1 s (31 s) and
+        # SLURM holds a re-queued job for the test cluster's cred_expire + 1 s (11 s) and
         # then starts it. (Moving its StartTime to now is no shortcut: started while the
         # first try's credential is still revoked, the job is killed.)
         _signal_time_limit(output_root, signalled, trained_epochs=2)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -110,18 +111,39 @@ def test_the_sweep_table_marks_an_unsteady_cell_and_says_why() -> None:
     assert table[-1] == UNSTEADY_FOOTNOTE
 
 
+# A competing process: it waits (SIGUSR1 blocked, so that the signal cannot end it) until the
+# test signals it, then keeps a core busy until it is killed.
+_BURNER = """
+import signal
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+print("ready", flush=True)
+signal.sigwait({signal.SIGUSR1})
+while True:
+    pass
+"""
+
+
 @pytest.mark.slow
 def test_a_cell_disturbed_mid_run_is_flagged_unsteady(output_root: Path) -> None:
     """A competing process started on every core after the cell's first epoch, ended once
     the cell has timed its reference kernel again (so that its recording runs at full speed):
-    the cell is recorded ok but unsteady, with the reason, in result.json and MLflow."""
+    the cell is recorded ok but unsteady, with the reason, in result.json and MLflow.
+
+    The competitors are started beside the cell, idle, and set spinning at the moment the
+    epoch ends: a short cell (two batches an epoch) is disturbed from that moment on, with no
+    interpreter's start-up between the epoch line and the disturbance."""
+    burners = [
+        subprocess.Popen([sys.executable, "-c", _BURNER], stdout=subprocess.PIPE, text=True)
+        for _ in range(2 * (os.cpu_count() or 1))
+    ]
+    disturbed = False
     cell = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "harness",
             *TINY,
-            "dataset.num_samples=64",
+            "dataset.num_samples=16",
             "run.epochs=3",
             f"run.output_dir={output_root}",
         ],
@@ -131,15 +153,14 @@ def test_a_cell_disturbed_mid_run_is_flagged_unsteady(output_root: Path) -> None
         text=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
     )
-    burners: list[subprocess.Popen[bytes]] = []
     try:
         assert cell.stdout is not None
         for line in cell.stdout:
-            if "epoch 2/" in line and not burners:  # the first timed epoch is over
-                burners = [
-                    subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                    for _ in range(2 * (os.cpu_count() or 1))
-                ]
+            if "epoch 2/" in line and not disturbed:  # the first timed epoch is over
+                for burner in burners:  # each is waiting for the signal (it said so)
+                    assert burner.stdout is not None and burner.stdout.readline() == "ready\n"
+                    burner.send_signal(signal.SIGUSR1)
+                disturbed = True
             if "recording the cell" in line:  # timed after the reference kernel's last trial
                 break
         for burner in burners:
@@ -148,8 +169,9 @@ def test_a_cell_disturbed_mid_run_is_flagged_unsteady(output_root: Path) -> None
     finally:
         for burner in burners:
             burner.kill()
+            burner.communicate()
         cell.kill()
-    assert burners, "the cell never reached its second epoch"
+    assert disturbed, "the cell never reached its second epoch"
     (path,) = (output_root / "runs").glob("*/result.json")
     result = json.loads(path.read_text())
     assert result["status"] == "ok", result["error"]

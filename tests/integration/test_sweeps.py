@@ -17,10 +17,13 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 from scipy import stats
 
+from harness.commands.compose import compose_config
+from harness.records.cell import check_cell
 from harness.records.eventlog import log_file_name
 from harness.sweeps.cli import comparison_text, main
 from harness.sweeps.compare import FASTER, NOISE, SLOWER, compare
 from harness.sweeps.scaling import NO_SINGLE_WORKER, scaling
+from harness.worker.run import run_cell
 from tests.helpers import run_module
 from tests.unit.harness.sweeps.test_mlperf import BENCHMARK, run_minutes
 
@@ -65,8 +68,9 @@ class Store:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     """Sweep A (experiment sweeps_a): sequential and DDP; then the sequential cell alone (the
-    cheapest: no worker processes) under experiment sweeps_b. The autouse environment fixture
-    is per test: set the same here."""
+    cheapest: no worker processes) under experiment sweeps_b, measured in this process as
+    `python -m harness` measures a cell of one worker (an interpreter of its own would import
+    torch and MLflow anew). The autouse environment fixture is per test: set the same here."""
     root = tmp_path_factory.mktemp("sweeps") / "outputs"
     with pytest.MonkeyPatch.context() as env:
         env.setenv("DISTBENCH_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "dataset-cache"))
@@ -79,12 +83,13 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
             cwd=root.parent,
         )
         assert sweep.returncode == 0, sweep.stderr[-3000:]
-        again = run_module(
-            "harness",
-            ["distribution=sequential", *common, "tracking.experiment=sweeps_b"],
-            cwd=root.parent,
+        again = run_cell(
+            check_cell(
+                compose_config(["distribution=sequential", *common, "tracking.experiment=sweeps_b"])
+            ),
+            output_dir=root / "runs" / "sweeps_b",
         )
-        assert again.returncode == 0, again.stderr[-3000:]
+        assert again["status"] == "ok", again["error"]
         (sweep_dir,) = (root / "sweeps" / "sweeps_a").iterdir()
         yield Store(
             root,

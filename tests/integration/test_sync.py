@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.helpers import run_module, tiny_overrides
@@ -27,8 +30,24 @@ def _runs_of(store: str, output_dir: str) -> list:
     )
 
 
+def _sync(
+    output_root: Path, store: str, capsys: pytest.CaptureFixture[str]
+) -> subprocess.CompletedProcess[str]:
+    """`python -m harness.sync run.output_dir=... tracking.uri=...`, its entry point run in this
+    process (an interpreter that imports MLflow anew costs seconds; the command's start-up is
+    not what these tests are about): its exit status and what it printed."""
+    from harness.sync import main
+
+    capsys.readouterr()  # what the test printed before
+    argv = [f"run.output_dir={output_root}", f"tracking.uri={store}"]
+    with contextlib.chdir(output_root.parent):  # where the test ran it as a command
+        code = main(argv)
+    printed = capsys.readouterr()
+    return subprocess.CompletedProcess(["harness.sync", *argv], code, printed.out, printed.err)
+
+
 def test_an_unreachable_mlflow_leaves_a_pending_result_that_sync_uploads_once(
-    output_root: Path,
+    output_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     unreachable = f"http://127.0.0.1:{_closed_port()}"
     started = time.monotonic()
@@ -50,11 +69,7 @@ def test_an_unreachable_mlflow_leaves_a_pending_result_that_sync_uploads_once(
     assert result["pending_sync"] and result["mlflow_run_id"] is None
 
     store = f"sqlite:///{output_root / 'synced.db'}"
-    synced = run_module(
-        "harness.sync",
-        [f"run.output_dir={output_root}", f"tracking.uri={store}"],
-        cwd=output_root.parent,
-    )
+    synced = _sync(output_root, store, capsys)
     assert synced.returncode == 0, synced.stderr[-3000:]
     assert "uploaded" in synced.stdout
     after = json.loads(path.read_text())
@@ -73,11 +88,7 @@ def test_an_unreachable_mlflow_leaves_a_pending_result_that_sync_uploads_once(
     # As if sync had been killed after its upload but before it marked the result: the next
     # sync finds the run and does not upload it again.
     path.write_text(json.dumps({**after, "pending_sync": True, "mlflow_run_id": None}))
-    again = run_module(
-        "harness.sync",
-        [f"run.output_dir={output_root}", f"tracking.uri={store}"],
-        cwd=output_root.parent,
-    )
+    again = _sync(output_root, store, capsys)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "already recorded" in again.stdout
     assert len(_runs_of(store, result["output_dir"])) == 1
