@@ -2,7 +2,12 @@
 bad input must keep (harness.cli): exit status 2, one line on stderr starting 'distbench: ', no
 traceback, nothing written. Shared by the bad-input table (tests/faults/test_bad_input.py) and the
 command fuzzer (tests/fuzz/test_commands.py): each runs many command lines in ONE subprocess,
-since a fresh interpreter per command line costs ~4 s of imports on 2 CPU cores."""
+since a fresh interpreter per command line costs ~4 s of imports on 2 CPU cores.
+
+Two ways for the tests that are about what a command answers, not about its process, to run it
+in the test's own process: `in_process_command` (its `python -m` entry point through
+`run_in_process`, file descriptors captured) and `command_here` (its `main(argv)`, under
+pytest's `capfd`); both return a `CompletedProcess` as a subprocess would."""
 
 from __future__ import annotations
 
@@ -11,9 +16,11 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 # A refused command line takes well under a second; one that is not refused starts work (a
 # cell, a probe), which this bounds.
@@ -164,3 +171,20 @@ def in_process_command(
     return subprocess.CompletedProcess(
         [command, *args], outcome["code"], outcome["stdout"], outcome["stderr"]
     )
+
+
+def command_here(
+    main: Callable[[list[str]], object], argv: list[str], capfd: pytest.CaptureFixture[str]
+) -> subprocess.CompletedProcess[str]:
+    """A command's `main(argv)` run in this process, as `python -m` runs it: its exit status
+    (that of the SystemExit it raised, else 0) and what it wrote to stdout and stderr (file
+    descriptors 1 and 2 included). No interpreter to start, no torch, torchvision or MLflow
+    to import again: for the tests about what the command answers, not about its process."""
+    capfd.readouterr()
+    code: object = 0
+    try:
+        main(argv)
+    except SystemExit as exit_:
+        code = 0 if exit_.code is None else exit_.code
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["python", "-m", *argv], code, out, err)

@@ -2,21 +2,26 @@
 cluster): step times come from a facts file or from MLflow, never from a probe here; with
 neither, one line says what to run where.
 
-Every command runs with CUDA hidden (`CUDA_VISIBLE_DEVICES=`), so the tests mean the same on a
-machine that has a GPU.
+Every command runs with CUDA hidden (`CUDA_VISIBLE_DEVICES=`, and torch's answer in this
+process), so the tests mean the same on a machine that has a GPU. The commands run in this
+process (`harness.recommend.main`): what they answer is the tests' business, not their process's
+start (tests/integration/test_analysis.py runs the recommender's bad input as a user types it).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
+import subprocess
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_module
+from tests.in_process import command_here
 from tests.integration.test_recommend_repeatable import assert_overrides_train
 
 MNIST_IMAGES = 70_000  # Table 3.2: dataset.num_samples=null trains all of them
@@ -25,26 +30,60 @@ GPU_NAME = "NVIDIA TITAN RTX"
 
 @pytest.fixture(autouse=True)
 def no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA hidden as `CUDA_VISIBLE_DEVICES=` hides it from a fresh process; in this one, torch
+    may have answered already (the harness asks once per process), so its answer is set."""
+    import torch
+
+    from harness.cli import preflight
+
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(preflight, "torch_sees_cuda", lambda: False)
 
 
-def _recommend(output_root: Path, *args: str):  # noqa: ANN202 - CompletedProcess
-    return run_module(
-        "harness.recommend",
-        [*args, f"run.output_dir={output_root}"],
-        cwd=output_root.parent,
-        timeout=120,
-    )
+@pytest.fixture(scope="module", autouse=True)
+def saved_activations_measured_once() -> Iterator[None]:
+    """What autograd saves per layer (`harness.measure.saved_activations`, two forwards on the
+    CPU: seconds) depends on the network, the dataset and the seed alone: the first of the
+    module's commands that needs a workload's measures it for real, each later one is handed
+    that measurement. All else runs as it would: what the command keeps, where, and what it
+    says it measured."""
+    from harness.config.schema import DistbenchConfig
+    from harness.costs.activations import SavedActivations
+    from harness.worker.measurements import WorkerMeasurements
+
+    measure = WorkerMeasurements.saved_activations
+    measured: dict[str, SavedActivations] = {}
+
+    def once(self: WorkerMeasurements, config: DistbenchConfig) -> SavedActivations:
+        key = repr((config.network.ref, config.dataset.spec, config.run.seed))
+        if key not in measured:
+            measured[key] = measure(self, config)
+        return measured[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(WorkerMeasurements, "saved_activations", once)
+        yield
+
+
+def _recommend(
+    output_root: Path, capfd: pytest.CaptureFixture[str], *args: str
+) -> subprocess.CompletedProcess[str]:
+    """`python -m harness.recommend args` on `output_root`, in this process."""
+    from harness.recommend import main
+
+    return command_here(main, [*args, f"run.output_dir={output_root}"], capfd)
 
 
 def test_nothing_measured_for_the_device_answers_memory_and_says_what_to_run_where(
     output_root: Path,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     """No step time on the device: no option is ranked by time, every option's memory is
     predicted (the memory question needs no GPU), and one line says what to run
     where to rank them."""
     done = _recommend(
-        output_root, "dataset=imagenet", "network=resnet152", "hardware=titanrtx_cluster"
+        output_root, capfd, "dataset=imagenet", "network=resnet152", "hardware=titanrtx_cluster"
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
@@ -71,6 +110,7 @@ def test_nothing_measured_for_the_device_answers_memory_and_says_what_to_run_whe
     assert not (output_root / "mlflow.db").exists()  # looking created no MLflow store
 
 
+@functools.cache
 def _layer_count(network: str, dataset: str) -> int:
     from harness.measure.network_facts import describe
     from workloads.datasets import dataset_spec
@@ -118,14 +158,21 @@ def _kept_facts(output_root: Path, steps: dict[int, float]) -> Path:
     return store.save()
 
 
-def test_a_facts_file_of_the_device_is_used_and_named(output_root: Path) -> None:
+def test_a_facts_file_of_the_device_is_used_and_named(
+    output_root: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     # step times at batch 128 (the sequential batch of mnist, and GPipe's 3072 / 24
     # micro-batch) and 64 (3072 / 48)
     path = _kept_facts(output_root, {128: 0.010, 64: 0.006})
     kept = path.read_text()
 
     done = _recommend(
-        output_root, "dataset=mnist", "network=mobilenetv2", "hardware=titanrtx_cluster", "--json"
+        output_root,
+        capfd,
+        "dataset=mnist",
+        "network=mobilenetv2",
+        "hardware=titanrtx_cluster",
+        "--json",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     answer = json.loads(done.stdout)
@@ -206,7 +253,9 @@ def test_step_times_from_another_machine_than_the_fits_cells_are_named(tmp_path:
     assert machine_since_fit(fit("AMD EPYC (AVX512)"), unnamed, hardware) is None
 
 
-def test_the_table_says_where_the_links_speeds_come_from(output_root: Path) -> None:
+def test_the_table_says_where_the_links_speeds_come_from(
+    output_root: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """The configured speeds until harness.probe has measured the links, then the probe's
     profile, with what an allreduce between nodes takes from a CPU worker's compute."""
     from harness.commands.compose import compose_config
@@ -236,7 +285,7 @@ def test_the_table_says_where_the_links_speeds_come_from(output_root: Path) -> N
     )
     measured.save(profile_path(output_root, "titanrtx_cluster"))
     _kept_facts(output_root, {128: 0.010, 64: 0.006})
-    done = _recommend(output_root, *ask)  # the table, as a user reads it
+    done = _recommend(output_root, capfd, *ask)  # the table, as a user reads it
     assert done.returncode == 0, done.stderr[-3000:]
     assert (
         "links: measured by harness.probe, 2026-11-29T11:13:30+00:00; an allreduce between "
@@ -362,7 +411,9 @@ def test_a_step_time_from_sequential_cells_carries_the_speed_they_ran_at(output_
     assert [step.batch for step in found] == [32, 64] and str(moved) in where
 
 
-def test_sequential_cells_recorded_in_mlflow_are_used_and_named(output_root: Path) -> None:
+def test_sequential_cells_recorded_in_mlflow_are_used_and_named(
+    output_root: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     # 320 samples at batch 32: 10 steps in 0.5 s, a step of 0.05 s on the GPU
     run_id = _log_sequential_cell(
         output_root,
@@ -381,6 +432,7 @@ def test_sequential_cells_recorded_in_mlflow_are_used_and_named(output_root: Pat
 
     done = _recommend(
         output_root,
+        capfd,
         "dataset=mnist",
         "network=mobilenetv2",
         "hardware=titanrtx_cluster",

@@ -9,6 +9,8 @@ pipeline-capable hardware (2 CPU workers), then in-process calls that reuse its 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import shlex
@@ -72,6 +74,18 @@ def _recommend_here(root: Path, capsys: pytest.CaptureFixture[str], *args: str) 
     capsys.readouterr()
     main([*WORKLOAD, *args, f"run.output_dir={root}", "--json"])
     return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope="module")
+def priced(two_runs: TwoRuns) -> dict:
+    """`_recommend_here(root, capsys, *PRICED)`, asked once for the module: the answer ranked
+    by time, with the prices, that several tests read."""
+    from harness.recommend import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main([*WORKLOAD, *PRICED, f"run.output_dir={two_runs.root}", "--json"])
+    return json.loads(out.getvalue())
 
 
 ROW = re.compile(
@@ -171,10 +185,10 @@ def test_fits_is_yes_or_no_once_the_hardware_has_a_memory_size(
 
 
 def test_ranking_by_cost_names_the_fastest_and_the_cheapest(
-    two_runs: TwoRuns, capsys: pytest.CaptureFixture[str]
+    two_runs: TwoRuns, priced: dict, capsys: pytest.CaptureFixture[str]
 ) -> None:
     by_cost = _recommend_here(two_runs.root, capsys, *PRICED, "--objective=cost")
-    by_time = _recommend_here(two_runs.root, capsys, *PRICED)
+    by_time = priced  # the same ask, answered once for the module
     assert (by_cost["currency"], by_cost["price_per_device_hour"]) == (CURRENCY, PRICE)
     for option in by_cost["options"]:  # devices in use x hours x price per device-hour
         assert option["cost_per_epoch"] == pytest.approx(
@@ -250,9 +264,9 @@ def assert_overrides_train(options: Sequence[dict]) -> None:
 
 
 def test_every_option_carries_the_overrides_that_train_it(
-    two_runs: TwoRuns, capsys: pytest.CaptureFixture[str]
+    two_runs: TwoRuns, priced: dict, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    answer = _recommend_here(two_runs.root, capsys, *PRICED)
+    answer = priced  # the same ask, answered once for the module
     assert {option["distribution"] for option in answer["options"]} == set(specs())
     assert_overrides_train(answer["options"])
     # Worker counts the user set are restated by the options that keep them: 2 nodes of 2

@@ -352,6 +352,21 @@ def in_float64() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """The module's references and sequential runs on one thread, as each worker trains (the
+    results do not depend on it: float64, FLOAT_TOLERANCE). Two threads on two cores that the
+    suite keeps busy spin while they wait for each other: two references took 29.5 CPU-s on
+    two threads against 6.6 on one, measured with the cores oversubscribed (about the same on
+    an idle machine). The test process's thread count back afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def dataset_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """conftest's dataset cache (one per test run) for the module-scoped fixtures too, which run

@@ -134,6 +134,7 @@ def _keep_facts(root: Path) -> dict[str, float]:
     step seconds kept per cell."""
     from harness.measure.network_facts import describe
     from harness.measure.saved_activations import measure
+    from harness.worker.measurements import TorchThreads
 
     store = FactsStore.load(facts_path(root, HARDWARE), HARDWARE)
     steps = {}
@@ -162,7 +163,11 @@ def _keep_facts(root: Path) -> dict[str, float]:
         )
         store.record_runtime(runtime_key(config), RuntimeShare(RUNTIME_MB), device_name=KEPT_ON)
     config = _config(root, "sequential")
-    store.record_saved("mobilenetv2", "mnist", measure(config.network.ref, config.dataset.spec))
+    # Sizes, not times, on one thread: two on cores the suite keeps busy spin while they wait
+    # for each other (1.7 against 0.3 CPU-s for the same sizes, with the cores oversubscribed).
+    with TorchThreads(1):
+        saved = measure(config.network.ref, config.dataset.spec)
+    store.record_saved("mobilenetv2", "mnist", saved)
     store.save()
     return steps
 
