@@ -49,6 +49,7 @@ from harness.system.processes import (
     end_tree,
 )
 from harness.system.worker_env import MASTER_PORT_ENV, free_port, log_to_stderr
+from launchers.local_controller import Executor
 from workloads.progress import BARS, PROGRESS_ENV, mode
 
 # After rank 0 recorded the cell, how long the other workers may take to exit by themselves.
@@ -79,7 +80,7 @@ def submit_local(
     With `records_cell`, also that this process records the cell in MLflow once it has ended
     (harness.records.record.LAUNCHER_RECORDS_ENV): a local cell does not outlive its launcher.
     """
-    executor = submitit.LocalExecutor(folder=str(folder))
+    executor = Executor(folder=str(folder))  # submitit's, its controller made safe to start
     # submitit's own time limit is a backstop only: wait_for_cell ends the cell first.
     executor.update_parameters(
         tasks_per_node=tasks,

@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from harness.records.resume import INDEX_DIR
 from harness.worker.watchdog import STALL_EXIT_CODE
+from launchers.local_controller import CONTROLLER_MODULE
 from tests.helpers import REPO_ROOT, cell_worker_pids, tiny_overrides
 
 # DISTBENCH_TEST_FAULT=hang: every process sleeps inside its 3rd step (no collective is
@@ -172,9 +173,9 @@ def test_a_frozen_cell_of_a_sweep_started_with_nohup_is_ended_and_recorded(
 
 
 def _controller_ignores_sigint(output_root: Path) -> bool | None:
-    """Whether submitit's controller of the test's cell has SIGINT ignored (None: not found)."""
+    """Whether the submitit controller of the test's cell has SIGINT ignored (None: not found)."""
     found = subprocess.run(
-        ["pgrep", "-f", f"submitit.local._local {output_root}"], capture_output=True, text=True
+        ["pgrep", "-f", f"{CONTROLLER_MODULE} {output_root}"], capture_output=True, text=True
     ).stdout.split()
     for pid in found:
         try:
