@@ -3,40 +3,48 @@ reaches a store that takes it (MLflow, else a rescue directory), the command say
 line and exits 1, and no empty or partial file is left (harness.records.record).
 
 The disk is real: a small tmpfs mounted for the test, filled, or covered by a read-only bind
-mount of itself, from inside the cell's own process after its third training step (a
-sitecustomize hook, as in tests/integration/test_distributed.py). Mounting needs root or
+mount of itself, from inside the cell's own process after its third training step (the test's
+process, which runs a one-worker cell's command by its entry point; a sweep's worker loads it
+from a sitecustomize hook, as in tests/integration/test_distributed.py). Mounting needs root or
 CAP_SYS_ADMIN; where the test may not mount, it is skipped and says why (no other way to make a real
 full or read-only file system).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.helpers import tiny_overrides
 from tests.in_process import in_process_command
 
-_DISK_FAULT_HOOK = """
-import os
-if os.environ.get("DISTBENCH_TEST_DISK_FAULT"):
+
+# The fault: at the cell's third training step, its disk fills up or turns read-only. In the
+# cell's own process: a one-worker cell trains in the process of `python -m harness`, run in
+# the test's process (_fail_disk_here); a sweep's cell trains in a worker process of its own,
+# which loads the same function's source at start-up (_DISK_FAULT_HOOK, a sitecustomize).
+def fail_disk_at_third_step(fault: str, disk: str, patch: Callable = setattr) -> None:
+    import os
     import subprocess
+
     import torch
 
     real_step = torch.optim.SGD.step
     steps = [0]
 
-    def step(self, *args, **kwargs):
+    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
         steps[0] += 1
         if steps[0] == 3:
-            disk = os.environ["DISTBENCH_TEST_DISK"]
-            if os.environ["DISTBENCH_TEST_DISK_FAULT"] == "full":
+            if fault == "full":
                 with open(os.path.join(disk, "filler"), "wb") as filler:
                     try:
                         while True:
@@ -48,8 +56,25 @@ if os.environ.get("DISTBENCH_TEST_DISK_FAULT"):
                 subprocess.run(["mount", "--bind", "-o", "ro", disk, disk], check=True)
         return real_step(self, *args, **kwargs)
 
-    torch.optim.SGD.step = step
+    patch(torch.optim.SGD, "step", step)
+
+
+_DISK_FAULT_HOOK = f"""
+import os
+from typing import Any, Callable
+
+{inspect.getsource(fail_disk_at_third_step)}
+
+if os.environ.get("DISTBENCH_TEST_DISK_FAULT"):
+    fail_disk_at_third_step(
+        os.environ["DISTBENCH_TEST_DISK_FAULT"], os.environ["DISTBENCH_TEST_DISK"]
+    )
 """
+
+
+def _fail_disk_here(monkeypatch: pytest.MonkeyPatch, disk: Path, fault: str) -> None:
+    """The fault in this process, undone after the test."""
+    fail_disk_at_third_step(fault, str(disk), monkeypatch.setattr)
 
 
 @pytest.fixture
@@ -74,9 +99,31 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
             pass
 
 
+_CELL = ("dataset.num_samples=64", "run.epochs=2")
+
+
 def _run_faulty_cell(
-    tmp_path: Path, disk: Path, fault: str, *extra: str, sweep: bool = False
+    tmp_path: Path, disk: Path, fault: str, monkeypatch: pytest.MonkeyPatch, *extra: str
 ) -> subprocess.CompletedProcess[str]:
+    """`python -m harness` on a one-worker cell whose disk fails mid-cell: its real entry point
+    in this process (what it records and answers is under test, not its process; the cell
+    trains here), with the system's temporary directory (where a rescued record goes) in the
+    test's own folder, as TMPDIR sets it for a new process."""
+    rescue_tmp = tmp_path / "tmp"
+    rescue_tmp.mkdir(exist_ok=True)
+    monkeypatch.setenv("TMPDIR", str(rescue_tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(rescue_tmp))  # read once per process
+    _fail_disk_here(monkeypatch, disk, fault)
+    return in_process_command(
+        "harness", [*tiny_overrides(disk / "outputs", *_CELL), *extra], cwd=tmp_path
+    )
+
+
+def _run_faulty_sweep(
+    tmp_path: Path, disk: Path, fault: str, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """`python -m harness -m` on that cell, as a user runs it: its cell's worker, a process of
+    its own, loads the fault at start-up."""
     hooks = tmp_path / "hooks"
     hooks.mkdir(exist_ok=True)
     (hooks / "sitecustomize.py").write_text(_DISK_FAULT_HOOK)
@@ -95,8 +142,8 @@ def _run_faulty_cell(
             sys.executable,
             "-m",
             "harness",
-            *(["-m"] if sweep else []),
-            *tiny_overrides(disk / "outputs", "dataset.num_samples=64", "run.epochs=2"),
+            "-m",
+            *tiny_overrides(disk / "outputs", *_CELL),
             *extra,
         ],
         cwd=tmp_path,
@@ -130,10 +177,12 @@ def _mlflow_runs(store: Path) -> list:
 
 @pytest.mark.parametrize("fault", ["full", "read-only"])
 def test_a_disk_failing_mid_cell_loses_nothing(
-    tmp_path: Path, small_disk: Path, fault: str
+    tmp_path: Path, small_disk: Path, fault: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = tmp_path / "store" / "mlflow.db"  # on another file system than the outputs
-    done = _run_faulty_cell(tmp_path, small_disk, fault, f"tracking.uri=sqlite:///{store}")
+    done = _run_faulty_cell(
+        tmp_path, small_disk, fault, monkeypatch, f"tracking.uri=sqlite:///{store}"
+    )
     assert done.returncode == 1, done.stderr[-3000:]
     line = _one_error_line(done)
     assert "could not write" in line and "the result is in MLflow run" in line, line
@@ -148,9 +197,11 @@ def test_a_disk_failing_mid_cell_loses_nothing(
 
 
 def test_a_full_disk_and_no_mlflow_leave_the_result_in_a_rescue_directory(
-    tmp_path: Path, small_disk: Path
+    tmp_path: Path, small_disk: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    done = _run_faulty_cell(tmp_path, small_disk, "full", "tracking.uri=http://127.0.0.1:9")
+    done = _run_faulty_cell(
+        tmp_path, small_disk, "full", monkeypatch, "tracking.uri=http://127.0.0.1:9"
+    )
     assert done.returncode == 1, done.stderr[-3000:]
     line = _one_error_line(done)
     rescued = Path(line.split("the result is in ")[1].split(";")[0])
@@ -178,9 +229,7 @@ def test_a_sweep_whose_disk_fills_mid_cell_finds_the_record_in_mlflow(
     cannot read the record from the cell's directory and finds it in MLflow instead of
     recording the cell again as failed."""
     store = tmp_path / "store" / "mlflow.db"
-    done = _run_faulty_cell(
-        tmp_path, small_disk, "full", f"tracking.uri=sqlite:///{store}", sweep=True
-    )
+    done = _run_faulty_sweep(tmp_path, small_disk, "full", f"tracking.uri=sqlite:///{store}")
     assert done.returncode == 1, done.stderr[-3000:]
     line = _one_error_line(done)
     cells = [run for run in _mlflow_runs(store) if "status" in run.data.tags]

@@ -1,6 +1,6 @@
 """Runs that must not be lost or mis-recorded: a diverged loss, an interrupted cell, runs and sweeps
 that start at the same time. Through real processes and signals, as
-tests/faults/test_cells_that_hang_or_crash.py does."""
+tests/faults/test_cells_that_hang_or_crash.py does, where the process is the behaviour."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from harness.records.resume import finished_result
 from launchers.sweep_lock import lock_path
 from tests.helpers import tiny_overrides
+from tests.in_process import in_process_command
 
 
 def _only_result(output_root: Path) -> dict:
@@ -27,42 +28,31 @@ def _only_result(output_root: Path) -> dict:
     return json.loads(path.read_text())
 
 
-# Loaded at start-up by every Python process whose PYTHONPATH holds it (as
-# tests/faults/test_cells_that_hang_or_crash.py injects its faults): from the 3rd training step on,
-# the loss is NaN, as a diverging training's becomes (its gradients, then its weights, turn NaN with
-# it).
-_NAN_LOSS_HOOK = """
-import torch.nn.functional as functional
-real_cross_entropy, calls = functional.cross_entropy, []
+def _nan_from_the_third_loss(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the 3rd training step on, the loss is NaN, as a diverging training's becomes (its
+    gradients, then its weights, turn NaN with it): torch's cross entropy, patched in this
+    process, where a one-worker cell run by its entry point here trains."""
+    import torch.nn.functional as functional
 
-def cross_entropy(*args, **kwargs):
-    calls.append(1)
-    loss = real_cross_entropy(*args, **kwargs)
-    return loss * float("nan") if len(calls) > 2 else loss
+    real_cross_entropy, calls = functional.cross_entropy, []
 
-functional.cross_entropy = cross_entropy
-"""
+    def cross_entropy(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        loss = real_cross_entropy(*args, **kwargs)
+        return loss * float("nan") if len(calls) > 2 else loss
+
+    monkeypatch.setattr(functional, "cross_entropy", cross_entropy)
 
 
 def test_a_diverged_loss_is_recorded_diverged_and_run_again(
-    output_root: Path, tmp_path: Path
+    output_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A loss that turns NaN stops the cell at the first epoch that shows it: recorded
     `diverged` (where, and the value), exit status 1, and not skipped on resume."""
-    hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(_NAN_LOSS_HOOK)
-    done = subprocess.run(
-        [sys.executable, "-m", "harness", *tiny_overrides(output_root)],
-        cwd=output_root.parent,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(
-            os.environ,
-            PYTHONPATH=os.pathsep.join([str(hooks), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        ),
-    )
+    _nan_from_the_third_loss(monkeypatch)
+    # What the command records and answers is under test, not its process: `python -m harness`
+    # through its real entry point, in this process (the cell's only worker is this process).
+    done = in_process_command("harness", tiny_overrides(output_root), cwd=output_root.parent)
     assert done.returncode == 1, done.stderr[-3000:]
     assert "diverged" in done.stderr and "Traceback" not in done.stderr
     result = _only_result(output_root)
@@ -84,15 +74,15 @@ def test_an_evaluation_that_is_not_finite_after_finite_training_names_the_forwar
     the learning rate (found by the open-networks benchmark:
     docs/benchmarks/2026-11-25-transformers-and-open-networks.md, "Run again; EfficientNet-B0's
     GPipe cell had been recorded `diverged` (2026-12-01)")."""
-    done = subprocess.run(
+    # Its record is under test, not its process: the command's entry point, in this process.
+    # 8 samples (4 training steps) already leave running statistics that evaluate to NaN.
+    done = in_process_command(
+        "harness",
         [
-            sys.executable,
-            "-m",
-            "harness",
             "network=torchvision",
             "network.arch=efficientnet_b0",
             "dataset=cifar10",
-            "dataset.num_samples=16",
+            "dataset.num_samples=8",
             "distribution.batch_size=2",
             "run.epochs=1",
             "run.warmup_batches=1",
@@ -100,9 +90,6 @@ def test_an_evaluation_that_is_not_finite_after_finite_training_names_the_forwar
             f"run.output_dir={output_root}",
         ],
         cwd=output_root.parent,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert done.returncode == 1, done.stderr[-3000:]
     result = _only_result(output_root)

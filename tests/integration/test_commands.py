@@ -18,6 +18,7 @@ from mlflow.tracking import MlflowClient
 from harness.cli.cell_results import failure_reason
 from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from tests.helpers import cell_worker_pids, run_module
+from tests.in_process import in_process_command
 
 TINY_SWEEP = [
     "+sweep=smoke",
@@ -45,7 +46,11 @@ def _experiment_runs(output_root: Path, experiment: str) -> list:  # mlflow Run 
 
 
 def test_describe_prints_workload_facts_as_json(tmp_path: Path) -> None:
-    done = run_module("harness.describe", ["dataset=imagenet", "network=resnet50"], cwd=tmp_path)
+    # What it prints is under test, not its process (the tests below start that): its real
+    # entry point, in this process.
+    done = in_process_command(
+        "harness.describe", ["dataset=imagenet", "network=resnet50"], cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     facts = json.loads(done.stdout)
     assert facts["parameters"] == 25_557_032
@@ -133,7 +138,9 @@ def test_the_help_is_hydras_own_text(tmp_path: Path, args: list[str]) -> None:
 
 
 def test_a_sweep_records_every_cell_nested_under_a_parent_run(output_root: Path) -> None:
-    done = run_module(
+    # What the sweep records is under test, not its process: its launcher runs in this process
+    # (its cells' workers are processes of their own, as always).
+    done = in_process_command(
         "harness",
         [*TINY_SWEEP, "dataset=mnist,cifar10", f"run.output_dir={output_root}"],
         cwd=output_root.parent,
@@ -176,7 +183,9 @@ def test_a_failing_cell_does_not_stop_the_sweep_and_the_sweep_exits_1(
     the failed one failed, and the sweep's exit status says that not every cell ended ok."""
     empty = tmp_path / "empty"
     empty.mkdir()
-    done = run_module(
+    # Its launcher in this process, as above: its exit status, stdout and stderr are a
+    # process's (tests.in_process), its cells run in processes of their own.
+    done = in_process_command(
         "harness",
         [
             *TINY_SWEEP,

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import pytest
 
 from harness.distributions.registry import specs
 from tests.helpers import REPO_ROOT
+from tests.in_process import in_process_command
 
 # A small causal language model written as users write them: not an nn.Sequential, no
 # distbench imports; `dataset` (the DatasetSpec) sizes its vocabulary and positions.
@@ -74,40 +73,39 @@ def user_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     (package / "__init__.py").write_text("")
     (package / "models.py").write_text(textwrap.dedent(USER_MODELS))
     output = root / "outputs"
-    env = dict(
-        os.environ,
-        PYTHONUNBUFFERED="1",
-        PYTHONPATH=os.pathsep.join([str(root / "packages"), str(REPO_ROOT)]),
-    )
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
+    # The sweep's launcher in this process (tests.in_process.in_process_command: its real
+    # entry point, exit status and output), its cells' workers processes of their own, as a
+    # user's: what is tested is what they train and record, not the launcher's interpreter.
+    # The package on the workers' PYTHONPATH (they inherit this process's environment) and on
+    # this process's path (where PYTHONPATH put it for a launcher of its own); both put back.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONUNBUFFERED", "1")
+        patch.setenv("PYTHONPATH", os.pathsep.join([str(root / "packages"), str(REPO_ROOT)]))
+        patch.syspath_prepend(str(root / "packages"))
+        done = in_process_command(
             "harness",
-            "-m",
-            f"distribution={','.join(MODELS)}",
-            "network=module",
-            "network.target=userlm.models:build",
-            "+network.kwargs.depth=3",
-            "network.blocks=blocks",
-            "dataset=tokens",
-            f"dataset.seq_len={SEQ_LEN}",
-            "dataset.num_samples=64",
-            "distribution.batch_size=8",
-            "hardware=local_2cpu",
-            "run.epochs=1",
-            "run.warmup_batches=1",
-            "run.progress=false",
-            "optimizer.name=adamw",
-            "optimizer.lr=0.003",
-            f"run.output_dir={output}",
-        ],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+            [
+                "-m",
+                f"distribution={','.join(MODELS)}",
+                "network=module",
+                "network.target=userlm.models:build",
+                "+network.kwargs.depth=3",
+                "network.blocks=blocks",
+                "dataset=tokens",
+                f"dataset.seq_len={SEQ_LEN}",
+                "dataset.num_samples=64",
+                "distribution.batch_size=8",
+                "hardware=local_2cpu",
+                "run.epochs=1",
+                "run.warmup_batches=1",
+                "run.progress=false",
+                "optimizer.name=adamw",
+                "optimizer.lr=0.003",
+                f"run.output_dir={output}",
+            ],
+            cwd=root,
+            timeout=900,
+        )
     assert done.returncode == 0, done.stderr[-4000:]
     results = [
         json.loads(path.read_text()) for path in (output / "sweeps").glob("*/*/*/result.json")

@@ -19,7 +19,8 @@ from mlflow.tracking import MlflowClient
 from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from harness.records.resume import cell_key
 from harness.records.tracking import CELL_KEY_TAG
-from tests.helpers import cell_worker_pids, run_module
+from tests.helpers import cell_worker_pids
+from tests.in_process import in_process_command
 
 # Two cells that differ in their epoch count only; the second is the one interrupted.
 SWEEP = [
@@ -95,7 +96,9 @@ def test_a_killed_sweep_resumes_with_its_unfinished_cells_only(output_root: Path
     assert [r["config"]["run"]["epochs"] for r in first] == [1]
 
     time.sleep(1.1)  # Hydra names sweep directories by the second
-    done = run_module("harness", args, cwd=output_root.parent)
+    # What the re-run does, not its process, is under test: its launcher runs in this process
+    # (the interrupted one above is a real process, killed).
+    done = in_process_command("harness", args, cwd=output_root.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "cell 0 (sequential 1x1 b8 mobilenetv2-mnist): skipped" in done.stdout
     assert "1 of 2 cells already finished" in done.stdout
@@ -109,7 +112,7 @@ def test_a_killed_sweep_resumes_with_its_unfinished_cells_only(output_root: Path
     assert len(keys) == 2
 
     # `hydra.launcher.force=true` runs a finished cell again (here: the first one only).
-    forced = run_module(
+    forced = in_process_command(
         "harness",
         [*SWEEP, "run.epochs=1", f"run.output_dir={output_root}", "hydra.launcher.force=true"],
         cwd=output_root.parent,
@@ -134,7 +137,9 @@ def test_a_sweep_of_two_passes_measures_each_cell_in_two_runs_a_pass_apart(
     """`hydra.launcher.passes=2`: the sweep measures its cells, then all of them again, each
     run in its own directory and MLflow run; a re-run finds both and runs nothing."""
     args = [*SWEEP, "run.epochs=1", f"run.output_dir={output_root}", "hydra.launcher.passes=2"]
-    swept = run_module("harness", args, cwd=output_root.parent)
+    # What the sweeps run and say is under test, not their processes: their launchers run in
+    # this process (each cell's worker is still a process of its own).
+    swept = in_process_command("harness", args, cwd=output_root.parent)
     assert swept.returncode == 0, swept.stderr[-3000:]
     assert (
         "pass 2: 1 cell(s) measured again, minutes after their run in the pass before "
@@ -148,11 +153,13 @@ def test_a_sweep_of_two_passes_measures_each_cell_in_two_runs_a_pass_apart(
     assert Path(second["output_dir"]).name == "0-pass2"
     assert first["cell_key"] == second["cell_key"]  # one cell, measured twice
     assert _cell_runs(output_root) == Counter({(first["cell_key"], "ok"): 2})
-    again = run_module("harness", args, cwd=output_root.parent)
+    again = in_process_command("harness", args, cwd=output_root.parent)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "1 cell(s) already measured, nothing to run" in again.stdout, again.stdout
     # Asked for a third pass, the cell makes the one run it lacks, and the sweep says why.
-    third = run_module("harness", [*args, "hydra.launcher.passes=3"], cwd=output_root.parent)
+    third = in_process_command(
+        "harness", [*args, "hydra.launcher.passes=3"], cwd=output_root.parent
+    )
     assert third.returncode == 0, third.stderr[-3000:]
     assert (
         "1 cell(s) measured earlier in fewer than 3 runs that finished ok: each makes the "

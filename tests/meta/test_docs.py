@@ -333,6 +333,16 @@ def hydra_context() -> Iterator[None]:
         yield
 
 
+def may_sweep(args: Sequence[str]) -> bool:
+    """Whether `python -m harness args` may be a sweep: `-m`, or an override that may set
+    `hydra.mode=MULTIRUN` (only conf/sweep/'s files do). A single run is composed once, by
+    its dry run."""
+    return any(
+        arg in ("-m", "--multirun") or "sweep" in arg or arg.startswith(("hydra", "+hydra"))
+        for arg in args
+    )
+
+
 @functools.cache
 def harness_dry_run(argv0: str, args: tuple[str, ...]) -> Outcome:
     """The cells of `argv0 args`, composed and validated (listed, up to a limit)."""
@@ -340,7 +350,8 @@ def harness_dry_run(argv0: str, args: tuple[str, ...]) -> Outcome:
     from launchers.hydra_main import check_hydra_main
 
     with hydra_context():
-        hydra, master, jobs = sweep_cells(args)
+        # Counting the cells composes the command's config once more: only a sweep needs it.
+        hydra, master, jobs = sweep_cells(args) if may_sweep(args) else (None, None, None)
         limit = MAX_LISTED if "--dry-run" in args else MAX_COMPOSED
         if jobs is not None and len(jobs) > limit:
 
@@ -362,13 +373,17 @@ def harness_dry_run(argv0: str, args: tuple[str, ...]) -> Outcome:
 
 def run_harness(argv0: str, args: Sequence[str], wants_error: bool) -> Outcome:
     from harness.__main__ import cli
+    from launchers.config_files import config_files_read_once
     from launchers.hydra_main import check_hydra_main
 
     if HYDRA_ONLY & set(args):
         return call(cli, argv0, args)
-    if wants_error:  # as the command runs: checked before anything starts
-        return call(bad_input_exits(lambda: check_hydra_main(list(args))), argv0, args)
-    return harness_dry_run(argv0, tuple(args))
+    # As the command checks its cells (launchers.hydra_main.run_hydra_main): each config file
+    # read once for all of its compositions.
+    with config_files_read_once():
+        if wants_error:  # as the command runs: checked before anything starts
+            return call(bad_input_exits(lambda: check_hydra_main(list(args))), argv0, args)
+        return harness_dry_run(argv0, tuple(args))
 
 
 def checked_config(overrides: Sequence[str]) -> Any:
@@ -449,6 +464,16 @@ HELPERS: dict[str, Callable[[Sequence[str]], object]] = {
 RUN_FOR_REAL = {"harness.describe", "harness.sync", "harness.compliance"}
 
 
+@functools.cache
+def helper_checked(name: str, args: tuple[str, ...]) -> Outcome:
+    """What HELPERS[name] answers for `args` (not run for real: its arguments parsed, its
+    configs composed and checked, which depends on nothing but them). Several docs show the
+    same command (a recommendation's composes every candidate, seconds): checked once."""
+    outcome = call(bad_input_exits(lambda: HELPERS[name](args)), f"python -m {name}", args)
+    outcome.ran = False
+    return outcome
+
+
 def program(argv: Sequence[str]) -> tuple[str, list[str]]:
     """(module or program, its arguments): `python -m harness.x` and `distbench-x` alike."""
     name = Path(argv[0]).name
@@ -492,11 +517,11 @@ def run_simple(argv: Sequence[str], wants_error: bool, previous: Outcome | None)
     if name == "harness":
         argv0 = "distbench" if Path(argv[0]).name == "distbench" else "harness/__main__.py"
         return run_harness(argv0, args, wants_error)
-    if name in HELPERS:
+    if name in RUN_FOR_REAL:
         helper = HELPERS[name]
-        outcome = call(bad_input_exits(lambda: helper(args)), f"python -m {name}", args)
-        outcome.ran = name in RUN_FOR_REAL
-        return outcome
+        return call(bad_input_exits(lambda: helper(args)), f"python -m {name}", args)
+    if name in HELPERS:
+        return helper_checked(name, tuple(args))
     if name == "echo" and args == ["$?"]:
         assert previous is not None, "echo $? with no command before it"
         return Outcome(0, f"{previous.status}\n", "")

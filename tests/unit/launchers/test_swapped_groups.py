@@ -18,7 +18,7 @@ from harness.commands.compose import CONF_DIR, CONFIG_MODULE
 from harness.config.schema import without_hydra
 from harness.distributions.registry import register_configs
 from launchers import hydra_main
-from launchers.config_files import config_files_read_once
+from launchers.config_files import cells_not_kept, config_files_read_once
 from launchers.hydra_private import composing_hydra
 from launchers.swapped_groups import SwappedGroups
 
@@ -47,7 +47,13 @@ def _same(hydras: DictConfig, swapped: DictConfig, cell: list[str]) -> None:
 @pytest.mark.parametrize("sweep", SWEEPS)
 def test_every_cell_of_a_shipped_sweep_is_hydras_composition(sweep: str) -> None:
     register_configs()
-    with config_files_read_once(), composing_hydra(CONFIG_MODULE) as hydra:
+    # As the dry run composes them (launchers.hydra_main): each cell once, none kept for a later
+    # composition, so that the composer's own compositions are its own, not copies of Hydra's.
+    with (
+        config_files_read_once(),
+        cells_not_kept(),
+        composing_hydra(CONFIG_MODULE) as hydra,
+    ):
         master, cells = hydra_main._sweep_cells(hydra, [f"+sweep={sweep}", "hydra.mode=MULTIRUN"])
         assert cells
         composer = SwappedGroups.of_sweep(hydra.config_loader, master)

@@ -1,8 +1,9 @@
 """PipeDream: the 1F1B schedule and batch division as data, then real CPU workers (gloo).
 
 The spawned tests build the real trainer in each worker (as `harness.worker.run.measure` would),
-train an epoch, and check batch counts and weight versions. Plans are limited to 4 workers
-here (2-1, 1-2, 3-1, 1-3); a 3-2 plan's division and schedule are checked without processes.
+train, and check batch counts and weight versions; the runs of one world size share one spawn
+(`epoch_reports`). Plans are limited to 4 workers here (2-1, 1-2, 3-1, 1-3); a 3-2 plan's
+division and schedule are checked without processes.
 """
 
 from __future__ import annotations
@@ -169,7 +170,9 @@ def pipedream_overrides(stages: str, division: str, samples: int) -> list[str]:
     ]
 
 
-def _epoch_worker(rank: int, world_size: int, port: int, overrides: list[str], out: str) -> None:
+def _epochs_worker(rank: int, world_size: int, port: int, runs: list[list[str]], out: str) -> None:
+    """Each run of `runs` (overrides of one world size) in turn: its own trainer, two epochs,
+    a report; one gloo group for them all."""
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
@@ -178,53 +181,83 @@ def _epoch_worker(rank: int, world_size: int, port: int, overrides: list[str], o
         timeout=dt.timedelta(seconds=120),
     )
     try:
-        trainer = PipeDreamTrainer(worker_context(rank, world_size, overrides))
-        epochs = [trainer.train_epoch(epoch) for epoch in range(2)]
-        report = {
-            "stage": trainer.stage,
-            "replica": trainer.replica,
-            "batches": [e.batches for e in epochs],
-            "samples": [e.samples for e in epochs],
-            "metrics": trainer.extra_metrics(),
-            "digest": parameter_digest(trainer.module),
-            "versions": [
-                [r.minibatch, r.forward_version, r.backward_version, r.latest_version]
-                for r in trainer.version_log
-            ],
-        }
-        Path(out, f"rank{rank}.json").write_text(json.dumps(report))
+        reports = []
+        for overrides in runs:
+            trainer = PipeDreamTrainer(worker_context(rank, world_size, overrides))
+            epochs = [trainer.train_epoch(epoch) for epoch in range(2)]
+            reports.append(
+                {
+                    "stage": trainer.stage,
+                    "replica": trainer.replica,
+                    "batches": [e.batches for e in epochs],
+                    "samples": [e.samples for e in epochs],
+                    "metrics": trainer.extra_metrics(),
+                    "digest": parameter_digest(trainer.module),
+                    "versions": [
+                        [r.minibatch, r.forward_version, r.backward_version, r.latest_version]
+                        for r in trainer.version_log
+                    ],
+                }
+            )
+            dist.barrier()  # every message of this run received before the next run sends
+        Path(out, f"rank{rank}.json").write_text(json.dumps(reports))
     finally:
         dist.destroy_process_group()
 
 
-def _run(tmp_path: Path, stages: str, division: str, samples: int) -> list[dict]:
-    overrides = pipedream_overrides(stages, division, samples)
-    build_workload(validate(compose_config(overrides)))  # the synthetic cache, once
-    workers = sum(map(int, stages.split("-")))
-    spawn_workers(
-        _epoch_worker, args=(workers, free_port(), overrides, str(tmp_path)), nprocs=workers
-    )
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(workers)]
+# (stages, batch division, batches trained per epoch) of the batch division test
+DIVISIONS = [
+    ("2-1", "drop", 6),
+    ("2-1", "oversample", 8),
+    ("1-2", "drop", 6),
+    ("1-2", "oversample", 8),
+    ("1-3", "drop", 6),
+    ("3-1", "oversample", 9),
+    ("2-1-1", "drop", 6),
+    ("3-2", "drop", 6),
+    ("3-2", "oversample", 12),  # 5 processes: lcm(3, 2) = 6
+]
+DIVIDED_SAMPLES = 7 * BATCH  # 7 batches per epoch
+STASHING = ("1-1-1", "drop", 6 * BATCH)  # the weight stashing test's run
 
 
-@pytest.mark.parametrize(
-    ("stages", "division", "expected"),
-    [
-        ("2-1", "drop", 6),
-        ("2-1", "oversample", 8),
-        ("1-2", "drop", 6),
-        ("1-2", "oversample", 8),
-        ("1-3", "drop", 6),
-        ("3-1", "oversample", 9),
-        ("2-1-1", "drop", 6),
-        ("3-2", "drop", 6),
-        ("3-2", "oversample", 12),  # 5 processes: lcm(3, 2) = 6
-    ],
-)
+@pytest.fixture(scope="module")
+def epoch_reports(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[tuple[str, str, int], list[dict]]:
+    """Every worker's report (by rank) of two epochs of each run of the batch division and
+    weight stashing tests, by (stages, division, samples). The runs of one world size train
+    one after another in one spawn (as tests/integration/test_trajectories.py runs its
+    models): three spawns instead of one per run, each worker's process and gloo group
+    started once."""
+    runs = [(stages, division, DIVIDED_SAMPLES) for stages, division, _ in DIVISIONS]
+    runs.append(STASHING)
+    by_size: dict[int, list[tuple[str, str, int]]] = {}
+    for run in runs:
+        by_size.setdefault(sum(map(int, run[0].split("-"))), []).append(run)
+    cached = set()
+    reports = {}
+    for workers, sized in by_size.items():
+        overrides = [pipedream_overrides(*run) for run in sized]
+        for run, cell in zip(sized, overrides):
+            if run[2] not in cached:  # the synthetic cache, once per sample count
+                build_workload(validate(compose_config(cell)))
+                cached.add(run[2])
+        out = tmp_path_factory.mktemp(f"pipedream-{workers}")
+        spawn_workers(
+            _epochs_worker, args=(workers, free_port(), overrides, str(out)), nprocs=workers
+        )
+        by_rank = [json.loads((out / f"rank{r}.json").read_text()) for r in range(workers)]
+        for index, run in enumerate(sized):
+            reports[run] = [ranks[index] for ranks in by_rank]
+    return reports
+
+
+@pytest.mark.parametrize(("stages", "division", "expected"), DIVISIONS)
 def test_replicated_stages_train_the_divided_batch_count(
-    tmp_path: Path, stages: str, division: str, expected: int
+    epoch_reports: dict, stages: str, division: str, expected: int
 ) -> None:
-    reports = _run(tmp_path, stages, division, samples=7 * BATCH)  # 7 batches per epoch
+    reports = epoch_reports[(stages, division, DIVIDED_SAMPLES)]
     replicas = list(map(int, stages.split("-")))
     for report in reports:
         mine = expected // replicas[report["stage"]]
@@ -240,8 +273,8 @@ def test_replicated_stages_train_the_divided_batch_count(
         assert len({r["digest"] for r in reports if r["stage"] == stage}) == 1
 
 
-def test_weight_stashing_gives_each_backward_its_forwards_weights(tmp_path: Path) -> None:
-    reports = _run(tmp_path, "1-1-1", "drop", samples=6 * BATCH)
+def test_weight_stashing_gives_each_backward_its_forwards_weights(epoch_reports: dict) -> None:
+    reports = epoch_reports[STASHING]
     for report in reports:
         warmup = 3 - report["stage"]
         for minibatch, forward, backward, latest in report["versions"][:6]:  # first epoch
