@@ -60,6 +60,16 @@ def build(dataset, depth: int = 2) -> nn.Module:
 """
 
 SEQ_LEN = 32
+# The user's language model (USER_MODELS, written as the package userlm), three blocks, on
+# token data.
+USER_NETWORK = [
+    "network=module",
+    "network.target=userlm.models:build",
+    "+network.kwargs.depth=3",
+    "network.blocks=blocks",
+    "dataset=tokens",
+    f"dataset.seq_len={SEQ_LEN}",
+]
 MODELS = sorted(specs())
 
 
@@ -87,12 +97,7 @@ def user_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
             [
                 "-m",
                 f"distribution={','.join(MODELS)}",
-                "network=module",
-                "network.target=userlm.models:build",
-                "+network.kwargs.depth=3",
-                "network.blocks=blocks",
-                "dataset=tokens",
-                f"dataset.seq_len={SEQ_LEN}",
+                *USER_NETWORK,
                 "dataset.num_samples=64",
                 "distribution.batch_size=8",
                 "hardware=local_2cpu",
@@ -140,12 +145,7 @@ def test_the_pipelines_split_it_at_its_blocks(
     config = validate(
         compose_config(
             [
-                "network=module",
-                "network.target=userlm.models:build",
-                "+network.kwargs.depth=3",
-                "network.blocks=blocks",
-                "dataset=tokens",
-                f"dataset.seq_len={SEQ_LEN}",
+                *USER_NETWORK,
             ]
         )
     )

@@ -17,6 +17,7 @@ _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 # a citation may break its line (a comment, a docstring) anywhere, so whitespace runs count
 # as one space.
 _CITATION = re.compile(r"((?:docs/benchmarks/[\w.-]+|BENCHMARKS)\.md),\s+\"([^\"]+)\"")
+_THIS_FILE = Path(__file__).resolve()
 _SECTION_NUMBER = re.compile(r"BENCHMARKS(?:\.md)?,? (?:section|§) ?\d", re.IGNORECASE)
 
 
@@ -88,7 +89,8 @@ def test_every_link_between_pages_leads_to_a_file_and_heading() -> None:
 def test_every_citation_of_a_report_names_a_heading_it_has() -> None:
     broken, cited = [], 0
     for path in _tracked():
-        if path.suffix not in {".md", ".py", ".yaml", ".sh", ".toml"}:
+        # this file's examples of a citation cite nothing
+        if path.suffix not in {".md", ".py", ".yaml", ".sh", ".toml"} or path == _THIS_FILE:
             continue
         # A comment's line breaks: its `#`s are not part of the heading it cites.
         text = re.sub(r"\s+", " ", re.sub(r"\n\s*#", "\n", path.read_text()))
@@ -109,7 +111,7 @@ def test_no_file_cites_a_section_by_its_number() -> None:
     numbered = [
         f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()}"
         for path in _tracked()
-        if path.suffix in {".md", ".py", ".yaml", ".sh", ".toml"}
+        if path.suffix in {".md", ".py", ".yaml", ".sh", ".toml"} and path != _THIS_FILE
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if _SECTION_NUMBER.search(line)
     ]
