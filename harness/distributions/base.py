@@ -13,7 +13,7 @@ from harness.measure.metrics import PhaseClock
 
 if TYPE_CHECKING:
     from harness.config.schema import DistbenchConfig
-    from harness.runtime.distributed import WorkerSession
+    from harness.runtime.distributed import Peers
     from harness.runtime.workload import Workload
 
 
@@ -40,7 +40,7 @@ class TrainingContext:
     workload: Workload  # this worker's shard of the data, and a fresh network
     device: torch.device
     clock: PhaseClock
-    session: WorkerSession  # rank, world size, process group
+    peers: Peers  # rank, world size, process group
     heartbeat: Callable[[], None]  # call after every batch: the watchdog's proof of progress
 
 

@@ -68,9 +68,9 @@ def shared_plan(
 
     Workers time layers differently, so each profiling for itself could yield different plans.
     """
-    config, session = context.config, context.session
+    config, peers = context.config, context.peers
     plan: StagePlan | str | None = None
-    if session.env.is_main:
+    if peers.env.is_main:
         try:
             profile = (
                 profile_network(config, layers, context.device)
@@ -80,15 +80,15 @@ def shared_plan(
             plan = planner.plan(config, len(layers), profile)
         except ValueError as err:  # e.g. a balance that does not match the layer list
             plan = str(err)
-    plan = session.broadcast_from_main(plan)
+    plan = peers.broadcast_from_main(plan)
     if not isinstance(plan, StagePlan):
         raise ValueError(plan)
-    if plan.workers != session.env.world_size:
+    if plan.workers != peers.env.world_size:
         raise ValueError(
             f"the stage plan {plan.describe()} needs {plan.workers} workers, the "
-            f"cell has {session.env.world_size}"
+            f"cell has {peers.env.world_size}"
         )
-    log.info("rank %d: stage plan %s", session.env.rank, plan.describe())
+    log.info("rank %d: stage plan %s", peers.env.rank, plan.describe())
     return plan
 
 

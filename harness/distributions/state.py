@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from harness.runtime.distributed import WorkerSession
+from harness.runtime.distributed import Peers
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def assemble_network(
     network: nn.Module,
     stage: nn.Module,
     contributes: bool,
-    session: WorkerSession,
+    peers: Peers,
     device: torch.device,
 ) -> nn.Module:
     """The whole `network` on `device` with every stage's current weights: a collective that
@@ -70,7 +70,7 @@ def assemble_network(
     this worker's layers already hold its trained weights; the other layers still hold their
     initial ones. Each worker whose `contributes` is true (one replica per stage: replicas are
     equal) sends the state of its stage (parameters and buffers, e.g. BatchNorm's running
-    statistics) under the names `network` gives them, through `session.all_gather`, and every
+    statistics) under the names `network` gives them, through `peers.all_gather`, and every
     worker copies the others' into its own `network`.
 
     Memory: every worker holds the whole network on its device (the layers of the other
@@ -88,7 +88,7 @@ def assemble_network(
     )
     target = network.to(device).state_dict(keep_vars=True)
     with torch.no_grad():
-        for state in session.all_gather(mine):  # this worker's own among them: a no-op copy
+        for state in peers.all_gather(mine):  # this worker's own among them: a no-op copy
             for name, tensor in state.items():
                 target[name].copy_(tensor)
     return network

@@ -1,4 +1,4 @@
-"""A worker's process group: `worker_session` opens the torch.distributed process group on
+"""A worker's process group: `joined_peers` opens the torch.distributed process group on
 the worker's place in its cell (`harness.system.worker_env`: rank, world, master, listen address)
 and closes it on every exit path, so a failing cell never leaves a group (and its sockets) behind.
 
@@ -49,9 +49,9 @@ def default_backend(device: torch.device) -> str:
 
 @dataclass(frozen=True)
 class NodeLink:
-    """The link this worker's node talks to the other nodes through, from the session's start:
-    its interface and address, its shaping (emulated nodes: `hardware.link`), and the byte
-    counters of that interface and of loopback when the session opened."""
+    """The link this worker's node talks to the other nodes through: its interface and
+    address, its shaping (emulated nodes: `hardware.link`), and the byte counters of that
+    interface and of loopback when the process group opened."""
 
     interface: str
     address: str
@@ -59,8 +59,8 @@ class NodeLink:
     at_start: dict[str, InterfaceBytes]
 
     def traffic(self) -> dict[str, float]:
-        """Megabytes this node's link and its loopback carried since the session opened (the
-        node's namespace on emulated hardware, else this machine's interfaces)."""
+        """Megabytes this node's link and its loopback carried since the process group opened
+        (the node's namespace on emulated hardware, else this machine's interfaces)."""
         now = interface_bytes()
         moved = {}
         for name, label in ((self.interface, "link"), (LOOPBACK_INTERFACE, "loopback")):
@@ -72,8 +72,9 @@ class NodeLink:
 
 
 @dataclass(frozen=True)
-class WorkerSession:
-    """A worker inside an open process group (or alone, when world_size is 1)."""
+class Peers:
+    """This worker among its peers: a worker inside an open process group (or alone, when
+    world_size is 1), and the collectives the harness itself runs with the others."""
 
     env: WorkerEnvironment
     backend: str | None  # None when there is no process group
@@ -103,14 +104,14 @@ class WorkerSession:
 
 
 @contextlib.contextmanager
-def worker_session(
+def joined_peers(
     env: WorkerEnvironment,
     device: torch.device,
     *,
     backend: str | None,
     timeout_s: float,
     link: LinkEmulation | None = None,
-) -> Iterator[WorkerSession]:
+) -> Iterator[Peers]:
     """Open the process group for `env` (if it has more than one worker) and always close it.
 
     `timeout_s` bounds every collective: a peer that died or hangs turns into an error here
@@ -118,7 +119,7 @@ def worker_session(
     applied to this node's link by its first worker before the group opens.
     """
     if not env.is_distributed:
-        yield WorkerSession(env, backend=None)
+        yield Peers(env, backend=None)
         return
     backend = backend or default_backend(device)
     if device.type == "cuda":
@@ -126,7 +127,8 @@ def worker_session(
     address = listen_address(env)
     timeout = dt.timedelta(seconds=timeout_s)
     node_link = _node_link(env, address, link)
-    # Set for the whole session: later groups (PipeDream's stages) open sockets of their own.
+    # Set while the process group is open: later groups (PipeDream's stages) open sockets of
+    # their own.
     with _sockets_bound_to(interface_of(address)):
         dist.init_process_group(
             backend=backend,
@@ -145,7 +147,7 @@ def worker_session(
             address,
         )
         try:
-            yield WorkerSession(env, backend=backend, link=node_link)
+            yield Peers(env, backend=backend, link=node_link)
         finally:
             with contextlib.suppress(Exception):  # a broken group must not mask the real error
                 dist.destroy_process_group()

@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from harness.measure.metrics import synchronize
-from harness.runtime.distributed import WorkerSession
+from harness.runtime.distributed import Peers
 from workloads.datasets.loader import fetch_batch
 from workloads.task import correct_predictions, prediction_count, task_loss
 
@@ -56,7 +56,7 @@ def evaluate(
     dataset: Dataset,
     *,
     batch_size: int,
-    session: WorkerSession,
+    peers: Peers,
     device: torch.device,
     heartbeat: Callable[[], None] = lambda: None,
     started: float | None = None,
@@ -71,7 +71,7 @@ def evaluate(
     model.eval()
     try:
         with torch.no_grad():
-            for images, labels in _shard_batches(dataset, batch_size, session):
+            for images, labels in _shard_batches(dataset, batch_size, peers):
                 images, labels = images.to(device), labels.to(device)
                 logits = model(images)
                 loss_sum += float(task_loss(logits, labels, reduction="sum"))
@@ -82,7 +82,7 @@ def evaluate(
     finally:
         model.train()
     synchronize(device)
-    totals = np.sum(session.all_gather((loss_sum, correct, predictions, count)), axis=0)
+    totals = np.sum(peers.all_gather((loss_sum, correct, predictions, count)), axis=0)
     predicted = max(int(totals[2]), 1)
     return Evaluation(
         loss=float(totals[0]) / predicted,
@@ -93,9 +93,9 @@ def evaluate(
 
 
 def _shard_batches(
-    dataset: Dataset, batch_size: int, session: WorkerSession
+    dataset: Dataset, batch_size: int, peers: Peers
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """This worker's samples of `dataset` in order, `batch_size` at a time (the last partial)."""
-    indices = np.arange(len(dataset))[session.env.rank :: session.env.world_size]  # type: ignore[arg-type]
+    indices = np.arange(len(dataset))[peers.env.rank :: peers.env.world_size]  # type: ignore[arg-type]
     for start in range(0, len(indices), batch_size):
         yield fetch_batch(dataset, indices[start : start + batch_size].tolist())

@@ -40,7 +40,7 @@ from harness.profiles.hardware import (
     fit_cost,
 )
 from harness.profiles.rounds import ROUNDS_FACT, median_across_rounds, rounds_fact
-from harness.runtime.distributed import WorkerSession, worker_session
+from harness.runtime.distributed import Peers, joined_peers
 from harness.runtime.environment import machine_name
 from harness.system.worker_env import log_to_stderr, worker_environment
 
@@ -74,11 +74,11 @@ def measure_pair(
 
 
 def measure_links(
-    session: WorkerSession, device: torch.device, probe: ProbeConfig
+    peers: Peers, device: torch.device, probe: ProbeConfig
 ) -> dict[tuple[int, int], list[float]]:
     """One-way seconds per size for every pair (i < j), as measured by worker i."""
-    rank, measured = session.env.rank, {}
-    for low, high in itertools.combinations(range(session.env.world_size), 2):
+    rank, measured = peers.env.rank, {}
+    for low, high in itertools.combinations(range(peers.env.world_size), 2):
         if rank in (low, high):
             seconds = measure_pair(high if rank == low else low, rank == low, device, probe)
             if rank == low:
@@ -88,14 +88,14 @@ def measure_links(
 
 
 def measure_allreduce(
-    session: WorkerSession, device: torch.device, probe: ProbeConfig
+    peers: Peers, device: torch.device, probe: ProbeConfig
 ) -> dict[int, list[float]]:
     """Seconds per size of an allreduce among the first k workers, for k = 2..W (rank 0's
     view: every member waits for the slowest, so one member's clock is the group's)."""
     measured = {}
-    for workers in range(2, session.env.world_size + 1):
+    for workers in range(2, peers.env.world_size + 1):
         group = dist.new_group(list(range(workers)))  # every rank takes part in creating it
-        if session.env.rank < workers:
+        if peers.env.rank < workers:
             # a member gets the group itself; only non-members get torch's NON_GROUP_MEMBER
             assert isinstance(group, dist.ProcessGroup)
             measured[workers] = _allreduce_seconds(group, device, probe)
@@ -138,7 +138,7 @@ def _kernel(left: torch.Tensor, right: torch.Tensor) -> None:
         torch.mm(left, right)
 
 
-def measure_compute_lost(session: WorkerSession, probe: ProbeConfig) -> float:
+def measure_compute_lost(peers: Peers, probe: ProbeConfig) -> float:
     """Milliseconds of a CPU worker's compute lost per MB of an allreduce that runs beside it
     (this worker's median over the repeats). A gloo collective between nodes is socket writes
     and reads, copies and additions: work on the cores that compute, taken from whatever they
@@ -274,13 +274,13 @@ def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
     env = worker_environment()
     device = select_device(config, env.local_rank)
     keep_freed_memory()  # its compute timed as a cell's workers step (harness.measure.allocator)
-    with worker_session(
+    with joined_peers(
         env,
         device,
         backend=config.distribution.backend,
         timeout_s=config.run.progress_timeout_s,
         link=config.hardware.link,
-    ) as session:
+    ) as peers:
         if not env.is_distributed:
             raise RuntimeError(
                 f"hardware={config.hardware.name} has one worker: there is "
@@ -294,15 +294,15 @@ def probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
             config.probe.rounds,
         )
         rounds = [
-            measure_round(session, device, config, collectives) for _ in range(config.probe.rounds)
+            measure_round(peers, device, config, collectives) for _ in range(config.probe.rounds)
         ]
         # The node as the scheduler names it (SLURM's test cluster runs its nodes on one host).
-        hosts = session.all_gather(os.environ.get("SLURMD_NODENAME", socket.gethostname()))
-        shaping = session.all_gather(None if session.link is None else session.link.shaping)
+        hosts = peers.all_gather(os.environ.get("SLURMD_NODENAME", socket.gethostname()))
+        shaping = peers.all_gather(None if peers.link is None else peers.link.shaping)
     if not env.is_main:
         return None
     figures = round_figures(rounds)
-    profile = assemble_profile(config, device, session, figures, hosts)
+    profile = assemble_profile(config, device, peers, figures, hosts)
     profile.facts[ROUNDS_FACT] = rounds_fact(figures)
     if any(shaping):  # emulated nodes: how each node's link was shaped (hardware.link)
         profile.facts["link_shaping"] = shaping
@@ -335,7 +335,7 @@ class ProbeRound:
 
 
 def measure_round(
-    session: WorkerSession,
+    peers: Peers,
     device: torch.device,
     config: DistbenchConfig,
     collectives: frozenset[Collective] = frozenset(Collective),
@@ -345,17 +345,17 @@ def measure_round(
     them), each where a model's terms read it."""
     links: dict[tuple[int, int], list[float]] = {}
     if Collective.point_to_point in collectives:
-        by_rank = session.all_gather(measure_links(session, device, config.probe))
+        by_rank = peers.all_gather(measure_links(peers, device, config.probe))
         links = {pair: seconds for measured in by_rank for pair, seconds in measured.items()}
     allreduce = (
-        measure_allreduce(session, device, config.probe)
+        measure_allreduce(peers, device, config.probe)
         if Collective.allreduce in collectives
         else {}
     )
     # Only where it is used: CPU workers on nodes of their own, whose allreduces run
     # beside the backward (on one machine they take their turn; a GPU's run on its links).
     lost = (
-        session.all_gather(measure_compute_lost(session, config.probe))
+        peers.all_gather(measure_compute_lost(peers, config.probe))
         if Collective.allreduce_beside_compute in collectives
         and device.type == "cpu"
         and config.hardware.nodes > 1
@@ -418,15 +418,15 @@ def round_figures(rounds: list[ProbeRound]) -> dict[str, list[list[float]]]:
 def assemble_profile(
     config: DistbenchConfig,
     device: torch.device,
-    session: WorkerSession,
+    peers: Peers,
     figures: dict[str, list[list[float]]],
     hosts: list[str],
 ) -> HardwareProfile:
     """The profile of the figures' medians across the rounds (`round_figures`)."""
     sizes = [float(n) for n in config.probe.message_bytes]
     per_node = config.hardware.workers_per_node
-    pairs = itertools.combinations(range(session.env.world_size), 2)
-    workers = range(2, session.env.world_size + 1)
+    pairs = itertools.combinations(range(peers.env.world_size), 2)
+    workers = range(2, peers.env.world_size + 1)
     # (those measured: the probe measures what the registered models declare)
     links = {
         pair: median_across_rounds(figures[_link(pair)]) for pair in pairs if _link(pair) in figures
@@ -452,7 +452,7 @@ def assemble_profile(
     # as a step time is (`harness.runtime.environment.machine_name`).
     facts = {
         "device": device.type,
-        "backend": session.backend,
+        "backend": peers.backend,
         "hosts": hosts,
         "machine": machine_name(device.type),
         "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -461,7 +461,7 @@ def assemble_profile(
     return HardwareProfile(
         config.hardware.name,
         "measured",
-        session.env.world_size,
+        peers.env.world_size,
         config.hardware.nodes,
         measured_links,
         measured_allreduce,

@@ -41,7 +41,7 @@ from harness.records.results import (
     write_rank_report,
     write_worker_presence,
 )
-from harness.runtime.distributed import WorkerSession, worker_session
+from harness.runtime.distributed import Peers, joined_peers
 from harness.runtime.environment import start_conditions
 from harness.runtime.evaluation import Evaluation, evaluate
 from harness.runtime.seeding import repeat_seed, seed_everything, set_deterministic
@@ -103,8 +103,9 @@ class WorkerMeasurement:
     # result's config, as the batch size from Table 3.3 is.
     resolved_config: dict[str, Any] = field(default_factory=dict)
     outcomes: list[RepeatOutcome] = field(default_factory=list)  # one per repeat
-    # MB the node's link and its loopback carried during the session (harness.runtime.distributed.
-    # NodeLink.traffic), reported by the first worker of each node of a cell spanning nodes.
+    # MB the node's link and its loopback carried while the process group was open
+    # (harness.runtime.distributed.NodeLink.traffic), reported by the first worker of each node
+    # of a cell spanning nodes.
     link_traffic: dict[str, float] = field(default_factory=dict)
     # The reference kernel's seconds before the trainer was built and after it finished
     # (harness.measure.steadiness): how much this worker's machine changed speed meanwhile.
@@ -338,7 +339,7 @@ def select_device(config: DistbenchConfig, local_rank: int = 0) -> torch.device:
 def measure(
     config: DistbenchConfig,
     device: torch.device,
-    session: WorkerSession,
+    peers: Peers,
     heartbeat: Callable[[], None],
     events: EventLog,
     measured: list[EpochMeasurement] | None = None,
@@ -362,9 +363,9 @@ def measure(
     events.init_start()
     # A pipeline feeds every batch through all its workers: its data is not sharded by worker.
     shards = config.distribution.data_shards(config)
-    workload = build_workload(config, rank=session.env.rank % shards, world_size=shards)
+    workload = build_workload(config, rank=peers.env.rank % shards, world_size=shards)
     progress = EpochProgress(
-        enabled=config.run.progress and session.env.is_main, batches=len(workload.loader)
+        enabled=config.run.progress and peers.env.is_main, batches=len(workload.loader)
     )
 
     def beat() -> None:  # after every batch, warm-up included
@@ -376,10 +377,10 @@ def measure(
         workload=workload,
         device=device,
         clock=PhaseClock(device, enabled=config.run.phase_timing),
-        session=session,
+        peers=peers,
         heartbeat=beat,
     )
-    speed_before = machine_speed(device, session)  # before the trainer starts anything
+    speed_before = machine_speed(device, peers)  # before the trainer starts anything
     trainer = spec_of(config).trainer(context)
     progress.batches = trainer.worker_batches(progress.batches)
     memory = PeakMemory(device)
@@ -398,7 +399,7 @@ def measure(
         outcomes.append(outcome)
     trainer.finish()
     with memory.left_out():  # the reference kernel's memory is no part of the cell's
-        speed_after = machine_speed(device, session)
+        speed_after = machine_speed(device, peers)
     return WorkerMeasurement(
         epochs=epochs,
         seeds=seeds,
@@ -414,7 +415,7 @@ def measure(
     )
 
 
-def machine_speed(device: torch.device, session: WorkerSession) -> tuple[float, float]:
+def machine_speed(device: torch.device, peers: Peers) -> tuple[float, float]:
     """The reference kernels' seconds (`harness.measure.steadiness`: the matrix products, then
     the memory-bound one). The products are timed by the cell's workers together: none times
     them while another still builds its trainer or finishes it (a Horovod worker's background
@@ -423,14 +424,14 @@ def machine_speed(device: torch.device, session: WorkerSession) -> tuple[float, 
     one worker at a time, the others waiting at a barrier: two streams at once share the
     memory bandwidth, and how much of their trials overlapped read as drift (28 to 46 ms for
     the same two workers of one cell, before and after)."""
-    session.barrier()
+    peers.barrier()
     compute = reference_seconds(device)
     memory = 0.0
-    for turn in range(session.env.world_size):
-        session.barrier()
-        if turn == session.env.rank:
+    for turn in range(peers.env.world_size):
+        peers.barrier()
+        if turn == peers.env.rank:
             memory = _memory_kernel_seconds(device)
-    session.barrier()  # nobody goes on to build or record while the last one times it
+    peers.barrier()  # nobody goes on to build or record while the last one times it
     return compute, memory
 
 
@@ -573,7 +574,7 @@ def evaluate_epoch(
         trainer.evaluation_model(),
         context.workload.eval_dataset,
         batch_size=context.config.batch_size,
-        session=context.session,
+        peers=context.peers,
         device=context.device,
         heartbeat=context.heartbeat,
         started=started,
@@ -722,22 +723,22 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
             # (harness.worker.memory_limit), and lifted before anything is recorded.
             with (
                 device_memory_limit(config.hardware) as memory_limit,
-                worker_session(
+                joined_peers(
                     env,
                     device,
                     backend=config.distribution.backend,
                     timeout_s=config.run.progress_timeout_s,
                     link=config.hardware.link,
-                ) as session,
+                ) as peers,
             ):
                 events = EventLog.for_worker(output_dir, env.is_main)
                 with events:
-                    worker = measure(config, device, session, watchdog.beat, events, measured)
-                if session.link is not None and env.local_rank == 0:
-                    worker = dataclasses.replace(worker, link_traffic=session.link.traffic())
-                    link_shaping = session.link.shaping
+                    worker = measure(config, device, peers, watchdog.beat, events, measured)
+                if peers.link is not None and env.local_rank == 0:
+                    worker = dataclasses.replace(worker, link_traffic=peers.link.traffic())
+                    link_shaping = peers.link.shaping
                 measurement = Measurement(
-                    session.all_gather(worker),
+                    peers.all_gather(worker),
                     tokens_per_sample=config.dataset.spec.tokens_per_sample,
                     steadiness_threshold=config.run.steadiness_threshold,
                 )

@@ -37,7 +37,7 @@ def measure_batch_seconds(
     from harness.distributions.sequential.trainer import sequential_trainer
     from harness.measure.allocator import keep_freed_memory
     from harness.measure.metrics import PhaseClock
-    from harness.runtime.distributed import WorkerSession
+    from harness.runtime.distributed import Peers
     from harness.runtime.workload import build_workload
     from harness.system.worker_env import WorkerEnvironment
     from harness.worker.run import select_device
@@ -56,7 +56,7 @@ def measure_batch_seconds(
         workload=build_workload(probe_config),
         device=device,
         clock=PhaseClock(device, enabled=False),
-        session=WorkerSession(WorkerEnvironment(), backend=None),
+        peers=Peers(WorkerEnvironment(), backend=None),
         heartbeat=lambda: None,
     )
     trainer = sequential_trainer(context)

@@ -27,7 +27,7 @@ from harness.config.schema import DistbenchConfig, validate
 from harness.distributions.base import TrainingContext
 from harness.distributions.loop import BatchLoopTrainer
 from harness.measure.metrics import PhaseClock
-from harness.runtime.distributed import WorkerSession
+from harness.runtime.distributed import Peers
 from harness.runtime.workload import Workload, build_workload
 from harness.system.worker_env import WorkerEnvironment
 
@@ -51,7 +51,7 @@ def _trainer(
         workload=workload,
         device=device,
         clock=PhaseClock(device, enabled=phase_timing),
-        session=WorkerSession(WorkerEnvironment(), backend=None),
+        peers=Peers(WorkerEnvironment(), backend=None),
         heartbeat=lambda: None,
     )
     return BatchLoopTrainer(context, workload.model)

@@ -155,7 +155,7 @@ class GatherAverage:
 
 def gather_dp_trainer(context):
     model = context.workload.model.to(context.device)
-    if not context.session.env.is_distributed:
+    if not context.peers.env.is_distributed:
         return BatchLoopTrainer(context, model)
     for tensor in model.state_dict().values():  # every replica starts from rank 0's
         dist.broadcast(tensor, 0)

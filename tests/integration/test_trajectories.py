@@ -59,7 +59,7 @@ from harness.costs.onefoneb import Kind, worker_ops
 from harness.distributions.base import TrainingContext
 from harness.distributions.registry import spec_named
 from harness.measure.metrics import PhaseClock
-from harness.runtime.distributed import WorkerSession
+from harness.runtime.distributed import Peers
 from harness.runtime.workload import Workload, build_workload
 from harness.system.worker_env import WorkerEnvironment
 from tests.helpers import spawn_workers
@@ -192,7 +192,7 @@ def worker_context(
         workload=built,
         device=cpu,
         clock=PhaseClock(cpu),
-        session=WorkerSession(
+        peers=Peers(
             WorkerEnvironment(rank=rank, local_rank=rank, world_size=world_size), backend="gloo"
         ),
         heartbeat=lambda: None,
@@ -398,7 +398,7 @@ def sequential(dataset_cache: None) -> dict[bool, dict]:
             workload=built,
             device=cpu,
             clock=PhaseClock(cpu),
-            session=WorkerSession(WorkerEnvironment(), backend=None),
+            peers=Peers(WorkerEnvironment(), backend=None),
             heartbeat=lambda: None,
         )
         reports[batchnorm] = {

@@ -55,7 +55,7 @@ class TimedAllreduce:
 def ddp_trainer(context: TrainingContext) -> BatchLoopTrainer:
     device = context.device
     model = context.workload.model.to(device)
-    if not context.session.env.is_distributed:
+    if not context.peers.env.is_distributed:
         return BatchLoopTrainer(context, model)
     # DDP broadcasts rank 0's parameters at construction: every replica starts equal.
     model = DistributedDataParallel(

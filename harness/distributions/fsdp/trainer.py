@@ -33,7 +33,7 @@ class FSDPTrainer(BatchLoopTrainer):
         # Workers in the same position of their shard group hold the same shard: the
         # replicas the harness compares (every worker is its own when there is one group).
         self.replica_group = (
-            mesh.get_local_rank("shard") if mesh.ndim == 2 else context.session.env.rank
+            mesh.get_local_rank("shard") if mesh.ndim == 2 else context.peers.env.rank
         )
 
     def evaluation_model(self) -> nn.Module:
@@ -54,7 +54,7 @@ class FSDPTrainer(BatchLoopTrainer):
 
 def fsdp_trainer(context: TrainingContext) -> BatchLoopTrainer:
     model = context.workload.model.to(context.device)
-    if not context.session.env.is_distributed:
+    if not context.peers.env.is_distributed:
         return BatchLoopTrainer(context, model)  # one worker: nothing to shard
     settings = fsdp_settings(context.config)
     # fully_shard keeps each worker's slice of its own initial values: rank 0's must be

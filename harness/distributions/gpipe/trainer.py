@@ -72,7 +72,7 @@ class GPipeTrainer(Trainer):
     """One GPipe stage on this worker."""
 
     def __init__(self, context: TrainingContext) -> None:
-        config, env = context.config, context.session.env
+        config, env = context.config, context.peers.env
         if not env.is_distributed:
             raise ValueError(
                 "distribution.name=gpipe needs 2 or more workers "
@@ -80,7 +80,7 @@ class GPipeTrainer(Trainer):
             )
         self.device = context.device
         self.network = context.workload.model
-        self.session = context.session
+        self.peers = context.peers
         self.clock = context.clock
         self.heartbeat = context.heartbeat
         settings = gpipe_settings(config)
@@ -151,7 +151,7 @@ class GPipeTrainer(Trainer):
         """The whole network with every stage's current weights (a collective; memory: see
         state.assemble_network)."""
         return assemble_network(
-            self.network, self.module, contributes=True, session=self.session, device=self.device
+            self.network, self.module, contributes=True, peers=self.peers, device=self.device
         )
 
     def reset(self) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from harness.distributions.base import TrainingContext
 from harness.distributions.horovod import horovod_settings
 from harness.distributions.loop import BatchLoopTrainer
-from harness.runtime.distributed import WorkerSession
+from harness.runtime.distributed import Peers
 from harness.system.worker_env import WorkerEnvironment, interface_of, listen_address
 
 _BYTES_PER_MIB = 1024 * 1024  # Horovod reads its fusion threshold in bytes
@@ -27,7 +27,7 @@ def horovod_trainer(context: TrainingContext) -> BatchLoopTrainer:
 
     distribution = horovod_settings(context.config)
     rendezvous = init_horovod(
-        context.session,
+        context.peers,
         context.device.type,
         fusion_threshold_mb=distribution.fusion_threshold_mb,
         cycle_time_ms=distribution.cycle_time_ms,
@@ -70,17 +70,17 @@ class HorovodGradientSync:
 
 
 def init_horovod(
-    session: WorkerSession, device_type: str, *, fusion_threshold_mb: float, cycle_time_ms: float
+    peers: Peers, device_type: str, *, fusion_threshold_mb: float, cycle_time_ms: float
 ) -> Any:
     """Start Horovod on this worker without horovodrun; return rank 0's rendezvous server."""
     import horovod.torch as hvd
 
-    env = session.env
+    env = peers.env
     server, where = None, ("", 0)
     if env.is_main:
         server = RendezvousServer(env, listen_address(env))
         where = server.address
-    address, port = session.broadcast_from_main(where)
+    address, port = peers.broadcast_from_main(where)
     os.environ.update(
         horovod_environment(env, address, port, device_type, fusion_threshold_mb, cycle_time_ms)
     )

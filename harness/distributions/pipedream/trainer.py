@@ -69,11 +69,11 @@ class PipeDreamTrainer(Trainer):
     """One replica of one PipeDream stage on this worker."""
 
     def __init__(self, context: TrainingContext) -> None:
-        config, env = context.config, context.session.env
+        config, env = context.config, context.peers.env
         distribution = pipedream_settings(config)
         self.device = context.device
         self.network = context.workload.model
-        self.session = context.session
+        self.peers = context.peers
         self.clock = context.clock
         self.heartbeat = context.heartbeat
         self.batch_size = config.batch_size
@@ -182,7 +182,7 @@ class PipeDreamTrainer(Trainer):
             self.network,
             self.module,
             contributes=self.replica == 0,
-            session=self.session,
+            peers=self.peers,
             device=self.device,
         )
 

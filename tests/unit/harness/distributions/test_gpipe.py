@@ -29,7 +29,7 @@ from harness.measure.metrics import PhaseClock
 from harness.predict.facts.store import FactsStore, in_place_key
 from harness.profiles.hardware import HardwareProfile
 from harness.profiles.stages import InPlaceStages, StageSeconds
-from harness.runtime.distributed import WorkerSession
+from harness.runtime.distributed import Peers
 from harness.runtime.workload import build_workload
 from harness.system.worker_env import WorkerEnvironment
 from tests.helpers import assert_stage_phases, run_module, run_tiny_cell, spawn_workers
@@ -71,7 +71,7 @@ def worker_context(rank: int, world_size: int, overrides: list[str]) -> Training
         workload=workload,
         device=torch.device("cpu"),
         clock=PhaseClock(torch.device("cpu")),
-        session=WorkerSession(env, backend="gloo"),
+        peers=Peers(env, backend="gloo"),
         heartbeat=lambda: None,
     )
 
