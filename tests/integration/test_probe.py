@@ -289,7 +289,7 @@ def test_a_round_measures_only_what_the_registered_models_declare(
 
     monkeypatch.setattr(probe_worker, "measure_collectives_after_compute", after_compute)
 
-    class Session:
+    class OnePeer:  # a worker alone: its all_gather is its own value
         def all_gather(self, value: object) -> list[object]:
             return [value]
 
@@ -298,7 +298,7 @@ def test_a_round_measures_only_what_the_registered_models_declare(
 
     def round_of(*collectives: Collective, config: object = nodes) -> probe_worker.ProbeRound:
         measured.clear()
-        return probe_worker.measure_round(Session(), cpu, config, frozenset(collectives))
+        return probe_worker.measure_round(OnePeer(), cpu, config, frozenset(collectives))
 
     everything = round_of(*Collective)
     assert measured == ["links", "allreduce", "lost", "all_gather", "reduce_scatter"]
