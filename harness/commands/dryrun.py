@@ -217,7 +217,8 @@ def table(cells: Sequence[PlannedCell], predictions: Predictions) -> str:
     rows = []
     for planned in cells:
         config = planned.config
-        micro_batches = config.distribution.own_settings(config).get("micro_batches")
+        own = config.distribution.own_settings(config)
+        micro_batches = own.get("micro_batches")
         row = {
             "#": planned.number,
             "cell": config.run_name,
@@ -225,8 +226,10 @@ def table(cells: Sequence[PlannedCell], predictions: Predictions) -> str:
             "workers": config.world_size,
             "nodes": planned.nodes,
             "device": config.hardware.device.value,
+            "global batch": config.global_batch_size,
             "batch": config.batch_size,
             "micro-batches": micro_batches if micro_batches is not None else _NONE,
+            "accumulation": own.get("accumulation_steps", 1),
             "stage plan": planned.stage_plan,
             "can run": "no" if planned.blocked else "yes",
         }

@@ -449,6 +449,45 @@ class DistributionConfig:
             f"{cell.batch_size} x {cell.world_size} workers = {needed})",
         )
 
+    def data_shard_of(self, cell: DistbenchConfig, rank: int) -> int:
+        """The shard of the epoch's data worker `rank` trains (0 .. data_shards - 1): its rank
+        modulo the shards, unless the model groups its workers otherwise (a device mesh: the
+        workers of one data-parallel position, across its tensor and pipeline axes, share
+        one)."""
+        return rank % self.data_shards(cell)
+
+    def batch_from_global(self, cell: DistbenchConfig, global_batch: int) -> int:
+        """The per-worker batch (what a worker's data loader yields per optimizer step) that
+        makes `run.global_batch` samples per step: the global batch over the data shards. A
+        model with settings of its own that set the batch refuses what does not divide."""
+        shards = self.data_shards(cell)
+        require(
+            global_batch % shards == 0,
+            "run.global_batch",
+            global_batch,
+            f"must divide among the cell's {shards} data-parallel shard(s) of "
+            f"distribution={self.name}; allowed: a multiple of {shards}",
+        )
+        require(
+            self.batch_size is None or self.batch_size == global_batch // shards,
+            "distribution.batch_size",
+            self.batch_size,
+            f"run.global_batch={global_batch} sets the per-worker batch of "
+            f"distribution={self.name} to {global_batch // shards}; allowed: null, or "
+            f"{global_batch // shards}",
+        )
+        return global_batch // shards
+
+    def tensor_parallelism(self, cell: DistbenchConfig) -> int:
+        """Workers each layer's weights are split over (MLPerf's tensor_parallelism): 1 but
+        for a model that shards within a layer."""
+        return 1
+
+    def run_name_head(self, cell: DistbenchConfig) -> list[str]:
+        """What the cell's name leads with: the model's name, or the plan of a model whose
+        settings are a plan (DistbenchConfig.run_name)."""
+        return [self.name]
+
     def data_shards(self, cell: DistbenchConfig) -> int:
         """Equal shards the epoch's data is split into, one per worker that trains its own
         batches (worker `rank` takes shard `rank % shards`; an optimizer step covers
@@ -651,6 +690,13 @@ class RunConfig:
     epochs: int = field(default=3, metadata=integer(1, MAX_EPOCHS, "epochs"))
     # Untimed batches before the first timed epoch.
     warmup_batches: int = field(default=5, metadata=integer(0, MAX_COUNT, "batches"))
+    # Samples per optimizer step over the whole cell; null = the distribution model's batch
+    # (distribution.batch_size, or Table 3.3) times its data-parallel shards. Set, every model
+    # derives its per-worker batch from it (a pipeline: its whole batch; a device mesh: each
+    # data-parallel position's, which its micro-batches and accumulation steps then divide),
+    # so that the cells of a sweep over plans train the same amount of work per step; what
+    # does not divide is refused.
+    global_batch: int | None = field(default=None, metadata=integer(1, 2**31 - 1, "samples"))
     # Seeds Python's random, NumPy, torch (CPU and CUDA), the synthetic data and the data
     # order; repeat k runs with seed + k (harness.runtime.seeding.repeat_seed).
     seed: int = 0
@@ -717,6 +763,12 @@ class RunConfig:
             self.warmup_batches >= 0, "run.warmup_batches", self.warmup_batches, "must be 0 or more"
         )
         require(self.repeats >= 1, "run.repeats", self.repeats, "must be 1 or more")
+        require(
+            self.global_batch is None or self.global_batch >= 1,
+            "run.global_batch",
+            self.global_batch,
+            "must be 1 or more samples, or null (the model's batch times its data shards)",
+        )
         # torch's generators take seeds below 2**64 (NumPy's legacy one gets seed % 2**32),
         # and repeat k runs with run.seed + k (harness.runtime.seeding.repeat_seed).
         highest = MAX_SEED - (self.repeats - 1)
@@ -873,7 +925,11 @@ class DistbenchConfig:
 
     @property
     def batch_size(self) -> int:
-        """The batch size this cell trains with: the override, else Table 3.3 of docs/thesis.md."""
+        """The batch size this cell trains with (per worker, or a pipeline's whole batch):
+        derived from run.global_batch where that is set, else the override, else Table 3.3 of
+        docs/thesis.md."""
+        if self.run.global_batch is not None:
+            return self.distribution.batch_from_global(self, self.run.global_batch)
         if self.distribution.batch_size is not None:
             return self.distribution.batch_size
         return self.distribution.default_batch_size(self.dataset.name.value)
@@ -900,7 +956,7 @@ class DistbenchConfig:
             else (self.hardware.nodes, self.hardware.workers_per_node)
         )
         parts = [
-            distribution.name,
+            *distribution.run_name_head(self),
             f"{nodes}x{per_node}",
             *distribution.run_name_parts(self),
             f"b{self.batch_size}",

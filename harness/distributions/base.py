@@ -87,6 +87,12 @@ class Trainer(ABC):
         """What this model measured besides the epoch times, added to the cell's metrics."""
         return {}
 
+    def compute_dtype(self) -> torch.dtype | None:
+        """The dtype the layers compute in where it is not the parameters' (mixed precision:
+        bfloat16 compute of float32 weights), for MLPerf's lowest numerical precision; None:
+        the parameters'."""
+        return None
+
     def resolved_config(self) -> dict[str, Any]:
         """Config values the trainer resolved (a planned balance), recorded with the cell."""
         return {}

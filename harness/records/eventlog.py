@@ -15,9 +15,10 @@ Each file is a whole MLPerf run that MLPerf's tools read alone:
   hardware), submission_platform (`hardware.name`), submission_benchmark (`benchmark_name`),
   cache_clear `false` (distbench does not drop the page cache before a run), train_samples,
   eval_samples (0 with `run.eval=false`), lowest_numerical_precision_in_linear/attn/comm (the
-  precision the parameters, activations and exchanged gradients train in: fp32 today; the
-  networks have no attention, the key is required and states the same precision),
-  tensor/context/expert_parallelism 1, pipeline_parallelism and micro_batch_size (`Parallelism`),
+  precision the layers compute in: the parameters' dtype, or bfloat16 under mixed precision
+  (`Trainer.compute_dtype`); one precision for all three keys), tensor_parallelism (a device
+  mesh's tp, else 1), context/expert_parallelism 1, pipeline_parallelism and micro_batch_size
+  (`Parallelism`),
   config_filename (the cell's recorded config.yaml); besides MLPerf's: global_batch_size,
   epoch_count, opt_name, opt_base_learning_rate and distbench's distribution, world_size,
   data_parallelism.
@@ -137,12 +138,16 @@ class Parallelism:
     data: int | list[int]
     pipeline: int
     micro_batch_size: int
+    tensor: int = 1  # workers each layer's weights are split over (a device mesh's tp)
 
     @classmethod
     def of(cls, config: DistbenchConfig, resolved: dict[str, Any]) -> Parallelism:
         data, pipeline = config.distribution.parallelism(config, resolved)
         return cls(
-            data=data, pipeline=pipeline, micro_batch_size=config.distribution.step_batch(config)
+            data=data,
+            pipeline=pipeline,
+            micro_batch_size=config.distribution.step_batch(config),
+            tensor=config.distribution.tensor_parallelism(config),
         )
 
 
@@ -217,7 +222,7 @@ class EventLog:
             constants.LOWEST_NUMERICAL_PRECISION_IN_LINEAR: facts.precision,
             constants.LOWEST_NUMERICAL_PRECISION_IN_ATTN: facts.precision,
             constants.LOWEST_NUMERICAL_PRECISION_IN_COMM: facts.precision,
-            constants.TENSOR_PARALLELISM: 1,
+            constants.TENSOR_PARALLELISM: parallelism.tensor,
             constants.PIPELINE_PARALLELISM: parallelism.pipeline,
             constants.CONTEXT_PARALLELISM: 1,
             constants.EXPERT_PARALLELISM: 1,

@@ -363,7 +363,8 @@ def measure(
     events.init_start()
     # A pipeline feeds every batch through all its workers: its data is not sharded by worker.
     shards = config.distribution.data_shards(config)
-    workload = build_workload(config, rank=peers.env.rank % shards, world_size=shards)
+    shard = config.distribution.data_shard_of(config, peers.env.rank)
+    workload = build_workload(config, rank=shard, world_size=shards)
     progress = EpochProgress(
         enabled=config.run.progress and peers.env.is_main, batches=len(workload.loader)
     )
@@ -451,8 +452,9 @@ def _memory_kernel_seconds(device: torch.device) -> float:
 
 def run_facts(config: DistbenchConfig, workload: Workload, trainer: Trainer) -> RunFacts:
     """What the MLPerf log states about the run: the splits' sizes, the plan the trainer
-    resolved, the precision the parameters train in, and the config file the cell records."""
-    dtype = next(workload.model.parameters()).dtype
+    resolved, the lowest precision the layers compute in (the parameters' dtype unless mixed
+    precision computes in another), and the config file the cell records."""
+    dtype = trainer.compute_dtype() or next(workload.model.parameters()).dtype
     return RunFacts(
         train_samples=len(workload.loader.dataset),  # type: ignore[arg-type]
         eval_samples=len(workload.eval_dataset) if workload.eval_dataset is not None else 0,  # type: ignore[arg-type]
@@ -642,12 +644,18 @@ class EpochProgress:
 
 
 def parameter_digest(model: torch.nn.Module) -> str:
-    """sha256 over the bytes of every parameter, in order (taken after the timed epochs); of
-    this worker's shard where a parameter is sharded over workers (a DTensor)."""
+    """sha256 over the bytes of every parameter this worker holds, in order (taken after the
+    timed epochs); of this worker's shard where a parameter is sharded over workers (a
+    DTensor)."""
     digest = hashlib.sha256()
     for parameter in model.parameters():
+        if parameter.is_meta:  # another pipeline stage's, freed on this worker
+            continue
         local = parameter.to_local() if isinstance(parameter, DTensor) else parameter
-        digest.update(local.detach().cpu().contiguous().numpy().tobytes())
+        # as raw bytes: NumPy has no bfloat16
+        digest.update(
+            local.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        )
     return digest.hexdigest()
 
 

@@ -107,15 +107,25 @@ class Block(nn.Module):
         self.rotary = rotary
         self.config = config
         self.mask = mask
+        # Workers the sequence is split over between the blocks (sequence parallelism,
+        # `workloads.networks.tensor_parallel`): this block's input holds 1/sequence_shards of
+        # the tokens, and its attention sees them all.
+        self.sequence_shards = 1
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        tokens = hidden.shape[1] * self.sequence_shards
+        positions = torch.arange(tokens, device=hidden.device).unsqueeze(0)
+        whole = (  # the mask and rotary see the whole sequence's shape; nothing allocated
+            hidden
+            if self.sequence_shards == 1
+            else hidden.new_empty(1).expand(hidden.shape[0], tokens, *hidden.shape[2:])
+        )
         extra: dict[str, Any] = {}
         if self.rotary is not None:
-            extra["position_embeddings"] = self.rotary(hidden, positions)
+            extra["position_embeddings"] = self.rotary(whole, positions)
         out = self.block(
             hidden,
-            attention_mask=_attention_mask(self.config, hidden, self.mask),
+            attention_mask=_attention_mask(self.config, whole, self.mask),
             position_ids=positions,
             **extra,
         )

@@ -40,9 +40,12 @@ LayerLister = Callable[[NetworkRef, "nn.Module"], "list[nn.Module]"]
 # (the network's reference, the dataset's shape) -> None if a network of the source takes the
 # dataset, NetworkError (one line) if not; answered without building the network
 InputCheck = Callable[[NetworkRef, DatasetSpec], None]
-# (the network's reference, the network as built) -> the plan `torch.distributed.tensor.
-# parallel.parallelize_module` takes: each submodule's fully qualified name -> its ParallelStyle
-TensorParallelPlan = Callable[[NetworkRef, "nn.Module"], "Mapping[str, ParallelStyle]"]
+# (the network's reference, the network as built, the tensor-parallel degree, whether the
+# sequence is split too) -> the plan `torch.distributed.tensor.parallel.parallelize_module`
+# takes: each submodule's fully qualified name -> its ParallelStyle. It may first rewrite the
+# network in place into a form that computes the same and that the styles split (GPT-2's
+# Conv1D as nn.Linear); NetworkError (one line) for a degree the network cannot be split by.
+TensorParallelPlan = Callable[[NetworkRef, "nn.Module", int, bool], "Mapping[str, ParallelStyle]"]
 
 
 def function_in(module: str, function: str) -> Callable[..., Any]:
@@ -101,13 +104,15 @@ class NetworkSourceSpec:
             `workloads/networks/`, a registered source's is not: it names its own package's
             distribution here); None where no version covers the code (a user's own module):
             counted afresh each time.
-        tensor_parallel_plan: how a network of the source shards for tensor parallelism:
-            given the reference and the built network, the plan
+        tensor_parallel_plan: how a network of the source shards for tensor parallelism
+            (`distribution=mesh distribution.tp=2`): given the reference, the built network,
+            the degree and whether the sequence is split too, the plan
             `torch.distributed.tensor.parallel.parallelize_module` applies (each submodule's
-            name -> `ColwiseParallel()`, `RowwiseParallel()`, ...). None for every source
-            today: no distribution model shards within a layer yet; the hook is where a
-            source's sharding plan goes, for a tensor-parallel model to ask (and to refuse a
-            network whose source has none).
+            name -> `ColwiseParallel()`, `RowwiseParallel()`, ...), raising NetworkError for a
+            degree that does not divide the network's heads or widths
+            (`workloads.networks.tensor_parallel`: the `transformers` presets' Megatron-style
+            plan; a user's module's own `tensor_parallel_plan` method). None: the source's
+            networks are refused for tensor parallelism at validation.
         order: where the source is listed among the others in messages (lowest first, then
             by name): the built-in sources 0-4 in the order docs/networks.md gives them; a
             registered source after them by default.

@@ -30,11 +30,16 @@ class FSDPTrainer(BatchLoopTrainer):
     ) -> None:
         super().__init__(context, model)
         self.skeleton = skeleton  # the network unsharded, on the meta device (no memory)
+        self.mixed_precision = fsdp_settings(context.config).mixed_precision
         # Workers in the same position of their shard group hold the same shard: the
         # replicas the harness compares (every worker is its own when there is one group).
         self.replica_group = (
             mesh.get_local_rank("shard") if mesh.ndim == 2 else context.peers.env.rank
         )
+
+    def compute_dtype(self) -> torch.dtype | None:
+        """bfloat16 with mixed precision (FSDP2 gathers the float32 shards in bfloat16)."""
+        return torch.bfloat16 if self.mixed_precision else None
 
     def evaluation_model(self) -> nn.Module:
         """The whole network, unsharded, on this worker's device: every parameter's shards

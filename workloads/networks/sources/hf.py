@@ -12,5 +12,6 @@ SPEC = NetworkSourceSpec(
     requires="arch",
     settings=("arch", "config"),
     libraries=("torch", "transformers"),
+    tensor_parallel_plan=function_in("workloads.networks.tensor_parallel", "hf_plan"),
     order=4,
 )
