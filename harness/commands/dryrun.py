@@ -210,6 +210,13 @@ def _missing(predictions: Predictions, reason: str, planned: PlannedCell) -> Non
     predictions.missing.setdefault(reason, []).append(planned.number)
 
 
+def _sets_the_step(config: DistbenchConfig) -> bool:
+    """Whether the cell is sized by its global batch (`run.global_batch`) or splits it into
+    micro-batches and accumulation steps of its own (a plan): the table then shows both."""
+    own = config.distribution.own_settings(config)
+    return config.run.global_batch is not None or "accumulation_steps" in own
+
+
 def table(cells: Sequence[PlannedCell], predictions: Predictions) -> str:
     """The cells as a text table (pandas' formatting), one row each."""
     import pandas as pd
@@ -240,6 +247,9 @@ def table(cells: Sequence[PlannedCell], predictions: Predictions) -> str:
     frame = pd.DataFrame(rows)
     if not any(planned.blocked for planned in cells):
         frame = frame.drop(columns="can run")
+    if not any(_sets_the_step(planned.config) for planned in cells):
+        # the model's own batch settings alone: the batch column says it all
+        frame = frame.drop(columns=["global batch", "accumulation"])
     # Every column left-aligned, as text (pandas aligns values right, and its numbers keep a
     # place for a sign), under a left-aligned header.
     frame = frame.astype(str)

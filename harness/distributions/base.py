@@ -87,6 +87,13 @@ class Trainer(ABC):
         """What this model measured besides the epoch times, added to the cell's metrics."""
         return {}
 
+    def in_trained_form(self, network: torch.nn.Module) -> torch.nn.Module:
+        """A freshly built network in the form this trainer trains it (the same function and
+        weights, maybe other modules: a tensor-parallel plan's rewrite), whose state then
+        loads into the trained network: a repeat's initial weights. The network itself by
+        default."""
+        return network
+
     def compute_dtype(self) -> torch.dtype | None:
         """The dtype the layers compute in where it is not the parameters' (mixed precision:
         bfloat16 compute of float32 weights), for MLPerf's lowest numerical precision; None:

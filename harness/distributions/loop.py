@@ -17,6 +17,13 @@ import torch.distributed as dist
 from torch import nn
 
 from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
+from harness.distributions.layer_settings import Precision
+from harness.distributions.layer_training import (
+    as_input,
+    compute_context,
+    compute_dtype,
+    loss_dtype,
+)
 from harness.distributions.state import InitialState, epoch_losses
 from harness.measure.metrics import device_time, synchronize
 from workloads.task import TaskLoss
@@ -50,6 +57,8 @@ class BatchLoopTrainer(Trainer):
         model: nn.Module,
         wrap_optimizer: Callable[[torch.optim.Optimizer], torch.optim.Optimizer] | None = None,
         gradient_sync: GradientSync | None = None,
+        precision: Precision = Precision.fp32,
+        precision_cast_elsewhere: bool = False,
     ) -> None:
         self.model = model
         self.network = context.workload.model  # `model` unwrapped (DDP wraps it)
@@ -59,6 +68,9 @@ class BatchLoopTrainer(Trainer):
             self.optimizer = wrap_optimizer(self.optimizer)
         self.gradient_sync = gradient_sync
         self.criterion = TaskLoss()
+        # bf16_mixed autocasts the forward unless FSDP2's policy casts the parameters itself
+        self.precision = precision
+        self.precision_cast_elsewhere = precision_cast_elsewhere
         self.device = context.device
         self.clock = context.clock
         self.heartbeat = context.heartbeat
@@ -67,6 +79,9 @@ class BatchLoopTrainer(Trainer):
         # What stops the model's work beside training once it is over (`Trainer.finish`).
         self.finishers: list[Callable[[], None]] = []
         self.initial = InitialState.capture(self.network, self.optimizer)
+
+    def compute_dtype(self) -> torch.dtype | None:
+        return compute_dtype(self.precision)
 
     def evaluation_model(self) -> nn.Module:
         """The network itself: every replica holds all of it. The parameters are equal on
@@ -160,7 +175,9 @@ class BatchLoopTrainer(Trainer):
     def _train_batch(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Train one batch; its loss (this worker's shard's mean), detached, not yet read."""
         with self.clock.phase("forward"):
-            loss = self.criterion(self.model(images), labels)
+            with compute_context(self.precision, self.device, self.precision_cast_elsewhere):
+                output = self.model(as_input(images, self.precision))
+            loss = self.criterion(loss_dtype(output), labels)
         with self.clock.phase("backward"):
             loss.backward()
         sync = self.gradient_sync

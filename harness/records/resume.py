@@ -58,8 +58,16 @@ _VOLATILE_KEYS = (
 
 # Settings added after cells were recorded, whose value here means what their absence meant:
 # left out of the key while they hold it, so that those cells keep their keys (hardware.link
-# null: real nodes; hardware.one_host false: each node a machine of its own).
-_ABSENT_WHEN = (("hardware", "link", None), ("hardware", "one_host", False))
+# null: real nodes; hardware.one_host false: each node a machine of its own; run.global_batch
+# null: the model's own batch; no activation checkpointing, float32).
+_ABSENT_WHEN = (
+    ("hardware", "link", None),
+    ("hardware", "one_host", False),
+    ("run", "global_batch", None),
+    ("distribution", "activation_checkpointing", "none"),
+    ("distribution", "checkpoint_every", 2),
+    ("distribution", "precision", "fp32"),
+)
 
 
 def cell_key(cfg: DictConfig | dict[str, Any]) -> str:

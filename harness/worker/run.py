@@ -482,7 +482,7 @@ def train_repeat(
     run = config.run
     trainer.reset()
     if repeat > 0:  # repeat 0 starts from the weights the trainer was built with (run.seed's)
-        initialise_weights(context.workload, config, seed)
+        initialise_weights(context.workload, config, seed, trainer)
     seed_everything(seed)
     context.workload.loader.reseed(seed)
     events.run_start(repeat, seed)
@@ -539,17 +539,22 @@ def train_repeat(
     return epochs, outcome
 
 
-def initialise_weights(workload: Workload, config: DistbenchConfig, seed: int) -> None:
+def initialise_weights(
+    workload: Workload, config: DistbenchConfig, seed: int, trainer: Trainer | None = None
+) -> None:
     """Give the network the initial weights of a network built from `seed`, as an independent
     run with that seed starts (MLPerf seeds each run's initialisation too). Every worker builds
-    the same weights from the same seed; the values are copied into the trainer's own tensors
-    (a pipeline's stages share the workload model's modules), so nothing is rebuilt."""
+    the same weights from the same seed, in the form the trainer trains them
+    (`Trainer.in_trained_form`); the values are copied into the trainer's own tensors (a
+    pipeline's stages share the workload model's modules), so nothing is rebuilt. Tensors this
+    worker freed (another pipeline stage's, on the meta device) stay as they are."""
     seed_everything(seed)
-    fresh = build_network(config.network.ref, workload.spec).state_dict()
+    built = build_network(config.network.ref, workload.spec)
+    fresh = (trainer.in_trained_form(built) if trainer is not None else built).state_dict()
     with torch.no_grad():
         workload.model.load_state_dict(
             {
-                name: _placed_like(target, fresh[name])
+                name: target if target.is_meta else _placed_like(target, fresh[name])
                 for name, target in workload.model.state_dict().items()
             }
         )

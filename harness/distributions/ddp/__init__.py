@@ -18,9 +18,10 @@ import math
 from dataclasses import dataclass, field
 
 from harness.config.accepts import number
-from harness.config.schema import MAX_BUFFER_MB, DistbenchConfig, DistributionConfig
+from harness.config.schema import MAX_BUFFER_MB, DistbenchConfig
 from harness.costs import memory
 from harness.costs.terms import CellFacts, EpochTerms, data_parallel_terms, replica_memory
+from harness.distributions.layer_settings import LayerSettingsConfig
 from harness.distributions.spec import DistributionSpec, at_every_count, trainer_in, workers_label
 from harness.profiles.collectives import Collective
 from harness.profiles.hardware import HardwareProfile
@@ -31,14 +32,18 @@ DDP_FIRST_BUCKET_MB = 1.0
 
 
 @dataclass
-class DDPConfig(DistributionConfig):
-    """torch DistributedDataParallel's settings."""
+class DDPConfig(LayerSettingsConfig):
+    """torch DistributedDataParallel's settings (and activation checkpointing and precision,
+    `LayerSettingsConfig`)."""
 
     name: str = "ddp"
     # Gradient bucket size in MB (torch's default 25); its counterpart of Horovod's `th`.
     bucket_cap_mb: float = field(
         default=25.0, metadata=number(0, MAX_BUFFER_MB, "MB", low_open=True)
     )
+
+    def run_name_parts(self, cell: DistbenchConfig) -> list[str]:
+        return self.layer_name_parts()
 
 
 def ddp_settings(config: DistbenchConfig) -> DDPConfig:

@@ -12,7 +12,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from harness.distributions.base import TrainingContext
 from harness.distributions.ddp import ddp_settings
+from harness.distributions.layer_training import prepare_layers
 from harness.distributions.loop import BatchLoopTrainer
+from workloads.networks import to_layer_list
 
 
 class TimedAllreduce:
@@ -54,15 +56,19 @@ class TimedAllreduce:
 
 def ddp_trainer(context: TrainingContext) -> BatchLoopTrainer:
     device = context.device
+    settings = ddp_settings(context.config)
     model = context.workload.model.to(device)
+    prepare_layers(model, settings, lambda: to_layer_list(context.config.network.ref, model))
     if not context.peers.env.is_distributed:
-        return BatchLoopTrainer(context, model)
+        return BatchLoopTrainer(context, model, precision=settings.precision)
     # DDP broadcasts rank 0's parameters at construction: every replica starts equal.
     model = DistributedDataParallel(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
-        bucket_cap_mb=ddp_settings(context.config).bucket_cap_mb,
+        bucket_cap_mb=settings.bucket_cap_mb,
     )
     timed_allreduce = TimedAllreduce()
     model.register_comm_hook(state=None, hook=timed_allreduce.hook)
-    return BatchLoopTrainer(context, model, gradient_sync=timed_allreduce)
+    return BatchLoopTrainer(
+        context, model, gradient_sync=timed_allreduce, precision=settings.precision
+    )

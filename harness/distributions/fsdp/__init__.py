@@ -30,7 +30,7 @@ from typing import Any
 
 from harness.config.accepts import integer
 from harness.config.batch_sizes import nearest_divisors
-from harness.config.schema import DistbenchConfig, DistributionConfig, require
+from harness.config.schema import DistbenchConfig, require
 from harness.config.units import BYTES_PER_MB
 from harness.costs import memory
 from harness.costs.overlap import COMPUTE, LINK, prefetched
@@ -47,6 +47,7 @@ from harness.costs.terms import (
     layer_forward_share,
     memory_stage,
 )
+from harness.distributions.layer_settings import LayerSettingsConfig, Precision
 from harness.distributions.spec import (
     DistributionSpec,
     WorkerCounts,
@@ -103,8 +104,8 @@ _BFLOAT16_SHARE = 0.5  # bytes of a bfloat16 copy of float32 weights
 
 
 @dataclass
-class FSDPConfig(DistributionConfig):
-    """FSDP2's settings."""
+class FSDPConfig(LayerSettingsConfig):
+    """FSDP2's settings (and activation checkpointing and precision, `LayerSettingsConfig`)."""
 
     name: str = "fsdp"
     # Free each unit's gathered parameters after its forward (gather them again for its
@@ -115,11 +116,22 @@ class FSDPConfig(DistributionConfig):
     # their shards' gradients (e.g. the workers of one node, replicated across nodes).
     shard_degree: int | None = field(default=None, metadata=integer(1, 2**31 - 1, "workers"))
     # bfloat16 parameters for the all-gathers and the compute, float32 gradient reduction and
-    # float32 sharded weights and optimizer state (FSDP2's MixedPrecisionPolicy).
+    # float32 sharded weights and optimizer state (FSDP2's MixedPrecisionPolicy): the same as
+    # precision=bf16_mixed, which sets it (the recorded cells' name for it).
     mixed_precision: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        require(
+            not (self.mixed_precision and self.precision is Precision.bf16),
+            "distribution.mixed_precision",
+            self.mixed_precision,
+            "is precision=bf16_mixed, and precision=bf16 asks for bfloat16 parameters; "
+            "allowed with precision=bf16: false",
+        )
+        if self.mixed_precision:
+            self.precision = Precision.bf16_mixed
+        self.mixed_precision = self.precision is Precision.bf16_mixed
         require(
             self.shard_degree is None or self.shard_degree >= 1,
             "distribution.shard_degree",
@@ -147,7 +159,7 @@ class FSDPConfig(DistributionConfig):
         parts = [] if self.reshard_after_forward else ["keep"]
         if self.shards(cell) != cell.world_size:
             parts.append(f"shard{self.shards(cell)}")
-        return parts + (["bf16"] if self.mixed_precision else [])
+        return parts + self.layer_name_parts()
 
     def own_settings(self, cell: DistbenchConfig) -> dict[str, Any]:
         return {**super().own_settings(cell), "shard_degree": self.shards(cell)}

@@ -16,6 +16,7 @@ from torch.distributed.tensor import DTensor
 from harness.config.schema import DistbenchConfig
 from harness.distributions.base import TrainingContext
 from harness.distributions.fsdp import FSDPConfig, fsdp_settings
+from harness.distributions.layer_training import prepare_layers
 from harness.distributions.loop import BatchLoopTrainer
 from workloads.networks import to_layer_list
 
@@ -28,18 +29,17 @@ class FSDPTrainer(BatchLoopTrainer):
     def __init__(
         self, context: TrainingContext, model: nn.Module, mesh: DeviceMesh, skeleton: nn.Module
     ) -> None:
-        super().__init__(context, model)
+        settings = fsdp_settings(context.config)
+        # bf16_mixed: FSDP2's policy gathers the parameters in bfloat16, no autocast
+        super().__init__(
+            context, model, precision=settings.precision, precision_cast_elsewhere=True
+        )
         self.skeleton = skeleton  # the network unsharded, on the meta device (no memory)
-        self.mixed_precision = fsdp_settings(context.config).mixed_precision
         # Workers in the same position of their shard group hold the same shard: the
         # replicas the harness compares (every worker is its own when there is one group).
         self.replica_group = (
             mesh.get_local_rank("shard") if mesh.ndim == 2 else context.peers.env.rank
         )
-
-    def compute_dtype(self) -> torch.dtype | None:
-        """bfloat16 with mixed precision (FSDP2 gathers the float32 shards in bfloat16)."""
-        return torch.bfloat16 if self.mixed_precision else None
 
     def evaluation_model(self) -> nn.Module:
         """The whole network, unsharded, on this worker's device: every parameter's shards
@@ -59,17 +59,20 @@ class FSDPTrainer(BatchLoopTrainer):
 
 def fsdp_trainer(context: TrainingContext) -> BatchLoopTrainer:
     model = context.workload.model.to(context.device)
-    if not context.peers.env.is_distributed:
-        return BatchLoopTrainer(context, model)  # one worker: nothing to shard
     settings = fsdp_settings(context.config)
+    if not context.peers.env.is_distributed:  # one worker: nothing to shard
+        prepare_layers(model, settings, lambda: to_layer_list(context.config.network.ref, model))
+        return BatchLoopTrainer(context, model, precision=settings.precision)
     # fully_shard keeps each worker's slice of its own initial values: rank 0's must be
     # everyone's first (DDP's constructor broadcasts them too).
     with torch.no_grad():
         for tensor in model.state_dict().values():
             dist.broadcast(tensor, src=0)
     skeleton = copy.deepcopy(model).to("meta")  # before fully_shard changes the module
+    layers = to_layer_list(context.config.network.ref, model)
+    prepare_layers(model, settings, lambda: layers)  # after the copy: it keeps the forward
     mesh = shard_mesh(context.config, context.device.type)
-    shard_network(model, to_layer_list(context.config.network.ref, model), mesh, settings)
+    shard_network(model, layers, mesh, settings)
     return FSDPTrainer(context, model, mesh, skeleton)
 
 
@@ -94,7 +97,7 @@ def shard_network(
         if settings.mixed_precision
         else MixedPrecisionPolicy()
     )
-    common: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": settings.reshard_after_forward}
+    common: dict[str, Any] = dict(mesh=mesh, reshard_after_forward=settings.reshard_after_forward)
     if settings.mixed_precision:
         for module in network.modules():
             if isinstance(module, nn.modules.batchnorm._BatchNorm):

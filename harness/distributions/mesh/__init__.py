@@ -36,10 +36,11 @@ from typing import Any
 
 from harness.config.accepts import integer
 from harness.config.batch_sizes import nearest_divisors
-from harness.config.schema import ConfigError, DistbenchConfig, DistributionConfig, require
+from harness.config.schema import ConfigError, DistbenchConfig, require
 from harness.costs import memory
 from harness.costs.partition import StagePlan
 from harness.costs.terms import CellFacts, EpochTerms, memory_stage
+from harness.distributions.layer_settings import LayerSettingsConfig
 from harness.distributions.spec import DistributionSpec, WorkerCounts, trainer_in
 from harness.profiles.collectives import Collective
 from harness.profiles.hardware import HardwareProfile
@@ -83,30 +84,8 @@ class Schedule(str, Enum):
         return self in (Schedule.zbv, Schedule.dualpipev)
 
 
-class Checkpointing(str, Enum):
-    """Which blocks recompute their activations in the backward pass."""
-
-    none = "none"  # keep every activation autograd saves
-    full = "full"  # every layer-list entry recomputes its forward in the backward
-    selective = "selective"  # every `checkpoint_every`-th entry does (torchtitan's per-layer SAC)
-
-
-class Precision(str, Enum):
-    """What the weights and the compute are kept in."""
-
-    fp32 = "fp32"  # float32 throughout
-    # bfloat16 compute (FSDP2's gathered parameters, else autocast) and float32 gradient
-    # reduction, float32 weights and optimizer state
-    bf16_mixed = "bf16_mixed"
-    bf16 = "bf16"  # bfloat16 parameters, gradients and optimizer state
-
-    @property
-    def short(self) -> str:
-        return {"fp32": "", "bf16_mixed": "bf16", "bf16": "bf16p"}[self.value]
-
-
 @dataclass
-class MeshConfig(DistributionConfig):
+class MeshConfig(LayerSettingsConfig):
     """A plan's settings: the mesh's degrees, the pipeline's schedule, micro-batches,
     activation checkpointing and precision."""
 
@@ -137,12 +116,7 @@ class MeshConfig(DistributionConfig):
     # Samples of one micro-batch; null = a data-parallel position's batch over pp (one
     # micro-batch per stage) with a pipeline, else its whole batch (no accumulation).
     micro_batch_size: int | None = field(default=None, metadata=integer(1, 2**31 - 1, "samples"))
-    # Activation checkpointing of the layer-list entries: none | full | selective.
-    activation_checkpointing: Checkpointing = Checkpointing.none
-    # selective: every this-many-th entry recomputes (1 = full).
-    checkpoint_every: int = field(default=2, metadata=integer(1, 1_000_000, "blocks"))
-    # fp32 | bf16_mixed (bfloat16 compute, float32 reduction and weights) | bf16 (parameters).
-    precision: Precision = Precision.fp32
+    # (activation_checkpointing, checkpoint_every, precision: LayerSettingsConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -153,7 +127,7 @@ class MeshConfig(DistributionConfig):
             self.schedule,
             f"allowed: {', '.join(allowed)}",
         )
-        for key in ("dp_replicate", "tp", "pp", "checkpoint_every"):
+        for key in ("dp_replicate", "tp", "pp"):
             require(
                 getattr(self, key) >= 1,
                 f"distribution.{key}",
@@ -253,6 +227,9 @@ class MeshConfig(DistributionConfig):
         return self.data_parallel(cell), self.pp
 
     def check_cell(self, cell: DistbenchConfig) -> None:
+        from harness.distributions.pipeline_config import pipeline_layer_count
+
+        pipeline_layer_count(cell)  # every plan is built on the network's layer list
         world = cell.world_size
         product = self.dp_replicate * self.tp * self.pp
         if self.dp_shard is None:
@@ -423,12 +400,7 @@ def plan_label(settings: MeshConfig, cell: DistbenchConfig) -> str:
         looped = virtual > 1 and not schedule.v_shaped
         words.append(schedule.value + (f" v{virtual}" if looped else ""))
     words.append(f"mb{settings.micro_batch(cell)}")
-    if settings.activation_checkpointing is Checkpointing.full:
-        words.append("ac=full")
-    elif settings.activation_checkpointing is Checkpointing.selective:
-        words.append(f"ac=sel{settings.checkpoint_every}")
-    if settings.precision.short:
-        words.append(settings.precision.short)
+    words += settings.layer_name_parts()
     return " ".join(words)
 
 

@@ -9,11 +9,9 @@ layers of its own stages and frees the others' tensors.
 from __future__ import annotations
 
 import copy
-import functools
 import importlib
 import statistics
 from collections.abc import Iterable, Iterator
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,10 +22,17 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
-from torch.utils.checkpoint import checkpoint
 
 from harness.distributions.base import EpochMeasurement, Trainer, TrainingContext
-from harness.distributions.mesh import Checkpointing, MeshConfig, Precision, mesh_settings
+from harness.distributions.layer_settings import Precision
+from harness.distributions.layer_training import (
+    as_input,
+    compute_context,
+    compute_dtype,
+    loss_dtype,
+    prepare_layers,
+)
+from harness.distributions.mesh import MeshConfig, mesh_settings
 from harness.distributions.state import InitialState, epoch_losses
 from harness.measure.metrics import device_time, synchronize
 from workloads.networks import to_layer_list
@@ -55,10 +60,6 @@ class Coordinates:
         return cls(*reversed(position))
 
 
-def at_least_float32(dtype: torch.dtype) -> torch.dtype:
-    return torch.promote_types(dtype, torch.float32)
-
-
 def stage_layers(layers: int, stages: int) -> list[range]:
     """The layer list cut into `stages` contiguous slices, as even as can be (the first
     slices one layer more)."""
@@ -78,27 +79,6 @@ def stages_of(settings: MeshConfig, pp_rank: int) -> list[int]:
     if settings.pp > 1 and settings.pipeline_schedule.v_shaped:
         return [pp_rank, 2 * settings.pp - 1 - pp_rank]
     return [pp_rank + k * settings.pp for k in range(virtual)]
-
-
-def checkpointed(layer: nn.Module) -> None:
-    """`layer` recomputes its forward in the backward (non-reentrant torch.utils.checkpoint,
-    which composes with FSDP2's and tensor parallelism's hooks around the module call)."""
-    forward = layer.forward
-
-    def recomputing(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-    layer.forward = functools.update_wrapper(recomputing, forward)
-
-
-def checkpointed_indices(settings: MeshConfig, count: int) -> list[int]:
-    """The layer-list entries that recompute: every one (`full`), every k-th (`selective`)."""
-    if settings.activation_checkpointing is Checkpointing.none:
-        return []
-    every = (
-        1 if settings.activation_checkpointing is Checkpointing.full else settings.checkpoint_every
-    )
-    return [index for index in range(count) if (index + 1) % every == 0]
 
 
 def release(layers: list[nn.Module], keep: Iterable[nn.Module]) -> None:
@@ -174,26 +154,17 @@ class MeshTrainer(Trainer):
 
     def _loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The task's loss, computed in float32 at least (bfloat16 logits are widened)."""
-        return self.criterion(output.to(at_least_float32(output.dtype)), target)
+        return self.criterion(loss_dtype(output), target)
 
     def _autocast(self) -> Any:
         """bfloat16 compute where no FSDP2 policy casts the parameters (no data parallelism)."""
-        if (
-            self.settings.precision is Precision.bf16_mixed
-            and self.settings.data_parallel(self.config) == 1
-        ):
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return nullcontext()
-
-    def _inputs(self, images: torch.Tensor) -> torch.Tensor:
-        if self.settings.precision is Precision.bf16 and images.is_floating_point():
-            return images.to(torch.bfloat16)
-        return images
+        sharded = self.settings.data_parallel(self.config) > 1
+        return compute_context(self.settings.precision, self.device, cast_elsewhere=sharded)
 
     def _train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
         """One optimizer step on this position's batch; its mean loss where this worker
         computes one (every worker without a pipeline; the last stage's with one)."""
-        images = self._inputs(images)
+        images = as_input(images, self.settings.precision)
         if self.schedule is not None:
             loss = self._pipeline_step(images, labels)
         else:
@@ -323,8 +294,18 @@ class MeshTrainer(Trainer):
         )
         return {f"{unit}_per_s_per_worker": rate / world}
 
+    def in_trained_form(self, network: nn.Module) -> nn.Module:
+        """Rewritten as the tensor-parallel plan rewrote the trained one (GPT-2's Conv1D as
+        nn.Linear), whose names and shapes the state must have."""
+        if self.settings.tp > 1:
+            ref = self.config.network.ref
+            plan = source_of(ref).tensor_parallel_plan
+            assert plan is not None
+            plan(ref, network, self.settings.tp, self.settings.sequence_parallel)
+        return network
+
     def compute_dtype(self) -> torch.dtype | None:
-        return None if self.settings.precision is Precision.fp32 else torch.bfloat16
+        return compute_dtype(self.settings.precision)
 
     def resolved_config(self) -> dict[str, Any]:
         bounds = stage_layers(len(self.layers), self.settings.stage_count())
@@ -347,7 +328,7 @@ def build_plan(
     2. every worker starts from rank 0's weights (as DDP's constructor broadcasts them);
     3. tensor parallelism over the mesh's `tp` axis, with the source's plan (which may first
        rewrite the network into a splittable form: the evaluation copy is taken after it);
-    4. activation checkpointing of the chosen layer-list entries;
+    4. activation checkpointing of the chosen layer-list entries (`prepare_layers`);
     5. the stages this worker holds (all layers without a pipeline), the others' tensors freed;
     6. FSDP2 over (`dp_replicate`, `dp_shard`): each layer-list entry with parameters, then the
        stage, with the precision's policy.
@@ -356,7 +337,7 @@ def build_plan(
     settings = mesh_settings(config)
     ref = config.network.ref
     network.to(device)
-    if settings.precision is Precision.bf16:
+    if settings.precision is Precision.bf16:  # before the broadcast and the copy for evaluation
         network.to(torch.bfloat16)
     if mesh is not None:
         with torch.no_grad():
@@ -372,8 +353,7 @@ def build_plan(
     else:
         skeleton = copy.deepcopy(network).to("meta")
     layers = to_layer_list(ref, network)
-    for index in checkpointed_indices(settings, len(layers)):
-        checkpointed(layers[index])
+    prepare_layers(network, settings, lambda: layers)
     bounds = stage_layers(len(layers), settings.stage_count())
     if settings.pp > 1:
         stage_ids = stages_of(settings, at.pp)

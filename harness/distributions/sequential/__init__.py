@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from harness.config.schema import DistbenchConfig, DistributionConfig, HardwareConfig
+from harness.config.schema import DistbenchConfig, HardwareConfig
 from harness.costs.memory import WorkerMemory
 from harness.costs.partition import StagePlan
 from harness.costs.terms import CellFacts, EpochTerms, batches_per_epoch, replica_memory
+from harness.distributions.layer_settings import LayerSettingsConfig
 from harness.distributions.spec import (
     DistributionSpec,
     WorkerCounts,
@@ -20,10 +21,14 @@ from harness.profiles.hardware import HardwareProfile
 
 
 @dataclass
-class SequentialConfig(DistributionConfig):
-    """One worker, whatever the hardware has; no settings of its own."""
+class SequentialConfig(LayerSettingsConfig):
+    """One worker, whatever the hardware has; activation checkpointing and precision
+    (`LayerSettingsConfig`) are its only settings."""
 
     name: str = "sequential"
+
+    def run_name_parts(self, cell: DistbenchConfig) -> list[str]:
+        return self.layer_name_parts()
 
     def workers(self, hardware: HardwareConfig) -> int:
         return 1

@@ -447,7 +447,7 @@ def test_a_per_model_setting_applies_to_its_model_only() -> None:
         (
             "+per_model.gpip.micro_batches=4",
             "per_model.gpip: unknown distribution model; allowed: "
-            "ddp, fsdp, gpipe, horovod, pipedream, sequential",
+            "ddp, fsdp, gpipe, horovod, mesh, pipedream, sequential",
         ),
         (
             "+per_model.gpipe.bogus=1",
@@ -491,7 +491,8 @@ def test_another_models_key_names_the_per_model_form(
         compose_or_exit(["distribution=ddp", override])
     assert capsys.readouterr().err.strip() == (
         "distbench: invalid config: distribution.micro_batches: unknown key; allowed: name, "
-        "batch_size, backend, bucket_cap_mb; micro_batches is a setting of distribution=gpipe, "
+        "batch_size, backend, activation_checkpointing, checkpoint_every, precision, "
+        "bucket_cap_mb; micro_batches is a setting of distribution=gpipe, "
         "not ddp: in a sweep over models use +per_model.gpipe.micro_batches=4"
     )
 

@@ -265,8 +265,8 @@ def test_a_two_worker_fsdp_cell_is_recorded_like_the_others(output_root: Path) -
         ),
         (
             ["+distribution.micro_batches=4"],
-            "distribution.micro_batches: unknown key; allowed: "
-            "name, batch_size, backend, reshard_after_forward",
+            "distribution.micro_batches: unknown key; allowed: name, batch_size, backend, "
+            "activation_checkpointing, checkpoint_every, precision, reshard_after_forward",
         ),
     ],
 )

@@ -58,14 +58,27 @@ NAMED_ELSEWHERE: dict[str, set[str]] = {
         "conf/sweep/local_data_parallel.yaml",
         "scripts/gpu_check.sh",
     },
-    "fsdp": {"scripts/gpu_check.sh"},
+    # a plan's label names its FSDP2 sharding "fsdp<n>" (harness/distributions/mesh)
+    "fsdp": {"scripts/gpu_check.sh", "harness/distributions/mesh/__init__.py"},
     "horovod": {
         "harness/runtime/environment.py",  # its version, in the record
         "scripts/build_horovod.sh",
         "scripts/setup.sh",  # it is built from source
     },
-    "gpipe": {"conf/sweep/calibrate_local_memory.yaml", "scripts/gpu_check.sh"},
+    # a plan's schedule may be torch's ScheduleGPipe (`distribution.schedule=gpipe`)
+    "gpipe": {
+        "conf/sweep/calibrate_local_memory.yaml",
+        "scripts/gpu_check.sh",
+        "harness/distributions/mesh/__init__.py",
+    },
     "pipedream": set(),
+    # the sweep over plans takes one option per plan
+    "mesh": {
+        "conf/sweep/plans/dp2_pp2_interleaved.yaml",
+        "conf/sweep/plans/fsdp2_pp2_zero_bubble.yaml",
+        "conf/sweep/plans/fsdp2_tp2.yaml",
+        "conf/sweep/plans/tp2_pp2_1f1b.yaml",
+    },
 }
 
 
