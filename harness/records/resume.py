@@ -28,6 +28,7 @@ import copy
 import hashlib
 import json
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -76,10 +77,16 @@ def cell_key(cfg: DictConfig | dict[str, Any]) -> str:
     for section, key in _VOLATILE_KEYS:
         config.get(section, {}).pop(key, None)
     for section, key, absent in _ABSENT_WHEN:
-        if key in config.get(section, {}) and config[section][key] is absent:
+        if key in config.get(section, {}) and _is(config[section][key], absent):
             config[section].pop(key)
     text = json.dumps({"format": _KEY_FORMAT, "config": config}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _is(value: Any, absent: Any) -> bool:
+    """Whether a setting holds what its absence meant (an enum by its value; False is not 0)."""
+    plain = value.value if isinstance(value, Enum) else value
+    return type(plain) is type(absent) and plain == absent
 
 
 def index_path(output_root: str | Path, key: str) -> Path:

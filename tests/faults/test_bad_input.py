@@ -386,7 +386,8 @@ BAD_INPUTS: list[Bad] = [
         "harness",
         "distribution=ddp distribution.micro_batches=8",
         "distribution.micro_batches: unknown key; allowed: name, batch_size, backend, "
-        "bucket_cap_mb; micro_batches is a setting of distribution=gpipe, not ddp: in a sweep "
+        "activation_checkpointing, checkpoint_every, precision, bucket_cap_mb; micro_batches "
+        "is a setting of distribution=gpipe, not ddp: in a sweep "
         "over models use +per_model.gpipe.micro_batches=8",
     ),
     # the sweep over models with one model's setting, then the per-model form's errors
@@ -401,7 +402,7 @@ BAD_INPUTS: list[Bad] = [
         f"{SWEEP} distribution=sequential,gpipe hardware=local_2cpu "
         "+per_model.gpip.micro_batches=4",
         "per_model.gpip: unknown distribution model; allowed: ddp, fsdp, gpipe, horovod, "
-        "pipedream, sequential",
+        "mesh, pipedream, sequential",
     ),
     _bad(
         "harness",
@@ -423,7 +424,7 @@ BAD_INPUTS: list[Bad] = [
         "harness",
         "distribution=ddp_schema",
         "distribution=ddp_schema: unknown; choose one of "
-        "ddp, fsdp, gpipe, horovod, pipedream, pipedream_straight, sequential",
+        "ddp, fsdp, gpipe, horovod, mesh, pipedream, pipedream_straight, sequential",
     ),
     _bad("harness", "hardware.nodes=0", "hardware.nodes=0 is invalid"),
     _bad("harness", "hardware.workers_per_node=0", "hardware.workers_per_node=0 is invalid"),
@@ -839,6 +840,74 @@ BAD_INPUTS: list[Bad] = [
         "harness.plan",
         "network=module network.target=torch.nn:Identity distribution=gpipe hardware=local_2cpu",
         "expected logits of shape",
+    ),
+    # plans (distribution=mesh): degrees, tensor parallelism, schedules, the global batch
+    _bad(
+        "harness",
+        "distribution=mesh hardware=local_4cpu network=llama_tiny dataset=tokens "
+        "distribution.tp=2 distribution.dp_shard=3",
+        "dp_replicate x dp_shard x tp x pp = 1 x 3 x 2 x 1 = 6 must be the cell's 4 workers",
+    ),
+    _bad(
+        "harness",
+        "distribution=mesh hardware=local_4cpu network=llama_tiny dataset=tokens distribution.pp=3",
+        "dp_replicate x tp x pp = 1 x 1 x 3 must divide the cell's 4 workers",
+    ),
+    _bad(
+        "harness",
+        "distribution=mesh hardware=local_2cpu network=resnet18 distribution.tp=2",
+        "network resnet18 (network.source=builtin) gives no tensor-parallel plan",
+    ),
+    _bad(
+        "harness",
+        "distribution=mesh hardware=local_4cpu network=llama_tiny dataset=tokens distribution.tp=4",
+        "num_key_value_heads=2 does not divide among 4 tensor-parallel workers",
+    ),
+    _bad(
+        "harness",
+        "distribution=mesh hardware=emulated_2nodes_1gbit hardware.workers_per_node=2 "
+        "network=llama_tiny dataset=tokens distribution.tp=4",
+        "tensor parallelism of 4 workers spans nodes of 2 workers",
+    ),
+    _bad(
+        "harness",
+        "distribution=mesh hardware=local_4cpu network=llama_tiny dataset=tokens "
+        "distribution.pp=4 distribution.schedule=interleaved_1f1b",
+        "pp x stages_per_rank = 4 x 2 = 8 stages for network=llama_tiny, which has 6 layers",
+    ),
+    _bad(
+        "harness",
+        "distribution=mesh hardware=local_4cpu network=llama_tiny dataset=tokens "
+        "run.global_batch=6",
+        "run.global_batch=6 is invalid: must divide among the plan's 4 data-parallel positions",
+    ),
+    _bad(
+        "harness",
+        "distribution=mesh hardware=local_2cpu network=llama_tiny dataset=tokens "
+        "run.global_batch=8 distribution.micro_batch_size=3",
+        "distribution.micro_batch_size=3 is invalid: must divide each data-parallel position",
+    ),
+    _bad(
+        "harness",
+        "distribution=mesh hardware=local_2cpu network=llama_tiny dataset=tokens "
+        "distribution.pp=2 distribution.schedule=zbv distribution.stages_per_rank=3",
+        "schedule=zbv runs exactly 2 stage(s) per worker",
+    ),
+    _bad(
+        "harness",
+        "distribution=mesh distribution.schedule=2f2b",
+        "distribution.schedule='2f2b' is invalid: allowed: gpipe, 1f1b",
+    ),
+    _bad(
+        "harness",
+        "distribution=ddp hardware=local_2cpu run.global_batch=7",
+        "run.global_batch=7 is invalid: must divide among the cell's 2 data-parallel shard(s)",
+    ),
+    _bad(
+        "harness",
+        "distribution=fsdp hardware=local_2cpu distribution.mixed_precision=true "
+        "distribution.precision=bf16",
+        "distribution.mixed_precision=True is invalid",
     ),
     # the cases the tests above name
     *UNKNOWN_NETWORK.values(),

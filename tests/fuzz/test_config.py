@@ -160,3 +160,53 @@ def test_the_fuzzer_reaches_every_group_and_model() -> None:
     assert names == {*GROUPS, "distribution"}
     models = {extra for extra, _ in KEYS if extra}
     assert models == {f"distribution={model}" for model in DistributionConfig.models}
+
+
+# A plan's settings drawn together on a four-worker language-model cell: the degrees, the
+# schedule, virtual stages, the micro-batch and the global batch (the combinations no table
+# lists: a product that is not the world size, a schedule over more stages than layers, a
+# batch that does not divide).
+PLAN_BASE = (
+    "distribution=mesh",
+    "hardware=local_4cpu",
+    "network=llama_tiny",
+    "dataset=tokens",
+    "dataset.num_samples=256",
+    "run.epochs=1",
+)
+_DEGREES = st.sampled_from(["1", "2", "3", "4", "8", "null"])
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(
+    dp_replicate=st.sampled_from(["1", "2", "4"]),
+    dp_shard=_DEGREES,
+    tp=st.sampled_from(["1", "2", "4"]),
+    pp=st.sampled_from(["1", "2", "4"]),
+    schedule=st.sampled_from(
+        ["gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "interleaved_zb", "zbv", "dualpipev"]
+    ),
+    stages_per_rank=st.sampled_from(["null", "1", "2", "3"]),
+    micro_batch_size=st.sampled_from(["null", "1", "2", "3", "16"]),
+    global_batch=st.sampled_from(["null", "4", "6", "8", "16", "64"]),
+    sequence_parallel=st.booleans(),
+)
+def test_every_plan_is_valid_or_refused_in_one_line(**plan: Any) -> None:
+    overrides = [
+        *PLAN_BASE,
+        *(
+            f"{'run' if key == 'global_batch' else 'distribution'}.{key}={str(value).lower()}"
+            for key, value in plan.items()
+        ),
+    ]
+    try:
+        config = validate(compose_config(overrides))
+    except BAD_INPUT_ERRORS as err:
+        line = bad_input_message(err)
+        assert line and "\n" not in line, (overrides, line)
+        return
+    settings_ = config.distribution
+    degrees = settings_.dp_replicate * settings_.shards(config) * settings_.tp * settings_.pp
+    assert degrees == config.world_size, overrides
+    assert config.batch_size % settings_.micro_batch(config) == 0, overrides
+    assert config.global_batch_size == config.batch_size * settings_.data_parallel(config)

@@ -45,6 +45,8 @@ from workloads.networks.tensor_parallel import hf_plan
 
 STEPS, GLOBAL, SEQ_LEN, WORKERS = 3, 8, 16, 4
 FLOAT_TOLERANCE = 1e-9  # relative: float64 summation order only (module docstring)
+# relative, bfloat16 only: one bfloat16 rounding (2^-8); measured 1-2.2e-4 over STEPS steps
+BF16_TOLERANCE = 2**-8
 DTYPE = torch.float64
 NETWORKS = ("llama_tiny", "gpt2_tiny")
 
@@ -106,6 +108,17 @@ PLANS: list[tuple[str, str, list[str]]] = [
             "distribution.micro_batch_size=2",
         ],
     ),
+    # activation checkpointing is a setting of the data-parallel models too
+    (
+        "ddp ac=full",
+        "llama_tiny",
+        ["distribution=ddp", "distribution.activation_checkpointing=full"],
+    ),
+    (
+        "fsdp ac=sel",
+        "gpt2_tiny",
+        ["distribution=fsdp", "distribution.activation_checkpointing=selective"],
+    ),
 ]
 
 
@@ -123,7 +136,8 @@ def overrides(network: str, plan: list[str] | None) -> list[str]:
     ]
     if plan is None:
         return common
-    return ["distribution=mesh", "hardware=local_4cpu", *common, *plan]
+    model = [] if any(o.startswith("distribution=") for o in plan) else ["distribution=mesh"]
+    return [*model, "hardware=local_4cpu", *common, *plan]
 
 
 def workload(
@@ -169,7 +183,7 @@ def _worker(rank: int, world_size: int, port: int, out: str) -> None:
                 ),
                 heartbeat=lambda: None,
             )
-            trainer = spec_named("mesh").trainer(context)
+            trainer = spec_named(config.distribution.name).trainer(context)
             losses = trainer.train_epoch(0).batch_losses
             trained = fingerprint(trainer.evaluation_model())
             reports[name] = {"losses": losses, "trained": trained, "run_name": config.run_name}
@@ -286,4 +300,60 @@ def test_a_plans_name_leads_with_the_plan(plan_reports: list[dict]) -> None:
         ),
         "dp2 x pp2 looped_bfs": "dp2 x pp2 looped_bfs v2 mb2 1x4 g8 b4 llama_tiny-tokens-t16-v64",
         "pp2 zbv": "dp2 x pp2 zbv mb2 1x4 g8 b4 gpt2_tiny-tokens-t16-v64",
+        "ddp ac=full": "ddp 1x4 ac=full b2 llama_tiny-tokens-t16-v64",
+        "fsdp ac=sel": "fsdp 1x4 ac=sel2 b2 gpt2_tiny-tokens-t16-v64",
     }
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "distribution.activation_checkpointing=full",
+        "distribution.activation_checkpointing=selective",
+    ],
+)
+def test_checkpointing_changes_nothing_the_sequential_model_computes(
+    sequential: dict[str, dict], setting: str
+) -> None:
+    """Recomputing a layer's forward in its backward gives the same gradients: the same
+    trajectory, bit for bit, as keeping the activations."""
+    assert one_sequential_trajectory("llama_tiny", [setting]) == sequential["llama_tiny"]["losses"]
+
+
+def test_bfloat16_trains_near_the_float32_trajectory(dataset_cache: None) -> None:
+    """bfloat16 compute (autocast of float32 weights) and bfloat16 parameters train the same
+    model as float32 to within bfloat16's rounding (8 bits of mantissa: a relative 2^-8 per
+    operation), not to float summation order: BF16_TOLERANCE is stated for them alone. (In
+    float32: autocast lowers float32 operations only.)"""
+    reference = one_sequential_trajectory("llama_tiny", [], torch.float32)
+    for precision in ("bf16_mixed", "bf16"):
+        setting = f"distribution.precision={precision}"
+        losses = one_sequential_trajectory("llama_tiny", [setting], torch.float32)
+        print(f"{precision}: largest relative gap to float32 {gap(losses, reference):.2e}")
+        assert gap(losses, reference) < BF16_TOLERANCE
+        assert gap(losses, reference) > 1e-6  # it did compute in bfloat16
+
+
+def one_sequential_trajectory(
+    network: str, settings: list[str], dtype: torch.dtype = DTYPE
+) -> list[float]:
+    """The sequential model's losses with `settings`, in this process (`dtype` default)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with default_dtype(dtype):
+            config = validate(compose_config([*overrides(network, None), *settings]))
+            built = build_workload(config)
+            cpu = torch.device("cpu")
+            context = TrainingContext(
+                config=config,
+                workload=built,
+                device=cpu,
+                clock=PhaseClock(cpu),
+                peers=Peers(WorkerEnvironment(), backend=None),
+                heartbeat=lambda: None,
+            )
+            losses = spec_named("sequential").trainer(context).train_epoch(0).batch_losses
+    finally:
+        torch.set_num_threads(before)
+    return [losses[step] for step in range(STEPS)]

@@ -126,8 +126,8 @@ class FSDPConfig(LayerSettingsConfig):
             not (self.mixed_precision and self.precision is Precision.bf16),
             "distribution.mixed_precision",
             self.mixed_precision,
-            "is precision=bf16_mixed, and precision=bf16 asks for bfloat16 parameters; "
-            "allowed with precision=bf16: false",
+            "it means precision=bf16_mixed, but precision=bf16 asks for bfloat16 "
+            "parameters; allowed with precision=bf16: false",
         )
         if self.mixed_precision:
             self.precision = Precision.bf16_mixed
