@@ -34,7 +34,7 @@ from harness.distributions.layer_training import (
 )
 from harness.distributions.mesh import MeshConfig, mesh_settings
 from harness.distributions.state import InitialState, epoch_losses
-from harness.measure.metrics import device_time, synchronize
+from harness.measure.metrics import PhaseClock, device_time, synchronize
 from workloads.networks import to_layer_list
 from workloads.networks.registry import source_of
 from workloads.task import TaskLoss
@@ -135,13 +135,11 @@ class MeshTrainer(Trainer):
 
     # -- the step -------------------------------------------------------------------------
     def _schedule(self) -> Any:
-        from torch.distributed.pipelining import PipelineStage
-
         assert self.mesh is not None
         group = self.mesh["pp"].get_group()
         count = self.settings.stage_count()
         stages = [
-            PipelineStage(module, index, count, self.device, group=group)
+            timed_stage(self.clock, module, index, count, self.device, group)
             for index, module in zip(self.stage_ids, self.stages)
         ]
         pipelining = importlib.import_module("torch.distributed.pipelining")
@@ -179,7 +177,7 @@ class MeshTrainer(Trainer):
         first, last = 0 in self.stage_ids, count - 1 in self.stage_ids
         losses: list[torch.Tensor] = []
         assert self.schedule is not None
-        with self.clock.phase("forward"), self._autocast():  # the schedule interleaves both
+        with self._autocast():  # the stages charge their chunks' forward and backward phases
             self.schedule.step(
                 *((images,) if first else ()),
                 target=labels if last else None,
@@ -315,6 +313,35 @@ class MeshTrainer(Trainer):
             "accumulation_steps": self.accumulation,
             "balance": [len(stage) for stage in bounds] if self.settings.pp > 1 else None,
         }
+
+
+def timed_stage(
+    clock: PhaseClock,
+    module: nn.Module,
+    index: int,
+    count: int,
+    device: torch.device,
+    group: dist.ProcessGroup,
+) -> Any:
+    """A pipeline stage that charges each chunk's forward to the `forward` phase and its
+    backward (input and weight gradients alike, as the zero-bubble schedules split them) to
+    `backward`: what is left of an epoch is the bubble, waits on the neighbours' sends."""
+    from torch.distributed.pipelining import PipelineStage
+
+    class TimedStage(PipelineStage):
+        def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+            with clock.phase("forward"):
+                return super().forward_one_chunk(*args, **kwargs)
+
+        def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+            with clock.phase("backward"):
+                return super().backward_one_chunk(*args, **kwargs)
+
+        def backward_weight_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+            with clock.phase("backward"):
+                return super().backward_weight_one_chunk(*args, **kwargs)
+
+    return TimedStage(module, index, count, device, group=group)
 
 
 def build_plan(
