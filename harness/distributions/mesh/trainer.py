@@ -228,11 +228,14 @@ class MeshTrainer(Trainer):
             batches += 1
             self.heartbeat()
         seconds = device_time(self.device) - start
-        samples = batches * self.loader.batch_size
+        samples = batches * self.loader.batch_size  # this data-parallel position's
         self.epoch_records.append((samples * self.settings.data_parallel(self.config), seconds))
+        # each position's samples counted once (its first stage's first tensor-parallel
+        # worker), so that the workers' counts sum to the samples the cell trained
+        counts = self.at.tp == 0 and self.at.pp == 0
         return EpochMeasurement(
             seconds=seconds,
-            samples=samples,
+            samples=samples if counts else 0,
             batches=batches,
             phase_seconds=self.clock.reset(),
             batch_losses=epoch_losses(losses),
