@@ -99,6 +99,11 @@ class Cluster:
     nodes: tuple[Node, ...]
     link: LinkEmulation
     memory_mb_per_node: int
+    # The workers a node runs at once, which SLURM must see as its CPUs to place them: the
+    # hardware's workers per node where they outnumber the node's cores (they then share the
+    # cores the node is pinned to, as local_4cpu's four workers share this machine's two);
+    # 0: the node's cores.
+    slots_per_node: int = 0
 
     @property
     def bridge_address(self) -> str:
@@ -132,7 +137,13 @@ class Cluster:
             for k in range(hardware.nodes)
         )
         memory_mb = memory_mb or _memory_mb()
-        return cls(hardware.name, nodes, hardware.link, max(1, memory_mb // hardware.nodes))
+        return cls(
+            hardware.name,
+            nodes,
+            hardware.link,
+            max(1, memory_mb // hardware.nodes),
+            slots_per_node=max(per_node, hardware.workers_per_node),
+        )
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -144,6 +155,7 @@ class Cluster:
             tuple(Node(n["index"], tuple(n["cores"])) for n in data["nodes"]),
             LinkEmulation(**data["link"]),
             int(data["memory_mb_per_node"]),
+            int(data.get("slots_per_node", 0)),
         )
 
 
@@ -346,11 +358,13 @@ def _write_hosts(lines: Sequence[str]) -> None:
 
 def slurm_conf(cluster: Cluster, hostname: str) -> str:
     """slurm.conf of the emulated cluster: the controller on the bridge's address, one node per
-    namespace at its own address, with its own cores and memory."""
+    namespace at its own address, with its own cores and memory (and as many CPUs as the
+    workers it runs at once: `Cluster.slots_per_node`)."""
     state = STATE_DIR
     nodes = "\n".join(
         f"NodeName={node.name} NodeHostname={hostname} NodeAddr={node.address} "
-        f"CPUs={len(node.cores)} RealMemory={cluster.memory_mb_per_node}"
+        f"CPUs={max(len(node.cores), cluster.slots_per_node)} "
+        f"RealMemory={cluster.memory_mb_per_node}"
         for node in cluster.nodes
     )
     names = ",".join(node.name for node in cluster.nodes)

@@ -309,13 +309,10 @@ class MeshTrainer(Trainer):
         return compute_dtype(self.settings.precision)
 
     def resolved_config(self) -> dict[str, Any]:
-        bounds = stage_layers(len(self.layers), self.settings.stage_count())
-        return {
-            "plan": self.config.distribution.run_name_head(self.config)[0],
-            "micro_batches": self.settings.micro_batches(self.config),
-            "accumulation_steps": self.accumulation,
-            "balance": [len(stage) for stage in bounds] if self.settings.pp > 1 else None,
-        }
+        """Nothing beyond the settings: a plan's stages, micro-batches and accumulation follow
+        from them (`MeshConfig.own_settings` resolves them for the tables), and what is
+        recorded here must read back as the model's settings."""
+        return {}
 
 
 def timed_stage(
