@@ -9,7 +9,7 @@ compute was done (the `comm_wait` phase).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 import torch
@@ -25,7 +25,7 @@ from harness.distributions.layer_training import (
     loss_dtype,
 )
 from harness.distributions.state import InitialState, epoch_losses
-from harness.measure.metrics import device_time, synchronize
+from harness.measure.metrics import PhaseClock, device_time, synchronize
 from workloads.task import TaskLoss
 
 
@@ -152,16 +152,7 @@ class BatchLoopTrainer(Trainer):
         )
 
     def _timed_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Yield the epoch's batches, charging the time spent waiting for each to `data`."""
-        batches = iter(self.loader)
-        while True:
-            with self.clock.phase("data"):
-                batch = next(batches, None)
-                if batch is not None:
-                    batch = self._to_device(batch)
-            if batch is None:
-                return
-            yield batch
+        return timed_batches(self.loader, self.clock, self.device)
 
     def _to_device(
         self, batch: tuple[torch.Tensor, torch.Tensor]
@@ -192,3 +183,23 @@ class BatchLoopTrainer(Trainer):
                 sync.step(self.optimizer)
             self.optimizer.zero_grad()  # torch 2 frees the gradients (set_to_none=True)
         return loss.detach()
+
+
+def timed_batches(
+    loader: Iterable[tuple[torch.Tensor, torch.Tensor]], clock: PhaseClock, device: torch.device
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Yield the epoch's batches on `device`, charging the time spent waiting for each (the
+    loader's, and its copy to the device) to the `data` phase."""
+    batches = iter(loader)
+    while True:
+        with clock.phase("data"):
+            batch = next(batches, None)
+            if batch is not None:
+                images, labels = batch
+                batch = (
+                    images.to(device, non_blocking=True),
+                    labels.to(device, non_blocking=True),
+                )
+        if batch is None:
+            return
+        yield batch

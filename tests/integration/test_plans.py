@@ -39,7 +39,7 @@ from harness.runtime.distributed import Peers
 from harness.runtime.workload import Workload, build_workload
 from harness.system.worker_env import WorkerEnvironment
 from tests.helpers import spawn_workers
-from tests.integration.test_trajectories import default_dtype, gap
+from tests.integration.test_trajectories import default_dtype, gap, worker_context
 from tests.unit.harness.distributions.test_gpipe import free_port
 from workloads.networks.tensor_parallel import hf_plan
 
@@ -149,6 +149,19 @@ def workload(
     return config, build_workload(config, rank=shard, world_size=shards)
 
 
+def one_process(config: DistbenchConfig, built: Workload) -> TrainingContext:
+    """What the harness gives the sequential model's one CPU worker."""
+    cpu = torch.device("cpu")
+    return TrainingContext(
+        config=config,
+        workload=built,
+        device=cpu,
+        clock=PhaseClock(cpu),
+        peers=Peers(WorkerEnvironment(), backend=None),
+        heartbeat=lambda: None,
+    )
+
+
 def fingerprint(module: nn.Module) -> dict[str, list[float]]:
     """Per parameter: its sum and sum of magnitudes in float64, by its layer-list position."""
     return {
@@ -167,22 +180,11 @@ def _worker(rank: int, world_size: int, port: int, out: str) -> None:
     )
     torch.set_num_threads(1)
     torch.set_default_dtype(DTYPE)
-    cpu = torch.device("cpu")
     try:
         reports = {}
         for name, network, plan in PLANS:
             config, built = workload(network, plan, rank)
-            context = TrainingContext(
-                config=config,
-                workload=built,
-                device=cpu,
-                clock=PhaseClock(cpu),
-                peers=Peers(
-                    WorkerEnvironment(rank=rank, local_rank=rank, world_size=world_size),
-                    backend="gloo",
-                ),
-                heartbeat=lambda: None,
-            )
+            context = worker_context(config, built, rank, world_size)
             trainer = spec_named(config.distribution.name).trainer(context)
             losses = trainer.train_epoch(0).batch_losses
             trained = fingerprint(trainer.evaluation_model())
@@ -219,16 +221,7 @@ def sequential(dataset_cache: None) -> dict[str, dict]:
         with default_dtype(DTYPE):
             for network in NETWORKS:
                 config, built = workload(network, None)
-                cpu = torch.device("cpu")
-                context = TrainingContext(
-                    config=config,
-                    workload=built,
-                    device=cpu,
-                    clock=PhaseClock(cpu),
-                    peers=Peers(WorkerEnvironment(), backend=None),
-                    heartbeat=lambda: None,
-                )
-                trainer = spec_named("sequential").trainer(context)
+                trainer = spec_named("sequential").trainer(one_process(config, built))
                 losses = trainer.train_epoch(0).batch_losses
                 trained = trainer.evaluation_model()
                 as_trained = fingerprint(trained)
@@ -344,16 +337,8 @@ def one_sequential_trajectory(
         with default_dtype(dtype):
             config = validate(compose_config([*overrides(network, None), *settings]))
             built = build_workload(config)
-            cpu = torch.device("cpu")
-            context = TrainingContext(
-                config=config,
-                workload=built,
-                device=cpu,
-                clock=PhaseClock(cpu),
-                peers=Peers(WorkerEnvironment(), backend=None),
-                heartbeat=lambda: None,
-            )
-            losses = spec_named("sequential").trainer(context).train_epoch(0).batch_losses
+            trainer = spec_named("sequential").trainer(one_process(config, built))
+            losses = trainer.train_epoch(0).batch_losses
     finally:
         torch.set_num_threads(before)
     return [losses[step] for step in range(STEPS)]

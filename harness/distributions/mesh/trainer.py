@@ -32,6 +32,7 @@ from harness.distributions.layer_training import (
     loss_dtype,
     prepare_layers,
 )
+from harness.distributions.loop import timed_batches
 from harness.distributions.mesh import MeshConfig, mesh_settings
 from harness.distributions.state import InitialState, epoch_losses
 from harness.measure.metrics import PhaseClock, device_time, synchronize
@@ -242,15 +243,7 @@ class MeshTrainer(Trainer):
         )
 
     def _timed_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        batches = iter(self.loader)
-        while True:
-            with self.clock.phase("data"):
-                batch = next(batches, None)
-                if batch is not None:
-                    batch = (batch[0].to(self.device), batch[1].to(self.device))
-            if batch is None:
-                return
-            yield batch
+        return timed_batches(self.loader, self.clock, self.device)
 
     def reset(self) -> None:
         self.initial.restore(self.modules, self.optimizer)
