@@ -302,10 +302,15 @@ class MeshTrainer(Trainer):
         return compute_dtype(self.settings.precision)
 
     def resolved_config(self) -> dict[str, Any]:
-        """Nothing beyond the settings: a plan's stages, micro-batches and accumulation follow
-        from them (`MeshConfig.own_settings` resolves them for the tables), and what is
-        recorded here must read back as the model's settings."""
-        return {}
+        """The settings whose null means "what the others leave", as this cell resolved them
+        (recorded in its config and MLflow parameters, so that every plan dimension reads as a
+        number): the shards, the stages per worker and the micro-batch. Only settings: what is
+        recorded here reads back as the model's settings, and means the same."""
+        return {
+            "dp_shard": self.settings.shards(self.config),
+            "stages_per_rank": self.settings.virtual_stages(),
+            "micro_batch_size": self.micro,
+        }
 
 
 def timed_stage(
