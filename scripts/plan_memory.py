@@ -17,6 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
+from harness.distributions.mesh import MeshConfig
 from harness.predict.cell import memory_per_worker_mb
 from harness.predict.facts.cache import cache_for
 from harness.predict.facts.gather import gather
@@ -34,9 +35,9 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for path in sorted(args.folder.glob("**/result.json")):
         result = json.loads(path.read_text())
-        if result["config"]["distribution"]["name"] != "mesh" or result["status"] != "ok":
-            continue
         config = config_from_record(result["config"])
+        if not isinstance(config.distribution, MeshConfig) or result["status"] != "ok":
+            continue
         predicted = max(memory_per_worker_mb(config, gather(config, cache, timed=False)))
         metrics = result["metrics"]
         peaks = [value for key, value in metrics.items() if key.startswith("peak_memory_mb_rank")]
