@@ -188,7 +188,12 @@ def _worker(rank: int, world_size: int, port: int, out: str) -> None:
             trainer = spec_named(config.distribution.name).trainer(context)
             losses = trainer.train_epoch(0).batch_losses
             trained = fingerprint(trainer.evaluation_model())
-            reports[name] = {"losses": losses, "trained": trained, "run_name": config.run_name}
+            reports[name] = {
+                "losses": losses,
+                "trained": trained,
+                "run_name": config.run_name,
+                "metrics": sorted(trainer.extra_metrics()),
+            }
         Path(out, f"rank{rank}.json").write_text(json.dumps(reports))
     finally:
         dist.destroy_process_group()
@@ -342,3 +347,12 @@ def one_sequential_trajectory(
     finally:
         torch.set_num_threads(before)
     return [losses[step] for step in range(STEPS)]
+
+
+def test_a_pipeline_plan_says_where_each_stage_spent_its_epoch(plan_reports: list[dict]) -> None:
+    """A pipeline worker's bubble and phases, by its place in the pipeline; none without one."""
+    for rank, report in enumerate(plan_reports):
+        place = rank // 2  # tp2 x pp2: ranks 0-1 the first stage, 2-3 the second
+        assert f"bubble_stage{place}" in report["tp2 x pp2 1f1b"]["metrics"]
+        assert f"backward_seconds_per_epoch_stage{place}" in report["tp2 x pp2 1f1b"]["metrics"]
+        assert not [m for m in report["fsdp2 x tp2"]["metrics"] if m.startswith("bubble")]

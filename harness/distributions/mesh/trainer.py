@@ -34,6 +34,7 @@ from harness.distributions.layer_training import (
 )
 from harness.distributions.loop import timed_batches
 from harness.distributions.mesh import MeshConfig, mesh_settings
+from harness.distributions.pipeline import StageEpochs
 from harness.distributions.state import InitialState, epoch_losses
 from harness.measure.metrics import PhaseClock, device_time, synchronize
 from workloads.networks import to_layer_list
@@ -123,6 +124,9 @@ class MeshTrainer(Trainer):
         self.micro = settings.micro_batch(config)
         self.accumulation = settings.accumulation_steps(config)
         self.epoch_records: list[tuple[int, float]] = []  # (samples of all workers, seconds)
+        # a pipeline worker's idle share and phases per epoch (`bubble_stage<k>`, k its place
+        # in the pipeline: the workers at one place average, as their stages run alike)
+        self.stage_epochs = StageEpochs()
         network = context.workload.model
         self.network = network
         self.layers, self.skeleton, self.stage_ids, self.stages = build_plan(
@@ -229,6 +233,9 @@ class MeshTrainer(Trainer):
             batches += 1
             self.heartbeat()
         seconds = device_time(self.device) - start
+        phases = self.clock.reset()
+        if self.schedule is not None:
+            self.stage_epochs.add(seconds, phases)
         samples = batches * self.loader.batch_size  # this data-parallel position's
         self.epoch_records.append((samples * self.settings.data_parallel(self.config), seconds))
         # each position's samples counted once (its first stage's first tensor-parallel
@@ -238,7 +245,7 @@ class MeshTrainer(Trainer):
             seconds=seconds,
             samples=samples if counts else 0,
             batches=batches,
-            phase_seconds=self.clock.reset(),
+            phase_seconds=phases,
             batch_losses=epoch_losses(losses),
         )
 
@@ -277,16 +284,18 @@ class MeshTrainer(Trainer):
         return [index for stage in self.stage_ids for index in bounds[stage]]
 
     def extra_metrics(self) -> dict[str, float]:
-        """Tokens (token data) or samples per second per worker, over the timed epochs."""
+        """Tokens (token data) or samples per second per worker, over the timed epochs; with a
+        pipeline, each pipeline worker's bubble and phases (`StageEpochs.metrics`)."""
         if not self.epoch_records:
             return {}
+        stages = self.stage_epochs.metrics(self.at.pp) if self.schedule is not None else {}
         per_sample = self.config.dataset.spec.seq_len if self.config.dataset.spec.tokens else 1
         unit = "tokens" if per_sample > 1 else "samples"
         world = self.context.peers.env.world_size
         rate = statistics.fmean(
             samples * per_sample / seconds for samples, seconds in self.epoch_records
         )
-        return {f"{unit}_per_s_per_worker": rate / world}
+        return {f"{unit}_per_s_per_worker": rate / world, **stages}
 
     def in_trained_form(self, network: nn.Module) -> nn.Module:
         """Rewritten as the tensor-parallel plan rewrote the trained one (GPT-2's Conv1D as
