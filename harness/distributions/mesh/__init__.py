@@ -229,7 +229,7 @@ class MeshConfig(LayerSettingsConfig):
     def check_cell(self, cell: DistbenchConfig) -> None:
         from harness.distributions.pipeline_config import pipeline_layer_count
 
-        pipeline_layer_count(cell)  # every plan is built on the network's layer list
+        layers = pipeline_layer_count(cell)  # every plan is built on the network's layer list
         world = cell.world_size
         product = self.dp_replicate * self.tp * self.pp
         if self.dp_shard is None:
@@ -265,7 +265,7 @@ class MeshConfig(LayerSettingsConfig):
         if self.tp > 1:
             check_tensor_parallel(cell, self.tp, self.sequence_parallel)
         if self.pp > 1:
-            self._check_pipeline(cell)
+            self._check_pipeline(cell, layers)
         self._check_batches(cell)
 
     def batch_from_global(self, cell: DistbenchConfig, global_batch: int) -> int:
@@ -286,9 +286,7 @@ class MeshConfig(LayerSettingsConfig):
         )
         return global_batch // positions
 
-    def _check_pipeline(self, cell: DistbenchConfig) -> None:
-        from harness.distributions.pipeline_config import pipeline_layer_count
-
+    def _check_pipeline(self, cell: DistbenchConfig, layers: int) -> None:
         require(
             not (self.backend == "gloo" and cell.hardware.device.value == "cuda"),
             "distribution.backend",
@@ -296,7 +294,6 @@ class MeshConfig(LayerSettingsConfig):
             "gloo cannot send CUDA tensors between pipeline stages; allowed with "
             "hardware.device=cuda: nccl, or null",
         )
-        layers = pipeline_layer_count(cell)
         stages = self.stage_count()
         require(
             stages <= layers,

@@ -127,10 +127,8 @@ class MeshTrainer(Trainer):
         # a pipeline worker's idle share and phases per epoch (`bubble_stage<k>`, k its place
         # in the pipeline: the workers at one place average, as their stages run alike)
         self.stage_epochs = StageEpochs()
-        network = context.workload.model
-        self.network = network
         self.layers, self.skeleton, self.stage_ids, self.stages = build_plan(
-            context, network, self.mesh, self.at
+            context, context.workload.model, self.mesh, self.at
         )
         self.modules = nn.ModuleList(self.stages)
         self.optimizer = context.workload.make_optimizer(self.modules.parameters())
