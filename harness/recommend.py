@@ -681,6 +681,25 @@ def parser() -> argparse.ArgumentParser:
         "epoch (cost: needs hardware.price_per_device_hour)",
     )
     parser.add_argument(
+        "--plans",
+        action="store_true",
+        help="rank every plan (data x tensor x pipeline parallel, schedule, "
+        "checkpointing, precision) of the hardware's GPUs from its data sheet: "
+        "a decoder network on a GPU config with hardware.accelerator; measures nothing",
+    )
+    parser.add_argument(
+        "--predict",
+        action="store_true",
+        help="print the step time and memory per GPU of the one plan "
+        "distribution=mesh describes, as JSON, ranking nothing",
+    )
+    parser.add_argument(
+        "--top",
+        type=_positive,
+        default=10,
+        help="plans --plans prints (default 10)",
+    )
+    parser.add_argument(
         "--remeasure",
         action="store_true",
         help="time the step times, layer profile and runtime memory again "
@@ -688,6 +707,16 @@ def parser() -> argparse.ArgumentParser:
         "<hardware>.json for this machine's device",
     )
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count from 1 to 1,000,000")
+    return value
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -720,9 +749,40 @@ def _check_flags(flags: argparse.Namespace, config: DistbenchConfig) -> None:
         )
 
 
+def _check_plan_flags(flags: argparse.Namespace) -> None:
+    """--plans and --predict price from data sheets: the flags that measure or fit are
+    refused beside them."""
+    if flags.plans and flags.predict:
+        raise ConfigError(
+            "--plans is invalid with --predict: one ranks every plan, the other prices one; "
+            "allowed: one of them"
+        )
+    asked = "--plans" if flags.plans else "--predict"
+    for flag, given in (
+        ("--fit", flags.fit is not None),
+        ("--remeasure", flags.remeasure),
+        ("--no-probe", flags.no_probe),
+        ("--objective", flags.objective != "time"),
+    ):
+        if given:
+            raise ConfigError(
+                f"{flag} is invalid with {asked}: plans are priced from the hardware's data "
+                f"sheet, nothing is measured or fitted; allowed: {asked} without {flag}"
+            )
+
+
 @command
 def main(argv: Sequence[str] | None = None) -> None:
     flags, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    if flags.plans or flags.predict:
+        from harness.commands.plans import predict_one, rank_plans
+
+        _check_plan_flags(flags)
+        if flags.predict:
+            predict_one(overrides)
+        else:
+            rank_plans(overrides, flags.top, flags.json)
+        return
     config = validate(compose_config(overrides))
     _check_flags(flags, config)
     output_root = Path(config.run.output_dir)

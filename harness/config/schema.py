@@ -55,6 +55,7 @@ MAX_DEVICE_MEMORY_GB = 1e5  # 100 TB per device; today's largest hold 0.2 TB (GP
 MAX_THREADS = 65_536  # Linux's NR_CPUS tops out at 8,192; oversubscribing 8x is the limit
 MAX_NODES = 1_000_000
 MAX_BANDWIDTH_MBPS = 1e9  # 1 PB/s: 1,000x today's fastest link
+MAX_TFLOPS = 1e6  # 1 EFLOP/s per device: 100x today's fastest
 MAX_LATENCY_US = 1e9  # 1,000 s
 MAX_PRICE_PER_HOUR = 1e6
 MAX_EPOCHS = 1_000_000
@@ -589,6 +590,36 @@ class LinkEmulation:
 
 
 @dataclass
+class AcceleratorSheet:
+    """One GPU's data-sheet figures (dense, no sparsity), what the planner prices a plan's
+    compute with where no step was timed on the device (`python -m harness.recommend --plans`;
+    docs/planner.md). Not measured here: replace them with measured figures where you have them.
+    """
+
+    # The GPU's name as its data sheet gives it (e.g. "H100 SXM5 80GB").
+    name: str = field(default="", metadata=text(64))
+    # Peak 16-bit (bfloat16) tensor-core FLOP/s, in TFLOP/s.
+    bf16_tflops: float = field(
+        default=0.0, metadata=number(0, MAX_TFLOPS, "TFLOP/s", low_open=True)
+    )
+    # Peak float32 FLOP/s (no TF32), in TFLOP/s: what `precision=fp32` computes at.
+    fp32_tflops: float = field(
+        default=0.0, metadata=number(0, MAX_TFLOPS, "TFLOP/s", low_open=True)
+    )
+    # Peak HBM bandwidth in GB/s (10^9 bytes/s).
+    memory_bandwidth_gbs: float = field(
+        default=0.0, metadata=number(0, MAX_BANDWIDTH_MBPS, "GB/s", low_open=True)
+    )
+    # The largest bfloat16 GEMMs' share of `bf16_tflops`, as the vendor's cuBLAS measurements
+    # show it (smaller shapes lose more: harness.costs.accelerator.gemm_efficiency).
+    matmul_efficiency: float = field(default=0.7, metadata=number(0, 1, low_open=True))
+    # A fused (flash) attention kernel's share of `bf16_tflops`, forward and backward.
+    attention_efficiency: float = field(default=0.4, metadata=number(0, 1, low_open=True))
+    # Where the figures come from (data sheet, paper, measurement).
+    source: str = field(default="", metadata=text())
+
+
+@dataclass
 class HardwareConfig:
     """Where a cell runs. Bandwidths and latencies feed the performance models (Table 4.1)."""
 
@@ -634,6 +665,9 @@ class HardwareConfig:
     # machine's, whatever `nodes` says. false: each node has cores and a link of its own (real
     # nodes, or emulated ones: `link`).
     one_host: bool = False
+    # The GPU's data sheet (null: none): lets `harness.recommend --plans` price plans on it
+    # without a step timed there.
+    accelerator: AcceleratorSheet | None = None
 
     def __post_init__(self) -> None:
         for name in ("nodes", "workers_per_node"):

@@ -16,7 +16,8 @@ from tests.helpers import REPO_ROOT, install_slurm_where_missing
 from tests.in_process import listing, refusal_broken, run_in_process
 
 NETWORKS = (
-    "bert_large, gpt2_large, gpt2_medium, gpt2_small, gpt2_tiny, gpt2_xl, hf, llama3_8b, "
+    "bert_large, gpt2_large, gpt2_medium, gpt2_small, gpt2_tiny, gpt2_xl, hf, llama3_405b, "
+    "llama3_70b, llama3_8b, "
     "llama_tiny, mobilenetv2, module, resnet152, resnet18, resnet50, timm, torchvision, "
     "vgg11, vgg16"
 )

@@ -372,3 +372,37 @@ def _persist_buffers(model: PreTrainedModel) -> None:
 
 def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
+
+
+# -- the shape the planner prices ----------------------------------------------------------------
+DECODERS = ("gpt2", "llama", "mistral", "qwen2")
+GATED = ("llama", "mistral", "qwen2")  # SwiGLU: gate, up and down projections
+
+
+def decoder_shape(ref: NetworkRef, spec: DatasetSpec, seq_len: int | None) -> dict[str, Any]:
+    """A decoder's sizes as its transformers config gives them (defaults filled in, the
+    dataset's vocabulary and positions applied as when it is built), without building it:
+    layers, hidden, heads, kv_heads, ffn, vocab, seq_len (`seq_len`, or None: the network's
+    context), gated_mlp, tied_embeddings. Raises NetworkError for an architecture that is not a
+    decoder (`DECODERS`)."""
+    if ref.arch not in DECODERS:
+        raise NetworkError(
+            f"network={ref.name} is invalid for planning: the planner prices decoder language "
+            f"models; allowed: the gpt2_* and llama* presets, or network=hf with network.arch "
+            f"one of {', '.join(DECODERS)}"
+        )
+    config = _config(ref, spec)
+    hidden = int(config.hidden_size)
+    heads = int(config.num_attention_heads)
+    ffn = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
+    return {
+        "layers": int(config.num_hidden_layers),
+        "hidden": hidden,
+        "heads": heads,
+        "kv_heads": int(getattr(config, "num_key_value_heads", None) or heads),
+        "ffn": int(ffn or 4 * hidden),
+        "vocab": int(config.vocab_size),
+        "seq_len": int(seq_len or getattr(config, _positions_field(config))),
+        "gated_mlp": ref.arch in GATED,
+        "tied_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
+    }

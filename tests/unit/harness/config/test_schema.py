@@ -21,6 +21,8 @@ OPEN_NETWORKS = ["module", "torchvision", "timm", "hf"]
 LM_PRESETS = [
     "llama_tiny",
     "llama3_8b",
+    "llama3_70b",
+    "llama3_405b",
     "gpt2_tiny",
     "gpt2_small",
     "gpt2_medium",
