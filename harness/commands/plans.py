@@ -169,10 +169,10 @@ def predict_one(overrides: Sequence[str]) -> None:
 
 def rank_plans(overrides: Sequence[str], top: int, as_json: bool) -> None:
     """`--plans`: every plan of the hardware's GPUs, those that fit ranked by step time."""
-    started = time.perf_counter()
     config = planning_config(overrides)
     shape, cluster = shape_of(config), cluster_of(config.hardware)
     batch = global_batch_of(config)
+    started = time.perf_counter()
     found = search(shape, cluster, world_of(config), batch, config.optimizer.state_buffers)
     elapsed = time.perf_counter() - started
     error = data_sheet_error()
@@ -201,7 +201,7 @@ def rank_plans(overrides: Sequence[str], top: int, as_json: bool) -> None:
                 indent=2,
             )
         )
-        print(f"prediction took {elapsed:.1f} s", file=sys.stderr)
+        print(f"the search took {elapsed:.1f} s", file=sys.stderr)
         return
     print(_heading(config, shape, cluster, batch))
     print(error.line())

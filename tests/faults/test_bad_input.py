@@ -732,6 +732,46 @@ BAD_INPUTS: list[Bad] = [
     _bad("harness.recommend", "run.output_dir={file}", "run.output_dir='{file}' is invalid"),
     _bad("harness.recommend", "distribution.batch_size=-8", "distribution.batch_size=-8"),
     _bad("harness.recommend", "dataset=svhn", "dataset=svhn: unknown"),
+    # harness.recommend --plans / --predict: priced from data sheets, nothing measured
+    _bad("harness.recommend", "--plans --predict", "--plans is invalid with --predict"),
+    _bad(
+        "harness.recommend",
+        "--plans --remeasure network=gpt2_small hardware=h100_node",
+        "--remeasure is invalid with --plans",
+    ),
+    _bad("harness.recommend", "--plans --top=0", "--top: '0' is not a count"),
+    _bad(
+        "harness.recommend",
+        "--plans network=gpt2_small hardware=local_2cpu",
+        "hardware=local_2cpu is invalid for planning: it lacks hardware.accelerator",
+    ),
+    _bad(
+        "harness.recommend",
+        "--plans network=bert_large hardware=h100_node",
+        "network=bert_large is invalid for planning",
+    ),
+    _bad(
+        "harness.recommend",
+        "--predict network=gpt2_small hardware=h100_node distribution=ddp",
+        "distribution=ddp is invalid with --predict",
+    ),
+    _bad(
+        "harness.recommend",
+        "--predict network=gpt2_small hardware=h100_node distribution=mesh distribution.tp=2 "
+        "distribution.dp_shard=2",
+        "distribution.dp_shard=2 is invalid: dp_replicate x dp_shard x tp x pp = 1 x 2 x 2 x 1 "
+        "= 4 must be the cell's 8 workers",
+    ),
+    _bad(
+        "harness.recommend",
+        "--predict network=gpt2_small hardware=h100_node distribution=mesh run.global_batch=12",
+        "run.global_batch=12 is invalid: must divide among the plan's 8 data-parallel",
+    ),
+    _bad(
+        "harness.recommend",
+        "--plans network=gpt2_small hardware=h100_node hardware.accelerator.bf16_tflops=0",
+        "hardware.accelerator.bf16_tflops=0",
+    ),
     # harness.sync
     _bad("harness.sync", "network=resnet19", "network=resnet19: unknown"),
     _bad("harness.sync", "tracking.experiment=", "tracking.experiment='' is invalid"),

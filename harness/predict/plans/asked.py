@@ -18,8 +18,9 @@ def global_batch_of(config: DistbenchConfig) -> int:
 
 
 def plan_of(config: DistbenchConfig) -> PlanShape:
-    """The plan of a `distribution=mesh` config over every GPU of its hardware; refused in one
-    line for another distribution model."""
+    """The plan of a validated `distribution=mesh` config over every GPU of its hardware (its
+    global batch `run.global_batch`, or the per-worker batch times the data-parallel
+    positions); refused in one line for another distribution model."""
     from harness.distributions.layer_settings import Checkpointing
     from harness.distributions.mesh import MeshConfig
 
@@ -29,31 +30,9 @@ def plan_of(config: DistbenchConfig) -> PlanShape:
             f"distribution={settings.name} is invalid with --predict: a plan is "
             f"distribution=mesh with its degrees (docs/plans.md); allowed: distribution=mesh"
         )
-    world = world_of(config)
-    fixed = settings.dp_replicate * settings.tp * settings.pp
-    shard = settings.dp_shard if settings.dp_shard is not None else world // fixed
-    if shard < 1 or fixed * shard != world:
-        raise ConfigError(
-            f"distribution.dp_shard={settings.dp_shard} is invalid: dp_replicate x dp_shard x "
-            f"tp x pp = {settings.dp_replicate} x {shard} x {settings.tp} x {settings.pp} must "
-            f"be the hardware's {world} GPUs; allowed: degrees whose product is {world}"
-        )
-    global_batch = global_batch_of(config)
-    data_parallel = settings.dp_replicate * shard
-    if global_batch % data_parallel:
-        raise ConfigError(
-            f"run.global_batch={global_batch} is invalid: it must divide over the plan's "
-            f"{data_parallel} data-parallel positions; allowed: a multiple of {data_parallel}"
-        )
-    local = global_batch // data_parallel
-    micro = settings.micro_batch_size or (
-        local // settings.pp if settings.pp > 1 and local % settings.pp == 0 else local
-    )
-    if local % micro:
-        raise ConfigError(
-            f"distribution.micro_batch_size={micro} is invalid: it must divide each "
-            f"data-parallel position's {local} sequences; allowed: a divisor of {local}"
-        )
+    # The degrees, batch and micro-batch as the config resolves them (validation has
+    # checked that they multiply to the world and divide the batch).
+    data_parallel = settings.data_parallel(config)
     recompute = {
         Checkpointing.none: Recompute.none,
         Checkpointing.full: Recompute.full,
@@ -61,16 +40,16 @@ def plan_of(config: DistbenchConfig) -> PlanShape:
     }[settings.activation_checkpointing]
     return PlanShape(
         dp_replicate=settings.dp_replicate,
-        dp_shard=shard,
+        dp_shard=settings.shards(config),
         tp=settings.tp,
         pp=settings.pp,
-        global_batch=global_batch,
-        micro_batch=micro,
+        global_batch=config.batch_size * data_parallel,
+        micro_batch=settings.micro_batch(config),
         schedule=settings.schedule,
         virtual=settings.virtual_stages(),
         sequence_parallel=settings.sequence_parallel,
         recompute=recompute,
-        recompute_every=settings.checkpoint_every,
+        recompute_every=settings.checkpoint_every if recompute is Recompute.layers else 1,
         precision=settings.precision.value,
         optimizer_states=config.optimizer.state_buffers,
     )
