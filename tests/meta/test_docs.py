@@ -29,6 +29,8 @@ shrinking):
   `--dry-run`, and must print that line and exit with status 2.
 - `--help`, `--info`, `--cfg`, `-sc` (which run nothing): Hydra's real main.
 - `harness.describe`, `harness.sync`, `harness.compliance --write-rules`: the real command.
+- `harness.recommend --plans` and `--predict` (priced from data sheets, nothing measured or
+  written): the real command.
 - `harness.probe`, `.plan`, `.analysis`, `.recommend`, `.sweeps`: parsed by the command's own
   argument parser, its config composed and validated, and the command's own checks that need no
   measurement and no MLflow store; running them measures for minutes or needs a store of
@@ -413,6 +415,16 @@ def run_recommend(args: Sequence[str]) -> None:
     from harness import recommend
 
     flags, overrides = recommend.parse_args(args)
+    if flags.plans or flags.predict:  # priced from data sheets in a second: the real command
+        from harness.commands.plans import predict_one, rank_plans
+
+        recommend._check_plan_flags(flags)
+        with contextlib.redirect_stdout(io.StringIO()):
+            if flags.predict:
+                predict_one(overrides)
+            else:
+                rank_plans(overrides, flags.top, flags.json)
+        return
     config = checked_config(overrides)
     recommend._check_flags(flags, config)
     recommend.check_candidates(config, overrides)  # every candidate, before any probe
