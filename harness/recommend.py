@@ -690,8 +690,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--predict",
         action="store_true",
-        help="print the step time and memory per GPU of the one plan "
-        "distribution=mesh describes, as JSON, ranking nothing",
+        help="print the step time and memory per GPU of the one plan the "
+        "distribution's degrees describe (docs/planner.md), as JSON, ranking nothing",
     )
     parser.add_argument(
         "--top",

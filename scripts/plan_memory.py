@@ -1,14 +1,13 @@
-"""Each recorded plan cell's measured per-rank peak memory beside what the existing memory model
-says of it without plan terms (`distribution=mesh`'s `memory_per_worker`: FSDP2's shards of the
-weights, gradients and optimizer state over `dp_shard`, the whole network's activations at one
-micro-batch, nothing for tensor parallelism, pipeline stages, checkpointing or precision): the
-gap a plan-aware memory model must close.
+"""Each recorded plan cell's measured peak memory per rank beside what the plan's memory model
+predicts for that rank (`harness.distributions.mesh.rank_memory`), and, for a cell run under a
+memory limit (`hardware.device_memory_gb`), whether the model said it would fit.
 
     .venv/bin/python scripts/plan_memory.py outputs/sweeps/calibrate_plans
 
 It reads every result.json below the folder, gathers the network's facts on this machine (its
 sizes traced, what autograd saves and a worker's runtime memory measured, kept under
-`--facts`), and prints one Markdown row per cell.
+`--facts`), and prints one Markdown row per cell, then the mean absolute percentage error over
+every rank of every cell that ended `ok`.
 """
 
 from __future__ import annotations
@@ -31,21 +30,44 @@ def main() -> None:
     parser.add_argument("--facts", type=Path, default=Path("outputs/facts"), help="facts kept")
     args = parser.parse_args()
     cache = cache_for(5, measurements=WorkerMeasurements(), facts_root=args.facts)
-    print("| plan | network | peak per rank (MB) | model without plan terms (MB) | error |")
-    print("|---|---|---|---|---|")
+    print(
+        "| plan | network | status | measured peak per rank (MB) | predicted per rank (MB) | "
+        "error per rank | limit (MB): predicted fit |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    errors: list[float] = []
     for path in sorted(args.folder.glob("**/result.json")):
         result = json.loads(path.read_text())
         config = config_from_record(result["config"])
-        if not isinstance(config.distribution, MeshConfig) or result["status"] != "ok":
+        if not isinstance(config.distribution, MeshConfig):
             continue
-        predicted = max(memory_per_worker_mb(config, gather(config, cache, timed=False)))
-        metrics = result["metrics"]
-        peaks = [value for key, value in metrics.items() if key.startswith("peak_memory_mb_rank")]
-        plan, network = result["run_name"].rsplit(" ", 1)
-        error = 100 * (predicted - max(peaks)) / max(peaks)
+        predicted = memory_per_worker_mb(config, gather(config, cache, timed=False))
+        metrics = result.get("metrics") or {}
+        peaks = [metrics.get(f"peak_memory_mb_rank{rank}") for rank in range(config.world_size)]
+        measured = [peak for peak in peaks if peak is not None]
+        rank_errors = [
+            100 * (guess - peak) / peak for guess, peak in zip(predicted, peaks) if peak is not None
+        ]
+        if result["status"] == "ok":
+            errors += [abs(error) for error in rank_errors]
+        limit = config.hardware.device_memory_gb
+        verdict = "-"
+        if limit is not None:
+            fits = max(predicted) <= limit * 1000
+            verdict = f"{limit * 1000:.0f}: {'fits' if fits else 'does not fit'}"
+        shown = (
+            f"{min(measured):.0f}-{max(measured):.0f}" if measured else "-",
+            f"{min(predicted):.0f}-{max(predicted):.0f}",
+            f"{min(rank_errors):+.0f} to {max(rank_errors):+.0f} %" if rank_errors else "-",
+        )
         print(
-            f"| {plan} | {network} | {min(peaks):.0f}-{max(peaks):.0f} | {predicted:.0f} | "
-            f"{error:+.0f} % |"
+            f"| {result['run_name']} | {config.network.label} | {result['status']} | "
+            f"{shown[0]} | {shown[1]} | {shown[2]} | {verdict} |"
+        )
+    if errors:
+        print(
+            f"\nper-rank MAPE {sum(errors) / len(errors):.1f} %, worst {max(errors):.1f} % "
+            f"over {len(errors)} ranks of the cells that ended ok"
         )
 
 

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.commands.compose import compose_config  # noqa: E402
 from harness.config.schema import DistbenchConfig, validate  # noqa: E402
+from harness.distributions.mesh.plan_shape import plan_label  # noqa: E402
 from harness.predict.plans.cluster import cluster_of  # noqa: E402
-from harness.predict.plans.commands import plan_label  # noqa: E402
 from harness.predict.plans.published import Predicted, compare, predict_row, tables  # noqa: E402
 from harness.predict.plans.source import VALIDATION  # noqa: E402
 

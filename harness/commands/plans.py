@@ -28,12 +28,21 @@ from harness.costs.plan_step import (
     predict_step,
 )
 from harness.costs.transformer import TransformerShape
-from harness.predict.plans.asked import global_batch_of, plan_of, world_of
+from harness.distributions.mesh.plan_shape import plan_label, plan_of, plan_overrides
 from harness.predict.plans.cluster import cluster_of
-from harness.predict.plans.commands import plan_label, plan_overrides
 from harness.predict.plans.search import PricedPlan, price, search, tied_with_best
 from harness.predict.plans.shape import shape_of
 from harness.predict.plans.source import data_sheet_error
+
+
+def world_of(config: DistbenchConfig) -> int:
+    return config.hardware.nodes * config.hardware.workers_per_node
+
+
+def global_batch_of(config: DistbenchConfig) -> int:
+    """`run.global_batch`, or one sequence per GPU."""
+    return config.run.global_batch or world_of(config)
+
 
 # Overrides of the user's that the plan's own replace in the command that trains it.
 PLAN_KEYS = ("distribution", "run.global_batch")

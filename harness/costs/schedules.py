@@ -31,6 +31,13 @@ SCHEDULES = (
     "dualpipev",
 )
 ZERO_BUBBLE = frozenset({"interleaved_zb", "zbv", "dualpipev"})
+# One stage per rank; two in a V (rank r holds stages r and 2p - 1 - r); any number looped.
+ONE_STAGE = frozenset({"gpipe", "1f1b"})
+V_SHAPED = frozenset({"zbv", "dualpipev"})
+# At least this many micro-batches per pipeline stage (DualPipeV runs two at once).
+MICRO_BATCHES_PER_STAGE = {"dualpipev": 2}
+# What a step without a pipeline is priced as (one stage, no bubble).
+NO_PIPELINE = "1f1b"
 
 
 def bubble_seconds(

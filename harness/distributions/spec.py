@@ -88,6 +88,10 @@ class DistributionSpec:
     # the overrides that pin a candidate's own settings and plan in a recommended command
     pinned_overrides: Callable[[DistbenchConfig, StagePlan | None], list[str]] = no_overrides
     stage_planner: StagePlanner | None = None  # pipelines only
+    # Whether predicting a cell of this model needs each layer's share of a step measured (a
+    # layer profile), beyond a stage planner's needs: a model that splits layers between
+    # workers otherwise (a plan's stages and tensor-parallel blocks) weighs them by it.
+    profiles_layers: Callable[[DistbenchConfig], bool] = field(default=lambda cell: False)
     # The one-worker model every speedup is measured against, whose training step the
     # predictions' probe times and whose recorded cells give step times (exactly one model).
     baseline: bool = False

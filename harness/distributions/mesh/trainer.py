@@ -12,7 +12,6 @@ import copy
 import importlib
 import statistics
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,54 +32,14 @@ from harness.distributions.layer_training import (
     prepare_layers,
 )
 from harness.distributions.loop import timed_batches
-from harness.distributions.mesh import MeshConfig, mesh_settings
+from harness.distributions.mesh import mesh_settings
+from harness.distributions.mesh.placement import AXES, Coordinates, stage_layers, stages_of
 from harness.distributions.pipeline import StageEpochs
 from harness.distributions.state import InitialState, epoch_losses
 from harness.measure.metrics import PhaseClock, device_time, synchronize
 from workloads.networks import to_layer_list
 from workloads.networks.registry import source_of
 from workloads.task import TaskLoss
-
-AXES = ("pp", "dp_replicate", "dp_shard", "tp")  # outermost first: tp within a node
-
-
-@dataclass(frozen=True)
-class Coordinates:
-    """A worker's place on the mesh."""
-
-    pp: int
-    dp_replicate: int
-    dp_shard: int
-    tp: int
-
-    @classmethod
-    def of(cls, rank: int, sizes: tuple[int, int, int, int]) -> Coordinates:
-        position = []
-        for size in reversed(sizes):
-            position.append(rank % size)
-            rank //= size
-        return cls(*reversed(position))
-
-
-def stage_layers(layers: int, stages: int) -> list[range]:
-    """The layer list cut into `stages` contiguous slices, as even as can be (the first
-    slices one layer more)."""
-    share, extra = divmod(layers, stages)
-    bounds, start = [], 0
-    for stage in range(stages):
-        end = start + share + (stage < extra)
-        bounds.append(range(start, end))
-        start = end
-    return bounds
-
-
-def stages_of(settings: MeshConfig, pp_rank: int) -> list[int]:
-    """The stages pipeline worker `pp_rank` holds: one; `pp_rank + k x pp` in the looped
-    schedules; `pp_rank` and `2 x pp - 1 - pp_rank` in the V schedules."""
-    virtual = settings.virtual_stages()
-    if settings.pp > 1 and settings.pipeline_schedule.v_shaped:
-        return [pp_rank, 2 * settings.pp - 1 - pp_rank]
-    return [pp_rank + k * settings.pp for k in range(virtual)]
 
 
 def release(layers: list[nn.Module], keep: Iterable[nn.Module]) -> None:

@@ -343,10 +343,14 @@ def _missing_message(config: DistbenchConfig, batch: int, looked: Sequence[str])
 
 def needs_layer_profile(config: DistbenchConfig) -> bool:
     """Whether predicting the cell takes a profile of its network's layers: a pipeline's
-    stages are planned from it, and collectives that can run beside the compute hide behind
-    the layers computing while their gradients move (`predict.overlap`)."""
-    return spec_of(config).stage_planner is not None or (
-        config.world_size > 1 and allreduces_overlap_backward(config)
+    stages are planned from it, a model that splits layers otherwise weighs them by it
+    (`DistributionSpec.profiles_layers`), and collectives that can run beside the compute hide
+    behind the layers computing while their gradients move (`predict.overlap`)."""
+    spec = spec_of(config)
+    return (
+        spec.stage_planner is not None
+        or spec.profiles_layers(config)
+        or (config.world_size > 1 and allreduces_overlap_backward(config))
     )
 
 

@@ -15,7 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from harness.costs.plan_step import Cluster, PlanShape
-from harness.costs.schedules import SCHEDULES
+from harness.costs.schedules import (
+    MICRO_BATCHES_PER_STAGE,
+    NO_PIPELINE,
+    ONE_STAGE,
+    SCHEDULES,
+    V_SHAPED,
+)
 from harness.costs.transformer import Recompute, TransformerShape
 
 PRECISIONS = ("bf16_mixed",)
@@ -51,16 +57,16 @@ def data_splits(data_parallel: int, tp: int, pp: int, cluster: Cluster) -> set[t
 def schedules(shape: TransformerShape, pp: int, micro_batches: int) -> Iterator[tuple[str, int]]:
     """(schedule, virtual stages) a pipeline of `pp` stages can run `micro_batches` with."""
     if pp == 1:
-        yield "1f1b", 1
+        yield NO_PIPELINE, 1
         return
     if micro_batches < pp:
         return
     for schedule in SCHEDULES:
-        if schedule in ("gpipe", "1f1b"):
+        if schedule in ONE_STAGE:
             yield schedule, 1
             continue
-        if schedule in ("zbv", "dualpipev"):
-            least = 2 * pp if schedule == "dualpipev" else pp
+        if schedule in V_SHAPED:
+            least = MICRO_BATCHES_PER_STAGE.get(schedule, 1) * pp
             if micro_batches >= least and 2 * pp <= shape.layers:
                 yield schedule, 2
             continue

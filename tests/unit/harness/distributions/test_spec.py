@@ -59,17 +59,23 @@ NAMED_ELSEWHERE: dict[str, set[str]] = {
         "scripts/gpu_check.sh",
     },
     # a plan's label names its FSDP2 sharding "fsdp<n>" (harness/distributions/mesh)
-    "fsdp": {"scripts/gpu_check.sh", "harness/distributions/mesh/__init__.py"},
+    "fsdp": {
+        "scripts/gpu_check.sh",
+        "harness/distributions/mesh/settings.py",
+        "harness/distributions/mesh/plan_shape.py",
+    },
     "horovod": {
         "harness/runtime/environment.py",  # its version, in the record
         "scripts/build_horovod.sh",
         "scripts/setup.sh",  # it is built from source
     },
-    # a plan's schedule may be torch's ScheduleGPipe (`distribution.schedule=gpipe`)
+    # a plan's schedule may be torch's ScheduleGPipe (`distribution.schedule=gpipe`), which
+    # the schedules' cost model prices
     "gpipe": {
         "conf/sweep/calibrate_local_memory.yaml",
         "scripts/gpu_check.sh",
-        "harness/distributions/mesh/__init__.py",
+        "harness/distributions/mesh/settings.py",
+        "harness/costs/schedules.py",
     },
     "pipedream": set(),
     # the sweep over plans takes one option per plan

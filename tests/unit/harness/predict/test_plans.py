@@ -11,9 +11,8 @@ from harness.commands.compose import compose_config
 from harness.commands.plans import planning_config, train_command, with_planning_defaults
 from harness.config.schema import validate
 from harness.costs.plan_step import GIB
-from harness.predict.plans.asked import plan_of
+from harness.distributions.mesh.plan_shape import plan_label, plan_of, plan_overrides
 from harness.predict.plans.cluster import cluster_of
-from harness.predict.plans.commands import plan_label, plan_overrides
 from harness.predict.plans.published import compare, predict_row, tables
 from harness.predict.plans.search import search, tied_with_best
 from harness.predict.plans.shape import shape_of

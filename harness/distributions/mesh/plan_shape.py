@@ -1,10 +1,12 @@
-"""A plan as the overrides that train it (`python -m harness distribution=mesh ...`) and as a
-few words."""
+"""A plan the planner prices (`harness.costs.plan_step.PlanShape`) as this model's settings:
+the overrides that train it, its label, and a validated config's plan read back."""
 
 from __future__ import annotations
 
+from harness.config.schema import ConfigError, DistbenchConfig
 from harness.costs.plan_step import PlanShape
 from harness.costs.transformer import Recompute
+from harness.distributions.layer_settings import Checkpointing
 
 
 def plan_overrides(plan: PlanShape) -> list[str]:
@@ -63,3 +65,40 @@ def plan_label(plan: PlanShape) -> str:
         tail.append(f"ac={plan.recompute.value}")
     tail.append({"bf16_mixed": "bf16", "bf16": "bf16p", "fp32": "fp32"}[plan.precision])
     return f"{label} {' '.join(tail)}"
+
+
+def plan_of(config: DistbenchConfig) -> PlanShape:
+    """The plan of a validated `distribution=mesh` config over every GPU of its hardware (its
+    global batch `run.global_batch`, or the per-worker batch times the data-parallel
+    positions); refused in one line for another distribution model."""
+    from harness.distributions.mesh.settings import MeshConfig
+
+    settings = config.distribution
+    if not isinstance(settings, MeshConfig):
+        raise ConfigError(
+            f"distribution={settings.name} is invalid with --predict: a plan is "
+            f"distribution=mesh with its degrees (docs/plans.md); allowed: distribution=mesh"
+        )
+    # The degrees, batch and micro-batch as the config resolves them (validation has
+    # checked that they multiply to the world and divide the batch).
+    data_parallel = settings.data_parallel(config)
+    recompute = {
+        Checkpointing.none: Recompute.none,
+        Checkpointing.full: Recompute.full,
+        Checkpointing.selective: Recompute.layers,
+    }[settings.activation_checkpointing]
+    return PlanShape(
+        dp_replicate=settings.dp_replicate,
+        dp_shard=settings.shards(config),
+        tp=settings.tp,
+        pp=settings.pp,
+        global_batch=config.batch_size * data_parallel,
+        micro_batch=settings.micro_batch(config),
+        schedule=settings.schedule,
+        virtual=settings.virtual_stages(),
+        sequence_parallel=settings.sequence_parallel,
+        recompute=recompute,
+        recompute_every=settings.checkpoint_every if recompute is Recompute.layers else 1,
+        precision=settings.precision.value,
+        optimizer_states=config.optimizer.state_buffers,
+    )
