@@ -339,10 +339,10 @@ def build_plan(
         source = source_of(ref)
         assert source.tensor_parallel_plan is not None  # refused at validation otherwise
         plan = source.tensor_parallel_plan(ref, network, settings.tp, settings.sequence_parallel)
-        skeleton = copy.deepcopy(network).to("meta")
+        skeleton = meta_copy(network)
         parallelize_module(network, mesh["tp"], dict(plan))
     else:
-        skeleton = copy.deepcopy(network).to("meta")
+        skeleton = meta_copy(network)
     layers = to_layer_list(ref, network)
     prepare_layers(network, settings, lambda: layers)
     bounds = stage_layers(len(layers), settings.stage_count())
@@ -360,6 +360,20 @@ def build_plan(
             units = [layers[i] for i in bounds[stage_id]] if settings.pp > 1 else layers
             shard_stage(stage, units, data_mesh, settings.precision, settings.pp > 1)
     return layers, skeleton, stage_ids, stages
+
+
+def meta_copy(network: nn.Module) -> nn.Module:
+    """A copy of `network` on the meta device, its tensors never copied: `deepcopy` then `.to
+    ("meta")` holds a second copy of every weight for a moment, which the worker's allocator
+    keeps (`harness.measure.allocator`), a whole network's weights more on every worker's peak.
+    Tied weights stay tied (one meta tensor per original)."""
+    memo: dict[int, Any] = {}
+    for tensor in [*network.parameters(), *network.buffers()]:
+        empty = torch.empty_like(tensor, device="meta")
+        if isinstance(tensor, nn.Parameter):
+            empty = nn.Parameter(empty, requires_grad=tensor.requires_grad)
+        memo[id(tensor)] = empty
+    return copy.deepcopy(network, memo)
 
 
 def shard_stage(
