@@ -63,8 +63,12 @@ class WorkerMeasurements:
         device = config.hardware.device.value
         with TorchThreads(threads):
             before = reference_seconds(device)
+            # one worker at `batch`: a cell's global batch (which sets its workers' batch) is
+            # not the probe's
             timing = measure_batch_seconds(
-                replace(config, distribution=one_worker),
+                replace(
+                    config, distribution=one_worker, run=replace(config.run, global_batch=None)
+                ),
                 batch_size=batch,
                 probe_batches=probe_batches,
                 warmup_batches=PROBE_WARMUP,

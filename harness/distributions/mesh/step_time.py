@@ -21,7 +21,12 @@ Per optimizer step, on the pipeline worker that computes the most:
   micro-batch, on the link between neighbouring pipeline workers.
 
 The fitted contention scales the compute, the fitted communication the collectives and the
-transfers, as for every multi-worker model.
+transfers, as for every multi-worker model. Tensor parallelism has a term of its own
+(`TENSOR_PARALLEL_DISPATCH`): each sharded block's forward and backward go through DTensor's
+dispatch and the redistributions around its projections, a fixed cost per block and
+micro-batch that the blocks' shares of a sequential step do not hold and that outweighs the
+arithmetic of a small block on CPU workers (the four-worker plans measured here: a plan with
+tensor parallelism 1.6-2.3x the time of one without).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from harness.costs.schedules import NO_PIPELINE, pipeline_seconds
 from harness.costs.terms import (
     CellFacts,
     EpochTerms,
+    FreeParameter,
     batches_per_epoch,
     burst_bytes,
     layer_backward_share,
@@ -41,6 +47,15 @@ from harness.distributions.layer_settings import Precision
 from harness.distributions.mesh.placement import stage_layers, stages_of
 from harness.distributions.mesh.settings import mesh_settings
 from harness.profiles.hardware import HardwareProfile
+
+TENSOR_PARALLEL_DISPATCH = FreeParameter(
+    "tensor_parallel_dispatch",
+    "ms per tensor-parallel block and micro-batch (forward and backward) of DTensor's dispatch "
+    "and the redistributions around its sharded projections; plans with tensor parallelism "
+    "only",
+    0.0,
+    100.0,
+)
 
 
 def ring_seconds(profile: HardwareProfile, ranks: list[int], megabytes: float) -> float:
@@ -142,10 +157,13 @@ def epoch_terms(
         link = profile.link(0, pipeline_stride)
         send = link.seconds(boundary * micro * BYTES_PER_MB, burst_bytes=burst_bytes(config))
         transfer = 2 * settings.virtual_stages() * micro_batches * send
+    sharded_blocks = sum(1 for index in owned if split(index)) if tp > 1 else 0
+    dispatch = steps * micro_batches * sharded_blocks / 1000  # seconds per ms of the parameter
     return EpochTerms(
         steps * per_step,
         steps * (tensor_parallel + data_parallel),
         steps * transfer,
         steps,
         concurrent=True,
+        model_terms=((TENSOR_PARALLEL_DISPATCH, dispatch),) if dispatch else (),
     )
