@@ -41,7 +41,7 @@ from harness.distributions.mesh.settings import (
     mesh_settings,
     plan_label,
 )
-from harness.distributions.mesh.step_time import TENSOR_PARALLEL_DISPATCH, epoch_terms
+from harness.distributions.mesh.step_time import COLLECTIVE_WAIT, epoch_terms
 from harness.distributions.spec import DistributionSpec, WorkerCounts, trainer_in
 from harness.profiles.collectives import Collective
 
@@ -67,7 +67,7 @@ SPEC = DistributionSpec(
     memory_per_worker=memory_per_worker,
     candidates=candidates,
     label=label,
-    free_parameters=(TENSOR_PARALLEL_DISPATCH,),
+    free_parameters=(COLLECTIVE_WAIT,),
     profiles_layers=lambda cell: mesh_settings(cell).pp > 1 or mesh_settings(cell).tp > 1,
     probed_collectives=(
         Collective.point_to_point,

@@ -21,12 +21,13 @@ Per optimizer step, on the pipeline worker that computes the most:
   micro-batch, on the link between neighbouring pipeline workers.
 
 The fitted contention scales the compute, the fitted communication the collectives and the
-transfers, as for every multi-worker model. Tensor parallelism has a term of its own
-(`TENSOR_PARALLEL_DISPATCH`): each sharded block's forward and backward go through DTensor's
-dispatch and the redistributions around its projections, a fixed cost per block and
-micro-batch that the blocks' shares of a sequential step do not hold and that outweighs the
-arithmetic of a small block on CPU workers (the four-worker plans measured here: a plan with
-tensor parallelism 1.6-2.3x the time of one without).
+transfers, as for every multi-worker model. A plan has a term of its own
+(`COLLECTIVE_WAIT`): every collective call (tensor parallelism's four per block and micro-batch,
+FSDP2's gather and reduction per unit, HSDP's all-reduce, each pipeline send) waits for the
+group's other workers to reach it, and goes through DTensor's dispatch and redistributions: a
+fixed cost per call that neither the ring's bytes nor the blocks' shares of a sequential step
+hold. Where workers share cores it is a scheduler's turn (four workers on two cores: 9.9 ms a
+call, fitted; docs/benchmarks/2026-12-07-planner-published.md).
 """
 
 from __future__ import annotations
@@ -48,11 +49,11 @@ from harness.distributions.mesh.placement import stage_layers, stages_of
 from harness.distributions.mesh.settings import mesh_settings
 from harness.profiles.hardware import HardwareProfile
 
-TENSOR_PARALLEL_DISPATCH = FreeParameter(
-    "tensor_parallel_dispatch",
-    "ms per tensor-parallel block and micro-batch (forward and backward) of DTensor's dispatch "
-    "and the redistributions around its sharded projections; plans with tensor parallelism "
-    "only",
+COLLECTIVE_WAIT = FreeParameter(
+    "plan_collective_wait",
+    "ms each collective call of a plan (tensor parallelism's per block, FSDP2's per unit, "
+    "HSDP's, each pipeline send) waits for its group's workers and DTensor's dispatch, beyond "
+    "its bytes on the link; distribution=mesh only",
     0.0,
     100.0,
 )
@@ -157,13 +158,24 @@ def epoch_terms(
         link = profile.link(0, pipeline_stride)
         send = link.seconds(boundary * micro * BYTES_PER_MB, burst_bytes=burst_bytes(config))
         transfer = 2 * settings.virtual_stages() * micro_batches * send
-    sharded_blocks = sum(1 for index in owned if split(index)) if tp > 1 else 0
-    dispatch = steps * micro_batches * sharded_blocks / 1000  # seconds per ms of the parameter
+    calls = 0.0
+    if tp > 1:
+        calls += micro_batches * sum(
+            4 + (2 if index in checkpointed else 0) for index in owned if split(index)
+        )
+    units = sum(1 for index in owned if facts.layers[index].weights_mb > 0)
+    if shards > 1:
+        calls += (2 * micro_batches if pp == 1 else 1) * units + units
+    if settings.dp_replicate > 1:
+        calls += units
+    if pp > 1:
+        calls += 2 * settings.virtual_stages() * micro_batches
+    dispatch = steps * calls / 1000  # seconds per ms of the parameter: every call, every step
     return EpochTerms(
         steps * per_step,
         steps * (tensor_parallel + data_parallel),
         steps * transfer,
         steps,
         concurrent=True,
-        model_terms=((TENSOR_PARALLEL_DISPATCH, dispatch),) if dispatch else (),
+        model_terms=((COLLECTIVE_WAIT, dispatch),) if dispatch else (),
     )
