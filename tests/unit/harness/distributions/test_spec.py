@@ -193,13 +193,18 @@ def test_every_config_file_of_the_group_is_a_model() -> None:
 
 
 def test_a_models_own_free_parameters_join_the_fit() -> None:
-    # Horovod's background thread, FSDP's copies and PipeDream's flattening are terms their
-    # specs declare, not fields of the shared equations: the fit fits the shared parameters,
-    # then every model's own.
+    # Horovod's background thread, FSDP's copies, a plan's wait per collective call and
+    # PipeDream's flattening are terms their specs declare, not fields of the shared equations:
+    # the fit fits the shared parameters, then every model's own.
     from harness.predict.parameters import PARAMETERS
 
     declared = [parameter.name for spec in specs().values() for parameter in spec.free_parameters]
-    assert declared == ["fsdp_copies", "horovod_background", "pipedream_flatten"]
+    assert declared == [
+        "fsdp_copies",
+        "horovod_background",
+        "plan_collective_wait",
+        "pipedream_flatten",
+    ]
     assert list(PARAMETERS) == ["contention", "communication", *declared]
 
 
