@@ -87,6 +87,16 @@ def train_command(config: DistbenchConfig, overrides: Sequence[str], plan: PlanS
     return "python -m harness " + shlex.join([*words, *plan_overrides(plan)])
 
 
+def cost_per_million_tokens(config: DistbenchConfig, tokens_per_s_per_gpu: float) -> float | None:
+    """What a million trained tokens cost at `hardware.price_per_device_hour` (None without a
+    price): every plan of a search uses all the hardware's GPUs, so ranking by cost is ranking
+    by time; the figure prices the recommendation."""
+    price = config.hardware.price_per_device_hour
+    if price is None or tokens_per_s_per_gpu <= 0:
+        return None
+    return price / 3600 / tokens_per_s_per_gpu * 1e6
+
+
 def _gib(value: float) -> float:
     return round(value / GIB, 2)
 
@@ -126,6 +136,8 @@ def plan_record(
             "tokens_per_s_per_gpu": round(step.tokens_per_s_per_gpu, 1),
             "mfu": round(step.mfu, 4),
             "bound": step.bound,
+            "cost_per_million_tokens": cost_per_million_tokens(config, step.tokens_per_s_per_gpu),
+            "currency": config.hardware.currency,
             "seconds": {
                 "compute": round(step.compute, 4),
                 "of_which_recompute": round(step.recompute, 4),
@@ -233,15 +245,25 @@ def rank_plans(overrides: Sequence[str], top: int, as_json: bool) -> None:
         return
     print()
     width = max(len(plan_label(one.plan)) for one in shown)
-    columns = f"{'s/step':>8}  {'tokens/s/GPU':>12}  {'MFU':>5}  {'GiB/GPU':>7}  bound"
+    priced = config.hardware.price_per_device_hour is not None
+    cost_column = f"  {'cost/1M tok':>11}" if priced else ""
+    columns = f"{'s/step':>8}  {'tokens/s/GPU':>12}  {'MFU':>5}  {'GiB/GPU':>7}{cost_column}  bound"
     print(f"{'#':>3}  {'plan':<{width}}  {columns}")
     for index, one in enumerate(shown, 1):
         step = one.step
         assert step is not None
+        cost = cost_per_million_tokens(config, step.tokens_per_s_per_gpu)
+        shown_cost = f"  {cost:>11.3f}" if cost is not None else ""
         print(
             f"{index:>3}  {plan_label(one.plan):<{width}}  {step.seconds:>8.3f}  "
             f"{step.tokens_per_s_per_gpu:>12,.0f}  {step.mfu:>5.1%}  "
-            f"{one.memory.total / GIB:>7.1f}  {step.bound}"
+            f"{one.memory.total / GIB:>7.1f}{shown_cost}  {step.bound}"
+        )
+    if priced:
+        print(
+            f"cost in {config.hardware.currency or 'the price unit'} per million tokens at "
+            f"{config.hardware.price_per_device_hour} a GPU-hour: every plan uses all "
+            f"{world_of(config)} GPUs, so the cheapest is the fastest"
         )
     best = found.ranked[0]
     print()

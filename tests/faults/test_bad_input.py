@@ -734,6 +734,7 @@ BAD_INPUTS: list[Bad] = [
     _bad("harness.recommend", "dataset=svhn", "dataset=svhn: unknown"),
     # harness.recommend --plans / --predict: priced from data sheets, nothing measured
     _bad("harness.recommend", "--plans --predict", "--plans is invalid with --predict"),
+    _bad("harness.recommend", "--predict --fit=x.json", "--fit is invalid with --predict"),
     _bad(
         "harness.recommend",
         "--plans --remeasure network=gpt2_small hardware=h100_node",

@@ -113,3 +113,12 @@ def test_the_error_the_planner_prints_is_todays() -> None:
     assert kept["mape"] == pytest.approx(statistics.mean(errors), abs=1e-4)
     assert kept["worst"] == pytest.approx(max(errors), abs=1e-4)
     assert data_sheet_error().line().startswith("source: data sheets")
+
+
+def test_a_price_prices_a_million_tokens() -> None:
+    from harness.commands.plans import cost_per_million_tokens
+
+    priced = planning_config([*SMALL, "hardware.price_per_device_hour=3.6"])
+    # 3.6 an hour is 0.001 a second: a million tokens at 1,000 tokens/s a GPU take 1,000 s
+    assert cost_per_million_tokens(priced, 1000.0) == pytest.approx(1.0)
+    assert cost_per_million_tokens(planning_config(SMALL), 1000.0) is None
