@@ -418,6 +418,7 @@ def test_a_grid_measured_here_is_fitted_reported_and_recommended(
         "communication",
         "fsdp_copies",
         "horovod_background",
+        "plan_collective_wait",
         "pipedream_flatten",
     }
     assert len(fit["recommendations"]) == 2  # one verdict per workload
