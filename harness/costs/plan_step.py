@@ -53,6 +53,7 @@ from harness.costs.collectives import (
 )
 from harness.costs.schedules import in_flight, pipeline_seconds
 from harness.costs.transformer import (
+    Activations,
     Recompute,
     TransformerShape,
     block_activations,
@@ -235,7 +236,8 @@ class _MicroBatch:
     sends: float
 
 
-def _recompute_share(shape: TransformerShape, plan: PlanShape) -> float:
+def _activations(shape: TransformerShape, plan: PlanShape) -> Activations:
+    """What one block keeps and reruns under the plan, in its compute precision."""
     return block_activations(
         shape,
         plan.micro_batch,
@@ -243,7 +245,12 @@ def _recompute_share(shape: TransformerShape, plan: PlanShape) -> float:
         plan.sequence_parallel,
         plan.recompute,
         plan.recompute_every,
-    ).recompute_share
+        PRECISION_BYTES[plan.precision]["compute"],
+    )
+
+
+def _recompute_share(shape: TransformerShape, plan: PlanShape) -> float:
+    return _activations(shape, plan).recompute_share
 
 
 def _block_forward(
@@ -284,15 +291,7 @@ def _micro_batch(shape: TransformerShape, plan: PlanShape, cluster: Cluster) -> 
     block_fwd = block_fwd_core + elementwise
     block_bwd = block_bwd_core + 2 * elementwise
     blocks = _blocks_per_rank(shape, plan)
-    kept = block_activations(
-        shape,
-        plan.micro_batch,
-        plan.tp,
-        plan.sequence_parallel,
-        plan.recompute,
-        plan.recompute_every,
-        compute_bytes,
-    )
+    kept = _activations(shape, plan)
     # The output head (vocabulary-parallel over tp) and the loss, on the last rank.
     head_fwd = matmul_seconds(
         accelerator,
@@ -407,15 +406,7 @@ def predict_memory(shape: TransformerShape, plan: PlanShape) -> MemoryPrediction
         gathered = kept_blocks * block_params * sizes["gather"] + block_params * sizes["reduce"]
     elif sizes["gather"] < sizes["weight"]:
         gathered = params * sizes["gather"]  # autocast's 16-bit copies of the weights it used
-    activations_of = block_activations(
-        shape,
-        plan.micro_batch,
-        plan.tp,
-        plan.sequence_parallel,
-        plan.recompute,
-        plan.recompute_every,
-        compute_bytes,
-    )
+    activations_of = _activations(shape, plan)
     full_block = saved_activation_bytes(
         shape, plan.micro_batch, plan.tp, plan.sequence_parallel, compute_bytes
     )

@@ -3,14 +3,12 @@ an embedding, four blocks and a head, each saving its output only)."""
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 
-from harness.commands.compose import compose_config
-from harness.config.schema import DistbenchConfig, validate
+from harness.config.schema import DistbenchConfig
 from harness.costs.terms import CellFacts, LayerFacts
 from harness.distributions.mesh.rank_memory import memory_per_worker
+from tests.unit.harness.distributions.mesh.cells import plan_cell
 
 WEIGHTS = (40.0, 10.0, 10.0, 10.0, 10.0, 40.0)  # embedding, four blocks, head
 
@@ -31,20 +29,8 @@ def _facts() -> CellFacts:
     )
 
 
-@functools.cache
 def _config(*overrides: str) -> DistbenchConfig:
-    return validate(
-        compose_config(
-            [
-                "distribution=mesh",
-                "hardware=local_4cpu",
-                "network=llama_tiny",
-                "dataset=tokens",
-                "run.global_batch=8",
-                *overrides,
-            ]
-        )
-    )
+    return plan_cell("run.global_batch=8", *overrides)
 
 
 def test_fsdp_shards_every_weight_over_the_workers() -> None:

@@ -3,15 +3,13 @@ an embedding, four blocks and a head of equal compute; the links local_4cpu's co
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 
-from harness.commands.compose import compose_config
-from harness.config.schema import DistbenchConfig, validate
+from harness.config.schema import DistbenchConfig
 from harness.costs.terms import CellFacts, LayerFacts, batches_per_epoch
 from harness.distributions.mesh.step_time import epoch_terms
 from harness.profiles.hardware import HardwareProfile
+from tests.unit.harness.distributions.mesh.cells import plan_cell
 
 STEP_S = 0.6  # the sequential step at the micro-batch: 0.1 s a layer
 
@@ -37,21 +35,12 @@ def _facts() -> CellFacts:
     )
 
 
-@functools.cache
 def _config(*overrides: str) -> DistbenchConfig:
-    return validate(
-        compose_config(
-            [
-                "distribution=mesh",
-                "hardware=local_4cpu",
-                "network=llama_tiny",
-                "dataset=tokens",
-                "dataset.num_samples=64",
-                "run.global_batch=16",
-                "distribution.micro_batch_size=2",
-                *overrides,
-            ]
-        )
+    return plan_cell(
+        "dataset.num_samples=64",
+        "run.global_batch=16",
+        "distribution.micro_batch_size=2",
+        *overrides,
     )
 
 
