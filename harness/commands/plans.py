@@ -31,7 +31,7 @@ from harness.costs.transformer import TransformerShape
 from harness.distributions.mesh.plan_shape import plan_label, plan_of, plan_overrides
 from harness.predict.plans.cluster import cluster_of
 from harness.predict.plans.search import PricedPlan, price, search, tied_with_best
-from harness.predict.plans.shape import shape_of
+from harness.predict.plans.shape import remember_network, shape_of
 from harness.predict.plans.source import data_sheet_error
 
 
@@ -186,11 +186,17 @@ def predict_one(overrides: Sequence[str]) -> None:
             "bound": "memory",
         }
     print(json.dumps(answer, indent=2))
+    remember_network(config)
 
 
 def rank_plans(overrides: Sequence[str], top: int, as_json: bool) -> None:
     """`--plans`: every plan of the hardware's GPUs, those that fit ranked by step time."""
     config = planning_config(overrides)
+    _show_plans(config, overrides, top, as_json)
+    remember_network(config)  # answered: a later ask about this network builds nothing
+
+
+def _show_plans(config: DistbenchConfig, overrides: Sequence[str], top: int, as_json: bool) -> None:
     shape, cluster = shape_of(config), cluster_of(config.hardware)
     batch = global_batch_of(config)
     started = time.perf_counter()

@@ -903,16 +903,18 @@ class DistbenchConfig:
         """The network takes the dataset's input: asked of its source without building it
         where the source can answer so (a built-in network on token data is refused by name),
         else the network is built and run on the meta device (workloads.networks.check), once
-        per (network, dataset shape)."""
+        per (network, dataset shape), or read where the same code checked it before and a
+        command that answered kept it (the planner); checking keeps nothing, since bad input
+        writes nothing."""
         spec, ref = self.dataset.spec, self.network.ref
         try:
             input_check = self.network.source_spec.input_check
             if input_check is not None:  # answered without building the network (nor torch)
                 input_check(ref, spec)
                 return
-            from workloads.networks.check import check_network
+            from workloads.networks.check import check_network_remembered
 
-            check_network(ref, spec)
+            check_network_remembered(ref, spec, self.dataset.cache_dir, keep=False)
         except NetworkError as err:
             raise ConfigError(str(err)) from None
 

@@ -1,16 +1,42 @@
 """Does a network run on a dataset's input? Checked on PyTorch's meta device, before any cell
 starts: a wrong shape, a model that cannot take token ids, or logits of the wrong width fail
-here in one line that names both shapes, instead of inside a started cell's workers."""
+here in one line that names both shapes, instead of inside a started cell's workers.
+
+The answer is remembered (`workloads.networks.remembered`): a network that the same code
+checked on the same dataset shape before is not built again, so that a command checking its
+config (the planner, a sweep's launcher) loads no torch the second time. Only a network that
+passed is remembered: a refusal is found again, with its message built where it is raised.
+"""
 
 from __future__ import annotations
 
 import functools
-
-import torch
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from workloads.datasets.spec import DatasetSpec
 from workloads.networks.ref import NetworkError, NetworkRef
-from workloads.networks.split import FAKE_TENSOR_LOG, quiet_logger
+from workloads.networks.remembered import entry_path, keep_entry, read_entry
+
+if TYPE_CHECKING:
+    import torch
+
+_REMEMBERED = "network-checks"
+
+
+def check_network_remembered(
+    ref: NetworkRef, spec: DatasetSpec, cache_dir: str | Path, *, keep: bool
+) -> None:
+    """`check_network(ref, spec)`, unless today's code passed the same check before (kept in
+    `cache_dir`); a check that passes now is kept there if `keep` (a command that only checks
+    its input keeps nothing)."""
+    entry = entry_path(_REMEMBERED, ref, spec, cache_dir)
+    if (read_entry(entry) or {}).get("takes_input") is True:
+        return
+    check_network(ref, spec)
+    if keep:
+        keep_entry(entry, {"takes_input": True, "network": ref.key, "dataset": spec.name})
+
 
 # A forward of two samples: BatchNorm in training mode needs more than one value per channel.
 _CHECK_BATCH = 2
@@ -21,7 +47,10 @@ def check_network(ref: NetworkRef, spec: DatasetSpec) -> None:
     """Raise NetworkError unless `ref` builds for `spec` and maps a batch of its input to
     logits of the expected shape ((N, classes) for images, (N, T, vocab or more) for
     tokens)."""
+    import torch
+
     from workloads.networks import build_network
+    from workloads.networks.split import FAKE_TENSOR_LOG, quiet_logger
 
     inputs, _ = spec.example_batch(_CHECK_BATCH)
     expected = (_CHECK_BATCH, *spec.target_shape, spec.output_classes)

@@ -1,15 +1,11 @@
 """The length of a network's layer list, remembered on disk between processes.
 
 Checking a pipeline cell needs it (every stage needs a layer: `harness.distributions.
-pipeline_config`), and counting builds the network on the meta device: a few milliseconds of
-building after 3-4 s of importing torch and torchvision (or timm, transformers), in processes
-that otherwise never load them: a sweep's launcher checking its cells before any worker starts,
-a dry run. The count depends only on what builds the network, so it is kept per network and
-dataset shape, and per version of that code: distbench's own network code (a digest of
-`workloads/networks/`, its sources included) and the installed libraries the network's source
-builds with (`NetworkSourceSpec.libraries`). A user's own module (`network=module`) is counted
-afresh each time: its code can change between two commands without any version saying so.
-Nothing here imports torch.
+pipeline_config`), and counting builds the network on the meta device, in processes that
+otherwise never load torch: a sweep's launcher checking its cells before any worker starts, a
+dry run. It is kept as `workloads.networks.remembered` keeps a network's facts (per network,
+dataset shape and version of the code that builds it; a user's own module is counted afresh
+each time). Nothing here imports torch.
 
 The built-in networks' counts on every image dataset are also kept with the code
 (`layer_counts.json` beside this module, written by `python -m workloads.networks.layer_counts`),
@@ -24,17 +20,14 @@ code's.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
-import hashlib
 import json
-from importlib import metadata
 from pathlib import Path
 
 from workloads.datasets.atomic import write_json_atomic
 from workloads.datasets.spec import DatasetSpec
-from workloads.networks.ref import NetworkRef, canonical_json
-from workloads.networks.registry import source_named
+from workloads.networks.ref import NetworkRef
+from workloads.networks.remembered import entry_path, keep_entry, read_entry
 
 _FOLDER = "layer-counts"
 _KEPT = Path(__file__).with_name("layer_counts.json")
@@ -50,64 +43,21 @@ def remembered_layer_count(
     `layer_count` does (not remembered: the message is built where it is raised)."""
     entry = _entry_path(ref, dataset, cache_dir)
     if entry is not None:
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            return int(json.loads(entry.read_text())["layers"])
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            return int((read_entry(entry) or {})["layers"])
         kept = kept_counts().get(entry.name)
         if kept is not None:
             return kept
     from workloads.networks.layers import layer_count  # builds the network: torch
 
     count = layer_count(ref, dataset)
-    if keep and entry is not None:
-        with contextlib.suppress(OSError):
-            write_json_atomic(entry, {"layers": count, "network": ref.key, "dataset": dataset.name})
+    if keep:
+        keep_entry(entry, {"layers": count, "network": ref.key, "dataset": dataset.name})
     return count
 
 
 def _entry_path(ref: NetworkRef, dataset: DatasetSpec, cache_dir: str | Path) -> Path | None:
-    """Where the count of (ref, dataset) by today's code is kept; None: not kept (a user's
-    module, or a library that is not installed)."""
-    versions = _library_versions(ref.source)
-    if versions is None:
-        return None
-    identity = canonical_json(
-        {
-            "network": dataclasses.asdict(ref) | {"_options": None},
-            "dataset": dataclasses.asdict(dataset),
-            "versions": versions,
-            "code": _network_code_digest(),
-        }
-    )
-    digest = hashlib.sha256(identity.encode()).hexdigest()[:20]
-    return Path(cache_dir).expanduser() / _FOLDER / f"{ref.key}-{dataset.name}-{digest}.json"
-
-
-@functools.cache
-def _library_versions(source: str) -> dict[str, str] | None:
-    """The installed versions of what builds a network of `source` (its spec's `libraries`);
-    None: a source whose code no version covers (a user's module) or a library that is not
-    installed (counting says what is missing)."""
-    libraries = source_named(source).libraries
-    if libraries is None:
-        return None
-    try:
-        return {name: metadata.version(name) for name in libraries}
-    except metadata.PackageNotFoundError:
-        return None
-
-
-@functools.cache
-def _network_code_digest() -> str:
-    """A digest of the code that builds every network (this package's modules and its sources'
-    specs, but this module, which builds none: a change here leaves the counts, and the kept
-    file, as they were)."""
-    digest = hashlib.sha256()
-    folder = Path(__file__).parent
-    for path in sorted(folder.rglob("*.py")):
-        if path != Path(__file__):
-            name = path.relative_to(folder).as_posix()
-            digest.update(name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
+    return entry_path(_FOLDER, ref, dataset, cache_dir)
 
 
 @functools.cache

@@ -15,7 +15,7 @@ from harness.distributions.mesh.plan_shape import plan_label, plan_of, plan_over
 from harness.predict.plans.cluster import cluster_of
 from harness.predict.plans.published import compare, predict_row, tables
 from harness.predict.plans.search import search, tied_with_best
-from harness.predict.plans.shape import shape_of
+from harness.predict.plans.shape import remember_network, shape_of
 from harness.predict.plans.source import VALIDATION, data_sheet_error
 
 SMALL = ["network=llama_tiny", "hardware=h100_node", "run.global_batch=16"]
@@ -122,3 +122,29 @@ def test_a_price_prices_a_million_tokens() -> None:
     # 3.6 an hour is 0.001 a second: a million tokens at 1,000 tokens/s a GPU take 1,000 s
     assert cost_per_million_tokens(priced, 1000.0) == pytest.approx(1.0)
     assert cost_per_million_tokens(planning_config(SMALL), 1000.0) is None
+
+
+def test_a_network_planned_once_is_planned_again_without_building_it(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The planner remembers a network's shape and input check (importing transformers to
+    read them costs seconds); another cluster's plans read them back, a damaged entry is read
+    again."""
+    import workloads.networks.check as check
+    import workloads.networks.lm as lm
+
+    network = ["network=llama_tiny", "run.global_batch=16", f"dataset.cache_dir={tmp_path}"]
+    config = planning_config([*network, "hardware=h100_node"])
+    first = shape_of(config)
+    remember_network(config)
+
+    def built_again(*args: object) -> None:
+        raise AssertionError("the network was built again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(check, "check_network", built_again)
+        patched.setattr(lm, "decoder_shape", built_again)
+        assert shape_of(planning_config([*network, "hardware=b200_node"])) == first
+    for entry in tmp_path.rglob("*.json"):
+        entry.write_text("{")
+    assert shape_of(planning_config([*network, "hardware=b200_node"])) == first

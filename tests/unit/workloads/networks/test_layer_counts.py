@@ -12,6 +12,7 @@ import pytest
 from workloads.datasets.spec import DATASET_SPECS
 from workloads.networks import layer_count
 from workloads.networks import layer_counts as remembered
+from workloads.networks import remembered as facts
 from workloads.networks.ref import NetworkRef, canonical_json
 
 MNIST = DATASET_SPECS["mnist"]
@@ -58,7 +59,7 @@ def test_each_dataset_shape_and_code_version_has_its_own_count(
     remembered.remembered_layer_count(ref, CIFAR, tmp_path)
     assert len(_entries(tmp_path)) == 2
     # distbench's network code changed: its earlier counts are not this code's
-    monkeypatch.setattr(remembered, "_network_code_digest", lambda: "other code")
+    monkeypatch.setattr(facts, "network_code_digest", lambda: "other code")
     remembered.remembered_layer_count(ref, CIFAR, tmp_path)
     assert len(_entries(tmp_path)) == 3
 
