@@ -26,6 +26,14 @@ scripts/slurm_local.sh install`):
 `down` ends every job, daemon and process in the nodes, removes the namespaces, links, bridge
 and hosts lines, and checks that none is left. Both are idempotent. The loopback cluster of
 `scripts/slurm_local.sh` and this one share /etc/slurm/slurm.conf: one runs at a time.
+
+On a shared machine `up` notes (in `DISTBENCH_EMULATED_DIR`, before it makes anything) what it
+starts and writes outside it: the process ids of slurmctld and of munged where it started one,
+the slurm.conf it replaced. `down` stops those processes by their ids (never by name), ends the
+processes inside the nodes' namespaces, puts the earlier slurm.conf back (or removes its own),
+removes the hosts lines it marked, and touches nothing else: with no cluster noted it touches
+nothing at all, and says so (or what of an emulated cluster it sees that another directory's
+note must have started).
 """
 
 from __future__ import annotations
@@ -213,25 +221,33 @@ def _state_file() -> Path:
 def current() -> Cluster | None:
     """The emulated cluster this machine runs, as `up` noted it (None if none)."""
     try:
-        return Cluster.from_json(json.loads(_state_file().read_text())["cluster"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return Cluster.from_json(_read_note()["cluster"])
+    except (KeyError, TypeError, ValueError):
         return None
 
 
-def _note(cluster: Cluster, started_munge: bool) -> None:
+def _read_note() -> dict:
+    """What `up` noted (empty: nothing noted in STATE_DIR)."""
+    try:
+        note = json.loads(_state_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return note if isinstance(note, dict) else {}
+
+
+def _note(**facts: object) -> None:
+    """Add `facts` to the note, written whole (a crash leaves the earlier note, not half of it)."""
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     temporary = _state_file().with_suffix(".tmp")
-    temporary.write_text(
-        json.dumps({"cluster": cluster.to_json(), "started_munge": started_munge}, indent=1)
-    )
+    temporary.write_text(json.dumps(_read_note() | facts, indent=1))
     temporary.replace(_state_file())
 
 
-def _started_munge() -> bool:
-    try:
-        return bool(json.loads(_state_file().read_text()).get("started_munge"))
-    except (OSError, ValueError):
-        return False
+def _noted_pid(key: str, name: str) -> int | None:
+    """The noted process id `key`, if that process still runs under the name `name` (a pid the
+    kernel gave to another program since is not ours)."""
+    pid = _read_note().get(key)
+    return pid if isinstance(pid, int) and pid in daemon_pids(name) else None
 
 
 # --- the network --------------------------------------------------------------------------------
@@ -417,25 +433,43 @@ def daemon_pids(name: str) -> list[int]:
     return found
 
 
-def start_slurm(cluster: Cluster) -> bool:
+def start_slurm(cluster: Cluster) -> None:
     """munged (if none runs), slurmctld, and one slurmd per node inside its namespace on its
-    cores; True if munged was started here (then `down` stops it)."""
+    cores; each process id this starts outside the nodes, and the slurm.conf it replaces,
+    noted for `down`."""
     hostname = run("hostname").stdout.strip()
     for node in cluster.nodes:
         (STATE_DIR / f"spool-{node.name}").mkdir(parents=True, exist_ok=True)
     (STATE_DIR / "ctld").mkdir(parents=True, exist_ok=True)
     SLURM_CONF.parent.mkdir(parents=True, exist_ok=True)
-    SLURM_CONF.write_text(slurm_conf(cluster, hostname))
-    started_munge = not _daemon_running("munged")
-    if started_munge:
+    written = slurm_conf(cluster, hostname)
+    if "slurm_conf_before" not in _read_note():
+        before = SLURM_CONF.read_text() if SLURM_CONF.exists() else None
+        _note(slurm_conf_before=before)
+    _note(slurm_conf_written=written)
+    SLURM_CONF.write_text(written)
+    if not _daemon_running("munged"):
         Path("/run/munge").mkdir(parents=True, exist_ok=True)
         shutil.chown("/run/munge", "munge", "munge")
-        run("runuser", "-u", "munge", "--", "munged")
-    run("slurmctld", "-c")  # -c: no jobs of an earlier cluster are resumed
+        _note(munged_pid=_started_daemon("munged", "runuser", "-u", "munge", "--", "munged"))
+    _note(slurmctld_pid=_started_daemon("slurmctld", "slurmctld", "-c"))  # -c: no old jobs
     for node in cluster.nodes:
         cores = ",".join(map(str, node.cores))
         run(*in_namespace(node, "taskset", "-c", cores, "slurmd", "-N", node.name))
-    return started_munge
+
+
+def _started_daemon(name: str, *command: str) -> int | None:
+    """Run `command`, which starts the daemon `name` in the background, and return the id of
+    the process of that name it started (None if none appeared within seconds)."""
+    before = set(daemon_pids(name))
+    run(*command)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        started = sorted(set(daemon_pids(name)) - before)
+        if started:
+            return started[0]
+        time.sleep(0.1)
+    return None
 
 
 def nodes_idle(cluster: Cluster) -> bool:
@@ -448,17 +482,52 @@ def nodes_idle(cluster: Cluster) -> bool:
 
 
 def stop_slurm() -> None:
-    """Cancel every job, stop slurmctld and the nodes' slurmd (they run in the nodes'
-    namespaces, whose processes `remove_network` ends in any case)."""
-    if run("scontrol", "ping", check=False).returncode == 0:
+    """Cancel the jobs of the noted slurmctld and stop it, by its id; its nodes' slurmd run in
+    the nodes' namespaces, whose processes `remove_network` ends. Another SLURM cluster's jobs
+    and daemons are left alone: nothing is asked of a controller that is not the noted one."""
+    controller = _noted_pid("slurmctld_pid", "slurmctld")
+    if controller is None:
+        return
+    if _slurm_conf_is_ours() and run("scontrol", "ping", check=False).returncode == 0:
         jobs = run("squeue", "-h", "-o", "%i", check=False).stdout.split()
         if jobs:
             run("scancel", "--full", *jobs, check=False)
         run("scontrol", "shutdown", check=False)
-    deadline = time.monotonic() + 15
-    while _daemon_running("slurmctld") and time.monotonic() < deadline:
-        time.sleep(0.2)
-    run("pkill", "-9", "-x", "slurmctld", check=False)
+    _end_process(controller, "slurmctld")
+
+
+def _end_process(pid: int, name: str) -> None:
+    """SIGTERM the process `pid` (still named `name`), SIGKILL it after 15 s, wait until it is
+    gone."""
+    for sent, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        if pid not in daemon_pids(name):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sent)
+        deadline = time.monotonic() + wait_s
+        while pid in daemon_pids(name) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _slurm_conf_is_ours() -> bool:
+    written = _read_note().get("slurm_conf_written")
+    try:
+        return written is not None and SLURM_CONF.read_text() == written
+    except OSError:
+        return False
+
+
+def restore_slurm_conf() -> None:
+    """The slurm.conf `up` replaced, back (or its own removed); one another program rewrote
+    since is left as it is."""
+    note = _read_note()
+    if "slurm_conf_written" not in note or not _slurm_conf_is_ours():
+        return
+    before = note.get("slurm_conf_before")
+    if isinstance(before, str):
+        SLURM_CONF.write_text(before)
+    else:
+        SLURM_CONF.unlink(missing_ok=True)
 
 
 # --- up / down / status -------------------------------------------------------------------------
@@ -470,24 +539,25 @@ def up(cluster: Cluster) -> Cluster:
     running = current()
     if running is not None and _same_nodes(running, cluster) and _healthy(running):
         shape_links(running, cluster.link)
-        _note(
-            dataclasses.replace(running, hardware=cluster.hardware, link=cluster.link),
-            _started_munge(),
-        )
+        reshaped = dataclasses.replace(running, hardware=cluster.hardware, link=cluster.link)
+        _note(cluster=reshaped.to_json())
         return cluster
-    if running is not None or namespaces() or links():
+    if running is not None:
         down()
+    seen = _unnoted_leftovers()
+    if seen:
+        raise EmulationError(_unnoted_message(seen))
     if _daemon_running("slurmctld") or _daemon_running("slurmd"):
         raise EmulationError(
             "another SLURM cluster runs on this machine (bash "
             "scripts/slurm_local.sh start?): stop it first (bash "
             "scripts/slurm_local.sh stop); the emulated nodes bring their own"
         )
+    _note(cluster=cluster.to_json())  # first: `down` finds whatever is made from here on
     try:
         bring_up_network(cluster)
         write_hosts(cluster)
-        _note(cluster, started_munge=False)  # so that `down` finds what is there so far
-        _note(cluster, started_munge=start_slurm(cluster))
+        start_slurm(cluster)
         _wait_until(
             lambda: nodes_idle(cluster),
             UP_TIMEOUT_S,
@@ -520,28 +590,56 @@ def _wait_until(condition: object, timeout_s: float, failure: str) -> None:
         time.sleep(0.5)
 
 
-def down() -> None:
-    """Remove every emulated node, link, daemon and hosts line; check that none is left."""
-    started_munge = _started_munge()
+def down() -> bool:
+    """Remove the noted cluster's nodes, links, daemons, hosts lines and slurm.conf; check that
+    none is left. False: nothing was noted nor seen, and nothing was touched. Raises
+    EmulationError where an emulated cluster is seen that no note here names (brought up with
+    another DISTBENCH_EMULATED_DIR), touching nothing of it."""
+    if not _read_note():
+        seen = _unnoted_leftovers()
+        if seen:
+            raise EmulationError(_unnoted_message(seen))
+        return False
     stop_slurm()
     remove_network()
     remove_hosts()
-    if started_munge:
-        run("pkill", "-x", "munged", check=False)
-    with contextlib.suppress(OSError):
-        _state_file().unlink()
+    munged = _noted_pid("munged_pid", "munged")
+    if munged is not None:
+        _end_process(munged, "munged")
+    restore_slurm_conf()
     left = leftovers()
     if left:
         raise EmulationError(f"left after tear-down: {', '.join(left)}")
+    with contextlib.suppress(OSError):
+        _state_file().unlink()
+    return True
+
+
+def _unnoted_leftovers() -> list[str]:
+    """What of an emulated cluster exists now (namespaces, links, hosts lines)."""
+    left = [f"namespace {name}" for name in namespaces()]
+    left += [f"link {name}" for name in links()]
+    if any(HOSTS_MARK in line for line in _hosts_lines()):
+        left.append(f"lines of {HOSTS_FILE}")
+    return left
+
+
+def _unnoted_message(seen: Sequence[str]) -> str:
+    return (
+        f"no emulated cluster is noted in {STATE_DIR}, yet {', '.join(seen)} exist: brought "
+        f"up with another DISTBENCH_EMULATED_DIR? Run down with that one; nothing was touched"
+    )
 
 
 def leftovers() -> list[str]:
-    """What of an emulated cluster exists now (empty once `down` is done)."""
-    left = [f"namespace {name}" for name in namespaces()]
-    left += [f"link {name}" for name in links()]
-    left += [f"daemon {name}" for name in ("slurmctld",) if _daemon_running(name)]
-    if any(HOSTS_MARK in line for line in _hosts_lines()):
-        left.append(f"lines of {HOSTS_FILE}")
+    """What of the noted cluster exists now (empty once `down` is done)."""
+    left = _unnoted_leftovers()
+    for key, name in (("slurmctld_pid", "slurmctld"), ("munged_pid", "munged")):
+        pid = _noted_pid(key, name)
+        if pid is not None:
+            left.append(f"{name} (process {pid})")
+    if _slurm_conf_is_ours():
+        left.append(str(SLURM_CONF))
     return left
 
 
@@ -567,13 +665,27 @@ def status_lines() -> list[str]:
             f"{node.name} {node.address} ns {node.namespace} cores "
             f"{','.join(map(str, node.cores))}: {qdisc.splitlines()[0]}"
         )
-        lines += [
-            f"    {line.strip()}"
-            for line in counters.splitlines()[2:]
-            if line.strip().startswith((NODE_INTERFACE, "lo"))
-        ]
+        lines += traffic_table(counters)
     lines.append(run("sinfo", "-N", check=False).stdout.rstrip())
     return lines
+
+
+def traffic_table(proc_net_dev: str) -> list[str]:
+    """A node's interfaces' traffic since they were made, from its /proc/net/dev: one row per
+    interface (its loopback and its link), bytes and packets each way."""
+    heading = ("interface", "received MB", "packets", "sent MB", "packets")
+    rows = ["    {:<10} {:>12} {:>10} {:>12} {:>10}".format(*heading)]
+    for line in proc_net_dev.splitlines()[2:]:  # two lines of headings
+        name, _, numbers = line.partition(":")
+        fields = numbers.split()
+        if name.strip() not in (NODE_INTERFACE, "lo") or len(fields) < 10:
+            continue
+        received, received_packets, sent, sent_packets = (int(fields[i]) for i in (0, 1, 8, 9))
+        rows.append(
+            f"    {name.strip():<10} {received / 1e6:>12.2f} {received_packets:>10,} "
+            f"{sent / 1e6:>12.2f} {sent_packets:>10,}"
+        )
+    return rows
 
 
 @command
@@ -604,8 +716,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"links {' '.join(cluster.link.tbf_arguments())}"
         )
     elif args.action == "down":
-        down()
-        print("[emulated] down: no namespace, link, daemon or hosts line left")
+        if down():
+            print("[emulated] down: no namespace, link, daemon, hosts line or slurm.conf left")
+        else:
+            print(f"[emulated] nothing was up (no cluster noted in {STATE_DIR}): nothing touched")
+            return
     print("\n".join(status_lines()))
 
 
