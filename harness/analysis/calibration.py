@@ -103,6 +103,11 @@ def read_fit(path: Path) -> dict[str, Any]:
             if not isinstance(data.get(key) or [], list):
                 raise TypeError(f"{key} is not a list")
         return data
+    except RecursionError:  # arrays nested past the JSON reader's depth
+        raise ConfigError(
+            f"--fit={path} is invalid: not a fit.json of harness.analysis (nested deeper "
+            f"than any it writes); run the analysis again"
+        ) from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise ConfigError(
             f"--fit={path} is invalid: not a fit.json of harness.analysis "
@@ -121,6 +126,8 @@ def _check_fit_entry(hardware: str, entry: object) -> None:
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in params.values()
     ):
         raise TypeError(f"{where}.params is not an object of numbers")
+    for name, value in params.items():  # fitted with bounds (0, inf): finite, not negative
+        _check_value(f"{where}.params.{name}", value, 0.0, MAX_PARAMETER)
     for key, kind in (
         ("cells", int),
         ("runtime_mb", (int, float)),
@@ -136,6 +143,28 @@ def _check_fit_entry(hardware: str, entry: object) -> None:
             raise TypeError(f"{where}.{key} is not a list of names")
     if not all(isinstance(count, int) for count in (entry.get("models") or {}).values()):
         raise TypeError(f"{where}.models is not an object of cell counts")
+    if entry.get("runtime_mb") is not None:  # a median gap: negative where the model over-counts
+        _check_value(f"{where}.runtime_mb", entry["runtime_mb"], -MAX_MEMORY_MB, MAX_MEMORY_MB)
+    counts = {"cells": entry.get("cells")} | {
+        f"models.{model}": count for model, count in (entry.get("models") or {}).items()
+    }
+    for key, count in counts.items():
+        if count is not None:
+            _check_value(f"{where}.{key}", count, 0, MAX_CELLS)
+
+
+# What no analysis writes: a fitted parameter (seconds per unit, or a factor) beyond 10^6, a
+# memory remainder beyond 10 TB, more cells than a grid of a billion. The fit's own NaN in
+# `accuracy` means "not measured" and stays readable.
+MAX_PARAMETER = 1e6
+MAX_MEMORY_MB = 1e7
+MAX_CELLS = 10**9
+
+
+def _check_value(field_name: str, value: float, low: float, high: float) -> None:
+    """ValueError naming fit.json's field where `value` is not finite or not in [low, high]."""
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ValueError(f"{field_name} is {value}, allowed {low:g} to {high:g}")
 
 
 def coverage(path: Path, hardware: str, data: dict[str, Any] | None = None) -> FitCoverage | None:

@@ -34,6 +34,7 @@ from harness.config.accepts import (
     text,
 )
 from harness.config.batch_sizes import default_batch_size
+from harness.config.stores import ALLOWED_STORES, known_scheme, store_scheme
 from workloads.datasets.spec import BYTE_VOCAB, DATASET_SPECS, DatasetSpec
 from workloads.networks import registry as network_registry
 from workloads.networks.ref import BUILTIN, NetworkError, NetworkRef, canonical_json
@@ -858,6 +859,14 @@ class TrackingConfig:
     run_name: str | None = field(default=None, metadata=text(MLFLOW_NAME_CHARS))
 
     def __post_init__(self) -> None:
+        if self.uri is not None:  # else resolved when the store is opened (check_store)
+            scheme = store_scheme(self.uri)
+            require(
+                known_scheme(scheme),
+                "tracking.uri",
+                self.uri,
+                f"no MLflow store has the scheme {scheme!r}; allowed: {ALLOWED_STORES}",
+            )
         # MLflow refuses an empty experiment name, but only when the cell is synced, after
         # it trained.
         require(

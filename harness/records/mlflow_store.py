@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.cli.errors import StateError, note_setting
+from harness.config.stores import ALLOWED_STORES, known_scheme, store_scheme
 from harness.records.empty_store import seed_new_store
 from harness.system.filelock import held
 
@@ -106,20 +107,6 @@ def store_not_created(uri: str) -> bool:
 
 # The first bytes of every SQLite database file.
 _SQLITE_HEADER = b"SQLite format 3\x00"
-# Schemes MLflow's tracking client can open (its registry; plugins may add more, which a user
-# of a plugin names in tracking.uri and this check lets through when the plugin is installed).
-_BUILTIN_SCHEMES = (
-    "sqlite",
-    "mysql",
-    "postgresql",
-    "mssql",
-    "http",
-    "https",
-    "file",
-    "databricks",
-    "databricks-uc",
-    "uc",
-)
 
 
 def check_store(uri: str) -> None:
@@ -127,14 +114,12 @@ def check_store(uri: str) -> None:
     SQLite store that is a directory or not a database, or a scheme no MLflow store has.
     Checked before MLflow opens it: SQLAlchemy would retry a locked or foreign file for
     minutes, then print a long traceback."""
-    scheme = uri.partition("://")[0] if "://" in uri else "file"
+    scheme = store_scheme(uri)
     if scheme == "sqlite":
         _check_sqlite_file(uri, Path(uri.removeprefix("sqlite:///")))
-    elif scheme not in _BUILTIN_SCHEMES and not _plugin_scheme(scheme):
+    elif not known_scheme(scheme):
         raise StateError(
-            f"tracking.uri={uri}: unsupported store scheme {scheme!r}; allowed: "
-            f"http(s)://host:port, sqlite:///path/mlflow.db, a directory path, "
-            f"or a database URI (postgresql://, mysql://)"
+            f"tracking.uri={uri}: unsupported store scheme {scheme!r}; allowed: {ALLOWED_STORES}"
         )
 
 
@@ -163,13 +148,6 @@ def _check_sqlite_file(uri: str, path: Path) -> None:
             f"tracking.uri={uri}: {path} is not an SQLite database (corrupt or "
             f"another file); {recover}"
         )
-
-
-def _plugin_scheme(scheme: str) -> bool:
-    """Whether an installed MLflow plugin registers a tracking store for `scheme`."""
-    from importlib.metadata import entry_points
-
-    return any(entry.name == scheme for entry in entry_points(group="mlflow.tracking_store"))
 
 
 # Loggers of the libraries under MLflow's SQLite store that log at INFO when a store is opened

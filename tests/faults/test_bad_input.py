@@ -714,9 +714,36 @@ BAD_INPUTS: list[Bad] = [
     _bad("harness.analysis", "tracking.experiment=nosuch", "no MLflow store at"),
     _bad("harness.analysis", "run.output_dir={file}", "run.output_dir='{file}' is invalid"),
     _bad("harness.analysis", "network=resnet19", "network=resnet19: unknown"),
+    # a tracking URI no MLflow store accepts: refused before work by every command (a cell
+    # trained with it would keep its result pending for ever)
+    *(
+        _bad(module, "tracking.uri=bogus://nowhere", "no MLflow store has the scheme 'bogus'")
+        for module in COMMANDS
+    ),
+    _bad(
+        "harness",
+        f"{SWEEP} tracking.uri=bogus://nowhere",
+        "tracking.uri='bogus://nowhere' is invalid",
+    ),
     # harness.recommend
     _bad("harness.recommend", "--fit={work}/missing.json", "--fit={work}/missing.json is invalid"),
     _bad("harness.recommend", "--fit={file}", "--fit={file} is invalid: not a fit.json"),
+    # fit.json's numbers checked by value, naming the field; any depth read without a crash
+    _bad(
+        "harness.recommend",
+        "hardware=local_2cpu --fit={work}/fit_not_finite.json",
+        "hardware.local_2cpu.params.contention is nan, allowed 0 to 1e+06",
+    ),
+    _bad(
+        "harness.recommend",
+        "hardware=local_2cpu --fit={work}/fit_cells.json",
+        "hardware.local_2cpu.cells is 1000000000000000000000000000000, allowed 0 to 1e+09",
+    ),
+    _bad(
+        "harness.recommend",
+        "--fit={work}/fit_nested.json",
+        "is invalid: not a fit.json of harness.analysis (nested deeper than any it writes)",
+    ),
     # a candidate invalid for the settings asked (GPipe's Table 3.3 batch of 3072 in an epoch
     # of 512): refused before anything is probed or a facts file written
     _bad(
@@ -996,6 +1023,14 @@ def run_table(root: Path) -> list[dict]:
     work, capture = root / "work", root / "capture"
     work.mkdir(), capture.mkdir()
     (work / "a_file").write_text("not a directory\n")
+    # Damaged fit.json files: numbers no analysis writes, and arrays nested 100,000 deep.
+    (work / "fit_not_finite.json").write_text(
+        '{"hardware": {"local_2cpu": {"params": {"contention": NaN, "communication": Infinity}}}}'
+    )
+    (work / "fit_cells.json").write_text(
+        '{"hardware": {"local_2cpu": {"params": {"contention": 1.0}, "cells": 1' + "0" * 30 + "}}}"
+    )
+    (work / "fit_nested.json").write_text("[" * 100_000 + "]" * 100_000)
     # Anything a case should not have written lands in `work`, where the listing sees it.
     os.environ["DISTBENCH_CACHE_DIR"] = str(work / "cache")
     os.environ.pop("MLFLOW_TRACKING_URI", None)

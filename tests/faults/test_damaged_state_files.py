@@ -168,7 +168,11 @@ _FIT_FIELDS = ("cells", "runtime_mb", "networks", "models", "links", "machines")
 )
 @given(
     entry=st.fixed_dictionaries(
-        {"params": st.just({"contention": 1.0}) | _JSON},
+        {
+            "params": st.just({"contention": 1.0})
+            | st.dictionaries(st.text(max_size=8), st.floats() | st.integers(), max_size=3)
+            | _JSON
+        },
         optional={key: _JSON for key in _FIT_FIELDS},
     ),
     accuracy=_JSON,
@@ -205,6 +209,9 @@ def test_any_fit_entry_is_read_or_named_in_one_line(
     except ConfigError as err:
         assert f"--fit={fit} is invalid" in str(err)
         return
+    # what a prediction multiplies by: finite, a parameter never negative (fitted so)
+    assert all(math.isfinite(value) and value >= 0 for value in fitted.params.values())
+    assert math.isfinite(fitted.runtime_mb)
     hardware = validate(compose_config(["hardware=local_2cpu"])).hardware
     step = StepTime(32, 0.1, "facts file f.json", 32, "some other machine")
     assert isinstance(fitted.source, str) and isinstance(fitted.noise_text, str)

@@ -1,10 +1,11 @@
-"""A tracking store that cannot be used: unsupported (`bogus://`), unreachable (a closed port),
-a `mlflow.db` of random bytes or a directory of that name. Every command that reads the store
-(`harness.analysis`, `harness.sweeps export`, `harness.sync`) ends in ONE line naming
-`tracking.uri`, with exit status 3 (harness.cli.errors.one_door), within the cells' bounded wait (2
-retries); a cell keeps its result.json and says the store is unusable. Real files, a real
-closed port, the commands' real entry points (in this process, except where the process itself
-is what is checked)."""
+"""A tracking store that cannot be used: unreachable (a closed port), a `mlflow.db` of random
+bytes or a directory of that name. Every command that reads the store (`harness.analysis`,
+`harness.sweeps export`, `harness.sync`) ends in ONE line naming `tracking.uri`, with exit status 3
+(harness.cli.errors.one_door), within the cells' bounded wait (2 retries); a cell keeps its
+result.json and says the store is unusable. A URI no store accepts (`bogus://`) is bad input:
+refused with the config, exit status 2, by every command (the bad-input table's rows too).
+Real files, a real closed port, the commands' real entry points (in this process, except where
+the process itself is what is checked)."""
 
 from __future__ import annotations
 
@@ -41,13 +42,11 @@ def _directory_db(root: Path) -> str:
 
 
 STORES: dict[str, Callable[[Path], str]] = {
-    "bogus": lambda root: "tracking.uri=bogus://nowhere",
     "closed-port": lambda root: f"tracking.uri=http://127.0.0.1:{_closed_port()}",
     "random-bytes-db": _random_db,
     "directory-db": _directory_db,
 }
 SAYS = {
-    "bogus": "unsupported store scheme 'bogus'",
     "closed-port": "cannot be used",
     "random-bytes-db": "is not an SQLite database",
     "directory-db": "is a directory",
@@ -93,6 +92,18 @@ _CASES = [
     for store in STORES
     if store != "closed-port" or name == "analysis"
 ]
+
+
+@pytest.mark.parametrize("name", _COMMANDS)
+def test_a_uri_no_store_accepts_is_bad_input(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        _COMMANDS[name](tmp_path, "tracking.uri=bogus://nowhere")
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2, err
+    assert err.count("\n") == 1, err
+    assert "tracking.uri='bogus://nowhere' is invalid: no MLflow store has the scheme" in err
 
 
 @pytest.mark.parametrize(("name", "store"), _CASES, ids=[f"{n}-{s}" for n, s in _CASES])

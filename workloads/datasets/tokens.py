@@ -51,6 +51,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -456,7 +457,7 @@ def _text_files(directory: Path, root: str | Path) -> FileListing:
             f"directory holding the .txt files"
         )
     paths = sorted(
-        (path for path in directory.rglob("*.txt") if path.is_file()),
+        (path for path in _walk(directory) if path.suffix == ".txt" and path.is_file()),
         key=lambda path: path.relative_to(directory).as_posix(),
     )
     if not paths:
@@ -469,6 +470,25 @@ def _text_files(directory: Path, root: str | Path) -> FileListing:
         stat = path.stat()
         listing.append((path.relative_to(directory).as_posix(), stat.st_size, stat.st_mtime_ns))
     return listing
+
+
+def _walk(directory: Path) -> Iterator[Path]:
+    """Every entry under `directory`, at any depth, by a loop over a stack of directories
+    (Python 3.11's `rglob` and `os.walk` recurse, and a tree a thousand levels deep ended in
+    RecursionError); a symbolic link to a directory is not followed (a link to a parent would
+    never end), a link to a file is listed, a directory that cannot be listed is passed over
+    (as `rglob` did)."""
+    pending = [directory]
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except PermissionError:  # a directory this user cannot list holds no text it can read
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(Path(entry.path))
+            else:
+                yield Path(entry.path)
 
 
 def _cached_concatenation(

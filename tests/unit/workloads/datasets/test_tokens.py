@@ -258,6 +258,31 @@ def test_bad_text_roots_are_refused_naming_dataset_root(tmp_path: Path) -> None:
         )
 
 
+def test_text_at_any_depth_is_found_and_a_link_to_a_parent_is_not_followed(
+    tmp_path: Path,
+) -> None:
+    """1,100 nested directories (Python's own recursive listings end in RecursionError there)
+    and a symbolic link back to the root (a listing that followed it would never end)."""
+    root = tmp_path / "deep"
+    root.mkdir()
+    directory = root
+    for _ in range(1100):
+        directory /= "d"
+        os.mkdir(directory)  # one level at a time: os.makedirs recurses too
+    (directory / "a.txt").write_bytes(b"x" * 64)
+    (root / "loop").symlink_to(root, target_is_directory=True)
+    try:
+        write_text(tmp_path / "flat", {"a.txt": b"x" * 64})
+        flat = text(tmp_path / "flat", tmp_path / "cache", seq_len=7)
+        assert len(text(root, tmp_path / "cache", seq_len=7)) == len(flat) > 0
+    finally:  # removed here, deepest first: shutil.rmtree (pytest's clean-up) recurses too
+        (directory / "a.txt").unlink()
+        (root / "loop").unlink()
+        while directory != root:
+            directory.rmdir()
+            directory = directory.parent
+
+
 # ------------------------------------------------------------------------ loading and cache
 
 
