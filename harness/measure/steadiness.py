@@ -235,6 +235,20 @@ UNSTEADY_FOOTNOTE = (
 )
 
 
+def unsteady_note(metrics: Mapping[str, float], steadiness_text: str | None) -> str:
+    """What a cell's one-line summary adds when it was measured on an unsteady machine (empty
+    when steady): why, and how to measure it again. `steadiness_text`: `Steadiness.text()` as
+    the cell recorded it (its environment's `steadiness`)."""
+    if metrics.get("steady", 1.0) != 0.0:
+        return ""
+    text = (steadiness_text or "").removeprefix("unsteady: ")
+    why = text.partition(" (reference kernel")[0] or "the machine's speed changed over the cell"
+    return (
+        f"; UNSTEADY ({UNSTEADY_MARK} in tables): {why}; measure it again on a quiet machine "
+        f"(a sweep: hydra.launcher.remeasure_unsteady=true)"
+    )
+
+
 def is_unsteady(metrics: dict[str, float]) -> bool:
     """A result measured while the machine was unsteady (a result recorded before steadiness
     was measured counts as steady: nothing says otherwise)."""

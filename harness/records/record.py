@@ -37,6 +37,7 @@ from omegaconf import OmegaConf
 
 from harness.config.schema import DistbenchConfig
 from harness.measure.spread import spread_text
+from harness.measure.steadiness import unsteady_note
 from harness.records.mlflow_store import tracking_failure, tracking_uri
 from harness.records.results import MLLOG_GLOB, RESULT_FILE, CellResult, RunStatus, write_result
 from harness.records.resume import index_result
@@ -294,13 +295,18 @@ def _log_summary(
             if tokens == metrics["images_per_second"]  # images: one per sample
             else f"{metrics['images_per_second']:.1f} samples/s, {tokens:.0f} tokens/s"
         )
+        workers = int(metrics.get("world_size", 1))
+        # One epoch time per cell: its slowest worker's (a worker's own log shows its own).
+        rule = f", the slowest of {workers} workers'" if workers > 1 else ""
         log.info(
-            "%s: %.3f s/epoch (%s), %s, peak memory %.0f MB",
+            "%s: %.3f s/epoch%s (%s), %s, peak memory %.0f MB%s",
             result.run_name,
             metrics["seconds_per_epoch"],
+            rule,
             spread_text(metrics),
             throughput,
             metrics["peak_memory_mb"],
+            unsteady_note(metrics, result.environment.get("steadiness")),
         )
         _log_quality(result)
     if uri is None:

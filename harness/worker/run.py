@@ -500,11 +500,12 @@ def train_repeat(
             measured.append(epochs[-1])
         events.epoch_stop(repeat, epoch)
         log.info(
-            "%s: %.3f s (%d %s)",
+            "%s: %.3f s (%d %s)%s",
             label,
             epochs[-1].seconds,
             epochs[-1].samples,
             sample_unit(context.config),
+            _whose_epoch(context),
         )
         check_finite_losses(epochs[-1].batch_losses, label)
         if context.workload.eval_dataset is None:
@@ -597,6 +598,18 @@ def evaluate_epoch(
         evaluation.seconds,
     )
     return evaluation
+
+
+def _whose_epoch(context: TrainingContext) -> str:
+    """Which worker's epoch a log line times, where the cell has several: the cell's epoch
+    time, in its summary, is its slowest worker's."""
+    env = context.peers.env
+    if env.world_size <= 1:
+        return ""
+    return (
+        f" on worker {env.rank} of {env.world_size} (the cell's epoch time, in its summary, "
+        f"is its slowest worker's)"
+    )
 
 
 def epoch_label(run: RunConfig, repeat: int, epoch: int) -> str:

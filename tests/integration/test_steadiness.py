@@ -28,6 +28,7 @@ from harness.measure.steadiness import (
     Steadiness,
     memory_reference_seconds,
     reference_seconds,
+    unsteady_note,
 )
 from harness.predict.ties import break_tie, memory_margin_percent, tie_with_fastest
 from harness.records.mlflow_store import DEFAULT_STORE_FILE
@@ -57,6 +58,19 @@ def test_drift_or_spread_beyond_the_threshold_makes_a_cell_unsteady() -> None:
     assert varied.text().startswith("unsteady: its epochs varied by 25%")
     one_epoch = Steadiness([0.010], [0.010], [[2.0]], threshold=0.10)
     assert one_epoch.epoch_cv is None and one_epoch.steady
+
+
+def test_a_cells_summary_says_it_was_unsteady_and_why() -> None:
+    slowed = Steadiness([0.010], [0.0175], [[2.0]], threshold=0.10)
+    note = unsteady_note(slowed.metrics(), slowed.text())
+    assert note == (
+        "; UNSTEADY (~ in tables): the reference kernel ran 75% slower after the cell than "
+        "before it; measure it again on a quiet machine (a sweep: "
+        "hydra.launcher.remeasure_unsteady=true)"
+    )
+    steady = Steadiness([0.010], [0.0101], [[2.0]], threshold=0.10)
+    assert unsteady_note(steady.metrics(), steady.text()) == ""
+    assert unsteady_note({}, None) == ""  # recorded before steadiness was measured
 
 
 def test_the_memory_bound_kernel_is_recorded_not_judged() -> None:
@@ -165,7 +179,7 @@ def test_a_cell_disturbed_mid_run_is_flagged_unsteady(output_root: Path) -> None
                 break
         for burner in burners:
             burner.kill()
-        cell.communicate(timeout=600)
+        rest, _ = cell.communicate(timeout=600)
     finally:
         for burner in burners:
             burner.kill()
@@ -177,6 +191,10 @@ def test_a_cell_disturbed_mid_run_is_flagged_unsteady(output_root: Path) -> None
     assert result["status"] == "ok", result["error"]
     assert result["metrics"]["steady"] == 0.0, result["environment"]["steadiness"]
     assert result["environment"]["steadiness"].startswith("unsteady: ")
+    # ... and said so in the cell's one-line summary, with why and what to do
+    (summary,) = [line for line in rest.splitlines() if " s/epoch" in line]
+    why = result["environment"]["steadiness"].removeprefix("unsteady: ").split(" (reference")[0]
+    assert f"; UNSTEADY (~ in tables): {why}; measure it again on a quiet machine" in summary
     for kernel in ("reference_kernel", "memory_kernel"):  # both witnesses timed around it
         assert result["metrics"][f"{kernel}_ms_before"] > 0
         assert result["metrics"][f"{kernel}_ms_after"] > 0

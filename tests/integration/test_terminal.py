@@ -65,15 +65,17 @@ def test_a_two_worker_cell_shows_rank0s_epochs_and_result_summary(ddp_cell) -> N
     done, result, _ = ddp_cell
     assert result["status"] == "ok", result["error"]
     terminal = done.stdout + done.stderr
-    # Rank 0's own epoch lines (its seconds; the record's are the slowest worker's).
+    # Rank 0's own epoch lines (its seconds, said so; the record's are the slowest worker's).
     assert re.findall(
-        r"\]\[harness\.worker\.run\]\[INFO\] - (epoch \d/2): [\d.]+ s \(8 images\)", terminal
+        r"\]\[harness\.worker\.run\]\[INFO\] - (epoch \d/2): [\d.]+ s \(8 images\) on worker "
+        r"0 of 2 \(the cell's epoch time, in its summary, is its slowest worker's\)",
+        terminal,
     ) == ["epoch 1/2", "epoch 2/2"], terminal[-3000:]
     metrics = result["metrics"]
-    # One repeat: no spread measured, and said so (not "std 0.000").
+    # One repeat: no spread measured, and said so (not "std 0.000"); whose epoch time it is.
     assert (
-        f"{result['run_name']}: {metrics['seconds_per_epoch']:.3f} s/epoch (1 repeat: no "
-        f"spread), {metrics['images_per_second']:.1f} "
+        f"{result['run_name']}: {metrics['seconds_per_epoch']:.3f} s/epoch, the slowest of 2 "
+        f"workers' (1 repeat: no spread), {metrics['images_per_second']:.1f} "
         f"images/s, peak memory {metrics['peak_memory_mb']:.0f} MB"
     ) in terminal
     assert f"result: {result['output_dir']}/result.json; MLflow run off" in terminal
