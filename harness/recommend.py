@@ -67,7 +67,7 @@ from harness.predict.facts.cache import FactsCache, cache_for, step_time_source
 from harness.predict.facts.gather import gather
 from harness.predict.facts.store import MissingMeasurement
 from harness.predict.labels import setting_label
-from harness.predict.ties import Tie, tie_with_fastest
+from harness.predict.ties import Tie, not_told_apart, tie_with_fastest
 from harness.profiles.hardware import HardwareProfile, link_line, links_label, profile_for
 from harness.profiles.steps import StepTime
 from harness.worker.measurements import WorkerMeasurements
@@ -646,16 +646,49 @@ def verdict_lines(
     found = tie(options, objective, noise_percent)
     if found is not None:
         lines.append(found.line(noise))
+    unordered = overlapping(options, objective)
+    if unordered:
+        ranges = ", ".join(
+            f"{option.label} {option.seconds_per_epoch:.3f} s "
+            f"({option.seconds_low:.3f}-{option.seconds_high:.3f})"
+            for option in unordered[:SHOWN_APART]
+        )
+        if len(unordered) > SHOWN_APART:
+            ranges += f" and {len(unordered) - SHOWN_APART} more"
+        lines.append(
+            f"not told apart: {ranges}: their likely ranges overlap, and the fastest is "
+            f"uncalibrated; a fit of this hardware's cells (the calibration above) would "
+            f"separate them, or time each for an epoch (its command, run.epochs=1)"
+        )
     best = recommendation(options, objective, noise_percent)
     if best is None:
         lines.append("recommended: nothing fits in memory")
     else:
         sure = "" if best.calibrated else ", uncalibrated"
+        if unordered and best is unordered[0]:
+            sure += f"; not told apart from {len(unordered) - 1} other(s)"
         lines.append(
             f"recommended: {best.label} (by {objective}{sure}): python -m harness "
             f"{shlex.join(best.overrides)}"
         )
     return lines
+
+
+# Options named on the "not told apart" line; the rest are counted (the table lists them).
+SHOWN_APART = 4
+
+
+def overlapping(options: Sequence[Option], objective: str) -> list[Option]:
+    """The uncalibrated fastest option and those its likely range overlaps, among the options
+    that may fit (harness.predict.ties.not_told_apart), by time only."""
+    if objective != "time":
+        return []
+    fitting = [
+        option
+        for option in options
+        if option.fits_memory is not False and not math.isnan(option.seconds_per_epoch)
+    ]
+    return cast(list[Option], not_told_apart(fitting))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -883,6 +916,8 @@ def print_json(
                 "decided_by": found.decided_by,
                 "margin_percent": found.margin_percent,
             },
+            # the uncalibrated fastest and the options its likely range overlaps
+            "not_told_apart": [option.label for option in overlapping(options, objective)],
             "noise_floor_percent": fitted.noise_percent,
             "noise_floor_kind": fitted.noise_kind,
             "fastest": fastest.label if fastest else None,

@@ -120,6 +120,37 @@ def tie_with_fastest(options: Sequence[Ranked], noise_percent: float) -> Tie | N
     return Tie(tied, chosen, decided_by, widest)
 
 
+class Ranged(Ranked, Protocol):
+    """An option with the likely range of its prediction (harness.recommend.Option)."""
+
+    @property
+    def seconds_low(self) -> float: ...
+    @property
+    def seconds_high(self) -> float: ...
+
+
+def not_told_apart(options: Sequence[Ranged]) -> list[Ranged]:
+    """Where the fastest option (`options` best first, by time) is uncalibrated: it and every
+    option whose likely range overlaps its own (empty when none does, or the fastest is
+    calibrated: `tie_with_fastest` judges those). An uncalibrated range is the raw equations'
+    error, a factor of 3 either way, so before a fit the best options usually overlap: the
+    prediction cannot order them, and a bare "recommended" would pass a guess for a ranking."""
+    ranged = [
+        option
+        for option in options
+        if math.isfinite(option.seconds_low) and math.isfinite(option.seconds_high)
+    ]
+    if not ranged or ranged[0].calibrated:
+        return []
+    fastest = ranged[0]
+    overlapping = [
+        option
+        for option in ranged[1:]
+        if option.seconds_low <= fastest.seconds_high and fastest.seconds_low <= option.seconds_high
+    ]
+    return [fastest, *overlapping] if overlapping else []
+
+
 # What broke a tie, as the recommender says it ("taking X, the one with ...").
 FEWER_WORKERS, LESS_MEMORY, LOWER_COST = "fewer workers", "less memory per worker", "lower cost"
 

@@ -31,6 +31,7 @@ from harness.measure.steadiness import (
     unsteady_note,
 )
 from harness.predict.ties import break_tie, memory_margin_percent, tie_with_fastest
+from harness.recommend import Option, overlapping, verdict_lines
 from harness.records.mlflow_store import DEFAULT_STORE_FILE
 from launchers.cells import summary_table
 from tests.helpers import run_module
@@ -413,6 +414,47 @@ def test_a_clear_winner_or_an_uncalibrated_one_is_no_tie() -> None:
         _Option("gpipe x2", 2, 10.1, 700, calibrated=False, error_percent=None),
     ]
     assert tie_with_fastest(uncalibrated, noise_percent=2.0) is None
+
+
+def _uncalibrated(label: str, workers: int, seconds: float) -> Option:
+    """An option before any fit: its range the raw equations' factor of 3 either way."""
+    return Option(
+        label=label,
+        distribution=label.split()[0],
+        workers=workers,
+        seconds_per_epoch=seconds,
+        seconds_low=seconds / 3,
+        seconds_high=seconds * 3,
+        memory_mb=500.0,
+        fits_memory=None,
+        cost_per_epoch=None,
+        overrides=[f"distribution={label.split()[0]}"],
+        own_overrides=[],
+        batch_size=8,
+        settings={},
+        stages=None,
+        balance=None,
+    )
+
+
+def test_before_calibration_overlapping_ranges_are_said_not_told_apart() -> None:
+    """ddp x2 0.028 (0.009-0.087) beside sequential 0.054 (0.018-0.162): no bare
+    "recommended", but which options the prediction cannot order and what would."""
+    options = [
+        _uncalibrated("ddp x2", 2, 0.028),
+        _uncalibrated("pipedream 2", 2, 0.029),
+        _uncalibrated("sequential", 1, 0.054),
+        _uncalibrated("gpipe x2", 2, 0.5),  # its range starts above the fastest's end
+    ]
+    lines = verdict_lines(options, "time")
+    (apart,) = [line for line in lines if line.startswith("not told apart: ")]
+    assert "ddp x2 0.028 s (0.009-0.084), pipedream 2 0.029 s" in apart
+    assert "sequential 0.054 s" in apart and "gpipe" not in apart
+    assert "a fit of this hardware's cells" in apart and "run.epochs=1" in apart
+    assert lines[-1].startswith(
+        "recommended: ddp x2 (by time, uncalibrated; not told apart from 2 other(s)): "
+    )
+    assert overlapping(options[:1] + options[3:], "time") == []  # ranges apart: nothing said
 
 
 def test_less_memory_breaks_a_tie_only_beyond_the_memory_models_error() -> None:
