@@ -832,6 +832,26 @@ BAD_INPUTS: list[Bad] = [
         "network.target=torch.nn:Linear",
     ),
     _bad("harness", "network=module network.target=builtins:dict", "network.target=builtins:dict"),
+    # a user's code run in its place while checked (workloads.networks.user_code): an exit is
+    # a refusal, its output kept aside, the standard library never called
+    *(
+        _bad(
+            module,
+            "network=module network.target=tests.faults.user_modules:exits",
+            "calling it called sys.exit(0) while distbench checked it",
+        )
+        for module in ("harness", "harness.describe")
+    ),
+    _bad(
+        "harness",
+        "network=module network.target=tests.faults.user_modules:floods_then_fails",
+        "calling it raised ValueError: no model today",
+    ),
+    _bad(
+        "harness",
+        "network=module network.target=os:makedirs +network.kwargs.name={work}/made",
+        "os is Python's standard library, which builds no network",
+    ),
     _bad(
         "harness",
         "network=module network.target=torch.nn:Identity",
@@ -850,6 +870,23 @@ BAD_INPUTS: list[Bad] = [
         "harness",
         "network=hf network.arch=gpt2 +network.config.n_layers=2 dataset=tokens",
         "network.config.n_layers",
+    ),
+    # a transformers config's values checked as distbench's own settings are
+    *(
+        _bad("harness", f"network=gpt2_tiny dataset=tokens {override}", says)
+        for override, says in (
+            ("network.config.n_embd=-8", "network.config.n_embd=-8 is invalid: a size"),
+            ("network.config.n_embd=0", "network.config.n_embd=0 is invalid: a size"),
+            ("+network.config.n_inner=-5", "network.config.n_inner=-5 is invalid: a size"),
+            (
+                "+network.config.layer_norm_epsilon=nan",
+                "network.config.layer_norm_epsilon=nan is invalid: allowed: a finite number",
+            ),
+            (
+                "+network.config.activation_function=nosuch",
+                "not an activation of transformers",
+            ),
+        )
     ),
     _bad(
         "harness",

@@ -26,6 +26,8 @@ attention, so it can see the token it predicts: it is a shape and cost benchmark
 from __future__ import annotations
 
 import difflib
+import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -274,8 +276,9 @@ def _config(ref: NetworkRef, spec: DatasetSpec) -> PreTrainedConfig:
     arch = ref.arch or ""
     default = AutoConfig.for_model(arch)
     options = ref.options
-    for key in options:
+    for key, value in options.items():
         _check_field(default, key)
+        _check_value(default, key, value)
     positions = _positions_field(default)
     fields: dict[str, Any] = {
         "vocab_size": spec.vocab_size,
@@ -305,6 +308,37 @@ def _check_field(default: PreTrainedConfig, key: str) -> None:
     close = difflib.get_close_matches(key, known, n=1)
     hint = f" (did you mean network.config.{close[0]}?)" if close else ""
     raise NetworkError(f"network.config.{key} is not a field of {type(default).__name__}{hint}")
+
+
+# The config fields that name an activation function (GPT-2's and BERT's, Llama's).
+_ACTIVATION_FIELDS = ("activation_function", "hidden_act")
+# A size field's name: counts and widths, each at least 1 (`n_embd`, `num_hidden_layers`,
+# `intermediate_size`, `max_position_embeddings`, `head_dim`).
+_SIZE_FIELD = re.compile(r"(n_\w+|num_\w+|\w+_size|\w+_dim|\w+_embeddings|\w+_positions)")
+
+
+def _check_value(default: PreTrainedConfig, key: str, value: Any) -> None:
+    """NetworkError (one line naming `network.config.<key>`) for a value no model is built
+    with: a number that is not finite, a size below 1, an activation transformers has not.
+    Checked here, with the config, since the model's own code fails on them only when it is
+    built, with a message of its own (or trains to NaN)."""
+    where = f"network.config.{key}={value!r} is invalid"
+    if isinstance(value, float) and not math.isfinite(value):
+        raise NetworkError(f"{where}: allowed: a finite number")
+    if key in _ACTIVATION_FIELDS and isinstance(value, str):
+        from transformers.activations import ACT2FN
+
+        if value not in ACT2FN:
+            close = difflib.get_close_matches(value, list(ACT2FN), n=3)
+            raise NetworkError(
+                f"{where}: not an activation of transformers (transformers.activations."
+                f"ACT2FN){'; close: ' + ', '.join(close) if close else ''}"
+            )
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if numeric and _SIZE_FIELD.fullmatch(key) and value < 1:
+        raise NetworkError(f"{where}: a size, allowed: 1 or more")
+    if numeric and ("eps" in key or "epsilon" in key) and value <= 0:
+        raise NetworkError(f"{where}: allowed: a positive number (a norm's epsilon)")
 
 
 def _positions_field(config: PreTrainedConfig) -> str:

@@ -35,6 +35,7 @@ from torch import nn
 from workloads.datasets.spec import DatasetSpec
 from workloads.networks.ref import NetworkError, NetworkRef
 from workloads.networks.split import with_layer_list
+from workloads.networks.user_code import refuse_standard_library, run_as_checked
 
 # Longest exception message quoted in an error (a user's exception may carry a whole dump).
 _MAX_MESSAGE = 300
@@ -68,7 +69,10 @@ def _build_module(ref: NetworkRef, spec: DatasetSpec) -> nn.Module:
     factory = _resolve(target)
     kwargs = _factory_kwargs(target, factory, ref.options, spec)
     try:
-        model = _build(lambda: factory(**kwargs))
+        with _as_checked(target, "calling it"):
+            model = _build(lambda: factory(**kwargs))
+    except NetworkError:
+        raise
     except Exception as exc:  # noqa: BLE001 - the user's code may raise anything: one line
         given = f" with network.kwargs {', '.join(sorted(ref.options))}" if ref.options else ""
         raise NetworkError(
@@ -83,6 +87,14 @@ def _build_module(ref: NetworkRef, spec: DatasetSpec) -> nn.Module:
     return model
 
 
+def _as_checked(target: str, what: str) -> contextlib.AbstractContextManager[None]:
+    """The user's code bounded while a config is checked, on the meta device (`user_code`);
+    as written where a worker builds the network for real."""
+    if torch.get_default_device().type == "meta":
+        return run_as_checked(target, what)
+    return contextlib.nullcontext()
+
+
 def _resolve(target: str) -> Callable[..., Any]:
     """The callable "package.module:attribute" (or "package.module.attribute") names."""
     if ":" in target:
@@ -95,8 +107,12 @@ def _resolve(target: str) -> Callable[..., Any]:
             f"(or package.module.factory), an importable module and a factory "
             f"function or nn.Module class in it"
         )
+    refuse_standard_library(target, module_name)
     try:
-        found: Any = importlib.import_module(module_name)
+        with _as_checked(target, f"importing {module_name}"):
+            found: Any = importlib.import_module(module_name)
+    except NetworkError:
+        raise
     except ImportError as exc:
         raise NetworkError(
             f"network.target={target}: module {module_name} does not import "

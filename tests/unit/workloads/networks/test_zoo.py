@@ -116,6 +116,24 @@ USER_MODELS = textwrap.dedent('''
 
 
     NOT_CALLABLE = 3
+
+
+    def exits():
+        import sys
+
+        sys.exit(3)
+
+
+    def sleeps():
+        import time
+
+        time.sleep(30)
+
+
+    def floods():
+        for line in range(5000):
+            print("flood", line)
+        return TinyNet()
 ''')
 
 
@@ -271,6 +289,38 @@ def test_an_untraceable_module_is_returned_as_built_without_a_layer_list(userpkg
 def test_a_bad_module_setting_is_one_line_naming_its_key(userpkg, target, kwargs, key, says):
     message = one_line_error(lambda: build_network(module_ref(target, **kwargs), CIFAR), key)
     assert says in message
+
+
+def test_a_users_code_checked_on_meta_runs_bounded_and_in_its_place(
+    userpkg, monkeypatch, capsys, tmp_path
+):
+    """While a config is checked (on the meta device) a factory's exit is a refusal, a wait
+    is cut short, its output kept aside, and the standard library is never called."""
+    import workloads.networks.user_code as user_code
+
+    monkeypatch.setattr(user_code, "CHECK_SECONDS", 0.5)
+    with torch.device("meta"):
+        said = one_line_error(
+            lambda: build_network(module_ref("userpkg.models:exits"), CIFAR), "network.target"
+        )
+        assert "calling it called sys.exit(3) while distbench checked it" in said
+        said = one_line_error(
+            lambda: build_network(module_ref("userpkg.models:sleeps"), CIFAR), "network.target"
+        )
+        assert "calling it took over 0 s on the meta device" in said
+        model = build_network(module_ref("userpkg.models:floods"), CIFAR)
+        made = tmp_path / "made"
+        said = one_line_error(
+            lambda: build_network(module_ref("os:makedirs", name=str(made)), CIFAR),
+            "network.target=os:makedirs",
+        )
+        assert "Python's standard library" in said and not made.exists()
+    assert isinstance(model, nn.Module)
+    printed = capsys.readouterr()
+    assert "flood" not in printed.out + printed.err
+    # built for real (a worker): the code runs as written, its output where it prints
+    build_network(module_ref("userpkg.models:floods"), CIFAR)
+    assert "flood 4999" in capsys.readouterr().out
 
 
 def test_a_bad_blocks_path_names_network_blocks(userpkg):
