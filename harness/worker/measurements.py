@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from harness.cli.errors import StateError
 from harness.config.schema import DistbenchConfig
 from harness.costs.activations import SavedActivations
 from harness.costs.partition import StagePlan
@@ -30,6 +31,7 @@ from harness.profiles.network import NetworkProfile
 from harness.profiles.runtime import RuntimeShare
 from harness.profiles.stages import InPlaceStages
 from harness.profiles.steps import BatchTiming
+from workloads.progress import say
 
 if TYPE_CHECKING:
     from harness.worker.runtime_memory import RuntimeProbe
@@ -37,6 +39,10 @@ if TYPE_CHECKING:
 # Untimed steps at most: a fresh process runs its first steps slower (allocator, kernel caches);
 # warming up ends earlier once it has taken a second (`harness.measure.timing_rule`).
 PROBE_WARMUP = 4
+# Probes of one step at most while the machine's speed changes around them (the reference
+# kernel before and after differ by more than run.steadiness_threshold): a step time timed
+# so is never kept, since every later prediction would reuse it.
+PROBE_ATTEMPTS = 3
 
 
 class WorkerMeasurements:
@@ -60,22 +66,40 @@ class WorkerMeasurements:
         one_worker = settings(
             baseline().name, batch_size=batch, backend=config.distribution.backend
         )
+        # one worker at `batch`: a cell's global batch (which sets its workers' batch) is not
+        # the probe's
+        probed = replace(
+            config, distribution=one_worker, run=replace(config.run, global_batch=None)
+        )
         device = config.hardware.device.value
+        threshold = config.run.steadiness_threshold
+        drifts: list[float] = []
         with TorchThreads(threads):
-            before = reference_seconds(device)
-            # one worker at `batch`: a cell's global batch (which sets its workers' batch) is
-            # not the probe's
-            timing = measure_batch_seconds(
-                replace(
-                    config, distribution=one_worker, run=replace(config.run, global_batch=None)
-                ),
-                batch_size=batch,
-                probe_batches=probe_batches,
-                warmup_batches=PROBE_WARMUP,
-                steady_spread=spread,
-            )
-            reference_ms = 1e3 * (before + reference_seconds(device)) / 2
-        return replace(timing, reference_ms=reference_ms)
+            for _ in range(PROBE_ATTEMPTS):
+                before = reference_seconds(device)
+                timing = measure_batch_seconds(
+                    probed,
+                    batch_size=batch,
+                    probe_batches=probe_batches,
+                    warmup_batches=PROBE_WARMUP,
+                    steady_spread=spread,
+                )
+                after = reference_seconds(device)
+                drifts.append(after / before - 1)
+                if abs(drifts[-1]) <= threshold:
+                    return replace(timing, reference_ms=1e3 * (before + after) / 2)
+                say(
+                    f"the machine's speed changed by {drifts[-1]:+.0%} while the step at batch "
+                    f"{batch} was timed (the reference kernel; run.steadiness_threshold "
+                    f"{threshold:.0%}): timing it again"
+                )
+        changes = ", ".join(f"{drift:+.0%}" for drift in drifts)
+        raise StateError(
+            f"the step at batch {batch} was timed {PROBE_ATTEMPTS} times and the machine's "
+            f"speed changed each time ({changes}, the reference kernel before and after; "
+            f"run.steadiness_threshold {threshold:.0%}): nothing was kept; run it again on a "
+            f"quiet machine, or name the step times of a quiet run (--fit, --no-probe)"
+        )
 
     def runtime_memory(self, config: DistbenchConfig) -> RuntimeMemoryReading:
         """A worker of `config`'s runtime memory, measured in a fresh process from now on."""
