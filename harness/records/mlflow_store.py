@@ -56,6 +56,8 @@ RUN_NAME_COLUMN = "attributes.`Run Name`"
 DURATION_COLUMN = "duration"  # always shown; its place follows the run name's
 VIEW_COLUMNS = {  # column -> width in px, wide enough for its header
     "metrics.`seconds_per_epoch`": 150,
+    # 0: measured while the machine was unsteady (harness.measure.steadiness), beside the time
+    "metrics.`steady`": 80,
     "metrics.`images_per_second`": 150,
     "metrics.`peak_memory_mb`": 140,
     "metrics.`eval_accuracy`": 140,

@@ -59,6 +59,7 @@ AXES = [
 ]
 KEY_METRICS = [
     "seconds_per_epoch",
+    "steady",  # 0: measured while the machine was unsteady (harness.measure.steadiness)
     "seconds_per_epoch_ci95_low",
     "seconds_per_epoch_ci95_high",
     "repeats",

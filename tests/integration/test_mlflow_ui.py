@@ -69,6 +69,7 @@ class Cell:
     images_per_second: float
     peak_memory_mb: float
     duration_ms: int  # end_time - start_time
+    steady: float  # 1: measured on a steady machine, 0: not (harness.measure.steadiness)
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ def sweep(output_root: Path) -> Sweep:
             run.data.metrics["images_per_second"],
             run.data.metrics["peak_memory_mb"],
             run.info.end_time - run.info.start_time,
+            run.data.metrics["steady"],
         )
         for run in runs
         if run is not parent
@@ -211,6 +213,9 @@ def _check_runs_table(page, cells: list[Cell]) -> None:  # noqa: ANN001 - playwr
             == "sequential"
         )
         assert page.locator(f'{row} [col-id="metrics.`world_size`"]').inner_text() == "1"
+        steady = page.locator(f'{row} [col-id="metrics.`steady`"]')  # 0: unsteady, said here
+        steady.scroll_into_view_if_needed()
+        assert float(steady.inner_text()) == cell.steady
 
 
 def _check_sweep_run(page, base: str, sweep: Sweep) -> None:  # noqa: ANN001
