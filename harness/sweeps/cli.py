@@ -35,6 +35,7 @@ from harness.cli.errors import command
 from harness.cli.preflight import check_writable_dir
 from harness.commands.compose import compose_config
 from harness.config.schema import ConfigError, validate
+from harness.measure.steadiness import UNSTEADY_FOOTNOTE, UNSTEADY_MARK
 from harness.records.mlflow_store import tracking_uri
 from harness.sweeps.compare import (
     FASTER,
@@ -205,6 +206,7 @@ def comparison_text(result: Comparison) -> str:
                 table[f"{side}_seconds_per_epoch"],
                 table[f"{side}_seconds_per_epoch_ci95_low"],
                 table[f"{side}_seconds_per_epoch_ci95_high"],
+                table[f"{side}_steady"],
             )
         ]
     shown["B/A"] = [
@@ -216,6 +218,8 @@ def comparison_text(result: Comparison) -> str:
     if constant:
         lines.append(f"the same wherever set: {' '.join(constant)}")
     lines.append(shown.to_string(index=False))
+    if any((table[f"{side}_steady"] == 0).any() for side in ("a", "b")):
+        lines.append(UNSTEADY_FOOTNOTE)
     both = table[table["side"] == "both"]
     lines.append(
         f"{len(both)} cells on both sides, {int((table['side'] == 'only A').sum())} "
@@ -253,13 +257,14 @@ def overall_verdict(verdicts: Sequence[str]) -> str:
     return text
 
 
-def _seconds(status: object, mean: float, low: float, high: float) -> str:
+def _seconds(status: object, mean: float, low: float, high: float, steady: float) -> str:
     if pd.isna(status):
         return "-"
     if status != "ok":
         return str(status)
     interval = "" if pd.isna(low) else f" [{low:.3f}, {high:.3f}]"
-    return f"{mean:.3f}{interval}"
+    mark = UNSTEADY_MARK if steady == 0 else ""  # NaN: recorded before steadiness was judged
+    return f"{mark}{mean:.3f}{interval}"
 
 
 def _ratio(ratio: float, low: float, high: float) -> str:

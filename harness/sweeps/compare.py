@@ -43,6 +43,7 @@ _MEASURES = [
     "seconds_per_epoch_ci95_high",
     "seconds_per_epoch_repeat_std",
     "repeats",
+    "steady",  # 0: measured while the machine was unsteady (NaN: recorded before it was judged)
     "run_id",
 ]
 

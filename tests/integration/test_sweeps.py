@@ -18,6 +18,7 @@ from PIL import Image
 from scipy import stats
 
 from harness.commands.compose import compose_config
+from harness.measure.steadiness import UNSTEADY_FOOTNOTE, UNSTEADY_MARK
 from harness.records.cell import check_cell
 from harness.records.eventlog import log_file_name
 from harness.sweeps.cli import comparison_text, main
@@ -359,3 +360,22 @@ def test_bad_input_is_one_line_and_exit_status_2(
     assert ended.value.code == 2
     assert error.startswith("distbench: ") and error.count("\n") == 1 and names in error
     assert not list(tmp_path.iterdir())  # nothing written, no empty store created
+
+
+def test_compare_marks_a_cell_measured_on_an_unsteady_machine(store: Store, tmp_path: Path) -> None:
+    """A side's time measured while the machine was unsteady carries `~`, with the footnote
+    that says what it means, as the sweep's own table does."""
+    a = pd.read_csv(exported(store, tmp_path, store.sweep_dir.name))
+    b = pd.read_csv(exported(store, tmp_path, "sweeps_b"))
+    a["steady"], b["steady"] = 1.0, 1.0
+    a.loc[a["distribution"] == "sequential", "steady"] = 0.0
+    text = comparison_text(compare(a, b))
+    (row,) = [line for line in text.splitlines() if line.split()[:1] == ["both"]]
+    seconds = {
+        side: cells.loc[cells["distribution"] == "sequential", "seconds_per_epoch"].iloc[0]
+        for side, cells in (("a", a), ("b", b))
+    }
+    assert f"{UNSTEADY_MARK}{seconds['a']:.3f}" in row
+    assert f"{UNSTEADY_MARK}{seconds['b']:.3f}" not in row and UNSTEADY_FOOTNOTE in text
+    a["steady"] = 1.0
+    assert UNSTEADY_FOOTNOTE not in comparison_text(compare(a, b))
