@@ -476,14 +476,18 @@ def run_cell_job(
         name=name,
         records_cell=True,
     )
-    timed_out = wait_for_cell(
-        job,
-        output_dir,
-        timeout_s=60 * timeout_min,
-        grace_s=grace_s,
-        show_rank0=True,
-        records_cell=True,
-    )
+    try:
+        timed_out = wait_for_cell(
+            job,
+            output_dir,
+            timeout_s=60 * timeout_min,
+            grace_s=grace_s,
+            show_rank0=True,
+            records_cell=True,
+        )
+    except (KeyboardInterrupt, SystemExit) as interrupt:
+        keep_interrupted_cell(job, interrupt, config, output_dir, workers, started)
+        raise
     outcome = cell_outcome(
         config,
         output_dir,
@@ -492,6 +496,47 @@ def run_cell_job(
         started=started,
     )
     return record_left_to_launcher(output_dir, outcome), job
+
+
+def keep_interrupted_cell(
+    job: submitit.Job,
+    interrupt: BaseException,
+    config: Any,
+    output_dir: Path,
+    workers: int,
+    started: str,
+) -> None:
+    """This launcher was interrupted (Ctrl-C, SIGTERM) while its cell ran: the cell keeps what
+    it measured (`harness.worker.interruption`). The note asks a worker of one process to
+    record its finished epochs as a single cell does; the cell's processes are ended; then its
+    record (that one, or one made here: `interrupted`, without epochs, for a cell of several
+    workers) is uploaded. Any other exit leaves the cell as before."""
+    from harness.worker.interruption import INTERRUPTED_NOTE, signal_exit_code, signal_name
+    from launchers.cells import cell_outcome, worker_logs_tail
+
+    exit_code = signal_exit_code(interrupt)
+    if exit_code is None:
+        return
+    name = signal_name(exit_code)
+    with contextlib.suppress(OSError):
+        (Path(output_dir) / INTERRUPTED_NOTE).write_text(name)
+    end_cell(job)
+    outcome = cell_outcome(
+        config,
+        output_dir,
+        ended_as=RunStatus.interrupted,
+        logs=worker_logs_tail(job, workers),
+        started=started,
+        cause=f"the sweep was interrupted by {name} while the cell ran",
+    )
+    record_left_to_launcher(output_dir, outcome)
+    why = str(outcome.get("error") or "").strip().splitlines()
+    print(
+        f"[distbench] {outcome.get('run_name', 'the cell')}: recorded as "
+        f"{outcome.get('status')}" + (f": {why[0]}" if why else ""),
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def record_left_to_launcher(output_dir: Path, outcome: dict) -> dict:

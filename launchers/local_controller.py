@@ -19,6 +19,7 @@ end.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +90,11 @@ def run_controller(folder: Path) -> None:
     """submitit's controller of the job in `folder`, once the job's folder exists."""
     controller = Controller(folder)
     JobPaths(folder, controller.pid).folder.mkdir(parents=True, exist_ok=True)
+    # SIGINT is forwarded to the workers, as submitit's controller forwards SIGTERM, and the
+    # controller goes on waiting for them: by default it would raise, and on its way out kill
+    # them within a second (Controller.run's `finally`), cutting short the record an
+    # interrupted worker makes of its measured epochs (harness.worker.interruption).
+    signal.signal(signal.SIGINT, controller._forward_signal)  # type: ignore[arg-type]
     controller.run()
 
 

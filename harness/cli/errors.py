@@ -2,7 +2,8 @@
 
 `one_door` is where any exception that is not bad input leaves a command (a store that cannot
 be used, a damaged state file, a library's error, a bug): one line, exit status 3, the
-traceback kept in a file (DISTBENCH_DEBUG=1 prints it instead). A reader that closed the
+traceback kept in a file (DISTBENCH_DEBUG=1 prints it instead); Ctrl-C leaves it in one line
+with status 130. A reader that closed the
 command's output (`... | head`) ends it quietly with 141, as SIGPIPE ends a command. `command`
 is the decorator every entry point's `main` wears: both doors around it."""
 
@@ -118,11 +119,23 @@ def _save_traceback(err: BaseException) -> str:
 def one_door() -> Iterator[None]:
     """Every exception that escapes a command (ours or a library's) leaves as ONE line on
     stderr and exit status 3 (ENVIRONMENT_EXIT_CODE); the full traceback goes to a file the
-    line names, or to stderr with DISTBENCH_DEBUG=1. Bad input (exit 2), SystemExit and
-    Ctrl-C pass through untouched."""
+    line names, or to stderr with DISTBENCH_DEBUG=1. Bad input (exit 2) and SystemExit pass
+    through untouched; Ctrl-C (KeyboardInterrupt) that reaches here, after every `finally` on
+    its way ran, ends the command with one line and the shell's status for SIGINT (130),
+    instead of a traceback."""
     try:
         yield
-    except (SystemExit, KeyboardInterrupt, GeneratorExit):
+    except KeyboardInterrupt:
+        if os.environ.get(DEBUG_ENV) == "1":
+            raise
+        print(
+            "distbench: interrupted by SIGINT (Ctrl-C): ended; what it had measured and kept "
+            "(facts files, results, MLflow runs) stays",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(128 + signal.SIGINT)
+    except (SystemExit, GeneratorExit):
         raise
     except BAD_INPUT_ERRORS as err:
         exit_bad_input(err)

@@ -88,11 +88,12 @@ class WorkerMeasurements:
                 drifts.append(after / before - 1)
                 if abs(drifts[-1]) <= threshold:
                     return replace(timing, reference_ms=1e3 * (before + after) / 2)
-                say(
-                    f"the machine's speed changed by {drifts[-1]:+.0%} while the step at batch "
-                    f"{batch} was timed (the reference kernel; run.steadiness_threshold "
-                    f"{threshold:.0%}): timing it again"
-                )
+                if len(drifts) < PROBE_ATTEMPTS:
+                    say(
+                        f"the machine's speed changed by {drifts[-1]:+.0%} while the step at "
+                        f"batch {batch} was timed (the reference kernel; "
+                        f"run.steadiness_threshold {threshold:.0%}): timing it again"
+                    )
         changes = ", ".join(f"{drift:+.0%}" for drift in drifts)
         raise StateError(
             f"the step at batch {batch} was timed {PROBE_ATTEMPTS} times and the machine's "

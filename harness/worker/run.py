@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import logging
+import signal
 import statistics
 import sys
 import time
@@ -56,7 +57,9 @@ from harness.worker.divergence import (
 from harness.worker.interruption import (
     add_measured_epochs,
     interrupted_error,
+    launcher_interrupted_by,
     signal_exit_code,
+    signal_name,
     under_launcher,
 )
 from harness.worker.memory_limit import (
@@ -721,6 +724,7 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
     events: EventLog | None = None
     measured: list[EpochMeasurement] = []  # the timed epochs so far, kept if interrupted
     interrupted: int | None = None  # the exit status of the signal that ended the cell
+    interrupted_by: str | None = None  # that signal's name (its launcher's, in a sweep)
     link_shaping: str | None = None  # how an emulated node's link was shaped (hardware.link)
     keep_logging_when_the_disk_fails()
     if env.is_distributed and not env.is_main:  # rank 0 waits for no report of a peer seen gone
@@ -786,10 +790,19 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
             write_rank_report(output_dir, env.rank, status, error)
         except (KeyboardInterrupt, SystemExit) as err:
             interrupted = signal_exit_code(err)
-            if interrupted is None or env.is_distributed or under_launcher():
+            if interrupted is None or env.is_distributed:
                 raise  # a launcher's cell is recorded by it (launchers.cells.cell_outcome)
-    if interrupted is not None:
-        record_interruption(cell, output_dir, started, device, measured, interrupted)
+            interrupted_by = (  # in a sweep, only where the launcher itself was interrupted
+                launcher_interrupted_by(output_dir)
+                if under_launcher()
+                else signal_name(interrupted)
+            )
+            if interrupted_by is None:
+                raise
+    if interrupted is not None and interrupted_by is not None:
+        record_interruption(
+            cell, output_dir, started, device, measured, interrupted, interrupted_by
+        )
     if not env.is_main:
         return {"rank": env.rank, "status": status.value}
     if status is not RunStatus.ok and env.is_distributed:
@@ -830,10 +843,14 @@ def record_interruption(
     device: torch.device,
     measured: list[EpochMeasurement],
     exit_code: int,
+    by: str,
 ) -> NoReturn:
-    """Record a single-process cell ended by a signal as `interrupted`, with the epochs it
-    measured; print one line and exit with the signal's status (harness.worker.interruption)."""
-    error = interrupted_error(exit_code, len(measured))
+    """Record a single-process cell ended by a signal (named `by`: its own, or the one that
+    interrupted its launcher) as `interrupted`, with the epochs it measured; print one line
+    and exit with the signal's status (harness.worker.interruption)."""
+    # A second Ctrl-C (or its launcher's, forwarded) must not cut the record short.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    error = interrupted_error(by, len(measured))
     result = new_result(cell, output_dir, started, device, RunStatus.interrupted, error)
     add_measured_epochs(result, measured)
     record(result, cell.config)

@@ -176,6 +176,62 @@ def test_an_interrupted_single_process_cell_keeps_its_measured_epochs(
     assert finished_result(output_root, result["cell_key"]) is None
 
 
+@pytest.mark.parametrize(
+    ("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"]
+)
+def test_an_interrupted_sweep_keeps_its_running_cells_measured_epochs(
+    output_root: Path, tmp_path: Path, signum: int, status: int
+) -> None:
+    """Ctrl-C or `kill` of a sweep after its first cell's first timed epoch: that cell is
+    recorded `interrupted` with the epoch (result.json and its MLflow run), the sweep's parent
+    run KILLED, one line says so (no traceback), no process of the cell is left, and the exit
+    status is the signal's."""
+    log = tmp_path / "sweep.log"
+    with log.open("w") as out:
+        sweep = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "harness",
+                "-m",
+                *tiny_overrides(output_root, "run.epochs=40", "run.warmup_batches=0"),
+                "distribution=sequential,ddp",
+            ],
+            cwd=output_root.parent,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            preexec_fn=_default_sigint,
+        )
+        try:
+            deadline = time.monotonic() + 180
+            while "epoch 1/40:" not in log.read_text() and time.monotonic() < deadline:
+                assert sweep.poll() is None, log.read_text()[-3000:]
+                time.sleep(0.05)
+            cell = psutil.Process(sweep.pid).children(recursive=True)
+            sweep.send_signal(signum)
+            assert sweep.wait(timeout=90) == status, log.read_text()[-3000:]
+        finally:
+            sweep.kill()
+    text = log.read_text()
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    said = f"recorded as interrupted: interrupted by {signal.Signals(signum).name} after"
+    assert said in text, text[-3000:]
+    (path,) = (output_root / "sweeps").glob("*/*/*/result.json")
+    result = json.loads(path.read_text())
+    assert result["status"] == "interrupted" and not result["pending_sync"], result["error"]
+    assert 1 <= len(result["epoch_seconds"]) < 40
+    client = MlflowClient(f"sqlite:///{output_root / DEFAULT_STORE_FILE}")
+    assert client.get_run(result["mlflow_run_id"]).data.tags["status"] == "interrupted"
+    (parent,) = [
+        run
+        for run in client.search_runs(client.search_experiments()[0].experiment_id.split())
+        if run.data.tags.get("distbench.kind") == "sweep"
+    ]
+    assert parent.info.status == "KILLED"
+    assert all(_ends_within(process, 10) for process in cell)
+
+
 def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
