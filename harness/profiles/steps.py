@@ -27,6 +27,10 @@ class BatchTiming:
     # The reference kernel's milliseconds around the probe (`harness.measure.steadiness`: the
     # machine's speed then); None where it was not timed.
     reference_ms: float | None = None
+    # How much the machine's speed changed around the probe (the reference kernel after over
+    # before, less 1) where it stayed beyond run.steadiness_threshold however often it was
+    # timed again; None: steady. Kept with the step time, and said wherever it is used.
+    unsteady_drift: float | None = None
 
 
 @dataclass(frozen=True)

@@ -277,6 +277,7 @@ def _step_record(
         q3_seconds=high,
         batch_seconds=list(timing.seconds),
         reference_ms=timing.reference_ms,
+        speed_change=timing.unsteady_drift,
     )
 
 

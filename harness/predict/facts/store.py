@@ -122,6 +122,7 @@ _KEPT: dict[str, _Fields] = {
             "q1_seconds": _number,
             "q3_seconds": _number,
             "reference_ms": _positive,
+            "speed_change": _number,
             "probe_batches": _positive_int,
             "probe_asked": _positive_int,
             "measured_at": _text,
@@ -218,7 +219,7 @@ class FactsStore:
         {"format": 2, "hardware": NAME,
          "step_times": [{network, dataset, device, device_name, threads, batch, seconds,
                          q1_seconds, q3_seconds, std_seconds, batch_seconds, probe_batches,
-                         probe_asked, reference_ms, measured_at}, ...],
+                         probe_asked, reference_ms, speed_change, measured_at}, ...],
          "layer_profiles": [{network, dataset, device, device_name, threads, measured_at,
                              profile: NetworkProfile.to_dict()}, ...],
          "runtimes": [{key, device_name, mb, context_mb, measured_at}, ...],
@@ -300,9 +301,12 @@ class FactsStore:
         q3_seconds: float | None = None,
         batch_seconds: Sequence[float] = (),
         reference_ms: float | None = None,
+        speed_change: float | None = None,
     ) -> None:
         """Keep one measured sequential step time (call `save` to write the file);
-        `reference_ms`: the reference kernel's milliseconds around it (the machine's speed)."""
+        `reference_ms`: the reference kernel's milliseconds around it (the machine's speed);
+        `speed_change`: how much that speed changed around it, where it stayed unsteady however
+        often it was timed again (`BatchTiming.unsteady_drift`; None: steady)."""
         if batch < 1 or not seconds > 0:
             raise ValueError(
                 f"a step time needs batch >= 1 and seconds > 0, got {batch}, {seconds}"
@@ -324,6 +328,8 @@ class FactsStore:
             "reference_ms": reference_ms,
             "measured_at": _now(),
         }
+        if speed_change is not None:
+            entry["speed_change"] = speed_change
         self.step_times = [
             old for old in self.step_times if any(old.get(k) != entry[k] for k in _STEP_KEY)
         ] + [entry]
@@ -491,10 +497,17 @@ class FactsStore:
         def optional(name: str) -> float | None:
             return None if entry.get(name) is None else float(entry[name])
 
+        changed = optional("speed_change")
+        unsteady = (
+            ""
+            if changed is None
+            else f" (measured while the machine's speed changed by {changed:+.0%}: time it "
+            f"again on a quiet machine, --remeasure)"
+        )
         return MeasuredStep(
             int(entry["batch"]),
             float(entry["seconds"]),
-            f"facts file {self.path}",
+            f"facts file {self.path}{unsteady}",
             0,
             entry.get("device_name"),
             optional("q1_seconds"),
