@@ -46,7 +46,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -600,6 +600,30 @@ def _give_up_on_unavailable_nodes(
         cell.cancelled = True
 
 
+# A job SLURM holds pending longer than this gets a line (no silent wait over 5 s), then one
+# every PENDING_EVERY_S while it still waits.
+PENDING_QUIET_S = 5.0
+PENDING_EVERY_S = 60.0
+
+
+def say_pending(cell: SubmittedCell, reason: str, now: float) -> None:
+    """A line while SLURM holds `cell`'s job pending (its reason, as squeue gives it), past
+    PENDING_QUIET_S and then every PENDING_EVERY_S: the sweep is waiting on the scheduler."""
+    if cell.state != "PENDING":
+        return
+    waited = now - cell.followed_since
+    last = cell.pending_said_at
+    if waited < PENDING_QUIET_S or (last is not None and now - last < PENDING_EVERY_S):
+        return
+    cell.pending_said_at = now
+    why = f" ({reason})" if reason and reason != "None" else ""
+    print(
+        f"[distbench] SLURM job {cell.job.job_id} pending for {waited:.0f} s{why}: the sweep "
+        f"goes on once SLURM starts it",
+        flush=True,
+    )
+
+
 def has_ended(state: str) -> bool:
     return state not in _RUNNING_STATES
 
@@ -638,6 +662,9 @@ class SubmittedCell:
     unavailable_since: float | None = None
     # Why the launcher cancelled a job that could not start (recorded as the cell's error).
     never_started: str | None = None
+    # When the launcher began following the job, and last said that SLURM holds it pending.
+    followed_since: float = field(default_factory=time.monotonic)
+    pending_said_at: float | None = None
 
 
 def wait_for_cells(
@@ -688,6 +715,7 @@ def wait_for_cells(
                 on_end(cell)
                 continue
             _give_up_on_unavailable_nodes(cell, table[cell.job.job_id][1], now, unavailable_limit_s)
+            say_pending(cell, table[cell.job.job_id][1], now)
             if cell.result_seen_at is None and (cell.output_dir / cell.result_file).exists():
                 cell.result_seen_at = now
             if (
