@@ -494,7 +494,9 @@ def test_a_probe_here_is_kept_in_the_facts_file_and_read_back_without_probing(
     probed = gather(config, cache)
     # what is used is what was kept, read back as a later run reads it
     used = step_time_source(config, cache)
-    assert used.source == f"facts file {facts_path(output_root, 'local_cpu')}"
+    # (a probe the machine disturbed however often it was timed again is kept marked so, and
+    # its source says it: the suite's other process shares these cores)
+    assert used.source.startswith(f"facts file {facts_path(output_root, 'local_cpu')}")
     kept = json.loads(facts_path(output_root, "local_cpu").read_text())
     (entry,) = kept["step_times"]
     assert (entry["network"], entry["device"], entry["threads"], entry["batch"]) == (
