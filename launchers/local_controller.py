@@ -93,8 +93,10 @@ def run_controller(folder: Path) -> None:
     # SIGINT is forwarded to the workers, as submitit's controller forwards SIGTERM, and the
     # controller goes on waiting for them: by default it would raise, and on its way out kill
     # them within a second (Controller.run's `finally`), cutting short the record an
-    # interrupted worker makes of its measured epochs (harness.worker.interruption).
-    signal.signal(signal.SIGINT, controller._forward_signal)  # type: ignore[arg-type]
+    # interrupted worker makes of its measured epochs (harness.worker.interruption). Where it
+    # is ignored (a sweep started with `nohup ... &`) it stays ignored, as the workers have it.
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, controller._forward_signal)  # type: ignore[arg-type]
     controller.run()
 
 

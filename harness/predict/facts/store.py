@@ -122,7 +122,7 @@ _KEPT: dict[str, _Fields] = {
             "q1_seconds": _number,
             "q3_seconds": _number,
             "reference_ms": _positive,
-            "speed_change": _number,
+            "speed_change": finite_number,  # after over before, less 1: either sign
             "probe_batches": _positive_int,
             "probe_asked": _positive_int,
             "measured_at": _text,

@@ -62,14 +62,18 @@ def test_a_step_that_stays_disturbed_is_kept_marked_and_said_wherever_used(
         validate(compose_config(CELL)), 2, threads=1, probe_batches=2, spread=0.0
     )
     assert timing.unsteady_drift == pytest.approx(0.40)  # the steadiest of the three
-    store = FactsStore.load(tmp_path / "facts.json", "local_cpu")
-    store.record_step(
-        network="n",
-        dataset="d",
-        device="cpu",
-        batch=2,
-        seconds=timing.median_s,
-        speed_change=timing.unsteady_drift,
-    )
-    (kept,) = store.steps("n", "d", "cpu", None)
-    assert "measured while the machine's speed changed by +40%" in kept.source
+    path = tmp_path / "facts.json"
+    store = FactsStore.load(path, "local_cpu")
+    for batch, change in ((2, timing.unsteady_drift), (4, -0.107)):  # faster after: either sign
+        store.record_step(
+            network="n",
+            dataset="d",
+            device="cpu",
+            batch=batch,
+            seconds=timing.median_s,
+            speed_change=change,
+        )
+    store.save()
+    kept = FactsStore.load(path, "local_cpu").steps("n", "d", "cpu", None)  # read back
+    assert "measured while the machine's speed changed by +40%" in kept[0].source
+    assert "measured while the machine's speed changed by -11%" in kept[1].source
