@@ -525,9 +525,8 @@ def test_a_probe_here_is_kept_in_the_facts_file_and_read_back_without_probing(
     offline = cache_for(1, measurements=measurements, probe=False, measure_memory=False)
     again = gather(config, offline)
     assert again.step_seconds == probed.step_seconds
-    assert (
-        step_time_source(config, offline).source
-        == f"facts file {facts_path(output_root, 'local_cpu')}"
+    assert step_time_source(config, offline).source.startswith(
+        f"facts file {facts_path(output_root, 'local_cpu')}"
     )
     # another thread count is another measurement: not there
     from harness.predict.facts.store import MissingMeasurement
