@@ -133,34 +133,13 @@ def test_an_interrupted_single_process_cell_keeps_its_measured_epochs(
     """Ctrl-C or `kill` after the first timed epoch: the cell is recorded `interrupted` with
     that epoch (result.json and an MLflow run), one line says so (no traceback), no child
     process is left, and the exit status is the signal's (130, 143)."""
-    log = tmp_path / "cell.log"
-    with log.open("w") as out:
-        cell = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "harness",
-                *tiny_overrides(output_root, "run.epochs=40", "run.warmup_batches=0"),
-            ],
-            cwd=output_root.parent,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-            # As from a terminal: a pytest started in the background of a non-interactive
-            # shell ignores SIGINT, and its children would inherit that.
-            preexec_fn=_default_sigint,
-        )
-        try:
-            deadline = time.monotonic() + 120
-            while "epoch 1/40:" not in log.read_text() and time.monotonic() < deadline:
-                assert cell.poll() is None, log.read_text()[-3000:]
-                time.sleep(0.05)
-            children = psutil.Process(cell.pid).children(recursive=True)
-            cell.send_signal(signum)
-            assert cell.wait(timeout=60) == status, log.read_text()[-3000:]
-        finally:
-            cell.kill()
-    text = log.read_text()
+    children, text = _interrupted_after_the_first_epoch(
+        ["harness", *tiny_overrides(output_root, "run.epochs=40", "run.warmup_batches=0")],
+        output_root,
+        tmp_path / "cell.log",
+        signum,
+        status,
+    )
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
     (line,) = [line for line in text.splitlines() if line.startswith("distbench: ")]
     assert f"interrupted by {signal.Signals(signum).name}" in line
@@ -186,34 +165,18 @@ def test_an_interrupted_sweep_keeps_its_running_cells_measured_epochs(
     recorded `interrupted` with the epoch (result.json and its MLflow run), the sweep's parent
     run KILLED, one line says so (no traceback), no process of the cell is left, and the exit
     status is the signal's."""
-    log = tmp_path / "sweep.log"
-    with log.open("w") as out:
-        sweep = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "harness",
-                "-m",
-                *tiny_overrides(output_root, "run.epochs=40", "run.warmup_batches=0"),
-                "distribution=sequential,ddp",
-            ],
-            cwd=output_root.parent,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-            preexec_fn=_default_sigint,
-        )
-        try:
-            deadline = time.monotonic() + 180
-            while "epoch 1/40:" not in log.read_text() and time.monotonic() < deadline:
-                assert sweep.poll() is None, log.read_text()[-3000:]
-                time.sleep(0.05)
-            cell = psutil.Process(sweep.pid).children(recursive=True)
-            sweep.send_signal(signum)
-            assert sweep.wait(timeout=90) == status, log.read_text()[-3000:]
-        finally:
-            sweep.kill()
-    text = log.read_text()
+    cell, text = _interrupted_after_the_first_epoch(
+        [
+            "harness",
+            "-m",
+            *tiny_overrides(output_root, "run.epochs=40", "run.warmup_batches=0"),
+            "distribution=sequential,ddp",
+        ],
+        output_root,
+        tmp_path / "sweep.log",
+        signum,
+        status,
+    )
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
     said = f"recorded as interrupted: interrupted by {signal.Signals(signum).name} after"
     assert said in text, text[-3000:]
@@ -230,6 +193,36 @@ def test_an_interrupted_sweep_keeps_its_running_cells_measured_epochs(
     ]
     assert parent.info.status == "KILLED"
     assert all(_ends_within(process, 10) for process in cell)
+
+
+def _interrupted_after_the_first_epoch(
+    module_and_args: list[str], output_root: Path, log: Path, signum: int, status: int
+) -> tuple[list[psutil.Process], str]:
+    """Run `python -m <module> <args>` until its first timed epoch of 40 is logged, send it
+    `signum`, check that it exits with `status`; its child processes as they were when it was
+    signalled, and what it printed."""
+    with log.open("w") as out:
+        command = subprocess.Popen(
+            [sys.executable, "-m", *module_and_args],
+            cwd=output_root.parent,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            # As from a terminal: a pytest started in the background of a non-interactive
+            # shell ignores SIGINT, and its children would inherit that.
+            preexec_fn=_default_sigint,
+        )
+        try:
+            deadline = time.monotonic() + 180
+            while "epoch 1/40:" not in log.read_text() and time.monotonic() < deadline:
+                assert command.poll() is None, log.read_text()[-3000:]
+                time.sleep(0.05)
+            children = psutil.Process(command.pid).children(recursive=True)
+            command.send_signal(signum)
+            assert command.wait(timeout=90) == status, log.read_text()[-3000:]
+        finally:
+            command.kill()
+    return children, log.read_text()
 
 
 def _default_sigint() -> None:
