@@ -617,9 +617,9 @@ def say_pending(cell: SubmittedCell, reason: str, now: float) -> None:
         return
     cell.pending_said_at = now
     why = f" ({reason})" if reason and reason != "None" else ""
-    print(
-        f"[distbench] SLURM job {cell.job.job_id} pending for {waited:.0f} s{why}: the sweep "
-        f"goes on once SLURM starts it",
+    print(  # (not "SLURM job <id>": that names a submission, in the lines that submit)
+        f"[distbench] job {cell.job.job_id} has waited in SLURM's queue for {waited:.0f} s"
+        f"{why}: the sweep goes on once SLURM starts it",
         flush=True,
     )
 

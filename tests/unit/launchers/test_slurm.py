@@ -22,13 +22,13 @@ def test_a_pending_job_is_said_after_5_s_then_every_minute(
     assert capsys.readouterr().out == ""
     say_pending(cell, "Resources", start + PENDING_QUIET_S + 1)
     assert capsys.readouterr().out == (
-        "[distbench] SLURM job 4242 pending for 6 s (Resources): the sweep goes on once "
-        "SLURM starts it\n"
+        "[distbench] job 4242 has waited in SLURM's queue for 6 s (Resources): the sweep goes "
+        "on once SLURM starts it\n"
     )
     say_pending(cell, "Resources", start + PENDING_QUIET_S + 30)
     assert capsys.readouterr().out == ""
     say_pending(cell, "Priority", start + PENDING_QUIET_S + 1 + PENDING_EVERY_S)
-    assert "pending for 66 s (Priority)" in capsys.readouterr().out
+    assert "queue for 66 s (Priority)" in capsys.readouterr().out
     cell.state = "RUNNING"
     say_pending(cell, "None", start + 1000)
     assert capsys.readouterr().out == ""
