@@ -12,6 +12,7 @@ needed; `MLFLOW_TRACKING_URI` or `tracking.uri` point elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -198,15 +199,17 @@ def experiment_id(client: Any, name: str, uri: str) -> str:
     from mlflow.exceptions import MlflowException
 
     experiment = client.get_experiment_by_name(name)
+    database = sqlite_file(uri)
     if experiment is not None:
         _tag_experiment(client, experiment)
+        if database is not None:
+            follow_moved_store(database, experiment)
         return experiment.experiment_id
     artifact_location = None
-    database = sqlite_file(uri)
     if database is not None:
         # MLflow's default artifact root is ./mlruns of whatever the cwd is; keep the
         # artifacts next to the database instead, so a store is one self-contained folder.
-        artifact_location = (database.parent / ARTIFACT_FOLDER / name).resolve().as_uri()
+        artifact_location = _artifacts_beside(database, name)
     try:
         return client.create_experiment(
             name, artifact_location=artifact_location, tags=experiment_tags()
@@ -216,6 +219,47 @@ def experiment_id(client: Any, name: str, uri: str) -> str:
         if experiment is None:
             raise
         return experiment.experiment_id
+
+
+def _artifacts_beside(database: Path, experiment: str) -> str:
+    """The artifact location of `experiment`'s runs in a SQLite store: beside the database."""
+    return (database.parent / ARTIFACT_FOLDER / experiment).resolve().as_uri()
+
+
+def follow_moved_store(database: Path, experiment: Any) -> None:
+    """Re-point an experiment of a SQLite store that was moved or copied as a whole (with its
+    `mlartifacts/`) at the artifacts beside it, and its runs with it. MLflow records artifact
+    locations as absolute URIs: without this, every run logged after the move writes its
+    artifacts back into the folder the store was created in, re-creating it there, and the
+    MLflow UI finds none of the moved runs' files. Only a location in distbench's layout (an
+    `mlartifacts/<experiment>` folder) is moved; one a user chose stays. MLflow has no call
+    that changes an experiment's location, so its two columns are updated in the database, in
+    one transaction (SQLite's lock orders it against any process logging meanwhile)."""
+    import sqlite3
+    from urllib.parse import unquote, urlparse
+
+    recorded, wanted = (
+        str(experiment.artifact_location),
+        _artifacts_beside(database, experiment.name),
+    )
+    layout = f"/{ARTIFACT_FOLDER}/{experiment.name}"
+    if recorded == wanted or not unquote(urlparse(recorded).path).endswith(layout):
+        return
+    with contextlib.closing(sqlite3.connect(database, timeout=STORE_LOCK_WAIT_S)) as db, db:
+        db.execute(
+            "UPDATE experiments SET artifact_location = ? WHERE experiment_id = ?",
+            (wanted, int(experiment.experiment_id)),
+        )
+        db.execute(
+            "UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?) "
+            "WHERE experiment_id = ? AND substr(artifact_uri, 1, ?) = ?",
+            (wanted, len(recorded) + 1, int(experiment.experiment_id), len(recorded), recorded),
+        )
+    log.info(
+        "the store moved: experiment %s's artifacts are now read and written at %s",
+        experiment.name,
+        wanted,
+    )
 
 
 def experiment_tags() -> dict[str, str]:

@@ -6,7 +6,8 @@ sweep command therefore gives every cell the same key again, although Hydra puts
 a new timestamped sweep directory.
 
 The index lives under the output root, one small file per key (`<run.output_dir>/cells/
-<key>.json`), pointing to the cell's latest result.json; result.json stays the source of
+<key>.json`), pointing to the cell's latest result.json by its path relative to the root (the
+root moved or copied as a whole resumes where it stands); result.json stays the source of
 truth (the index entry is only trusted when the result it points to carries the same key). The
 entry also counts the cell's runs that finished ok (`ok_runs`), which a sweep of several passes
 (`hydra.launcher.passes`) measures each cell up to.
@@ -104,9 +105,9 @@ def index_result(output_root: str | Path, key: str, result: dict[str, Any]) -> N
     it has that many. The same result indexed again (rank 0 and then a launcher) counts once."""
     path = index_path(output_root, key)
     entry = _entry(path)
-    result_path = str(Path(result["output_dir"]) / RESULT_FILE)
+    result_path = _as_kept(Path(result["output_dir"]) / RESULT_FILE, output_root)
     earlier = _ok_runs_of(entry) if entry is not None else 0
-    if entry is not None and entry.get("result") == result_path:
+    if entry is not None and _same_result(entry.get("result"), result_path, output_root):
         earlier -= entry.get("status") == RunStatus.ok.value  # this result, counted before
     ok_now = result["status"] == RunStatus.ok.value
     write_json_atomic(
@@ -120,6 +121,39 @@ def index_result(output_root: str | Path, key: str, result: dict[str, Any]) -> N
             "ok_runs": earlier + ok_now,
         },
     )
+
+
+def _as_kept(result_path: Path, output_root: str | Path) -> str:
+    """How an index entry names a result: relative to the output root where it lies under it,
+    so that the root moved or copied as a whole still finds its cells; absolute otherwise."""
+    root = Path(output_root).resolve()
+    resolved = result_path.resolve()
+    return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(resolved)
+
+
+def _where_now(kept: str, output_root: str | Path) -> Path:
+    """The result an index entry names, where it is now. A relative name is under the output
+    root; an absolute one written before names were kept relative, of a root since moved
+    (`mv out1 moved/out2`), is found by the longest tail of its path that lies under the root
+    now (the cell key in the result, checked by `latest_result`, rules out another cell's)."""
+    path, root = Path(kept), Path(output_root)
+    if not path.is_absolute():
+        return root / path
+    if path.exists():
+        return path
+    for start in range(1, len(path.parts) - 1):
+        moved = root.joinpath(*path.parts[start:])
+        if moved.exists():
+            return moved
+    return path
+
+
+def _same_result(kept: Any, result_path: str, output_root: str | Path) -> bool:
+    """Whether an index entry's result (as kept, relative or absolute) is `result_path`."""
+    if not isinstance(kept, str):
+        return False
+    root = Path(output_root)
+    return _where_now(kept, root).resolve() == (root / result_path).resolve()
 
 
 def _entry(path: Path) -> dict[str, Any] | None:
@@ -160,14 +194,18 @@ def latest_result(output_root: str | Path, key: str) -> dict[str, Any] | None:
     if not isinstance(entry, dict) or not isinstance(entry.get("result"), str):
         _damaged(path, f"a JSON {type(entry).__name__} without the path of a result")
         return None
+    result_path = _where_now(entry["result"], output_root)
     try:
-        result = json.loads(Path(entry["result"]).read_text())
+        result = json.loads(result_path.read_text())
     except (OSError, ValueError):
         return None  # the result it points to is gone or was cut short: run the cell again
     if not isinstance(result, dict) or not isinstance(result.get("status"), str):
-        _damaged(Path(entry["result"]), "not a cell's record (no status)")
+        _damaged(result_path, "not a cell's record (no status)")
         return None
-    return result if result.get("cell_key") == key else None
+    if result.get("cell_key") != key:
+        return None
+    # where the cell's files are now, whatever folder they were written in
+    return {**result, "output_dir": str(result_path.parent)}
 
 
 def _damaged(path: Path, what: str) -> None:
