@@ -450,6 +450,7 @@ def run_cell_job(
     name: str,
     label: str,
     grace_s: float = GRACE_AFTER_RESULT_S,
+    keep_interrupted: Callable[[dict], None] | None = None,
 ) -> tuple[dict, submitit.Job]:
     """One cell on this machine, as both a cell typed at the prompt and the serial sweep run
     it: submit `function(*args)` as the cell's `workers` processes, wait until all have ended
@@ -457,7 +458,9 @@ def run_cell_job(
     cell_outcome`: rank 0's record, or the record of how the cell failed) and its job.
     `grace_s`: how long the other workers may outlive rank 0's record (`wait_for_cell`).
     `label` names the cell in the line that says its workers are starting: they take seconds
-    (a Python and torch each) before rank 0 says anything."""
+    (a Python and torch each) before rank 0 says anything. `keep_interrupted` is given the
+    cell's record when the launcher is interrupted while it runs (`keep_interrupted_cell`),
+    before the interruption goes on up: a sweep counts it in its summary."""
     from harness.records.outcome import now
     from launchers.cells import cell_outcome, worker_logs_tail
 
@@ -486,7 +489,9 @@ def run_cell_job(
             records_cell=True,
         )
     except (KeyboardInterrupt, SystemExit) as interrupt:
-        keep_interrupted_cell(job, interrupt, config, output_dir, workers, started)
+        outcome = keep_interrupted_cell(job, interrupt, config, output_dir, workers, started)
+        if outcome is not None and keep_interrupted is not None:
+            keep_interrupted(outcome)
         raise
     outcome = cell_outcome(
         config,
@@ -505,18 +510,18 @@ def keep_interrupted_cell(
     output_dir: Path,
     workers: int,
     started: str,
-) -> None:
+) -> dict | None:
     """This launcher was interrupted (Ctrl-C, SIGTERM) while its cell ran: the cell keeps what
     it measured (`harness.worker.interruption`). The note asks a worker of one process to
     record its finished epochs as a single cell does; the cell's processes are ended; then its
     record (that one, or one made here: `interrupted`, without epochs, for a cell of several
-    workers) is uploaded. Any other exit leaves the cell as before."""
+    workers) is uploaded, and returned. Any other exit leaves the cell as before (None)."""
     from harness.worker.interruption import INTERRUPTED_NOTE, signal_exit_code, signal_name
     from launchers.cells import cell_outcome, worker_logs_tail
 
     exit_code = signal_exit_code(interrupt)
     if exit_code is None:
-        return
+        return None
     name = signal_name(exit_code)
     with contextlib.suppress(OSError):
         (Path(output_dir) / INTERRUPTED_NOTE).write_text(name)
@@ -529,7 +534,7 @@ def keep_interrupted_cell(
         started=started,
         cause=f"the sweep was interrupted by {name} while the cell ran",
     )
-    record_left_to_launcher(output_dir, outcome)
+    outcome = record_left_to_launcher(output_dir, outcome)
     why = str(outcome.get("error") or "").strip().splitlines()
     print(
         f"[distbench] {outcome.get('run_name', 'the cell')}: recorded as "
@@ -537,6 +542,7 @@ def keep_interrupted_cell(
         file=sys.stderr,
         flush=True,
     )
+    return outcome
 
 
 def record_left_to_launcher(output_dir: Path, outcome: dict) -> dict:

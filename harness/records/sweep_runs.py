@@ -48,6 +48,7 @@ _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 # tag, its seconds per epoch as a metric).
 CELLS_OK_METRIC = "cells_ok"
 CELLS_FAILED_METRIC = "cells_failed"
+CELLS_INTERRUPTED_METRIC = "cells_interrupted"
 CELLS_REUSED_METRIC = "cells_reused"
 FASTEST_CELL_TAG = "fastest_cell"
 FASTEST_SECONDS_METRIC = "fastest_seconds_per_epoch"
@@ -141,6 +142,7 @@ def _log_summary(client: Any, run_id: str, summary: SweepSummary) -> None:
         Metric(CELLS_OK_METRIC, summary.cells_ok, timestamp, 0),
         Metric(CELLS_FAILED_METRIC, summary.cells_failed, timestamp, 0),
         Metric(CELLS_REUSED_METRIC, summary.cells_reused, timestamp, 0),
+        Metric(CELLS_INTERRUPTED_METRIC, summary.cells_interrupted, timestamp, 0),
     ]
     tags = [RunTag("mlflow.note.content", f"Sweep: {summary.line()}.")]
     if summary.fastest is not None:

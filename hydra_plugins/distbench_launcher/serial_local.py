@@ -99,6 +99,10 @@ class SerialLocalLauncher(LocalLauncher):
             for number, indices in cells.each_pass(runs, reuse["passes"]):
                 for index in indices:
                     cell = cells.in_pass(prepared[index], number)
+
+                    def keep_interrupted(outcome: dict, index: int = index) -> None:
+                        results[index] = outcome  # counted by the sweep's parent run
+
                     outcome, job = run_cell_job(
                         self,
                         cell.overrides,
@@ -114,6 +118,7 @@ class SerialLocalLauncher(LocalLauncher):
                         grace_s=float(self.params["grace_after_result_s"]),
                         name=str(cell.config.hydra.job.name),
                         label=f"cell {cell.job_num} ({cell.cell.run_name})",
+                        keep_interrupted=keep_interrupted,
                     )
                     results[index] = outcome
                     job_ids[index] = job.job_id

@@ -163,7 +163,7 @@ def test_an_interrupted_sweep_keeps_its_running_cells_measured_epochs(
 ) -> None:
     """Ctrl-C or `kill` of a sweep after its first cell's first timed epoch: that cell is
     recorded `interrupted` with the epoch (result.json and its MLflow run), the sweep's parent
-    run KILLED, one line says so (no traceback), no process of the cell is left, and the exit
+    run KILLED, its summary counting the cell interrupted, one line says so (no traceback), no process of the cell is left, and the exit
     status is the signal's."""
     cell, text = _interrupted_after_the_first_epoch(
         [
@@ -192,6 +192,10 @@ def test_an_interrupted_sweep_keeps_its_running_cells_measured_epochs(
         if run.data.tags.get("distbench.kind") == "sweep"
     ]
     assert parent.info.status == "KILLED"
+    # the parent's summary counts the cell, interrupted, not failed
+    assert parent.data.metrics["cells_interrupted"] == 1
+    assert parent.data.metrics["cells_failed"] == 0
+    assert "0 failed, 1 interrupted" in parent.data.tags["mlflow.note.content"]
     assert all(_ends_within(process, 10) for process in cell)
 
 

@@ -170,6 +170,7 @@ def test_the_sweeps_run_ends_with_its_outcome_and_summary(
         "cells_ok": 3,
         "cells_failed": 1,
         "cells_reused": 1,
+        "cells_interrupted": 0,
         "fastest_seconds_per_epoch": 1.25,
     }
     assert parent.data.tags["fastest_cell"] == "ddp 1x2 b8 mobilenetv2-mnist"
