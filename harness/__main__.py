@@ -46,6 +46,14 @@ def main(cfg: DictConfig) -> dict[str, Any]:
                 ),
             )
         )
+    if worker_environment().job_id == "local":  # typed at the prompt, no launcher to say it
+        # The imports and the builds below take seconds (15 on a loaded machine) before the
+        # cell logs anything of its own: say at once that it started, and where.
+        print(
+            f"[distbench] {config.run_name}: starting in {HydraConfig.get().runtime.output_dir} "
+            f"(torch, the network and its data load first)",
+            flush=True,
+        )
     from harness.worker.run import run_cell  # this process is the cell's only worker
 
     result = noted(run_cell(cell))  # a cell that did not end ok: exit status 1 (harness.cli)

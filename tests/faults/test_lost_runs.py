@@ -141,6 +141,9 @@ def test_an_interrupted_single_process_cell_keeps_its_measured_epochs(
         status,
     )
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    # its first line comes before torch loads: no silent wait while the cell starts
+    assert text.splitlines()[0].startswith("[distbench] sequential 1x1"), text[:1000]
+    assert ": starting in " in text.splitlines()[0]
     (line,) = [line for line in text.splitlines() if line.startswith("distbench: ")]
     assert f"interrupted by {signal.Signals(signum).name}" in line
     result = _only_result(output_root)
