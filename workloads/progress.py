@@ -7,8 +7,10 @@ progress goes (stderr), and every place that shows progress asks here (`steps`, 
 
 - On a terminal, a task with steps is a tqdm bar.
 - Elsewhere (a file, a pipe), it is plain lines: none for a task done within `first_line_s`
-  (a second by default), then one with the steps done so far, again every `every_s`; the
-  caller's own line (the epoch's time, "generated ...") says when it is done.
+  (a second by default), then one with the steps done so far, again every `every_s` (5 s: no
+  silent wait longer), and, for a task that showed a line, one with its last count when it
+  ends, so that the log never stops at "24/480 (5%)" for a task that went on to finish; the
+  caller's own line (the epoch's time, "generated ...") says how it ended.
 
 A local cell's workers write to files that the launcher relays to its own terminal
 (`launchers.local.Rank0Terminal`): the launcher hands them its own choice in `PROGRESS_ENV`,
@@ -29,7 +31,7 @@ from tqdm import tqdm
 PROGRESS_ENV = "DISTBENCH_PROGRESS"  # set by a launcher for its cell's workers
 BARS, LINES = "bars", "lines"
 FIRST_LINE_S = 1.0  # a task shorter than this prints no line
-EVERY_S = 10.0  # then a line this often
+EVERY_S = 5.0  # then a line this often
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
@@ -128,6 +130,7 @@ class _Lines:
         self.n = 0
         self._every_s = every_s
         self._next_line = time.monotonic() + first_line_s
+        self._shown: int | None = None  # the count the last line said; None: no line yet
 
     def __enter__(self) -> _Lines:
         return self
@@ -140,8 +143,16 @@ class _Lines:
         now = time.monotonic()
         if self.enabled and now >= self._next_line:
             self._next_line = now + self._every_s
-            percent = f" ({100 * self.n // self.total}%)" if self.total else ""
-            say(f"{self.desc}: {self.n}/{self.total} {self.unit}{percent}")
+            self._say()
+
+    def _say(self) -> None:
+        percent = f" ({100 * self.n // self.total}%)" if self.total else ""
+        say(f"{self.desc}: {self.n}/{self.total} {self.unit}{percent}")
+        self._shown = self.n
 
     def close(self) -> None:
-        """Nothing to clear: the lines stay, and the caller says how the task ended."""
+        """Nothing to clear: the lines stay. A task that showed a line shows its last count
+        (the line it left would otherwise say it stopped there); the caller says how it
+        ended. Closing twice (a context and then the caller) says it once."""
+        if self.enabled and self._shown is not None and self._shown != self.n:
+            self._say()

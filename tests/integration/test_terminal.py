@@ -110,7 +110,8 @@ def test_the_bar_counts_epochs_from_one_as_the_log_does(
 ) -> None:
     """Rank 0's bar on a terminal (a pseudo-terminal here), as it draws it: epochs counted from
     1. The same progress in a file: plain lines, none for a task shorter than its first line's
-    delay, then one with the steps done (on stderr, in a process that does not log at INFO)."""
+    delay, then one with the steps done (on stderr, in a process that does not log at INFO),
+    and one with the last count when a task that showed a line ends."""
     monkeypatch.delenv(progress.PROGRESS_ENV, raising=False)
     caplog.set_level(logging.WARNING, logger=progress.log.name)
     leader, follower = os.openpty()
@@ -137,7 +138,15 @@ def test_the_bar_counts_epochs_from_one_as_the_log_does(
             shown.update()
         with progress.steps(4, "generating", "img") as quick:  # done within a second
             quick.update(4)
-    assert (tmp_path / "log").read_text() == "profiling layers: 1/4 layer(s) (25%)\n"
+        # a task that showed a line and went on says where it ended, not where its line was
+        with progress.steps(480, "composing cells", "cell(s)", first_line_s=0.0) as composed:
+            composed.update(24)
+            composed.update(456)
+    assert (tmp_path / "log").read_text() == (
+        "profiling layers: 1/4 layer(s) (25%)\n"
+        "composing cells: 24/480 cell(s) (5%)\n"
+        "composing cells: 480/480 cell(s) (100%)\n"
+    )
     run = RunConfig(epochs=2, repeats=3)
     assert epoch_label(run, repeat=1, epoch=0) == "repeat 2/3, epoch 1/2"
     assert epoch_label(RunConfig(epochs=2), repeat=0, epoch=1) == "epoch 2/2"
