@@ -166,8 +166,8 @@ def test_an_interrupted_sweep_keeps_its_running_cells_measured_epochs(
 ) -> None:
     """Ctrl-C or `kill` of a sweep after its first cell's first timed epoch: that cell is
     recorded `interrupted` with the epoch (result.json and its MLflow run), the sweep's parent
-    run KILLED, its summary counting the cell interrupted, one line says so (no traceback), no process of the cell is left, and the exit
-    status is the signal's."""
+    run KILLED, its summary counting the cell interrupted, one line says so (no traceback), no
+    process of the cell is left, and the exit status is the signal's."""
     cell, text = _interrupted_after_the_first_epoch(
         [
             "harness",
