@@ -63,8 +63,14 @@ from harness.costs.memory import fits
 from harness.costs.partition import StagePlan
 from harness.distributions.registry import spec_of, specs
 from harness.predict.cell import cost_per_epoch, epoch_terms, memory_per_worker_mb
-from harness.predict.facts.cache import FactsCache, cache_for, step_time_source
-from harness.predict.facts.gather import gather
+from harness.predict.facts.cache import (
+    FactsCache,
+    StepKey,
+    cache_for,
+    contradicting_steps,
+    step_time_source,
+)
+from harness.predict.facts.gather import gather, keep_contradicting, probes_here
 from harness.predict.facts.store import MissingMeasurement
 from harness.predict.labels import setting_label
 from harness.predict.ties import Tie, not_told_apart, tie_with_fastest
@@ -162,8 +168,8 @@ def check_candidates(config: DistbenchConfig, given: Sequence[str] = ()) -> Cand
         command = [*commands.common, *option_overrides(candidate, config, None, commands.given)]
         shape = tuple(_shape(override) for override in command)
         if shape not in composed:
-            try:
-                validate(compose_config(command))
+            try:  # a candidate that does not fit is listed so (`fits`), not refused
+                validate(compose_config(command), weights_must_fit=False)
             except BAD_INPUT_ERRORS as err:
                 skipped.append(_refuse_or_skip(err, setting_label(candidate), commands.given))
                 continue
@@ -477,6 +483,22 @@ def best_by(options: Sequence[Option], objective: str) -> Option | None:
 def step_times(cache: FactsCache) -> list[StepTime]:
     """The sequential step times the predictions used, by batch."""
     return sorted(cache.sources.values(), key=lambda step: step.batch)
+
+
+def _timed_again(cache: FactsCache, pair: tuple[StepKey, StepKey]) -> bool:
+    """Whether a contradicting pair was timed again already, by an earlier run that kept
+    them so (`keep_contradicting`): said, not timed on every ask (--remeasure times them)."""
+    return all(cache.sources[key].contradicts is not None for key in pair)
+
+
+def contradiction_line(cache: FactsCache, pairs: Sequence[tuple[StepKey, StepKey]]) -> str:
+    """What `contradicting_steps` found, in one line."""
+    said = "; ".join(
+        f"the step at batch {larger.batch} ({larger.seconds:.4g} s) took less time than at "
+        f"batch {smaller.batch} ({smaller.seconds:.4g} s)"
+        for smaller, larger in ((cache.sources[a], cache.sources[b]) for a, b in pairs)
+    )
+    return f"{said}, beyond their spread: one was timed while the machine was disturbed"
 
 
 def links_since_fit(fitted: Fitted, profile: HardwareProfile | None) -> str | None:
@@ -816,17 +838,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:
             rank_plans(overrides, flags.top, flags.json)
         return
-    config = validate(compose_config(overrides))
+    # What fits is the recommender's answer: a job whose asked model does not fit is not refused.
+    config = validate(compose_config(overrides), weights_must_fit=False)
     _check_flags(flags, config)
     output_root = Path(config.run.output_dir)
-    cache = cache_for(
-        flags.probe_batches,
-        measurements=WorkerMeasurements(),
-        probe=not flags.no_probe,
-        facts_root=output_root,
-        reuse=not flags.remeasure,
-        probe_spread=flags.probe_spread,
-    )
+
+    def new_cache(remeasure_batches: frozenset[int] = frozenset()) -> FactsCache:
+        return cache_for(
+            flags.probe_batches,
+            measurements=WorkerMeasurements(),
+            probe=not flags.no_probe,
+            facts_root=output_root,
+            reuse=not flags.remeasure,
+            probe_spread=flags.probe_spread,
+            remeasure_batches=remeasure_batches,
+        )
+
+    cache = new_cache()
     started = time.perf_counter()
     # Everything is checked before anything is measured or written: every candidate, the fit.
     checked = check_candidates(config, overrides)
@@ -843,6 +871,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     profile = profile_for(config.hardware, output_root)
     check_writable_dir("run.output_dir", config.run.output_dir)  # facts measured here go there
     options, skipped = rank(config, fitted, cache, output_root, overrides, flags.objective, checked)
+    contradicted = contradicting_steps(cache)
+    unsettled = [pair for pair in contradicted if not _timed_again(cache, pair)]
+    if unsettled and probes_here(config, cache):
+        # One of each pair was timed while the machine was disturbed: both are timed again,
+        # and every option predicted again from them.
+        print(f"{contradiction_line(cache, unsettled)}: timing both again", file=sys.stderr)
+        first = cache
+        cache = new_cache(frozenset(cache.sources[key].batch for pair in unsettled for key in pair))
+        options, skipped = rank(
+            config, fitted, cache, output_root, overrides, flags.objective, checked
+        )
+        cache.measured[:0] = first.measured
+        contradicted = contradicting_steps(cache)
+    keep_contradicting(config, cache, contradicted)  # said beside each, here and later
     elapsed = time.perf_counter() - started
     links = {
         "links": link_line(config.hardware, profile),

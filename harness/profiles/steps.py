@@ -54,6 +54,9 @@ class StepTime:
     # Whether that kernel was timed inside measured cells (a step time from sequential cells),
     # as every cell's is, rather than around a probe in the analysing process.
     reference_in_cells: bool = False
+    # The batch whose step time this one contradicts though both were timed again
+    # (`contradict`); said beside its source.
+    contradicts: int | None = None
 
     @property
     def scaled(self) -> bool:
@@ -62,6 +65,7 @@ class StepTime:
     def describe(self) -> str:
         where = (
             self.source
+            + ("" if self.contradicts is None else contradiction_note(self.batch, self.contradicts))
             + (f", measured {self.measured_at}" if self.measured_at else "")
             + (f" ({self.device_name})" if self.device_name else "")
             + (f", reference kernel {self.reference_ms:.3g} ms" if self.reference_ms else "")
@@ -97,6 +101,7 @@ class MeasuredStep:
     reference_ms: float | None = None  # the machine's speed when measured (see StepTime)
     reference_in_cells: bool = False
     probe_asked: int | None = None  # the most batches its probe would have timed, where kept
+    contradicts: int | None = None  # see StepTime
 
     def at(self, batch: int) -> StepTime:
         """This measurement as the step time at `batch`, scaled per sample when another."""
@@ -117,6 +122,7 @@ class MeasuredStep:
             self.measured_at,
             self.reference_ms,
             self.reference_in_cells,
+            self.contradicts if scale == 1 else None,
         )
 
 
@@ -156,3 +162,32 @@ def steps_from_other_machines(
         if machines and step.device_name and step.device_name not in machines:
             other.setdefault(step.device_name, []).append(what)
     return dict(sorted(other.items()))
+
+
+def contradict(smaller: StepTime | MeasuredStep, larger: StepTime | MeasuredStep) -> bool:
+    """Whether step times of one workload at two batches contradict each other: the larger
+    batch's step took less time than the smaller's beyond both spreads (its third quartile
+    below the other's first). A step does more work at a larger batch: such a pair means one
+    of the two was timed while the machine was disturbed (a probe at batch 1 timed 6.2 ms
+    beside batch 2's 1.6 ms, while a reference kernel took 73 ms instead of 17-27 ms), and
+    whatever is predicted from them is wrong."""
+    return smaller.batch < larger.batch and _highest(larger) < _lowest(smaller)
+
+
+def _lowest(step: StepTime | MeasuredStep) -> float:
+    return step.seconds if step.low is None else min(step.low, step.seconds)
+
+
+def _highest(step: StepTime | MeasuredStep) -> float:
+    return step.seconds if step.high is None else max(step.high, step.seconds)
+
+
+def contradiction_note(batch: int, other: int) -> str:
+    """What a step time at `batch` that contradicts the one at `other` (`contradict`) though
+    both were timed again says beside its source, and what would settle it."""
+    smaller, larger = sorted((batch, other))
+    return (
+        f" (contradicts batch {other}: the step at batch {larger} took less time than at "
+        f"batch {smaller}, beyond their spread, though both were timed again: time them on a "
+        f"quiet machine, --remeasure)"
+    )

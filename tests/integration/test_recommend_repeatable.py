@@ -14,6 +14,7 @@ import io
 import json
 import re
 import shlex
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -350,3 +351,46 @@ def test_hardware_one_host_leaves_cell_keys_as_they_were_and_set_is_another_cell
     before = json.loads(json.dumps(apart))
     del before["hardware"]["one_host"]  # a cell keyed before the key existed
     assert cell_key(before) == cell_key(apart) != cell_key(resolved)
+
+
+def test_step_times_that_contradict_each_other_are_timed_again_then_said(
+    two_runs: TwoRuns, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A kept step time at batch 4 faster than batch 2's beyond their spread (as a probe
+    disturbed by other work leaves it) is not predicted from: both batches are timed again and
+    every option predicted again. Where they still contradict each other, each says so beside
+    its source, kept so in the facts file, and a later ask says it without timing them again."""
+    from harness.recommend import main
+
+    root = tmp_path / "outputs"
+    shutil.copytree(two_runs.root / "facts", root / "facts")
+    facts = root / "facts" / "local_2cpu.json"
+    kept = json.loads(facts.read_text())
+    by_batch = {entry["batch"]: entry for entry in kept["step_times"]}
+    planted = by_batch[2]["q1_seconds"] / 10  # batch 4 ten times faster than batch 2
+    by_batch[4].update(seconds=planted, q1_seconds=planted, q3_seconds=planted)
+    by_batch[4]["batch_seconds"] = [planted, planted]
+    facts.write_text(json.dumps(kept))
+
+    capsys.readouterr()
+    main([*WORKLOAD, f"run.output_dir={root}", "--json"])
+    out, err = capsys.readouterr()
+    assert "the step at batch 4 (" in err and "timing both again" in err, err
+    after = {entry["batch"]: entry for entry in json.loads(facts.read_text())["step_times"]}
+    assert after[4]["seconds"] != planted  # timed again, and that is what is kept now
+    assert after[2]["measured_at"] != by_batch[2]["measured_at"]
+    used = {step["batch"]: step for step in json.loads(out)["step_times"]}
+    assert used[4]["seconds"] == after[4]["seconds"]
+    # still contradicting (a disturbed machine) or not, the answer and the file agree
+    assert (used[4]["contradicts"] == 2) == (after[4].get("contradicts") == 2)
+
+    # Kept contradicting after being timed again: said on every later ask, not timed again.
+    for batch, other in ((1, 4), (2, 4), (4, 2)):  # batch 4 planted faster than 1's too
+        after[batch]["contradicts"] = other
+    after[4].update(seconds=planted, q1_seconds=planted, q3_seconds=planted)
+    facts.write_text(json.dumps({**kept, "step_times": list(after.values())}))
+    main([*WORKLOAD, f"run.output_dir={root}"])
+    out, err = capsys.readouterr()
+    assert "timing both again" not in err
+    assert "measured here: nothing" in err, err
+    assert "contradicts batch 2: the step at batch 4 took less time than at batch 2" in out

@@ -9,6 +9,7 @@ for the user. `gather` (`harness.predict.facts.gather`) fills it.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -22,7 +23,7 @@ from harness.predict.facts.store import worker_threads
 from harness.profiles.network import NetworkProfile
 from harness.profiles.runtime import RuntimeShare
 from harness.profiles.stages import InPlaceStages
-from harness.profiles.steps import MeasuredStep, StepTime
+from harness.profiles.steps import MeasuredStep, StepTime, contradict
 
 
 class ProfileKey(NamedTuple):
@@ -80,6 +81,7 @@ def cache_for(
     probe_spread: float = STEADY_SPREAD,
     measure_memory: bool = True,
     time_in_place: bool = False,
+    remeasure_batches: frozenset[int] = frozenset(),
 ) -> FactsCache:
     """A fresh cache for a command's flags (`--probe-batches` and `--probe-spread` checked like
     config keys: `FactsPolicy`), measuring with `measurements` (None: nothing)."""
@@ -92,6 +94,7 @@ def cache_for(
         measure_memory=measure_memory,
         reuse=reuse,
         time_in_place=time_in_place,
+        remeasure_batches=remeasure_batches,
     )
     return FactsCache(policy, measurements)
 
@@ -122,3 +125,31 @@ def step_times_used(cache: FactsCache) -> list[tuple[str, StepTime]]:
         on = f"{network}/{dataset} on {device}" + (f", {threads} thread(s)" if threads else "")
         used.append((on, step))
     return sorted(used, key=lambda item: (item[0], item[1].batch))
+
+
+# A step time's key in `FactsCache.sources` (`step_key`).
+StepKey = tuple[Any, ...]
+
+
+def contradicting_steps(cache: FactsCache) -> list[tuple[StepKey, StepKey]]:
+    """The pairs (smaller batch, larger batch) of step times the cache handed out, of one
+    workload on one device and its threads, each measured at its own batch, that contradict
+    each other (`harness.profiles.steps.contradict`)."""
+    by_workload: dict[StepKey, list[StepKey]] = {}
+    for key, step in cache.sources.items():
+        if not step.scaled:
+            by_workload.setdefault(_without_batch(key), []).append(key)
+    pairs = []
+    for keys in by_workload.values():
+        ordered = sorted(keys, key=lambda key: cache.sources[key].batch)
+        pairs += [
+            (smaller, larger)
+            for smaller, larger in itertools.combinations(ordered, 2)
+            if contradict(cache.sources[smaller], cache.sources[larger])
+        ]
+    return pairs
+
+
+def _without_batch(key: StepKey) -> StepKey:
+    network, dataset, device, threads, _, probe_batches = key
+    return (network, dataset, device, threads, probe_batches)

@@ -24,6 +24,7 @@ from it, so that a first run and a later one use the same numbers.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import statistics
 import sys
@@ -39,7 +40,7 @@ from harness.costs.activations import SavedActivations
 from harness.costs.partition import StagePlan
 from harness.costs.terms import CellFacts, LayerFacts, allreduces_overlap_backward
 from harness.distributions.registry import spec_of
-from harness.predict.facts.cache import FactsCache, ProfileKey, step_key
+from harness.predict.facts.cache import FactsCache, ProfileKey, StepKey, step_key
 from harness.predict.facts.measurements import Measurements
 from harness.predict.facts.store import (
     FactsStore,
@@ -156,7 +157,7 @@ def _kept(config: DistbenchConfig, cache: FactsCache) -> FactsStore:
 
 
 def _keep(
-    config: DistbenchConfig, cache: FactsCache, update: Callable[[FactsStore], None]
+    config: DistbenchConfig, cache: FactsCache, update: Callable[[FactsStore], object]
 ) -> Path | None:
     """Add a measurement to the hardware's facts file (`harness.predict.facts.store.keep`)."""
     return keep(cache.policy.facts_file(config), config.hardware.name, update)
@@ -185,7 +186,8 @@ def _choose_step(config: DistbenchConfig, batch: int, cache: FactsCache) -> Step
     prober = prober_here(config, cache)
     if prober is None:
         return recorded_step_time(config, batch, cache)
-    kept = _kept_step(config, batch, cache) if cache.policy.reuse else None
+    reused = cache.policy.reuse and batch not in cache.policy.remeasure_batches
+    kept = _kept_step(config, batch, cache) if reused else None
     return kept or _probe_step(config, batch, cache, prober)
 
 
@@ -279,6 +281,31 @@ def _step_record(
         reference_ms=timing.reference_ms,
         speed_change=timing.unsteady_drift,
     )
+
+
+def keep_contradicting(
+    config: DistbenchConfig, cache: FactsCache, pairs: Sequence[tuple[StepKey, StepKey]]
+) -> None:
+    """Have each step time of `pairs` (`contradicting_steps`, left so after both were timed
+    again) say which one it contradicts: where it is used (`cache.sources`) and beside it in
+    the facts file, so that a later run says so too without timing them again."""
+    for smaller, larger in pairs:
+        for key, other in ((smaller, larger), (larger, smaller)):
+            network, dataset, device, threads, batch, _ = key
+            other_batch = cache.sources[other].batch
+            cache.sources[key] = replace(cache.sources[key], contradicts=other_batch)
+            note = functools.partial(
+                FactsStore.note_contradiction,
+                network=network,
+                dataset=dataset,
+                device=device,
+                threads=threads,
+                device_name=device_name(config),
+                batch=batch,
+                other=other_batch,
+            )
+            if note(_kept(config, cache)):  # not noted yet: a file unchanged stays so
+                _keep(config, cache, note)
 
 
 def quartiles(values: Sequence[float]) -> tuple[float, float]:

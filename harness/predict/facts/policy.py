@@ -42,6 +42,9 @@ class FactsPolicy:
     # is needed is measured here again (and replaces the file's). Step times from another
     # device never count: this one's may differ.
     reuse: bool = False
+    # Batches whose kept step time is not reused even with `reuse`: timed here again (the
+    # recommender's, where two kept step times contradict each other: `steps.contradicting`).
+    remeasure_batches: frozenset[int] = frozenset()
     # True: a pipeline whose planner asks for it (`StagePlanner.timed_in_place`) has its stages
     # timed in place where the facts file holds none (`python -m harness.stage_timing`, seconds
     # a plan: the analysis); False: only kept timings are used (the recommender, whose many

@@ -123,6 +123,7 @@ _KEPT: dict[str, _Fields] = {
             "q3_seconds": _number,
             "reference_ms": _positive,
             "speed_change": finite_number,  # after over before, less 1: either sign
+            "contradicts": _positive_int,  # a batch (harness.profiles.steps.contradict)
             "probe_batches": _positive_int,
             "probe_asked": _positive_int,
             "measured_at": _text,
@@ -504,6 +505,7 @@ class FactsStore:
             else f" (measured while the machine's speed changed by {changed:+.0%}: time it "
             f"again on a quiet machine, --remeasure)"
         )
+        contradicts = entry.get("contradicts")
         return MeasuredStep(
             int(entry["batch"]),
             float(entry["seconds"]),
@@ -516,7 +518,40 @@ class FactsStore:
             entry.get("measured_at"),
             optional("reference_ms"),
             probe_asked=entry.get("probe_asked"),
+            contradicts=None if contradicts is None else int(contradicts),
         )
+
+    def note_contradiction(
+        self,
+        *,
+        network: str,
+        dataset: str,
+        device: str,
+        threads: int | None,
+        device_name: str | None,
+        batch: int,
+        other: int,
+    ) -> bool:
+        """Note beside the newest step time kept at `batch` for the workload that it contradicts
+        the one at batch `other` though both were timed again (`harness.profiles.steps.
+        contradict`): later runs say so, and time them again only when asked (--remeasure).
+        Whether anything changed (call `save` then)."""
+        wanted = {
+            "network": network,
+            "dataset": dataset,
+            "device": device,
+            "device_name": device_name,
+            "threads": threads,
+            "batch": batch,
+        }
+        entries = [e for e in self.step_times if all(e.get(k) == v for k, v in wanted.items())]
+        if not entries:
+            return False
+        newest = max(entries, key=_when)
+        if newest.get("contradicts") == other:
+            return False
+        newest["contradicts"] = other
+        return True
 
     def profile(
         self,
@@ -567,7 +602,7 @@ class FactsStore:
             ) from None
 
 
-def keep(path: Path, hardware: str, update: Callable[[FactsStore], None]) -> Path | None:
+def keep(path: Path, hardware: str, update: Callable[[FactsStore], object]) -> Path | None:
     """Add a measurement to the facts file at `path` (re-read first, so that measurements
     another process kept meanwhile stay); the file's path, or None (with one line on stderr)
     when it cannot be written: the measurement itself is still used."""
