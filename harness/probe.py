@@ -31,14 +31,17 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
+import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
 from harness.cli.arguments import overrides_of, overrides_parser
-from harness.cli.bad_input import exit_on_bad_input
+from harness.cli.bad_input import exit_on_bad_input, single_line
+from harness.cli.cell_results import FAILED_CELLS_EXIT_CODE
 from harness.cli.errors import command
 from harness.cli.preflight import check_device_here, check_launcher, check_writable_dir
 from harness.commands.compose import compose_config
@@ -62,6 +65,9 @@ from harness.records.mlflow_store import tracking_uri
 from harness.records.tracking import log_run
 from harness.system.worker_env import log_to_stderr
 
+if TYPE_CHECKING:  # the local launcher's job; its module loads only when a probe starts
+    import submitit
+
 log = logging.getLogger(__name__)
 
 EXPERIMENT = "hardware_probe"
@@ -78,18 +84,9 @@ def launch_probe(
     folder = output_dir / ".submitit" / "%j"
     timeout_min = int((launcher or {}).get("timeout_min", 30))
     if launcher is None:
-        from launchers.local import submit_local, wait_for_cell
-
-        job = submit_local(
-            probe_worker,
-            cfg,
-            output_dir,
-            folder=folder,
-            tasks=workers,
-            timeout_min=timeout_min,
-            name="distbench-probe",
+        job = run_local_probe(
+            local_probe_worker, cfg, config, output_dir, folder=folder, timeout_min=timeout_min
         )
-        wait_for_cell(job, output_dir, timeout_s=60 * timeout_min, result_file=PROFILE_FILE)
     else:
         from launchers import slurm
 
@@ -108,6 +105,72 @@ def launch_probe(
 
         raise RuntimeError(f"the probe ended without a profile:\n{worker_logs_tail(job, workers)}")
     return HardwareProfile.load(output_dir / PROFILE_FILE)
+
+
+def local_probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
+    """A worker of a probe on this machine: it ends as soon as the command that started it is
+    gone (killed outright, it could not end its workers, which would wait at the rendezvous
+    for up to run.progress_timeout_s), as a local cell's workers do."""
+    from harness.worker.probe_worker import probe_worker
+    from launchers.local import follow_launcher
+
+    follow_launcher()
+    return probe_worker(cfg, output_dir)
+
+
+def run_local_probe(
+    worker: Callable[[DictConfig, Path], Any],
+    cfg: DictConfig,
+    config: DistbenchConfig,
+    output_dir: Path,
+    *,
+    folder: Path,
+    timeout_min: int,
+) -> submitit.Job:
+    """The probe's workers as processes of this machine, waited for until all have ended.
+
+    Every figure is a collective among all of them: one that dies leaves the others waiting
+    for it (at the rendezvous, for up to run.progress_timeout_s), so it is watched for
+    (`launchers.worker_watch`), and ends the probe at once, named (`ProbeFailed`); so does the
+    time limit. A profile rank 0 wrote is kept whatever ended the workers after it."""
+    from launchers.local import submit_local, wait_for_cell
+    from launchers.worker_watch import LostWorkerWatch, worker_line
+
+    job = submit_local(
+        worker,
+        cfg,
+        output_dir,
+        folder=folder,
+        tasks=config.hardware.world_size,
+        timeout_min=timeout_min,
+        name="distbench-probe",
+    )
+    with LostWorkerWatch(job, output_dir / PROFILE_FILE) as watch:
+        timed_out = wait_for_cell(
+            job, output_dir, timeout_s=60 * timeout_min, result_file=PROFILE_FILE
+        )
+    if (output_dir / PROFILE_FILE).exists():
+        return job
+    if timed_out:
+        why = f"it did not finish within {timeout_min} min, and its workers were ended"
+        raise ProbeFailed(f"{why} (their logs: {job.paths.folder})", config.hardware.name)
+    if watch.lost is not None:
+        why = f"{worker_line(job, watch.lost)}, and the other workers were ended"
+        raise ProbeFailed(why, config.hardware.name)
+    return job
+
+
+class ProbeFailed(Exception):
+    """The probe ended without a profile for a reason it can name (a worker that died, its
+    time limit): a failed measurement, not a bug, so it ends as a failed cell does (exit status
+    1, `harness.cli.cell_results`). What it leaves is kept: its directory, with its workers'
+    logs, and the hardware's latest profile, which no partial probe replaces."""
+
+    def __init__(self, why: str, hardware: str) -> None:
+        super().__init__(
+            f"the probe failed: {why}; no profile was written (the latest for "
+            f"hardware={hardware} is unchanged)"
+        )
 
 
 def record_profile(profile: HardwareProfile, config: DistbenchConfig, output_dir: Path) -> Path:
@@ -240,7 +303,11 @@ def main(argv: list[str] | None = None) -> None:
     stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     output_dir = (Path(config.run.output_dir) / "probes" / config.hardware.name / stamp).resolve()
     output_dir.mkdir(parents=True, exist_ok=True)
-    profile = launch_probe(without_hydra(cfg), config, output_dir, launcher)
+    try:
+        profile = launch_probe(without_hydra(cfg), config, output_dir, launcher)
+    except ProbeFailed as failed:
+        print(f"distbench: {single_line(str(failed))}", file=sys.stderr, flush=True)
+        sys.exit(FAILED_CELLS_EXIT_CODE)
     latest = record_profile(profile, config, output_dir)
     print(summary(profile))
     if config.hardware.link is not None:

@@ -10,24 +10,33 @@ started a worker (seen once in a run of the test suite on a machine loaded sever
 
 `Executor` starts `python -m launchers.local_controller FOLDER` instead, which makes the
 job's folder itself (the path submitit's `JobPaths` gives for its own process id) and then runs
-submitit's `Controller` unchanged. Everything else is submitit's: the environment the controller
-reads (`start_controller`, copied from `submitit.local.local.start_controller`, submitit 1.5,
-without its `setup` shell lines, which distbench never passes), the job, its files and its
-end.
+submitit's `Controller`, which also notes how each task ended (`NotingController`, `TaskEnd`):
+only a process's parent learns its exit status, and submitit's controller keeps it to itself,
+so without the note the launcher could see that a worker is gone but not whether it returned,
+raised or was killed, nor by which signal. Everything else is submitit's: the environment the
+controller reads (`start_controller`, copied from `submitit.local.local.start_controller`,
+submitit 1.5, without its `setup` shell lines, which distbench never passes), the job, its
+files and its end.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import submitit
 from submitit.core.utils import JobPaths
-from submitit.local.local import Controller, LocalJob
+from submitit.local.local import Controller, LocalJob, LocalJobEnvironment
+
+from workloads.datasets.atomic import write_json_atomic
 
 CONTROLLER_MODULE = "launchers.local_controller"
 
@@ -86,9 +95,88 @@ def start_controller(
     return subprocess.Popen([sys.executable, "-m", CONTROLLER_MODULE, str(folder)], env=env)
 
 
+@dataclass(frozen=True)
+class TaskEnd:
+    """How one task (a worker) of a local job ended, as its controller, its parent, saw it."""
+
+    rank: int
+    pid: int
+    returncode: int  # subprocess's: -N where signal N ended it
+
+    def how(self) -> str:
+        """'was killed by SIGKILL', 'exited with status 1': what a line about the worker says."""
+        if self.returncode >= 0:
+            return f"exited with status {self.returncode}"
+        try:
+            return f"was killed by {signal.Signals(-self.returncode).name}"
+        except ValueError:  # a real-time signal has no name of its own
+            return f"was killed by signal {-self.returncode}"
+
+
+def task_end_path(paths: JobPaths) -> Path:
+    """Where the controller notes how the task of `paths` ended: beside its logs, named as
+    submitit names a task's files (`<job>_<task>_...`)."""
+    return paths.folder / f"{paths.job_id}_{paths.task_id}_ended.json"
+
+
+def read_task_end(paths: JobPaths) -> TaskEnd | None:
+    """The task's end as its controller noted it; None while it runs (or if nothing could be
+    read: the note is written whole or not at all, `write_json_atomic`)."""
+    try:
+        noted = json.loads(task_end_path(paths).read_text())
+        return TaskEnd(int(noted["rank"]), int(noted["pid"]), int(noted["returncode"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class NotingController(Controller):
+    """submitit's controller, which notes each task's end (`task_end_path`) as soon as it sees
+    it. Its `wait` is submitit 1.5's `Controller.wait`, with the note taken at every poll: the
+    loop has no hook, and a second thread polling the tasks would race it for their exit
+    statuses."""
+
+    def start_tasks(self) -> None:
+        super().start_tasks()
+        self._noted: set[int] = set()  # afresh for a requeued job's new tasks
+
+    def wait(self, freq: int = 24) -> Sequence[int | None]:
+        assert self.tasks, "Nothing to do!"
+        timeout = freq * self.timeout_s
+        almost_timeout = freq * (self.timeout_s - self.signal_delay_s)
+        for step in range(timeout):
+            exit_codes = self._poll_and_note()
+            if all(code is not None for code in exit_codes):
+                return exit_codes
+            if step == almost_timeout:
+                self._forward_signal(LocalJobEnvironment._usr_sig())
+            time.sleep(1.0 / freq)
+        return self._poll_and_note()
+
+    def _poll_and_note(self) -> list[int | None]:
+        """Every task's exit status (None: running), each new one noted once."""
+        exit_codes = [task.poll() for task in self.tasks]
+        for rank, (task, code) in enumerate(zip(self.tasks, exit_codes, strict=True)):
+            if code is not None and rank not in self._noted:
+                self._noted.add(rank)
+                note_task_end(JobPaths(self.folder, self.pid, rank), TaskEnd(rank, task.pid, code))
+        return exit_codes
+
+
+def note_task_end(paths: JobPaths, end: TaskEnd) -> None:
+    """Write the note of `end`; a disk that refuses it costs the launcher only its knowing how
+    the task ended, never the job."""
+    try:
+        write_json_atomic(
+            task_end_path(paths),
+            {"rank": end.rank, "pid": end.pid, "returncode": end.returncode},
+        )
+    except OSError:
+        pass
+
+
 def run_controller(folder: Path) -> None:
     """submitit's controller of the job in `folder`, once the job's folder exists."""
-    controller = Controller(folder)
+    controller = NotingController(folder)
     JobPaths(folder, controller.pid).folder.mkdir(parents=True, exist_ok=True)
     # SIGINT is forwarded to the workers, as submitit's controller forwards SIGTERM, and the
     # controller goes on waiting for them: by default it would raise, and on its way out kill
