@@ -67,8 +67,10 @@ def with_planning_defaults(overrides: Sequence[str]) -> list[str]:
 
 
 def planning_config(overrides: Sequence[str]) -> DistbenchConfig:
-    """The config the planner reads: token data and AdamW unless others are named."""
-    return validate(compose_config(with_planning_defaults(overrides)))
+    """The config the planner reads: token data and AdamW unless others are named; a network
+    whose weights do not fit the asked model is no bad input here (which plans fit is the
+    planner's answer)."""
+    return validate(compose_config(with_planning_defaults(overrides)), weights_must_fit=False)
 
 
 def _kept_overrides(overrides: Sequence[str]) -> list[str]:

@@ -16,7 +16,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf, ValueNode, open_dict
 from omegaconf.errors import OmegaConfBaseException
@@ -35,10 +35,21 @@ from harness.config.accepts import (
 )
 from harness.config.batch_sizes import default_batch_size
 from harness.config.stores import ALLOWED_STORES, known_scheme, store_scheme
+from harness.config.weight_memory import (
+    WorkerMemory,
+    device_memory,
+    gigabytes,
+    least_state_bytes,
+    parameter_count,
+    shared_machine_memory,
+)
 from workloads.datasets.spec import BYTE_VOCAB, DATASET_SPECS, DatasetSpec
 from workloads.networks import registry as network_registry
 from workloads.networks.ref import BUILTIN, NetworkError, NetworkRef, canonical_json
 from workloads.networks.source import SOURCE_SETTINGS, NetworkSourceSpec
+
+if TYPE_CHECKING:
+    from workloads.networks.check import NetworkSize
 
 # torch.manual_seed's range (an unsigned 64-bit integer).
 MAX_SEED = 2**64 - 1
@@ -347,6 +358,26 @@ class NetworkConfig:
         """What tables and run names call the network."""
         return self.name
 
+    def given(self, longest: int = 240) -> str:
+        """The network and the settings that size it, as a refusal names them: "network
+        gpt2_tiny (network.config.n_embd=128, ..., network.config.vocab_size=1000000000)",
+        cut at about `longest` characters."""
+        section = "config" if self.config else "kwargs"
+        settings = [
+            f"network.{key}={value}" for key in ("target", "arch") if (value := getattr(self, key))
+        ]
+        settings += [
+            f"network.{section}.{key}={value}"
+            for key, value in sorted(dict(self.config or self.kwargs).items())
+        ]
+        shown_settings = ""
+        for setting in settings:
+            if len(shown_settings) + len(setting) > longest:
+                shown_settings += ", ..."
+                break
+            shown_settings += (", " if shown_settings else "") + setting
+        return f"network {self.name}" + (f" ({shown_settings})" if shown_settings else "")
+
     @property
     def key(self) -> str:
         """The network's identity where facts are cached (NetworkRef.key)."""
@@ -383,6 +414,13 @@ class OptimizerConfig:
         if self.name is OptimizerName.adamw:
             return 2
         return 1 if self.momentum > 0 else 0
+
+    @property
+    def state_named(self) -> str:
+        """The buffers `state_buffers` counts, as a refusal names them ("" for none)."""
+        if self.name is OptimizerName.adamw:
+            return "AdamW's two moments"
+        return "SGD's momentum" if self.state_buffers else ""
 
 
 @dataclass
@@ -440,6 +478,19 @@ class DistributionConfig:
     def workers(self, hardware: HardwareConfig) -> int:
         """The workers a cell of this model occupies on `hardware`: all of them."""
         return hardware.world_size
+
+    def weight_shards(self, cell: DistbenchConfig) -> int:
+        """The most workers among which this model divides one copy of the network's
+        weights, gradients and optimizer state (1: each worker holds them whole), for the
+        check that they can fit at all (`harness.config.weight_memory`). By default every
+        worker of the cell, the least any model can hold: a model that does not say is never
+        refused for a network it could split."""
+        return cell.world_size
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of one weight, gradient or optimizer value as the model keeps them: float32."""
+        return 4
 
     def check_cell(self, cell: DistbenchConfig) -> None:
         """Checks of this model's settings against the rest of the cell (ConfigError): an
@@ -705,6 +756,12 @@ class HardwareConfig:
     def world_size(self) -> int:
         return self.nodes * self.workers_per_node
 
+    @property
+    def on_one_machine(self) -> bool:
+        """Whether every worker runs on one machine: one node, nodes that share one machine
+        (`one_host`), or nodes emulated on this one (`link`)."""
+        return self.nodes == 1 or self.one_host or self.link is not None
+
     def group_spans_nodes(self, group_size: int) -> bool:
         """Whether a group of `group_size` consecutive ranks sits on more than one node (a
         node's workers take consecutive ranks): its collectives then cross the nodes' links."""
@@ -908,24 +965,76 @@ class DistbenchConfig:
             "NCCL needs hardware.device=cuda; allowed on CPU: gloo, or null",
         )
 
-    def check_network(self) -> None:
+    def check_network(self) -> NetworkSize | None:
         """The network takes the dataset's input: asked of its source without building it
         where the source can answer so (a built-in network on token data is refused by name),
         else the network is built and run on the meta device (workloads.networks.check), once
         per (network, dataset shape), or read where the same code checked it before and a
         command that answered kept it (the planner); checking keeps nothing, since bad input
-        writes nothing."""
+        writes nothing. Returns the network's size where it was built (asked again, it is
+        answered from that check); None where its source answered without building it."""
         spec, ref = self.dataset.spec, self.network.ref
         try:
             input_check = self.network.source_spec.input_check
             if input_check is not None:  # answered without building the network (nor torch)
                 input_check(ref, spec)
-                return
+                return None
             from workloads.networks.check import check_network_remembered
 
-            check_network_remembered(ref, spec, self.dataset.cache_dir, keep=False)
+            return check_network_remembered(ref, spec, self.dataset.cache_dir, keep=False)
         except NetworkError as err:
             raise ConfigError(str(err)) from None
+
+    def check_weights_fit(self) -> None:
+        """ConfigError where the network's weights, gradients and optimizer state alone, at
+        the least a worker of the cell's distribution model holds of them, exceed the memory a
+        worker has (`harness.config.weight_memory`): such a cell could only end `oom`, after
+        its workers started. Nothing is ruled out where the network's size is not known
+        without building it (a built-in network) or the memory is unknown."""
+        memory = self.worker_memory()
+        size = self.check_network() if memory is not None else None  # answered from its check
+        if size is None or memory is None:
+            return
+        distribution, shards = self.distribution, self.distribution.weight_shards(self)
+        need = least_state_bytes(
+            size.parameters,
+            size.trainable,
+            state_buffers=self.optimizer.state_buffers,
+            value_bytes=distribution.weight_bytes,
+            shards=shards,
+        )
+        if need <= memory.bytes:
+            return
+        state = self.optimizer.state_named
+        held = (
+            f"distribution={distribution.name}: each worker holds them whole"
+            if shards == 1
+            else f"distribution={distribution.name} divides them among {shards} workers at most"
+        )
+        remedy = "a smaller network, or hardware with more memory per worker"
+        if shards < self.hardware.world_size:
+            remedy += (
+                ", or a distribution model that divides the weights among the workers "
+                "(sharded or pipelined)"
+            )
+        raise ConfigError(
+            f"{self.network.given()} cannot fit in memory: its {parameter_count(size.parameters)} "
+            f"parameters need {gigabytes(need)} per worker for their "
+            f"{'bfloat16' if distribution.weight_bytes == 2 else 'float32'} weights, gradients"
+            f"{f' and {state}' if state else ''} alone ({held}), more than "
+            f"{memory.named}; allowed: {remedy}"
+        )
+
+    def worker_memory(self) -> WorkerMemory | None:
+        """The memory a worker of this cell has (`harness.config.weight_memory`): its device's,
+        or on CPU workers without a limit that all run on one machine, their share of this
+        machine's; None: unknown."""
+        hardware = self.hardware
+        if hardware.device_memory_gb is not None:
+            return device_memory(hardware.device_memory_gb)
+        if hardware.device is Device.cpu and hardware.on_one_machine:
+            return shared_machine_memory(self.world_size)
+        return None
 
     @property
     def samples_per_epoch(self) -> int:
@@ -1010,10 +1119,15 @@ class DistbenchConfig:
         return " ".join(parts)
 
 
-def validate(cfg: DictConfig, *, owned: bool = False) -> DistbenchConfig:
+def validate(
+    cfg: DictConfig, *, owned: bool = False, weights_must_fit: bool = True
+) -> DistbenchConfig:
     """Check a composed config and return it as typed objects; raise ConfigError if invalid.
     `cfg` is left as it was, unless the caller gives it away (`owned`: composed for this call
-    alone; the dry run's cells), which saves a copy of it."""
+    alone; the dry run's cells), which saves a copy of it. A cell whose network's weights
+    cannot fit its workers' memory is refused (`DistbenchConfig.check_weights_fit`), unless
+    not `weights_must_fit`: a command whose answer is what fits (the recommender, the planner)
+    or that reads cells measured elsewhere describes such configs without running them."""
     job = without_hydra(cfg)
     _check_known_keys(job, DistbenchConfig, "")
     if job.get("per_model"):  # else nothing to apply, and nothing to copy: to_object reads
@@ -1034,6 +1148,8 @@ def validate(cfg: DictConfig, *, owned: bool = False) -> DistbenchConfig:
             "(conf/config.yaml must list it first in its defaults)"
         )
     check_declared(config)
+    if weights_must_fit:
+        config.check_weights_fit()
     return config
 
 

@@ -68,6 +68,12 @@ class LayerSettingsConfig(DistributionConfig):
 
             pipeline_layer_count(cell)
 
+    @property
+    def weight_bytes(self) -> int:
+        """bfloat16 parameters, gradients and optimizer state with `precision=bf16`; float32
+        weights otherwise (`bf16_mixed` computes in bfloat16 from float32 weights)."""
+        return 2 if self.precision is Precision.bf16 else 4
+
     def checkpointed(self, count: int) -> list[int]:
         """The entries of a `count`-entry layer list that recompute."""
         if self.activation_checkpointing is Checkpointing.none:

@@ -893,6 +893,47 @@ BAD_INPUTS: list[Bad] = [
         "network=resnet18 network.arch=gpt2",
         "network.arch='gpt2' is invalid: is a setting of network.source=",
     ),
+    # a network whose weights, gradients and optimizer state alone cannot fit a worker: GPT-2
+    # with a billion-token vocabulary asked a CPU worker for 3 TB and ended `oom` with a
+    # traceback; refused before any cell by every command that runs or describes one
+    *(
+        _bad(
+            command,
+            f"{flag}dataset=tokens network=gpt2_tiny +network.config.vocab_size=1000000000 "
+            "run.output_dir={work}/outputs",
+            "network.config.vocab_size=1000000000) cannot fit in memory: its 256.0 B "
+            "parameters need 3,072.0 GB per worker",
+        )
+        for command, flag in (
+            ("harness", ""),
+            ("harness", "-m "),
+            ("harness", "--dry-run "),
+            ("harness.describe", ""),
+        )
+    ),
+    _bad(
+        "harness.describe",
+        "dataset=tokens network=llama3_8b hardware=h100_1gpu",
+        "its 8.0 B parameters need 96.4 GB per worker for their float32 weights, gradients and "
+        "SGD's momentum alone (distribution=sequential: each worker holds them whole), more "
+        "than hardware.device_memory_gb=80",
+    ),
+    # what the libraries say while a network is checked (torchvision's FutureWarning for
+    # Inception's initialisation, transformers' logger for a BERT built as a decoder) is kept
+    # out of the one line
+    _bad(
+        "harness",
+        "network=torchvision network.arch=inception_v3 dataset=mnist",
+        "network inception_v3: its forward fails on dataset=mnist's input",
+    ),
+    _bad(
+        "harness",
+        "dataset=tokens network=hf network.arch=bert +network.config.num_hidden_layers=2 "
+        "+network.config.hidden_size=64 +network.config.num_attention_heads=2 "
+        "+network.config.intermediate_size=128 +network.config.is_decoder=true "
+        "distribution=gpipe hardware=local_2cpu distribution.balance=[1,1]",
+        "the layer counts must sum to the 4 layers of network=bert",
+    ),
     _bad("harness", "dataset=tokens network=resnet18", "an image network; dataset=tokens holds"),
     _bad(
         "harness",

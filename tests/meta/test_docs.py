@@ -425,7 +425,8 @@ def run_recommend(args: Sequence[str]) -> None:
             else:
                 rank_plans(overrides, flags.top, flags.json)
         return
-    config = checked_config(overrides)
+    # as the command validates it: what fits is its answer, not bad input
+    config = validate(compose_config(list(overrides)), weights_must_fit=False)
     recommend._check_flags(flags, config)
     recommend.check_candidates(config, overrides)  # every candidate, before any probe
 

@@ -111,8 +111,13 @@ def build_layer_list(network: str | NetworkRef, dataset: DatasetSpec) -> list[nn
 
 @functools.cache
 def _layer_count(ref: NetworkRef, dataset: DatasetSpec) -> int:
-    with torch.device("meta"):
-        return len(build_layer_list(ref, dataset))
+    """Counted on the model that checking the config built (`workloads.networks.meta`): its
+    factory is not called again, and what its libraries say is kept aside there too."""
+    from workloads.networks.meta import library_chatter_kept_aside, meta_network
+
+    model = meta_network(ref, dataset)
+    with torch.device("meta"), library_chatter_kept_aside():
+        return len(to_layer_list(ref, model))
 
 
 def layer_count(network: str | NetworkRef, dataset: DatasetSpec) -> int:

@@ -69,8 +69,13 @@ def _build_module(ref: NetworkRef, spec: DatasetSpec) -> nn.Module:
     factory = _resolve(target)
     kwargs = _factory_kwargs(target, factory, ref.options, spec)
     try:
+        # Called once: a failure of its own is the refusal (the user's code may print, write
+        # or wait each time it runs). Only where it failed for the meta device itself, reading
+        # a value no meta tensor holds (stochastic depth's rates off `torch.linspace(...)
+        # .tolist()`, as many ViT factories compute them), is it built once more computing on
+        # the CPU, its weights still on meta (`_build`'s second way): the one way to check it.
         with _as_checked(target, "calling it"):
-            model = _build(lambda: factory(**kwargs))
+            model = _build_once(lambda: factory(**kwargs), again_if=_failed_for_meta)
     except NetworkError:
         raise
     except Exception as exc:  # noqa: BLE001 - the user's code may raise anything: one line
@@ -85,6 +90,13 @@ def _build_module(ref: NetworkRef, spec: DatasetSpec) -> nn.Module:
             f"model's nn.Module class"
         )
     return model
+
+
+def _failed_for_meta(exc: BaseException) -> bool:
+    """Whether a build failed for the meta device itself: it read a tensor's value, which a
+    meta tensor does not hold (`.item()`, `.tolist()`: "Cannot copy out of meta tensor",
+    "Tensor.item() cannot be called on meta tensors")."""
+    return "meta tensor" in _text_of(exc)
 
 
 def _as_checked(target: str, what: str) -> contextlib.AbstractContextManager[None]:
@@ -305,14 +317,22 @@ def _adapt_input_channels(model: nn.Module, arch: str, spec: DatasetSpec) -> Non
 
 
 def _build(build: Callable[[], Any]) -> Any:
-    """`build()`; on the meta device (where `layer_count` builds) a builder that computes its
-    configuration with tensors (torchvision's RegNets call `.tolist()`) fails, so it is built
-    again computing on the CPU, each parameter and buffer moved to the meta device as the
-    modules register it (no memory for weights is kept)."""
+    """`build()` of a zoo's builder; on the meta device (where a config is checked) a builder
+    that computes its configuration with tensors (torchvision's RegNets call `.tolist()`)
+    fails, so it is built again computing on the CPU, each parameter and buffer moved to the
+    meta device as the modules register it (no memory for weights is kept). A user's factory
+    is built again only where it failed for the meta device itself (`_build_module`)."""
+    return _build_once(build, again_if=lambda exc: True)
+
+
+def _build_once(build: Callable[[], Any], *, again_if: Callable[[Exception], bool]) -> Any:
+    """`build()`; on the meta device, where it failed so that `again_if(error)`, built once more
+    computing on the CPU with its weights on meta (`_weights_on_meta`); the first error is the
+    one raised if that fails too."""
     try:
         return build()
     except Exception as exc:
-        if torch.get_default_device().type != "meta":
+        if torch.get_default_device().type != "meta" or not again_if(exc):
             raise
         first = exc
     try:
@@ -350,9 +370,18 @@ def _weights_on_meta() -> Iterator[None]:
 # --- messages -------------------------------------------------------------------------------
 
 
+def _text_of(exc: BaseException) -> str:
+    """`str(exc)`, or what can be said of it where its own `__str__` fails (a user's
+    exception class may raise there too)."""
+    try:
+        return str(exc)
+    except Exception as err:  # noqa: BLE001 - whatever its __str__ raised
+        return f"(its message could not be read: {type(err).__name__})"
+
+
 def _one_line(exc: BaseException) -> str:
     """`Type: message` on one line, shortened."""
-    message = " ".join(str(exc).split())
+    message = " ".join(_text_of(exc).split())
     if len(message) > _MAX_MESSAGE:
         message = message[: _MAX_MESSAGE - 3] + "..."
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

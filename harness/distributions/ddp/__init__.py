@@ -45,6 +45,10 @@ class DDPConfig(LayerSettingsConfig):
     def run_name_parts(self, cell: DistbenchConfig) -> list[str]:
         return self.layer_name_parts()
 
+    def weight_shards(self, cell: DistbenchConfig) -> int:
+        """Every worker holds a whole replica."""
+        return 1
+
 
 def ddp_settings(config: DistbenchConfig) -> DDPConfig:
     assert isinstance(config.distribution, DDPConfig), config.distribution

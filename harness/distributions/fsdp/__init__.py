@@ -143,6 +143,10 @@ class FSDPConfig(LayerSettingsConfig):
         """Workers each parameter is split over."""
         return self.shard_degree if self.shard_degree is not None else cell.world_size
 
+    def weight_shards(self, cell: DistbenchConfig) -> int:
+        """A shard group's workers (one worker: nothing is split)."""
+        return self.shards(cell) if cell.world_size > 1 else 1
+
     def check_cell(self, cell: DistbenchConfig) -> None:
         super().check_cell(cell)
         shards = self.shards(cell)

@@ -58,6 +58,10 @@ class HorovodConfig(DistributionConfig):
         default=1.0, metadata=number(0, MAX_CYCLE_TIME_MS, "ms", low_open=True)
     )
 
+    def weight_shards(self, cell: DistbenchConfig) -> int:
+        """Every worker holds a whole replica."""
+        return 1
+
 
 def horovod_settings(config: DistbenchConfig) -> HorovodConfig:
     assert isinstance(config.distribution, HorovodConfig), config.distribution

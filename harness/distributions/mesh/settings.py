@@ -144,6 +144,10 @@ class MeshConfig(LayerSettingsConfig):
         """Workers that train different samples with the same weights: replicas x shards."""
         return self.dp_replicate * self.shards(cell)
 
+    def weight_shards(self, cell: DistbenchConfig) -> int:
+        """One replica's workers: its shards, tensor-parallel workers and pipeline stages."""
+        return self.shards(cell) * self.tp * self.pp
+
     def virtual_stages(self) -> int:
         """Stages each pipeline worker holds."""
         if self.pp == 1:

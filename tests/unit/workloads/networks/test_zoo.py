@@ -134,6 +134,25 @@ USER_MODELS = textwrap.dedent('''
         for line in range(5000):
             print("flood", line)
         return TinyNet()
+
+
+    CALLS = []
+
+
+    def counted(width=8):
+        CALLS.append("counted")
+        return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, width), nn.Linear(width, 10))
+
+
+    def counted_then_fails():
+        CALLS.append("counted_then_fails")
+        raise ValueError("no model today")
+
+
+    def reads_a_tensor():
+        CALLS.append("reads_a_tensor")
+        rates = torch.linspace(0, 0.1, 4).tolist()
+        return nn.Sequential(nn.Flatten(), nn.Dropout(rates[-1]), nn.Linear(3 * 32 * 32, 10))
 ''')
 
 
@@ -321,6 +340,33 @@ def test_a_users_code_checked_on_meta_runs_bounded_and_in_its_place(
     # built for real (a worker): the code runs as written, its output where it prints
     build_network(module_ref("userpkg.models:floods"), CIFAR)
     assert "flood 4999" in capsys.readouterr().out
+
+
+def test_a_users_factory_is_called_once_per_check(userpkg):
+    """Checking a pipeline cell's network runs it on the dataset's input and counts its layer
+    list: its factory is called once for both. One that fails on the meta device is refused
+    there and not called again (it may print, write or wait each time), but where it failed
+    for reading a tensor the meta device holds no value of."""
+    from userpkg.models import CALLS
+
+    from workloads.networks.check import check_network
+
+    check_network(module_ref("userpkg.models:counted"), CIFAR)
+    assert layer_count(module_ref("userpkg.models:counted"), CIFAR) == 3
+    assert CALLS == ["counted"]
+    CALLS.clear()
+    said = one_line_error(
+        lambda: check_network(module_ref("userpkg.models:counted_then_fails"), CIFAR),
+        "network.target=userpkg.models:counted_then_fails",
+    )
+    assert "calling it raised ValueError: no model today" in said
+    assert "meta device" not in said  # the user's own error, said as it is
+    # one that failed for the meta device itself (it read a tensor's value, which no meta
+    # tensor holds) is built once more computing on the CPU: the one way to check it
+    check_network(module_ref("userpkg.models:reads_a_tensor"), CIFAR)
+    assert CALLS == ["counted_then_fails", "reads_a_tensor", "reads_a_tensor"]
+    # built for real (a worker), the factory that reads a tensor builds
+    assert isinstance(build_network(module_ref("userpkg.models:reads_a_tensor"), CIFAR), nn.Module)
 
 
 def test_a_bad_blocks_path_names_network_blocks(userpkg):
