@@ -101,10 +101,25 @@ def launch_probe(
             on_end=lambda cell: None,
         )
     if not (output_dir / PROFILE_FILE).exists():
-        from launchers.cells import worker_logs_tail
-
-        raise RuntimeError(f"the probe ended without a profile:\n{worker_logs_tail(job, workers)}")
+        raise ProbeFailed(
+            f"its workers ended without a profile ({_last_words(job, workers)}; their logs: "
+            f"{job.paths.folder})",
+            config.hardware.name,
+        )
     return HardwareProfile.load(output_dir / PROFILE_FILE)
+
+
+def _last_words(job: submitit.Job, workers: int) -> str:
+    """The last line a worker of a probe that ended without a profile wrote on stderr (what
+    raised, as a rule), or that none wrote anything."""
+    for rank in range(workers):
+        try:
+            lines = (job.task(rank).stderr() or "").strip().splitlines()
+        except Exception:  # noqa: BLE001 - a missing log must not hide the failure itself
+            lines = []
+        if lines:
+            return f"worker {rank} last wrote: {lines[-1][:300]}"
+    return "no worker wrote anything on stderr"
 
 
 def local_probe_worker(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:

@@ -135,8 +135,11 @@ class _Lines:
     def __enter__(self) -> _Lines:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        # A task ended by an error (a refused cell of a dry run: its one line is printed
+        # already) shows no last count: the error's line stays the last.
+        if kind is None:
+            self.close()
 
     def update(self, n: int = 1) -> None:
         self.n += n

@@ -106,7 +106,8 @@ def test_a_hung_single_process_cell_records_itself_as_timeout(
     )
     assert run.data.tags["status"] == "timeout"
     entry = json.loads((output_root / INDEX_DIR / f"{result['cell_key']}.json").read_text())
-    assert entry["status"] == "timeout" and Path(entry["result"]) == path.resolve()
+    assert entry["status"] == "timeout"
+    assert (output_root / entry["result"]).resolve() == path.resolve()  # relative to the root
 
 
 def test_a_frozen_cell_of_a_sweep_started_with_nohup_is_ended_and_recorded(

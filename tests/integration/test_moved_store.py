@@ -28,6 +28,7 @@ from harness.records.recorded_runs import recorded_config
 from harness.records.results import RESULT_FILE
 from harness.records.tracking import _complete
 from tests.in_process import in_process_command
+from tests.integration.test_resume import SWEEP
 
 
 def _store_with_one_cell(folder: Path) -> tuple[str, str]:
@@ -86,15 +87,10 @@ def test_a_copy_reads_its_own_artifacts_and_a_store_in_place_is_read_as_before(
     assert not _complete(original, original.get_run(run_id))
 
 
-# A sweep of one quick cell; run again with a second one (more epochs) after its folder moved.
+# The resumed sweep's quick cells, in an experiment of their own: run with one cell, then
+# again with a second one (more epochs) after its folder moved.
 MOVED_SWEEP = [
-    "-m",
-    "dataset=mnist",
-    "network=mobilenetv2",
-    "distribution.batch_size=8",
-    "dataset.num_samples=16",
-    "run.warmup_batches=0",
-    "run.progress=false",
+    *(arg for arg in SWEEP if not arg.startswith("tracking.")),
     "tracking.experiment=moved",
 ]
 

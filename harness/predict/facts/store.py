@@ -536,14 +536,7 @@ class FactsStore:
         the one at batch `other` though both were timed again (`harness.profiles.steps.
         contradict`): later runs say so, and time them again only when asked (--remeasure).
         Whether anything changed (call `save` then)."""
-        wanted = {
-            "network": network,
-            "dataset": dataset,
-            "device": device,
-            "device_name": device_name,
-            "threads": threads,
-            "batch": batch,
-        }
+        wanted = dict(zip(_STEP_KEY, (network, dataset, device, device_name, threads, batch)))
         entries = [e for e in self.step_times if all(e.get(k) == v for k, v in wanted.items())]
         if not entries:
             return False
