@@ -148,8 +148,8 @@ def run_local_probe(
     for it (at the rendezvous, for up to run.progress_timeout_s), so it is watched for
     (`launchers.worker_watch`), and ends the probe at once, named (`ProbeFailed`); so does the
     time limit. A profile rank 0 wrote is kept whatever ended the workers after it."""
-    from launchers.local import submit_local, wait_for_cell
-    from launchers.worker_watch import LostWorkerWatch, worker_line
+    from launchers.local import submit_local, wait_for_cell, worker_line
+    from launchers.worker_watch import LostWorkerWatch
 
     job = submit_local(
         worker,

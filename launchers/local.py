@@ -49,7 +49,7 @@ from harness.system.processes import (
     end_tree,
 )
 from harness.system.worker_env import MASTER_PORT_ENV, free_port, log_to_stderr
-from launchers.local_controller import Executor
+from launchers.local_controller import Executor, TaskEnd, read_task_end
 from workloads.progress import BARS, PROGRESS_ENV, mode
 
 # After rank 0 recorded the cell, how long the other workers may take to exit by themselves.
@@ -184,12 +184,14 @@ def wait_for_cell(
     reports), or when `timeout_s` has passed, are ended (`end_cell`), so no process of the
     cell outlives it. With `show_rank0`, what rank 0 prints appears on this process's
     terminal meanwhile (`Rank0Terminal`). `records_cell`: this process records the cell in
-    MLflow afterwards (`submit_local`), so rank 0 uploads nothing that could be cut short.
+    MLflow afterwards (`submit_local`), so rank 0 uploads nothing that could be cut short;
+    a worker of such a cell that dies while the others run is said at once (`_say_lost`).
     """
     result_path = Path(output_dir) / result_file
     deadline = time.monotonic() + timeout_s
     rank0 = _Rank0(job)
     ended: float | None = None
+    lost: TaskEnd | None = None
     with Rank0Terminal(job, enabled=show_rank0) as terminal:
         while not job.done():
             terminal.show()
@@ -198,6 +200,10 @@ def wait_for_cell(
                 recorded(result_path, uploading=not records_cell) or rank0.exited()
             ):
                 ended = now
+            if records_cell and ended is None and lost is None and job.num_tasks > 1:
+                lost = lost_worker(job)
+                if lost is not None:
+                    _say_lost(job, lost)
             if ended is not None and (now - ended > grace_s or every_worker_returned(job)):
                 break
             if now > deadline:
@@ -216,6 +222,37 @@ def every_worker_returned(job: submitit.Job) -> bool:
     function raised is left to exit by itself: it is still printing its traceback."""
     tasks = [job.task(rank) for rank in range(job.num_tasks)] if job.num_tasks > 1 else [job]
     return all(_saved_outcome(task.paths.result_pickle) == "success" for task in tasks)
+
+
+def lost_worker(job: submitit.Job) -> TaskEnd | None:
+    """The first worker (by rank) of `job` that ended without its function having returned:
+    killed by a signal, or exited with an error, as its controller noted it
+    (`launchers.local_controller.TaskEnd`). A worker killed after it returned (the launcher
+    ends workers that only have their interpreter's exit left) is not lost."""
+    for rank in range(job.num_tasks):
+        task = job.task(rank)
+        end = read_task_end(task.paths)
+        if end is not None and end.returncode != 0 and not every_worker_returned(task):
+            return end
+    return None
+
+
+def worker_line(job: submitit.Job, end: TaskEnd) -> str:
+    """'worker 1 (pid 123) was killed by SIGKILL (its log: ...)': who, how, and where to look."""
+    log = job.task(end.rank).paths.stderr
+    return f"worker {end.rank} (pid {end.pid}) {end.how()} (its log: {log})"
+
+
+def _say_lost(job: submitit.Job, end: TaskEnd) -> None:
+    """Say, once, that a worker of a running cell is gone: its peers may wait for it (at the
+    rendezvous, before the process group forms, until run.progress_timeout_s), and rank 0,
+    which records the cell, has not said so yet."""
+    with tqdm.external_write_mode(file=sys.stdout):
+        print(
+            f"[distbench] {worker_line(job, end)}; the cell is recorded once rank 0 notices, "
+            f"or its watchdog ends it after run.progress_timeout_s without progress",
+            flush=True,
+        )
 
 
 class _HoldsObjects(Exception):

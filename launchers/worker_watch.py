@@ -21,7 +21,7 @@ from types import TracebackType
 
 import submitit
 
-from launchers.local import end_cell, every_worker_returned
+from launchers.local import end_cell, lost_worker
 from launchers.local_controller import TaskEnd, read_task_end
 
 # How often the workers' ends are read: a few small files, a fraction of a second late at most.
@@ -34,24 +34,6 @@ SETTLE_S = 3.0
 # (`launchers.local.END_STEP_S`): a peer waiting at the rendezvous or in a collective is inside
 # torch's C++ code, where only SIGKILL reaches it, and what it had to write came meanwhile.
 END_STEP_S = 1.0
-
-
-def lost_worker(job: submitit.Job) -> TaskEnd | None:
-    """The first worker (by rank) of `job` that ended without its function having returned:
-    killed by a signal, or exited with an error. A worker killed after it returned (the launcher
-    ends workers that only have their interpreter's exit left) is not lost."""
-    for rank in range(job.num_tasks):
-        task = job.task(rank)
-        end = read_task_end(task.paths)
-        if end is not None and end.returncode != 0 and not every_worker_returned(task):
-            return end
-    return None
-
-
-def worker_line(job: submitit.Job, end: TaskEnd) -> str:
-    """'worker 1 (pid 123) was killed by SIGKILL (its log: ...)': who, how, and where to look."""
-    log = job.task(end.rank).paths.stderr
-    return f"worker {end.rank} (pid {end.pid}) {end.how()} (its log: {log})"
 
 
 class LostWorkerWatch:

@@ -159,6 +159,39 @@ def test_a_hanging_worker_ends_the_cell_as_timeout(output_root: Path, tmp_path: 
             os.kill(pid, signal.SIGKILL)
 
 
+def test_a_worker_killed_before_the_process_group_forms_is_said_at_once(
+    output_root: Path, tmp_path: Path
+) -> None:
+    """A worker killed as it starts leaves its peers waiting for it at the rendezvous until
+    their watchdog gives up (run.progress_timeout_s): the launcher says at once which worker is
+    gone and how, not after that silence; the cell is then recorded, and no process is left."""
+    log = tmp_path / "cell.log"
+    with log.open("w") as out:
+        cell = _start(
+            output_root, "dataset.num_samples=32", "run.progress_timeout_s=15", stdout=out
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while 1 not in (workers := cell_worker_pids(output_root)):
+            assert time.monotonic() < deadline and cell.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.05)
+        os.kill(workers[1], signal.SIGKILL)
+        killed_at = time.monotonic()
+        said = f"[distbench] worker 1 (pid {workers[1]}) was killed by SIGKILL (its log: "
+        while said not in log.read_text() and time.monotonic() < killed_at + 60:
+            time.sleep(0.1)
+        assert said in log.read_text(), log.read_text()[-3000:]
+        assert time.monotonic() - killed_at < 10  # a poll of the launcher, not the watchdog's 15 s
+        cell.wait(timeout=300)
+        assert cell.returncode == 1, log.read_text()[-3000:]
+        assert _result(output_root)["status"] != "ok"
+        assert not cell_worker_pids(output_root)
+    finally:
+        cell.kill()
+        for pid in cell_worker_pids(output_root).values():
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_two_horovod_workers_train_in_sync_without_horovodrun(output_root: Path) -> None:
     done = subprocess.run(
         [
