@@ -34,7 +34,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-BYTES_PER_GB = 1_000_000_000  # decimal, as the harness reports memory
+from harness.config.units import BYTES_PER_GB
+
 _MEMINFO = Path("/proc/meminfo")
 
 

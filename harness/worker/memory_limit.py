@@ -69,10 +69,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.config.schema import Device, HardwareConfig
+from harness.config.units import BYTES_PER_GB
 
 log = logging.getLogger(__name__)
 
-BYTES_PER_GB = 1_000_000_000  # decimal, as the harness reports memory (MB = 10^6 bytes)
 _MB = 1_000_000
 
 

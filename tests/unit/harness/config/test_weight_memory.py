@@ -13,7 +13,8 @@ import pytest
 import harness.config.weight_memory as weight_memory
 from harness.commands.compose import compose_config
 from harness.config.schema import ConfigError, DistbenchConfig, validate
-from harness.config.weight_memory import BYTES_PER_GB, least_state_bytes, shared_machine_memory
+from harness.config.units import BYTES_PER_GB
+from harness.config.weight_memory import least_state_bytes, shared_machine_memory
 
 GPT2_TINY = ["dataset=tokens", "network=gpt2_tiny"]
 HUGE_VOCABULARY = [*GPT2_TINY, "+network.config.vocab_size=1000000000"]
