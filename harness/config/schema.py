@@ -985,26 +985,34 @@ class DistbenchConfig:
         except NetworkError as err:
             raise ConfigError(str(err)) from None
 
+    def weights_shortfall(self) -> tuple[NetworkSize, float, WorkerMemory] | None:
+        """The network's size, the bytes a worker of the cell needs at least for its weights,
+        gradients and optimizer state, and the memory a worker has, where the need is more
+        (`check_weights_fit`); None where it is not, or either is unknown."""
+        memory = self.worker_memory()
+        size = self.check_network() if memory is not None else None  # answered from its check
+        if size is None or memory is None:
+            return None
+        need = least_state_bytes(
+            size.parameters,
+            size.trainable,
+            state_buffers=self.optimizer.state_buffers,
+            value_bytes=self.distribution.weight_bytes,
+            shards=self.distribution.weight_shards(self),
+        )
+        return (size, need, memory) if need > memory.bytes else None
+
     def check_weights_fit(self) -> None:
         """ConfigError where the network's weights, gradients and optimizer state alone, at
         the least a worker of the cell's distribution model holds of them, exceed the memory a
         worker has (`harness.config.weight_memory`): such a cell could only end `oom`, after
         its workers started. Nothing is ruled out where the network's size is not known
         without building it (a built-in network) or the memory is unknown."""
-        memory = self.worker_memory()
-        size = self.check_network() if memory is not None else None  # answered from its check
-        if size is None or memory is None:
+        shortfall = self.weights_shortfall()
+        if shortfall is None:
             return
+        size, need, memory = shortfall
         distribution, shards = self.distribution, self.distribution.weight_shards(self)
-        need = least_state_bytes(
-            size.parameters,
-            size.trainable,
-            state_buffers=self.optimizer.state_buffers,
-            value_bytes=distribution.weight_bytes,
-            shards=shards,
-        )
-        if need <= memory.bytes:
-            return
         state = self.optimizer.state_named
         held = (
             f"distribution={distribution.name}: each worker holds them whole"

@@ -34,12 +34,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness.config.schema import DistbenchConfig
+from harness.config.schema import ConfigError, DistbenchConfig
 from harness.config.units import BYTES_PER_MB
+from harness.config.weight_memory import gigabytes
 from harness.costs.activations import SavedActivations
 from harness.costs.partition import StagePlan
 from harness.costs.terms import CellFacts, LayerFacts, allreduces_overlap_backward
-from harness.distributions.registry import spec_of
+from harness.distributions.registry import baseline, settings, spec_of
 from harness.predict.facts.cache import FactsCache, ProfileKey, StepKey, step_key
 from harness.predict.facts.measurements import Measurements
 from harness.predict.facts.store import (
@@ -353,15 +354,48 @@ def _missing_message(config: DistbenchConfig, batch: int, looked: Sequence[str])
     device = config.hardware.device.value
     threads = worker_threads(config)
     on = f"{device} ({threads} threads)" if threads is not None else device
-    return (
+    missing = (
         f"hardware={hardware}: no sequential step time measured on {on} for "
-        f"{network}/{dataset} at batch {batch} (looked in {' and '.join(looked)}); on a "
+        f"{network}/{dataset} at batch {batch} (looked in {' and '.join(looked)})"
+    )
+    refused = _one_worker_refused(config, batch)
+    if refused is not None:
+        # The command below would be refused before it starts: say why, and the only source
+        # left (`predict.recorded` takes another hardware's cells of the same device).
+        return (
+            f"{missing}; and no sequential cell can measure it on hardware={hardware}: "
+            f"{refused}; such a step time can come only from a sequential cell on hardware "
+            f"with more memory per {device} device, recorded in the MLflow store tracking.uri "
+            f"names (another hardware's cells of the same device are used where this one has "
+            f"none)"
+        )
+    return (
+        f"{missing}; on a "
         f"machine with that device run `python -m harness network={network} "
         f"dataset={dataset} distribution=sequential hardware={hardware} "
         f"distribution.batch_size={batch} dataset.num_samples={batch * 100} run.epochs=1` "
         f"(or this `python -m harness.recommend` command there), then run this again with "
         f"its outputs (copy its run.output_dir's facts/ here, or set tracking.uri to its "
         f"MLflow store)"
+    )
+
+
+def _one_worker_refused(config: DistbenchConfig, batch: int) -> str | None:
+    """Why a sequential cell of `config`'s network at `batch` on its hardware would be refused
+    before it starts: its weights cannot fit one worker (`check_weights_fit`); None where they
+    can, or that is not known."""
+    one_worker = settings(baseline().name, batch_size=batch, backend=config.distribution.backend)
+    cell = replace(config, distribution=one_worker, run=replace(config.run, global_batch=None))
+    try:
+        shortfall = cell.weights_shortfall()
+    except ConfigError:  # the network itself is refused: said where it is checked
+        return None
+    if shortfall is None:
+        return None
+    _, need, memory = shortfall
+    return (
+        f"its weights, gradients and optimizer state alone need {gigabytes(need)} on one "
+        f"worker, more than {memory.named}"
     )
 
 

@@ -16,7 +16,7 @@ import pytest
 from harness.commands.compose import compose_config
 from harness.config.schema import DistbenchConfig, validate
 from harness.predict.facts.cache import cache_for
-from harness.predict.facts.gather import gather
+from harness.predict.facts.gather import gather, recorded_step_time
 from harness.predict.facts.store import FactsStore, MissingMeasurement, facts_path, runtime_key
 from harness.profiles.network import LayerProfile, NetworkProfile
 from harness.profiles.runtime import RuntimeShare
@@ -222,3 +222,35 @@ def test_without_measurements_a_missing_fact_is_not_measured(tmp_path: Path) -> 
     assert cache.measured == []
     with pytest.raises(MissingMeasurement, match="no sequential step time measured on cpu"):
         gather(_config(tmp_path, "sequential"), cache)
+
+
+def test_a_missing_step_time_no_one_worker_can_measure_names_no_command_for_it(
+    tmp_path: Path,
+) -> None:
+    """Where a sequential cell of the network would be refused on the hardware (its weights
+    cannot fit one worker), the missing step time says so and where such a time can come
+    from, instead of a `python -m harness` command that would be refused."""
+    config = validate(
+        compose_config(
+            [
+                "dataset=tokens",
+                "network=gpt2_tiny",
+                f"hardware={HARDWARE}",
+                "distribution=fsdp",  # splits the weights: this cell itself may fit
+                "distribution.batch_size=2",
+                "hardware.device_memory_gb=0.001",
+                f"run.output_dir={tmp_path}",
+            ]
+        ),
+        weights_must_fit=False,
+    )
+    with pytest.raises(MissingMeasurement) as missing:
+        recorded_step_time(config, 2, cache_for(5, facts_root=tmp_path))
+    message = str(missing.value)
+    assert "no sequential step time measured on cpu" in message
+    assert (
+        f"no sequential cell can measure it on hardware={HARDWARE}: its weights, gradients and "
+        "optimizer state alone need"
+    ) in message
+    assert "more than hardware.device_memory_gb=0.001" in message
+    assert "python -m harness " not in message
