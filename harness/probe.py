@@ -163,7 +163,7 @@ def run_local_probe(
     with LostWorkerWatch(job, output_dir / PROFILE_FILE) as watch:
         timed_out = wait_for_cell(
             job, output_dir, timeout_s=60 * timeout_min, result_file=PROFILE_FILE
-        )
+        ).timed_out
     if (output_dir / PROFILE_FILE).exists():
         return job
     if timed_out:

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -41,7 +42,7 @@ import submitit
 from tqdm import tqdm
 
 from harness.records.record import LAUNCHER_RECORDS_ENV
-from harness.records.results import RESULT_FILE, RunStatus
+from harness.records.results import RESULT_FILE, RunStatus, group_formed
 from harness.system.processes import (
     ENDING_SIGNALS,
     ProcessId,
@@ -167,6 +168,16 @@ def _watch_launcher(launcher: ProcessId | None) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+@dataclass(frozen=True)
+class CellWaited:
+    """How the wait for a cell's workers ended (`wait_for_cell`)."""
+
+    timed_out: bool = False
+    # A worker that died before the cell's process group formed: its peers could only have
+    # waited for it at the rendezvous, so the cell was ended at once, nothing measured.
+    lost_before_group: TaskEnd | None = None
+
+
 def wait_for_cell(
     job: submitit.Job,
     output_dir: Path,
@@ -176,8 +187,8 @@ def wait_for_cell(
     result_file: str = RESULT_FILE,
     show_rank0: bool = False,
     records_cell: bool = False,
-) -> bool:
-    """Wait until every worker of the cell has exited; return True if the cell timed out.
+) -> CellWaited:
+    """Wait until every worker of the cell has exited, and say how the wait ended.
 
     Workers still running `grace_s` after rank 0 recorded the cell (`recorded`) or exited
     (without a record, e.g. ended by its watchdog: the launcher records the cell from the rank
@@ -186,6 +197,11 @@ def wait_for_cell(
     terminal meanwhile (`Rank0Terminal`). `records_cell`: this process records the cell in
     MLflow afterwards (`submit_local`), so rank 0 uploads nothing that could be cut short;
     a worker of such a cell that dies while the others run is said at once (`_say_lost`).
+    Where it died before the process group formed (rank 0 has not noted it:
+    `harness.records.results.group_formed`), the others would wait for it at the rendezvous
+    until run.progress_timeout_s with nothing measured: the cell is ended at once instead.
+    Once the group formed, rank 0's collectives fail and it records the cell itself, with the
+    epochs it measured: it is left to do so.
     """
     result_path = Path(output_dir) / result_file
     deadline = time.monotonic() + timeout_s
@@ -202,16 +218,30 @@ def wait_for_cell(
                 ended = now
             if records_cell and ended is None and lost is None and job.num_tasks > 1:
                 lost = lost_worker(job)
+                if lost is not None and not group_formed(output_dir):
+                    _say_lost(
+                        job,
+                        lost,
+                        "before the cell's process group formed: the other "
+                        "workers are ended and the cell recorded as failed",
+                    )
+                    end_cell(job)
+                    return CellWaited(lost_before_group=lost)
                 if lost is not None:
-                    _say_lost(job, lost)
+                    _say_lost(
+                        job,
+                        lost,
+                        "the cell is recorded once rank 0 notices, or its "
+                        "watchdog ends it after run.progress_timeout_s without progress",
+                    )
             if ended is not None and (now - ended > grace_s or every_worker_returned(job)):
                 break
             if now > deadline:
                 end_cell(job)
-                return True
+                return CellWaited(timed_out=True)
             time.sleep(_POLL_S if ended is None else _POLL_AFTER_RESULT_S)
         end_cell(job, signals=(signal.SIGKILL,) if every_worker_returned(job) else ENDING_SIGNALS)
-    return False
+    return CellWaited()
 
 
 def every_worker_returned(job: submitit.Job) -> bool:
@@ -243,16 +273,11 @@ def worker_line(job: submitit.Job, end: TaskEnd) -> str:
     return f"worker {end.rank} (pid {end.pid}) {end.how()} (its log: {log})"
 
 
-def _say_lost(job: submitit.Job, end: TaskEnd) -> None:
-    """Say, once, that a worker of a running cell is gone: its peers may wait for it (at the
-    rendezvous, before the process group forms, until run.progress_timeout_s), and rank 0,
+def _say_lost(job: submitit.Job, end: TaskEnd, then: str) -> None:
+    """Say, once, that a worker of a running cell is gone, and `then`, what follows: rank 0,
     which records the cell, has not said so yet."""
     with tqdm.external_write_mode(file=sys.stdout):
-        print(
-            f"[distbench] {worker_line(job, end)}; the cell is recorded once rank 0 notices, "
-            f"or its watchdog ends it after run.progress_timeout_s without progress",
-            flush=True,
-        )
+        print(f"[distbench] {worker_line(job, end)}; {then}", flush=True)
 
 
 class _HoldsObjects(Exception):
@@ -517,7 +542,7 @@ def run_cell_job(
         records_cell=True,
     )
     try:
-        timed_out = wait_for_cell(
+        waited = wait_for_cell(
             job,
             output_dir,
             timeout_s=60 * timeout_min,
@@ -530,12 +555,25 @@ def run_cell_job(
         if outcome is not None and keep_interrupted is not None:
             keep_interrupted(outcome)
         raise
+    lost = waited.lost_before_group
     outcome = cell_outcome(
         config,
         output_dir,
-        ended_as=RunStatus.timeout if timed_out else None,
+        ended_as=(
+            RunStatus.timeout
+            if waited.timed_out
+            else RunStatus.failed
+            if lost is not None
+            else None
+        ),
         logs=worker_logs_tail(job, workers),
         started=started,
+        cause=(
+            None
+            if lost is None
+            else f"{worker_line(job, lost)} before the cell's process group formed, and the "
+            f"other workers were ended: nothing was measured"
+        ),
     )
     return record_left_to_launcher(output_dir, outcome), job
 

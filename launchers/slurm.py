@@ -53,7 +53,13 @@ from typing import Any
 import submitit
 
 from harness.config.schema import ConfigError, DistbenchConfig, HardwareConfig
-from harness.records.results import RESULT_FILE, RunStatus, rank_report_path, worker_presence_path
+from harness.records.results import (
+    RESULT_FILE,
+    RunStatus,
+    group_formed_path,
+    rank_report_path,
+    worker_presence_path,
+)
 from harness.records.resume import job_note_path
 from workloads.datasets.atomic import write_json_atomic
 
@@ -423,10 +429,13 @@ def forget_earlier_try(output_dir: Path) -> None:
     """In a task of a re-queued job, before the cell starts again: this worker's report of the
     earlier try goes (that try ended when the job was re-queued; its peers' collectives failed
     as rank 0 left), so that it is not read as part of this try's outcome; and its presence,
-    which names the earlier try's process (ended: rank 0 would not wait for this one)."""
+    which names the earlier try's process (ended: rank 0 would not wait for this one); and on
+    rank 0, its note that the earlier try's process group formed."""
     rank = int(os.environ["SLURM_PROCID"])
     rank_report_path(output_dir, rank).unlink(missing_ok=True)
     worker_presence_path(output_dir, rank).unlink(missing_ok=True)
+    if rank == 0:
+        group_formed_path(output_dir).unlink(missing_ok=True)
 
 
 def keep_last_try_to_its_limit(max_num_timeout: int) -> None:

@@ -133,6 +133,27 @@ def read_worker_presence(output_dir: Path, rank: int) -> dict[str, Any] | None:
     return found if isinstance(found, dict) else None
 
 
+def group_formed_path(output_dir: Path) -> Path:
+    return Path(output_dir) / "ranks" / "group_formed.json"
+
+
+def write_group_formed(output_dir: Path, world_size: int) -> None:
+    """Written by rank 0 once the cell's process group has formed: from then on a worker that
+    dies breaks a collective and rank 0 records the cell itself, with what it measured. Before,
+    the others wait at the rendezvous for the dead one, and the launcher, which sees this file
+    missing, ends the cell at once instead (`launchers.local.wait_for_cell`). Best effort: a
+    disk that refuses it leaves the launcher waiting, as it did without it."""
+    try:
+        write_json_atomic(group_formed_path(output_dir), {"world_size": world_size})
+    except OSError as err:
+        log.warning("could not note the process group's forming in %s (%s)", output_dir, err)
+
+
+def group_formed(output_dir: Path) -> bool:
+    """Whether rank 0 noted that the cell's process group formed (`write_group_formed`)."""
+    return group_formed_path(output_dir).exists()
+
+
 def read_rank_reports(output_dir: Path) -> dict[int, dict[str, Any]]:
     """The reports the workers of a cell left, by rank."""
     reports = {}

@@ -39,6 +39,7 @@ from harness.records.results import (
     RESULT_FILE,
     RepeatResult,
     RunStatus,
+    write_group_formed,
     write_rank_report,
     write_worker_presence,
 )
@@ -761,6 +762,8 @@ def run_cell(cell: CheckedCell, output_dir: Path | None = None) -> dict[str, Any
                     link=config.hardware.link,
                 ) as peers,
             ):
+                if env.is_distributed and env.is_main:
+                    write_group_formed(output_dir, env.world_size)
                 events = EventLog.for_worker(output_dir, env.is_main)
                 with events:
                     worker = measure(config, device, peers, watchdog.beat, events, measured)

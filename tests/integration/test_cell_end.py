@@ -38,7 +38,7 @@ def test_workers_that_returned_are_ended_without_waiting_for_their_exit(tmp_path
     controller = psutil.Process(job._process.pid)  # type: ignore[attr-defined]
     # The grace after the record (600 s) outlasts the cell's time limit (120 s): only the
     # workers' having returned ends the wait in time.
-    assert wait_for_cell(job, tmp_path, timeout_s=120, grace_s=600) is False
+    assert not wait_for_cell(job, tmp_path, timeout_s=120, grace_s=600).timed_out
     assert every_worker_returned(job) and job.results() == ["recorded", "recorded"]
     assert not controller.is_running()  # nor any of its workers: ended with the tree
 

@@ -159,16 +159,17 @@ def test_a_hanging_worker_ends_the_cell_as_timeout(output_root: Path, tmp_path: 
             os.kill(pid, signal.SIGKILL)
 
 
-def test_a_worker_killed_before_the_process_group_forms_is_said_at_once(
+def test_a_worker_killed_before_the_process_group_forms_ends_its_cell_at_once(
     output_root: Path, tmp_path: Path
 ) -> None:
-    """A worker killed as it starts leaves its peers waiting for it at the rendezvous until
-    their watchdog gives up (run.progress_timeout_s): the launcher says at once which worker is
-    gone and how, not after that silence; the cell is then recorded, and no process is left."""
+    """A worker killed as it starts would leave its peers waiting for it at the rendezvous
+    until their watchdog gives up (run.progress_timeout_s, 10 min here): the launcher says at
+    once which worker is gone and how, ends the others (nothing was measured yet) and records
+    the cell as failed, naming the worker; no process is left."""
     log = tmp_path / "cell.log"
     with log.open("w") as out:
         cell = _start(
-            output_root, "dataset.num_samples=32", "run.progress_timeout_s=15", stdout=out
+            output_root, "dataset.num_samples=32", "run.progress_timeout_s=600", stdout=out
         )
     try:
         deadline = time.monotonic() + 120
@@ -181,10 +182,18 @@ def test_a_worker_killed_before_the_process_group_forms_is_said_at_once(
         while said not in log.read_text() and time.monotonic() < killed_at + 60:
             time.sleep(0.1)
         assert said in log.read_text(), log.read_text()[-3000:]
-        assert time.monotonic() - killed_at < 10  # a poll of the launcher, not the watchdog's 15 s
-        cell.wait(timeout=300)
+        assert time.monotonic() - killed_at < 10  # a poll of the launcher
+        assert "before the cell's process group formed" in log.read_text()
+        cell.wait(timeout=120)  # the end of the cell's processes (SIGINT, SIGTERM, SIGKILL)
         assert cell.returncode == 1, log.read_text()[-3000:]
-        assert _result(output_root)["status"] != "ok"
+        result = _result(output_root)
+        assert result["status"] == "failed"
+        first = result["error"].splitlines()[0]
+        assert first.startswith(f"worker 1 (pid {workers[1]}) was killed by SIGKILL"), first
+        assert first.endswith(
+            "before the cell's process group formed, and the other workers were ended: "
+            "nothing was measured"
+        ), first
         assert not cell_worker_pids(output_root)
     finally:
         cell.kill()
