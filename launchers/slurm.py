@@ -46,7 +46,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ from harness.records.results import (
     rank_report_path,
     worker_presence_path,
 )
-from harness.records.resume import job_note_path
+from harness.records.resume import job_note_path, kept_path, path_now
 from workloads.datasets.atomic import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -526,14 +526,27 @@ class JobNote:
 
 
 def write_job_note(output_root: str | Path, key: str, note: JobNote) -> None:
-    """Note the cell's job, replacing the note of any earlier job of the same cell."""
-    write_json_atomic(job_note_path(output_root, key), asdict(note))
+    """Note the cell's job, replacing the note of any earlier job of the same cell. Its folders
+    are kept relative to the output root (`kept_path`), as the cell index keeps results: a
+    root moved as a whole after its jobs ended still finds their outputs and logs."""
+    kept = replace(
+        note,
+        folder=kept_path(Path(note.folder), output_root),
+        output_dir=kept_path(Path(note.output_dir), output_root),
+    )
+    write_json_atomic(job_note_path(output_root, key), asdict(kept))
 
 
 def read_job_note(output_root: str | Path, key: str) -> JobNote | None:
-    """The cell's last noted job, or None (never submitted to SLURM, or an unreadable note)."""
+    """The cell's last noted job, its folders where they are now (`path_now`), or None (never
+    submitted to SLURM, or an unreadable note)."""
     try:
-        return JobNote(**json.loads(job_note_path(output_root, key).read_text()))
+        note = JobNote(**json.loads(job_note_path(output_root, key).read_text()))
+        return replace(
+            note,
+            folder=str(path_now(note.folder, output_root)),
+            output_dir=str(path_now(note.output_dir, output_root)),
+        )
     except (OSError, ValueError, TypeError):
         return None
 

@@ -105,7 +105,7 @@ def index_result(output_root: str | Path, key: str, result: dict[str, Any]) -> N
     it has that many. The same result indexed again (rank 0 and then a launcher) counts once."""
     path = index_path(output_root, key)
     entry = _entry(path)
-    result_path = _as_kept(Path(result["output_dir"]) / RESULT_FILE, output_root)
+    result_path = kept_path(Path(result["output_dir"]) / RESULT_FILE, output_root)
     earlier = _ok_runs_of(entry) if entry is not None else 0
     if entry is not None and _same_result(entry.get("result"), result_path, output_root):
         earlier -= entry.get("status") == RunStatus.ok.value  # this result, counted before
@@ -123,19 +123,21 @@ def index_result(output_root: str | Path, key: str, result: dict[str, Any]) -> N
     )
 
 
-def _as_kept(result_path: Path, output_root: str | Path) -> str:
-    """How an index entry names a result: relative to the output root where it lies under it,
-    so that the root moved or copied as a whole still finds its cells; absolute otherwise."""
+def kept_path(path: Path, output_root: str | Path) -> str:
+    """How a file under the output root is kept in the root's own notes (the cell index, a
+    SLURM job's note): relative to the root where it lies under it, so that the root moved or
+    copied as a whole still finds it; absolute otherwise."""
     root = Path(output_root).resolve()
-    resolved = result_path.resolve()
+    resolved = path.resolve()
     return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(resolved)
 
 
-def _where_now(kept: str, output_root: str | Path) -> Path:
-    """The result an index entry names, where it is now. A relative name is under the output
-    root; an absolute one written before names were kept relative, of a root since moved
-    (`mv out1 moved/out2`), is found by the longest tail of its path that lies under the root
-    now (the cell key in the result, checked by `latest_result`, rules out another cell's)."""
+def path_now(kept: str, output_root: str | Path) -> Path:
+    """The file a note of the output root names (`kept_path`), where it is now. A relative name
+    is under the output root; an absolute one written before names were kept relative, of a
+    root since moved (`mv out1 moved/out2`), is found by the longest tail of its path that lies
+    under the root now (for a result, its cell key, checked by `latest_result`, rules out
+    another cell's)."""
     path, root = Path(kept), Path(output_root)
     if not path.is_absolute():
         return root / path
@@ -153,7 +155,7 @@ def _same_result(kept: Any, result_path: str, output_root: str | Path) -> bool:
     if not isinstance(kept, str):
         return False
     root = Path(output_root)
-    return _where_now(kept, root).resolve() == (root / result_path).resolve()
+    return path_now(kept, root).resolve() == (root / result_path).resolve()
 
 
 def _entry(path: Path) -> dict[str, Any] | None:
@@ -194,7 +196,7 @@ def latest_result(output_root: str | Path, key: str) -> dict[str, Any] | None:
     if not isinstance(entry, dict) or not isinstance(entry.get("result"), str):
         _damaged(path, f"a JSON {type(entry).__name__} without the path of a result")
         return None
-    result_path = _where_now(entry["result"], output_root)
+    result_path = path_now(entry["result"], output_root)
     try:
         result = json.loads(result_path.read_text())
     except (OSError, ValueError):
