@@ -94,6 +94,14 @@ def launch_probe(
         parameters = slurm.executor_parameters(
             size, {**launcher, "one_cell_at_a_time": False}, config
         )
+        # Every figure is a collective among all the workers: one that dies would leave the
+        # others waiting for it until run.progress_timeout_s, so SLURM ends the step at once
+        # (the job then ends without a profile, said in one line below). A cell's job does not
+        # ask this: its rank 0 records the cell, with what it measured, when a peer dies.
+        parameters["slurm_srun_args"] = [
+            *(parameters.get("slurm_srun_args") or []),
+            "--kill-on-bad-exit=1",
+        ]
         job = slurm.submit_cell(probe_worker, cfg, output_dir, folder=folder, parameters=parameters)
         slurm.wait_for_cells(
             [slurm.SubmittedCell(job, output_dir, workers, PROFILE_FILE)],

@@ -405,6 +405,8 @@ def test_the_probe_measures_the_link_between_two_slurm_nodes(
     assert link.cost.latency_s > 0 and link.cost.bandwidth_bytes_per_s > 0
     script = next((output_root / "probes").rglob("*_submission.sh")).read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --exclusive" in script
+    # a worker that dies ends the probe's step at once, not its peers' rendezvous timeout
+    assert "srun --unbuffered --output" in script and "--kill-on-bad-exit=1" in script
 
 
 def _cell(**hardware: object) -> DistbenchConfig:
