@@ -22,7 +22,8 @@ The memory a worker has is `hardware.device_memory_gb` where it is set (on a GPU
 on a CPU the budget `harness.worker.memory_limit` enforces). On CPU workers without one nothing
 is enforced, and a worker may take its machine's memory: where every worker of the cell runs
 on one machine (one node, nodes sharing a machine or emulated on it) that machine is taken to
-be this one, and its memory and swap are shared by the cell's workers. Elsewhere (a GPU of
+be this one, and its memory (or its control group's limit, where less) and swap are shared by the
+cell's workers. Elsewhere (a GPU of
 unknown memory, CPU nodes of their own) nothing is ruled out.
 """
 
@@ -63,17 +64,38 @@ def shared_machine_memory(workers: int) -> WorkerMemory | None:
     each = (
         f", {gigabytes(total / workers)} for each of its {workers} workers" if workers > 1 else ""
     )
+    limited = " (its control group's memory limit, with the swap)" if _cgroup_limits() else ""
     return WorkerMemory(
         total / workers,
-        f"this machine's {gigabytes(total)} of memory and swap{each} "
+        f"this machine's {gigabytes(total)} of memory and swap{limited}{each} "
         f"(hardware.device_memory_gb=null: a CPU worker has no limit but its machine's)",
     )
+
+
+def _cgroup_limits() -> bool:
+    """Whether this process's control group holds it to less memory than the machine has."""
+    sizes, limit = _meminfo_bytes(), cgroup_memory_limit()
+    return sizes is not None and limit is not None and limit < sizes[0]
 
 
 @functools.cache
 def machine_memory_bytes() -> int | None:
     """This machine's memory and swap (MemTotal + SwapTotal), the most its processes can
-    hold together; None where neither /proc/meminfo nor sysconf says."""
+    hold together, or less where this process's control group is limited to less (a
+    container's, a SLURM job's: /proc/meminfo shows the whole host there); None where neither
+    /proc/meminfo nor sysconf says."""
+    sizes = _meminfo_bytes()
+    if sizes is None:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return None
+    memory, swap = sizes
+    limit = cgroup_memory_limit()
+    return memory + swap if limit is None else min(memory, limit) + swap
+
+
+def _meminfo_bytes() -> tuple[int, int] | None:
+    """MemTotal and SwapTotal of /proc/meminfo, in bytes; None where it cannot be read."""
     with contextlib.suppress(OSError, ValueError, IndexError):
         sizes = {}
         for line in _MEMINFO.read_text().splitlines():
@@ -81,10 +103,50 @@ def machine_memory_bytes() -> int | None:
             if key in ("MemTotal", "SwapTotal"):
                 sizes[key] = int(rest.split()[0]) * 1024  # the kernel writes kB (KiB)
         if "MemTotal" in sizes:
-            return sizes["MemTotal"] + sizes.get("SwapTotal", 0)
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            return sizes["MemTotal"], sizes.get("SwapTotal", 0)
     return None
+
+
+# Where the kernel shows this process's control groups, and mounts their files.
+_SELF_CGROUP = Path("/proc/self/cgroup")
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+# cgroup v1 writes "no limit" as the largest page-aligned 64-bit value; anything this large is none.
+_NO_LIMIT_FROM = 1 << 60
+
+
+def cgroup_memory_limit(self_cgroup: Path = _SELF_CGROUP, root: Path = _CGROUP_ROOT) -> int | None:
+    """The memory limit of this process's control group (the least of its own and its
+    ancestors', as the kernel applies them), in bytes; None where there is none or it cannot
+    be read. cgroup v2: `memory.max` along the unified hierarchy's path; v1: the memory
+    controller's `memory.limit_in_bytes`. A container sees its own group as the mount's root,
+    so the mount's root is read too where the path does not lie under it."""
+    try:
+        lines = self_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    limits: list[int] = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "" and (root / "cgroup.controllers").exists():  # v2, unified
+            limits += _limits_along(root, path, "memory.max")
+        elif "memory" in controllers.split(","):  # v1
+            limits += _limits_along(root / "memory", path, "memory.limit_in_bytes")
+    return min(limits) if limits else None
+
+
+def _limits_along(mount: Path, path: str, name: str) -> list[int]:
+    """The limits `name` sets in the group at `path` under `mount` and in each group above it
+    (the mount's root last); "max" and v1's largest value are no limit."""
+    limits = []
+    group = mount / path.strip("/")
+    for folder in [group, *group.parents]:
+        if not folder.is_relative_to(mount):
+            break
+        with contextlib.suppress(OSError, ValueError):
+            value = (folder / name).read_text().strip()
+            if value != "max" and int(value) < _NO_LIMIT_FROM:
+                limits.append(int(value))
+    return limits
 
 
 def least_state_bytes(

@@ -5,6 +5,9 @@ is; a cell that fits, however tightly, is not refused, nor one whose memory is u
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -77,6 +80,93 @@ def test_this_machines_memory_is_its_memory_and_swap(
         weight_memory.machine_memory_bytes.cache_clear()
     machine = shared_machine_memory(4)
     assert machine is not None and machine.bytes == weight_memory.machine_memory_bytes() / 4
+
+
+def _cgroups(root: Path, files: dict[str, str]) -> Path:
+    """A control-group mount under `root`: each file of `files` (path: text) written."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_a_control_groups_memory_limit_is_read_on_v1_and_v2(tmp_path: Path) -> None:
+    """The least limit along the process's group and its ancestors; "max" and v1's largest
+    value are none; a group not visible in the mount (a container's) is looked for above."""
+    unlimited_v1 = "9223372036854771712\n"
+    v1 = _cgroups(
+        tmp_path / "v1",
+        {
+            "memory/memory.limit_in_bytes": unlimited_v1,
+            "memory/jobs/memory.limit_in_bytes": "4294967296\n",
+            "memory/jobs/job_7/memory.limit_in_bytes": "1073741824\n",
+        },
+    )
+    own = tmp_path / "self_cgroup"
+    own.write_text("5:cpu,cpuacct:/jobs/job_7\n4:memory:/jobs/job_7\n0::/\n")
+    assert weight_memory.cgroup_memory_limit(own, v1) == 1024**3
+    own.write_text("4:memory:/jobs/not_visible_here\n")  # the group above limits it
+    assert weight_memory.cgroup_memory_limit(own, v1) == 4 * 1024**3
+    own.write_text("4:memory:/\n")
+    assert weight_memory.cgroup_memory_limit(own, v1) is None
+
+    v2 = _cgroups(
+        tmp_path / "v2",
+        {
+            "cgroup.controllers": "cpu memory\n",
+            "memory.max": "max\n",
+            "box/memory.max": "2147483648\n",
+            "box/inner/memory.max": "max\n",
+        },
+    )
+    own.write_text("0::/box/inner\n")
+    assert weight_memory.cgroup_memory_limit(own, v2) == 2 * 1024**3
+    own.write_text("0::/\n")
+    assert weight_memory.cgroup_memory_limit(own, v2) is None
+    assert weight_memory.cgroup_memory_limit(tmp_path / "none", v2) is None
+
+
+_WRITABLE_CGROUPS = Path("/sys/fs/cgroup/memory")
+
+
+@pytest.mark.skipif(
+    not os.access(_WRITABLE_CGROUPS, os.W_OK),
+    reason="needs a writable cgroup v1 memory controller (root on this machine kind)",
+)
+def test_a_process_in_a_limited_control_group_takes_its_limit_for_the_machines_memory() -> None:
+    """A real control group limited to 1 GiB, a real process in it: the memory the weight
+    check takes for this machine is the group's, not /proc/meminfo's whole host, and its
+    refusal says so."""
+    group = _WRITABLE_CGROUPS / f"distbench-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(1024**3))
+        done = subprocess.run(
+            [
+                "sh",
+                "-c",
+                f'echo $$ > {group}/cgroup.procs && exec "$0" -c "$1"',
+                sys.executable,
+                "from harness.config.weight_memory import machine_memory_bytes as m, "
+                "shared_machine_memory as s; print(m()); print(s(1).named)",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        meminfo_swap = int(
+            next(
+                line.split()[1]
+                for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("SwapTotal:")
+            )
+        )
+        taken, named = done.stdout.splitlines()
+        assert int(taken) == 1024**3 + meminfo_swap * 1024
+        assert "(its control group's memory limit, with the swap)" in named
+    finally:
+        group.rmdir()  # empty again: its one process has ended
 
 
 def test_a_network_whose_weights_cannot_fit_is_refused_naming_what_each_needs() -> None:
