@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
@@ -117,14 +118,26 @@ def launch_probe(
     return HardwareProfile.load(output_dir / PROFILE_FILE)
 
 
+# What srun writes where a task of its step ended badly: "srun: error: node1: task 1: Killed".
+_SRUN_TASK_ENDED = re.compile(r"^srun: error: \S+: tasks? [\d,-]+: .+$")
+
+
 def _last_words(job: submitit.Job, workers: int) -> str:
-    """The last line a worker of a probe that ended without a profile wrote on stderr (what
-    raised, as a rule), or that none wrote anything."""
+    """Why a probe ended without a profile, as its workers' logs say: srun's line naming the
+    task that ended badly, where SLURM ran it (the others were ended after it: their last
+    lines are srun's "Force Terminated"); else the last line a worker wrote on stderr (what
+    raised, as a rule); else that none wrote anything."""
+    logs = []
     for rank in range(workers):
         try:
-            lines = (job.task(rank).stderr() or "").strip().splitlines()
+            logs.append((rank, (job.task(rank).stderr() or "").strip().splitlines()))
         except Exception:  # noqa: BLE001 - a missing log must not hide the failure itself
-            lines = []
+            logs.append((rank, []))
+    for _, lines in logs:
+        said = next((line for line in lines if _SRUN_TASK_ENDED.match(line)), None)
+        if said is not None:
+            return f"SLURM said: {said[:300]}"
+    for rank, lines in logs:
         if lines:
             return f"worker {rank} last wrote: {lines[-1][:300]}"
     return "no worker wrote anything on stderr"
