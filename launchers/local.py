@@ -555,25 +555,22 @@ def run_cell_job(
         if outcome is not None and keep_interrupted is not None:
             keep_interrupted(outcome)
         raise
-    lost = waited.lost_before_group
+    ended_as, cause = None, None  # rank 0's record, or what the ranks reported
+    if waited.timed_out:
+        ended_as = RunStatus.timeout
+    elif waited.lost_before_group is not None:
+        ended_as = RunStatus.failed
+        cause = (
+            f"{worker_line(job, waited.lost_before_group)} before the cell's process group "
+            f"formed, and the other workers were ended: nothing was measured"
+        )
     outcome = cell_outcome(
         config,
         output_dir,
-        ended_as=(
-            RunStatus.timeout
-            if waited.timed_out
-            else RunStatus.failed
-            if lost is not None
-            else None
-        ),
+        ended_as=ended_as,
         logs=worker_logs_tail(job, workers),
         started=started,
-        cause=(
-            None
-            if lost is None
-            else f"{worker_line(job, lost)} before the cell's process group formed, and the "
-            f"other workers were ended: nothing was measured"
-        ),
+        cause=cause,
     )
     return record_left_to_launcher(output_dir, outcome), job
 

@@ -72,6 +72,7 @@ def shared_machine_memory(workers: int) -> WorkerMemory | None:
     )
 
 
+@functools.cache  # read once per process, as the machine's memory is
 def _cgroup_limits() -> bool:
     """Whether this process's control group holds it to less memory than the machine has."""
     sizes, limit = _meminfo_bytes(), cgroup_memory_limit()

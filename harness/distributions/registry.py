@@ -82,6 +82,16 @@ def settings(name: str, **values: Any) -> DistributionConfig:
     return spec_named(name).settings(name=name, **values)
 
 
+def one_worker_cell(config: DistbenchConfig, batch: int) -> DistbenchConfig:
+    """`config`'s workload as one worker of the baseline model at `batch`, as a sequential
+    step time is measured (probed, or asked for where it is missing): a cell's global batch,
+    which sets its workers' batch, is not that step's."""
+    one_worker = settings(baseline().name, batch_size=batch, backend=config.distribution.backend)
+    return dataclasses.replace(
+        config, distribution=one_worker, run=dataclasses.replace(config.run, global_batch=None)
+    )
+
+
 def register_configs() -> None:
     """Register the cell's schema (conf/config.yaml extends it: `defaults: [distbench_schema]`)
     and every model's settings as the schema of its config file: `<name>_schema` at the top of

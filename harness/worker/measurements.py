@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from harness.config.schema import DistbenchConfig
 from harness.costs.activations import SavedActivations
 from harness.costs.partition import StagePlan
-from harness.distributions.registry import baseline, settings
+from harness.distributions.registry import one_worker_cell
 from harness.profiles.network import NetworkProfile
 from harness.profiles.runtime import RuntimeShare
 from harness.profiles.stages import InPlaceStages
@@ -65,14 +65,7 @@ class WorkerMeasurements:
         from harness.measure.steadiness import reference_seconds
         from harness.worker.step_time import measure_batch_seconds
 
-        one_worker = settings(
-            baseline().name, batch_size=batch, backend=config.distribution.backend
-        )
-        # one worker at `batch`: a cell's global batch (which sets its workers' batch) is not
-        # the probe's
-        probed = replace(
-            config, distribution=one_worker, run=replace(config.run, global_batch=None)
-        )
+        probed = one_worker_cell(config, batch)
         device = config.hardware.device.value
         threshold = config.run.steadiness_threshold
         tries: list[BatchTiming] = []

@@ -40,7 +40,7 @@ from harness.config.weight_memory import gigabytes
 from harness.costs.activations import SavedActivations
 from harness.costs.partition import StagePlan
 from harness.costs.terms import CellFacts, LayerFacts, allreduces_overlap_backward
-from harness.distributions.registry import baseline, settings, spec_of
+from harness.distributions.registry import one_worker_cell, spec_of
 from harness.predict.facts.cache import FactsCache, ProfileKey, StepKey, step_key
 from harness.predict.facts.measurements import Measurements
 from harness.predict.facts.store import (
@@ -384,10 +384,8 @@ def _one_worker_refused(config: DistbenchConfig, batch: int) -> str | None:
     """Why a sequential cell of `config`'s network at `batch` on its hardware would be refused
     before it starts: its weights cannot fit one worker (`check_weights_fit`); None where they
     can, or that is not known."""
-    one_worker = settings(baseline().name, batch_size=batch, backend=config.distribution.backend)
-    cell = replace(config, distribution=one_worker, run=replace(config.run, global_batch=None))
     try:
-        shortfall = cell.weights_shortfall()
+        shortfall = one_worker_cell(config, batch).weights_shortfall()
     except ConfigError:  # the network itself is refused: said where it is checked
         return None
     if shortfall is None:
